@@ -1,0 +1,54 @@
+//! Wire types and the few pieces every side of bagel shares.
+//!
+//! # Layout
+//! * [`pb`]: the protobuf/gRPC types generated from `proto/bagel/v1/*.proto`
+//!   (lease service, witnesses, signed times, bag records).
+//! * [`Micros`]: the one time type (Unix microseconds, UTC).
+//! * [`keys`]: ed25519 signers, key ids and key rings.
+//! * [`witness`]: sign and verify witnesses and local signed times, always
+//!   over the exact bytes that travel.
+
+pub mod keys;
+mod time;
+pub mod witness;
+
+pub use keys::{KeyRing, Signer, key_id};
+pub use time::{Micros, duration_micros};
+pub use witness::{
+    TimeProofKind, TimeReading, sign_local_time, sign_witness, verify_local_time, verify_witness,
+};
+
+/// Generated protobuf and gRPC code for package `bagel.v1`.
+#[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("bagel.v1");
+
+    /// The encoded file descriptor set, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bagel_descriptor");
+}
+
+/// What can go wrong checking signed bytes.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("no trusted public key with id {key_id}")]
+    UnknownKey { key_id: String },
+    #[error("signature does not verify with key {key_id}")]
+    BadSignature { key_id: String },
+    #[error("malformed {what}: {reason}")]
+    Malformed { what: &'static str, reason: String },
+    #[error("bad public key: {reason}")]
+    BadPublicKey { reason: String },
+    #[error("{proof} proofs are not verified by this function")]
+    UnsupportedProof { proof: &'static str },
+}
+
+impl pb::Mode {
+    /// Unspecified means full: the default a caller gets by setting nothing.
+    pub fn normalized(self) -> pb::Mode {
+        match self {
+            pb::Mode::Unspecified => pb::Mode::Full,
+            m => m,
+        }
+    }
+}
