@@ -1,0 +1,3 @@
+//! `bagel`: the command-line client. (Being built; see issue 2.)
+
+fn main() {}
