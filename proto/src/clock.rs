@@ -41,8 +41,7 @@ impl ManualClock {
     }
 
     pub fn advance(&self, d: Duration) {
-        self.now
-            .fetch_add(crate::duration_micros(d), Ordering::SeqCst);
+        self.now.fetch_add(crate::duration_micros(d), Ordering::SeqCst);
     }
 }
 
