@@ -141,6 +141,7 @@ impl HistoryLog {
         self.bytes -= hist.entries.iter().map(HistoryEntry::weight).sum::<usize>();
     }
 
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }
