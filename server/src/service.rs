@@ -48,30 +48,32 @@ impl Service {
             mode: validate::mode(req.mode)?,
         };
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
-        let give_up = tokio::time::Instant::now() + wait;
+        // The deadline is absolute, so waiting eats into the lease: stop
+        // waiting while the deadline is still valid, and answer with the
+        // conflict rather than an out-of-range deadline.
+        let usable = spec
+            .deadline
+            .saturating_sub(inner.cfg.min_ttl)
+            .duration_since(self.now())
+            .saturating_sub(Duration::from_micros(1));
+        let give_up = tokio::time::Instant::now() + wait.min(usable);
+        let mut result = inner.table.acquire(&spec, self.now());
         loop {
-            let err = match inner.table.acquire(&spec, self.now()) {
+            let conflict = match result {
                 Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
-                Err(e) => e,
+                Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
+                Err(e) => return Err(e),
             };
-            let Error::Conflict(conflict) = &err else {
-                return Err(err);
-            };
-            if tokio::time::Instant::now() >= give_up {
-                return Err(err);
-            }
             // Register for release wake-ups *before* retrying, so a release
             // between the retry and the wait is not missed.
             let guard = inner.table.wait_handle(&conflict.name);
             let notified = guard.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let err = match inner.table.acquire(&spec, self.now()) {
+            let conflict = match self.retry(&spec, conflict) {
                 Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
-                Err(e) => e,
-            };
-            let Error::Conflict(conflict) = &err else {
-                return Err(err);
+                Err(Error::Conflict(c)) => c,
+                Err(e) => return Err(e),
             };
             // The holder's deadline frees the name even without a release.
             let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
@@ -80,6 +82,23 @@ impl Service {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(wake) => {}
             }
+            result = self.retry(&spec, conflict);
+        }
+    }
+
+    /// Retries a waiting acquire. The deadline was valid when the request
+    /// arrived; if waiting made it too close, the answer is still the
+    /// conflict that made us wait.
+    fn retry(
+        &self,
+        spec: &crate::table::AcquireSpec,
+        conflict: Box<crate::error::Conflict>,
+    ) -> Result<crate::table::Grant, Error> {
+        match self.inner.table.acquire(spec, self.now()) {
+            Err(Error::OutOfRange {
+                field: "deadline_us", ..
+            }) => Err(Error::Conflict(conflict)),
+            other => other,
         }
     }
 

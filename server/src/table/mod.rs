@@ -142,10 +142,13 @@ pub struct NameView {
     pub known: bool,
 }
 
+/// A lease's names, shared between the index and requests.
+type Names = Arc<[Arc<str>]>;
+
 /// The lease id → names index entry.
 #[derive(Debug)]
 struct LeaseRef {
-    names: Arc<[Arc<str>]>,
+    names: Names,
     token: Token,
     /// Mirrors the names' holder deadline, so the sweeper can drop ended
     /// leases without locking shards.
@@ -362,7 +365,7 @@ impl LeaseTable {
 
     /// Finds a lease and checks its token. Returns its names and deadline;
     /// the index guard is dropped before returning.
-    fn authenticate(&self, lease: LeaseId, token: &Token) -> Result<(Arc<[Arc<str>]>, Micros), Error> {
+    fn authenticate(&self, lease: LeaseId, token: &Token) -> Result<(Names, Micros), Error> {
         let entry = self.index.get(&lease).ok_or(Error::UnknownLease { lease })?;
         if !entry.token.matches(token) {
             return Err(Error::WrongToken { lease });
