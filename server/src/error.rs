@@ -39,6 +39,8 @@ pub enum Error {
     Conflict(Box<Conflict>),
     #[error("lease_id: unknown lease {lease} (never granted by this server, released, or expired)")]
     UnknownLease { lease: LeaseId },
+    #[error("lease_id: lease {lease} was released at {at}")]
+    Released { lease: LeaseId, at: Micros },
     #[error("token: does not match lease {lease}")]
     WrongToken { lease: LeaseId },
     #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
@@ -51,6 +53,8 @@ pub enum Error {
     },
     #[error("clock unhealthy, refusing to grant: {detail}")]
     ClockUnhealthy { detail: String },
+    #[error("server full: {detail}")]
+    Capacity { detail: String },
 }
 
 fn mode_word(m: Mode) -> &'static str {
@@ -79,7 +83,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::NotReady { .. } | Error::Conflict(_) | Error::ClockUnhealthy { .. }
+            Error::NotReady { .. }
+                | Error::Conflict(_)
+                | Error::ClockUnhealthy { .. }
+                | Error::Capacity { .. }
         )
     }
 
@@ -89,7 +96,8 @@ impl Error {
             Error::OutOfRange { .. } => Code::OutOfRange,
             Error::NotReady { .. } | Error::ClockUnhealthy { .. } => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
-            Error::UnknownLease { .. } => Code::NotFound,
+            Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
+            Error::Capacity { .. } => Code::ResourceExhausted,
             Error::WrongToken { .. } => Code::PermissionDenied,
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
         }

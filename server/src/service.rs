@@ -235,7 +235,7 @@ impl LeaseService for Service {
                     owner: h.owner.to_string(),
                     mode: pb::Mode::from(h.mode).into(),
                     deadline_us: h.deadline.as_micros(),
-                    fencing_token: h.fencing,
+                    fencing_token: v.fencing,
                     granted_at_us: h.lease.granted_at().as_micros(),
                 }),
                 previous: Some(v.previous.to_pb()),

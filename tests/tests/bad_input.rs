@@ -281,7 +281,7 @@ async fn bad_renewals_releases_and_upgrades_are_refused_precisely() {
     assert_status(
         c.renew(renew(&id, &token, d)).await,
         Code::NotFound,
-        &["unknown lease"],
+        &["lease_id", "was released"],
     );
 }
 
@@ -289,29 +289,51 @@ async fn bad_renewals_releases_and_upgrades_are_refused_precisely() {
 async fn an_expired_lease_cannot_be_released_or_upgraded() {
     let server = ServerProcess::start_ready(&[]).await;
     let mut c = raw(&server).await;
-    let grant = c
-        .acquire(pb::AcquireRequest {
-            mode: pb::Mode::Tentative.into(),
-            ..acquire(&["e"], now() + 200_000)
-        })
+    let take = |names: &[&str], ttl: u64, wait_us: u64, mode: pb::Mode| pb::AcquireRequest {
+        wait_us,
+        mode: mode.into(),
+        ..acquire(names, now() + ttl)
+    };
+    let full = c.acquire(take(&["e"], 200_000, 0, pb::Mode::Full)).await.unwrap();
+    let full = full.into_inner().grant.unwrap();
+    let tentative = c
+        .acquire(take(&["t"], 200_000, 0, pb::Mode::Tentative))
         .await
-        .unwrap()
-        .into_inner()
-        .grant
         .unwrap();
-    // Wait for the expiry through the server: a full acquire with a wait.
-    c.acquire(pb::AcquireRequest {
-        wait_us: 5 * SEC,
-        mode: pb::Mode::Tentative.into(),
-        ..acquire(&["e"], now() + 5 * SEC)
-    })
-    .await
-    .unwrap();
+    let tentative = tentative.into_inner().grant.unwrap();
+    // Wait for both expiries through the server: acquires that wait.
+    c.acquire(take(&["e"], 5 * SEC, 5 * SEC, pb::Mode::Full))
+        .await
+        .unwrap();
+    c.acquire(take(&["t"], 5 * SEC, 5 * SEC, pb::Mode::Tentative))
+        .await
+        .unwrap();
+
+    // The broken full lease is known as expired.
     let up = pb::UpgradeRequest {
-        lease_id: grant.lease_id.clone(),
-        token: grant.token.clone(),
+        lease_id: full.lease_id.clone(),
+        token: full.token.clone(),
     };
     assert_status(c.upgrade(up).await, Code::FailedPrecondition, &["expired"]);
+    let rel = pb::ReleaseRequest {
+        lease_id: full.lease_id.clone(),
+        token: full.token.clone(),
+        watermark_us: 0,
+        signed_time: None,
+        metadata: None,
+    };
+    assert_status(c.release(rel).await, Code::FailedPrecondition, &["expired"]);
+    // A displaced tentative lease leaves no trace (it could not write), so
+    // the server no longer knows it.
+    let up = pb::UpgradeRequest {
+        lease_id: tentative.lease_id.clone(),
+        token: tentative.token.clone(),
+    };
+    assert_status(
+        c.upgrade(up).await,
+        Code::NotFound,
+        &["lease_id", "unknown lease"],
+    );
 }
 
 #[tokio::test]

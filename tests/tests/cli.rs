@@ -132,7 +132,7 @@ async fn renew_upgrade_release_describe_history_server_info() {
     let out = server.cli(&["release", "--lease", id, "--token", &"0".repeat(32)]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("lease_id: unknown lease"),
+        String::from_utf8_lossy(&out.stderr).contains("was released"),
         "{}",
         describe_output(&out)
     );
