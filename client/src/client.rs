@@ -176,6 +176,17 @@ impl Client {
         Ok(grant)
     }
 
+    /// One `Batch` call; see [`crate::Coalescer`] for coalescing many
+    /// tasks' operations into batches.
+    pub async fn batch_raw(&self, ops: Vec<pb::BatchOp>) -> Result<Vec<pb::BatchResult>> {
+        Ok(self
+            .rpc()
+            .batch(pb::BatchRequest { ops })
+            .await?
+            .into_inner()
+            .results)
+    }
+
     pub async fn release_raw(&self, req: pb::ReleaseRequest) -> Result<pb::ReleaseResponse> {
         Ok(self.rpc().release(req).await?.into_inner())
     }

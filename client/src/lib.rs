@@ -16,17 +16,21 @@
 //!   acquire builder.
 //! * [`lease`]: [`Lease`], a held lease with background renewal and loss
 //!   notification.
+//! * [`coalesce`]: [`Coalescer`], client-side coalescing of many tasks'
+//!   operations into `Batch` calls (one RPC and one signature per batch).
 //! * [`error`]: the one error type; every variant says if a retry helps.
 //! * [`clock`]: injectable clocks.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
 pub mod client;
 pub mod clock;
+pub mod coalesce;
 pub mod error;
 pub mod json;
 pub mod lease;
 
 pub use bagel_proto::{Micros, pb};
 pub use client::{AcquireBuilder, Client};
+pub use coalesce::{CoalesceOptions, Coalescer};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState};

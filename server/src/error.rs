@@ -18,6 +18,19 @@ pub struct Conflict {
     pub deadline: Micros,
 }
 
+impl Conflict {
+    /// The status details of a refused acquire.
+    pub fn to_pb(&self) -> pb::LeaseConflict {
+        pb::LeaseConflict {
+            name: self.name.to_string(),
+            holder_lease_id: self.holder.to_string(),
+            holder_owner: self.owner.to_string(),
+            holder_mode: pb::Mode::from(self.mode).into(),
+            holder_deadline_us: self.deadline.as_micros(),
+        }
+    }
+}
+
 /// Everything a lease request can fail with. Messages name the field and
 /// the limit, because they go straight to the caller.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -109,15 +122,7 @@ impl From<Error> for Status {
         let message = e.to_string();
         match &e {
             Error::Conflict(c) => {
-                let details = pb::LeaseConflict {
-                    name: c.name.to_string(),
-                    holder_lease_id: c.holder.to_string(),
-                    holder_owner: c.owner.to_string(),
-                    holder_mode: pb::Mode::from(c.mode).into(),
-                    holder_deadline_us: c.deadline.as_micros(),
-                }
-                .encode_to_vec();
-                Status::with_details(Code::Aborted, message, details.into())
+                Status::with_details(Code::Aborted, message, c.to_pb().encode_to_vec().into())
             }
             _ => Status::new(e.code(), message),
         }
