@@ -12,6 +12,8 @@
 //! ```
 //!
 //! # Layout
+//! * [`audit`]: checks stored messages and their witnesses for overlapping
+//!   writers, out-of-lease timestamps and bad signatures.
 //! * [`client`]: [`Client`], a connection to one lease server, and the
 //!   acquire builder.
 //! * [`lease`]: [`Lease`], a held lease with background renewal and loss
@@ -22,6 +24,7 @@
 //! * [`clock`]: injectable clocks.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
+pub mod audit;
 pub mod client;
 pub mod clock;
 pub mod coalesce;
