@@ -12,19 +12,23 @@
 //! ```
 //!
 //! # Layout
-//! * [`audit`]: checks stored messages and their witnesses for overlapping
-//!   writers, out-of-lease timestamps and bad signatures.
 //! * [`client`]: [`Client`], a connection to one lease server, and the
 //!   acquire builder.
 //! * [`lease`]: [`Lease`], a held lease with background renewal and loss
 //!   notification.
 //! * [`coalesce`]: [`Coalescer`], client-side coalescing of many tasks'
 //!   operations into `Batch` calls (one RPC and one signature per batch).
-//! * [`error`]: the one error type; every variant says if a retry helps.
+//! * [`bag`]: closable per-second bags of messages on a directory or S3:
+//!   writer, metronome, reader.
+//! * [`audit`]: checks stored messages and their witnesses for overlapping
+//!   writers, out-of-lease timestamps and bad signatures.
+//! * [`error`]: the lease client's error type; every variant says if a
+//!   retry helps (the bag module has its own, [`bag::Error`]).
 //! * [`clock`]: injectable clocks.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
 pub mod audit;
+pub mod bag;
 pub mod client;
 pub mod clock;
 pub mod coalesce;

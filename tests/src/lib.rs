@@ -6,6 +6,10 @@
 //! `tests/run.sh` builds them first. A missing binary fails the test with a
 //! message saying so; it never skips.
 
+mod bag_support;
+
+pub use bag_support::*;
+
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,8 +22,12 @@ use tonic_health::pb::health_client::HealthClient;
 /// The directory holding the workspace binaries.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// Path of a workspace binary; panics (failing the test) if it is missing.
