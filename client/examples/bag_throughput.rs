@@ -39,7 +39,10 @@ fn lease() -> LeaseJson {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tmp = tempfile::tempdir()?;
-    let dir = args.first().map_or(tmp.path().to_owned(), Into::into);
+    let dir = match args.first().filter(|d| !d.is_empty()) {
+        Some(d) => d.into(),
+        None => tmp.path().to_owned(),
+    };
     let batch: usize = args.get(1).map_or(Ok(1000), |s| s.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(3), |s| s.parse())?;
     println!("dir {}  batch {batch}  payload 100 B", dir.display());

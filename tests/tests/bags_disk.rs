@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bagel_client::bag::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
 use bagel_client::bag::posix::PosixStore;
 use bagel_client::bag::{self, BagConfig, BagStore, Bucket, Error, ReadOptions, Writer, frame};
 use bagel_client::clock::ManualClock;
@@ -165,4 +166,119 @@ async fn full_disk_fails_the_write_clearly_and_loses_nothing_acknowledged() {
         r.problems
     );
     drop(fs);
+}
+
+/// [`FsOps`] whose next append pauses between `open` and `write` to run a
+/// hook: lets a closer run in exactly the window a slow writer leaves.
+#[derive(Debug)]
+struct PausingFs {
+    inner: StdFs,
+    hook: std::sync::Mutex<Option<HookCell>>,
+}
+
+struct HookCell(bagel_tests::Hook);
+
+impl std::fmt::Debug for HookCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+#[derive(Debug)]
+struct PausingFile {
+    inner: Box<dyn AppendFile>,
+    hook: Option<HookCell>,
+}
+
+#[async_trait::async_trait]
+impl AppendFile for PausingFile {
+    async fn append_and_close(self: Box<Self>, data: Bytes, sync: bool) -> std::io::Result<()> {
+        if let Some(HookCell(h)) = self.hook {
+            h().await;
+        }
+        self.inner.append_and_close(data, sync).await
+    }
+}
+
+#[async_trait::async_trait]
+impl FsOps for PausingFs {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn list_dir(&self, dir: &str) -> std::io::Result<Vec<DirEntry>> {
+        self.inner.list_dir(dir).await
+    }
+    async fn create_dir_all(&self, dir: &str) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir).await
+    }
+    async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> std::io::Result<bool> {
+        self.inner.create_exclusive(path, contents, sync).await
+    }
+    async fn link(&self, from: &str, to: &str) -> std::io::Result<bool> {
+        self.inner.link(from, to).await
+    }
+    async fn open_append(&self, path: &str) -> std::io::Result<(Box<dyn AppendFile>, FileStat)> {
+        let (inner, st) = self.inner.open_append(path).await?;
+        let hook = self.hook.lock().unwrap().take();
+        Ok((Box::new(PausingFile { inner, hook }), st))
+    }
+    async fn stat(&self, path: &str) -> std::io::Result<FileStat> {
+        self.inner.stat(path).await
+    }
+    async fn read(&self, path: &str, limit: Option<u64>) -> std::io::Result<Bytes> {
+        self.inner.read(path, limit).await
+    }
+    async fn chmod(&self, path: &str, mode: u32) -> std::io::Result<()> {
+        self.inner.chmod(path, mode).await
+    }
+    async fn remove_private(&self, path: &str) -> std::io::Result<()> {
+        self.inner.remove_private(path).await
+    }
+}
+
+/// The seed's case for a late write on a bag of logs: the writer opened its
+/// (non-empty, writable) data file, a closer then listed it and took the
+/// lock, and only then did the append land. The writer must find that its
+/// end offset is past the listed size and not acknowledge the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_landing_past_the_listed_size_is_not_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(PausingFs {
+        inner: StdFs::new(dir.path()),
+        hook: std::sync::Mutex::new(None),
+    });
+    let store: Arc<dyn BagStore> = Arc::new(PosixStore::new(fs.clone(), true, Duration::from_secs(10)));
+    let closer: Arc<dyn BagStore> = Arc::new(PosixStore::local(dir.path(), true, Duration::from_secs(10)));
+    let clock = ManualClock::new(t0());
+    let leases = TestLeases::default();
+    let w = writer(store.clone(), &clock, &leases);
+    w.write(Bytes::from("first")).await.unwrap();
+    let b = Bucket::of(t0());
+    let (c, k) = (clock.clone(), closer.clone());
+    *fs.hook.lock().unwrap() = Some(HookCell(Box::new(move || {
+        Box::pin(async move {
+            c.set(b.close_time(BagConfig::default().grace));
+            k.close("log", b).await.unwrap();
+        })
+    })));
+    let err = w.write(Bytes::from("second")).await.unwrap_err();
+    assert!(matches!(err, Error::LateRejected { .. }), "{err:?}");
+    // The bytes are in the file, past the listed size; no reader sees them.
+    let listing = closer.close("log", b).await.unwrap();
+    let on_disk = std::fs::metadata(dir.path().join("log").join(b.path()).join("w1.0.log"))
+        .unwrap()
+        .len();
+    assert!(on_disk > listing.items[0].size);
+    let r = bag::read(
+        closer.as_ref(),
+        "log",
+        &ReadOptions::default().with_keys(Some(leases.keys())),
+        &BagConfig::default(),
+        &clock,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.messages.len(), 1);
+    assert_eq!(r.messages[0].payload, Bytes::from("first"));
+    assert!(r.problems.is_empty() && r.rejected.is_empty());
 }

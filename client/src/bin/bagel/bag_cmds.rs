@@ -30,7 +30,9 @@ pub enum BagCommand {
 /// Timing shared by writers and closers; must agree across processes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TimingArgs {
-    /// A bag [s, s+1) closes at s + 1 + grace.
+    /// A bag [s, s+1) closes at s + 1 + grace. Every writer, metronome and
+    /// reader of a store must use the same grace: closing earlier than the
+    /// writers expect would drop writes they acknowledged.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     grace: Duration,
     /// Bound on clock differences between writers and closers.
