@@ -1,6 +1,6 @@
 //! Turning a table grant into the signed witness and the wire grant.
 
-use bagel_proto::{Micros, Signer, pb, sign_witness};
+use bagel_proto::{Micros, Signer, TimeProofKind, pb, sign_witness};
 
 use crate::table::{Grant, NameGrant};
 use crate::timekeeper::SignedReading;
@@ -33,7 +33,7 @@ impl WitnessSigner {
             signed_time: Some(time.signed.clone()),
             server_id: self.server_id.clone(),
             epoch_us: self.epoch.as_micros(),
-            self_timed: true,
+            self_timed: time.source == TimeProofKind::Local,
         };
         sign_witness(&self.signer, &body)
     }
