@@ -39,6 +39,15 @@ pub enum Error {
     /// passed before a renewal succeeded, or the server refused a renewal.
     #[error("lease {lease_id} lost: {reason}")]
     Lost { lease_id: String, reason: String },
+    /// The local clock is further from the signed time than the tolerance
+    /// allows (the message says by how much). Retrying will not help until
+    /// the clock is fixed; writing would produce bad timestamps.
+    #[error("refusing to timestamp: {detail}")]
+    ClockOff { detail: String },
+    /// No recent, valid signed time could be had (no answer from Roughtime
+    /// or the lease server, or an answer that does not verify). Retryable.
+    #[error("no signed time: {detail}")]
+    NoSignedTime { detail: String },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
     Rpc(tonic::Status),
@@ -47,7 +56,10 @@ pub enum Error {
 impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Connect { .. } | Error::Busy { .. } | Error::Unavailable { .. } => true,
+            Error::Connect { .. }
+            | Error::Busy { .. }
+            | Error::Unavailable { .. }
+            | Error::NoSignedTime { .. } => true,
             Error::Rpc(s) => matches!(
                 s.code(),
                 Code::Unavailable | Code::DeadlineExceeded | Code::Unknown

@@ -18,6 +18,9 @@
 //!   notification.
 //! * [`error`]: the one error type; every variant says if a retry helps.
 //! * [`clock`]: injectable clocks.
+//! * [`time`]: [`TimeSource`], signed time for writers (Roughtime, or the
+//!   lease server's `SignedNow`) and the check that the local clock is
+//!   right.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
 pub mod client;
@@ -25,8 +28,10 @@ pub mod clock;
 pub mod error;
 pub mod json;
 pub mod lease;
+pub mod time;
 
 pub use bagel_proto::{Micros, pb};
 pub use client::{AcquireBuilder, Client};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState};
+pub use time::{TimeOptions, TimeSource};

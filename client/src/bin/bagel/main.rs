@@ -4,6 +4,7 @@
 //! (the message says who and until when).
 
 mod lease_cmds;
+mod time_cmds;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,8 @@ struct Cli {
         default_value = "http://127.0.0.1:7420"
     )]
     server: String,
+    #[command(flatten)]
+    roughtime: time_cmds::RoughtimeArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -28,6 +31,10 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Lease(lease_cmds::LeaseCommand),
+    /// Ask the time authority (Roughtime, else the lease server) once and
+    /// say how far off this host's clock is; exit 1 if it is off.
+    #[command(alias = "roughtime-check")]
+    TimeCheck(time_cmds::TimeCheckArgs),
 }
 
 #[tokio::main]
@@ -41,6 +48,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
+        Command::TimeCheck(args) => time_cmds::time_check(args, &cli.roughtime, &cli.server).await,
     };
     match result {
         Ok(code) => code,
