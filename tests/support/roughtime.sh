@@ -58,6 +58,6 @@ roughtime_start() {
 }
 
 roughtime_stop() {
-  if [ -n "${ROUGHTIME_PID:-}" ]; then kill "$ROUGHTIME_PID" 2>/dev/null; wait "$ROUGHTIME_PID" 2>/dev/null; ROUGHTIME_PID=; fi
+  if [ -n "${ROUGHTIME_PID:-}" ]; then kill "$ROUGHTIME_PID" 2>/dev/null; wait "$ROUGHTIME_PID" 2>/dev/null || true; ROUGHTIME_PID=; fi
   if [ -n "${ROUGHTIME_DIR:-}" ]; then rm -rf "$ROUGHTIME_DIR"; ROUGHTIME_DIR=; fi
 }
