@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::roughtime::{Querier, QueryConfig, RoughtimeKey, RoughtimeServer};
 use bagel_proto::timecheck::{ClockMonitor, Measurement, Verdict};
-use bagel_proto::{Micros, TimeProofKind, pb, verify_signed_time};
+use bagel_proto::{Micros, pb, verify_signed_time};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -284,13 +284,5 @@ impl TimeSource {
             received,
             received_at,
         })
-    }
-}
-
-/// Whether `proof` is a local time agent's or Roughtime's.
-pub fn proof_kind(signed: &pb::SignedTime) -> Option<TimeProofKind> {
-    match signed.proof.as_ref()? {
-        pb::signed_time::Proof::Local(_) => Some(TimeProofKind::Local),
-        pb::signed_time::Proof::Roughtime(_) => Some(TimeProofKind::Roughtime),
     }
 }
