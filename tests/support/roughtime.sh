@@ -11,12 +11,16 @@
 
 ROUGHENOUGH_VERSION=2.2.0
 
-# The crate installs its server as `roughenough_server`.
+# The crate installs its server as `roughenough_server`; take one already on
+# PATH under either spelling.
 roughtime_bin() {
-  if command -v roughenough_server >/dev/null 2>&1; then
-    command -v roughenough_server
-    return
-  fi
+  local name
+  for name in roughenough_server roughenough-server; do
+    if command -v "$name" >/dev/null 2>&1; then
+      command -v "$name"
+      return
+    fi
+  done
   local root="$BAGEL_TOOLS/roughenough-$ROUGHENOUGH_VERSION"
   if [ ! -x "$root/bin/roughenough_server" ]; then
     log "installing roughenough-server $ROUGHENOUGH_VERSION into $root (cargo install, once)"
