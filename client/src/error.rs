@@ -43,6 +43,15 @@ pub enum Error {
     /// predecessor's bags.
     #[error("storage: {message}")]
     Storage { message: String, retryable: bool },
+    /// The local clock is further from the signed time than the tolerance
+    /// allows (the message says by how much). Retrying will not help until
+    /// the clock is fixed; writing would produce bad timestamps.
+    #[error("refusing to timestamp: {detail}")]
+    ClockOff { detail: String },
+    /// No recent, valid signed time could be had (no answer from Roughtime
+    /// or the lease server, or an answer that does not verify). Retryable.
+    #[error("no signed time: {detail}")]
+    NoSignedTime { detail: String },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
     Rpc(tonic::Status),
@@ -51,7 +60,10 @@ pub enum Error {
 impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Connect { .. } | Error::Busy { .. } | Error::Unavailable { .. } => true,
+            Error::Connect { .. }
+            | Error::Busy { .. }
+            | Error::Unavailable { .. }
+            | Error::NoSignedTime { .. } => true,
             Error::Storage { retryable, .. } => *retryable,
             Error::Rpc(s) => matches!(
                 s.code(),

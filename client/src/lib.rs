@@ -25,6 +25,9 @@
 //! * [`error`]: the lease client's error type; every variant says if a
 //!   retry helps (the bag module has its own, [`bag::Error`]).
 //! * [`clock`]: injectable clocks.
+//! * [`time`]: [`TimeSource`], signed time for writers (Roughtime, or the
+//!   lease server's `SignedNow`) and the check that the local clock is
+//!   right.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
 pub mod audit;
@@ -35,9 +38,11 @@ pub mod coalesce;
 pub mod error;
 pub mod json;
 pub mod lease;
+pub mod time;
 
 pub use bagel_proto::{Micros, pb};
 pub use client::{AcquireBuilder, Client};
 pub use coalesce::{CoalesceOptions, Coalescer};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState};
+pub use time::{TimeOptions, TimeSource};

@@ -8,20 +8,27 @@
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`merkle`]: Merkle trees that let one signature cover a batch of
 //!   witnesses.
-//! * [`witness`]: sign and verify witnesses and local signed times, always
-//!   over the exact bytes that travel.
+//! * [`witness`]: sign and verify witnesses and signed times (local and
+//!   Roughtime: [`verify_signed_time`]), always over the exact bytes that
+//!   travel.
+//! * [`roughtime`]: Roughtime keys and servers, offline verification of a
+//!   stored exchange, and the [`roughtime::Querier`] that asks servers.
+//! * [`timecheck`]: how far off the local clock is, from measurements
+//!   against a time authority ([`timecheck::ClockMonitor`]).
 
 pub mod clock;
 pub mod keys;
 pub mod merkle;
+pub mod roughtime;
 mod time;
+pub mod timecheck;
 pub mod witness;
 
 pub use keys::{KeyRing, Signer, key_id};
 pub use time::{Micros, duration_micros};
 pub use witness::{
     TimeProofKind, TimeReading, sign_local_time, sign_witness, sign_witness_batch, verify_local_time,
-    verify_witness, witness_signed_message,
+    verify_signed_time, verify_witness, witness_signed_message,
 };
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.
@@ -47,6 +54,10 @@ pub enum Error {
     BadPublicKey { reason: String },
     #[error("{proof} proofs are not verified by this function")]
     UnsupportedProof { proof: &'static str },
+    #[error("roughtime public key {key} is not one of the trusted Roughtime keys")]
+    UntrustedRoughtimeKey { key: String },
+    #[error("roughtime proof fails its {check} check: {reason}")]
+    RoughtimeInvalid { check: &'static str, reason: String },
 }
 
 impl pb::Mode {

@@ -94,6 +94,18 @@ pub struct TimeReading {
     pub source: TimeProofKind,
 }
 
+impl TimeReading {
+    /// The granularity of `time`: a whole second for RFC Roughtime, a
+    /// microsecond for a local time agent. A timestamp compared with a
+    /// signed time must be allowed this much on top of any tolerance.
+    pub fn resolution_us(&self) -> u64 {
+        match self.source {
+            TimeProofKind::Local => 1,
+            TimeProofKind::Roughtime => crate::duration_micros(crate::roughtime::RESOLUTION),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeProofKind {
     /// Signed by a lease server acting as local time agent.
@@ -143,6 +155,22 @@ pub fn verify_local_time(signed: &pb::SignedTime, keys: &KeyRing) -> Result<Time
                 source: TimeProofKind::Local,
             })
         }
+    }
+}
+
+/// Verifies either kind of signed time: a local proof against the lease
+/// servers' keys, a Roughtime proof against the trusted Roughtime keys.
+/// Needs no network: auditors call it on stored messages and witnesses.
+pub fn verify_signed_time(
+    signed: &pb::SignedTime,
+    local_keys: &KeyRing,
+    roughtime_keys: &[crate::roughtime::RoughtimeKey],
+) -> Result<TimeReading, Error> {
+    match &signed.proof {
+        Some(pb::signed_time::Proof::Roughtime(proof)) => {
+            crate::roughtime::verify_roughtime(proof, roughtime_keys).map(|x| x.reading())
+        }
+        _ => verify_local_time(signed, local_keys),
     }
 }
 
@@ -239,5 +267,11 @@ mod tests {
         let reading = verify_local_time(&st, &keys).unwrap();
         assert_eq!(reading.time, Micros::from_micros(99));
         assert_eq!(reading.radius_us, 5);
+        assert_eq!(verify_signed_time(&st, &keys, &[]).unwrap(), reading);
+        let other: KeyRing = [Signer::generate().verifying_key()].into_iter().collect();
+        assert!(matches!(
+            verify_signed_time(&st, &other, &[]),
+            Err(Error::UnknownKey { .. })
+        ));
     }
 }

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bagel_proto::roughtime::{QueryConfig, RoughtimeServer};
+
 /// Everything a lease server can be told. Build it from [`Config::default`]
 /// and the `with_*` methods; the binary maps its flags onto them.
 #[derive(Clone, Debug)]
@@ -18,10 +20,22 @@ pub struct Config {
     /// The longest server-side wait for a busy name a request may ask for.
     pub max_wait: Duration,
     /// How far this server's clock may be off. Added to the restart wait,
-    /// and the radius of the local signed time.
+    /// and the radius of the local signed time. With Roughtime, the server
+    /// stops granting when its clock is off by more than this plus the
+    /// Roughtime radius and half the round trip.
     pub clock_tolerance: Duration,
-    /// How far a watermark may be ahead of its signed time.
+    /// How far a watermark may be ahead of its signed time (plus the signed
+    /// time's resolution: 1 s for Roughtime).
     pub timestamp_tolerance: Duration,
+    /// Roughtime servers to take signed time from, tried in order. Empty:
+    /// this server is its own local time agent.
+    pub roughtime: Vec<RoughtimeServer>,
+    /// How often to ask Roughtime.
+    pub roughtime_refresh: Duration,
+    /// Timeout and retries of one Roughtime query.
+    pub roughtime_query: QueryConfig,
+    /// Grants stop when the latest Roughtime answer is older than this.
+    pub roughtime_max_age: Duration,
     /// Skip the restart wait. Unsafe: a previous incarnation's leases may
     /// still be live. For development only.
     pub unsafe_skip_restart_wait: bool,
@@ -74,6 +88,10 @@ impl Default for Config {
             max_wait: Duration::from_secs(10),
             clock_tolerance: Duration::from_millis(500),
             timestamp_tolerance: Duration::from_secs(1),
+            roughtime: Vec::new(),
+            roughtime_refresh: Duration::from_secs(1),
+            roughtime_query: QueryConfig::default(),
+            roughtime_max_age: Duration::from_secs(10),
             unsafe_skip_restart_wait: false,
             limits: Limits::default(),
             shards: 256,
@@ -129,6 +147,31 @@ impl Config {
         self
     }
 
+    /// Takes signed time from these Roughtime servers (tried in order).
+    #[must_use]
+    pub fn with_roughtime(mut self, servers: Vec<RoughtimeServer>) -> Self {
+        self.roughtime = servers;
+        self
+    }
+
+    #[must_use]
+    pub fn with_roughtime_refresh(mut self, every: Duration) -> Self {
+        self.roughtime_refresh = every;
+        self
+    }
+
+    #[must_use]
+    pub fn with_roughtime_query(mut self, query: QueryConfig) -> Self {
+        self.roughtime_query = query;
+        self
+    }
+
+    #[must_use]
+    pub fn with_roughtime_max_age(mut self, max_age: Duration) -> Self {
+        self.roughtime_max_age = max_age;
+        self
+    }
+
     #[must_use]
     pub fn with_unsafe_skip_restart_wait(mut self, skip: bool) -> Self {
         self.unsafe_skip_restart_wait = skip;
@@ -178,6 +221,15 @@ impl Config {
                 "max TTL ({:?}) must be greater than min TTL ({:?})",
                 self.max_ttl, self.min_ttl
             ));
+        }
+        if !self.roughtime.is_empty() && self.roughtime_max_age <= self.roughtime_refresh {
+            return Err(format!(
+                "Roughtime max age ({:?}) must be longer than the refresh interval ({:?})",
+                self.roughtime_max_age, self.roughtime_refresh
+            ));
+        }
+        if self.roughtime_refresh.is_zero() {
+            return Err("Roughtime refresh interval must not be zero".into());
         }
         if self.server_id.is_empty() || self.server_id.len() > 128 {
             return Err("server id must be 1 to 128 bytes".into());

@@ -64,7 +64,9 @@ pub enum Error {
         name: Arc<str>,
         by: LeaseId,
     },
-    #[error("clock unhealthy, refusing to grant: {detail}")]
+    /// The server's clock is not known to be right (off by more than its
+    /// tolerance, or no recent Roughtime answer): it grants nothing.
+    #[error("refusing to grant: this server's clock is unhealthy: {detail}")]
     ClockUnhealthy { detail: String },
     #[error("server full: {detail}")]
     Capacity { detail: String },

@@ -7,12 +7,15 @@
 //!   take `now` as an argument, so tests drive time exactly.
 //! * `service`: thin gRPC handlers converting the wire to the table
 //!   (`validate`) and grants to signed witnesses (`witness`).
-//! * [`timekeeper`]: the server clock and its signed readings.
+//! * [`timekeeper`]: the server clock, its health (Roughtime) and its
+//!   signed readings.
 //! * [`config`]: settings and defaults.
 //! * [`error`]: the one error type and its mapping to gRPC statuses.
 //!
 //! [`Server::serve`] runs it on a bound listener until a shutdown future
-//! resolves; the binary passes Ctrl-C/SIGTERM.
+//! resolves; the binary passes Ctrl-C/SIGTERM. With Roughtime configured,
+//! [`Server::init_time`] asks Roughtime once before serving, so a server
+//! with a working time authority grants as soon as it is ready.
 
 pub mod config;
 pub mod error;
@@ -77,7 +80,7 @@ impl Server {
             history_budget_bytes: cfg.history_budget_bytes,
         });
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
-        let time = TimeKeeper::new(clock, signer.clone(), cfg.server_id.clone(), cfg.clock_tolerance);
+        let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner {
             signer,
             server_id: cfg.server_id.clone(),
@@ -104,6 +107,20 @@ impl Server {
         self.service.inner.table.config().ready_at
     }
 
+    /// With Roughtime configured: asks it once (with retries) and returns
+    /// the verdict on this server's clock, so the caller can log it before
+    /// serving. Without Roughtime: `None`. Grants are refused until a
+    /// Roughtime answer says the clock is right, whether or not this is
+    /// called; [`Server::serve`] keeps asking in the background.
+    pub async fn init_time(&self) -> Option<bagel_proto::timecheck::Verdict> {
+        self.service.inner.time.refresh_roughtime().await
+    }
+
+    /// The clock status `ServerInfo` reports.
+    pub fn clock_status(&self) -> pb::ClockStatus {
+        self.service.inner.time.status()
+    }
+
     /// Serves gRPC on `listener` until `shutdown` resolves, then stops
     /// accepting, lets in-flight requests finish, and stops the background
     /// tasks.
@@ -126,10 +143,17 @@ impl Server {
             health,
             cancel.clone(),
         ));
-        tasks.spawn(background::refresh_signed_time(
-            Arc::clone(&self.service.inner),
-            cancel.clone(),
-        ));
+        if self.service.inner.time.uses_roughtime() {
+            tasks.spawn(background::refresh_roughtime(
+                Arc::clone(&self.service.inner),
+                cancel.clone(),
+            ));
+        } else {
+            tasks.spawn(background::refresh_signed_time(
+                Arc::clone(&self.service.inner),
+                cancel.clone(),
+            ));
+        }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
 
         let result = tonic::transport::Server::builder()
@@ -154,7 +178,9 @@ mod background {
     use super::{Inner, LeaseServer};
 
     /// Flips the lease service's health to SERVING when the restart wait
-    /// is over, so load balancers and tests can wait on health.
+    /// is over and the clock is healthy (always, without Roughtime), and
+    /// back to NOT_SERVING while the clock is not, so load balancers and
+    /// tests can wait on health.
     pub async fn mark_ready(
         inner: Arc<Inner>,
         health: tonic_health::server::HealthReporter,
@@ -169,8 +195,37 @@ mod background {
                 () = cancel.cancelled() => return,
             }
         }
-        health.set_serving::<LeaseServer>().await;
-        tracing::info!("ready: granting leases");
+        let mut clock_ok = inner.time.watch_health();
+        loop {
+            if *clock_ok.borrow_and_update() {
+                health.set_serving::<LeaseServer>().await;
+                tracing::info!("ready: granting leases");
+            } else {
+                health.set_not_serving::<LeaseServer>().await;
+                tracing::warn!("clock unhealthy: not granting leases");
+            }
+            tokio::select! {
+                changed = clock_ok.changed() => if changed.is_err() { return },
+                () = cancel.cancelled() => return,
+            }
+        }
+    }
+
+    /// Asks Roughtime every `roughtime_refresh`. A query that times out
+    /// delays the next one rather than piling up.
+    pub async fn refresh_roughtime(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(inner.cfg.roughtime_refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            tokio::select! {
+                _ = inner.time.refresh_roughtime() => {}
+                () = cancel.cancelled() => return,
+            }
+        }
     }
 
     pub async fn refresh_signed_time(inner: Arc<Inner>, cancel: CancellationToken) {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_proto::{KeyRing, Micros, pb, verify_local_time};
+use bagel_proto::{KeyRing, Micros, TimeProofKind, pb, verify_signed_time};
 use pb::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
@@ -40,6 +40,9 @@ impl Service {
 
     async fn acquire_waiting(&self, req: &pb::AcquireRequest) -> Result<pb::LeaseGrant, Error> {
         let inner = &*self.inner;
+        // First, so that a server with a wrong clock says so rather than
+        // judging deadlines by it.
+        inner.time.check()?;
         let spec = self.acquire_spec(req)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
         // The deadline is absolute, so waiting eats into the lease: stop
@@ -54,7 +57,7 @@ impl Service {
         let mut result = inner.table.acquire(&spec, self.now());
         loop {
             let conflict = match result {
-                Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
+                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire),
                 Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
                 Err(e) => return Err(e),
             };
@@ -65,7 +68,7 @@ impl Service {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let conflict = match self.retry(&spec, conflict) {
-                Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
+                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire),
                 Err(Error::Conflict(c)) => c,
                 Err(e) => return Err(e),
             };
@@ -88,6 +91,7 @@ impl Service {
         spec: &crate::table::AcquireSpec,
         conflict: Box<crate::error::Conflict>,
     ) -> Result<crate::table::Grant, Error> {
+        self.inner.time.check()?;
         match self.inner.table.acquire(spec, self.now()) {
             Err(Error::OutOfRange {
                 field: "deadline_us", ..
@@ -110,6 +114,7 @@ impl Service {
     fn upgrade_op(&self, req: &pb::UpgradeRequest) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
+        self.inner.time.check()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
 
@@ -118,6 +123,7 @@ impl Service {
         let token = validate::token(&req.token)?;
         let deadline = validate::deadline(req.deadline_us)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
+        self.inner.time.check()?;
         self.inner
             .table
             .renew(lease, &token, deadline, metadata, self.now())
@@ -151,6 +157,8 @@ impl Service {
                 format!("{} operations exceed the limit of {max} per batch", ops.len()),
             ));
         }
+        // Grants need a healthy clock; releases do not.
+        let clock = self.inner.time.check();
         enum Outcome {
             Done(R),
             Granted(crate::table::Grant, pb::WitnessKind),
@@ -164,8 +172,9 @@ impl Service {
                         "wait_us",
                         "must be 0 in a batch (acquires in a batch cannot wait); use Acquire",
                     )),
-                    Some(Op::Acquire(a)) => self
-                        .acquire_spec(a)
+                    Some(Op::Acquire(a)) => clock
+                        .clone()
+                        .and_then(|()| self.acquire_spec(a))
                         .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
@@ -186,7 +195,7 @@ impl Service {
                 Outcome::Done(_) => None,
             })
             .collect();
-        let time = self.inner.time.signed();
+        let time = self.inner.time.signed()?;
         let mut witnesses = self
             .inner
             .witness
@@ -214,27 +223,50 @@ impl Service {
             .collect())
     }
 
-    fn grant_pb(&self, grant: &crate::table::Grant, kind: pb::WitnessKind) -> pb::LeaseGrant {
-        let time = self.inner.time.signed();
-        self.inner.witness.grant_pb(grant, kind, self.now(), &time)
+    /// Signs the grant's witness. The clock was checked before the grant;
+    /// in Roughtime mode a grant implies an answer exists, so `signed()`
+    /// cannot fail here in practice.
+    fn grant_pb(&self, grant: &crate::table::Grant, kind: pb::WitnessKind) -> Result<pb::LeaseGrant, Error> {
+        let time = self.inner.time.signed()?;
+        Ok(self.inner.witness.grant_pb(grant, kind, self.now(), &time))
     }
 
     /// Checks a release's watermark against its signed time (or, without
-    /// one, the server's clock): it may not be ahead by more than the
-    /// tolerance plus the time's own error bound.
+    /// one, the server's clock). The limit is explicit:
+    ///
+    /// ```text
+    /// watermark <= signed time + timestamp_tolerance + allowance
+    /// ```
+    ///
+    /// where the allowance is, for a Roughtime proof, its resolution (1 s:
+    /// RFC Roughtime midpoints are whole seconds, so a correct signed time
+    /// may read up to 1 s early), and for a local proof its radius (the
+    /// signing server's clock tolerance), as before. The 5 s Roughtime
+    /// radius is deliberately *not* added: it is a fixed, conservative
+    /// claim, and adding it would let watermarks run 7 s ahead. A Roughtime
+    /// proof must verify with one of this server's configured Roughtime
+    /// keys; a local proof with this server's own key.
     fn check_watermark_time(&self, req: &pb::ReleaseRequest) -> Result<(), Error> {
         if req.watermark_us == 0 {
             return Ok(());
         }
-        let (reference, radius, what) = match &req.signed_time {
+        let (reference, allowance, what) = match &req.signed_time {
             Some(st) => {
-                let reading = verify_local_time(st, &self.inner.keys).map_err(|e| {
-                    Error::invalid(
-                        "signed_time",
-                        format!("does not verify with this server's keys: {e}"),
-                    )
-                })?;
-                (reading.time, reading.radius_us, "signed_time")
+                let reading = verify_signed_time(st, &self.inner.keys, &self.inner.time.roughtime_keys())
+                    .map_err(|e| {
+                        Error::invalid(
+                            "signed_time",
+                            format!("does not verify with this server's keys or its Roughtime keys: {e}"),
+                        )
+                    })?;
+                match reading.source {
+                    TimeProofKind::Roughtime => (
+                        reading.time,
+                        reading.resolution_us(),
+                        "signed_time (Roughtime; +1 s resolution)",
+                    ),
+                    TimeProofKind::Local => (reading.time, reading.radius_us, "signed_time"),
+                }
             }
             None => (self.now(), 0, "the server's clock"),
         };
@@ -242,16 +274,16 @@ impl Service {
         let limit = reference
             .as_micros()
             .saturating_add(tolerance)
-            .saturating_add(radius);
+            .saturating_add(allowance);
         if req.watermark_us > limit {
             return Err(Error::out_of_range(
                 "watermark_us",
                 format!(
-                    "{} is ahead of {what} ({}) by more than the tolerance of {} us (+{} us error bound)",
+                    "{} is ahead of {what} ({}) by more than the tolerance of {} us (+{} us allowance)",
                     req.watermark_us,
                     reference.as_micros(),
                     tolerance,
-                    radius
+                    allowance
                 ),
             ));
         }
@@ -302,13 +334,13 @@ impl LeaseService for Service {
     async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
         let grant = self.upgrade_op(request.get_ref())?;
         Ok(Response::new(pb::UpgradeResponse {
-            grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade)),
+            grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade)?),
         }))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
         let grant = self.renew_op(request.get_ref())?;
-        let time = self.inner.time.signed();
+        let time = self.inner.time.signed()?;
         let witness = self
             .inner
             .witness
@@ -401,7 +433,7 @@ impl LeaseService for Service {
     }
 
     async fn signed_now(&self, _request: Request<pb::SignedNowRequest>) -> Reply<pb::SignedNowResponse> {
-        let reading = self.inner.time.signed();
+        let reading = self.inner.time.signed()?;
         Ok(Response::new(pb::SignedNowResponse {
             signed_time: Some(reading.signed.clone()),
             time_us: reading.time.as_micros(),

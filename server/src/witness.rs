@@ -1,6 +1,6 @@
 //! Turning a table grant into the signed witness and the wire grant.
 
-use bagel_proto::{Micros, Signer, pb, sign_witness, sign_witness_batch};
+use bagel_proto::{Micros, Signer, TimeProofKind, pb, sign_witness, sign_witness_batch};
 use prost::Message as _;
 
 use crate::table::{Grant, NameGrant};
@@ -58,7 +58,7 @@ impl WitnessSigner {
             signed_time: Some(time.signed.clone()),
             server_id: self.server_id.clone(),
             epoch_us: self.epoch.as_micros(),
-            self_timed: true,
+            self_timed: time.source == TimeProofKind::Local,
         }
     }
 

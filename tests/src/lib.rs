@@ -194,6 +194,15 @@ fn cli_with_stdin(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
     child.wait_with_output().expect("bagel output")
 }
 
+/// Runs the real `bagel` CLI with `args` only (no `--server`).
+pub fn cli_no_server(args: &[&str]) -> Output {
+    Command::new(bin("bagel"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bagel output")
+}
+
 /// Text of a CLI output, for assertion messages.
 pub fn describe_output(o: &Output) -> String {
     format!(
@@ -202,4 +211,46 @@ pub fn describe_output(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The Roughtime server `tests/run.sh` started (roughenough-server 2.2 on
+/// 127.0.0.1, a key made for the run), from `BAGEL_ROUGHTIME_ADDR` and
+/// `BAGEL_ROUGHTIME_KEY`.
+#[derive(Clone, Debug)]
+pub struct Roughtime {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The long-term public key, hex.
+    pub key_hex: String,
+    pub key: bagel_proto::roughtime::RoughtimeKey,
+}
+
+impl Roughtime {
+    /// The test's Roughtime server. Panics (failing the test, never
+    /// skipping it) when the environment does not name one.
+    pub fn from_env() -> Roughtime {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| {
+                panic!(
+                    "{name} is not set: this test needs the Roughtime server that tests/run.sh starts \
+                     (run the suite with `bash tests/run.sh`, or export BAGEL_ROUGHTIME_ADDR=HOST:PORT \
+                     and BAGEL_ROUGHTIME_KEY=<hex public key> of a running roughenough-server)"
+                )
+            })
+        };
+        let addr = var("BAGEL_ROUGHTIME_ADDR");
+        let key_hex = var("BAGEL_ROUGHTIME_KEY");
+        let key = bagel_proto::roughtime::RoughtimeKey::parse(&key_hex)
+            .unwrap_or_else(|e| panic!("BAGEL_ROUGHTIME_KEY: {e}"));
+        Roughtime { addr, key_hex, key }
+    }
+
+    /// `--roughtime ADDR --roughtime-key KEY`, for `bagel-server` and `bagel`.
+    pub fn flags(&self) -> [&str; 4] {
+        ["--roughtime", &self.addr, "--roughtime-key", &self.key_hex]
+    }
+
+    pub fn server(&self) -> bagel_proto::roughtime::RoughtimeServer {
+        bagel_proto::roughtime::RoughtimeServer::new(self.addr.clone(), self.key)
+    }
 }

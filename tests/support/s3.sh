@@ -33,5 +33,7 @@ s3_start() {
 }
 
 s3_stop() {
-  if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null || true; wait "$S3_PID" 2>/dev/null || true; S3_PID=; fi
+  # `wait` returns the server's status (143 after SIGTERM); under `set -e`
+  # in an EXIT trap that would become the script's exit status.
+  if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null; wait "$S3_PID" 2>/dev/null || true; S3_PID=; fi
 }

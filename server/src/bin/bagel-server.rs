@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bagel_proto::Signer;
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
+use bagel_proto::roughtime::{QueryConfig, RoughtimeServer};
 use bagel_server::{Config, Limits, Server};
 use clap::Parser;
 
@@ -56,6 +57,52 @@ struct Args {
     /// Max bytes of metadata on renew/release.
     #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
+    /// A Roughtime server (HOST:PORT) to take signed time from. Repeatable
+    /// (tried in order); each needs a --roughtime-key, given in the same
+    /// order. Without it this server signs its own clock (local time agent).
+    #[arg(
+        long = "roughtime",
+        value_name = "HOST:PORT",
+        env = "BAGEL_ROUGHTIME",
+        value_delimiter = ','
+    )]
+    roughtime: Vec<String>,
+    /// The long-term public key (hex or base64) of the Roughtime server at
+    /// the same position. Repeatable.
+    #[arg(
+        long = "roughtime-key",
+        value_name = "KEY",
+        env = "BAGEL_ROUGHTIME_KEYS",
+        value_delimiter = ','
+    )]
+    roughtime_key: Vec<String>,
+    /// How often to ask Roughtime.
+    #[arg(long, env = "BAGEL_ROUGHTIME_REFRESH", default_value = "1s", value_parser = humantime::parse_duration)]
+    roughtime_refresh: Duration,
+    /// How long to wait for a Roughtime answer before asking again (3
+    /// attempts per server).
+    #[arg(long, env = "BAGEL_ROUGHTIME_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    roughtime_timeout: Duration,
+    /// Stop granting when the latest Roughtime answer is older than this.
+    #[arg(long, env = "BAGEL_ROUGHTIME_MAX_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
+    roughtime_max_age: Duration,
+    /// TESTS ONLY: pretend this host's clock is off by DUR (e.g. `20s`,
+    /// `-20s`), to show that a server with a wrong clock refuses to grant.
+    /// Never use it otherwise.
+    #[arg(long, hide = true, value_name = "DUR", allow_hyphen_values = true, value_parser = parse_offset)]
+    unsafe_clock_offset: Option<i64>,
+}
+
+/// A signed duration in microseconds: `20s`, `-1500ms`.
+fn parse_offset(text: &str) -> Result<i64, String> {
+    let (sign, rest) = match text.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let d = humantime::parse_duration(rest).map_err(|e| e.to_string())?;
+    i64::try_from(d.as_micros())
+        .map(|us| sign * us)
+        .map_err(|_| "offset too large".to_owned())
 }
 
 fn load_or_create_key(path: &Path) -> anyhow::Result<Signer> {
@@ -150,6 +197,13 @@ async fn main() -> anyhow::Result<()> {
     if let Some(id) = args.server_id {
         cfg = cfg.with_server_id(id);
     }
+    let roughtime = RoughtimeServer::pair(&args.roughtime, &args.roughtime_key)
+        .map_err(|reason| anyhow::anyhow!("invalid Roughtime configuration: {reason}"))?;
+    cfg = cfg
+        .with_roughtime(roughtime)
+        .with_roughtime_refresh(args.roughtime_refresh)
+        .with_roughtime_query(QueryConfig::default().with_timeout(args.roughtime_timeout))
+        .with_roughtime_max_age(args.roughtime_max_age);
     if let Err(reason) = cfg.validate() {
         bail!("invalid configuration: {reason}");
     }
@@ -166,7 +220,29 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let server_id = cfg.server_id.clone();
-    let server = Server::new(cfg, signer.clone(), Arc::new(SystemClock))?;
+    let clock: Arc<dyn Clock> = match args.unsafe_clock_offset {
+        None => Arc::new(SystemClock),
+        Some(offset_us) => {
+            tracing::warn!(
+                offset_us,
+                "UNSAFE, TESTS ONLY: --unsafe-clock-offset makes this server's clock wrong on purpose"
+            );
+            Arc::new(OffsetClock {
+                inner: SystemClock,
+                offset_us,
+            })
+        }
+    };
+    let server = Server::new(cfg, signer.clone(), clock)?;
+    // Ask Roughtime once before announcing the address, so that a server
+    // whose time authority answers can grant as soon as it says it listens.
+    if let Some(verdict) = server.init_time().await {
+        if verdict.is_healthy() {
+            tracing::info!("{verdict}");
+        } else {
+            tracing::error!("not granting until the clock is right: {verdict}");
+        }
+    }
     // Printed on stdout, one line each, for scripts and tests.
     println!(
         "public key {} (key id {})",

@@ -6,6 +6,7 @@
 
 mod bag_cmds;
 mod lease_cmds;
+mod time_cmds;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ struct Cli {
         default_value = "http://127.0.0.1:7420"
     )]
     server: String,
+    #[command(flatten)]
+    roughtime: time_cmds::RoughtimeArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +39,10 @@ enum Command {
     Lease(lease_cmds::LeaseCommand),
     #[command(flatten)]
     Bag(bag_cmds::BagCommand),
+    /// Ask the time authority (Roughtime, else the lease server) once and
+    /// say how far off this host's clock is; exit 1 if it is off.
+    #[command(alias = "roughtime-check")]
+    TimeCheck(time_cmds::TimeCheckArgs),
 }
 
 #[tokio::main]
@@ -50,6 +57,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
         Command::Bag(cmd) => bag_cmds::run(cmd).await,
+        Command::TimeCheck(args) => time_cmds::time_check(args, &cli.roughtime, &cli.server).await,
     };
     match result {
         Ok(code) => code,
