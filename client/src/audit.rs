@@ -91,6 +91,8 @@ pub enum ViolationKind {
     ChainBroken,
     OverlappingGrants,
     WatermarkBelowMessage,
+    /// A record in a closed bag failed its checksum or was cut short.
+    CorruptRecord,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -17,6 +17,8 @@ use bagel_proto::{KeyRing, Micros, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
+use std::sync::Arc;
+
 use super::frame::{self, Frame};
 use super::{BagConfig, BagState, BagStore, Bucket, ListedItem, Result, list_buckets, validate_log};
 use crate::clock::Clock;
@@ -37,6 +39,8 @@ pub struct ReadOptions {
     /// Trusted witness/time keys. `None`: signatures are not checked and
     /// every message carries a note saying so.
     pub keys: Option<KeyRing>,
+    /// Trusted Roughtime keys, for signed times that are Roughtime proofs.
+    pub roughtime_keys: Vec<bagel_proto::roughtime::RoughtimeKey>,
 }
 
 impl Default for ReadOptions {
@@ -47,6 +51,7 @@ impl Default for ReadOptions {
             include_open: false,
             close_past_due: true,
             keys: None,
+            roughtime_keys: Vec::new(),
         }
     }
 }
@@ -73,6 +78,11 @@ impl ReadOptions {
         self.keys = keys;
         self
     }
+    #[must_use]
+    pub fn with_roughtime_keys(mut self, keys: Vec<bagel_proto::roughtime::RoughtimeKey>) -> Self {
+        self.roughtime_keys = keys;
+        self
+    }
 }
 
 /// One message as read.
@@ -89,6 +99,10 @@ pub struct Message {
     pub from_open_bag: bool,
     /// What could not be checked (e.g. no key given, no signed time).
     pub notes: Vec<String>,
+    /// The witnesses of its batch, as stored (for the audit).
+    pub witnesses: Arc<[pb::Witness]>,
+    /// The signed time of its batch, as stored.
+    pub signed_time: Option<Arc<pb::SignedTime>>,
 }
 
 /// A message that failed a check.
@@ -275,23 +289,31 @@ fn check_batch(
     if opts.keys.is_none() {
         batch_notes.push("witness signatures NOT verified (no key given)".to_owned());
     }
-    // The signed time: verified with the same keys; Roughtime proofs are
-    // checked elsewhere.
+    // The signed time: a local proof with the same keys, a Roughtime
+    // proof with the Roughtime keys (plus its one-second resolution).
     let mut time_ref: Option<(Micros, u64)> = None;
+    let is_roughtime = matches!(
+        batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
+        Some(pb::signed_time::Proof::Roughtime(_))
+    );
     match (&batch.signed_time, &opts.keys) {
         (None, _) => batch_notes.push("no signed time".to_owned()),
-        (Some(_), None) => batch_notes.push("signed time NOT verified (no key given)".to_owned()),
-        (Some(st), Some(keys)) => match bagel_proto::verify_local_time(st, keys) {
-            Ok(r) => time_ref = Some((r.time, r.radius_us)),
-            Err(bagel_proto::Error::UnsupportedProof { proof }) => {
-                batch_notes.push(format!("{proof} signed time not verified by this reader"));
+        (Some(_), None) if !is_roughtime || opts.roughtime_keys.is_empty() => {
+            batch_notes.push("signed time NOT verified (no key given)".to_owned())
+        }
+        (Some(st), keys) => {
+            let empty = KeyRing::new();
+            match bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys) {
+                Ok(r) => time_ref = Some((r.time, r.radius_us + r.resolution_us())),
+                Err(e) => {
+                    batch_error.get_or_insert(format!("signed time: {e}"));
+                }
             }
-            Err(e) => {
-                batch_error.get_or_insert(format!("signed time: {e}"));
-            }
-        },
+        }
     }
     let lease_ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
+    let witnesses: Arc<[pb::Witness]> = Arc::from(batch.witnesses);
+    let signed_time = batch.signed_time.map(Arc::new);
     for (i, e) in batch.entries.into_iter().enumerate() {
         let ts = Micros::from_micros(e.timestamp_us);
         if ts < opts.from || ts >= opts.to {
@@ -306,6 +328,8 @@ fn check_batch(
             lease_ids: lease_ids.clone(),
             from_open_bag: open,
             notes: batch_notes.clone(),
+            witnesses: Arc::clone(&witnesses),
+            signed_time: signed_time.clone(),
         };
         let reason = batch_error.clone().or_else(|| {
             if Bucket::of(ts) != bucket {

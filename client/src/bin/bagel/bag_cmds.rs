@@ -6,11 +6,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::time_cmds::RoughtimeArgs;
 use anyhow::{Context as _, bail};
+use bagel_client::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
 use bagel_client::bag::reader::{Message, ReadOptions};
 use bagel_client::bag::{self, BagConfig, Metronome, Writer};
 use bagel_client::clock::{Clock, OffsetClock, SystemClock};
 use bagel_client::json::LeaseJson;
+use bagel_client::time::TimeOptions;
 use bagel_proto::{KeyRing, Micros};
 use bytes::Bytes;
 use serde_json::json;
@@ -25,6 +28,35 @@ pub enum BagCommand {
     Read(ReadArgs),
     /// Close every past bag of the given logs, continuously or once.
     Metronome(MetronomeArgs),
+    /// Check a time range of a log from the stored messages and witnesses
+    /// alone: signatures, chains of grants, overlaps, out-of-lease
+    /// timestamps, watermarks, signed times. Exits 1 on any violation.
+    Audit(AuditArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AuditArgs {
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    #[arg(long)]
+    log: String,
+    /// First timestamp included: Unix microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time)]
+    from: Option<Micros>,
+    /// First timestamp excluded: Unix microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time)]
+    to: Option<Micros>,
+    /// A lease server's ed25519 public key (64 hex digits); repeatable.
+    /// Without any, the keys of the server given by --server are used.
+    #[arg(long = "key")]
+    keys: Vec<String>,
+    /// How far a timestamp may be ahead of its signed time.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    tolerance: Duration,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    timing: TimingArgs,
 }
 
 /// Timing shared by writers and closers; must agree across processes.
@@ -129,12 +161,99 @@ pub struct MetronomeArgs {
     timing: TimingArgs,
 }
 
-pub async fn run(cmd: BagCommand) -> anyhow::Result<ExitCode> {
+/// What the bag commands need from the global flags.
+#[derive(Debug)]
+pub struct Globals<'a> {
+    pub server: &'a str,
+    pub roughtime: &'a RoughtimeArgs,
+}
+
+pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
-        BagCommand::Write(a) => write(a).await,
-        BagCommand::Read(a) => read(a).await,
+        BagCommand::Write(a) => write(a, &g).await,
+        BagCommand::Read(a) => read(a, &g).await,
         BagCommand::Metronome(a) => metronome(a).await,
+        BagCommand::Audit(a) => audit(a, &g).await,
     }
+}
+
+/// The lease servers' keys: given with --key, else asked of --server.
+async fn lease_keys(given: &[String], server: &str) -> anyhow::Result<KeyRing> {
+    let mut ring = KeyRing::new();
+    if given.is_empty() {
+        let client = bagel_client::Client::connect(server.to_owned())
+            .await
+            .with_context(|| format!("no --key given, and asking {server} for its keys failed"))?;
+        return Ok(client.keys().clone());
+    }
+    for k in given {
+        ring.insert_bytes(&parse_key(k)?)?;
+    }
+    Ok(ring)
+}
+
+async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let cfg = a.timing.config();
+    let keys = lease_keys(&a.keys, g.server).await?;
+    let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
+    let store = bag::open_store(&a.store, &cfg).await?;
+    let opts = ReadOptions::default()
+        .with_range(a.from.unwrap_or(Micros::ZERO), a.to.unwrap_or(Micros::MAX))
+        .with_keys(Some(keys.clone()))
+        .with_roughtime_keys(roughtime_keys.clone());
+    let report = bag::read(store.as_ref(), &a.log, &opts, &cfg, &SystemClock).await?;
+    // The audit judges every stored message itself, accepted or not.
+    let messages: Vec<AuditMessage> = report
+        .messages
+        .iter()
+        .chain(report.rejected.iter().map(|r| &r.message))
+        .map(|m| AuditMessage {
+            timestamp: m.timestamp,
+            writer: m.writer_id.clone(),
+            sequence: m.sequence,
+            location: format!("{}/{}", a.log, m.bucket.path()),
+            witnesses: Arc::clone(&m.witnesses),
+            signed_time: m.signed_time.clone(),
+        })
+        .collect();
+    let mut acfg = AuditConfig::new(keys.clone());
+    acfg.tolerance = a.tolerance;
+    let local = keys.clone();
+    acfg.verify_time = Arc::new(move |st| {
+        bagel_proto::verify_signed_time(st, &local, &roughtime_keys)
+            .map(|r| (r.time, r.radius_us + r.resolution_us()))
+            .map_err(|e| e.to_string())
+    });
+    let mut result = bagel_client::audit::audit(&messages, &acfg);
+    for p in &report.problems {
+        if !p.in_open_bag {
+            result.violations.push(Violation {
+                kind: ViolationKind::CorruptRecord,
+                detail: format!("{}/{} {}: {}", a.log, p.bucket.path(), p.item, p.what),
+            });
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        println!(
+            "audited {} messages, {} leases, {} names; longest chain {}; {} chain gaps; {} violations",
+            result.messages,
+            result.leases,
+            result.names,
+            result.longest_chain,
+            result.chain_gaps,
+            result.violations.len()
+        );
+        for v in &result.violations {
+            println!("VIOLATION {v}");
+        }
+    }
+    Ok(if result.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Unix microseconds or RFC 3339.
@@ -160,7 +279,7 @@ fn parse_key(hex: &str) -> anyhow::Result<Vec<u8>> {
         .collect()
 }
 
-async fn write(a: WriteArgs) -> anyhow::Result<ExitCode> {
+async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let text =
         std::fs::read_to_string(&a.lease).with_context(|| format!("reading lease {}", a.lease.display()))?;
     let lease: LeaseJson =
@@ -190,6 +309,12 @@ async fn write(a: WriteArgs) -> anyhow::Result<ExitCode> {
             offset_us: a.clock_offset_ms * 1000,
         })
     };
+    // Every batch carries a recent signed time (Roughtime, else the lease
+    // server's); a clock that is off refuses to write.
+    let time = g
+        .roughtime
+        .time_source(g.server, TimeOptions::default().with_clock(Arc::clone(&clock)))
+        .await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
     let writer = Writer::new(store, &a.log, &writer_id, Arc::new(lease), clock, cfg)?;
 
@@ -216,6 +341,7 @@ async fn write(a: WriteArgs) -> anyhow::Result<ExitCode> {
     for batch in batches {
         let batch = batch.context("reading standard input")?;
         let n = batch.len();
+        writer.set_signed_time(Some(time.check().await.context("signed time for the batch")?));
         let stamps = writer
             .write_batch(batch.into_iter().map(Bytes::from).collect())
             .await;
@@ -259,7 +385,7 @@ fn message_json(m: &Message, verified: bool) -> serde_json::Value {
     })
 }
 
-async fn read(a: ReadArgs) -> anyhow::Result<ExitCode> {
+async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
     let keys = if a.keys.is_empty() {
         None
@@ -276,7 +402,8 @@ async fn read(a: ReadArgs) -> anyhow::Result<ExitCode> {
         .with_range(a.from.unwrap_or(Micros::ZERO), a.to.unwrap_or(Micros::MAX))
         .with_include_open(a.include_open)
         .with_close_past_due(!a.no_close)
-        .with_keys(keys);
+        .with_keys(keys)
+        .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
     let report = bag::read(store.as_ref(), &a.log, &opts, &cfg, &SystemClock).await?;
     let mut out = std::io::stdout().lock();
     if !verified && !a.json {

@@ -56,7 +56,13 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
-        Command::Bag(cmd) => bag_cmds::run(cmd).await,
+        Command::Bag(cmd) => {
+            let g = bag_cmds::Globals {
+                server: &cli.server,
+                roughtime: &cli.roughtime,
+            };
+            bag_cmds::run(cmd, g).await
+        }
         Command::TimeCheck(args) => time_cmds::time_check(args, &cli.roughtime, &cli.server).await,
     };
     match result {
