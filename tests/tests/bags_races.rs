@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bagel_client::bag::{self, BagConfig};
 use bagel_client::clock::SystemClock;
 use bagel_proto::Micros;
-use bagel_tests::{Backend, TestLeases, bagel_bin, unique};
+use bagel_tests::{Backend, Roughtime, TestLeases, bagel_bin, unique};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
 
@@ -58,6 +58,7 @@ async fn race_round(backend: &Backend, round: &Round) {
         })
         .collect();
 
+    let roughtime = Roughtime::from_env();
     let mut writers = Vec::new();
     for (i, off) in OFFSETS_MS.iter().enumerate() {
         let mut child = Command::new(bagel_bin())
@@ -73,6 +74,8 @@ async fn race_round(backend: &Backend, round: &Round) {
             ])
             .args(["--grace", "0s", "--clock-tolerance", "2s"])
             .arg(format!("--clock-offset-ms={off}"))
+            // Signed time for every batch, from the real Roughtime server.
+            .args(roughtime.flags())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -178,6 +181,7 @@ async fn race_round(backend: &Backend, round: &Round) {
             "--key",
             &leases.key_hex(),
         ])
+        .args(Roughtime::from_env().flags())
         .output()
         .await
         .unwrap();

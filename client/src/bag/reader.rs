@@ -296,13 +296,16 @@ fn check_batch(
         batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
         Some(pb::signed_time::Proof::Roughtime(_))
     );
+    let empty = KeyRing::new();
     match (&batch.signed_time, &opts.keys) {
         (None, _) => batch_notes.push("no signed time".to_owned()),
-        (Some(_), None) if !is_roughtime || opts.roughtime_keys.is_empty() => {
+        (Some(_), _) if is_roughtime && opts.roughtime_keys.is_empty() => {
+            batch_notes.push("Roughtime signed time NOT verified (no Roughtime key given)".to_owned())
+        }
+        (Some(_), None) if !is_roughtime => {
             batch_notes.push("signed time NOT verified (no key given)".to_owned())
         }
         (Some(st), keys) => {
-            let empty = KeyRing::new();
             match bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys) {
                 Ok(r) => time_ref = Some((r.time, r.radius_us + r.resolution_us())),
                 Err(e) => {
