@@ -41,6 +41,26 @@ pub struct AuditMessage {
 /// Verifies a signed time: (time, radius in µs), or why not.
 pub type TimeVerifier = Arc<dyn Fn(&pb::SignedTime) -> Result<(Micros, u64), String> + Send + Sync>;
 
+impl AuditMessage {
+    /// Every stored message of a read, accepted or rejected by the reader:
+    /// the audit judges each one itself.
+    pub fn from_report(report: &crate::bag::reader::ReadReport, log: &str) -> Vec<AuditMessage> {
+        report
+            .messages
+            .iter()
+            .chain(report.rejected.iter().map(|r| &r.message))
+            .map(|m| AuditMessage {
+                timestamp: m.timestamp,
+                writer: m.writer_id.clone(),
+                sequence: m.sequence,
+                location: format!("{log}/{}", m.bucket.path()),
+                witnesses: Arc::clone(&m.witnesses),
+                signed_time: m.signed_time.clone(),
+            })
+            .collect()
+    }
+}
+
 /// What the audit trusts and tolerates.
 #[derive(Clone)]
 pub struct AuditConfig {

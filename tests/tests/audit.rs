@@ -87,19 +87,7 @@ impl Setup {
         let report = bag::read(store.as_ref(), &self.log, &opts, &self.cfg, &SystemClock)
             .await
             .unwrap();
-        report
-            .messages
-            .iter()
-            .chain(report.rejected.iter().map(|r| &r.message))
-            .map(|m| AuditMessage {
-                timestamp: m.timestamp,
-                writer: m.writer_id.clone(),
-                sequence: m.sequence,
-                location: m.bucket.path(),
-                witnesses: Arc::clone(&m.witnesses),
-                signed_time: m.signed_time.clone(),
-            })
-            .collect()
+        AuditMessage::from_report(&report, &self.log)
     }
 }
 

@@ -202,20 +202,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_keys(Some(keys.clone()))
         .with_roughtime_keys(roughtime_keys.clone());
     let report = bag::read(store.as_ref(), &a.log, &opts, &cfg, &SystemClock).await?;
-    // The audit judges every stored message itself, accepted or not.
-    let messages: Vec<AuditMessage> = report
-        .messages
-        .iter()
-        .chain(report.rejected.iter().map(|r| &r.message))
-        .map(|m| AuditMessage {
-            timestamp: m.timestamp,
-            writer: m.writer_id.clone(),
-            sequence: m.sequence,
-            location: format!("{}/{}", a.log, m.bucket.path()),
-            witnesses: Arc::clone(&m.witnesses),
-            signed_time: m.signed_time.clone(),
-        })
-        .collect();
+    let messages = AuditMessage::from_report(&report, &a.log);
     let mut acfg = AuditConfig::new(keys.clone());
     acfg.tolerance = a.tolerance;
     let local = keys.clone();
