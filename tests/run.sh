@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # The one test command. On a fresh machine it installs what the tests need,
-# starts the real services on 127.0.0.1 (S3 server, ...), builds the real
+# starts the real services on 127.0.0.1 (S3 server, NFS server, ...), builds the real
 # binaries, runs every test of the workspace, and stops the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tests/support/common.sh
 source tests/support/s3.sh
+source tests/support/nfs.sh
 
-cleanup() { s3_stop; }
+cleanup() { bindfs_stop; nfs_stop; s3_stop; }
 trap cleanup EXIT
 
 s3_start
 
 log "building binaries"
 cargo build --workspace --bins --locked
+
+# Needs the binaries: readiness is our own client listing the export.
+nfs_start
+bindfs_start
 
 log "running tests"
 if command -v cargo-nextest >/dev/null 2>&1; then
