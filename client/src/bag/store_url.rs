@@ -59,7 +59,23 @@ impl StoreUrl {
 /// An S3 client for `bucket` configured from the `AWS_*` environment, with
 /// path-style requests, conditional PUTs, and plain HTTP allowed when the
 /// endpoint is `http://`.
+///
+/// Without `AWS_ACCESS_KEY_ID`, `object_store` would ask the instance
+/// metadata service for credentials; that is only done when
+/// `BAGEL_S3_INSTANCE_CREDENTIALS=1` says so, so that a shell that merely
+/// forgot the S3 environment fails at once with a clear message instead of
+/// reaching out to the network.
 pub fn s3_from_env(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+    let has_keys = std::env::var_os("AWS_ACCESS_KEY_ID").is_some_and(|v| !v.is_empty());
+    let instance = std::env::var("BAGEL_S3_INSTANCE_CREDENTIALS").is_ok_and(|v| v == "1");
+    if !has_keys && !instance {
+        return Err(Error::invalid(
+            "S3 environment",
+            format!("s3://{bucket}"),
+            "AWS_ACCESS_KEY_ID is not set (set AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
+             AWS_REGION; or BAGEL_S3_INSTANCE_CREDENTIALS=1 to use instance credentials)",
+        ));
+    }
     let mut b = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .with_virtual_hosted_style_request(false)

@@ -302,3 +302,135 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bag::posix::PosixStore;
+    use crate::clock::ManualClock;
+
+    struct Rights {
+        min: Micros,
+        deadline: Micros,
+    }
+
+    impl WriteRights for Rights {
+        fn min_timestamp(&self) -> Micros {
+            self.min
+        }
+        fn deadline(&self) -> Micros {
+            self.deadline
+        }
+        fn witnesses(&self) -> Vec<pb::Witness> {
+            vec![pb::Witness::default()]
+        }
+    }
+
+    const T: u64 = 1_900_000_000_000_000;
+
+    fn writer(dir: &std::path::Path, clock: &ManualClock, min: u64, deadline: u64, cfg: BagConfig) -> Writer {
+        Writer::new(
+            Arc::new(PosixStore::local(dir, false, Duration::from_secs(5))),
+            "log",
+            "w",
+            Arc::new(Rights {
+                min: Micros::from_micros(min),
+                deadline: Micros::from_micros(deadline),
+            }),
+            Arc::new(clock.clone()),
+            cfg,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn timestamps_follow_clock_last_and_min() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let w = writer(
+            dir.path(),
+            &clock,
+            T + 50_000,
+            T + 60_000_000,
+            BagConfig::default(),
+        );
+        // min_timestamp is 50 ms ahead (within max_ahead): strictly after it.
+        let a = w
+            .write_batch(vec![Bytes::from("a"), Bytes::from("b")])
+            .await
+            .unwrap();
+        assert_eq!(
+            a,
+            vec![Micros::from_micros(T + 50_001), Micros::from_micros(T + 50_002)]
+        );
+        // The clock has not moved: last + 1.
+        assert_eq!(
+            w.write(Bytes::from("c")).await.unwrap(),
+            Micros::from_micros(T + 50_003)
+        );
+        // The clock moved past: now.
+        clock.set(Micros::from_micros(T + 200_000));
+        assert_eq!(
+            w.write(Bytes::from("d")).await.unwrap(),
+            Micros::from_micros(T + 200_000)
+        );
+        assert_eq!(w.max_written(), Some(Micros::from_micros(T + 200_000)));
+        assert_eq!(
+            w.watermark(Micros::from_micros(T)),
+            Micros::from_micros(T + 200_000)
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_near_the_deadline_and_far_ahead_of_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let cfg = BagConfig::default().with_max_pause(Duration::from_millis(30));
+        let w = writer(dir.path(), &clock, T + 10_000_000, T + 60_000_000, cfg.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::TooFarAhead { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        assert_eq!(w.max_written(), None, "nothing was handed to the store");
+
+        let w = writer(dir.path(), &clock, T - 1_000_000, T + 400_000, cfg);
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::LeaseExpiring { .. }), "{err:?}");
+        assert!(err.is_permanent());
+    }
+
+    #[tokio::test]
+    async fn pauses_until_the_clock_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let w = writer(
+            dir.path(),
+            &clock,
+            T + 500_000,
+            T + 60_000_000,
+            BagConfig::default(),
+        );
+        let mover = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.set(Micros::from_micros(T + 450_000)) })
+        };
+        let ts = w.write(Bytes::from("x")).await.unwrap();
+        mover.await.unwrap();
+        assert_eq!(ts, Micros::from_micros(T + 500_001));
+    }
+
+    #[tokio::test]
+    async fn a_batch_spanning_two_seconds_becomes_two_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T + 999_999));
+        let w = writer(dir.path(), &clock, T, T + 60_000_000, BagConfig::default());
+        let ts = w
+            .write_batch(vec![Bytes::from("a"), Bytes::from("b")])
+            .await
+            .unwrap();
+        assert_eq!(Bucket::of(ts[0]).secs() + 1, Bucket::of(ts[1]).secs());
+        for t in ts {
+            let p = dir.path().join("log").join(Bucket::of(t).path()).join("w.0.log");
+            assert!(p.exists(), "{}", p.display());
+        }
+    }
+}
