@@ -93,6 +93,8 @@ async fn main() -> anyhow::Result<()> {
     counts.reset();
     store.close(&log, bucket).await?;
     println!("close again (closed):  {counts}");
+    // The writer goes on in a later bag: this one is closed.
+    tokio::time::sleep(bucket.end().duration_since(Micros::now()) + Duration::from_millis(10)).await;
 
     counts.reset();
     let start = Instant::now();

@@ -15,7 +15,8 @@
 //! * `connections` — how many TCP connections (each its own NFS client
 //!   state) calls are spread over (default 4).
 //!
-//! The client keeps **no** attribute, name or data cache: every call goes to
+//! The client keeps **no** attribute, name or data cache (it only remembers
+//! which directories exist, which the protocol never undoes): every call goes to
 //! the server (NFSv3 resolves each path with LOOKUPs from the export root;
 //! NFSv4 sends one COMPOUND starting at PUTROOTFH). So the stale-cache
 //! hazards of kernel clients cannot arise here; they are tested with the
@@ -376,7 +377,17 @@ struct Shared {
     /// awaits, so calls on one connection never interleave on the wire.
     slots: Vec<tokio::sync::Mutex<Option<Conn>>>,
     next: AtomicUsize,
+    /// Directories known to exist: the one thing this client remembers.
+    /// The protocol never removes or renames a directory, so "it existed"
+    /// stays true; if someone else removes one anyway, the next create in
+    /// it fails with NotFound and this set is forgotten. Saves a LOOKUP per
+    /// path component (NFSv3) or a GETATTR compound per component (NFSv4)
+    /// on every append. A std mutex, never held across an await.
+    known_dirs: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// Bound on [`Shared::known_dirs`]; it is simply cleared when full.
+const KNOWN_DIRS_MAX: usize = 100_000;
 
 /// [`FsOps`] over NFSv3 or NFSv4.2 without a kernel mount. Cheap to clone.
 #[derive(Clone)]
@@ -499,6 +510,7 @@ impl NfsFs {
                 timeout,
                 slots,
                 next: AtomicUsize::new(0),
+                known_dirs: Default::default(),
             }),
         })
     }
@@ -557,6 +569,10 @@ impl NfsFs {
         join(&self.shared.base, rel)
     }
 
+    fn known_dirs(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.shared.known_dirs.lock().expect("known_dirs lock poisoned")
+    }
+
     /// Takes a free connection if there is one, else waits for the next in
     /// turn.
     async fn lease(&self) -> Lease<'_> {
@@ -598,7 +614,16 @@ impl FsOps for NfsFs {
 
     async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
         let p = self.full(dir);
-        call!(self, "MKDIR", &p, |c| c.mkdir_all(&p))
+        if self.known_dirs().contains(&p) {
+            return Ok(());
+        }
+        call!(self, "MKDIR", &p, |c| c.mkdir_all(&p))?;
+        let mut known = self.known_dirs();
+        if known.len() >= KNOWN_DIRS_MAX {
+            known.clear();
+        }
+        known.insert(p);
+        Ok(())
     }
 
     async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool> {
@@ -620,7 +645,11 @@ impl FsOps for NfsFs {
         // O_CREAT without O_EXCL, built from an exclusive create: never
         // UNCHECKED, which may reset the attributes (the mode) of a file that
         // exists.
-        call!(self, "CREATE", &p, |c| c.create_new(&p))?;
+        call!(self, "CREATE", &p, |c| c.create_new(&p)).inspect_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                self.known_dirs().clear(); // a directory we knew is gone
+            }
+        })?;
         let st = call!(self, "GETATTR", &p, |c| c.stat(&p))?;
         let file = NfsAppendFile {
             fs: self.clone(),
