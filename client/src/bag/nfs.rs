@@ -203,6 +203,25 @@ fn connection_ok(e: &nfs::Error) -> bool {
     matches!(e, nfs::Error::Nfs { .. } | nfs::Error::NfsV4 { .. })
 }
 
+/// How often a listing that the server called stale is started over.
+const LIST_RESTARTS: u64 = 5;
+
+/// A READDIR the server cut short because the directory changed under it
+/// (a path-based call has no handle of ours that could really be stale).
+fn restartable_listing(e: &nfs::Error) -> bool {
+    e.is_stale_handle()
+        || matches!(
+            e,
+            nfs::Error::Nfs {
+                status: nfs::v3::NfsStatus::BadCookie | nfs::v3::NfsStatus::NotSync,
+                ..
+            } | nfs::Error::NfsV4 {
+                status: nfs::v4::Status::BadCookie,
+                ..
+            }
+        )
+}
+
 impl Conn {
     async fn list(&mut self, dir: &str) -> nfs::Result<Vec<DirEntry>> {
         match self {
@@ -609,7 +628,25 @@ impl FsOps for NfsFs {
 
     async fn list_dir(&self, dir: &str) -> io::Result<Vec<DirEntry>> {
         let p = self.full(dir);
-        call!(self, "READDIR", &p, |c| c.list(&p))
+        // ganesha 4.3 answered READDIR with NFS4ERR_STALE while other
+        // clients were changing the directory (six concurrent closers of one
+        // bag); a listing is idempotent, so it is simply started over.
+        let mut tries = 0;
+        loop {
+            let r = {
+                let mut lease = self.lease().await;
+                let c = lease.conn(&self.shared).await?;
+                let r = c.list(&p).await;
+                lease.done(r)
+            };
+            match r {
+                Err(e) if restartable_listing(&e) && tries < LIST_RESTARTS => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                r => return r.map_err(|e| to_io("READDIR", &p, e)),
+            }
+        }
     }
 
     async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
