@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The one test command. On a fresh machine it installs what the tests need,
-# starts the real services on 127.0.0.1 (S3 server, Roughtime, ...), builds
-# the real binaries, runs every test of the workspace, and stops the services.
+# starts the real services on 127.0.0.1 (S3 server, Roughtime, NFS server,
+# stale-cache FUSE mounts), builds the real binaries, runs every test of the
+# workspace, and stops the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tests/support/common.sh
 source tests/support/s3.sh
 source tests/support/roughtime.sh
+source tests/support/nfs.sh
 
-cleanup() { roughtime_stop; s3_stop; }
+cleanup() { bindfs_stop; nfs_stop; roughtime_stop; s3_stop; }
 trap cleanup EXIT
 
 s3_start
@@ -17,8 +19,11 @@ s3_start
 log "building binaries"
 cargo build --workspace --bins --locked
 
-# After the build: its readiness probe is `bagel time-check`.
+# After the build: the readiness probes are our own binaries
+# (`bagel time-check`, `bagel-nfs ls`).
 roughtime_start
+nfs_start
+bindfs_start
 
 log "running tests"
 if command -v cargo-nextest >/dev/null 2>&1; then

@@ -1,5 +1,6 @@
-//! Bag helpers: temp stores on a directory and on the real S3 server that
-//! `tests/run.sh` starts, and test leases signed like the server signs them.
+//! Bag helpers: temp stores on a directory, on the real S3 server and on the
+//! real NFS server that `tests/run.sh` starts, and test leases signed like
+//! the server signs them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bagel_client::bag::faults::{FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
 use bagel_client::bag::fsops::{FsOps, StdFs};
+use bagel_client::bag::nfs::NfsFs;
 use bagel_client::bag::posix::PosixStore;
 use bagel_client::bag::s3::S3Store;
 use bagel_client::bag::{self, BagState, BagStore, Bucket, ListedItem, Listing, Receipt};
@@ -41,11 +43,47 @@ pub fn s3_bucket() -> String {
     std::env::var("BAGEL_S3_BUCKET").expect("checked above")
 }
 
+/// The store URL of a fresh directory on the real NFS server that
+/// `tests/run.sh` (via `nfs_start`) sets up, over NFS `version` 3 or 4, and
+/// that directory on this machine (the export is local). Panics, never
+/// skips, when the server is missing.
+pub fn nfs_dir(version: u8) -> (String, PathBuf) {
+    let mut vals = Vec::new();
+    for var in [
+        format!("BAGEL_NFS_URL_V{version}"),
+        "BAGEL_NFS_EXPORT_DIR".to_owned(),
+    ] {
+        match std::env::var(&var) {
+            Ok(v) if !v.is_empty() => vals.push(v),
+            _ => panic!(
+                "{var} is not set: the NFS tests need the NFS server (nfs-ganesha) that tests/run.sh starts \
+                 (for a local run: cargo build --workspace --bins; source tests/support/common.sh; \
+                 source tests/support/nfs.sh; nfs_start)"
+            ),
+        }
+    }
+    let sub = unique("t");
+    let (base, query) = vals[0].split_once('?').unwrap_or((&vals[0], ""));
+    let url = format!("{}/{sub}?{query}", base.trim_end_matches('/'));
+    (url, PathBuf::from(&vals[1]).join(sub))
+}
+
 /// Which backend a conformance test runs on.
 #[derive(Debug)]
 pub enum Backend {
-    Posix { dir: tempfile::TempDir },
-    S3 { bucket: String, prefix: String },
+    Posix {
+        dir: tempfile::TempDir,
+    },
+    S3 {
+        bucket: String,
+        prefix: String,
+    },
+    /// The POSIX bag through the userspace NFS client (`nfs://` URL);
+    /// `local` is the same directory seen directly on this machine.
+    Nfs {
+        url: String,
+        local: PathBuf,
+    },
 }
 
 impl Backend {
@@ -62,10 +100,26 @@ impl Backend {
         }
     }
 
+    /// NFS `version` 3 or 4.
+    pub fn nfs(version: u8) -> Self {
+        let (url, local) = nfs_dir(version);
+        Backend::Nfs { url, local }
+    }
+
     pub fn url(&self) -> String {
         match self {
             Backend::Posix { dir } => format!("file://{}", dir.path().display()),
             Backend::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            Backend::Nfs { url, .. } => url.clone(),
+        }
+    }
+
+    /// The store's root as a directory of this machine (POSIX and NFS).
+    pub fn local_root(&self) -> Option<PathBuf> {
+        match self {
+            Backend::Posix { dir } => Some(dir.path().to_owned()),
+            Backend::Nfs { local, .. } => Some(local.clone()),
+            Backend::S3 { .. } => None,
         }
     }
 
@@ -89,6 +143,11 @@ impl Backend {
                 let os: Arc<dyn ObjectStore> = Arc::new(test);
                 let s3 = S3Store::new(os, prefix, timeout, self.url());
                 (Arc::new(s3), Some(counts))
+            }
+            Backend::Nfs { url, .. } => {
+                let nfs = NfsFs::open(url, timeout).await.expect("NFS client");
+                let fs: Arc<dyn FsOps> = Arc::new(FaultyFs::new(Arc::new(nfs), kill));
+                (Arc::new(PosixStore::new(fs, true, timeout)), None)
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The bag conformance suite: every scenario is written once, over the
-//! `BagStore` trait, and runs on a temp directory and on the real S3 server.
+//! `BagStore` trait, and runs on a temp directory, on the real S3 server, and
+//! on the real NFS server over NFSv3 and NFSv4.2 (userspace client).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,6 +32,22 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(bagel_tests::Backend::s3()).await
+                }
+            )*
+        }
+        mod nfs_v3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(bagel_tests::Backend::nfs(3)).await
+                }
+            )*
+        }
+        mod nfs_v4 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(bagel_tests::Backend::nfs(4)).await
                 }
             )*
         }
@@ -471,10 +488,11 @@ async fn corrupt_record_is_reported_and_the_rest_read(backend: Backend) {
     let listing = e.store.close(&e.log, b).await.unwrap();
     // Flip one byte inside the second record's body.
     match &backend {
-        Backend::Posix { dir } => {
+        Backend::Posix { .. } | Backend::Nfs { .. } => {
             assert_eq!(listing.items.len(), 1);
-            let path = dir
-                .path()
+            let path = backend
+                .local_root()
+                .unwrap()
                 .join(&e.log)
                 .join(b.path())
                 .join(&listing.items[0].name);

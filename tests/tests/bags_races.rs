@@ -248,3 +248,33 @@ async fn s3_writers_and_closers_race() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfs_v3_writers_and_closers_race() {
+    for _ in 0..2 {
+        let backend = Backend::nfs(3);
+        race_round(
+            &backend,
+            &Round {
+                feed_for: Duration::from_millis(3000),
+                pace: Duration::from_millis(40),
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nfs_v4_writers_and_closers_race() {
+    for _ in 0..2 {
+        let backend = Backend::nfs(4);
+        race_round(
+            &backend,
+            &Round {
+                feed_for: Duration::from_millis(3000),
+                pace: Duration::from_millis(40),
+            },
+        )
+        .await;
+    }
+}

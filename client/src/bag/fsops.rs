@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -43,6 +43,10 @@ pub struct DirEntry {
 }
 
 /// NFS-safe file operations. See the module docs.
+///
+/// Answers must come from the server, not from a client cache: `stat`,
+/// `open_append`'s stat and `read` see other clients' closed writes and
+/// chmods at once (close-to-open), `list_dir` revalidates the directory.
 #[async_trait]
 pub trait FsOps: Send + Sync + fmt::Debug {
     /// Where this points, for messages.
@@ -108,12 +112,26 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 
         .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
 }
 
-fn stat_of(m: &std::fs::Metadata) -> FileStat {
-    FileStat {
-        len: m.len(),
-        mode: m.mode() & 0o7777,
-        is_dir: m.is_dir(),
-    }
+/// `fstat` that bypasses cached attributes (`statx` with
+/// `AT_STATX_FORCE_SYNC`): a kernel NFS client, or a FUSE mount with an
+/// `attr_timeout`, asks the server instead of answering from a cache that
+/// may be seconds old, so another client's appends and chmods are seen now.
+/// It also refreshes the cached size that later reads on this open file are
+/// bounded by. On a local file system it is a plain `fstat`.
+fn fresh_stat(f: &std::fs::File) -> io::Result<FileStat> {
+    use rustix::fs::{AtFlags, FileType, StatxFlags};
+    let st = rustix::fs::statx(
+        f,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
+        StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE,
+    )?;
+    let mode = u32::from(st.stx_mode);
+    Ok(FileStat {
+        len: st.stx_size,
+        mode: mode & 0o7777,
+        is_dir: FileType::from_raw_mode(mode) == FileType::Directory,
+    })
 }
 
 #[async_trait]
@@ -193,7 +211,7 @@ impl FsOps for StdFs {
                 .create(true)
                 .mode(0o644)
                 .open(&p)?;
-            let st = stat_of(&f.metadata()?);
+            let st = fresh_stat(&f)?;
             Ok((Box::new(StdAppendFile { file: f }) as Box<dyn AppendFile>, st))
         })
         .await
@@ -203,7 +221,7 @@ impl FsOps for StdFs {
         let p = self.full(path);
         blocking(move || {
             let f = std::fs::File::open(&p)?;
-            Ok(stat_of(&f.metadata()?))
+            fresh_stat(&f)
         })
         .await
     }
@@ -212,6 +230,8 @@ impl FsOps for StdFs {
         let p = self.full(path);
         blocking(move || {
             let f = std::fs::File::open(&p)?;
+            // Reads stop at the size the kernel believes; make it current.
+            fresh_stat(&f)?;
             let mut buf = Vec::new();
             match limit {
                 Some(n) => f.take(n).read_to_end(&mut buf)?,

@@ -25,6 +25,10 @@
 //! # Layout
 //! * [`frame`]: record framing (length + CRC-32C) in files and objects.
 //! * [`fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
+//! * [`nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
+//!   (`nfs://host[:port]/export/dir`); see `NFS.md` beside it.
+//! * [`counting`]: an `FsOps` wrapper counting calls, to measure the cost
+//!   of writes and closes per backend.
 //! * [`posix`]: the bag of single-writer logs on a directory (the seed's
 //!   appendix).
 //! * [`s3`]: the maildir-style bag on an S3 prefix, via `object_store`.
@@ -32,7 +36,7 @@
 //! * [`writer`]: timestamps, batches, commit protocol.
 //! * [`metronome`]: closes past bags; [`metronome::close_through`].
 //! * [`reader`]: ordered, checked reads of a time range.
-//! * [`store_url`]: `file:///dir` and `s3://bucket/prefix`.
+//! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
 
 use std::fmt;
 use std::io;
@@ -42,10 +46,12 @@ use async_trait::async_trait;
 use bagel_proto::{Micros, pb};
 use bytes::Bytes;
 
+pub mod counting;
 pub mod faults;
 pub mod frame;
 pub mod fsops;
 pub mod metronome;
+pub mod nfs;
 pub mod posix;
 pub mod reader;
 pub mod s3;

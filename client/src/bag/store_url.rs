@@ -1,12 +1,14 @@
-//! Store addresses: `file:///abs/dir` (POSIX) and `s3://bucket/prefix`
+//! Store addresses: `file:///abs/dir` (POSIX), `s3://bucket/prefix`
 //! (S3; endpoint and credentials from the usual `AWS_*` environment, as
-//! `object_store` reads them).
+//! `object_store` reads them) and `nfs://host[:port]/export/dir[?version=3|4]`
+//! (the POSIX bag over a userspace NFS client, see [`super::nfs`]).
 
 use std::sync::Arc;
 
 use object_store::ObjectStore;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 
+use super::nfs::{NfsFs, NfsTarget};
 use super::posix::PosixStore;
 use super::s3::S3Store;
 use super::{BagConfig, BagStore, Error, Result};
@@ -16,6 +18,7 @@ use super::{BagConfig, BagStore, Error, Result};
 pub enum StoreUrl {
     File { root: std::path::PathBuf },
     S3 { bucket: String, prefix: String },
+    Nfs(NfsTarget),
 }
 
 impl StoreUrl {
@@ -40,10 +43,15 @@ impl StoreUrl {
                 prefix: prefix.trim_matches('/').to_owned(),
             });
         }
+        if url.starts_with("nfs://") {
+            return NfsTarget::parse(url)
+                .map(StoreUrl::Nfs)
+                .map_err(|reason| Error::invalid("store URL", url, reason));
+        }
         Err(Error::invalid(
             "store URL",
             url,
-            "expected file:///abs/dir or s3://bucket/prefix",
+            "expected file:///abs/dir, s3://bucket/prefix or nfs://host[:port]/export/dir",
         ))
     }
 }
@@ -99,6 +107,12 @@ pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>>
             s3.probe_conditional_put().await?;
             Ok(Arc::new(s3))
         }
+        StoreUrl::Nfs(target) => {
+            let fs = NfsFs::connect(target, cfg.op_timeout)
+                .await
+                .map_err(|e| Error::io("connect", url, e))?;
+            Ok(Arc::new(PosixStore::new(Arc::new(fs), cfg.sync, cfg.op_timeout)))
+        }
     }
 }
 
@@ -129,6 +143,11 @@ mod tests {
             }
         );
         assert!(StoreUrl::parse("file://rel").is_err());
-        assert!(StoreUrl::parse("nfs://h/x").is_err());
+        assert!(matches!(
+            StoreUrl::parse("nfs://h:2050/e/d?version=4").unwrap(),
+            StoreUrl::Nfs(t) if t.host == "h" && t.port == Some(2050) && t.path == "/e/d"
+        ));
+        assert!(StoreUrl::parse("nfs://h/x?version=9").is_err());
+        assert!(StoreUrl::parse("ftp://h/x").is_err());
     }
 }
