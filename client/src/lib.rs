@@ -1,10 +1,32 @@
 //! The bagel client library.
 //!
+//! ```no_run
+//! # async fn demo() -> Result<(), bagel_client::Error> {
+//! use std::time::Duration;
+//! let client = bagel_client::Client::connect("http://127.0.0.1:7420").await?;
+//! let lease = client.acquire(["tenant-7"]).ttl(Duration::from_secs(5)).send().await?;
+//! // ... write messages with timestamps in (lease.min_timestamp(), lease.deadline()) ...
+//! let written_up_to = lease.min_timestamp().next();
+//! lease.release(Some(written_up_to)).await?;
+//! # Ok(()) }
+//! ```
+//!
 //! # Layout
+//! * [`client`]: [`Client`], a connection to one lease server, and the
+//!   acquire builder.
+//! * [`lease`]: [`Lease`], a held lease with background renewal and loss
+//!   notification.
+//! * [`error`]: the one error type; every variant says if a retry helps.
 //! * [`clock`]: injectable clocks.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
+pub mod client;
 pub mod clock;
+pub mod error;
 pub mod json;
+pub mod lease;
 
 pub use bagel_proto::{Micros, pb};
+pub use client::{AcquireBuilder, Client};
+pub use error::{Error, Result};
+pub use lease::{Lease, LeaseOptions, LeaseState};

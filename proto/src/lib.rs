@@ -4,10 +4,12 @@
 //! * [`pb`]: the protobuf/gRPC types generated from `proto/bagel/v1/*.proto`
 //!   (lease service, witnesses, signed times, bag records).
 //! * [`Micros`]: the one time type (Unix microseconds, UTC).
+//! * [`clock`]: injectable clocks (system, manual, offset).
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`witness`]: sign and verify witnesses and local signed times, always
 //!   over the exact bytes that travel.
 
+pub mod clock;
 pub mod keys;
 mod time;
 pub mod witness;

@@ -1,3 +1,52 @@
-//! `bagel`: the command-line client. (Being built; see issue 2.)
+//! `bagel`: the command-line client of the bagel lease service.
+//!
+//! Exit codes: 0 success; 1 error; 2 a name is held by someone else
+//! (the message says who and until when).
 
-fn main() {}
+mod lease_cmds;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "bagel", version, about = "bagel lease service client")]
+struct Cli {
+    /// Lease server URL.
+    #[arg(
+        long,
+        global = true,
+        env = "BAGEL_SERVER",
+        default_value = "http://127.0.0.1:7420"
+    )]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Lease(lease_cmds::LeaseCommand),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bagel: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

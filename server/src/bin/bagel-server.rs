@@ -1,0 +1,186 @@
+//! `bagel-server`: runs the lease server. With no flags it listens on
+//! 127.0.0.1:7420 with a fresh key and a 10 s max TTL.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bagel_proto::Signer;
+use bagel_proto::clock::SystemClock;
+use bagel_server::{Config, Limits, Server};
+use clap::Parser;
+
+/// bagel's in-RAM lease server.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; the bound address is
+    /// printed).
+    #[arg(long, env = "BAGEL_LISTEN", default_value = bagel_server::config::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Longest lease a client may take; also how long a restart waits.
+    #[arg(long, env = "BAGEL_MAX_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    max_ttl: Duration,
+    /// Shortest lease a client may take.
+    #[arg(long, env = "BAGEL_MIN_TTL", default_value = "10ms", value_parser = humantime::parse_duration)]
+    min_ttl: Duration,
+    /// Longest server-side wait for a busy name a request may ask for.
+    #[arg(long, env = "BAGEL_MAX_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
+    max_wait: Duration,
+    /// How far this host's clock may be off; added to the restart wait.
+    #[arg(long, env = "BAGEL_CLOCK_TOLERANCE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    clock_tolerance: Duration,
+    /// ed25519 signing key file (64 hex digits of the secret seed). Created
+    /// (mode 0600) if it does not exist. Without it, a fresh key is made and
+    /// its public key printed.
+    #[arg(long, env = "BAGEL_KEY")]
+    key: Option<PathBuf>,
+    /// Server id in witnesses (default: random).
+    #[arg(long, env = "BAGEL_SERVER_ID")]
+    server_id: Option<String>,
+    /// UNSAFE, development only: grant at once after a start instead of
+    /// waiting out leases a previous incarnation may have granted.
+    #[arg(long, env = "BAGEL_UNSAFE_SKIP_RESTART_WAIT")]
+    unsafe_skip_restart_wait: bool,
+    /// Number of lock shards.
+    #[arg(long, env = "BAGEL_SHARDS", default_value_t = 256)]
+    shards: usize,
+    /// Idle name records kept before the oldest are forgotten.
+    #[arg(long, env = "BAGEL_MAX_RECORDS", default_value_t = 2_000_000)]
+    max_records: usize,
+    /// Max names in one request.
+    #[arg(long, default_value_t = Limits::default().max_names_per_request)]
+    max_names: usize,
+    /// Max bytes of metadata on renew/release.
+    #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
+    max_metadata_bytes: usize,
+}
+
+fn load_or_create_key(path: &Path) -> anyhow::Result<Signer> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let text = text.trim();
+            let bytes: Vec<u8> = (0..text.len())
+                .step_by(2)
+                .map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                .collect::<Option<_>>()
+                .filter(|b: &Vec<u8>| b.len() == 32)
+                .with_context(|| format!("{}: expected 64 hex digits (an ed25519 seed)", path.display()))?;
+            let seed: [u8; 32] = bytes.try_into().expect("length checked");
+            Ok(Signer::new(ed25519_dalek::SigningKey::from_bytes(&seed)))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let signer = Signer::generate();
+            let hex: String = signer
+                .signing_key()
+                .to_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            write_secret(path, &hex).with_context(|| format!("writing new key to {}", path.display()))?;
+            tracing::info!(path = %path.display(), "generated a new signing key");
+            Ok(signer)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading key {}", path.display())),
+    }
+}
+
+fn write_secret(path: &Path, hex: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(path)?;
+    writeln!(f, "{hex}")?;
+    f.sync_all()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+
+    let signer = match &args.key {
+        Some(path) => load_or_create_key(path)?,
+        None => Signer::generate(),
+    };
+    let mut limits = Limits::default();
+    limits.max_names_per_request = args.max_names;
+    limits.max_metadata_bytes = args.max_metadata_bytes;
+    let mut cfg = Config::default()
+        .with_listen(args.listen)
+        .with_max_ttl(args.max_ttl)
+        .with_min_ttl(args.min_ttl)
+        .with_max_wait(args.max_wait)
+        .with_clock_tolerance(args.clock_tolerance)
+        .with_unsafe_skip_restart_wait(args.unsafe_skip_restart_wait)
+        .with_shards(args.shards)
+        .with_max_records(args.max_records)
+        .with_limits(limits);
+    if let Some(id) = args.server_id {
+        cfg = cfg.with_server_id(id);
+    }
+    if let Err(reason) = cfg.validate() {
+        bail!("invalid configuration: {reason}");
+    }
+    if cfg.unsafe_skip_restart_wait {
+        tracing::warn!(
+            "UNSAFE: --unsafe-skip-restart-wait is set. This server grants at once, although \
+             leases granted by a previous incarnation may still be live: two holders may \
+             overlap. Never use this in production."
+        );
+    }
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let server_id = cfg.server_id.clone();
+    let server = Server::new(cfg, signer.clone(), Arc::new(SystemClock))?;
+    // Printed on stdout, one line each, for scripts and tests.
+    println!(
+        "public key {} (key id {})",
+        hex(signer.verifying_key().as_bytes()),
+        signer.key_id()
+    );
+    println!(
+        "bagel-server {server_id} listening on {addr}, ready at {}",
+        server.ready_at()
+    );
+    server.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,184 @@
+//! Server configuration with the defaults a fresh `bagel-server` runs with.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything a lease server can be told. Build it from [`Config::default`]
+/// and the `with_*` methods; the binary maps its flags onto them.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Identifies this server in witnesses; random by default.
+    pub server_id: String,
+    /// A deadline must be later than now + `min_ttl`.
+    pub min_ttl: Duration,
+    /// A deadline may be at most now + `max_ttl`. Also the restart wait.
+    pub max_ttl: Duration,
+    /// The longest server-side wait for a busy name a request may ask for.
+    pub max_wait: Duration,
+    /// How far this server's clock may be off. Added to the restart wait,
+    /// and the radius of the local signed time.
+    pub clock_tolerance: Duration,
+    /// How far a watermark may be ahead of its signed time.
+    pub timestamp_tolerance: Duration,
+    /// Skip the restart wait. Unsafe: a previous incarnation's leases may
+    /// still be live. For development only.
+    pub unsafe_skip_restart_wait: bool,
+    pub limits: Limits,
+    /// Number of lock shards of the lease table.
+    pub shards: usize,
+    /// Idle name records kept before the oldest are forgotten.
+    pub max_records: usize,
+    pub history_per_name: usize,
+    pub history_budget_bytes: usize,
+    /// How often the local signed time is re-signed.
+    pub signed_time_refresh: Duration,
+    /// How often the table is swept (ended leases, idle records).
+    pub sweep_interval: Duration,
+}
+
+/// Sizes every request is checked against.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Limits {
+    pub max_names_per_request: usize,
+    pub max_name_bytes: usize,
+    pub max_owner_bytes: usize,
+    pub max_metadata_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_names_per_request: 64,
+            max_name_bytes: 256,
+            max_owner_bytes: 256,
+            max_metadata_bytes: 4096,
+        }
+    }
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            server_id: format!("bagel-{:08x}", rand::random::<u32>()),
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(10),
+            max_wait: Duration::from_secs(10),
+            clock_tolerance: Duration::from_millis(500),
+            timestamp_tolerance: Duration::from_secs(1),
+            unsafe_skip_restart_wait: false,
+            limits: Limits::default(),
+            shards: 256,
+            max_records: 2_000_000,
+            history_per_name: 8,
+            history_budget_bytes: 64 << 20,
+            signed_time_refresh: Duration::from_millis(100),
+            sweep_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Config {
+    #[must_use]
+    pub fn with_listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    #[must_use]
+    pub fn with_server_id(mut self, id: impl Into<String>) -> Self {
+        self.server_id = id.into();
+        self
+    }
+
+    #[must_use]
+    pub fn with_min_ttl(mut self, d: Duration) -> Self {
+        self.min_ttl = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_ttl(mut self, d: Duration) -> Self {
+        self.max_ttl = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_wait(mut self, d: Duration) -> Self {
+        self.max_wait = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_clock_tolerance(mut self, d: Duration) -> Self {
+        self.clock_tolerance = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_timestamp_tolerance(mut self, d: Duration) -> Self {
+        self.timestamp_tolerance = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_unsafe_skip_restart_wait(mut self, skip: bool) -> Self {
+        self.unsafe_skip_restart_wait = skip;
+        self
+    }
+
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    #[must_use]
+    pub fn with_shards(mut self, n: usize) -> Self {
+        self.shards = n.max(1);
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_records(mut self, n: usize) -> Self {
+        self.max_records = n;
+        self
+    }
+
+    #[must_use]
+    pub fn with_history(mut self, per_name: usize, budget_bytes: usize) -> Self {
+        self.history_per_name = per_name;
+        self.history_budget_bytes = budget_bytes;
+        self
+    }
+
+    /// The restart wait: a previous incarnation may have granted a deadline
+    /// up to `max_ttl` after it last answered, and our clock may be off by
+    /// `clock_tolerance`.
+    pub fn restart_wait(&self) -> Duration {
+        if self.unsafe_skip_restart_wait {
+            Duration::ZERO
+        } else {
+            self.max_ttl + self.clock_tolerance
+        }
+    }
+
+    /// Checks the settings make sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_ttl <= self.min_ttl {
+            return Err(format!(
+                "max TTL ({:?}) must be greater than min TTL ({:?})",
+                self.max_ttl, self.min_ttl
+            ));
+        }
+        if self.server_id.is_empty() || self.server_id.len() > 128 {
+            return Err("server id must be 1 to 128 bytes".into());
+        }
+        Ok(())
+    }
+}

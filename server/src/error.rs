@@ -1,0 +1,117 @@
+//! The server's one error type, and how it becomes a gRPC status.
+
+use std::sync::Arc;
+
+use bagel_proto::{Micros, pb};
+use prost::Message as _;
+use tonic::{Code, Status};
+
+use crate::table::{LeaseId, Mode};
+
+/// Who holds a name that a request wanted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conflict {
+    pub name: Arc<str>,
+    pub holder: LeaseId,
+    pub owner: Arc<str>,
+    pub mode: Mode,
+    pub deadline: Micros,
+}
+
+/// Everything a lease request can fail with. Messages name the field and
+/// the limit, because they go straight to the caller.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("{field}: {reason}")]
+    OutOfRange { field: &'static str, reason: String },
+    #[error(
+        "not ready: this server started at {started} and refuses grants until {ready_at}, \
+         to wait out any lease a previous incarnation may have granted (max TTL + clock tolerance)"
+    )]
+    NotReady { started: Micros, ready_at: Micros },
+    #[error(
+        "name {:?} is held by lease {} (owner {:?}, {}) until {}; retry after that",
+        .0.name, .0.holder, .0.owner, mode_word(.0.mode), .0.deadline
+    )]
+    Conflict(Box<Conflict>),
+    #[error("lease_id: unknown lease {lease} (never granted by this server, released, or expired)")]
+    UnknownLease { lease: LeaseId },
+    #[error("token: does not match lease {lease}")]
+    WrongToken { lease: LeaseId },
+    #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
+    Expired { lease: LeaseId, deadline: Micros },
+    #[error("lease {lease} lost name {name:?}: a full acquire by lease {by} broke it")]
+    LostName {
+        lease: LeaseId,
+        name: Arc<str>,
+        by: LeaseId,
+    },
+    #[error("clock unhealthy, refusing to grant: {detail}")]
+    ClockUnhealthy { detail: String },
+}
+
+fn mode_word(m: Mode) -> &'static str {
+    match m {
+        Mode::Full => "full",
+        Mode::Tentative => "tentative",
+    }
+}
+
+impl Error {
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn out_of_range(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::OutOfRange {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether the same request can succeed later without changes.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::NotReady { .. } | Error::Conflict(_) | Error::ClockUnhealthy { .. }
+        )
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument { .. } => Code::InvalidArgument,
+            Error::OutOfRange { .. } => Code::OutOfRange,
+            Error::NotReady { .. } | Error::ClockUnhealthy { .. } => Code::Unavailable,
+            Error::Conflict(_) => Code::Aborted,
+            Error::UnknownLease { .. } => Code::NotFound,
+            Error::WrongToken { .. } => Code::PermissionDenied,
+            Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let message = e.to_string();
+        match &e {
+            Error::Conflict(c) => {
+                let details = pb::LeaseConflict {
+                    name: c.name.to_string(),
+                    holder_lease_id: c.holder.to_string(),
+                    holder_owner: c.owner.to_string(),
+                    holder_mode: pb::Mode::from(c.mode).into(),
+                    holder_deadline_us: c.deadline.as_micros(),
+                }
+                .encode_to_vec();
+                Status::with_details(Code::Aborted, message, details.into())
+            }
+            _ => Status::new(e.code(), message),
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! bagel's lease server: a sharded, in-RAM gRPC lease service that grants
+//! leases on named domains with absolute deadlines, hands each new holder
+//! the previous holder's watermark, and signs a witness for every grant.
+//!
+//! # Layout
+//! * [`table`]: the pure lease table. Every lease rule lives here; methods
+//!   take `now` as an argument, so tests drive time exactly.
+//! * `service`: thin gRPC handlers converting the wire to the table
+//!   (`validate`) and grants to signed witnesses (`witness`).
+//! * [`timekeeper`]: the server clock and its signed readings.
+//! * [`config`]: settings and defaults.
+//! * [`error`]: the one error type and its mapping to gRPC statuses.
+//!
+//! [`Server::serve`] runs it on a bound listener until a shutdown future
+//! resolves; the binary passes Ctrl-C/SIGTERM.
+
+pub mod config;
+pub mod error;
+mod service;
+pub mod table;
+pub mod timekeeper;
+mod validate;
+mod witness;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bagel_proto::clock::Clock;
+use bagel_proto::{KeyRing, Micros, Signer, pb};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, Limits};
+pub use error::Error;
+
+use service::{Inner, Service};
+use table::{LeaseTable, TableConfig};
+use timekeeper::TimeKeeper;
+use witness::WitnessSigner;
+
+type LeaseServer = pb::lease_service_server::LeaseServiceServer<Service>;
+
+/// A lease server, ready to serve.
+#[derive(Debug)]
+pub struct Server {
+    service: Service,
+}
+
+impl Server {
+    /// Builds a server that started at `clock.now()`: it refuses grants until
+    /// the restart wait is over (unless told to skip it).
+    pub fn new(cfg: Config, signer: Signer, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        cfg.validate()
+            .map_err(|reason| Error::invalid("config", reason))?;
+        let started = clock.now();
+        let (ready_at, initial_floor) = if cfg.unsafe_skip_restart_wait {
+            // Assume no previous incarnation existed: nothing to inherit.
+            (started, Micros::ZERO)
+        } else {
+            // A previous incarnation may have granted deadlines up to
+            // `max_ttl` past our start; writes under them are below that.
+            (
+                started.saturating_add(cfg.restart_wait()),
+                started.saturating_add(cfg.max_ttl),
+            )
+        };
+        let table = LeaseTable::new(TableConfig {
+            shards: cfg.shards,
+            min_ttl: cfg.min_ttl,
+            max_ttl: cfg.max_ttl,
+            started,
+            ready_at,
+            initial_floor,
+            max_records: cfg.max_records,
+            history_per_name: cfg.history_per_name,
+            history_budget_bytes: cfg.history_budget_bytes,
+            index_grace: cfg.max_ttl,
+        });
+        let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
+        let time = TimeKeeper::new(clock, signer.clone(), cfg.server_id.clone(), cfg.clock_tolerance);
+        let witness = WitnessSigner {
+            signer,
+            server_id: cfg.server_id.clone(),
+            epoch: started,
+        };
+        Ok(Server {
+            service: Service {
+                inner: Arc::new(Inner {
+                    cfg,
+                    table,
+                    time,
+                    witness,
+                    keys,
+                }),
+            },
+        })
+    }
+
+    pub fn started(&self) -> Micros {
+        self.service.inner.table.config().started
+    }
+
+    pub fn ready_at(&self) -> Micros {
+        self.service.inner.table.config().ready_at
+    }
+
+    /// Serves gRPC on `listener` until `shutdown` resolves, then stops
+    /// accepting, lets in-flight requests finish, and stops the background
+    /// tasks.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), std::io::Error> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_not_serving::<LeaseServer>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(std::io::Error::other)?;
+
+        let cancel = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(background::mark_ready(
+            Arc::clone(&self.service.inner),
+            health,
+            cancel.clone(),
+        ));
+        tasks.spawn(background::refresh_signed_time(
+            Arc::clone(&self.service.inner),
+            cancel.clone(),
+        ));
+        tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+
+        let result = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(LeaseServer::new(self.service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await;
+        cancel.cancel();
+        while tasks.join_next().await.is_some() {}
+        result.map_err(std::io::Error::other)
+    }
+}
+
+/// Background tasks, each stopped by the server's cancellation token.
+mod background {
+    use std::sync::Arc;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Inner, LeaseServer};
+
+    /// Flips the lease service's health to SERVING when the restart wait
+    /// is over, so load balancers and tests can wait on health.
+    pub async fn mark_ready(
+        inner: Arc<Inner>,
+        health: tonic_health::server::HealthReporter,
+        cancel: CancellationToken,
+    ) {
+        let ready_at = inner.table.config().ready_at;
+        let wait = ready_at.duration_since(inner.time.now());
+        if !wait.is_zero() {
+            tracing::info!(%ready_at, "restart wait: refusing grants for {:?}", wait);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = cancel.cancelled() => return,
+            }
+        }
+        health.set_serving::<LeaseServer>().await;
+        tracing::info!("ready: granting leases");
+    }
+
+    pub async fn refresh_signed_time(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(inner.cfg.signed_time_refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => inner.time.refresh(),
+                () = cancel.cancelled() => return,
+            }
+        }
+    }
+
+    pub async fn sweep(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(inner.cfg.sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            let forgotten = inner.table.sweep(inner.time.now());
+            if forgotten > 0 {
+                tracing::info!(
+                    forgotten,
+                    floor = %inner.table.forgotten_floor(),
+                    "forgot idle name records over the record budget"
+                );
+            }
+        }
+    }
+}

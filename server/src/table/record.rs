@@ -1,0 +1,170 @@
+//! What the server remembers about one name.
+
+use std::sync::Arc;
+
+use bagel_proto::{Micros, pb};
+
+use super::history::NameHistory;
+use super::ids::LeaseId;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// May write.
+    Full,
+    /// Reserves names without the right to write; any full acquire breaks it.
+    Tentative,
+}
+
+impl From<Mode> for pb::Mode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Full => pb::Mode::Full,
+            Mode::Tentative => pb::Mode::Tentative,
+        }
+    }
+}
+
+/// How the lease before the current one ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing came before and nothing is inherited.
+    None,
+    Released,
+    /// Its deadline passed without a release.
+    Broken,
+    /// No record: after a restart, or after the record was forgotten.
+    Unknown,
+}
+
+impl From<Ended> for pb::Ended {
+    fn from(e: Ended) -> Self {
+        match e {
+            Ended::None => pb::Ended::None,
+            Ended::Released => pb::Ended::Released,
+            Ended::Broken => pb::Ended::Broken,
+            Ended::Unknown => pb::Ended::Unknown,
+        }
+    }
+}
+
+/// The previous lease of a name, as handed to the next holder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Previous {
+    pub lease: Option<LeaseId>,
+    /// Every message of the previous holders is strictly below this.
+    pub watermark: Micros,
+    pub watermark_signed_time: Option<Arc<pb::SignedTime>>,
+    pub ended: Ended,
+    pub ended_at: Micros,
+}
+
+impl Previous {
+    /// What a name with no record inherits: the forgotten floor.
+    pub fn unknown(floor: Micros) -> Self {
+        Previous {
+            lease: None,
+            watermark: floor,
+            watermark_signed_time: None,
+            ended: if floor == Micros::ZERO {
+                Ended::None
+            } else {
+                Ended::Unknown
+            },
+            ended_at: Micros::ZERO,
+        }
+    }
+
+    pub fn to_pb(&self) -> pb::PreviousLease {
+        pb::PreviousLease {
+            lease_id: self.lease.map(|l| l.to_string()).unwrap_or_default(),
+            watermark_us: self.watermark.as_micros(),
+            watermark_signed_time: self.watermark_signed_time.as_deref().cloned(),
+            ended: pb::Ended::from(self.ended).into(),
+            ended_at_us: self.ended_at.as_micros(),
+        }
+    }
+}
+
+/// The current holder of a name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Holder {
+    pub lease: LeaseId,
+    pub owner: Arc<str>,
+    /// The holder's rights end at this instant (exclusive).
+    pub deadline: Micros,
+    pub fencing: u64,
+    pub mode: Mode,
+}
+
+impl Holder {
+    pub fn is_live(&self, now: Micros) -> bool {
+        now < self.deadline
+    }
+}
+
+/// One name's state. Kept small: a million held names must fit in a few
+/// hundred MiB.
+#[derive(Debug)]
+pub struct NameRecord {
+    /// The holder, possibly with a passed deadline (a broken lease is only
+    /// turned into a `Previous` when the next grant comes).
+    pub holder: Option<Holder>,
+    /// The lease before `holder` (or the last one, if nobody holds it).
+    pub prev: Previous,
+    /// The last fencing token issued for this name.
+    pub fencing: u64,
+    /// When anything last changed; forgetting picks the oldest first.
+    pub last_change: Micros,
+    pub history: Option<Box<NameHistory>>,
+}
+
+impl NameRecord {
+    pub fn new(floor: Micros, now: Micros) -> Self {
+        NameRecord {
+            holder: None,
+            prev: Previous::unknown(floor),
+            fencing: 0,
+            last_change: now,
+            history: None,
+        }
+    }
+
+    pub fn live_holder(&self, now: Micros) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.is_live(now))
+    }
+
+    /// What a grant at `now` inherits, replacing the current holder (which
+    /// must be expired, or tentative).
+    ///
+    /// A full holder whose deadline passed is *broken*: its deadline becomes
+    /// the watermark, since it may have written anything below it. A
+    /// tentative holder could not write, so it leaves no trace in the chain.
+    pub fn inherit(&self, now: Micros) -> Previous {
+        match &self.holder {
+            Some(h) if h.mode == Mode::Full => Previous {
+                lease: Some(h.lease),
+                watermark: self.prev.watermark.max(h.deadline),
+                watermark_signed_time: None,
+                ended: Ended::Broken,
+                ended_at: now,
+            },
+            _ => self.prev.clone(),
+        }
+    }
+
+    /// True when forgetting the record loses nothing but the lease-id chain:
+    /// nobody holds the name.
+    pub fn is_idle(&self, now: Micros) -> bool {
+        self.live_holder(now).is_none()
+    }
+
+    /// The next fencing token: strictly above the last one, and at least the
+    /// grant time in microseconds. The second part keeps tokens increasing
+    /// across restarts and forgotten records without storing anything: a
+    /// restarted server grants only after waiting out the max TTL, so its
+    /// clock is past every token the previous incarnation issued (one grant
+    /// per microsecond per name is far beyond any real rate).
+    pub fn next_fencing(&self, now: Micros) -> u64 {
+        (self.fencing + 1).max(now.as_micros())
+    }
+}

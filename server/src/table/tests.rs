@@ -1,0 +1,599 @@
+//! Lease-table rules, driven by an exact injected time (plain `Micros`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_proto::Micros;
+use proptest::prelude::*;
+
+use super::*;
+
+const T0: u64 = 1_000_000_000;
+const SEC: u64 = 1_000_000;
+
+fn t(us: u64) -> Micros {
+    Micros::from_micros(us)
+}
+
+fn table() -> LeaseTable {
+    LeaseTable::new(TableConfig::for_tests(Duration::from_secs(10)))
+}
+
+fn spec(names: &[&str], deadline: u64, mode: Mode) -> AcquireSpec {
+    let mut names: Vec<Arc<str>> = names.iter().map(|n| Arc::from(*n)).collect();
+    names.sort();
+    AcquireSpec {
+        names,
+        deadline: t(deadline),
+        owner: Arc::from("test"),
+        mode,
+    }
+}
+
+fn full(names: &[&str], deadline: u64) -> AcquireSpec {
+    spec(names, deadline, Mode::Full)
+}
+
+fn release_at(wm: u64) -> ReleaseSpec {
+    ReleaseSpec {
+        watermark: t(wm),
+        signed_time: None,
+        metadata: None,
+    }
+}
+
+#[test]
+fn expiry_is_exact_to_the_microsecond() {
+    let tbl = table();
+    let deadline = T0 + 5 * SEC;
+    let first = tbl.acquire(&full(&["a"], deadline), t(T0)).unwrap();
+
+    // One microsecond before the deadline the lease still holds.
+    let err = tbl
+        .acquire(&full(&["a"], deadline + SEC), t(deadline - 1))
+        .unwrap_err();
+    let Error::Conflict(c) = err else {
+        panic!("expected conflict, got {err:?}")
+    };
+    assert_eq!((c.holder, c.deadline), (first.lease, t(deadline)));
+
+    // At the deadline it is over: the next grant breaks it.
+    let second = tbl.acquire(&full(&["a"], deadline + SEC), t(deadline)).unwrap();
+    let prev = &second.names[0].previous;
+    assert_eq!(prev.lease, Some(first.lease));
+    assert_eq!(prev.ended, Ended::Broken);
+    assert_eq!(prev.ended_at, t(deadline));
+    assert_eq!(
+        prev.watermark,
+        t(deadline),
+        "a broken lease's deadline is its watermark"
+    );
+    assert_eq!(second.min_timestamp, t(deadline));
+
+    // The broken holder can no longer renew or release.
+    let err = tbl
+        .renew(
+            first.lease,
+            &first.token,
+            t(deadline + 2 * SEC),
+            None,
+            t(deadline),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+    let err = tbl
+        .release(first.lease, &first.token, release_at(0), t(deadline))
+        .unwrap_err();
+    assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+}
+
+#[test]
+fn release_hands_the_watermark_on_and_it_never_decreases() {
+    let tbl = table();
+    let a = tbl.acquire(&full(&["x"], T0 + 5 * SEC), t(T0)).unwrap();
+    assert_eq!(a.names[0].previous.ended, Ended::None);
+    let r = tbl
+        .release(a.lease, &a.token, release_at(T0 + 100), t(T0 + 200))
+        .unwrap();
+    assert_eq!(r.watermark, t(T0 + 100));
+
+    let b = tbl.acquire(&full(&["x"], T0 + 6 * SEC), t(T0 + 300)).unwrap();
+    assert_eq!(b.min_timestamp, t(T0 + 100));
+    let prev = &b.names[0].previous;
+    assert_eq!(
+        (prev.lease, prev.ended, prev.ended_at),
+        (Some(a.lease), Ended::Released, t(T0 + 200))
+    );
+
+    // A holder that wrote nothing carries the inherited watermark forward,
+    // and a lower watermark cannot pull it back.
+    let r = tbl
+        .release(b.lease, &b.token, release_at(T0 + 50), t(T0 + 400))
+        .unwrap();
+    assert_eq!(r.watermark, t(T0 + 100));
+    let c = tbl.acquire(&full(&["x"], T0 + 6 * SEC), t(T0 + 500)).unwrap();
+    assert_eq!(c.min_timestamp, t(T0 + 100));
+}
+
+#[test]
+fn watermark_at_or_after_the_deadline_is_refused() {
+    let tbl = table();
+    let a = tbl.acquire(&full(&["x"], T0 + 5 * SEC), t(T0)).unwrap();
+    let err = tbl
+        .release(a.lease, &a.token, release_at(T0 + 5 * SEC), t(T0 + 1))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfRange {
+                field: "watermark_us",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Refusal changed nothing: the lease still holds and can be released.
+    tbl.release(a.lease, &a.token, release_at(T0 + 5 * SEC - 1), t(T0 + 2))
+        .unwrap();
+}
+
+#[test]
+fn min_timestamp_is_the_max_over_names() {
+    let tbl = table();
+    for (name, wm) in [("a", 10), ("b", 30), ("c", 20)] {
+        let g = tbl.acquire(&full(&[name], T0 + SEC), t(T0)).unwrap();
+        tbl.release(g.lease, &g.token, release_at(T0 + wm), t(T0 + 100))
+            .unwrap();
+    }
+    let g = tbl
+        .acquire(&full(&["a", "b", "c"], T0 + SEC), t(T0 + 200))
+        .unwrap();
+    assert_eq!(g.min_timestamp, t(T0 + 30));
+}
+
+#[test]
+fn multi_name_acquire_is_all_or_nothing() {
+    let tbl = table();
+    let held = tbl.acquire(&full(&["b"], T0 + 5 * SEC), t(T0)).unwrap();
+    let err = tbl
+        .acquire(&full(&["a", "b", "c"], T0 + 5 * SEC), t(T0 + 1))
+        .unwrap_err();
+    assert!(matches!(&err, Error::Conflict(c) if &*c.name == "b" && c.holder == held.lease));
+    // Neither a nor c was taken by the refused request.
+    tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0 + 2)).unwrap();
+    tbl.acquire(&full(&["c"], T0 + 5 * SEC), t(T0 + 2)).unwrap();
+}
+
+#[test]
+fn full_acquire_breaks_a_tentative_holder_and_its_upgrade_fails() {
+    let tbl = table();
+    let tent = tbl
+        .acquire(&spec(&["a", "b"], T0 + 5 * SEC, Mode::Tentative), t(T0))
+        .unwrap();
+    // Tentative does not beat tentative.
+    let err = tbl
+        .acquire(&spec(&["b"], T0 + 5 * SEC, Mode::Tentative), t(T0 + 1))
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)));
+    // Full beats tentative.
+    let f = tbl.acquire(&full(&["b"], T0 + 5 * SEC), t(T0 + 2)).unwrap();
+    // The tentative lease wrote nothing: it is not in the chain.
+    assert_eq!(f.names[0].previous.ended, Ended::None);
+    assert!(f.names[0].fencing > tent.names[1].fencing);
+    let err = tbl.upgrade(tent.lease, &tent.token, t(T0 + 3)).unwrap_err();
+    assert!(
+        matches!(&err, Error::LostName { name, by, .. } if &**name == "b" && *by == f.lease),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn upgrade_makes_a_tentative_lease_full() {
+    let tbl = table();
+    let tent = tbl
+        .acquire(&spec(&["a", "b"], T0 + 5 * SEC, Mode::Tentative), t(T0))
+        .unwrap();
+    let up = tbl.upgrade(tent.lease, &tent.token, t(T0 + 1)).unwrap();
+    assert_eq!(
+        (up.lease, up.mode, up.deadline),
+        (tent.lease, Mode::Full, t(T0 + 5 * SEC))
+    );
+    let err = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0 + 2)).unwrap_err();
+    assert!(matches!(err, Error::Conflict(c) if c.mode == Mode::Full));
+    // Upgrading twice is harmless.
+    tbl.upgrade(tent.lease, &tent.token, t(T0 + 3)).unwrap();
+}
+
+#[test]
+fn tentative_release_must_not_claim_writes() {
+    let tbl = table();
+    let tent = tbl
+        .acquire(&spec(&["a"], T0 + 5 * SEC, Mode::Tentative), t(T0))
+        .unwrap();
+    let err = tbl
+        .release(tent.lease, &tent.token, release_at(T0 + 1), t(T0 + 2))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidArgument {
+            field: "watermark_us",
+            ..
+        }
+    ));
+    tbl.release(tent.lease, &tent.token, release_at(0), t(T0 + 2))
+        .unwrap();
+}
+
+#[test]
+fn only_the_token_holder_may_renew_upgrade_or_release() {
+    let tbl = table();
+    let a = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
+    let wrong = Token::generate();
+    let now = t(T0 + 1);
+    assert!(matches!(
+        tbl.renew(a.lease, &wrong, t(T0 + 6 * SEC), None, now),
+        Err(Error::WrongToken { .. })
+    ));
+    assert!(matches!(
+        tbl.upgrade(a.lease, &wrong, now),
+        Err(Error::WrongToken { .. })
+    ));
+    assert!(matches!(
+        tbl.release(a.lease, &wrong, release_at(0), now),
+        Err(Error::WrongToken { .. })
+    ));
+    let unknown = LeaseId::generate(now);
+    assert!(matches!(
+        tbl.upgrade(unknown, &a.token, now),
+        Err(Error::UnknownLease { .. })
+    ));
+}
+
+#[test]
+fn renew_extends_but_never_shortens() {
+    let tbl = table();
+    let a = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
+    let err = tbl
+        .renew(a.lease, &a.token, t(T0 + 4 * SEC), None, t(T0 + 1))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::OutOfRange {
+            field: "deadline_us",
+            ..
+        }
+    ));
+    let err = tbl
+        .renew(a.lease, &a.token, t(T0 + 11 * SEC), None, t(T0 + 1))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfRange {
+                field: "deadline_us",
+                ..
+            }
+        ),
+        "beyond max TTL"
+    );
+    let r = tbl
+        .renew(a.lease, &a.token, t(T0 + 9 * SEC), None, t(T0 + 1))
+        .unwrap();
+    assert_eq!(r.deadline, t(T0 + 9 * SEC));
+    // The new deadline is what counts for conflicts and expiry.
+    assert!(
+        tbl.acquire(&full(&["a"], T0 + 12 * SEC), t(T0 + 6 * SEC))
+            .is_err()
+    );
+    let b = tbl
+        .acquire(&full(&["a"], T0 + 15 * SEC), t(T0 + 9 * SEC))
+        .unwrap();
+    assert_eq!(b.min_timestamp, t(T0 + 9 * SEC));
+}
+
+#[test]
+fn deadlines_outside_the_range_are_refused() {
+    let tbl = table();
+    for deadline in [0, T0, T0 + 1000, T0 + 10 * SEC + 1] {
+        let err = tbl.acquire(&full(&["a"], deadline), t(T0)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OutOfRange {
+                    field: "deadline_us",
+                    ..
+                }
+            ),
+            "{deadline}"
+        );
+    }
+    tbl.acquire(&full(&["a"], T0 + 10 * SEC), t(T0)).unwrap();
+}
+
+#[test]
+fn restart_quarantine_and_unknown_predecessor() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.started = t(T0);
+    cfg.ready_at = t(T0 + 11 * SEC);
+    cfg.initial_floor = t(T0 + 10 * SEC);
+    let tbl = LeaseTable::new(cfg);
+    let err = tbl
+        .acquire(&full(&["a"], T0 + 15 * SEC), t(T0 + 11 * SEC - 1))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::NotReady {
+            started: t(T0),
+            ready_at: t(T0 + 11 * SEC)
+        }
+    );
+    let g = tbl
+        .acquire(&full(&["a"], T0 + 15 * SEC), t(T0 + 11 * SEC))
+        .unwrap();
+    let prev = &g.names[0].previous;
+    assert_eq!(
+        (prev.ended, prev.lease, prev.watermark),
+        (Ended::Unknown, None, t(T0 + 10 * SEC))
+    );
+    assert!(
+        g.names[0].fencing >= T0 + 11 * SEC,
+        "tokens start from the grant time"
+    );
+}
+
+#[test]
+fn fencing_tokens_strictly_increase() {
+    let tbl = table();
+    let mut last = 0;
+    for i in 0..50u64 {
+        // Several grants within the same microsecond still increase.
+        let now = t(T0 + i / 5);
+        let g = tbl.acquire(&full(&["f"], T0 + 5 * SEC), now).unwrap();
+        assert!(g.names[0].fencing > last);
+        last = g.names[0].fencing;
+        tbl.release(g.lease, &g.token, release_at(0), now).unwrap();
+    }
+}
+
+#[test]
+fn forgetting_raises_the_floor_to_what_was_forgotten() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.max_records = 10;
+    let tbl = LeaseTable::new(cfg);
+    let mut top = 0;
+    for i in 0..20u64 {
+        let name = format!("n{i}");
+        let now = T0 + i * SEC;
+        let g = tbl.acquire(&full(&[&name], now + 5 * SEC), t(now)).unwrap();
+        tbl.release(g.lease, &g.token, release_at(now + 1000 + i), t(now + 1))
+            .unwrap();
+        top = now + 1000 + i;
+    }
+    // One live holder is never forgotten.
+    let live = tbl
+        .acquire(&full(&["live"], T0 + 25 * SEC), t(T0 + 20 * SEC))
+        .unwrap();
+    assert_eq!(tbl.record_count(), 21);
+    let forgotten = tbl.sweep(t(T0 + 21 * SEC));
+    assert_eq!(forgotten, 21 - 9, "down to 90% of the cap");
+    assert!(tbl.forgotten_floor() > Micros::ZERO);
+    // Every name, forgotten or not, hands on at least its old watermark.
+    for i in 0..20u64 {
+        let name = format!("n{i}");
+        let g = tbl
+            .acquire(&full(&[&name], T0 + 30 * SEC), t(T0 + 22 * SEC))
+            .unwrap();
+        assert!(
+            g.min_timestamp >= t(T0 + i * SEC + 1000 + i),
+            "{name}: {:?}",
+            g.min_timestamp
+        );
+        if g.names[0].previous.ended == Ended::Unknown {
+            assert!(g.min_timestamp <= t(top));
+        }
+    }
+    assert!(matches!(
+        tbl.acquire(&full(&["live"], T0 + 30 * SEC), t(T0 + 22 * SEC)),
+        Err(Error::Conflict(c)) if c.holder == live.lease
+    ));
+}
+
+#[test]
+fn history_is_bounded_per_name() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.history_per_name = 3;
+    let tbl = LeaseTable::new(cfg);
+    for i in 0..5u64 {
+        let now = T0 + i * SEC;
+        let g = tbl.acquire(&full(&["h"], now + 5 * SEC), t(now)).unwrap();
+        let spec = ReleaseSpec {
+            watermark: t(now + 10),
+            signed_time: None,
+            metadata: Some(Metadata::Data(format!("m{i}").into_bytes().into())),
+        };
+        tbl.release(g.lease, &g.token, spec, t(now + 20)).unwrap();
+    }
+    let (entries, truncated) = tbl.history("h");
+    assert!(truncated);
+    let metas: Vec<_> = entries.iter().map(|e| e.metadata.clone()).collect();
+    let want: Vec<_> = (2..5)
+        .map(|i| Some(Metadata::Data(format!("m{i}").into_bytes().into())))
+        .collect();
+    assert_eq!(metas, want);
+}
+
+#[test]
+fn history_respects_the_byte_budget() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.history_budget_bytes = 4 * 1024;
+    let tbl = LeaseTable::new(cfg);
+    for i in 0..100u64 {
+        let name = format!("n{}", i % 10);
+        let now = T0 + i * 1000;
+        let g = tbl.acquire(&full(&[&name], now + 5 * SEC), t(now)).unwrap();
+        let spec = ReleaseSpec {
+            watermark: t(now + 10),
+            signed_time: None,
+            metadata: Some(Metadata::Data(vec![7u8; 200].into())),
+        };
+        tbl.release(g.lease, &g.token, spec, t(now + 20)).unwrap();
+    }
+    let shard = tbl.shards[0].lock();
+    assert!(shard.history.bytes() <= 4 * 1024, "{}", shard.history.bytes());
+    drop(shard);
+    // The newest entry of the last name written is still there.
+    let (entries, _) = tbl.history("n9");
+    assert_eq!(entries.last().map(|e| e.at), Some(t(T0 + 99 * 1000 + 20)));
+}
+
+// ---------------------------------------------------------------------------
+// Property test against a reference model: a plain map, no sharding.
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        names: Vec<usize>,
+        ttl: u64,
+        tentative: bool,
+    },
+    Release {
+        lease: usize,
+        wm_back: u64,
+    },
+    Renew {
+        lease: usize,
+        extra: u64,
+    },
+    Upgrade {
+        lease: usize,
+    },
+    Advance {
+        us: u64,
+    },
+    Sweep,
+}
+
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (proptest::collection::vec(0..NAMES.len(), 1..4), 10u64..5_000, any::<bool>())
+            .prop_map(|(names, ttl, tentative)| Op::Acquire { names, ttl, tentative }),
+        3 => (0usize..16, 0u64..3_000).prop_map(|(lease, wm_back)| Op::Release { lease, wm_back }),
+        1 => (0usize..16, 0u64..3_000).prop_map(|(lease, extra)| Op::Renew { lease, extra }),
+        1 => (0usize..16).prop_map(|lease| Op::Upgrade { lease }),
+        3 => (0u64..4_000).prop_map(|us| Op::Advance { us }),
+        1 => Just(Op::Sweep),
+    ]
+}
+
+#[derive(Clone, Debug, Default)]
+struct ModelName {
+    holder: Option<(usize, u64, Mode)>,
+    watermark: u64,
+    fencing: u64,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn table_matches_reference_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut cfg = TableConfig::for_tests(Duration::from_millis(10));
+        cfg.min_ttl = Duration::from_micros(5);
+        let tbl = LeaseTable::new(cfg);
+        let mut now = T0;
+        let mut model: BTreeMap<&str, ModelName> = BTreeMap::new();
+        let mut grants: Vec<Grant> = Vec::new();
+
+        for op in ops {
+            match op {
+                Op::Advance { us } => now += us,
+                Op::Sweep => { tbl.sweep(t(now)); }
+                Op::Acquire { names, ttl, tentative } => {
+                    let mut ns: Vec<&str> = names.iter().map(|&i| NAMES[i]).collect();
+                    ns.sort();
+                    ns.dedup();
+                    let mode = if tentative { Mode::Tentative } else { Mode::Full };
+                    let deadline = now + ttl;
+                    let free = ns.iter().all(|n| match model.get(n).and_then(|m| m.holder) {
+                        Some((_, d, hmode)) if d > now => hmode == Mode::Tentative && mode == Mode::Full,
+                        _ => true,
+                    });
+                    let got = tbl.acquire(&spec(&ns, deadline, mode), t(now));
+                    prop_assert_eq!(got.is_ok(), free, "acquire {:?} at {}: {:?}", ns, now, got);
+                    if let Ok(g) = got {
+                        let mut want_min = 0;
+                        for (n, ng) in ns.iter().zip(&g.names) {
+                            let m = model.entry(n).or_default();
+                            if let Some((_, d, Mode::Full)) = m.holder {
+                                m.watermark = m.watermark.max(d);
+                            }
+                            want_min = want_min.max(m.watermark);
+                            prop_assert!(ng.fencing > m.fencing);
+                            prop_assert_eq!(ng.previous.watermark, t(m.watermark));
+                            m.fencing = ng.fencing;
+                            m.holder = Some((grants.len(), deadline, mode));
+                        }
+                        prop_assert_eq!(g.min_timestamp, t(want_min));
+                        grants.push(g);
+                    }
+                }
+                Op::Release { lease, wm_back } => {
+                    let Some(g) = grants.get(lease) else { continue };
+                    let holds = |model: &BTreeMap<&str, ModelName>| g.names.iter().all(|ng| {
+                        matches!(model.get(&*ng.name).and_then(|m| m.holder),
+                                 Some((l, d, _)) if l == lease && d > now)
+                    });
+                    let full = model.get(&*g.names[0].name).and_then(|m| m.holder)
+                        .is_some_and(|(_, _, m)| m == Mode::Full);
+                    let deadline = model.get(&*g.names[0].name).and_then(|m| m.holder)
+                        .map_or(0, |(_, d, _)| d);
+                    let wm = if full { deadline.saturating_sub(1 + wm_back) } else { 0 };
+                    let ok = holds(&model);
+                    let got = tbl.release(g.lease, &g.token, release_at(wm), t(now));
+                    prop_assert_eq!(got.is_ok(), ok, "release {:?}: {:?}", lease, got);
+                    if ok {
+                        for ng in &g.names {
+                            let m = model.get_mut(&*ng.name).unwrap();
+                            if full { m.watermark = m.watermark.max(wm); }
+                            m.holder = None;
+                        }
+                    }
+                }
+                Op::Renew { lease, extra } => {
+                    let Some(g) = grants.get(lease) else { continue };
+                    let held: Vec<_> = g.names.iter().map(|ng| model.get(&*ng.name).and_then(|m| m.holder)).collect();
+                    let ok_hold = held.iter().all(|h| matches!(h, Some((l, d, _)) if *l == lease && *d > now));
+                    let current = held[0].map_or(0, |(_, d, _)| d);
+                    let new_deadline = (current + extra).min(now + 10_000);
+                    let ok = ok_hold && new_deadline >= current && new_deadline > now + 5;
+                    let got = tbl.renew(g.lease, &g.token, t(new_deadline), None, t(now));
+                    prop_assert_eq!(got.is_ok(), ok, "renew {}: {:?}", lease, got);
+                    if ok {
+                        for ng in &g.names {
+                            let m = model.get_mut(&*ng.name).unwrap();
+                            m.holder = m.holder.map(|(l, _, md)| (l, new_deadline, md));
+                        }
+                    }
+                }
+                Op::Upgrade { lease } => {
+                    let Some(g) = grants.get(lease) else { continue };
+                    let ok = g.names.iter().all(|ng| matches!(model.get(&*ng.name).and_then(|m| m.holder),
+                        Some((l, d, _)) if l == lease && d > now));
+                    let got = tbl.upgrade(g.lease, &g.token, t(now));
+                    prop_assert_eq!(got.is_ok(), ok, "upgrade {}: {:?}", lease, got);
+                    if ok {
+                        for ng in &g.names {
+                            let m = model.get_mut(&*ng.name).unwrap();
+                            m.holder = m.holder.map(|(l, d, _)| (l, d, Mode::Full));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Request fields → domain values, at the edge. Every refusal names the
+//! field and the limit it broke.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_proto::{Micros, pb};
+
+use crate::config::Limits;
+use crate::error::Error;
+use crate::table::{LeaseId, Metadata, Mode, Token};
+
+/// Checks and sorts a list of names. Duplicates are refused rather than
+/// silently merged: a caller listing a name twice has a bug worth seeing.
+pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec<Arc<str>>, Error> {
+    if raw.is_empty() {
+        return Err(Error::invalid(field, "at least one name is required"));
+    }
+    if raw.len() > limits.max_names_per_request {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{} names exceed the limit of {} per request",
+                raw.len(),
+                limits.max_names_per_request
+            ),
+        ));
+    }
+    let mut seen = HashSet::with_capacity(raw.len());
+    for (i, name) in raw.iter().enumerate() {
+        name_ok(name, limits).map_err(|reason| Error::invalid(field, format!("[{i}] {reason}")))?;
+        if !seen.insert(name.as_str()) {
+            return Err(Error::invalid(field, format!("[{i}] duplicate name {name:?}")));
+        }
+    }
+    let mut names: Vec<Arc<str>> = raw.iter().map(|n| Arc::from(n.as_str())).collect();
+    names.sort_unstable();
+    Ok(names)
+}
+
+fn name_ok(name: &str, limits: &Limits) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty; names must be 1 or more bytes".into());
+    }
+    if name.len() > limits.max_name_bytes {
+        return Err(format!(
+            "is {} bytes, over the limit of {} bytes",
+            name.len(),
+            limits.max_name_bytes
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("{name:?} contains a control character"));
+    }
+    Ok(())
+}
+
+pub fn name(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
+    name_ok(raw, limits).map_err(|reason| Error::invalid("name", reason))?;
+    Ok(Arc::from(raw))
+}
+
+pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
+    if raw.len() > limits.max_owner_bytes {
+        return Err(Error::invalid(
+            "owner",
+            format!(
+                "is {} bytes, over the limit of {} bytes",
+                raw.len(),
+                limits.max_owner_bytes
+            ),
+        ));
+    }
+    if raw.chars().any(char::is_control) {
+        return Err(Error::invalid("owner", "contains a control character"));
+    }
+    Ok(Arc::from(raw))
+}
+
+pub fn mode(raw: i32) -> Result<Mode, Error> {
+    match pb::Mode::try_from(raw) {
+        Ok(pb::Mode::Unspecified | pb::Mode::Full) => Ok(Mode::Full),
+        Ok(pb::Mode::Tentative) => Ok(Mode::Tentative),
+        Err(_) => Err(Error::invalid(
+            "mode",
+            format!("unknown value {raw}; use MODE_FULL (1) or MODE_TENTATIVE (2)"),
+        )),
+    }
+}
+
+pub fn deadline(raw: u64) -> Result<Micros, Error> {
+    if raw == 0 {
+        return Err(Error::invalid(
+            "deadline_us",
+            "is required: an absolute deadline in Unix microseconds",
+        ));
+    }
+    Ok(Micros::from_micros(raw))
+}
+
+pub fn wait(raw_us: u64, max: Duration) -> Result<Duration, Error> {
+    let wait = Duration::from_micros(raw_us);
+    if wait > max {
+        return Err(Error::out_of_range(
+            "wait_us",
+            format!("{raw_us} exceeds the server's max wait of {} us", max.as_micros()),
+        ));
+    }
+    Ok(wait)
+}
+
+pub fn lease_id(raw: &str) -> Result<LeaseId, Error> {
+    LeaseId::parse(raw).ok_or_else(|| {
+        Error::invalid(
+            "lease_id",
+            format!("{raw:?} is not a lease id (32 lowercase hex digits)"),
+        )
+    })
+}
+
+pub fn token(raw: &str) -> Result<Token, Error> {
+    Token::parse(raw).ok_or_else(|| Error::invalid("token", "is not a token (32 lowercase hex digits)"))
+}
+
+pub fn metadata(raw: Option<&pb::Metadata>, limits: &Limits) -> Result<Option<Metadata>, Error> {
+    let Some(m) = raw else { return Ok(None) };
+    if m.wildcard {
+        if !m.data.is_empty() {
+            return Err(Error::invalid(
+                "metadata",
+                "set either data or wildcard, not both",
+            ));
+        }
+        return Ok(Some(Metadata::Wildcard));
+    }
+    if m.data.len() > limits.max_metadata_bytes {
+        return Err(Error::invalid(
+            "metadata.data",
+            format!(
+                "is {} bytes, over the limit of {} bytes",
+                m.data.len(),
+                limits.max_metadata_bytes
+            ),
+        ));
+    }
+    Ok(Some(Metadata::Data(m.data.clone().into_boxed_slice())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn names_are_sorted_and_checked() {
+        let l = Limits::default();
+        let got = names("names", &s(&["b", "a"]), &l).unwrap();
+        assert_eq!(got, vec![Arc::from("a"), Arc::from("b")]);
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "at least one"),
+            (&[""], "[0] is empty"),
+            (&["a", "a"], "[1] duplicate"),
+            (&["a\n"], "control"),
+        ];
+        for (input, want) in cases {
+            let err = names("names", &s(input), &l).unwrap_err().to_string();
+            assert!(
+                err.starts_with("names: ") && err.contains(want),
+                "{input:?}: {err}"
+            );
+        }
+        let long = "x".repeat(257);
+        let err = names("names", &[long], &l).unwrap_err().to_string();
+        assert!(err.contains("257 bytes, over the limit of 256"), "{err}");
+        let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
+        let err = names("names", &many, &l).unwrap_err().to_string();
+        assert!(err.contains("65 names exceed the limit of 64"), "{err}");
+    }
+
+    #[test]
+    fn metadata_limits() {
+        let l = Limits::default();
+        let big = pb::Metadata {
+            data: vec![0; 4097],
+            wildcard: false,
+        };
+        let err = metadata(Some(&big), &l).unwrap_err().to_string();
+        assert!(
+            err.contains("metadata.data: is 4097 bytes, over the limit of 4096"),
+            "{err}"
+        );
+        let both = pb::Metadata {
+            data: vec![1],
+            wildcard: true,
+        };
+        assert!(metadata(Some(&both), &l).is_err());
+    }
+}
