@@ -56,6 +56,11 @@ pub struct LoadSpec {
     pub op_timeout: Duration,
     /// Stop the point early after this many errors.
     pub max_errors: u64,
+    /// Open loop: start cycles at this many per second in total (spread
+    /// over the tasks) instead of as fast as each task can. Latencies then
+    /// count from each cycle's scheduled start, so a stall is not hidden by
+    /// the requests it kept from being sent.
+    pub rate: Option<f64>,
 }
 
 /// What one point measured.
@@ -101,6 +106,8 @@ fn pick_names(rng: &mut StdRng, prefix: &str, keyspace: u64, n: usize) -> Vec<St
 struct Shared {
     measured: AtomicU64,
     errors: AtomicU64,
+    /// Next open-loop slot.
+    slot: AtomicU64,
 }
 
 struct TaskOut {
@@ -127,6 +134,7 @@ pub async fn run_load<D: LeaseDriver>(
     let shared = Arc::new(Shared {
         measured: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        slot: AtomicU64::new(0),
     });
 
     // Samples CPU times at the edges of the measured window.
@@ -167,7 +175,18 @@ pub async fn run_load<D: LeaseDriver>(
                 shared.errors.fetch_add(1, Ordering::Relaxed) + 1 >= spec.max_errors
             };
             loop {
-                let t0 = Instant::now();
+                let t0 = match spec.rate {
+                    Some(rate) => {
+                        let slot = shared.slot.fetch_add(1, Ordering::Relaxed);
+                        let at = start + Duration::from_secs_f64(slot as f64 / rate);
+                        if at >= end {
+                            break;
+                        }
+                        tokio::time::sleep_until(at.into()).await;
+                        at
+                    }
+                    None => Instant::now(),
+                };
                 if t0 >= end || shared.measured.load(Ordering::Relaxed) >= spec.max_cycles {
                     break;
                 }

@@ -45,6 +45,9 @@ pub struct Row {
     /// concurrency, from this run.
     pub bagel_over_etcd: Option<f64>,
     pub bagel_over_redis: Option<f64>,
+    /// Open-loop rows only: the offered rate (cycles/s); latencies count from
+    /// each cycle's scheduled start.
+    pub target_per_s: Option<f64>,
     /// (latency µs, fraction of cycles at or below it): for the CDF plot.
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
@@ -101,6 +104,7 @@ impl Row {
             client_cpu_cores: per_s(r.client_cpu_s),
             bagel_over_etcd: None,
             bagel_over_redis: None,
+            target_per_s: None,
             cdf: cdf_points(&r.cycle_us),
         }
     }
@@ -111,11 +115,16 @@ impl Row {
 pub fn fill_ratios(rows: &mut [Row]) {
     let find = |rows: &[Row], sys: &str, n: usize, c: usize| {
         rows.iter()
-            .find(|r| r.system == sys && r.names_per_cycle == n && r.concurrency == c)
+            .find(|r| {
+                r.system == sys && r.names_per_cycle == n && r.concurrency == c && r.target_per_s.is_none()
+            })
             .map(|r| r.cycles_per_s)
     };
     let snapshot = rows.to_vec();
-    for row in rows.iter_mut().filter(|r| r.system == "bagel") {
+    for row in rows
+        .iter_mut()
+        .filter(|r| r.system == "bagel" && r.target_per_s.is_none())
+    {
         let ratio = |other: Option<f64>| other.filter(|v| *v > 0.0).map(|v| row.cycles_per_s / v);
         row.bagel_over_etcd = ratio(find(&snapshot, "etcd", row.names_per_cycle, row.concurrency));
         row.bagel_over_redis = ratio(find(&snapshot, "redis", row.names_per_cycle, row.concurrency));
@@ -157,6 +166,9 @@ pub struct Machine {
     pub cpu: String,
     pub kernel: String,
     pub mem_total: String,
+    /// /proc/loadavg when the run started: other work on the machine skews
+    /// every number.
+    pub loadavg_at_start: String,
 }
 
 impl Machine {
@@ -178,6 +190,12 @@ impl Machine {
                 .trim()
                 .to_string(),
             mem_total: field(&meminfo, "MemTotal"),
+            loadavg_at_start: std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
         }
     }
 }
@@ -201,8 +219,9 @@ impl Report {
         let _ = writeln!(md, "# bagel benchmark results\n");
         let _ = writeln!(
             md,
-            "Run {} on {} cores ({}), {} RAM, Linux {}; clients and servers share the machine.\n",
-            self.started_at, m.cores, m.cpu, m.mem_total, m.kernel
+            "Run {} on {} cores ({}), {} RAM, Linux {}; clients and servers share the machine \
+             (load average at start: {}).\n",
+            self.started_at, m.cores, m.cpu, m.mem_total, m.kernel, m.loadavg_at_start
         );
         let _ = writeln!(md, "Command: `{}`\n", self.command);
         for (sys, how) in &self.servers {
@@ -214,7 +233,7 @@ impl Report {
             "| system | names | clients | cycles/s | p50 µs | p99 µs | p99.9 µs | acquire p99 µs | RTT/cycle | server CPU (cores) | client CPU (cores) | conflicts | errors |"
         );
         let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-        for r in &self.rows {
+        for r in self.rows.iter().filter(|r| r.target_per_s.is_none()) {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -233,7 +252,11 @@ impl Report {
                 r.errors
             );
         }
-        let bagel: Vec<&Row> = self.rows.iter().filter(|r| r.system == "bagel").collect();
+        let bagel: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.system == "bagel" && r.target_per_s.is_none())
+            .collect();
         if !bagel.is_empty() {
             let _ = writeln!(md, "\n## bagel over the others (same run, same concurrency)\n");
             let _ = writeln!(md, "| names | clients | bagel cycles/s | ÷ etcd | ÷ Redis |");
@@ -247,6 +270,30 @@ impl Report {
                     fmt_rate(r.cycles_per_s),
                     fmt_opt(r.bagel_over_etcd, 1),
                     fmt_opt(r.bagel_over_redis, 2)
+                );
+            }
+        }
+        let paced: Vec<&Row> = self.rows.iter().filter(|r| r.target_per_s.is_some()).collect();
+        if !paced.is_empty() {
+            let _ = writeln!(md, "\n## bagel at half of its peak (open loop)\n");
+            let _ = writeln!(
+                md,
+                "| system | names | clients | offered/s | achieved/s | acquire p50 µs | acquire p99 µs | acquire p99.9 µs | cycle p99 µs |"
+            );
+            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+            for r in paced {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    r.system,
+                    r.names_per_cycle,
+                    r.concurrency,
+                    fmt_rate(r.target_per_s.unwrap_or_default()),
+                    fmt_rate(r.cycles_per_s),
+                    r.acquire_p50_us,
+                    r.acquire_p99_us,
+                    r.acquire_p999_us,
+                    r.p99_us
                 );
             }
         }
@@ -363,7 +410,10 @@ fn label(system: &str, names: usize) -> String {
 }
 
 fn plot_throughput(rows: &[Row], path: &Path) -> Result<()> {
-    let pts: Vec<&Row> = rows.iter().filter(|r| r.cycles_per_s > 0.0).collect();
+    let pts: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.cycles_per_s > 0.0 && r.target_per_s.is_none())
+        .collect();
     anyhow::ensure!(!pts.is_empty(), "no data");
     let cmax = pts.iter().map(|r| r.concurrency).max().unwrap_or(1) as f64;
     let ymax = pts.iter().map(|r| r.cycles_per_s).fold(1.0, f64::max);
@@ -460,10 +510,12 @@ fn plot_cdf(rows: &[Row], path: &Path) -> Result<()> {
             .label_style(("sans-serif", 13))
             .draw()?;
         for (sys, names) in series(rows) {
-            let Some(r) = rows
-                .iter()
-                .find(|r| r.system == sys && r.names_per_cycle == names && r.concurrency == conc)
-            else {
+            let Some(r) = rows.iter().find(|r| {
+                r.system == sys
+                    && r.names_per_cycle == names
+                    && r.concurrency == conc
+                    && r.target_per_s.is_none()
+            }) else {
                 continue;
             };
             if r.cdf.is_empty() {
