@@ -122,6 +122,7 @@ impl Client {
             owner: String::new(),
             wait: Duration::ZERO,
             options: LeaseOptions::default(),
+            prepare_reading: None,
         }
     }
 
@@ -176,6 +177,17 @@ impl Client {
         Ok(grant)
     }
 
+    /// One `Batch` call; see [`crate::Coalescer`] for coalescing many
+    /// tasks' operations into batches.
+    pub async fn batch_raw(&self, ops: Vec<pb::BatchOp>) -> Result<Vec<pb::BatchResult>> {
+        Ok(self
+            .rpc()
+            .batch(pb::BatchRequest { ops })
+            .await?
+            .into_inner()
+            .results)
+    }
+
     pub async fn release_raw(&self, req: pb::ReleaseRequest) -> Result<pb::ReleaseResponse> {
         Ok(self.rpc().release(req).await?.into_inner())
     }
@@ -199,9 +211,33 @@ pub struct AcquireBuilder {
     owner: String,
     wait: Duration,
     options: LeaseOptions,
+    prepare_reading: Option<PrepareReading>,
+}
+
+/// Bags to close before a lease with a broken or unknown predecessor is
+/// handed out (see [`AcquireBuilder::close_predecessor_bags`]).
+#[derive(Clone, Debug)]
+struct PrepareReading {
+    store: Arc<dyn crate::bag::BagStore>,
+    logs: Vec<String>,
+    cfg: crate::bag::BagConfig,
 }
 
 impl AcquireBuilder {
+    /// Don't hand the lease out until, if a predecessor was broken or is
+    /// unknown, every bag of `logs` up to its watermark is closed (the
+    /// design's sad path; see [`Lease::close_predecessor_bags`]). On the
+    /// happy path this costs nothing.
+    pub fn close_predecessor_bags(
+        mut self,
+        store: Arc<dyn crate::bag::BagStore>,
+        logs: Vec<String>,
+        cfg: crate::bag::BagConfig,
+    ) -> Self {
+        self.prepare_reading = Some(PrepareReading { store, logs, cfg });
+        self
+    }
+
     /// Deadline = now + `ttl` (renewals keep extending by `ttl`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.deadline = DeadlineSpec::Ttl(ttl);
@@ -255,6 +291,16 @@ impl AcquireBuilder {
             reason: "acquire response has no grant".into(),
         })?;
         crate::lease::check_grant(&grant, &self.client.keys)?;
-        Ok(Lease::start(self.client, grant, ttl, self.options))
+        let lease = Lease::start(self.client, grant, ttl, self.options);
+        if let Some(p) = &self.prepare_reading {
+            lease
+                .close_predecessor_bags(&*p.store, &p.logs, &p.cfg)
+                .await
+                .map_err(|e| Error::Storage {
+                    retryable: e.is_retryable(),
+                    message: format!("closing the predecessor's bags: {e}"),
+                })?;
+        }
+        Ok(lease)
     }
 }

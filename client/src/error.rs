@@ -39,6 +39,10 @@ pub enum Error {
     /// passed before a renewal succeeded, or the server refused a renewal.
     #[error("lease {lease_id} lost: {reason}")]
     Lost { lease_id: String, reason: String },
+    /// The bag store failed while the client closed a broken
+    /// predecessor's bags.
+    #[error("storage: {message}")]
+    Storage { message: String, retryable: bool },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
     Rpc(tonic::Status),
@@ -48,6 +52,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::Busy { .. } | Error::Unavailable { .. } => true,
+            Error::Storage { retryable, .. } => *retryable,
             Error::Rpc(s) => matches!(
                 s.code(),
                 Code::Unavailable | Code::DeadlineExceeded | Code::Unknown

@@ -13,6 +13,17 @@ pub struct WitnessJson {
     pub body_b64: String,
     pub signature_b64: String,
     pub key_id: String,
+    /// Present when the server signed a batch of witnesses at once: the
+    /// signature covers the batch's Merkle root (see `witness.proto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merkle: Option<MerkleJson>,
+}
+
+/// A batched witness's place in its batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MerkleJson {
+    pub leaf_index: u32,
+    pub path_b64: Vec<String>,
 }
 
 impl From<&pb::Witness> for WitnessJson {
@@ -21,6 +32,10 @@ impl From<&pb::Witness> for WitnessJson {
             body_b64: B64.encode(&w.body),
             signature_b64: B64.encode(&w.signature),
             key_id: w.key_id.clone(),
+            merkle: w.batched.then(|| MerkleJson {
+                leaf_index: w.leaf_index,
+                path_b64: w.merkle_path.iter().map(|h| B64.encode(h)).collect(),
+            }),
         }
     }
 }
@@ -36,6 +51,17 @@ impl WitnessJson {
                 .decode(&self.signature_b64)
                 .map_err(|e| format!("witness.signature_b64 is not base64: {e}"))?,
             key_id: self.key_id.clone(),
+            batched: self.merkle.is_some(),
+            leaf_index: self.merkle.as_ref().map_or(0, |m| m.leaf_index),
+            merkle_path: match &self.merkle {
+                None => Vec::new(),
+                Some(m) => m
+                    .path_b64
+                    .iter()
+                    .map(|h| B64.decode(h))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("witness.merkle.path_b64 is not base64: {e}"))?,
+            },
         })
     }
 }
@@ -116,11 +142,7 @@ impl LeaseJson {
                 .witness
                 .as_ref()
                 .map(WitnessJson::from)
-                .unwrap_or(WitnessJson {
-                    body_b64: String::new(),
-                    signature_b64: String::new(),
-                    key_id: String::new(),
-                }),
+                .unwrap_or_else(|| WitnessJson::from(&pb::Witness::default())),
             server: server.map(str::to_owned),
         }
     }

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::bag::{self, BagConfig, BagStore, WriteRights};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::json::LeaseJson;
@@ -103,6 +104,24 @@ pub(crate) fn check_grant(grant: &pb::LeaseGrant, keys: &KeyRing) -> Result<pb::
     let body = verify_witness(witness, keys).map_err(|e| Error::Witness {
         reason: e.to_string(),
     })?;
+    grant_states(grant, &body)?;
+    Ok(body)
+}
+
+/// Checks a grant's witness body states the grant, without checking the
+/// signature (the caller verified it, or its batch root, already).
+pub(crate) fn check_grant_body(grant: &pb::LeaseGrant) -> Result<()> {
+    let witness = grant.witness.as_ref().ok_or_else(|| Error::Witness {
+        reason: "grant has no witness".into(),
+    })?;
+    let body =
+        <pb::WitnessBody as prost::Message>::decode(witness.body.as_slice()).map_err(|e| Error::Witness {
+            reason: e.to_string(),
+        })?;
+    grant_states(grant, &body)
+}
+
+fn grant_states(grant: &pb::LeaseGrant, body: &pb::WitnessBody) -> Result<()> {
     let names_match =
         body.names.len() == grant.names.len()
             && body.names.iter().zip(&grant.names).all(|(w, g)| {
@@ -117,7 +136,7 @@ pub(crate) fn check_grant(grant: &pb::LeaseGrant, keys: &KeyRing) -> Result<pb::
             reason: format!("witness does not state the grant of lease {}", grant.lease_id),
         });
     }
-    Ok(body)
+    Ok(())
 }
 
 impl Lease {
@@ -230,6 +249,37 @@ impl Lease {
             .max()
     }
 
+    /// Rights to write under this lease, for a [`bag::Writer`]. They follow
+    /// renewals (deadline and witness), and stop at once if the lease is
+    /// lost or is only tentative.
+    pub fn rights(&self) -> Arc<dyn WriteRights> {
+        Arc::new(LeaseRights {
+            min_timestamp: self.min_timestamp(),
+            state: self.subscribe(),
+        })
+    }
+
+    /// The design's sad path: if a predecessor of this lease was broken or
+    /// is unknown, it may still have messages in flight. Close every bag of
+    /// `logs` that can hold a timestamp below its watermark (waiting, if
+    /// needed, until their close time), so everything it could ever write
+    /// is visible before this holder reads its state. Returns at once when
+    /// every predecessor released.
+    pub async fn close_predecessor_bags(
+        &self,
+        store: &dyn BagStore,
+        logs: &[String],
+        cfg: &BagConfig,
+    ) -> std::result::Result<(), bag::Error> {
+        let Some(until) = self.close_before_reading() else {
+            return Ok(());
+        };
+        for log in logs {
+            bag::metronome::close_through(store, log, until, cfg, &**self.shared.client.clock()).await?;
+        }
+        Ok(())
+    }
+
     /// The lease as the CLI prints it (`bagel acquire --json`), with the
     /// latest deadline and witness.
     pub fn to_json(&self) -> LeaseJson {
@@ -300,6 +350,33 @@ impl Lease {
             })
             .await?;
         Ok(Micros::from_micros(resp.watermark_us))
+    }
+}
+
+/// See [`Lease::rights`].
+#[derive(Debug)]
+struct LeaseRights {
+    min_timestamp: Micros,
+    state: watch::Receiver<LeaseState>,
+}
+
+impl WriteRights for LeaseRights {
+    fn min_timestamp(&self) -> Micros {
+        self.min_timestamp
+    }
+
+    fn deadline(&self) -> Micros {
+        let s = self.state.borrow();
+        if s.lost.is_some() || s.mode != pb::Mode::Full {
+            // No right to write: a deadline in the past makes writers refuse.
+            Micros::ZERO
+        } else {
+            s.deadline
+        }
+    }
+
+    fn witnesses(&self) -> Vec<pb::Witness> {
+        vec![self.state.borrow().witness.clone()]
     }
 }
 

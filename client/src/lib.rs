@@ -16,17 +16,28 @@
 //!   acquire builder.
 //! * [`lease`]: [`Lease`], a held lease with background renewal and loss
 //!   notification.
-//! * [`error`]: the one error type; every variant says if a retry helps.
+//! * [`coalesce`]: [`Coalescer`], client-side coalescing of many tasks'
+//!   operations into `Batch` calls (one RPC and one signature per batch).
+//! * [`bag`]: closable per-second bags of messages on a directory or S3:
+//!   writer, metronome, reader.
+//! * [`audit`]: checks stored messages and their witnesses for overlapping
+//!   writers, out-of-lease timestamps and bad signatures.
+//! * [`error`]: the lease client's error type; every variant says if a
+//!   retry helps (the bag module has its own, [`bag::Error`]).
 //! * [`clock`]: injectable clocks.
 //! * [`json`]: the JSON forms the CLI prints and reads (a contract).
 
+pub mod audit;
+pub mod bag;
 pub mod client;
 pub mod clock;
+pub mod coalesce;
 pub mod error;
 pub mod json;
 pub mod lease;
 
 pub use bagel_proto::{Micros, pb};
 pub use client::{AcquireBuilder, Client};
+pub use coalesce::{CoalesceOptions, Coalescer};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState};

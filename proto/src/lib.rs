@@ -6,18 +6,22 @@
 //! * [`Micros`]: the one time type (Unix microseconds, UTC).
 //! * [`clock`]: injectable clocks (system, manual, offset).
 //! * [`keys`]: ed25519 signers, key ids and key rings.
+//! * [`merkle`]: Merkle trees that let one signature cover a batch of
+//!   witnesses.
 //! * [`witness`]: sign and verify witnesses and local signed times, always
 //!   over the exact bytes that travel.
 
 pub mod clock;
 pub mod keys;
+pub mod merkle;
 mod time;
 pub mod witness;
 
 pub use keys::{KeyRing, Signer, key_id};
 pub use time::{Micros, duration_micros};
 pub use witness::{
-    TimeProofKind, TimeReading, sign_local_time, sign_witness, verify_local_time, verify_witness,
+    TimeProofKind, TimeReading, sign_local_time, sign_witness, sign_witness_batch, verify_local_time,
+    verify_witness, witness_signed_message,
 };
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.

@@ -8,6 +8,7 @@
 use prost::Message as _;
 
 use crate::keys::{KeyRing, Signer};
+use crate::merkle;
 use crate::pb;
 use crate::{Error, Micros};
 
@@ -19,12 +20,65 @@ pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
         body,
         signature,
         key_id: signer.key_id().to_owned(),
+        ..Default::default()
     }
+}
+
+/// Signs several bodies with one signature over their Merkle root. A
+/// single body is signed directly (no tree).
+pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witness> {
+    if bodies.len() == 1 {
+        let body = bodies.into_iter().next().expect("one body");
+        let signature = signer.sign(&body);
+        return vec![pb::Witness {
+            body,
+            signature,
+            key_id: signer.key_id().to_owned(),
+            ..Default::default()
+        }];
+    }
+    if bodies.is_empty() {
+        return Vec::new();
+    }
+    let leaves: Vec<merkle::Hash> = bodies.iter().map(|b| merkle::leaf_hash(b)).collect();
+    let (root, paths) = merkle::build(&leaves);
+    let signature = signer.sign(&merkle::root_message(&root));
+    bodies
+        .into_iter()
+        .zip(paths)
+        .enumerate()
+        .map(|(i, (body, path))| pb::Witness {
+            body,
+            signature: signature.clone(),
+            key_id: signer.key_id().to_owned(),
+            batched: true,
+            leaf_index: i as u32,
+            merkle_path: path.iter().map(|h| h.to_vec()).collect(),
+        })
+        .collect()
+}
+
+/// What a witness's signature is over: its body, or its batch's root.
+pub fn witness_signed_message(witness: &pb::Witness) -> Result<std::borrow::Cow<'_, [u8]>, Error> {
+    if !witness.batched {
+        return Ok(std::borrow::Cow::Borrowed(&witness.body));
+    }
+    let root = merkle::root_from_path(
+        merkle::leaf_hash(&witness.body),
+        witness.leaf_index,
+        &witness.merkle_path,
+    )
+    .ok_or_else(|| Error::Malformed {
+        what: "witness merkle path",
+        reason: "sibling of the wrong length or index beyond the path".into(),
+    })?;
+    Ok(std::borrow::Cow::Owned(merkle::root_message(&root)))
 }
 
 /// Checks the signature of `witness` against `keys`, then decodes its body.
 pub fn verify_witness(witness: &pb::Witness, keys: &KeyRing) -> Result<pb::WitnessBody, Error> {
-    keys.verify(&witness.key_id, &witness.body, &witness.signature)?;
+    let message = witness_signed_message(witness)?;
+    keys.verify(&witness.key_id, &message, &witness.signature)?;
     pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| Error::Malformed {
         what: "witness body",
         reason: e.to_string(),
@@ -131,6 +185,40 @@ mod tests {
                 Err(Error::BadSignature { .. })
             ));
         }
+    }
+
+    #[test]
+    fn batched_witnesses_verify_alone_and_reject_tampering() {
+        let signer = Signer::generate();
+        let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
+        let bodies: Vec<pb::WitnessBody> = (0..5)
+            .map(|i| pb::WitnessBody {
+                lease_id: format!("lease-{i}"),
+                ..body()
+            })
+            .collect();
+        let witnesses = sign_witness_batch(&signer, bodies.iter().map(|b| b.encode_to_vec()).collect());
+        assert_eq!(witnesses.len(), 5);
+        for (w, b) in witnesses.iter().zip(&bodies) {
+            assert!(w.batched);
+            assert_eq!(&verify_witness(w, &keys).unwrap(), b);
+            let mut bad = w.clone();
+            bad.body[0] ^= 1;
+            assert!(verify_witness(&bad, &keys).is_err());
+            let mut bad = w.clone();
+            bad.leaf_index ^= 1;
+            assert!(verify_witness(&bad, &keys).is_err());
+            let mut bad = w.clone();
+            bad.merkle_path[0][3] ^= 1;
+            assert!(verify_witness(&bad, &keys).is_err());
+            let mut bad = w.clone();
+            bad.batched = false;
+            assert!(verify_witness(&bad, &keys).is_err());
+        }
+        // A lone body is signed directly.
+        let one = sign_witness_batch(&signer, vec![body().encode_to_vec()]);
+        assert!(!one[0].batched);
+        assert_eq!(verify_witness(&one[0], &keys).unwrap(), body());
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct Limits {
     pub max_name_bytes: usize,
     pub max_owner_bytes: usize,
     pub max_metadata_bytes: usize,
+    /// Operations in one `Batch` call.
+    pub max_batch_ops: usize,
 }
 
 impl Default for Limits {
@@ -55,6 +57,7 @@ impl Default for Limits {
             max_name_bytes: 256,
             max_owner_bytes: 256,
             max_metadata_bytes: 4096,
+            max_batch_ops: 1024,
         }
     }
 }

@@ -18,6 +18,19 @@ pub struct Conflict {
     pub deadline: Micros,
 }
 
+impl Conflict {
+    /// The status details of a refused acquire.
+    pub fn to_pb(&self) -> pb::LeaseConflict {
+        pb::LeaseConflict {
+            name: self.name.to_string(),
+            holder_lease_id: self.holder.to_string(),
+            holder_owner: self.owner.to_string(),
+            holder_mode: pb::Mode::from(self.mode).into(),
+            holder_deadline_us: self.deadline.as_micros(),
+        }
+    }
+}
+
 /// Everything a lease request can fail with. Messages name the field and
 /// the limit, because they go straight to the caller.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -39,6 +52,8 @@ pub enum Error {
     Conflict(Box<Conflict>),
     #[error("lease_id: unknown lease {lease} (never granted by this server, released, or expired)")]
     UnknownLease { lease: LeaseId },
+    #[error("lease_id: lease {lease} was released at {at}")]
+    Released { lease: LeaseId, at: Micros },
     #[error("token: does not match lease {lease}")]
     WrongToken { lease: LeaseId },
     #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
@@ -51,6 +66,8 @@ pub enum Error {
     },
     #[error("clock unhealthy, refusing to grant: {detail}")]
     ClockUnhealthy { detail: String },
+    #[error("server full: {detail}")]
+    Capacity { detail: String },
 }
 
 fn mode_word(m: Mode) -> &'static str {
@@ -79,7 +96,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::NotReady { .. } | Error::Conflict(_) | Error::ClockUnhealthy { .. }
+            Error::NotReady { .. }
+                | Error::Conflict(_)
+                | Error::ClockUnhealthy { .. }
+                | Error::Capacity { .. }
         )
     }
 
@@ -89,7 +109,8 @@ impl Error {
             Error::OutOfRange { .. } => Code::OutOfRange,
             Error::NotReady { .. } | Error::ClockUnhealthy { .. } => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
-            Error::UnknownLease { .. } => Code::NotFound,
+            Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
+            Error::Capacity { .. } => Code::ResourceExhausted,
             Error::WrongToken { .. } => Code::PermissionDenied,
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
         }
@@ -101,15 +122,7 @@ impl From<Error> for Status {
         let message = e.to_string();
         match &e {
             Error::Conflict(c) => {
-                let details = pb::LeaseConflict {
-                    name: c.name.to_string(),
-                    holder_lease_id: c.holder.to_string(),
-                    holder_owner: c.owner.to_string(),
-                    holder_mode: pb::Mode::from(c.mode).into(),
-                    holder_deadline_us: c.deadline.as_micros(),
-                }
-                .encode_to_vec();
-                Status::with_details(Code::Aborted, message, details.into())
+                Status::with_details(Code::Aborted, message, c.to_pb().encode_to_vec().into())
             }
             _ => Status::new(e.code(), message),
         }

@@ -75,7 +75,6 @@ impl Server {
             max_records: cfg.max_records,
             history_per_name: cfg.history_per_name,
             history_budget_bytes: cfg.history_budget_bytes,
-            index_grace: cfg.max_ttl,
         });
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), cfg.server_id.clone(), cfg.clock_tolerance);

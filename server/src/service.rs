@@ -40,38 +40,34 @@ impl Service {
 
     async fn acquire_waiting(&self, req: &pb::AcquireRequest) -> Result<pb::LeaseGrant, Error> {
         let inner = &*self.inner;
-        let limits = &inner.cfg.limits;
-        let spec = crate::table::AcquireSpec {
-            names: validate::names("names", &req.names, limits)?,
-            deadline: validate::deadline(req.deadline_us)?,
-            owner: validate::owner(&req.owner, limits)?,
-            mode: validate::mode(req.mode)?,
-        };
+        let spec = self.acquire_spec(req)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
-        let give_up = tokio::time::Instant::now() + wait;
+        // The deadline is absolute, so waiting eats into the lease: stop
+        // waiting while the deadline is still valid, and answer with the
+        // conflict rather than an out-of-range deadline.
+        let usable = spec
+            .deadline
+            .saturating_sub(inner.cfg.min_ttl)
+            .duration_since(self.now())
+            .saturating_sub(Duration::from_micros(1));
+        let give_up = tokio::time::Instant::now() + wait.min(usable);
+        let mut result = inner.table.acquire(&spec, self.now());
         loop {
-            let err = match inner.table.acquire(&spec, self.now()) {
+            let conflict = match result {
                 Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
-                Err(e) => e,
+                Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
+                Err(e) => return Err(e),
             };
-            let Error::Conflict(conflict) = &err else {
-                return Err(err);
-            };
-            if tokio::time::Instant::now() >= give_up {
-                return Err(err);
-            }
             // Register for release wake-ups *before* retrying, so a release
             // between the retry and the wait is not missed.
             let guard = inner.table.wait_handle(&conflict.name);
             let notified = guard.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let err = match inner.table.acquire(&spec, self.now()) {
+            let conflict = match self.retry(&spec, conflict) {
                 Ok(grant) => return Ok(self.grant_pb(&grant, pb::WitnessKind::Acquire)),
-                Err(e) => e,
-            };
-            let Error::Conflict(conflict) = &err else {
-                return Err(err);
+                Err(Error::Conflict(c)) => c,
+                Err(e) => return Err(e),
             };
             // The holder's deadline frees the name even without a release.
             let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
@@ -80,7 +76,142 @@ impl Service {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(wake) => {}
             }
+            result = self.retry(&spec, conflict);
         }
+    }
+
+    /// Retries a waiting acquire. The deadline was valid when the request
+    /// arrived; if waiting made it too close, the answer is still the
+    /// conflict that made us wait.
+    fn retry(
+        &self,
+        spec: &crate::table::AcquireSpec,
+        conflict: Box<crate::error::Conflict>,
+    ) -> Result<crate::table::Grant, Error> {
+        match self.inner.table.acquire(spec, self.now()) {
+            Err(Error::OutOfRange {
+                field: "deadline_us", ..
+            }) => Err(Error::Conflict(conflict)),
+            other => other,
+        }
+    }
+
+    /// Validates an acquire request.
+    fn acquire_spec(&self, req: &pb::AcquireRequest) -> Result<crate::table::AcquireSpec, Error> {
+        let limits = &self.inner.cfg.limits;
+        Ok(crate::table::AcquireSpec {
+            names: validate::names("names", &req.names, limits)?,
+            deadline: validate::deadline(req.deadline_us)?,
+            owner: validate::owner(&req.owner, limits)?,
+            mode: validate::mode(req.mode)?,
+        })
+    }
+
+    fn upgrade_op(&self, req: &pb::UpgradeRequest) -> Result<crate::table::Grant, Error> {
+        let lease = validate::lease_id(&req.lease_id)?;
+        let token = validate::token(&req.token)?;
+        self.inner.table.upgrade(lease, &token, self.now())
+    }
+
+    fn renew_op(&self, req: &pb::RenewRequest) -> Result<crate::table::Grant, Error> {
+        let lease = validate::lease_id(&req.lease_id)?;
+        let token = validate::token(&req.token)?;
+        let deadline = validate::deadline(req.deadline_us)?;
+        let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
+        self.inner
+            .table
+            .renew(lease, &token, deadline, metadata, self.now())
+    }
+
+    fn release_op(&self, req: &pb::ReleaseRequest) -> Result<pb::ReleaseResponse, Error> {
+        let lease = validate::lease_id(&req.lease_id)?;
+        let token = validate::token(&req.token)?;
+        let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
+        self.check_watermark_time(req)?;
+        let spec = ReleaseSpec {
+            watermark: Micros::from_micros(req.watermark_us),
+            signed_time: req.signed_time.clone().map(Arc::new),
+            metadata,
+        };
+        let released = self.inner.table.release(lease, &token, spec, self.now())?;
+        Ok(pb::ReleaseResponse {
+            watermark_us: released.watermark.as_micros(),
+        })
+    }
+
+    /// Runs a batch: every operation on its own, in order; then one
+    /// signature over all the grants' witnesses.
+    fn batch_ops(&self, ops: &[pb::BatchOp]) -> Result<Vec<pb::BatchResult>, Error> {
+        use pb::batch_op::Op;
+        use pb::batch_result::Result as R;
+        let max = self.inner.cfg.limits.max_batch_ops;
+        if ops.len() > max {
+            return Err(Error::invalid(
+                "ops",
+                format!("{} operations exceed the limit of {max} per batch", ops.len()),
+            ));
+        }
+        enum Outcome {
+            Done(R),
+            Granted(crate::table::Grant, pb::WitnessKind),
+        }
+        let outcomes: Vec<Outcome> = ops
+            .iter()
+            .map(|op| {
+                let result = match &op.op {
+                    None => Err(Error::invalid("ops.op", "is empty: set one operation")),
+                    Some(Op::Acquire(a)) if a.wait_us != 0 => Err(Error::invalid(
+                        "wait_us",
+                        "must be 0 in a batch (acquires in a batch cannot wait); use Acquire",
+                    )),
+                    Some(Op::Acquire(a)) => self
+                        .acquire_spec(a)
+                        .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
+                    Some(Op::Renew(r)) => self
+                        .renew_op(r)
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Renew)),
+                    Some(Op::Upgrade(u)) => self
+                        .upgrade_op(u)
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Upgrade)),
+                    Some(Op::Release(r)) => self.release_op(r).map(|r| Outcome::Done(R::Released(r))),
+                };
+                result.unwrap_or_else(|e| Outcome::Done(R::Error(op_error(e))))
+            })
+            .collect();
+        let grants: Vec<(&crate::table::Grant, pb::WitnessKind)> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Granted(g, k) => Some((g, *k)),
+                Outcome::Done(_) => None,
+            })
+            .collect();
+        let time = self.inner.time.signed();
+        let mut witnesses = self
+            .inner
+            .witness
+            .sign_batch(&grants, self.now(), &time)
+            .into_iter();
+        Ok(outcomes
+            .into_iter()
+            .map(|o| {
+                let result = match o {
+                    Outcome::Done(r) => r,
+                    Outcome::Granted(g, kind) => {
+                        let w = witnesses.next().expect("one witness per grant");
+                        if kind == pb::WitnessKind::Renew {
+                            R::Renewed(pb::RenewResponse {
+                                deadline_us: g.deadline.as_micros(),
+                                witness: Some(w),
+                            })
+                        } else {
+                            R::Grant(crate::witness::grant_pb(&g, w))
+                        }
+                    }
+                };
+                pb::BatchResult { result: Some(result) }
+            })
+            .collect())
     }
 
     fn grant_pb(&self, grant: &crate::table::Grant, kind: pb::WitnessKind) -> pb::LeaseGrant {
@@ -128,6 +259,19 @@ impl Service {
     }
 }
 
+/// An operation's failure inside a batch, as the unary call's status.
+fn op_error(e: Error) -> pb::OpError {
+    let conflict = match &e {
+        Error::Conflict(c) => Some(c.to_pb()),
+        _ => None,
+    };
+    pb::OpError {
+        code: e.code() as i32,
+        message: e.to_string(),
+        conflict,
+    }
+}
+
 fn history_event(e: HistoryEvent) -> pb::HistoryEvent {
     match e {
         HistoryEvent::Renewed => pb::HistoryEvent::Renewed,
@@ -156,25 +300,14 @@ impl LeaseService for Service {
     }
 
     async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
-        let req = request.get_ref();
-        let lease = validate::lease_id(&req.lease_id)?;
-        let token = validate::token(&req.token)?;
-        let grant = self.inner.table.upgrade(lease, &token, self.now())?;
+        let grant = self.upgrade_op(request.get_ref())?;
         Ok(Response::new(pb::UpgradeResponse {
             grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade)),
         }))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
-        let req = request.get_ref();
-        let lease = validate::lease_id(&req.lease_id)?;
-        let token = validate::token(&req.token)?;
-        let deadline = validate::deadline(req.deadline_us)?;
-        let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
-        let grant = self
-            .inner
-            .table
-            .renew(lease, &token, deadline, metadata, self.now())?;
+        let grant = self.renew_op(request.get_ref())?;
         let time = self.inner.time.signed();
         let witness = self
             .inner
@@ -187,20 +320,12 @@ impl LeaseService for Service {
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
-        let req = request.get_ref();
-        let lease = validate::lease_id(&req.lease_id)?;
-        let token = validate::token(&req.token)?;
-        let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
-        self.check_watermark_time(req)?;
-        let spec = ReleaseSpec {
-            watermark: Micros::from_micros(req.watermark_us),
-            signed_time: req.signed_time.clone().map(Arc::new),
-            metadata,
-        };
-        let released = self.inner.table.release(lease, &token, spec, self.now())?;
-        Ok(Response::new(pb::ReleaseResponse {
-            watermark_us: released.watermark.as_micros(),
-        }))
+        Ok(Response::new(self.release_op(request.get_ref())?))
+    }
+
+    async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
+        let results = self.batch_ops(&request.get_ref().ops)?;
+        Ok(Response::new(pb::BatchResponse { results }))
     }
 
     async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {
@@ -216,7 +341,7 @@ impl LeaseService for Service {
                     owner: h.owner.to_string(),
                     mode: pb::Mode::from(h.mode).into(),
                     deadline_us: h.deadline.as_micros(),
-                    fencing_token: h.fencing,
+                    fencing_token: v.fencing,
                     granted_at_us: h.lease.granted_at().as_micros(),
                 }),
                 previous: Some(v.previous.to_pb()),

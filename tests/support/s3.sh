@@ -33,5 +33,5 @@ s3_start() {
 }
 
 s3_stop() {
-  if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null; wait "$S3_PID" 2>/dev/null; S3_PID=; fi
+  if [ -n "${S3_PID:-}" ]; then kill "$S3_PID" 2>/dev/null || true; wait "$S3_PID" 2>/dev/null || true; S3_PID=; fi
 }

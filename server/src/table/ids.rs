@@ -1,37 +1,72 @@
 //! Lease ids and holder tokens.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
 use bagel_proto::Micros;
 use rand::RngCore as _;
 use subtle::ConstantTimeEq as _;
 
-/// A lease's correlation id: the grant time in the high 64 bits (so ids sort
-/// by grant time and an operator can read when a lease was made) and 64
-/// random bits in the low half (so ids from different servers or restarts
-/// do not collide). Printed as 32 lowercase hex digits.
+/// A lease's correlation id, 128 bits, printed as 32 lowercase hex digits:
+///
+/// * high 64 bits: the grant time in microseconds, so ids sort by grant
+///   time and an operator can read when a lease was made;
+/// * then 24 random bits, so ids from different servers or restarts do not
+///   collide;
+/// * then the shard (16 bits) and slot (24 bits) of the lease's first name
+///   in the table, so renew and release find the lease without an index.
+///
+/// The server checks the whole id against the holder it finds at that slot,
+/// so a stale or forged id never reaches another lease.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(u128);
+pub struct LeaseId {
+    hi: NonZeroU64,
+    lo: u64,
+}
+
+const SLOT_BITS: u32 = 24;
+const SHARD_BITS: u32 = 16;
+/// Slots a shard can address.
+pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
+/// Shards a table can address.
+pub const MAX_SHARDS: usize = 1 << SHARD_BITS;
 
 impl LeaseId {
-    pub fn generate(now: Micros) -> Self {
-        let random = rand::thread_rng().next_u64();
-        LeaseId((u128::from(now.as_micros()) << 64) | u128::from(random))
+    pub fn new(now: Micros, shard: usize, slot: usize) -> Self {
+        debug_assert!(shard < MAX_SHARDS && slot < MAX_SLOTS);
+        let random = rand::thread_rng().next_u32() as u64 & 0xff_ffff;
+        let lo = (random << (SHARD_BITS + SLOT_BITS)) | ((shard as u64) << SLOT_BITS) | slot as u64;
+        LeaseId {
+            hi: NonZeroU64::new(now.as_micros()).unwrap_or(NonZeroU64::MIN),
+            lo,
+        }
     }
 
     pub fn granted_at(self) -> Micros {
-        Micros::from_micros((self.0 >> 64) as u64)
+        Micros::from_micros(self.hi.get())
+    }
+
+    pub(crate) fn shard(self) -> usize {
+        ((self.lo >> SLOT_BITS) & ((1 << SHARD_BITS) - 1)) as usize
+    }
+
+    pub(crate) fn slot(self) -> usize {
+        (self.lo & ((1 << SLOT_BITS) - 1)) as usize
     }
 
     /// Parses the 32-hex-digit form.
     pub fn parse(s: &str) -> Option<Self> {
-        parse_hex128(s).map(LeaseId)
+        let v = parse_hex128(s)?;
+        Some(LeaseId {
+            hi: NonZeroU64::new((v >> 64) as u64)?,
+            lo: v as u64,
+        })
     }
 }
 
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        write!(f, "{:016x}{:016x}", self.hi, self.lo)
     }
 }
 
@@ -59,6 +94,12 @@ impl Token {
 
     pub fn matches(&self, other: &Token) -> bool {
         self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.matches(other)
     }
 }
 
@@ -93,16 +134,23 @@ mod tests {
     #[test]
     fn ids_round_trip_and_carry_their_grant_time() {
         let now = Micros::from_micros(1_700_000_000_000_001);
-        let id = LeaseId::generate(now);
+        let id = LeaseId::new(now, 300, 70_000);
         assert_eq!(LeaseId::parse(&id.to_string()), Some(id));
-        assert_eq!(id.granted_at(), now);
+        assert_eq!((id.granted_at(), id.shard(), id.slot()), (now, 300, 70_000));
         let token = Token::generate();
         assert!(Token::parse(&token.to_string()).unwrap().matches(&token));
     }
 
     #[test]
     fn malformed_ids_are_refused() {
-        for bad in ["", "abc", &"g".repeat(32), &"A".repeat(32), &"0".repeat(33)] {
+        for bad in [
+            "",
+            "abc",
+            &"g".repeat(32),
+            &"A".repeat(32),
+            &"0".repeat(33),
+            &"0".repeat(32),
+        ] {
             assert_eq!(LeaseId::parse(bad), None, "{bad:?}");
         }
     }

@@ -4,22 +4,27 @@
 //! # Sharding and locking
 //!
 //! Names are spread over a fixed array of shards, each a `std::sync::Mutex`
-//! around a `HashMap`. A request locks the shards of its names **in
-//! ascending shard order, all at once**, checks every name, then commits
-//! every name: that makes multi-name acquires all-or-nothing and
-//! deadlock-free, and requests on names in different shards never contend.
+//! around a map from name to slot and a slab of records. A request locks
+//! the shards of its names **in ascending shard order, all at once**,
+//! checks every name, then commits every name: that makes multi-name
+//! acquires all-or-nothing and deadlock-free, and requests on names in
+//! different shards never contend.
 //!
-//! Why not a `DashMap` of names: an all-or-nothing acquire must hold several
-//! names at once. DashMap locks a shard per key access in an order we do not
-//! control, and two live guards into one DashMap can deadlock when their keys
-//! share a shard. A shard array gives us the global lock order explicitly.
-//! The lease index (lease id → names), where every operation touches exactly
-//! one key, is a `DashMap`.
+//! Why not a `DashMap`: an all-or-nothing acquire must hold several names
+//! at once. DashMap locks a shard per key access in an order we do not
+//! control, and two live guards into one DashMap can deadlock when their
+//! keys share a shard. A shard array gives us the global lock order.
+//!
+//! There is no lease-id index: a [`LeaseId`] carries the shard and slot of
+//! its first name's record, whose holder carries the token and, for
+//! multi-name leases, the other names. Renew and release of a one-name lease
+//! thus take exactly one lock and no extra memory per lease. Memory per held
+//! one-name lease is the record in the slab (~160 bytes), the map entry
+//! (~24 bytes at 50-87% load) and the name itself.
 //!
 //! Locking rules: shard mutexes are never held across `.await` (the table
-//! has no async code) and never while touching the index; the index's guards
-//! are dropped before a shard is locked, except in `sweep`, which locks no
-//! shard while iterating the index.
+//! has no async code). A thread holding a shard lock only ever takes
+//! higher-numbered shard locks.
 
 mod history;
 mod ids;
@@ -31,12 +36,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use bagel_proto::{Micros, duration_micros, pb};
-use dashmap::DashMap;
+use bagel_proto::{Micros, pb};
 use tokio::sync::Notify;
 
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
-pub use ids::{LeaseId, Token};
+pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
 pub use record::{Ended, Holder, Mode, Previous};
 
 use crate::error::{Conflict, Error};
@@ -47,6 +51,7 @@ use record::NameRecord;
 /// the rules that need the clock or the state.
 #[derive(Clone, Debug)]
 pub struct TableConfig {
+    /// Number of shards (at most [`MAX_SHARDS`]).
     pub shards: usize,
     /// A deadline must be later than `now + min_ttl`.
     pub min_ttl: Duration,
@@ -64,9 +69,6 @@ pub struct TableConfig {
     pub history_per_name: usize,
     /// Bytes of history kept over all names.
     pub history_budget_bytes: usize,
-    /// How long after its deadline a lease id still gets a precise "expired"
-    /// answer rather than "unknown".
-    pub index_grace: Duration,
 }
 
 impl TableConfig {
@@ -82,7 +84,6 @@ impl TableConfig {
             max_records: 1_000_000,
             history_per_name: 8,
             history_budget_bytes: 1 << 20,
-            index_grace: max_ttl,
         }
     }
 }
@@ -142,20 +143,75 @@ pub struct NameView {
     pub known: bool,
 }
 
-/// The lease id → names index entry.
+/// A name and its record, in a shard's slab.
 #[derive(Debug)]
-struct LeaseRef {
-    names: Arc<[Arc<str>]>,
-    token: Token,
-    /// Mirrors the names' holder deadline, so the sweeper can drop ended
-    /// leases without locking shards.
-    deadline: AtomicU64,
+struct Entry {
+    name: Arc<str>,
+    rec: NameRecord,
 }
 
+/// One shard: a map from name to slot, and the slab of records. Records sit
+/// in the slab (not in the map) so the map's buckets stay small: a hash
+/// table is often only half full right after it grows.
 #[derive(Debug, Default)]
 struct ShardState {
-    records: HashMap<Arc<str>, NameRecord>,
+    slots: HashMap<Arc<str>, u32>,
+    slab: Vec<Option<Entry>>,
+    free: Vec<u32>,
     history: HistoryLog,
+}
+
+impl ShardState {
+    fn get(&self, name: &str) -> Option<&NameRecord> {
+        let slot = *self.slots.get(name)?;
+        self.slab[slot as usize].as_ref().map(|e| &e.rec)
+    }
+
+    fn at(&self, slot: usize) -> Option<&Entry> {
+        self.slab.get(slot)?.as_ref()
+    }
+
+    fn rec_mut(&mut self, slot: usize) -> &mut NameRecord {
+        &mut self.slab[slot].as_mut().expect("slot is occupied").rec
+    }
+
+    /// The slot of `name`, creating a fresh record (inheriting `floor`) if
+    /// it has none.
+    fn slot_or_insert(&mut self, name: &Arc<str>, floor: Micros, now: Micros) -> Result<usize, Error> {
+        if let Some(&slot) = self.slots.get(name) {
+            return Ok(slot as usize);
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot as usize,
+            None => {
+                if self.slab.len() >= MAX_SLOTS {
+                    return Err(Error::Capacity {
+                        detail: format!("a shard holds at most {MAX_SLOTS} names"),
+                    });
+                }
+                // Grow by a quarter, not double: at a million names a
+                // doubled slab would waste up to half its memory.
+                if self.slab.len() == self.slab.capacity() {
+                    self.slab.reserve_exact((self.slab.len() / 4).max(64));
+                }
+                self.slab.push(None);
+                self.slab.len() - 1
+            }
+        };
+        self.slab[slot] = Some(Entry {
+            name: Arc::clone(name),
+            rec: NameRecord::new(floor, now),
+        });
+        self.slots.insert(Arc::clone(name), slot as u32);
+        Ok(slot)
+    }
+
+    fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
+        let entry = self.slab.get_mut(slot)?.take()?;
+        self.slots.remove(&entry.name);
+        self.free.push(slot as u32);
+        Some(entry)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -169,8 +225,8 @@ struct Shard {
 impl Shard {
     fn lock(&self) -> MutexGuard<'_, ShardState> {
         // A panic while holding a shard lock leaves consistent data (every
-        // mutation is a single assignment after all checks), so poisoning
-        // is ignored rather than taking the whole server down.
+        // mutation happens after all checks), so poisoning is ignored rather
+        // than taking the whole server down.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -194,13 +250,30 @@ impl Locked<'_> {
     }
 }
 
+/// A lease found and checked: its shards locked, names and deadline.
+struct HeldLease<'a> {
+    locked: Locked<'a>,
+    names: Vec<Arc<str>>,
+    shard_of_name: Vec<usize>,
+    deadline: Micros,
+    mode: Mode,
+}
+
+impl HeldLease<'_> {
+    fn rec(&mut self, i: usize) -> &mut NameRecord {
+        let shard = self.shard_of_name[i];
+        let state = self.locked.state(shard);
+        let slot = state.slots[&self.names[i]] as usize;
+        state.rec_mut(slot)
+    }
+}
+
 /// The in-RAM lease table. Share it behind an `Arc`.
 #[derive(Debug)]
 pub struct LeaseTable {
     cfg: TableConfig,
     shards: Box<[Shard]>,
     hasher: std::collections::hash_map::RandomState,
-    index: DashMap<LeaseId, LeaseRef>,
     /// What names with no record inherit as their previous watermark; only
     /// ever raised (see `forget_idle`).
     floor: AtomicU64,
@@ -208,13 +281,13 @@ pub struct LeaseTable {
 
 impl LeaseTable {
     pub fn new(cfg: TableConfig) -> Self {
-        let shards = (0..cfg.shards.max(1)).map(|_| Shard::default()).collect();
+        let n = cfg.shards.clamp(1, MAX_SHARDS);
+        let shards = (0..n).map(|_| Shard::default()).collect();
         LeaseTable {
             floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             cfg,
             shards,
             hasher: Default::default(),
-            index: DashMap::new(),
         }
     }
 
@@ -226,14 +299,9 @@ impl LeaseTable {
         Micros::from_micros(self.floor.load(Ordering::Acquire))
     }
 
-    /// Number of leases in the index (live or recently ended).
-    pub fn lease_count(&self) -> usize {
-        self.index.len()
-    }
-
     /// Number of name records held.
     pub fn record_count(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().records.len()).sum()
+        self.shards.iter().map(|s| s.lock().slots.len()).sum()
     }
 
     fn shard_of(&self, name: &str) -> usize {
@@ -291,8 +359,9 @@ impl LeaseTable {
         let shard_of_name: Vec<usize> = spec.names.iter().map(|n| self.shard_of(n)).collect();
         let mut locked = self.lock_shards(&shard_of_name);
 
+        // 1. Check every name; nothing changes if one is refused.
         for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            let Some(rec) = locked.state(shard).records.get(name) else {
+            let Some(rec) = locked.state(shard).get(name) else {
                 continue;
             };
             if let Some(h) = rec.live_holder(now) {
@@ -309,17 +378,21 @@ impl LeaseTable {
             }
         }
 
-        let lease = LeaseId::generate(now);
-        let token = Token::generate();
+        // 2. Find or create every record (the only step that can fail for
+        //    lack of room, so it runs before anything is granted).
         let floor = self.forgotten_floor();
+        let mut slots = Vec::with_capacity(spec.names.len());
+        for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
+            slots.push(locked.state(shard).slot_or_insert(name, floor, now)?);
+        }
+
+        // 3. Grant.
+        let lease = LeaseId::new(now, shard_of_name[0], slots[0]);
+        let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
         let mut min_timestamp = Micros::ZERO;
-        for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            let rec = locked
-                .state(shard)
-                .records
-                .entry(Arc::clone(name))
-                .or_insert_with(|| NameRecord::new(floor, now));
+        for (i, (name, &shard)) in spec.names.iter().zip(&shard_of_name).enumerate() {
+            let rec = locked.state(shard).rec_mut(slots[i]);
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
             min_timestamp = min_timestamp.max(previous.watermark);
@@ -328,10 +401,11 @@ impl LeaseTable {
             rec.last_change = now;
             rec.holder = Some(Holder {
                 lease,
+                token,
                 owner: Arc::clone(&spec.owner),
                 deadline: spec.deadline,
-                fencing,
                 mode: spec.mode,
+                all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
             });
             names.push(NameGrant {
                 name: Arc::clone(name),
@@ -339,16 +413,6 @@ impl LeaseTable {
                 previous,
             });
         }
-        drop(locked);
-
-        self.index.insert(
-            lease,
-            LeaseRef {
-                names: spec.names.iter().cloned().collect(),
-                token,
-                deadline: AtomicU64::new(spec.deadline.as_micros()),
-            },
-        );
         Ok(Grant {
             lease,
             token,
@@ -360,34 +424,57 @@ impl LeaseTable {
         })
     }
 
-    /// Finds a lease and checks its token. Returns its names and deadline;
-    /// the index guard is dropped before returning.
-    fn authenticate(&self, lease: LeaseId, token: &Token) -> Result<(Arc<[Arc<str>]>, Micros), Error> {
-        let entry = self.index.get(&lease).ok_or(Error::UnknownLease { lease })?;
-        if !entry.token.matches(token) {
+    /// Finds a lease by the slot its id names, checks the token, locks all
+    /// its names' shards and checks it still holds every name at `now`.
+    fn lock_lease(&self, lease: LeaseId, token: &Token, now: Micros) -> Result<HeldLease<'_>, Error> {
+        let first_shard = lease.shard();
+        if first_shard >= self.shards.len() {
+            return Err(Error::UnknownLease { lease });
+        }
+        let guard = self.shards[first_shard].lock();
+        let entry = guard.at(lease.slot()).ok_or(Error::UnknownLease { lease })?;
+        let holder = match &entry.rec.holder {
+            Some(h) if h.lease == lease => h,
+            _ => return Err(Self::gone(lease, &entry.rec)),
+        };
+        if !holder.token.matches(token) {
             return Err(Error::WrongToken { lease });
         }
-        let deadline = Micros::from_micros(entry.deadline.load(Ordering::Acquire));
-        Ok((Arc::clone(&entry.names), deadline))
-    }
-
-    /// Locks the lease's shards and checks the lease still holds every name
-    /// at `now`. On success, returns the locked shards and each name's shard.
-    fn lock_held(
-        &self,
-        lease: LeaseId,
-        names: &[Arc<str>],
-        deadline: Micros,
-        now: Micros,
-    ) -> Result<(Locked<'_>, Vec<usize>), Error> {
+        if !holder.is_live(now) {
+            return Err(Error::Expired {
+                lease,
+                deadline: holder.deadline,
+            });
+        }
+        let names = match &holder.all_names {
+            Some(all) => all.to_vec(),
+            None => vec![Arc::clone(&entry.name)],
+        };
+        let (deadline, mode) = (holder.deadline, holder.mode);
         let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
-        let mut locked = self.lock_shards(&shard_of_name);
-        for (name, &shard) in names.iter().zip(&shard_of_name) {
-            let holder = locked
-                .state(shard)
-                .records
-                .get(name)
-                .and_then(|r| r.holder.as_ref());
+
+        let locked = if shard_of_name.iter().all(|&s| s == first_shard) {
+            Locked {
+                order: vec![first_shard],
+                guards: vec![guard],
+            }
+        } else {
+            // Take every shard in ascending order; the lease may have
+            // changed while no lock was held, so check it again below.
+            drop(guard);
+            self.lock_shards(&shard_of_name)
+        };
+        let mut held = HeldLease {
+            locked,
+            names,
+            shard_of_name,
+            deadline,
+            mode,
+        };
+        for i in 0..held.names.len() {
+            let shard = held.shard_of_name[i];
+            let state = held.locked.state(shard);
+            let holder = state.get(&held.names[i]).and_then(|r| r.holder.as_ref());
             match holder {
                 Some(h) if h.lease == lease => {
                     if !h.is_live(now) {
@@ -400,47 +487,53 @@ impl LeaseTable {
                 Some(h) if now < deadline => {
                     return Err(Error::LostName {
                         lease,
-                        name: Arc::clone(name),
+                        name: Arc::clone(&held.names[i]),
                         by: h.lease,
                     });
                 }
-                // Taken over after our deadline, or forgotten after it.
                 _ => return Err(Error::Expired { lease, deadline }),
             }
         }
-        Ok((locked, shard_of_name))
+        Ok(held)
     }
 
-    /// Describes the lease as currently held, for a witness. The caller
-    /// holds the shard locks and has checked the lease holds every name.
-    fn describe_held(
-        locked: &mut Locked<'_>,
-        lease: LeaseId,
-        token: Token,
-        names: &[Arc<str>],
-        shard_of_name: &[usize],
-    ) -> Grant {
-        let mut grants = Vec::with_capacity(names.len());
+    /// Why a lease no longer holds its first name, from the name's record.
+    fn gone(lease: LeaseId, rec: &NameRecord) -> Error {
+        match (rec.prev.lease, rec.prev.ended) {
+            (Some(l), Ended::Released) if l == lease => Error::Released {
+                lease,
+                at: rec.prev.ended_at,
+            },
+            (Some(l), Ended::Broken) if l == lease => Error::Expired {
+                lease,
+                deadline: rec.prev.watermark,
+            },
+            _ => Error::UnknownLease { lease },
+        }
+    }
+
+    /// Describes a held lease for a witness.
+    fn describe_held(held: &mut HeldLease<'_>, lease: LeaseId, token: Token) -> Grant {
+        let mut grants = Vec::with_capacity(held.names.len());
         let mut min_timestamp = Micros::ZERO;
-        let mut head: Option<Holder> = None;
-        for (name, &shard) in names.iter().zip(shard_of_name) {
-            let rec = &locked.state(shard).records[name];
-            let h = rec.holder.as_ref().expect("checked by lock_held");
+        let mut owner = None;
+        for i in 0..held.names.len() {
+            let name = Arc::clone(&held.names[i]);
+            let rec = held.rec(i);
             min_timestamp = min_timestamp.max(rec.prev.watermark);
+            owner.get_or_insert_with(|| Arc::clone(&rec.holder.as_ref().expect("held").owner));
             grants.push(NameGrant {
-                name: Arc::clone(name),
-                fencing: h.fencing,
+                name,
+                fencing: rec.fencing,
                 previous: rec.prev.clone(),
             });
-            head.get_or_insert_with(|| h.clone());
         }
-        let head = head.expect("a lease has at least one name");
         Grant {
             lease,
             token,
-            owner: head.owner,
-            mode: head.mode,
-            deadline: head.deadline,
+            owner: owner.expect("a lease has at least one name"),
+            mode: held.mode,
+            deadline: held.deadline,
             min_timestamp,
             names: grants,
         }
@@ -458,66 +551,52 @@ impl LeaseTable {
         metadata: Option<Metadata>,
         now: Micros,
     ) -> Result<Grant, Error> {
-        let (names, deadline) = self.authenticate(lease, token)?;
-        let (mut locked, shard_of_name) = self.lock_held(lease, &names, deadline, now)?;
+        let mut held = self.lock_lease(lease, token, now)?;
         self.check_deadline(new_deadline, now)?;
-        if new_deadline < deadline {
+        if new_deadline < held.deadline {
             return Err(Error::out_of_range(
                 "deadline_us",
                 format!(
-                    "{} must not be earlier than the lease's current deadline {} ({deadline})",
+                    "{} must not be earlier than the lease's current deadline {} ({})",
                     new_deadline.as_micros(),
-                    deadline.as_micros()
+                    held.deadline.as_micros(),
+                    held.deadline
                 ),
             ));
         }
-        for (name, &shard) in names.iter().zip(&shard_of_name) {
-            let state = locked.state(shard);
-            let ShardState { records, history } = &mut *state;
-            let rec = records.get_mut(name).expect("checked by lock_held");
-            let holder = rec.holder.as_mut().expect("checked by lock_held");
+        for i in 0..held.names.len() {
+            let rec = held.rec(i);
+            let holder = rec.holder.as_mut().expect("checked by lock_lease");
             holder.deadline = new_deadline;
-            let owner = Arc::clone(&holder.owner);
             rec.last_change = now;
             if let Some(metadata) = &metadata {
                 let entry = NewEntry {
                     lease,
-                    owner,
+                    owner: Arc::clone(&holder.owner),
                     event: HistoryEvent::Renewed,
                     at: now,
                     watermark: rec.prev.watermark,
                     metadata: Some(metadata.clone()),
                 };
-                history.push(name, &mut rec.history, entry, self.cfg.history_per_name);
-                self.enforce_history_budget(state);
+                self.record_history(&mut held, i, entry);
             }
         }
-        let grant = Self::describe_held(&mut locked, lease, *token, &names, &shard_of_name);
-        drop(locked);
-        if let Some(entry) = self.index.get(&lease) {
-            entry.deadline.store(new_deadline.as_micros(), Ordering::Release);
-        }
-        Ok(grant)
+        held.deadline = new_deadline;
+        Ok(Self::describe_held(&mut held, lease, *token))
     }
 
     /// Turns a tentative lease into a full one. Fails if any of its names
     /// was broken by a full acquire meanwhile. Upgrading a full lease
     /// changes nothing and succeeds.
     pub fn upgrade(&self, lease: LeaseId, token: &Token, now: Micros) -> Result<Grant, Error> {
-        let (names, deadline) = self.authenticate(lease, token)?;
-        let (mut locked, shard_of_name) = self.lock_held(lease, &names, deadline, now)?;
-        for (name, &shard) in names.iter().zip(&shard_of_name) {
-            let rec = locked.state(shard).records.get_mut(name).expect("checked");
-            rec.holder.as_mut().expect("checked").mode = Mode::Full;
+        let mut held = self.lock_lease(lease, token, now)?;
+        for i in 0..held.names.len() {
+            let rec = held.rec(i);
+            rec.holder.as_mut().expect("checked by lock_lease").mode = Mode::Full;
             rec.last_change = now;
         }
-        Ok(Self::describe_held(
-            &mut locked,
-            lease,
-            *token,
-            &names,
-            &shard_of_name,
-        ))
+        held.mode = Mode::Full;
+        Ok(Self::describe_held(&mut held, lease, *token))
     }
 
     /// Ends a live lease, storing its watermark for the next holder.
@@ -533,36 +612,28 @@ impl LeaseTable {
         spec: ReleaseSpec,
         now: Micros,
     ) -> Result<Released, Error> {
-        let (names, deadline) = self.authenticate(lease, token)?;
-        let (mut locked, shard_of_name) = self.lock_held(lease, &names, deadline, now)?;
-        if spec.watermark >= deadline {
+        let mut held = self.lock_lease(lease, token, now)?;
+        if spec.watermark >= held.deadline {
             return Err(Error::out_of_range(
                 "watermark_us",
                 format!(
-                    "{} must be below the lease deadline {} ({deadline})",
+                    "{} must be below the lease deadline {} ({})",
                     spec.watermark.as_micros(),
-                    deadline.as_micros()
+                    held.deadline.as_micros(),
+                    held.deadline
                 ),
             ));
         }
-        // Every name of a lease has the same mode (upgrade changes all).
-        let mode = locked.state(shard_of_name[0]).records[&names[0]]
-            .holder
-            .as_ref()
-            .expect("checked by lock_held")
-            .mode;
-        if mode == Mode::Tentative && spec.watermark != Micros::ZERO {
+        if held.mode == Mode::Tentative && spec.watermark != Micros::ZERO {
             return Err(Error::invalid(
                 "watermark_us",
                 "must be 0 when releasing a tentative lease: it had no right to write",
             ));
         }
         let mut stored = Micros::ZERO;
-        for (name, &shard) in names.iter().zip(&shard_of_name) {
-            let state = locked.state(shard);
-            let ShardState { records, history } = &mut *state;
-            let rec = records.get_mut(name).expect("checked by lock_held");
-            let holder = rec.holder.take().expect("checked by lock_held");
+        for i in 0..held.names.len() {
+            let rec = held.rec(i);
+            let holder = rec.holder.take().expect("checked by lock_lease");
             if holder.mode == Mode::Full {
                 rec.prev = Previous {
                     lease: Some(lease),
@@ -582,29 +653,40 @@ impl LeaseTable {
                 watermark: rec.prev.watermark,
                 metadata: spec.metadata.clone(),
             };
-            history.push(name, &mut rec.history, entry, self.cfg.history_per_name);
-            self.enforce_history_budget(state);
+            self.record_history(&mut held, i, entry);
         }
-        drop(locked);
-        self.index.remove(&lease);
-        for &shard in &shard_of_name {
+        let shards = held.locked.order.clone();
+        drop(held);
+        for shard in shards {
             self.shards[shard].wake_waiters();
         }
         Ok(Released { watermark: stored })
     }
 
-    fn enforce_history_budget(&self, state: &mut ShardState) {
+    /// Appends to name `i`'s history and keeps its shard within budget.
+    fn record_history(&self, held: &mut HeldLease<'_>, i: usize, entry: NewEntry) {
+        if self.cfg.history_per_name == 0 {
+            return;
+        }
+        let name = &held.names[i];
+        let state = held.locked.state(held.shard_of_name[i]);
+        let slot = state.slots[name] as usize;
+        let ShardState {
+            slab, history, slots, ..
+        } = state;
+        let rec = &mut slab[slot].as_mut().expect("occupied").rec;
+        history.push(name, &mut rec.history, entry, self.cfg.history_per_name);
         let budget = self.cfg.history_budget_bytes / self.shards.len();
-        while state.history.over_budget(budget) {
-            let Some((name, seq)) = state.history.pop_oldest() else {
+        while history.over_budget(budget) {
+            let Some((old_name, seq)) = history.pop_oldest() else {
                 break;
             };
-            if let Some(hist) = state
-                .records
-                .get_mut(&name)
-                .and_then(|r| r.history.as_deref_mut())
-            {
-                state.history.evict(hist, seq);
+            let Some(&old_slot) = slots.get(&old_name) else {
+                continue;
+            };
+            let old = &mut slab[old_slot as usize].as_mut().expect("occupied").rec;
+            if let Some(hist) = old.history.as_deref_mut() {
+                history.evict(hist, seq);
             }
         }
     }
@@ -615,7 +697,7 @@ impl LeaseTable {
             .iter()
             .map(|name| {
                 let shard = self.shards[self.shard_of(name)].lock();
-                match shard.records.get(name) {
+                match shard.get(name) {
                     None => NameView {
                         name: Arc::clone(name),
                         holder: None,
@@ -645,7 +727,7 @@ impl LeaseTable {
     /// The name's recent history, oldest first, and whether some was dropped.
     pub fn history(&self, name: &str) -> (Vec<HistoryEntry>, bool) {
         let shard = self.shards[self.shard_of(name)].lock();
-        match shard.records.get(name).and_then(|r| r.history.as_deref()) {
+        match shard.get(name).and_then(|r| r.history.as_deref()) {
             None => (Vec::new(), false),
             Some(h) => (h.entries.iter().cloned().collect(), h.truncated),
         }
@@ -660,13 +742,9 @@ impl LeaseTable {
         WaitGuard { shard }
     }
 
-    /// Housekeeping, run periodically: drops index entries of leases ended
-    /// long enough ago, and forgets the oldest idle name records beyond the
-    /// record budget. Returns how many records were forgotten.
+    /// Housekeeping, run periodically: forgets the oldest idle name records
+    /// beyond the record budget. Returns how many records were forgotten.
     pub fn sweep(&self, now: Micros) -> usize {
-        let grace = duration_micros(self.cfg.index_grace);
-        self.index
-            .retain(|_, l| l.deadline.load(Ordering::Acquire).saturating_add(grace) > now.as_micros());
         let per_shard = self.cfg.max_records.div_ceil(self.shards.len());
         self.shards
             .iter()
@@ -684,16 +762,18 @@ impl LeaseTable {
     /// old holder's messages; it only loses the lease-id chain.
     fn forget_idle(&self, shard: &Shard, cap: usize, now: Micros) -> usize {
         let mut state = shard.lock();
-        if state.records.len() <= cap {
+        if state.slots.len() <= cap {
             return 0;
         }
         let target = cap - cap / 10;
-        let excess = state.records.len() - target;
-        let mut idle: Vec<(Micros, Arc<str>)> = state
-            .records
+        let excess = state.slots.len() - target;
+        let mut idle: Vec<(Micros, usize)> = state
+            .slab
             .iter()
+            .enumerate()
+            .filter_map(|(slot, e)| e.as_ref().map(|e| (slot, &e.rec)))
             .filter(|(_, r)| r.is_idle(now))
-            .map(|(n, r)| (r.last_change, Arc::clone(n)))
+            .map(|(slot, r)| (r.last_change, slot))
             .collect();
         let take = excess.min(idle.len());
         if take == 0 {
@@ -702,13 +782,12 @@ impl LeaseTable {
         if take < idle.len() {
             idle.select_nth_unstable(take - 1);
         }
-        let ShardState { records, history } = &mut *state;
-        for (_, name) in &idle[..take] {
-            let rec = records.remove(name).expect("listed above");
+        for &(_, slot) in &idle[..take] {
+            let entry = state.remove_slot(slot).expect("listed above");
             self.floor
-                .fetch_max(rec.inherit(now).watermark.as_micros(), Ordering::AcqRel);
-            if let Some(h) = &rec.history {
-                history.forget(h);
+                .fetch_max(entry.rec.inherit(now).watermark.as_micros(), Ordering::AcqRel);
+            if let Some(h) = &entry.rec.history {
+                state.history.forget(h);
             }
         }
         take

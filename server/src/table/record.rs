@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bagel_proto::{Micros, pb};
 
 use super::history::NameHistory;
-use super::ids::LeaseId;
+use super::ids::{LeaseId, Token};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -89,11 +89,16 @@ impl Previous {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Holder {
     pub lease: LeaseId,
+    /// Proves the holder on renew, upgrade and release. Never printed.
+    pub token: Token,
     pub owner: Arc<str>,
     /// The holder's rights end at this instant (exclusive).
     pub deadline: Micros,
-    pub fencing: u64,
     pub mode: Mode,
+    /// Every name of the lease, sorted, when it has more than one. Only
+    /// the lease's first name needs it (renew/release start there); kept
+    /// out of line because most leases have one name.
+    pub all_names: Option<Box<Vec<Arc<str>>>>,
 }
 
 impl Holder {
@@ -102,8 +107,8 @@ impl Holder {
     }
 }
 
-/// One name's state. Kept small: a million held names must fit in a few
-/// hundred MiB.
+/// One name's state. Kept small (144 bytes): a million held names must
+/// fit in 300 MiB.
 #[derive(Debug)]
 pub struct NameRecord {
     /// The holder, possibly with a passed deadline (a broken lease is only

@@ -243,7 +243,7 @@ fn only_the_token_holder_may_renew_upgrade_or_release() {
         tbl.release(a.lease, &wrong, release_at(0), now),
         Err(Error::WrongToken { .. })
     ));
-    let unknown = LeaseId::generate(now);
+    let unknown = LeaseId::new(now, 0, 12_345);
     assert!(matches!(
         tbl.upgrade(unknown, &a.token, now),
         Err(Error::UnknownLease { .. })

@@ -1,8 +1,10 @@
-//! `bagel`: the command-line client of the bagel lease service.
+//! `bagel`: the command-line client. Each group of commands lives in its own
+//! module (`lease_cmds`, `bag_cmds`); this file only wires them to clap.
 //!
 //! Exit codes: 0 success; 1 error; 2 a name is held by someone else
 //! (the message says who and until when).
 
+mod bag_cmds;
 mod lease_cmds;
 
 use std::process::ExitCode;
@@ -10,9 +12,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "bagel", version, about = "bagel lease service client")]
+#[command(
+    name = "bagel",
+    version,
+    about = "Leases with absolute deadlines, and closable bags of messages"
+)]
 struct Cli {
-    /// Lease server URL.
+    /// The lease server.
     #[arg(
         long,
         global = true,
@@ -28,6 +34,8 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Lease(lease_cmds::LeaseCommand),
+    #[command(flatten)]
+    Bag(bag_cmds::BagCommand),
 }
 
 #[tokio::main]
@@ -41,6 +49,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
+        Command::Bag(cmd) => bag_cmds::run(cmd).await,
     };
     match result {
         Ok(code) => code,

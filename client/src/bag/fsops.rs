@@ -1,0 +1,255 @@
+//! The small set of file operations the POSIX bag uses, chosen because they
+//! behave the same on a local disk and over NFS (close-to-open consistency;
+//! metadata writes execute on the server): list a directory, link a
+//! prepared file, open an existing file, create with `O_CREAT|O_EXCL`,
+//! append to a single-writer file and close it, open+stat, open+read, chmod.
+//! Plus `mkdir` (exclusive by nature) and removing a private temporary file
+//! nobody else ever opens. **No rename.**
+//!
+//! Paths are relative to the store root, `/`-separated. The [`StdFs`]
+//! implementation runs each call on tokio's blocking pool; a userspace NFS
+//! client can implement the same trait.
+
+use std::fmt;
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// What `stat` tells the bag protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    pub len: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub is_dir: bool,
+}
+
+impl FileStat {
+    /// No write bit set for anyone: the protocol's "read-only" signal.
+    /// (Never tested by trying to write: root ignores modes.)
+    pub fn read_only(&self) -> bool {
+        self.mode & 0o222 == 0
+    }
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub is_dir: bool,
+}
+
+/// NFS-safe file operations. See the module docs.
+#[async_trait]
+pub trait FsOps: Send + Sync + fmt::Debug {
+    /// Where this points, for messages.
+    fn describe(&self) -> String;
+    /// Lists a directory (opening it, which revalidates NFS caches).
+    async fn list_dir(&self, dir: &str) -> io::Result<Vec<DirEntry>>;
+    /// Creates a directory and its parents; existing ones are fine.
+    async fn create_dir_all(&self, dir: &str) -> io::Result<()>;
+    /// `O_CREAT|O_EXCL` then writes `contents` (optionally fsynced) and
+    /// closes. `Ok(false)` if the file already existed.
+    async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool>;
+    /// `link(2)`. `Ok(false)` if `to` already existed.
+    async fn link(&self, from: &str, to: &str) -> io::Result<bool>;
+    /// Opens (creating if missing) a single-writer file for appending and
+    /// returns its stat as opened, so the caller can check size and mode
+    /// before writing.
+    async fn open_append(&self, path: &str) -> io::Result<(Box<dyn AppendFile>, FileStat)>;
+    /// open + fstat.
+    async fn stat(&self, path: &str) -> io::Result<FileStat>;
+    /// open + read up to `limit` bytes (all when `None`).
+    async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes>;
+    /// chmod: the "closed" signal on data files and bag directories.
+    async fn chmod(&self, path: &str, mode: u32) -> io::Result<()>;
+    /// Removes a private temporary file that only this process ever used.
+    async fn remove_private(&self, path: &str) -> io::Result<()>;
+}
+
+/// An open single-writer file.
+#[async_trait]
+pub trait AppendFile: Send + fmt::Debug {
+    /// Appends `data`, optionally fsyncs, and closes (the write becomes
+    /// visible to other NFS clients on close).
+    async fn append_and_close(self: Box<Self>, data: Bytes, sync: bool) -> io::Result<()>;
+}
+
+/// [`FsOps`] over `std::fs` on a local or kernel-mounted directory.
+#[derive(Clone, Debug)]
+pub struct StdFs {
+    root: PathBuf,
+}
+
+impl StdFs {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        StdFs { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn full(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
+}
+
+fn stat_of(m: &std::fs::Metadata) -> FileStat {
+    FileStat {
+        len: m.len(),
+        mode: m.mode() & 0o7777,
+        is_dir: m.is_dir(),
+    }
+}
+
+#[async_trait]
+impl FsOps for StdFs {
+    fn describe(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+
+    async fn list_dir(&self, dir: &str) -> io::Result<Vec<DirEntry>> {
+        let p = self.full(dir);
+        blocking(move || {
+            let mut out = Vec::new();
+            for e in std::fs::read_dir(&p)? {
+                let e = e?;
+                let Ok(name) = e.file_name().into_string() else {
+                    continue; // not ours: we only create UTF-8 names
+                };
+                out.push(DirEntry {
+                    name,
+                    is_dir: e.file_type()?.is_dir(),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
+        let p = self.full(dir);
+        blocking(move || {
+            if p.is_dir() {
+                return Ok(());
+            }
+            std::fs::DirBuilder::new().recursive(true).create(&p)
+        })
+        .await
+    }
+
+    async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool> {
+        let p = self.full(path);
+        let contents = contents.to_vec();
+        blocking(move || {
+            let mut f = match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&p)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            f.write_all(&contents)?;
+            if sync {
+                f.sync_all()?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn link(&self, from: &str, to: &str) -> io::Result<bool> {
+        let (a, b) = (self.full(from), self.full(to));
+        blocking(move || match std::fs::hard_link(&a, &b) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn open_append(&self, path: &str) -> io::Result<(Box<dyn AppendFile>, FileStat)> {
+        let p = self.full(path);
+        blocking(move || {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o644)
+                .open(&p)?;
+            let st = stat_of(&f.metadata()?);
+            Ok((Box::new(StdAppendFile { file: f }) as Box<dyn AppendFile>, st))
+        })
+        .await
+    }
+
+    async fn stat(&self, path: &str) -> io::Result<FileStat> {
+        let p = self.full(path);
+        blocking(move || {
+            let f = std::fs::File::open(&p)?;
+            Ok(stat_of(&f.metadata()?))
+        })
+        .await
+    }
+
+    async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes> {
+        let p = self.full(path);
+        blocking(move || {
+            let f = std::fs::File::open(&p)?;
+            let mut buf = Vec::new();
+            match limit {
+                Some(n) => f.take(n).read_to_end(&mut buf)?,
+                None => (&f).read_to_end(&mut buf)?,
+            };
+            Ok(Bytes::from(buf))
+        })
+        .await
+    }
+
+    async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
+        let p = self.full(path);
+        blocking(move || std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))).await
+    }
+
+    async fn remove_private(&self, path: &str) -> io::Result<()> {
+        let p = self.full(path);
+        blocking(move || std::fs::remove_file(&p)).await
+    }
+}
+
+#[derive(Debug)]
+struct StdAppendFile {
+    file: std::fs::File,
+}
+
+#[async_trait]
+impl AppendFile for StdAppendFile {
+    async fn append_and_close(self: Box<Self>, data: Bytes, sync: bool) -> io::Result<()> {
+        let mut file = self.file;
+        blocking(move || {
+            file.write_all(&data)?;
+            if sync {
+                file.sync_data()?;
+            }
+            drop(file);
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,134 @@
+//! Store addresses: `file:///abs/dir` (POSIX) and `s3://bucket/prefix`
+//! (S3; endpoint and credentials from the usual `AWS_*` environment, as
+//! `object_store` reads them).
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+
+use super::posix::PosixStore;
+use super::s3::S3Store;
+use super::{BagConfig, BagStore, Error, Result};
+
+/// A parsed store address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreUrl {
+    File { root: std::path::PathBuf },
+    S3 { bucket: String, prefix: String },
+}
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<Self> {
+        if let Some(path) = url.strip_prefix("file://") {
+            if !path.starts_with('/') {
+                return Err(Error::invalid(
+                    "store URL",
+                    url,
+                    "a file URL needs an absolute path: file:///abs/dir",
+                ));
+            }
+            return Ok(StoreUrl::File { root: path.into() });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(Error::invalid("store URL", url, "no bucket: s3://bucket/prefix"));
+            }
+            return Ok(StoreUrl::S3 {
+                bucket: bucket.to_owned(),
+                prefix: prefix.trim_matches('/').to_owned(),
+            });
+        }
+        Err(Error::invalid(
+            "store URL",
+            url,
+            "expected file:///abs/dir or s3://bucket/prefix",
+        ))
+    }
+}
+
+/// An S3 client for `bucket` configured from the `AWS_*` environment, with
+/// path-style requests, conditional PUTs, and plain HTTP allowed when the
+/// endpoint is `http://`.
+///
+/// Without `AWS_ACCESS_KEY_ID`, `object_store` would ask the instance
+/// metadata service for credentials; that is only done when
+/// `BAGEL_S3_INSTANCE_CREDENTIALS=1` says so, so that a shell that merely
+/// forgot the S3 environment fails at once with a clear message instead of
+/// reaching out to the network.
+pub fn s3_from_env(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+    let has_keys = std::env::var_os("AWS_ACCESS_KEY_ID").is_some_and(|v| !v.is_empty());
+    let instance = std::env::var("BAGEL_S3_INSTANCE_CREDENTIALS").is_ok_and(|v| v == "1");
+    if !has_keys && !instance {
+        return Err(Error::invalid(
+            "S3 environment",
+            format!("s3://{bucket}"),
+            "AWS_ACCESS_KEY_ID is not set (set AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
+             AWS_REGION; or BAGEL_S3_INSTANCE_CREDENTIALS=1 to use instance credentials)",
+        ));
+    }
+    let mut b = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_virtual_hosted_style_request(false)
+        .with_conditional_put(S3ConditionalPut::ETagMatch);
+    let endpoint = std::env::var("AWS_ENDPOINT")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .unwrap_or_default();
+    if endpoint.starts_with("http://") {
+        b = b.with_allow_http(true).with_endpoint(endpoint);
+    }
+    let store = b.build().map_err(|e| Error::Store {
+        op: "configure",
+        path: format!("s3://{bucket}"),
+        source: e,
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// Opens the store at `url`. An S3 store is probed first and refused if it
+/// ignores conditional writes.
+pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>> {
+    match StoreUrl::parse(url)? {
+        StoreUrl::File { root } => {
+            std::fs::create_dir_all(&root).map_err(|e| Error::io("mkdir", root.display().to_string(), e))?;
+            Ok(Arc::new(PosixStore::local(root, cfg.sync, cfg.op_timeout)))
+        }
+        StoreUrl::S3 { bucket, prefix } => {
+            let s3 = S3Store::new(s3_from_env(&bucket)?, &prefix, cfg.op_timeout, url.to_owned());
+            s3.probe_conditional_put().await?;
+            Ok(Arc::new(s3))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        assert_eq!(
+            StoreUrl::parse("file:///tmp/x").unwrap(),
+            StoreUrl::File {
+                root: "/tmp/x".into()
+            }
+        );
+        assert_eq!(
+            StoreUrl::parse("s3://b/p/q/").unwrap(),
+            StoreUrl::S3 {
+                bucket: "b".into(),
+                prefix: "p/q".into()
+            }
+        );
+        assert_eq!(
+            StoreUrl::parse("s3://b").unwrap(),
+            StoreUrl::S3 {
+                bucket: "b".into(),
+                prefix: String::new()
+            }
+        );
+        assert!(StoreUrl::parse("file://rel").is_err());
+        assert!(StoreUrl::parse("nfs://h/x").is_err());
+    }
+}

@@ -1,0 +1,562 @@
+//! The bag conformance suite: every scenario is written once, over the
+//! `BagStore` trait, and runs on a temp directory and on the real S3 server.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_client::bag::faults::KillSwitch;
+use bagel_client::bag::reader::ReadReport;
+use bagel_client::bag::{
+    self, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,
+};
+use bagel_client::clock::{Clock, ManualClock};
+use bagel_proto::{KeyRing, Micros, pb};
+use bagel_tests::{Backend, HookStore, TestLeases, t0, unique};
+use bytes::Bytes;
+use prost::Message as _;
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod posix {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(bagel_tests::Backend::posix()).await
+                }
+            )*
+        }
+        mod s3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(bagel_tests::Backend::s3()).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    writes_are_read_back_in_order,
+    late_write_after_close_is_rejected_and_invisible,
+    late_write_before_any_close_is_committed,
+    metronome_closes_empty_bags_so_late_writers_cannot_slip_in,
+    expired_lease_messages_are_rejected_by_the_reader,
+    closer_killed_between_any_two_steps_is_finished_by_another,
+    concurrent_closers_agree,
+    corrupt_record_is_reported_and_the_rest_read,
+    close_through_closes_everything_up_to_a_deadline,
+);
+
+fn cfg() -> BagConfig {
+    BagConfig::default()
+}
+
+struct Env {
+    store: Arc<dyn BagStore>,
+    hook: Arc<HookStore>,
+    clock: ManualClock,
+    leases: TestLeases,
+    log: String,
+}
+
+async fn env(backend: &Backend) -> Env {
+    let store = backend.store().await;
+    Env {
+        hook: Arc::new(HookStore::new(store.clone())),
+        store,
+        clock: ManualClock::new(t0()),
+        leases: TestLeases::default(),
+        log: unique("log"),
+    }
+}
+
+impl Env {
+    fn writer(&self, id: &str, min: Micros, deadline: Micros) -> Writer {
+        Writer::new(
+            self.hook.clone(),
+            &self.log,
+            id,
+            Arc::new(self.leases.lease(&format!("lease-{id}"), min, deadline)),
+            Arc::new(self.clock.clone()),
+            cfg(),
+        )
+        .unwrap()
+    }
+
+    /// A writer with a lease valid around t0.
+    fn writer_ok(&self, id: &str) -> Writer {
+        self.writer(
+            id,
+            t0().saturating_sub(Duration::from_secs(60)),
+            t0().saturating_add(Duration::from_secs(3600)),
+        )
+    }
+
+    async fn read(&self, keys: Option<KeyRing>) -> ReadReport {
+        bag::read(
+            self.store.as_ref(),
+            &self.log,
+            &ReadOptions::default().with_keys(keys),
+            &cfg(),
+            &self.clock,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn read_checked(&self) -> ReadReport {
+        self.read(Some(self.leases.keys())).await
+    }
+}
+
+fn payloads(r: &ReadReport) -> Vec<String> {
+    r.messages
+        .iter()
+        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
+        .collect()
+}
+
+fn msgs(prefix: &str, n: usize) -> Vec<Bytes> {
+    (0..n).map(|i| Bytes::from(format!("{prefix}-{i}"))).collect()
+}
+
+async fn writes_are_read_back_in_order(backend: Backend) {
+    let e = env(&backend).await;
+    let w1 = e.writer_ok("w1");
+    let w2 = e.writer_ok("w2");
+    let mut want = Vec::new();
+    for round in 0..3 {
+        for w in [&w1, &w2] {
+            let batch = msgs(&format!("{}-{round}", w.writer_id()), 4);
+            let stamps = w.write_batch(batch.clone()).await.unwrap();
+            want.extend(
+                stamps
+                    .into_iter()
+                    .zip(batch)
+                    .map(|(t, p)| (t, w.writer_id().to_owned(), p)),
+            );
+        }
+        e.clock.advance(Duration::from_millis(400));
+    }
+    // Nothing is closed yet: a plain read skips open bags, an open read sees all.
+    let r = e.read_checked().await;
+    assert!(r.messages.is_empty());
+    assert!(!r.skipped_open.is_empty());
+    let open = bag::read(
+        e.store.as_ref(),
+        &e.log,
+        &ReadOptions::default().with_include_open(true),
+        &cfg(),
+        &e.clock,
+    )
+    .await
+    .unwrap();
+    assert_eq!(open.messages.len(), want.len());
+    assert!(open.messages.iter().all(|m| m.from_open_bag));
+
+    e.clock.advance(Duration::from_secs(5));
+    let r = e.read_checked().await;
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    want.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let got: Vec<_> = r
+        .messages
+        .iter()
+        .map(|m| (m.timestamp, m.writer_id.clone(), m.payload.clone()))
+        .collect();
+    assert_eq!(got, want);
+    // Ordered by (timestamp, writer, sequence), and sequences count up per writer.
+    for pair in r.messages.windows(2) {
+        assert!((pair[0].timestamp, &pair[0].writer_id) < (pair[1].timestamp, &pair[1].writer_id));
+    }
+    assert_eq!(
+        r.messages
+            .iter()
+            .filter(|m| m.writer_id == "w1")
+            .map(|m| m.sequence)
+            .max(),
+        Some(11)
+    );
+    // Range reads.
+    let mid = r.messages[5].timestamp;
+    let part = bag::read(
+        e.store.as_ref(),
+        &e.log,
+        &ReadOptions::default().with_range(mid, Micros::MAX),
+        &cfg(),
+        &e.clock,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        part.messages.len(),
+        r.messages.iter().filter(|m| m.timestamp >= mid).count()
+    );
+    assert!(part.messages.len() < r.messages.len());
+    // The release watermark is the largest timestamp written.
+    assert_eq!(
+        w1.watermark(Micros::ZERO),
+        r.messages
+            .iter()
+            .filter(|m| m.writer_id == "w1")
+            .map(|m| m.timestamp)
+            .max()
+            .unwrap()
+    );
+    assert_eq!(w1.watermark(Micros::MAX), Micros::MAX);
+}
+
+async fn late_write_after_close_is_rejected_and_invisible(backend: Backend) {
+    let e = env(&backend).await;
+    let w = e.writer_ok("w1");
+    let b = Bucket::of(t0());
+    w.write(Bytes::from("on-time")).await.unwrap();
+    // The next append is in flight while the bag's close time passes and a
+    // closer closes it; it lands afterwards.
+    let (store, clock, log) = (e.store.clone(), e.clock.clone(), e.log.clone());
+    e.hook.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            clock.set(b.close_time(cfg().grace).saturating_add(Duration::from_millis(1)));
+            store.close(&log, b).await.unwrap();
+        })
+    }));
+    let err = w.write(Bytes::from("late")).await.unwrap_err();
+    assert!(
+        matches!(err, Error::LateRejected { .. } | Error::BagClosed { .. }),
+        "unexpected {err:?}"
+    );
+    assert!(!err.is_retryable());
+    // Every reader sees exactly the on-time message.
+    for _ in 0..2 {
+        let r = e.read_checked().await;
+        assert_eq!(payloads(&r), vec!["on-time"]);
+        assert!(r.rejected.is_empty());
+    }
+    // The rejected attempt still counts for the watermark: it may exist on disk.
+    assert!(w.max_written().unwrap() > t0());
+}
+
+async fn late_write_before_any_close_is_committed(backend: Backend) {
+    let e = env(&backend).await;
+    let w = e.writer_ok("w1");
+    let b = Bucket::of(t0());
+    let clock = e.clock.clone();
+    // Lands past the safe point but before anyone started closing.
+    e.hook.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            clock.set(cfg().safe_point(b).saturating_add(Duration::from_millis(1)));
+        })
+    }));
+    w.write(Bytes::from("slow")).await.unwrap();
+    e.clock.advance(Duration::from_secs(5));
+    assert_eq!(payloads(&e.read_checked().await), vec!["slow"]);
+}
+
+async fn metronome_closes_empty_bags_so_late_writers_cannot_slip_in(backend: Backend) {
+    let e = env(&backend).await;
+    let mut m = Metronome::new(
+        e.store.clone(),
+        vec![e.log.clone()],
+        cfg().with_lookback(Duration::from_secs(2)),
+        Arc::new(e.clock.clone()),
+    )
+    .unwrap();
+    let b = Bucket::of(t0());
+    assert_eq!(m.tick().await.unwrap().closed, 0, "nothing is due yet");
+    // A writer in bag b, with its append delayed until the metronome closed b.
+    let w = e.writer_ok("w1");
+    let (clock, hook_m) = (e.clock.clone(), Arc::new(tokio::sync::Mutex::new(m)));
+    let m2 = hook_m.clone();
+    e.hook.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            clock.set(b.close_time(cfg().grace));
+            let r = m2.lock().await.tick().await.unwrap();
+            assert_eq!(r.through, Some(b));
+            assert_eq!(r.closed, 3, "two empty bags of the lookback, and b");
+        })
+    }));
+    let err = w.write(Bytes::from("late")).await.unwrap_err();
+    assert!(
+        matches!(err, Error::LateRejected { .. } | Error::BagClosed { .. }),
+        "{err:?}"
+    );
+    // Every bag up to b is closed, the empty ones included.
+    for s in b.secs() - 2..=b.secs() {
+        let st = e.store.state(&e.log, Bucket::from_secs(s)).await.unwrap();
+        assert!(matches!(st, BagState::Closed(_)), "{s}: {st:?}");
+    }
+    assert_eq!(
+        e.store.state(&e.log, b.next()).await.unwrap(),
+        BagState::Open(vec![])
+    );
+    // A raw append into the closed empty bag (a writer that skipped the
+    // protocol) is not in the bag either.
+    let raw = raw_batch(&e, "rogue", Bucket::from_secs(b.secs() - 1).start().next(), None);
+    let _ = e
+        .store
+        .append(&e.log, Bucket::from_secs(b.secs() - 1), "rogue.0", 0, raw)
+        .await;
+    let r = e.read_checked().await;
+    assert!(r.messages.is_empty() && r.rejected.is_empty(), "{r:?}");
+    // Later ticks close what becomes due, and report their lag.
+    e.clock.advance(Duration::from_secs(2));
+    let r = hook_m.lock().await.tick().await.unwrap();
+    assert_eq!(r.closed, 2);
+    assert!(r.max_lag.is_some());
+}
+
+/// A batch that skips the writer's checks, as a buggy writer would.
+fn raw_batch(e: &Env, writer: &str, ts: Micros, witness: Option<pb::Witness>) -> Bytes {
+    let witness = witness.unwrap_or_else(|| {
+        e.leases.witness(
+            "lease-rogue",
+            t0().saturating_sub(Duration::from_secs(60)),
+            t0().saturating_add(Duration::from_secs(3600)),
+        )
+    });
+    let batch = pb::Batch {
+        writer_id: writer.to_owned(),
+        first_sequence: 0,
+        signed_time: None,
+        witnesses: vec![witness],
+        entries: vec![pb::Entry {
+            timestamp_us: ts.as_micros(),
+            payload: format!("{writer}-raw").into_bytes(),
+        }],
+    };
+    frame::encode(&batch.encode_to_vec())
+}
+
+async fn expired_lease_messages_are_rejected_by_the_reader(backend: Backend) {
+    let e = env(&backend).await;
+    let min = t0().saturating_sub(Duration::from_secs(1));
+    let deadline = t0().saturating_add(Duration::from_millis(1500));
+    let w = e.writer("w1", min, deadline);
+    w.write(Bytes::from("in-lease")).await.unwrap();
+    // The writer itself refuses near the deadline.
+    e.clock.set(deadline.saturating_sub(Duration::from_millis(100)));
+    let err = w.write(Bytes::from("too-late")).await.unwrap_err();
+    assert!(matches!(err, Error::LeaseExpiring { .. }), "{err:?}");
+    // A writer that keeps writing after its lease expired (bypassing the
+    // checks) gets its messages into an open bag, and every reader rejects them.
+    let lease = e.leases.witness("lease-w1", min, deadline);
+    let after = deadline.saturating_add(Duration::from_millis(1));
+    let raw = raw_batch(&e, "expired", after, Some(lease.clone()));
+    e.store
+        .append(&e.log, Bucket::of(after), "expired.0", 0, raw)
+        .await
+        .unwrap();
+    let raw = raw_batch(&e, "early", min, Some(lease));
+    e.store
+        .append(&e.log, Bucket::of(min), "early.0", 0, raw)
+        .await
+        .unwrap();
+    let forged = TestLeases::default().witness("lease-forged", min, deadline);
+    let raw = raw_batch(&e, "forged", t0().next(), Some(forged));
+    e.store
+        .append(&e.log, Bucket::of(t0()), "forged.0", 0, raw)
+        .await
+        .unwrap();
+
+    e.clock.advance(Duration::from_secs(10));
+    let r = e.read_checked().await;
+    assert_eq!(payloads(&r), vec!["in-lease"]);
+    let mut reasons: Vec<(String, String)> = r
+        .rejected
+        .iter()
+        .map(|x| (x.message.writer_id.clone(), x.reason.clone()))
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert_eq!(reasons[0].0, "early");
+    assert!(reasons[0].1.contains("min_timestamp"), "{reasons:?}");
+    assert_eq!(reasons[1].0, "expired");
+    assert!(reasons[1].1.contains("deadline"), "{reasons:?}");
+    assert_eq!(reasons[2].0, "forged");
+    assert!(reasons[2].1.contains("witness"), "{reasons:?}");
+    // Without keys the forged one cannot be told apart, and says so.
+    let r = e.read(None).await;
+    assert_eq!(r.rejected.len(), 2);
+    assert!(
+        r.messages
+            .iter()
+            .all(|m| m.notes.iter().any(|n| n.contains("NOT verified")))
+    );
+}
+
+async fn closer_killed_between_any_two_steps_is_finished_by_another(backend: Backend) {
+    let mut finished = false;
+    for k in 0..40 {
+        let e = env(&backend).await;
+        let b = Bucket::of(t0());
+        let w1 = e.writer_ok("w1");
+        let w2 = e.writer_ok("w2");
+        let mut acked = BTreeSet::new();
+        for w in [&w1, &w2] {
+            w.write(Bytes::from(format!("{}-a", w.writer_id())))
+                .await
+                .unwrap();
+            acked.insert(format!("{}-a", w.writer_id()));
+        }
+        // A closer dies after k storage operations, while w1's next append
+        // is in flight; the append lands after the dead closer's last step.
+        let (faulty, _) = backend.store_with(KillSwitch::after(k)).await;
+        let (clock, log) = (e.clock.clone(), e.log.clone());
+        let died = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let died2 = died.clone();
+        e.hook.before_next_append(Box::new(move || {
+            Box::pin(async move {
+                clock.set(b.close_time(cfg().grace));
+                if faulty.close(&log, b).await.is_err() {
+                    died2.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        }));
+        if w1.write(Bytes::from("w1-late")).await.is_ok() {
+            acked.insert("w1-late".to_owned());
+        }
+        // Another closer finishes; all closers agree; readers see exactly
+        // the acknowledged writes.
+        let l1 = e.store.close(&e.log, b).await.unwrap();
+        let l2 = backend.store().await.close(&e.log, b).await.unwrap();
+        assert_eq!(l1, l2);
+        let r = e.read_checked().await;
+        let got: BTreeSet<String> = payloads(&r).into_iter().collect();
+        assert_eq!(got, acked, "closer killed after {k} operations");
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        if !died.load(std::sync::atomic::Ordering::SeqCst) {
+            finished = true;
+            break;
+        }
+    }
+    assert!(finished, "the faulty closer never got through");
+}
+
+async fn concurrent_closers_agree(backend: Backend) {
+    let e = env(&backend).await;
+    let mut acked = BTreeSet::new();
+    for id in ["w1", "w2", "w3"] {
+        let w = e.writer_ok(id);
+        for p in msgs(id, 3) {
+            w.write(p.clone()).await.unwrap();
+            acked.insert(String::from_utf8(p.to_vec()).unwrap());
+        }
+    }
+    let b = Bucket::of(t0());
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let store = backend.store().await;
+        let log = e.log.clone();
+        tasks.push(tokio::spawn(async move { store.close(&log, b).await.unwrap() }));
+    }
+    let mut listings = Vec::new();
+    for t in tasks {
+        listings.push(t.await.unwrap());
+    }
+    assert!(listings.windows(2).all(|p| p[0] == p[1]), "{listings:?}");
+    e.clock.advance(Duration::from_secs(5));
+    let got: BTreeSet<String> = payloads(&e.read_checked().await).into_iter().collect();
+    assert_eq!(got, acked);
+}
+
+async fn corrupt_record_is_reported_and_the_rest_read(backend: Backend) {
+    let e = env(&backend).await;
+    let w = e.writer_ok("w1");
+    for i in 0..3 {
+        w.write(Bytes::from(format!("m{i}"))).await.unwrap();
+    }
+    let b = Bucket::of(t0());
+    let listing = e.store.close(&e.log, b).await.unwrap();
+    // Flip one byte inside the second record's body.
+    match &backend {
+        Backend::Posix { dir } => {
+            assert_eq!(listing.items.len(), 1);
+            let path = dir
+                .path()
+                .join(&e.log)
+                .join(b.path())
+                .join(&listing.items[0].name);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let first = frame::decode(&Bytes::from(bytes.clone()));
+            let frame::Frame::Record { offset, .. } = &first[1] else {
+                panic!("{first:?}")
+            };
+            bytes[*offset as usize + frame::HEADER_LEN + 3] ^= 0x20;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        Backend::S3 { bucket, prefix } => {
+            assert_eq!(listing.items.len(), 3);
+            use object_store::ObjectStore as _;
+            let os = bag::store_url::s3_from_env(bucket).unwrap();
+            let key = object_store::path::Path::from(format!(
+                "{prefix}/{}/{}/{}",
+                e.log,
+                b.path(),
+                listing.items[1].name
+            ));
+            let mut bytes = os
+                .get_opts(&key, Default::default())
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+                .to_vec();
+            bytes[frame::HEADER_LEN + 3] ^= 0x20;
+            os.put_opts(&key, bytes.into(), Default::default()).await.unwrap();
+        }
+    }
+    e.clock.advance(Duration::from_secs(5));
+    let r = e.read_checked().await;
+    assert_eq!(payloads(&r), vec!["m0", "m2"]);
+    assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+    assert!(r.problems[0].what.contains("checksum"), "{:?}", r.problems);
+}
+
+async fn close_through_closes_everything_up_to_a_deadline(backend: Backend) {
+    let e = env(&backend).await;
+    let deadline = t0().saturating_add(Duration::from_millis(1200));
+    let w = e.writer(
+        "w1",
+        t0().saturating_sub(Duration::from_secs(1)),
+        deadline.saturating_add(Duration::from_secs(1)),
+    );
+    w.write(Bytes::from("before")).await.unwrap();
+    let last = Bucket::of(Micros::from_micros(deadline.as_micros() - 1));
+    // close_through waits for the last bag's close time; move the clock there.
+    let clock = e.clock.clone();
+    let mover = tokio::spawn(async move { clock.set(last.close_time(cfg().grace)) });
+    let report = bag::close_through(
+        e.store.as_ref(),
+        &e.log,
+        deadline,
+        &cfg().with_lookback(Duration::from_secs(3)),
+        &e.clock,
+    )
+    .await
+    .unwrap();
+    mover.await.unwrap();
+    assert_eq!(report.through, Some(last));
+    assert!(report.closed >= 4);
+    for s in last.secs() - 3..=last.secs() {
+        assert!(matches!(
+            e.store.state(&e.log, Bucket::from_secs(s)).await.unwrap(),
+            BagState::Closed(_)
+        ));
+    }
+    let r = bag::read(
+        e.store.as_ref(),
+        &e.log,
+        &ReadOptions::default()
+            .with_close_past_due(false)
+            .with_keys(Some(e.leases.keys())),
+        &cfg(),
+        &e.clock,
+    )
+    .await
+    .unwrap();
+    assert_eq!(payloads(&r), vec!["before"]);
+    let _ = e.clock.now();
+}

@@ -1,0 +1,149 @@
+//! The real `bagel` CLI against the real server: the contract of its
+//! subcommands, flags, JSON keys and exit codes.
+
+use bagel_tests::{ServerProcess, describe_output};
+use serde_json::Value;
+
+fn json_of(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{}", describe_output(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", describe_output(out)))
+}
+
+#[tokio::test]
+async fn acquire_json_has_the_contract_keys_and_verifies() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let out = server.cli(&[
+        "acquire", "alpha", "beta", "--ttl", "5s", "--owner", "cli", "--json",
+    ]);
+    let v = json_of(&out);
+    for key in [
+        "lease_id",
+        "token",
+        "deadline_us",
+        "min_timestamp_us",
+        "names",
+        "witness",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    let names = v["names"].as_array().unwrap();
+    assert_eq!(names.len(), 2);
+    for n in names {
+        assert!(n["name"].is_string() && n["fencing_token"].as_u64().unwrap() > 0);
+        let p = &n["previous"];
+        for key in ["lease_id", "watermark_us", "ended", "ended_at_us"] {
+            assert!(p.get(key).is_some(), "previous lacks {key}: {p}");
+        }
+        assert!(["none", "released", "broken", "unknown"].contains(&p["ended"].as_str().unwrap()));
+    }
+    for key in ["body_b64", "signature_b64", "key_id"] {
+        assert!(v["witness"][key].is_string(), "witness lacks {key}");
+    }
+
+    // verify-witness accepts the whole acquire JSON and a bare witness.
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    let ok = server.cli_stdin(&["verify-witness"], &text);
+    assert!(ok.status.success(), "{}", describe_output(&ok));
+    let bare = v["witness"].to_string();
+    let ok = server.cli_stdin(&["verify-witness", "-", "--key", &server.public_key_hex], &bare);
+    assert!(ok.status.success(), "{}", describe_output(&ok));
+
+    // One flipped byte in the signed body: refused, non-zero exit.
+    let mut tampered = v.clone();
+    let body = tampered["witness"]["body_b64"].as_str().unwrap().to_owned();
+    let mut bytes = base64_decode(&body);
+    bytes[10] ^= 0x01;
+    tampered["witness"]["body_b64"] = Value::String(base64_encode(&bytes));
+    let bad = server.cli_stdin(&["verify-witness"], &tampered.to_string());
+    assert!(!bad.status.success(), "{}", describe_output(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("does NOT verify"));
+}
+
+#[tokio::test]
+async fn a_refused_acquire_exits_non_zero_naming_holder_and_deadline() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let held = json_of(&server.cli(&["acquire", "busy", "--ttl", "5s", "--owner", "first", "--json"]));
+    let out = server.cli(&["acquire", "busy", "--ttl", "5s"]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(held["lease_id"].as_str().unwrap()), "{err}");
+    assert!(err.contains("\"first\""), "{err}");
+    assert!(
+        err.contains(&held["deadline_us"].as_u64().unwrap().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("until"), "{err}");
+}
+
+#[tokio::test]
+async fn renew_upgrade_release_describe_history_server_info() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let lease = json_of(&server.cli(&["acquire", "c1", "--tentative", "--ttl", "3s", "--json"]));
+    let id = lease["lease_id"].as_str().unwrap();
+    let token = lease["token"].as_str().unwrap();
+    assert_eq!(lease["mode"], "tentative");
+
+    let up = json_of(&server.cli(&["upgrade", "--lease", id, "--token", token, "--json"]));
+    assert_eq!(up["mode"], "full");
+    let renewed = json_of(&server.cli(&[
+        "renew",
+        "--lease",
+        id,
+        "--token",
+        token,
+        "--ttl",
+        "5s",
+        "--metadata",
+        "dir-7",
+        "--json",
+    ]));
+    assert!(renewed["deadline_us"].as_u64().unwrap() > lease["deadline_us"].as_u64().unwrap());
+
+    let wm = lease["deadline_us"].as_u64().unwrap() - 2_500_000;
+    let rel = json_of(&server.cli(&[
+        "release",
+        "--lease",
+        id,
+        "--token",
+        token,
+        "--watermark",
+        &wm.to_string(),
+        "--json",
+    ]));
+    assert_eq!(rel["watermark_us"].as_u64(), Some(wm));
+
+    let desc = json_of(&server.cli(&["describe", "c1", "--json"]));
+    assert_eq!(desc[0]["previous"]["ended"], "released");
+    assert_eq!(desc[0]["previous"]["watermark_us"].as_u64(), Some(wm));
+    assert!(desc[0]["holder"].is_null());
+
+    let hist = json_of(&server.cli(&["history", "c1", "--json"]));
+    let entries = hist["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["event"], "renewed");
+    assert_eq!(entries[0]["metadata"], "dir-7");
+    assert_eq!(entries[1]["event"], "released");
+
+    let info = json_of(&server.cli(&["server-info", "--json"]));
+    assert_eq!(info["ready"], true);
+    assert_eq!(info["keys"][0]["ed25519_hex"], server.public_key_hex);
+    assert_eq!(info["clock"]["source"], "local");
+
+    // A wrong token is refused with a non-zero exit and a message naming it.
+    let out = server.cli(&["release", "--lease", id, "--token", &"0".repeat(32)]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was released"),
+        "{}",
+        describe_output(&out)
+    );
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}

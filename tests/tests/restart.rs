@@ -1,0 +1,75 @@
+//! Restart by waiting out the TTL: a fresh server refuses grants until
+//! start + max TTL + clock tolerance, and its first grants report an
+//! unknown predecessor whose watermark is start + max TTL.
+
+use std::time::Duration;
+
+use bagel_client::{Error, Micros, pb};
+use bagel_tests::ServerProcess;
+
+#[tokio::test]
+async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
+    let server = ServerProcess::start(&["--max-ttl", "1500ms", "--clock-tolerance", "200ms"]).await;
+    let client = server.client().await;
+    let info = client.server_info().await.unwrap();
+    assert!(!info.ready);
+    assert!(!info.unsafe_skip_restart_wait);
+    assert_eq!(info.ready_at_us, info.epoch_us + 1_700_000);
+    assert_eq!(info.forgotten_floor_us, info.epoch_us + 1_500_000);
+
+    let err = client
+        .acquire(["a"])
+        .ttl(Duration::from_secs(1))
+        .send()
+        .await
+        .unwrap_err();
+    let Error::Unavailable { message } = &err else {
+        panic!("expected UNAVAILABLE, got {err:?}")
+    };
+    assert!(message.contains("refuses grants until"), "{message}");
+    assert!(
+        message.contains(&Micros::from_micros(info.ready_at_us).to_string()),
+        "{message}"
+    );
+    assert!(err.is_retryable());
+
+    // Wait for the health service to flip to SERVING (an event the server
+    // pushes), then grant.
+    server.wait_ready().await;
+    let lease = client
+        .acquire(["a"])
+        .ttl(Duration::from_secs(1))
+        .send()
+        .await
+        .unwrap();
+    let prev = lease.names()[0].previous.clone().unwrap();
+    assert_eq!(prev.ended(), pb::Ended::Unknown);
+    assert_eq!(prev.watermark_us, info.epoch_us + 1_500_000);
+    assert_eq!(lease.min_timestamp().as_micros(), info.epoch_us + 1_500_000);
+    assert_eq!(lease.close_before_reading(), Some(lease.min_timestamp()));
+    assert!(
+        lease.fencing_token("a").unwrap() >= info.ready_at_us,
+        "fencing tokens after a restart start above any earlier incarnation's"
+    );
+}
+
+#[tokio::test]
+async fn fencing_tokens_increase_across_a_restart() {
+    let mut first = ServerProcess::start_ready(&[]).await;
+    let client = first.client().await;
+    let lease = client.acquire(["f"]).send().await.unwrap();
+    let before = lease.fencing_token("f").unwrap();
+    drop(lease);
+    first.kill();
+
+    let second = ServerProcess::start(&["--max-ttl", "300ms", "--clock-tolerance", "50ms"]).await;
+    second.wait_ready().await;
+    let client = second.client().await;
+    let lease = client
+        .acquire(["f"])
+        .ttl(Duration::from_millis(200))
+        .send()
+        .await
+        .unwrap();
+    assert!(lease.fencing_token("f").unwrap() > before);
+}
