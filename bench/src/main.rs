@@ -48,7 +48,11 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Systems to run, in order.
-    #[arg(long, value_delimiter = ',', default_value = "bagel,etcd,redis,s3")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bagel,bagel-batched,etcd,redis,s3"
+    )]
     systems: Vec<System>,
     /// Concurrent clients per point.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
@@ -105,26 +109,47 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum System {
+    /// bagel, one unary RPC per operation.
     Bagel,
+    /// bagel through bagel-client's Coalescer (Batch RPCs).
+    BagelBatched,
     Etcd,
     Redis,
     S3,
 }
 
 impl System {
+    /// The `system` column of the results.
     fn name(self) -> &'static str {
         match self {
-            System::Bagel => "bagel",
+            System::Bagel | System::BagelBatched => "bagel",
             System::Etcd => "etcd",
             System::Redis => "redis",
             System::S3 => "s3",
         }
     }
 
-    /// Round trips of one successful cycle.
+    /// The command-line name.
+    fn label(self) -> &'static str {
+        match self {
+            System::BagelBatched => "bagel-batched",
+            other => other.name(),
+        }
+    }
+
+    /// Appended to the workload name.
+    fn workload_suffix(self) -> &'static str {
+        match self {
+            System::BagelBatched => "-batched",
+            _ => "",
+        }
+    }
+
+    /// Round trips of one successful cycle (a batched one shares its two
+    /// with the other operations of the same batches).
     fn requests_per_cycle(self) -> u32 {
         match self {
-            System::Bagel | System::Redis => 2,
+            System::Bagel | System::BagelBatched | System::Redis => 2,
             System::Etcd | System::S3 => 3,
         }
     }
@@ -249,7 +274,7 @@ impl Bench {
             warmup: self.settings.warmup,
             duration: self.settings.duration,
             max_cycles: self.args.max_cycles,
-            prefix: format!("bench-{}-n{names}-c{concurrency}-", system.name()),
+            prefix: format!("bench-{}-n{names}-c{concurrency}-", system.label()),
             op_timeout: Duration::from_secs(10),
             max_errors: 1000,
             rate: None,
@@ -263,7 +288,9 @@ impl Bench {
             .report
             .rows
             .iter()
-            .filter(|r| r.system == "bagel" && r.names_per_cycle == 1 && r.target_per_s.is_none())
+            .filter(|r| {
+                r.system == "bagel" && r.workload == report::workload_name(1) && r.target_per_s.is_none()
+            })
             .map(|r| r.cycles_per_s)
             .fold(0.0, f64::max);
         if peak <= 0.0 {
@@ -301,7 +328,7 @@ impl Bench {
             if names > driver.max_names() {
                 eprintln!(
                     "  {}: {names}-name sets not supported (max {}), skipped",
-                    system.name(),
+                    system.label(),
                     driver.max_names()
                 );
                 continue;
@@ -310,10 +337,11 @@ impl Bench {
                 server.check_alive()?;
                 let spec = self.spec(system, names, c);
                 let r = run_load(driver.clone(), &spec, Some(server.pid)).await;
-                let row = Row::from_load(system.name(), names, c, system.requests_per_cycle(), &r);
+                let mut row = Row::from_load(system.name(), names, c, system.requests_per_cycle(), &r);
+                row.workload.push_str(system.workload_suffix());
                 eprintln!(
-                    "  {:5} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",
-                    system.name(),
+                    "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",
+                    system.label(),
                     row.cycles_per_s,
                     row.p50_us,
                     row.p99_us,
@@ -347,6 +375,18 @@ impl Bench {
                 if r.is_ok() && self.args.names.contains(&1) {
                     r = self.half_peak(driver, &mut server).await;
                 }
+                server.stop().await;
+                r
+            }
+            System::BagelBatched => {
+                let bin = self.args.bagel_server();
+                let opts = bagel::ServerOpts {
+                    max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
+                    skip_restart_wait: true,
+                };
+                let mut server = bagel::start(&self.work, &bin, &opts).await?;
+                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let r = self.sweep(system, driver, &mut server).await;
                 server.stop().await;
                 r
             }
@@ -411,15 +451,22 @@ impl Bench {
         // Every lease must still be held when the last one is taken.
         let hold_ttl = Duration::from_secs(if n > 200_000 { 590 } else { 290 });
         let conc = 64;
-        if self.args.systems.contains(&System::Bagel) {
+        if self
+            .args
+            .systems
+            .iter()
+            .any(|s| matches!(s, System::Bagel | System::BagelBatched))
+        {
             let opts = bagel::ServerOpts {
                 max_ttl: hold_ttl + Duration::from_secs(10),
                 skip_restart_wait: true,
             };
             let r = async {
                 let server = bagel::start(&self.work, &self.args.bagel_server(), &opts).await?;
-                let driver = Arc::new(bagel::BagelDriver::connect(server.addr, self.args.connections).await?);
-                let row = rss::held_lease_memory("bagel", driver, server.pid, n, conc, hold_ttl).await;
+                // Batched, so that 10^6 grants fit in the TTL; the server
+                // holds the same records either way.
+                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let row = rss::held_lease_memory("bagel", driver, server.pid, n, conc * 4, hold_ttl).await;
                 server.stop().await;
                 row
             }
@@ -548,9 +595,9 @@ async fn main() -> Result<()> {
     };
 
     for system in bench.args.systems.clone() {
-        eprintln!("== {}", system.name());
+        eprintln!("== {}", system.label());
         if let Err(e) = bench.run_system(system).await {
-            bench.missing(format!("{} lease cycles", system.name()), format!("{e:#}"));
+            bench.missing(format!("{} lease cycles", system.label()), format!("{e:#}"));
         }
     }
     report::fill_ratios(&mut bench.report.rows);

@@ -204,6 +204,15 @@ fn fmt_opt(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{v:.digits$}"))
 }
 
+/// `bagel (batched)` for the batched workloads, else the system.
+fn system_label(r: &Row) -> String {
+    if r.workload.ends_with("-batched") {
+        format!("{} (batched)", r.system)
+    } else {
+        r.system.clone()
+    }
+}
+
 fn fmt_rate(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -237,7 +246,7 @@ impl Report {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.system,
+                system_label(r),
                 r.names_per_cycle,
                 r.concurrency,
                 fmt_rate(r.cycles_per_s),
@@ -259,12 +268,20 @@ impl Report {
             .collect();
         if !bagel.is_empty() {
             let _ = writeln!(md, "\n## bagel over the others (same run, same concurrency)\n");
-            let _ = writeln!(md, "| names | clients | bagel cycles/s | ÷ etcd | ÷ Redis |");
-            let _ = writeln!(md, "|--:|--:|--:|--:|--:|");
+            let _ = writeln!(
+                md,
+                "| bagel | names | clients | bagel cycles/s | ÷ etcd | ÷ Redis |"
+            );
+            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|");
             for r in bagel {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} |",
+                    if r.workload.ends_with("-batched") {
+                        "batched"
+                    } else {
+                        "unary"
+                    },
                     r.names_per_cycle,
                     r.concurrency,
                     fmt_rate(r.cycles_per_s),
@@ -396,17 +413,36 @@ fn color(system: &str) -> RGBColor {
     }
 }
 
-/// (system, names) series in a stable order.
-fn series(rows: &[Row]) -> Vec<(String, usize)> {
-    let set: BTreeSet<(String, usize)> = rows
+/// (system, names, workload) series in a stable order.
+fn series(rows: &[Row]) -> Vec<(String, usize, String)> {
+    let set: BTreeSet<(String, usize, String)> = rows
         .iter()
-        .map(|r| (r.system.clone(), r.names_per_cycle))
+        .filter(|r| r.target_per_s.is_none())
+        .map(|r| (r.system.clone(), r.names_per_cycle, r.workload.clone()))
         .collect();
     set.into_iter().collect()
 }
 
-fn label(system: &str, names: usize) -> String {
-    format!("{system}, {names} name{}", if names == 1 { "" } else { "s" })
+fn label(system: &str, names: usize, workload: &str) -> String {
+    format!(
+        "{system}{}, {names} name{}",
+        if workload.ends_with("-batched") {
+            " batched"
+        } else {
+            ""
+        },
+        if names == 1 { "" } else { "s" }
+    )
+}
+
+/// Batched series are drawn in a lighter shade of their system's color.
+fn series_color(system: &str, workload: &str) -> RGBColor {
+    let c = color(system);
+    if workload.ends_with("-batched") {
+        RGBColor(c.0 / 2 + 127, c.1 / 2 + 127, c.2 / 2 + 127)
+    } else {
+        c
+    }
 }
 
 fn plot_throughput(rows: &[Row], path: &Path) -> Result<()> {
@@ -441,18 +477,18 @@ fn plot_throughput(rows: &[Row], path: &Path) -> Result<()> {
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
-    for (sys, names) in series(rows) {
+    for (sys, names, workload) in series(rows) {
         let mut line: Vec<(f64, f64)> = pts
             .iter()
-            .filter(|r| r.system == sys && r.names_per_cycle == names)
+            .filter(|r| r.system == sys && r.workload == workload)
             .map(|r| (r.concurrency as f64, r.cycles_per_s))
             .collect();
         line.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let c = color(&sys);
+        let c = series_color(&sys, &workload);
         let width = if names == 1 { 3 } else { 1 };
         chart
             .draw_series(LineSeries::new(line.clone(), c.stroke_width(width)))?
-            .label(label(&sys, names))
+            .label(label(&sys, names, &workload))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(width)));
         chart.draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
     }
@@ -509,23 +545,20 @@ fn plot_cdf(rows: &[Row], path: &Path) -> Result<()> {
             .x_label_formatter(&|x| format!("{x:.0}"))
             .label_style(("sans-serif", 13))
             .draw()?;
-        for (sys, names) in series(rows) {
+        for (sys, names, workload) in series(rows) {
             let Some(r) = rows.iter().find(|r| {
-                r.system == sys
-                    && r.names_per_cycle == names
-                    && r.concurrency == conc
-                    && r.target_per_s.is_none()
+                r.system == sys && r.workload == workload && r.concurrency == conc && r.target_per_s.is_none()
             }) else {
                 continue;
             };
             if r.cdf.is_empty() {
                 continue;
             }
-            let c = color(&sys);
+            let c = series_color(&sys, &workload);
             let width = if names == 1 { 2 } else { 1 };
             chart
                 .draw_series(LineSeries::new(r.cdf.clone(), c.stroke_width(width)))?
-                .label(label(&sys, names))
+                .label(label(&sys, names, &workload))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(width)));
         }
         chart
