@@ -626,8 +626,8 @@ async fn main() -> Result<()> {
             }
         }
     }
-    // TODO(bags): these need bagel-client's bag writer and metronome, which
-    // are not on main yet; no number is better than a made-up one.
+    // TODO(bags): wire these to bagel-client's bag writer and metronome
+    // (client/src/bag); until then no number is better than a made-up one.
     for what in [
         "metronome lag",
         "bag writes/s on a POSIX directory (100-byte payloads, batched)",
@@ -635,7 +635,7 @@ async fn main() -> Result<()> {
     ] {
         bench.missing(
             what,
-            "needs bagel-client's bag writer and metronome (not yet on main)",
+            "needs bagel-client's bag writer and metronome (client/src/bag), not wired into the bench yet",
         );
     }
 
