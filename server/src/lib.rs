@@ -31,7 +31,6 @@ use std::sync::Arc;
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, Micros, Signer, pb};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Limits};
@@ -156,12 +155,15 @@ impl Server {
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
 
+        // tonic ignores the builder's tcp_nodelay for a caller's incoming
+        // stream, so set it on the stream: without it every small response
+        // can wait ~40 ms for the peer's delayed ACK (Nagle).
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let result = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(LeaseServer::new(self.service))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         cancel.cancel();
         while tasks.join_next().await.is_some() {}

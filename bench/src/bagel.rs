@@ -1,0 +1,239 @@
+//! bagel: `bagel-server` (release build) on 127.0.0.1, driven through the
+//! generated gRPC client of `bagel-proto`.
+//!
+//! A lease cycle is `Acquire(names, deadline = now + ttl)` then
+//! `Release(lease_id, token, watermark = 0)` ("wrote nothing"): two round
+//! trips, whatever the number of names. [`BagelDriver`] makes one unary RPC
+//! per operation; [`BagelBatchedDriver`] goes through `bagel-client`'s
+//! `Coalescer`, which packs the operations of concurrent tasks into `Batch`
+//! RPCs (one signature per batch) and checks every grant's witness.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bagel_client::{CoalesceOptions, Coalescer};
+use bagel_proto::Micros;
+use bagel_proto::pb;
+use bagel_proto::pb::lease_service_client::LeaseServiceClient;
+use tokio::process::Command;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::driver::LeaseDriver;
+use crate::procs::{Server, WorkDir, free_port};
+
+/// How to start a `bagel-server`.
+#[derive(Debug, Clone)]
+pub struct ServerOpts {
+    pub max_ttl: Duration,
+    /// Development flag: grant at once instead of waiting out the max TTL.
+    pub skip_restart_wait: bool,
+}
+
+/// Spawns `bagel-server` on a free port without waiting for it.
+pub fn spawn(work: &WorkDir, binary: &Path, opts: &ServerOpts) -> Result<Server> {
+    anyhow::ensure!(
+        binary.exists(),
+        "{} not found: build it with `cargo build --release -p bagel-server` \
+         (or pass --bagel-server PATH)",
+        binary.display()
+    );
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("--listen")
+        .arg(addr.to_string())
+        .arg("--max-ttl")
+        .arg(humantime::format_duration(opts.max_ttl).to_string());
+    if opts.skip_restart_wait {
+        cmd.arg("--unsafe-skip-restart-wait");
+    }
+    // bagel keeps its state in RAM only: no data directory.
+    Server::spawn("bagel", work, cmd, addr, None)
+}
+
+/// Starts `bagel-server` and waits until its health service says SERVING.
+pub async fn start(work: &WorkDir, binary: &Path, opts: &ServerOpts) -> Result<Server> {
+    let mut server = spawn(work, binary, opts)?;
+    server
+        .wait_ready(Duration::from_secs(30), |addr| async move {
+            health(addr).await.unwrap_or(false)
+        })
+        .await?;
+    Ok(server)
+}
+
+async fn connect(addr: SocketAddr) -> Result<Channel> {
+    Ok(Channel::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?)
+}
+
+/// True when the standard grpc.health.v1 service answers SERVING.
+pub async fn health(addr: SocketAddr) -> Result<bool> {
+    let mut h = HealthClient::new(connect(addr).await?);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await?
+        .into_inner();
+    Ok(r.status == ServingStatus::Serving as i32)
+}
+
+/// The client side: a pool of gRPC connections (HTTP/2), worker `i` on
+/// connection `i % pool`.
+#[derive(Debug)]
+pub struct BagelDriver {
+    conns: Vec<LeaseServiceClient<Channel>>,
+    owner: String,
+}
+
+#[derive(Debug)]
+pub struct BagelHeld {
+    lease_id: String,
+    token: String,
+}
+
+impl BagelDriver {
+    pub async fn connect(addr: SocketAddr, pool: usize) -> Result<Self> {
+        let mut conns = Vec::with_capacity(pool);
+        for _ in 0..pool.max(1) {
+            let ch = connect(addr).await.context("connecting to bagel")?;
+            conns.push(LeaseServiceClient::new(ch));
+        }
+        Ok(Self {
+            conns,
+            owner: format!("bench-{}", std::process::id()),
+        })
+    }
+
+    fn conn(&self, worker: usize) -> LeaseServiceClient<Channel> {
+        self.conns[worker % self.conns.len()].clone()
+    }
+
+    /// One acquire as a probe of the restart quarantine: `Ok(true)` once
+    /// granted, `Ok(false)` while the server refuses grants (UNAVAILABLE).
+    pub async fn try_grant(&self, name: &str, ttl: Duration) -> Result<bool> {
+        match self.acquire(0, &[name.to_string()], ttl).await {
+            Ok(Some(held)) => {
+                self.release(0, held).await?;
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => match e.downcast_ref::<tonic::Status>() {
+                Some(s) if s.code() == Code::Unavailable => Ok(false),
+                _ => Err(e),
+            },
+        }
+    }
+}
+
+impl LeaseDriver for BagelDriver {
+    type Held = BagelHeld;
+
+    fn max_names(&self) -> usize {
+        // Well under the server's max_names_per_request.
+        16
+    }
+
+    async fn acquire(&self, worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
+        let mut c = self.conn(worker);
+        let req = pb::AcquireRequest {
+            names: names.to_vec(),
+            deadline_us: Micros::now().saturating_add(ttl).into(),
+            owner: self.owner.clone(),
+            mode: pb::Mode::Full as i32,
+            wait_us: 0,
+        };
+        match c.acquire(req).await {
+            Ok(r) => {
+                let grant = r.into_inner().grant.context("AcquireResponse without grant")?;
+                Ok(Some(BagelHeld {
+                    lease_id: grant.lease_id,
+                    token: grant.token,
+                }))
+            }
+            Err(s) if s.code() == Code::Aborted => Ok(None),
+            Err(s) => Err(s.into()),
+        }
+    }
+
+    async fn release(&self, worker: usize, held: BagelHeld) -> Result<()> {
+        let mut c = self.conn(worker);
+        c.release(pb::ReleaseRequest {
+            lease_id: held.lease_id,
+            token: held.token,
+            // Wrote nothing: the inherited watermark is carried forward.
+            watermark_us: 0,
+            signed_time: None,
+            metadata: None,
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// The same cycle through `bagel-client`'s `Coalescer` (batched RPCs,
+/// witnesses verified), over one connection.
+#[derive(Debug)]
+pub struct BagelBatchedDriver {
+    coalescer: Coalescer,
+    owner: String,
+}
+
+impl BagelBatchedDriver {
+    pub async fn connect(addr: SocketAddr) -> Result<Self> {
+        let client = bagel_client::Client::connect(format!("http://{addr}"))
+            .await
+            .context("connecting bagel-client")?;
+        Ok(Self {
+            coalescer: Coalescer::new(client, CoalesceOptions::default()),
+            owner: format!("bench-{}", std::process::id()),
+        })
+    }
+}
+
+impl LeaseDriver for BagelBatchedDriver {
+    type Held = BagelHeld;
+
+    fn max_names(&self) -> usize {
+        16
+    }
+
+    async fn acquire(&self, _worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
+        let req = pb::AcquireRequest {
+            names: names.to_vec(),
+            deadline_us: Micros::now().saturating_add(ttl).into(),
+            owner: self.owner.clone(),
+            mode: pb::Mode::Full as i32,
+            wait_us: 0,
+        };
+        match self.coalescer.acquire(req).await {
+            Ok(grant) => Ok(Some(BagelHeld {
+                lease_id: grant.lease_id,
+                token: grant.token,
+            })),
+            Err(bagel_client::Error::Busy { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(&self, _worker: usize, held: BagelHeld) -> Result<()> {
+        self.coalescer
+            .release(pb::ReleaseRequest {
+                lease_id: held.lease_id,
+                token: held.token,
+                watermark_us: 0,
+                signed_time: None,
+                metadata: None,
+            })
+            .await?;
+        Ok(())
+    }
+}

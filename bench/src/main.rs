@@ -1,0 +1,657 @@
+//! `bagel-bench`: bagel side by side with what its users would pick instead
+//! (etcd, Redis, S3 conditional-write leases), on one machine, in one run.
+//!
+//! # Layout
+//! * [`driver`]: the [`driver::LeaseDriver`] trait and the load loop (the same
+//!   lease cycle for every system, hdrhistogram latencies).
+//! * [`bagel`], [`etcd`], [`redis`], [`s3`]: one module per system: how to
+//!   start its server and its client side of a lease cycle.
+//! * [`procs`]: processes on 127.0.0.1, tmpfs data dirs, readiness probes,
+//!   CPU and RSS from /proc.
+//! * [`rss`]: memory with many concurrently held leases.
+//! * [`report`]: `results.md`, `results.json`, `summary.json`, PNG plots.
+//!
+//! Every run stops by itself: each point is bounded in time and in count,
+//! every request has a timeout, and every server is killed at the end.
+
+mod bagel;
+mod driver;
+mod etcd;
+mod procs;
+mod redis;
+mod report;
+mod rss;
+mod s3;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+
+use crate::driver::{LeaseDriver, LoadSpec, run_load};
+use crate::procs::{Server, WorkDir};
+use crate::report::{Missing, Report, RestartRow, Row};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bagel-bench",
+    about = "Lease benchmark: bagel vs etcd, Redis and S3 conditional writes"
+)]
+struct Args {
+    /// Where results.md, results.json, summary.json and the plots go.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// A short run (well under 3 minutes): shorter points, 10^5 held leases
+    /// only, one restart measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Systems to run, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bagel,bagel-batched,etcd,redis,s3"
+    )]
+    systems: Vec<System>,
+    /// Concurrent clients per point.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    concurrency: Vec<usize>,
+    /// Names per lease cycle (S3 takes only 1).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    names: Vec<usize>,
+    /// Measured time per point [default: 10s, --quick 2s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Unmeasured time before each point [default: 2s, --quick 0.5s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    warmup: Option<Duration>,
+    /// Names are drawn uniformly from this many.
+    #[arg(long, default_value_t = 100_000)]
+    keyspace: u64,
+    /// Lease TTL of every cycle (bagel's deadline is now + ttl).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    ttl: Duration,
+    /// Client connections per system (worker i uses connection i % N).
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Upper bound on measured cycles per point.
+    #[arg(long, default_value_t = 20_000_000)]
+    max_cycles: u64,
+    /// Held-lease memory: numbers of concurrently held leases
+    /// [default: 100000,1000000, --quick 100000]; 0 to skip.
+    #[arg(long, value_delimiter = ',')]
+    held: Option<Vec<u64>>,
+    /// Restart-to-ready: max TTLs to start bagel-server with
+    /// [default: 2s,5s,10s, --quick 2s].
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    restart_ttls: Option<Vec<Duration>>,
+    /// Skip the memory and restart measurements.
+    #[arg(long)]
+    no_extras: bool,
+    /// The bagel-server binary [default: next to this binary].
+    #[arg(long)]
+    bagel_server: Option<PathBuf>,
+    #[arg(long, default_value = "etcd")]
+    etcd_bin: String,
+    #[arg(long, default_value = "redis-server")]
+    redis_bin: String,
+    /// Python of a venv with moto[server] [default: the one tests/support/s3.sh installs].
+    #[arg(long, env = "BAGEL_MOTO_PYTHON")]
+    moto_python: Option<PathBuf>,
+    /// The serialized moto server script.
+    #[arg(long, default_value = "tests/support/s3_server.py")]
+    s3_script: PathBuf,
+    /// TTF font for plot text [default: DejaVu Sans from fonts-dejavu-core].
+    #[arg(long)]
+    font: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum System {
+    /// bagel, one unary RPC per operation.
+    Bagel,
+    /// bagel through bagel-client's Coalescer (Batch RPCs).
+    BagelBatched,
+    Etcd,
+    Redis,
+    S3,
+}
+
+impl System {
+    /// The `system` column of the results.
+    fn name(self) -> &'static str {
+        match self {
+            System::Bagel | System::BagelBatched => "bagel",
+            System::Etcd => "etcd",
+            System::Redis => "redis",
+            System::S3 => "s3",
+        }
+    }
+
+    /// The command-line name.
+    fn label(self) -> &'static str {
+        match self {
+            System::BagelBatched => "bagel-batched",
+            other => other.name(),
+        }
+    }
+
+    /// Appended to the workload name.
+    fn workload_suffix(self) -> &'static str {
+        match self {
+            System::BagelBatched => "-batched",
+            _ => "",
+        }
+    }
+
+    /// Round trips of one successful cycle (a batched one shares its two
+    /// with the other operations of the same batches).
+    fn requests_per_cycle(self) -> u32 {
+        match self {
+            System::Bagel | System::BagelBatched | System::Redis => 2,
+            System::Etcd | System::S3 => 3,
+        }
+    }
+}
+
+struct Settings {
+    duration: Duration,
+    warmup: Duration,
+    held: Vec<u64>,
+    restart_ttls: Vec<Duration>,
+}
+
+impl Args {
+    fn settings(&self) -> Settings {
+        let (duration, warmup, held, restart) = if self.quick {
+            (
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+                vec![100_000],
+                vec![Duration::from_secs(2)],
+            )
+        } else {
+            (
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+                vec![100_000, 1_000_000],
+                vec![
+                    Duration::from_secs(2),
+                    Duration::from_secs(5),
+                    Duration::from_secs(10),
+                ],
+            )
+        };
+        Settings {
+            duration: self.duration.unwrap_or(duration),
+            warmup: self.warmup.unwrap_or(warmup),
+            held: self
+                .held
+                .clone()
+                .unwrap_or(held)
+                .into_iter()
+                .filter(|&n| n > 0)
+                .collect(),
+            restart_ttls: self.restart_ttls.clone().unwrap_or(restart),
+        }
+    }
+
+    fn bagel_server(&self) -> PathBuf {
+        self.bagel_server.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("bagel-server")))
+                .unwrap_or_else(|| PathBuf::from("bagel-server"))
+        })
+    }
+
+    fn moto_python(&self) -> PathBuf {
+        if let Some(p) = &self.moto_python {
+            return p.clone();
+        }
+        // Same place as tests/support/common.sh + s3.sh.
+        let tools = std::env::var_os("BAGEL_TOOLS")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("bagel-tools")))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bagel-tools")))
+            .unwrap_or_else(|| PathBuf::from(".cache/bagel-tools"));
+        tools.join("venv-moto-5.2.5/bin/python")
+    }
+
+    fn font(&self) -> Option<PathBuf> {
+        if let Some(f) = &self.font {
+            return Some(f.clone());
+        }
+        [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    }
+}
+
+/// The first line of `bin --version`, for the report.
+fn version_of(bin: &str) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "version unknown".into())
+}
+
+fn data_note(server: &Server) -> &'static str {
+    match &server.data {
+        Some(d) if d.tmpfs => "data on tmpfs",
+        Some(_) => "data on disk (tmpfs mount failed)",
+        None => "no data directory (in RAM)",
+    }
+}
+
+struct Bench {
+    args: Args,
+    settings: Settings,
+    work: WorkDir,
+    report: Report,
+}
+
+impl Bench {
+    fn spec(&self, system: System, names: usize, concurrency: usize) -> LoadSpec {
+        LoadSpec {
+            concurrency,
+            names_per_cycle: names,
+            keyspace: self.args.keyspace,
+            ttl: self.args.ttl,
+            warmup: self.settings.warmup,
+            duration: self.settings.duration,
+            max_cycles: self.args.max_cycles,
+            prefix: format!("bench-{}-n{names}-c{concurrency}-", system.label()),
+            op_timeout: Duration::from_secs(10),
+            max_errors: 1000,
+            rate: None,
+        }
+    }
+
+    /// bagel's single-name cycle paced at half of its measured peak, for
+    /// the "p99 acquire at half of peak" goal.
+    async fn half_peak<D: LeaseDriver>(&mut self, driver: Arc<D>, server: &mut Server) -> Result<()> {
+        let peak = self
+            .report
+            .rows
+            .iter()
+            .filter(|r| {
+                r.system == "bagel" && r.workload == report::workload_name(1) && r.target_per_s.is_none()
+            })
+            .map(|r| r.cycles_per_s)
+            .fold(0.0, f64::max);
+        if peak <= 0.0 {
+            bail!("no single-name bagel throughput to take half of");
+        }
+        server.check_alive()?;
+        let concurrency = 64;
+        let mut spec = self.spec(System::Bagel, 1, concurrency);
+        spec.prefix = "bench-bagel-half-peak-".into();
+        spec.rate = Some(peak / 2.0);
+        let r = run_load(driver, &spec, Some(server.pid)).await;
+        let mut row = Row::from_load("bagel", 1, concurrency, 2, &r);
+        row.workload = format!("{}-half-peak", row.workload);
+        row.target_per_s = Some(peak / 2.0);
+        eprintln!(
+            "  bagel at half peak ({:.0}/s): {:.0} cycles/s, acquire p50 {} µs p99 {} µs p99.9 {} µs",
+            peak / 2.0,
+            row.cycles_per_s,
+            row.acquire_p50_us,
+            row.acquire_p99_us,
+            row.acquire_p999_us
+        );
+        self.report.rows.push(row);
+        Ok(())
+    }
+
+    /// Runs every (names, concurrency) point of one system on `server`.
+    async fn sweep<D: LeaseDriver>(
+        &mut self,
+        system: System,
+        driver: Arc<D>,
+        server: &mut Server,
+    ) -> Result<()> {
+        for &names in &self.args.names.clone() {
+            if names > driver.max_names() {
+                eprintln!(
+                    "  {}: {names}-name sets not supported (max {}), skipped",
+                    system.label(),
+                    driver.max_names()
+                );
+                continue;
+            }
+            for &c in &self.args.concurrency.clone() {
+                server.check_alive()?;
+                let spec = self.spec(system, names, c);
+                let r = run_load(driver.clone(), &spec, Some(server.pid)).await;
+                let mut row = Row::from_load(system.name(), names, c, system.requests_per_cycle(), &r);
+                row.workload.push_str(system.workload_suffix());
+                eprintln!(
+                    "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",
+                    system.label(),
+                    row.cycles_per_s,
+                    row.p50_us,
+                    row.p99_us,
+                    row.p999_us,
+                    row.server_cpu_cores.map_or("?".into(), |v| format!("{v:.2}")),
+                    row.conflicts,
+                    row.errors,
+                    row.first_error
+                        .as_deref()
+                        .map_or(String::new(), |e| format!(" (first: {e})")),
+                );
+                self.report.rows.push(row);
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_system(&mut self, system: System) -> Result<()> {
+        let pool = self.args.connections;
+        match system {
+            System::Bagel => {
+                let bin = self.args.bagel_server();
+                let opts = bagel::ServerOpts {
+                    max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
+                    skip_restart_wait: true,
+                };
+                let mut server = bagel::start(&self.work, &bin, &opts).await?;
+                self.note_server("bagel", format!("bagel-server (release), {}", data_note(&server)));
+                let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
+                let mut r = self.sweep(system, driver.clone(), &mut server).await;
+                if r.is_ok() && self.args.names.contains(&1) {
+                    r = self.half_peak(driver, &mut server).await;
+                }
+                server.stop().await;
+                r
+            }
+            System::BagelBatched => {
+                let bin = self.args.bagel_server();
+                let opts = bagel::ServerOpts {
+                    max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
+                    skip_restart_wait: true,
+                };
+                let mut server = bagel::start(&self.work, &bin, &opts).await?;
+                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let r = self.sweep(system, driver, &mut server).await;
+                server.stop().await;
+                r
+            }
+            System::Etcd => {
+                let mut server = etcd::start(&self.work, &self.args.etcd_bin).await?;
+                self.note_server(
+                    "etcd",
+                    format!(
+                        "{} (single member), {}",
+                        version_of(&self.args.etcd_bin),
+                        data_note(&server)
+                    ),
+                );
+                let driver = Arc::new(etcd::EtcdDriver::connect(server.addr, pool).await?);
+                let r = self.sweep(system, driver, &mut server).await;
+                server.stop().await;
+                r
+            }
+            System::Redis => {
+                let mut server = redis::start(&self.work, &self.args.redis_bin).await?;
+                self.note_server(
+                    "redis",
+                    format!(
+                        "{} (persistence off), {}",
+                        version_of(&self.args.redis_bin),
+                        data_note(&server)
+                    ),
+                );
+                let driver = Arc::new(redis::RedisDriver::connect(server.addr, pool).await?);
+                let r = self.sweep(system, driver, &mut server).await;
+                server.stop().await;
+                r
+            }
+            System::S3 => {
+                let python = self.args.moto_python();
+                let mut server = s3::start(&self.work, &python, &self.args.s3_script).await?;
+                self.note_server(
+                    "s3",
+                    "moto 5.2.5 behind one global lock (tests/support/s3_server.py), in RAM".into(),
+                );
+                let driver = Arc::new(s3::S3Driver::new(s3::store(server.addr)?));
+                let r = self.sweep(system, driver, &mut server).await;
+                server.stop().await;
+                r
+            }
+        }
+    }
+
+    fn note_server(&mut self, system: &str, how: String) {
+        self.report.servers.push((system.to_string(), how));
+    }
+
+    fn missing(&mut self, what: impl Into<String>, why: impl Into<String>) {
+        let (what, why) = (what.into(), why.into());
+        eprintln!("  not measured: {what}: {why}");
+        self.report.missing.push(Missing { what, why });
+    }
+
+    /// bagel and Redis RSS with `n` concurrently held single-name leases,
+    /// each on a fresh server.
+    async fn memory(&mut self, n: u64) -> Result<()> {
+        // Every lease must still be held when the last one is taken.
+        let hold_ttl = Duration::from_secs(if n > 200_000 { 590 } else { 290 });
+        let conc = 64;
+        if self
+            .args
+            .systems
+            .iter()
+            .any(|s| matches!(s, System::Bagel | System::BagelBatched))
+        {
+            let opts = bagel::ServerOpts {
+                max_ttl: hold_ttl + Duration::from_secs(10),
+                skip_restart_wait: true,
+            };
+            let r = async {
+                let server = bagel::start(&self.work, &self.args.bagel_server(), &opts).await?;
+                // Batched, so that 10^6 grants fit in the TTL; the server
+                // holds the same records either way.
+                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let row = rss::held_lease_memory("bagel", driver, server.pid, n, conc * 4, hold_ttl).await;
+                server.stop().await;
+                row
+            }
+            .await;
+            match r {
+                Ok(row) => {
+                    eprintln!(
+                        "  bagel: {n} held leases: RSS {:.1} MiB, {:.0} bytes/lease",
+                        row.rss_after_mib(),
+                        row.bytes_per_lease
+                    );
+                    self.report.memory.push(row);
+                }
+                Err(e) => self.missing(format!("bagel RSS with {n} held leases"), format!("{e:#}")),
+            }
+        }
+        if self.args.systems.contains(&System::Redis) {
+            let r = async {
+                let server = redis::start(&self.work, &self.args.redis_bin).await?;
+                let driver = Arc::new(redis::RedisDriver::connect(server.addr, self.args.connections).await?);
+                let row = rss::held_lease_memory("redis", driver, server.pid, n, conc, hold_ttl).await;
+                server.stop().await;
+                row
+            }
+            .await;
+            match r {
+                Ok(row) => {
+                    eprintln!(
+                        "  redis: {n} held keys: RSS {:.1} MiB, {:.0} bytes/lease",
+                        row.rss_after_mib(),
+                        row.bytes_per_lease
+                    );
+                    self.report.memory.push(row);
+                }
+                Err(e) => self.missing(format!("redis RSS with {n} held leases"), format!("{e:#}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Time from spawning bagel-server (no skip flag) to its first grant.
+    async fn restart(&mut self, max_ttl: Duration) -> Result<RestartRow> {
+        let opts = bagel::ServerOpts {
+            max_ttl,
+            skip_restart_wait: false,
+        };
+        let spawned = Instant::now();
+        let mut server = bagel::spawn(&self.work, &self.args.bagel_server(), &opts)?;
+        let bound = max_ttl * 3 + Duration::from_secs(30);
+        let result = async {
+            // First the port answers at all...
+            let driver = loop {
+                server.check_alive()?;
+                if let Ok(d) = bagel::BagelDriver::connect(server.addr, 1).await {
+                    break d;
+                }
+                if spawned.elapsed() > bound {
+                    bail!("bagel-server never listened");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            // ...then grants are refused until the restart wait is over.
+            let ttl = (max_ttl / 2).max(Duration::from_millis(500)).min(max_ttl);
+            loop {
+                server.check_alive()?;
+                if driver.try_grant("restart-probe", ttl).await? {
+                    return Ok(spawned.elapsed());
+                }
+                if spawned.elapsed() > bound {
+                    bail!("no grant within {bound:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        .await;
+        server.stop().await;
+        let ready = result?;
+        Ok(RestartRow {
+            max_ttl_s: max_ttl.as_secs_f64(),
+            ready_after_s: ready.as_secs_f64(),
+            ready_over_max_ttl: ready.as_secs_f64() / max_ttl.as_secs_f64(),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let settings = args.settings();
+    anyhow::ensure!(
+        !args.concurrency.is_empty() && !args.names.is_empty(),
+        "nothing to run"
+    );
+    anyhow::ensure!(
+        args.concurrency.iter().all(|&c| (1..=4096).contains(&c)),
+        "--concurrency must be within 1..=4096"
+    );
+    let command = std::env::var("BAGEL_BENCH_COMMAND").unwrap_or_else(|_| {
+        std::env::args()
+            .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let started = Instant::now();
+    let report = Report {
+        command,
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        machine: report::Machine::detect(),
+        settings: serde_json::json!({
+            "quick": args.quick,
+            "duration_s": settings.duration.as_secs_f64(),
+            "warmup_s": settings.warmup.as_secs_f64(),
+            "keyspace": args.keyspace,
+            "ttl_s": args.ttl.as_secs_f64(),
+            "connections_per_system": args.connections,
+            "concurrency": args.concurrency,
+            "names_per_cycle": args.names,
+        }),
+        ..Default::default()
+    };
+    let mut bench = Bench {
+        work: WorkDir::new()?,
+        args,
+        settings,
+        report,
+    };
+
+    for system in bench.args.systems.clone() {
+        eprintln!("== {}", system.label());
+        if let Err(e) = bench.run_system(system).await {
+            bench.missing(format!("{} lease cycles", system.label()), format!("{e:#}"));
+        }
+    }
+    report::fill_ratios(&mut bench.report.rows);
+
+    if !bench.args.no_extras {
+        for n in bench.settings.held.clone() {
+            eprintln!("== memory with {n} held leases");
+            bench.memory(n).await?;
+        }
+        if bench.args.systems.contains(&System::Bagel) {
+            for ttl in bench.settings.restart_ttls.clone() {
+                eprintln!(
+                    "== bagel restart to ready, max TTL {}",
+                    humantime::format_duration(ttl)
+                );
+                match bench.restart(ttl).await {
+                    Ok(row) => {
+                        eprintln!("  first grant after {:.2} s", row.ready_after_s);
+                        bench.report.restart.push(row);
+                    }
+                    Err(e) => bench.missing(
+                        format!("restart to ready (max TTL {})", humantime::format_duration(ttl)),
+                        format!("{e:#}"),
+                    ),
+                }
+            }
+        }
+    }
+    // TODO(bags): wire these to bagel-client's bag writer and metronome
+    // (client/src/bag); until then no number is better than a made-up one.
+    for what in [
+        "metronome lag",
+        "bag writes/s on a POSIX directory (100-byte payloads, batched)",
+        "PUTs per batch on S3",
+    ] {
+        bench.missing(
+            what,
+            "needs bagel-client's bag writer and metronome (client/src/bag), not wired into the bench yet",
+        );
+    }
+
+    let written = bench
+        .report
+        .write(&bench.args.out, bench.args.font().as_deref())
+        .context("writing the report")?;
+    eprintln!(
+        "done in {:.0} s; wrote {}",
+        started.elapsed().as_secs_f64(),
+        written
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    print!("{}", bench.report.markdown());
+    Ok(())
+}
