@@ -30,7 +30,6 @@ mod history;
 mod ids;
 mod record;
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -150,21 +149,70 @@ struct Entry {
     rec: NameRecord,
 }
 
-/// One shard: a map from name to slot, and the slab of records. Records sit
-/// in the slab (not in the map) so the map's buckets stay small: a hash
-/// table is often only half full right after it grows.
+/// Name → slot, as a hash table of bare 4-byte slot numbers: the names live
+/// once, in the slab, and the table compares against them there. A hash
+/// table can be half empty right after it grows, so its buckets must be
+/// small; this keeps them at 4 bytes (a `HashMap<Arc<str>, u32>` takes 24).
+#[derive(Debug, Default)]
+struct SlotIndex {
+    table: hashbrown::HashTable<u32>,
+    /// Seeded per shard, independent of the shard-choosing hash (which
+    /// would otherwise put the same low bits on every name of a shard).
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl SlotIndex {
+    fn find(&self, name: &str, slab: &[Option<Entry>]) -> Option<usize> {
+        let hash = self.hasher.hash_one(name);
+        self.table
+            .find(hash, |&s| {
+                slab[s as usize].as_ref().is_some_and(|e| &*e.name == name)
+            })
+            .map(|&s| s as usize)
+    }
+
+    /// Indexes `slot`, whose entry is already in `slab`.
+    fn insert(&mut self, name: &str, slot: usize, slab: &[Option<Entry>]) {
+        let hasher = &self.hasher;
+        let rehash = |&s: &u32| {
+            let entry = slab[s as usize].as_ref().expect("an indexed slot is occupied");
+            hasher.hash_one(&*entry.name)
+        };
+        self.table
+            .insert_unique(hasher.hash_one(name), slot as u32, rehash);
+    }
+
+    fn remove(&mut self, name: &str, slot: usize) {
+        let hash = self.hasher.hash_one(name);
+        if let Ok(entry) = self.table.find_entry(hash, |&s| s as usize == slot) {
+            entry.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
+/// One shard: an index from name to slot, and the slab of records.
 #[derive(Debug, Default)]
 struct ShardState {
-    slots: HashMap<Arc<str>, u32>,
+    slots: SlotIndex,
     slab: Vec<Option<Entry>>,
     free: Vec<u32>,
     history: HistoryLog,
+    /// Interned owner strings (see `LeaseTable::intern_owner`).
+    owners: std::collections::HashSet<Arc<str>>,
 }
 
 impl ShardState {
+    fn slot_of(&self, name: &str) -> Option<usize> {
+        self.slots.find(name, &self.slab)
+    }
+
     fn get(&self, name: &str) -> Option<&NameRecord> {
-        let slot = *self.slots.get(name)?;
-        self.slab[slot as usize].as_ref().map(|e| &e.rec)
+        let slot = self.slot_of(name)?;
+        self.slab[slot].as_ref().map(|e| &e.rec)
     }
 
     fn at(&self, slot: usize) -> Option<&Entry> {
@@ -178,8 +226,8 @@ impl ShardState {
     /// The slot of `name`, creating a fresh record (inheriting `floor`) if
     /// it has none.
     fn slot_or_insert(&mut self, name: &Arc<str>, floor: Micros, now: Micros) -> Result<usize, Error> {
-        if let Some(&slot) = self.slots.get(name) {
-            return Ok(slot as usize);
+        if let Some(slot) = self.slot_of(name) {
+            return Ok(slot);
         }
         let slot = match self.free.pop() {
             Some(slot) => slot as usize,
@@ -202,13 +250,13 @@ impl ShardState {
             name: Arc::clone(name),
             rec: NameRecord::new(floor, now),
         });
-        self.slots.insert(Arc::clone(name), slot as u32);
+        self.slots.insert(name, slot, &self.slab);
         Ok(slot)
     }
 
     fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
         let entry = self.slab.get_mut(slot)?.take()?;
-        self.slots.remove(&entry.name);
+        self.slots.remove(&entry.name, slot);
         self.free.push(slot as u32);
         Some(entry)
     }
@@ -263,7 +311,7 @@ impl HeldLease<'_> {
     fn rec(&mut self, i: usize) -> &mut NameRecord {
         let shard = self.shard_of_name[i];
         let state = self.locked.state(shard);
-        let slot = state.slots[&self.names[i]] as usize;
+        let slot = state.slot_of(&self.names[i]).expect("held names have records");
         state.rec_mut(slot)
     }
 }
@@ -306,6 +354,17 @@ impl LeaseTable {
 
     fn shard_of(&self, name: &str) -> usize {
         (self.hasher.hash_one(name) % self.shards.len() as u64) as usize
+    }
+
+    /// One shared allocation per distinct owner string per shard, instead
+    /// of one per lease: at a million leases from a handful of owners that
+    /// is tens of MiB. Swept when no holder uses the owner any more.
+    fn intern_owner(state: &mut ShardState, owner: &Arc<str>) -> Arc<str> {
+        if let Some(known) = state.owners.get(&**owner) {
+            return Arc::clone(known);
+        }
+        state.owners.insert(Arc::clone(owner));
+        Arc::clone(owner)
     }
 
     fn lock_shards(&self, shard_of_name: &[usize]) -> Locked<'_> {
@@ -387,6 +446,7 @@ impl LeaseTable {
         }
 
         // 3. Grant.
+        let owner = Self::intern_owner(locked.state(shard_of_name[0]), &spec.owner);
         let lease = LeaseId::new(now, shard_of_name[0], slots[0]);
         let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
@@ -402,7 +462,7 @@ impl LeaseTable {
             rec.holder = Some(Holder {
                 lease,
                 token,
-                owner: Arc::clone(&spec.owner),
+                owner: Arc::clone(&owner),
                 deadline: spec.deadline,
                 mode: spec.mode,
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
@@ -670,7 +730,7 @@ impl LeaseTable {
         }
         let name = &held.names[i];
         let state = held.locked.state(held.shard_of_name[i]);
-        let slot = state.slots[name] as usize;
+        let slot = state.slot_of(name).expect("held names have records");
         let ShardState {
             slab, history, slots, ..
         } = state;
@@ -681,10 +741,10 @@ impl LeaseTable {
             let Some((old_name, seq)) = history.pop_oldest() else {
                 break;
             };
-            let Some(&old_slot) = slots.get(&old_name) else {
+            let Some(old_slot) = slots.find(&old_name, slab) else {
                 continue;
             };
-            let old = &mut slab[old_slot as usize].as_mut().expect("occupied").rec;
+            let old = &mut slab[old_slot].as_mut().expect("occupied").rec;
             if let Some(hist) = old.history.as_deref_mut() {
                 history.evict(hist, seq);
             }
@@ -762,6 +822,8 @@ impl LeaseTable {
     /// old holder's messages; it only loses the lease-id chain.
     fn forget_idle(&self, shard: &Shard, cap: usize, now: Micros) -> usize {
         let mut state = shard.lock();
+        // Owners only the interner still refers to.
+        state.owners.retain(|o| Arc::strong_count(o) > 1);
         if state.slots.len() <= cap {
             return 0;
         }
