@@ -9,12 +9,15 @@
 //! * [`procs`]: processes on 127.0.0.1, tmpfs data dirs, readiness probes,
 //!   CPU and RSS from /proc.
 //! * [`rss`]: memory with many concurrently held leases.
+//! * [`bags`]: bagel-client's bag writer (POSIX writes/s, S3 PUTs per
+//!   batch) and metronome (close lag).
 //! * [`report`]: `results.md`, `results.json`, `summary.json`, PNG plots.
 //!
 //! Every run stops by itself: each point is bounded in time and in count,
 //! every request has a timeout, and every server is killed at the end.
 
 mod bagel;
+mod bags;
 mod driver;
 mod etcd;
 mod procs;
@@ -89,6 +92,14 @@ struct Args {
     /// Skip the memory and restart measurements.
     #[arg(long)]
     no_extras: bool,
+    /// Skip the bag measurements (POSIX writes/s, S3 PUTs per batch,
+    /// metronome lag).
+    #[arg(long)]
+    no_bags: bool,
+    /// Measured time per bag write point and metronome run
+    /// [default: 3s and 10s, --quick 1s and 3s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    bag_duration: Option<Duration>,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     bagel_server: Option<PathBuf>,
@@ -160,6 +171,10 @@ struct Settings {
     warmup: Duration,
     held: Vec<u64>,
     restart_ttls: Vec<Duration>,
+    /// Per bag write point.
+    bag_writes: Duration,
+    /// Per metronome run.
+    bag_metronome: Duration,
 }
 
 impl Args {
@@ -194,6 +209,19 @@ impl Args {
                 .filter(|&n| n > 0)
                 .collect(),
             restart_ttls: self.restart_ttls.clone().unwrap_or(restart),
+            bag_writes: self.bag_duration.unwrap_or(if self.quick {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(3)
+            }),
+            bag_metronome: self.bag_duration.map_or(
+                if self.quick {
+                    Duration::from_secs(3)
+                } else {
+                    Duration::from_secs(10)
+                },
+                |d| d * 3,
+            ),
         }
     }
 
@@ -507,6 +535,74 @@ impl Bench {
         Ok(())
     }
 
+    /// The bag measurements (see [`bags`]): POSIX writes/s on a tmpfs
+    /// directory, S3 PUTs per batch on moto, metronome lag on both. A part
+    /// that cannot run is listed as not measured.
+    async fn bags(&mut self) {
+        const BAG_GRACE: Duration = Duration::from_millis(200);
+        let (writes_for, lag_for) = (self.settings.bag_writes, self.settings.bag_metronome);
+        eprintln!("== bags on a POSIX directory");
+        let posix = async {
+            let dir = self.work.data_dir("bags")?;
+            let medium = if dir.tmpfs { "tmpfs" } else { "disk" };
+            let rows = bags::posix_writes(&dir.path, medium, &[1000, 100], writes_for).await?;
+            let lag_root = dir.path.join("lag");
+            std::fs::create_dir_all(&lag_root)?;
+            let store = Arc::new(bagel_client::bag::posix::PosixStore::local(
+                &lag_root,
+                true,
+                Duration::from_secs(10),
+            ));
+            let lag =
+                bags::metronome_lag(store, &format!("posix ({medium}, fsync)"), BAG_GRACE, lag_for).await?;
+            anyhow::Ok((rows, lag))
+        }
+        .await;
+        match posix {
+            Ok((rows, lag)) => {
+                self.report.bags.writes.extend(rows);
+                self.report.bags.metronome.push(lag);
+            }
+            Err(e) => {
+                self.missing(
+                    "bag writes/s on a POSIX directory (100-byte payloads, batched)",
+                    format!("{e:#}"),
+                );
+                self.missing("metronome lag (POSIX)", format!("{e:#}"));
+            }
+        }
+        eprintln!("== bags on S3 (moto)");
+        let python = self.args.moto_python();
+        let s3 = async {
+            let server = s3::start(&self.work, &python, &self.args.s3_script).await?;
+            let r = async {
+                let inner = s3::store(server.addr)?;
+                let max = if self.args.quick { 300 } else { 2000 };
+                let mut puts = Vec::new();
+                for batch in [1000, 100] {
+                    puts.push(bags::s3_puts(inner.clone(), batch, writes_for * 2, max).await?);
+                }
+                let (store, _) = bags::counted_s3(inner, "bags-lag").await?;
+                let lag = bags::metronome_lag(store, "s3 (moto)", BAG_GRACE, lag_for).await?;
+                anyhow::Ok((puts, lag))
+            }
+            .await;
+            server.stop().await;
+            r
+        }
+        .await;
+        match s3 {
+            Ok((puts, lag)) => {
+                self.report.bags.s3_puts.extend(puts);
+                self.report.bags.metronome.push(lag);
+            }
+            Err(e) => {
+                self.missing("PUTs per batch on S3", format!("{e:#}"));
+                self.missing("metronome lag (S3)", format!("{e:#}"));
+            }
+        }
+    }
+
     /// Time from spawning bagel-server (no skip flag) to its first grant.
     async fn restart(&mut self, max_ttl: Duration) -> Result<RestartRow> {
         let opts = bagel::ServerOpts {
@@ -626,17 +722,8 @@ async fn main() -> Result<()> {
             }
         }
     }
-    // TODO(bags): wire these to bagel-client's bag writer and metronome
-    // (client/src/bag); until then no number is better than a made-up one.
-    for what in [
-        "metronome lag",
-        "bag writes/s on a POSIX directory (100-byte payloads, batched)",
-        "PUTs per batch on S3",
-    ] {
-        bench.missing(
-            what,
-            "needs bagel-client's bag writer and metronome (client/src/bag), not wired into the bench yet",
-        );
+    if !bench.args.no_bags {
+        bench.bags().await;
     }
 
     let written = bench

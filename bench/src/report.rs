@@ -1,6 +1,6 @@
 //! What a run writes to `--out DIR`: `results.md` (the tables),
 //! `results.json` (one row per system, workload and concurrency),
-//! `summary.json` (ratios, memory, restart, machine, command) and the PNG
+//! `summary.json` (ratios, memory, restart, bags, machine, command) and the PNG
 //! plots `throughput.png` and `latency_cdf.png`.
 
 use std::collections::BTreeSet;
@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::bags::BagResults;
 use crate::driver::LoadResult;
 use crate::rss::MemRow;
 
@@ -155,6 +156,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub memory: Vec<MemRow>,
     pub restart: Vec<RestartRow>,
+    /// POSIX bag writes/s, S3 PUTs per batch, metronome lag.
+    pub bags: BagResults,
     pub missing: Vec<Missing>,
     /// System → how its server ran (version, data on tmpfs or not).
     pub servers: Vec<(String, String)>,
@@ -346,6 +349,7 @@ impl Report {
                 );
             }
         }
+        self.bags_markdown(&mut md);
         if !self.missing.is_empty() {
             let _ = writeln!(md, "\n## Not measured in this run\n");
             for x in &self.missing {
@@ -356,6 +360,80 @@ impl Report {
         let _ = writeln!(md, "![throughput vs clients](throughput.png)\n");
         let _ = writeln!(md, "![latency CDF](latency_cdf.png)");
         md
+    }
+
+    fn bags_markdown(&self, md: &mut String) {
+        let b = &self.bags;
+        if !b.writes.is_empty() {
+            let _ = writeln!(md, "\n## Bag writes, one writer, 100-byte payloads\n");
+            let _ = writeln!(
+                md,
+                "| store | directory on | fsync | batch | msgs/s | batch p50 µs | batch p99 µs | batches | errors |"
+            );
+            let _ = writeln!(md, "|---|---|---|--:|--:|--:|--:|--:|--:|");
+            for r in &b.writes {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+                    r.store,
+                    r.medium,
+                    if r.sync { "on" } else { "off" },
+                    r.batch,
+                    r.messages_per_s,
+                    r.batch_p50_us,
+                    r.batch_p99_us,
+                    r.batches,
+                    r.errors
+                );
+            }
+        }
+        if !b.s3_puts.is_empty() {
+            let _ = writeln!(md, "\n## S3 requests per bag batch (moto, happy path)\n");
+            let _ = writeln!(
+                md,
+                "| batch | batches | PUTs | PUTs/batch | batches over two seconds | GETs | HEADs | LISTs | msgs/s | batch p50 µs | errors |"
+            );
+            let _ = writeln!(md, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            for r in &b.s3_puts {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.0} | {} | {} |",
+                    r.batch,
+                    r.batches,
+                    r.puts,
+                    r.puts_per_batch,
+                    r.straddling_batches,
+                    r.gets,
+                    r.heads,
+                    r.lists,
+                    r.messages_per_s,
+                    r.batch_p50_us,
+                    r.errors
+                );
+            }
+        }
+        if !b.metronome.is_empty() {
+            let _ = writeln!(md, "\n## Metronome lag (close done − bag close time)\n");
+            let _ = writeln!(
+                md,
+                "| store | grace ms | ticks | bags closed | lag p50 ms | lag max ms | run s | errors |"
+            );
+            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|");
+            for r in &b.metronome {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
+                    r.store,
+                    r.grace_ms,
+                    r.ticks,
+                    r.bags_closed,
+                    r.lag_p50_ms,
+                    r.lag_max_ms,
+                    r.duration_s,
+                    r.errors
+                );
+            }
+        }
     }
 
     /// Writes every output file into `dir`; a plot that cannot be drawn is

@@ -1,0 +1,443 @@
+//! The bag measurements: `bagel-client`'s bag [`Writer`] and [`Metronome`]
+//! (`client/src/bag`), on a tmpfs directory and on the S3 server (moto).
+//!
+//! * POSIX writes/s: one writer, 100-byte payloads, batches of 1000 and of
+//!   100, fsync on and off, back to back for a bounded time and count.
+//! * S3 PUTs per batch: the same writer on the moto server through
+//!   `TestObjectStore`, the counting `ObjectStore` wrapper; the happy path
+//!   should cost exactly one PUT per batch (two when a batch straddles a
+//!   second, i.e. two bags).
+//! * Metronome lag: a writer keeps writing while a [`Metronome`] (grace
+//!   200 ms) closes every bag as its close time passes; the lag of a tick is
+//!   the end of its close minus the bag's close time (`CloseReport::max_lag`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bagel_client::bag::faults::{KillSwitch, RequestCounts, TestObjectStore};
+use bagel_client::bag::posix::PosixStore;
+use bagel_client::bag::s3::S3Store;
+use bagel_client::bag::{BagConfig, BagStore, Metronome, Writer};
+use bagel_client::clock::{Clock, SystemClock};
+use bagel_client::json::{LeaseJson, WitnessJson};
+use bagel_proto::{Micros, Signer, pb};
+use bytes::Bytes;
+use object_store::ObjectStore;
+use serde::Serialize;
+
+pub const PAYLOAD_BYTES: usize = 100;
+
+/// A full lease signed by a throwaway key: `min_timestamp` a second ago,
+/// deadline an hour ahead (the writer only checks these and cites the
+/// witness; nothing here talks to a lease server).
+pub fn lease() -> LeaseJson {
+    let signer = Signer::generate();
+    let now = Micros::now();
+    let body = pb::WitnessBody {
+        lease_id: "bench-bags".into(),
+        names: vec![pb::WitnessName {
+            name: "bench".into(),
+            fencing_token: 1,
+            previous: None,
+        }],
+        owner: "bagel-bench".into(),
+        mode: pb::Mode::Full as i32,
+        kind: pb::WitnessKind::Acquire as i32,
+        deadline_us: now.saturating_add(Duration::from_secs(3600)).as_micros(),
+        min_timestamp_us: now.saturating_sub(Duration::from_secs(1)).as_micros(),
+        issued_at_us: now.as_micros(),
+        server_id: "bagel-bench".into(),
+        ..Default::default()
+    };
+    let w = bagel_proto::sign_witness(&signer, &body);
+    LeaseJson {
+        lease_id: "bench-bags".into(),
+        token: String::new(),
+        deadline_us: body.deadline_us,
+        min_timestamp_us: body.min_timestamp_us,
+        mode: "full".into(),
+        names: Vec::new(),
+        witness: WitnessJson::from(&w),
+        server: None,
+    }
+}
+
+fn writer(store: Arc<dyn BagStore>, log: &str, cfg: BagConfig) -> Result<Writer> {
+    Ok(Writer::new(
+        store,
+        log,
+        "bench-w1",
+        Arc::new(lease()),
+        Arc::new(SystemClock),
+        cfg,
+    )?)
+}
+
+/// One writer's throughput on one store.
+#[derive(Debug, Clone, Serialize)]
+pub struct WriteRow {
+    /// `posix` or `s3`.
+    pub store: String,
+    /// Whether the store fsyncs before acknowledging (POSIX).
+    pub sync: bool,
+    /// Where the POSIX directory lives (`tmpfs` or `disk`), or `moto`.
+    pub medium: String,
+    pub batch: usize,
+    pub payload_bytes: usize,
+    pub batches: u64,
+    pub messages: u64,
+    pub duration_s: f64,
+    pub messages_per_s: f64,
+    pub batch_p50_us: u64,
+    pub batch_p99_us: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+/// Writes batches of `batch` 100-byte messages back to back for `duration`
+/// or `max_batches`, whichever ends first.
+pub async fn write_loop(
+    w: &Writer,
+    batch: usize,
+    duration: Duration,
+    max_batches: u64,
+) -> (u64, u64, f64, hdrhistogram::Histogram<u64>, Option<String>) {
+    let payload = Bytes::from(vec![b'x'; PAYLOAD_BYTES]);
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let (mut batches, mut errors, mut first_error) = (0u64, 0u64, None);
+    let start = Instant::now();
+    while start.elapsed() < duration && batches + errors < max_batches {
+        let t = Instant::now();
+        match tokio::time::timeout(
+            Duration::from_secs(30),
+            w.write_batch(vec![payload.clone(); batch]),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                batches += 1;
+                let _ = hist.record(t.elapsed().as_micros() as u64);
+            }
+            Ok(Err(e)) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(_) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| "write_batch timed out after 30 s".into());
+            }
+        }
+        if errors >= 10 {
+            break;
+        }
+    }
+    (batches, errors, start.elapsed().as_secs_f64(), hist, first_error)
+}
+
+fn write_row(
+    store: &str,
+    sync: bool,
+    medium: &str,
+    batch: usize,
+    r: (u64, u64, f64, hdrhistogram::Histogram<u64>, Option<String>),
+) -> WriteRow {
+    let (batches, errors, secs, hist, first_error) = r;
+    let messages = batches * batch as u64;
+    WriteRow {
+        store: store.into(),
+        sync,
+        medium: medium.into(),
+        batch,
+        payload_bytes: PAYLOAD_BYTES,
+        batches,
+        messages,
+        duration_s: secs,
+        messages_per_s: if secs > 0.0 { messages as f64 / secs } else { 0.0 },
+        batch_p50_us: hist.value_at_quantile(0.5),
+        batch_p99_us: hist.value_at_quantile(0.99),
+        errors,
+        first_error,
+    }
+}
+
+/// POSIX writes/s in `dir` for every (batch, sync) point.
+pub async fn posix_writes(
+    dir: &std::path::Path,
+    medium: &str,
+    batches: &[usize],
+    duration: Duration,
+) -> Result<Vec<WriteRow>> {
+    let mut rows = Vec::new();
+    for &sync in &[true, false] {
+        for &batch in batches {
+            let root = dir.join(format!(
+                "writes-b{batch}-{}",
+                if sync { "sync" } else { "nosync" }
+            ));
+            std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+            let store = Arc::new(PosixStore::local(&root, sync, Duration::from_secs(10)));
+            let w = writer(store, "bench", BagConfig::default().with_sync(sync))?;
+            let r = write_loop(&w, batch, duration, 10_000_000 / batch as u64).await;
+            let row = write_row("posix", sync, medium, batch, r);
+            eprintln!(
+                "  posix ({medium}) batch {batch:4} fsync {sync:5}: {:>9.0} msgs/s  batch p50 {} µs p99 {} µs  errors {}",
+                row.messages_per_s, row.batch_p50_us, row.batch_p99_us, row.errors
+            );
+            rows.push(row);
+            // Tmpfs is RAM: drop what this point wrote.
+            let _ = std::fs::remove_dir_all(&root);
+        }
+    }
+    Ok(rows)
+}
+
+/// S3 requests per batch on the happy path.
+#[derive(Debug, Clone, Serialize)]
+pub struct S3PutRow {
+    pub batch: usize,
+    pub batches: u64,
+    pub puts: u64,
+    pub gets: u64,
+    pub heads: u64,
+    pub lists: u64,
+    pub puts_per_batch: f64,
+    /// Batches whose messages fell into two seconds (two bags, so two PUTs).
+    pub straddling_batches: u64,
+    pub messages_per_s: f64,
+    pub batch_p50_us: u64,
+    pub batch_p99_us: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+/// A bag store on `inner` under `prefix`, with request counts.
+pub async fn counted_s3(
+    inner: Arc<dyn ObjectStore>,
+    prefix: &str,
+) -> Result<(Arc<S3Store>, Arc<RequestCounts>)> {
+    let test = TestObjectStore::new(inner, KillSwitch::never());
+    let counts = test.counts.clone();
+    let s3 = S3Store::new(
+        Arc::new(test),
+        prefix,
+        Duration::from_secs(10),
+        format!("s3://{}/{prefix}", crate::s3::BUCKET),
+    );
+    s3.probe_conditional_put().await?;
+    Ok((Arc::new(s3), counts))
+}
+
+pub async fn s3_puts(
+    inner: Arc<dyn ObjectStore>,
+    batch: usize,
+    duration: Duration,
+    max_batches: u64,
+) -> Result<S3PutRow> {
+    let (store, counts) = counted_s3(inner, &format!("bags-puts-b{batch}")).await?;
+    let w = writer(store, "bench", BagConfig::default())?;
+    let before = [counts.puts(), counts.gets(), counts.heads(), counts.lists()];
+    // Count the batches that cross a second boundary from their stamps.
+    let payload = Bytes::from(vec![b'x'; PAYLOAD_BYTES]);
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let (mut batches, mut straddling, mut errors, mut first_error) = (0u64, 0u64, 0u64, None);
+    let start = Instant::now();
+    while start.elapsed() < duration && batches + errors < max_batches && errors < 10 {
+        let t = Instant::now();
+        match tokio::time::timeout(
+            Duration::from_secs(30),
+            w.write_batch(vec![payload.clone(); batch]),
+        )
+        .await
+        {
+            Ok(Ok(stamps)) => {
+                batches += 1;
+                let _ = hist.record(t.elapsed().as_micros() as u64);
+                if let (Some(a), Some(b)) = (stamps.first(), stamps.last())
+                    && a.as_micros() / 1_000_000 != b.as_micros() / 1_000_000
+                {
+                    straddling += 1;
+                }
+            }
+            Ok(Err(e)) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(_) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| "write_batch timed out after 30 s".into());
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let puts = counts.puts() - before[0];
+    let row = S3PutRow {
+        batch,
+        batches,
+        puts,
+        gets: counts.gets() - before[1],
+        heads: counts.heads() - before[2],
+        lists: counts.lists() - before[3],
+        puts_per_batch: if batches > 0 {
+            puts as f64 / batches as f64
+        } else {
+            0.0
+        },
+        straddling_batches: straddling,
+        messages_per_s: if secs > 0.0 {
+            (batches * batch as u64) as f64 / secs
+        } else {
+            0.0
+        },
+        batch_p50_us: hist.value_at_quantile(0.5),
+        batch_p99_us: hist.value_at_quantile(0.99),
+        errors,
+        first_error,
+    };
+    eprintln!(
+        "  s3 (moto) batch {batch:4}: {} batches, {} PUTs ({:.3}/batch; {} straddle two seconds), {} GETs {} HEADs {} LISTs, {:.0} msgs/s, errors {}",
+        row.batches,
+        row.puts,
+        row.puts_per_batch,
+        row.straddling_batches,
+        row.gets,
+        row.heads,
+        row.lists,
+        row.messages_per_s,
+        row.errors
+    );
+    Ok(row)
+}
+
+/// Metronome lag on one store while a writer keeps writing.
+#[derive(Debug, Clone, Serialize)]
+pub struct LagRow {
+    pub store: String,
+    pub grace_ms: u64,
+    /// Ticks that closed at least one bag (not counting the catch-up tick
+    /// at start, which closes the lookback window).
+    pub ticks: u64,
+    pub bags_closed: u64,
+    /// Per tick: its close's end minus the bag's close time (the largest
+    /// of the tick when it closed more than one).
+    pub lag_p50_ms: f64,
+    pub lag_max_ms: f64,
+    pub duration_s: f64,
+    pub messages_written: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+/// Runs a metronome like `Metronome::run` does (tick, sleep until the next
+/// close time) for `duration`, with a writer writing 100-message batches
+/// every 20 ms into the same log, so the closed bags are not empty.
+pub async fn metronome_lag(
+    store: Arc<dyn BagStore>,
+    label: &str,
+    grace: Duration,
+    duration: Duration,
+) -> Result<LagRow> {
+    let cfg = BagConfig::default()
+        .with_grace(grace)
+        .with_clock_tolerance(grace / 2)
+        .with_lookback(Duration::from_secs(1));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let log = "bench-lag";
+    let w = writer(store.clone(), log, cfg.clone())?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer_task = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let payload = Bytes::from(vec![b'x'; PAYLOAD_BYTES]);
+            let (mut msgs, mut errors, mut first_error) = (0u64, 0u64, None::<String>);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match tokio::time::timeout(Duration::from_secs(30), w.write_batch(vec![payload.clone(); 100]))
+                    .await
+                {
+                    Ok(Ok(s)) => msgs += s.len() as u64,
+                    Ok(Err(e)) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| "write_batch timed out".into());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (msgs, errors, first_error)
+        })
+    };
+    let mut m = Metronome::new(store, vec![log.into()], cfg, clock.clone())?;
+    let (mut lags, mut bags, mut errors, mut first_error) = (Vec::new(), 0u64, 0u64, None::<String>);
+    // The catch-up round: bags of the lookback window, long past due.
+    if let Err(e) = m.tick().await {
+        errors += 1;
+        first_error.get_or_insert_with(|| e.to_string());
+    }
+    let start = Instant::now();
+    while start.elapsed() < duration && errors < 10 {
+        let wait = m
+            .next_close_time()
+            .duration_since(clock.now())
+            .min(Duration::from_secs(1));
+        tokio::time::sleep(wait).await;
+        match tokio::time::timeout(Duration::from_secs(30), m.tick()).await {
+            Ok(Ok(r)) => {
+                if let Some(lag) = r.max_lag.filter(|_| r.closed > 0) {
+                    bags += r.closed;
+                    lags.push(lag);
+                }
+            }
+            Ok(Err(e)) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(_) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| "tick timed out after 30 s".into());
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (msgs, werr, wfirst) = writer_task.await.context("writer task")?;
+    lags.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let row = LagRow {
+        store: label.into(),
+        grace_ms: grace.as_millis() as u64,
+        ticks: lags.len() as u64,
+        bags_closed: bags,
+        lag_p50_ms: lags.get(lags.len() / 2).copied().map_or(0.0, ms),
+        lag_max_ms: lags.last().copied().map_or(0.0, ms),
+        duration_s: secs,
+        messages_written: msgs,
+        errors: errors + werr,
+        first_error: first_error.or(wfirst),
+    };
+    eprintln!(
+        "  metronome on {label} (grace {} ms): {} ticks, {} bags closed, lag p50 {:.1} ms max {:.1} ms; writer {} msgs; errors {}{}",
+        row.grace_ms,
+        row.ticks,
+        row.bags_closed,
+        row.lag_p50_ms,
+        row.lag_max_ms,
+        row.messages_written,
+        row.errors,
+        row.first_error
+            .as_deref()
+            .map_or(String::new(), |e| format!(" (first: {e})"))
+    );
+    Ok(row)
+}
+
+/// Everything the bag measurements produced, for `summary.json` and the
+/// Markdown report.
+#[derive(Debug, Default, Serialize)]
+pub struct BagResults {
+    pub writes: Vec<WriteRow>,
+    pub s3_puts: Vec<S3PutRow>,
+    pub metronome: Vec<LagRow>,
+}
