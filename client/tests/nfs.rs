@@ -125,6 +125,7 @@ async fn store_round_trip(version: u8) {
     let log = "tenants/acme";
     let mut want = BTreeSet::new();
     let mut tasks = Vec::new();
+    let mut last_written = bagel_proto::Micros::ZERO;
     for id in ["w1", "w2"] {
         let store = bag::open_store(&url, &cfg).await.unwrap();
         let w = Writer::new(
@@ -142,15 +143,17 @@ async fn store_round_trip(version: u8) {
             tasks.push(batch);
         }
         for batch in tasks.drain(..) {
-            w.write_batch(batch).await.unwrap();
+            let stamps = w.write_batch(batch).await.unwrap();
+            last_written = last_written.max(*stamps.last().expect("a batch has messages"));
         }
     }
     let closer = bag::open_store(&url, &cfg).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Close every bag up to the last write; close_through itself waits
+    // until that bag's close time has passed.
     let r = bag::close_through(
         closer.as_ref(),
         log,
-        bagel_proto::Micros::now(),
+        last_written.next(),
         &cfg.clone().with_lookback(Duration::from_secs(30)),
         &SystemClock,
     )
