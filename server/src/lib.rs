@@ -80,11 +80,7 @@ impl Server {
         });
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
-        let witness = WitnessSigner {
-            signer,
-            server_id: cfg.server_id.clone(),
-            epoch: started,
-        };
+        let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
         Ok(Server {
             service: Service {
                 inner: Arc::new(Inner {
@@ -154,6 +150,11 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+        {
+            let inner = Arc::clone(&self.service.inner);
+            let cancel = cancel.clone();
+            tasks.spawn(async move { inner.witness.drain_queue(cancel).await });
+        }
 
         // tonic ignores the builder's tcp_nodelay for a caller's incoming
         // stream, so set it on the stream: without it every small response

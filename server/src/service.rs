@@ -57,7 +57,7 @@ impl Service {
         let mut result = inner.table.acquire(&spec, self.now());
         loop {
             let conflict = match result {
-                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire),
+                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
                 Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
                 Err(e) => return Err(e),
             };
@@ -68,7 +68,7 @@ impl Service {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let conflict = match self.retry(&spec, conflict) {
-                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire),
+                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
                 Err(Error::Conflict(c)) => c,
                 Err(e) => return Err(e),
             };
@@ -226,9 +226,13 @@ impl Service {
     /// Signs the grant's witness. The clock was checked before the grant;
     /// in Roughtime mode a grant implies an answer exists, so `signed()`
     /// cannot fail here in practice.
-    fn grant_pb(&self, grant: &crate::table::Grant, kind: pb::WitnessKind) -> Result<pb::LeaseGrant, Error> {
+    async fn grant_pb(
+        &self,
+        grant: &crate::table::Grant,
+        kind: pb::WitnessKind,
+    ) -> Result<pb::LeaseGrant, Error> {
         let time = self.inner.time.signed()?;
-        Ok(self.inner.witness.grant_pb(grant, kind, self.now(), &time))
+        Ok(self.inner.witness.grant_pb(grant, kind, self.now(), &time).await)
     }
 
     /// Checks a release's watermark against its signed time (or, without
@@ -334,7 +338,7 @@ impl LeaseService for Service {
     async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
         let grant = self.upgrade_op(request.get_ref())?;
         Ok(Response::new(pb::UpgradeResponse {
-            grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade)?),
+            grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade).await?),
         }))
     }
 
@@ -344,7 +348,8 @@ impl LeaseService for Service {
         let witness = self
             .inner
             .witness
-            .sign(&grant, pb::WitnessKind::Renew, self.now(), &time);
+            .sign_queued(&grant, pb::WitnessKind::Renew, self.now(), &time)
+            .await;
         Ok(Response::new(pb::RenewResponse {
             deadline_us: grant.deadline.as_micros(),
             witness: Some(witness),
