@@ -180,7 +180,10 @@ async fn race_round(round: usize) {
         let (store, stop, cfg) = (store_b.clone(), stop.clone(), cfg.clone());
         tokio::spawn(async move {
             let mut reads = 0u64;
+            // Pacing, not synchronisation: one tail read every 20 ms.
+            let mut pace = tokio::time::interval(Duration::from_millis(20));
             while !stop.is_cancelled() {
+                pace.tick().await;
                 let from = bagel_proto::Micros::now().saturating_sub(Duration::from_secs(3));
                 let opts = ReadOptions::default()
                     .with_range(from, bagel_proto::Micros::MAX)
@@ -192,7 +195,6 @@ async fn race_round(round: usize) {
                 {
                     reads += 1;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             reads
         })
@@ -216,7 +218,10 @@ async fn race_round(round: usize) {
             let (mut acked, mut refused, mut errors) = (Vec::new(), 0usize, Vec::new());
             let start = Instant::now();
             let mut j = 0;
+            // Pacing: a batch every 5 ms, so the run spans several bags.
+            let mut pace = tokio::time::interval(Duration::from_millis(5));
             while start.elapsed() < Duration::from_secs(4) {
+                pace.tick().await;
                 let batch: Vec<String> = (0..5).map(|k| format!("w{i}-m{}", j + k)).collect();
                 j += 5;
                 match w
@@ -227,7 +232,6 @@ async fn race_round(round: usize) {
                     Err(Error::BagClosed { .. } | Error::LateRejected { .. }) => refused += batch.len(),
                     Err(e) => errors.push(e.to_string()),
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
             }
             (acked, refused, errors)
         }));
@@ -248,7 +252,10 @@ async fn race_round(round: usize) {
 
     // Close everything through the other mount, then read there.
     let mut closed = None;
+    // Retried while the other mount's caches (3 s) still hide a name.
+    let mut backoff = tokio::time::interval(Duration::from_millis(200));
     for _ in 0..50 {
+        backoff.tick().await;
         match bag::close_through(
             store_b.as_ref(),
             log,
@@ -265,7 +272,6 @@ async fn race_round(round: usize) {
             // A name another mount made is unknown here for up to 3 s.
             Err(e) => {
                 merrors.push(format!("final close: {e}"));
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
