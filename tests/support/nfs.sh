@@ -23,7 +23,7 @@
 # lives in the file system and is shared. Our client never asks the
 # portmapper: the URLs carry the NFS and MOUNT ports.
 
-: "${BAGEL_BIN_DIR:=target/debug}"
+: "${BAGEL_BIN_DIR:=${CARGO_TARGET_DIR:-target}/debug}"
 NFS_PSEUDO=/bagel
 
 _nfs_rpcbind_up() { rpcinfo -p >/dev/null 2>&1; }
