@@ -26,6 +26,9 @@ use bytes::Bytes;
 use object_store::ObjectStore;
 use serde::Serialize;
 
+/// Pacing between write batches of the metronome-lag run.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
 pub const PAYLOAD_BYTES: usize = 100;
 
 /// A full lease signed by a throwaway key: `min_timestamp` a second ago,
@@ -364,7 +367,7 @@ pub async fn metronome_lag(
                         first_error.get_or_insert_with(|| "write_batch timed out".into());
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(POLL_EVERY).await;
             }
             (msgs, errors, first_error)
         })

@@ -37,6 +37,9 @@ use crate::driver::{LeaseDriver, LoadSpec, run_load};
 use crate::procs::{Server, WorkDir};
 use crate::report::{Missing, Report, RestartRow, Row};
 
+/// How often a restart-to-ready probe asks again (the probe answering is the event).
+const POLL_EVERY: Duration = Duration::from_millis(5);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "bagel-bench",
@@ -622,7 +625,7 @@ impl Bench {
                 if spawned.elapsed() > bound {
                     bail!("bagel-server never listened");
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(POLL_EVERY).await;
             };
             // ...then grants are refused until the restart wait is over.
             let ttl = (max_ttl / 2).max(Duration::from_millis(500)).min(max_ttl);
@@ -634,7 +637,7 @@ impl Bench {
                 if spawned.elapsed() > bound {
                     bail!("no grant within {bound:?}");
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(POLL_EVERY).await;
             }
         }
         .await;

@@ -14,6 +14,9 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+/// How often a readiness probe asks again (the probe answering is the event).
+const POLL_EVERY: Duration = Duration::from_millis(10);
+
 /// Linux reports /proc/PID/stat times in USER_HZ ticks, which is 100 on every
 /// architecture Linux supports for userspace (`getconf CLK_TCK`).
 const CLK_TCK: f64 = 100.0;
@@ -198,7 +201,7 @@ impl Server {
                     log_tail(&self.log)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(POLL_EVERY).await;
         }
     }
 
