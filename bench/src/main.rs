@@ -651,6 +651,10 @@ impl Bench {
     }
 }
 
+/// The same allocator as bagel-server, for every system's client side alike.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
