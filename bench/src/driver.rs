@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use tokio::sync::Semaphore;
 
 use crate::procs::cpu_seconds;
 
@@ -154,11 +155,13 @@ pub async fn run_load<D: LeaseDriver>(
         )
     });
 
+    let pacer = spec.rate.map(|rate| pace(start, end, rate));
     let mut tasks = Vec::with_capacity(spec.concurrency);
     for worker in 0..spec.concurrency {
         let driver = driver.clone();
         let shared = shared.clone();
         let spec = spec.clone();
+        let pacer = pacer.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = StdRng::from_entropy();
             let mut out = TaskOut {
@@ -175,17 +178,23 @@ pub async fn run_load<D: LeaseDriver>(
                 shared.errors.fetch_add(1, Ordering::Relaxed) + 1 >= spec.max_errors
             };
             loop {
-                let t0 = match spec.rate {
-                    Some(rate) => {
+                let t0 = match (spec.rate, &pacer) {
+                    (Some(rate), Some(permits)) => {
+                        // The pacer releases slot k's permit at its start
+                        // time; a cycle counts from there, however late a
+                        // busy client picks it up.
+                        let Ok(permit) = permits.acquire().await else {
+                            break;
+                        };
+                        permit.forget();
                         let slot = shared.slot.fetch_add(1, Ordering::Relaxed);
                         let at = start + Duration::from_secs_f64(slot as f64 / rate);
                         if at >= end {
                             break;
                         }
-                        tokio::time::sleep_until(at.into()).await;
                         at
                     }
-                    None => Instant::now(),
+                    _ => Instant::now(),
                 };
                 if t0 >= end || shared.measured.load(Ordering::Relaxed) >= spec.max_cycles {
                     break;
@@ -284,6 +293,38 @@ pub async fn run_load<D: LeaseDriver>(
         result.client_cpu_s = client;
     }
     result
+}
+
+/// Open-loop pacing: a thread of its own releases one permit per cycle
+/// start, at `start + k / rate` for slot `k`, until `end`, then closes the
+/// semaphore.
+///
+/// Why not `tokio::time::sleep_until` in each task: tokio's timer has a
+/// 1 ms granularity, so every cycle would start up to a millisecond late
+/// and that lateness, counted from the scheduled start, would be charged
+/// to the server. A blocking thread sleeps with the OS timer (tens of µs).
+fn pace(start: Instant, end: Instant, rate: f64) -> Arc<Semaphore> {
+    let permits = Arc::new(Semaphore::new(0));
+    let release = Arc::clone(&permits);
+    std::thread::spawn(move || {
+        let mut released: u64 = 0;
+        loop {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            // Slots 0..=k are due once k / rate has passed.
+            let due = (now.duration_since(start).as_secs_f64() * rate) as u64 + 1;
+            if due > released {
+                release.add_permits(usize::try_from(due - released).unwrap_or(usize::MAX));
+                released = due;
+            }
+            let next = start + Duration::from_secs_f64(released as f64 / rate);
+            std::thread::sleep(next.min(end).saturating_duration_since(Instant::now()));
+        }
+        release.close();
+    });
+    permits
 }
 
 /// Acquires `count` distinct names (`{prefix}{i}`) and keeps them: for the

@@ -312,32 +312,39 @@ impl Bench {
         }
     }
 
-    /// bagel's single-name cycle paced at half of its measured peak, for
-    /// the "p99 acquire at half of peak" goal.
-    async fn half_peak<D: LeaseDriver>(&mut self, driver: Arc<D>, server: &mut Server) -> Result<()> {
-        let peak = self
+    /// bagel's single-name cycle paced at half of its measured peak (of
+    /// the same `system`: unary or batched), for the "p99 acquire at half
+    /// of peak" goal.
+    async fn half_peak<D: LeaseDriver>(
+        &mut self,
+        system: System,
+        driver: Arc<D>,
+        server: &mut Server,
+    ) -> Result<()> {
+        let workload = format!("{}{}", report::workload_name(1), system.workload_suffix());
+        // The peak and the number of clients that reached it: the paced
+        // run gets as many, so it can have as many cycles in flight.
+        let (peak, concurrency) = self
             .report
             .rows
             .iter()
-            .filter(|r| {
-                r.system == "bagel" && r.workload == report::workload_name(1) && r.target_per_s.is_none()
-            })
-            .map(|r| r.cycles_per_s)
-            .fold(0.0, f64::max);
+            .filter(|r| r.system == "bagel" && r.workload == workload && r.target_per_s.is_none())
+            .map(|r| (r.cycles_per_s, r.concurrency))
+            .fold((0.0, 1), |best, p| if p.0 > best.0 { p } else { best });
         if peak <= 0.0 {
-            bail!("no single-name bagel throughput to take half of");
+            bail!("no single-name {} throughput to take half of", system.label());
         }
         server.check_alive()?;
-        let concurrency = 64;
-        let mut spec = self.spec(System::Bagel, 1, concurrency);
-        spec.prefix = "bench-bagel-half-peak-".into();
+        let mut spec = self.spec(system, 1, concurrency);
+        spec.prefix = format!("bench-{}-half-peak-", system.label());
         spec.rate = Some(peak / 2.0);
         let r = run_load(driver, &spec, Some(server.pid)).await;
         let mut row = Row::from_load("bagel", 1, concurrency, 2, &r);
-        row.workload = format!("{}-half-peak", row.workload);
+        row.workload = format!("{workload}-half-peak");
         row.target_per_s = Some(peak / 2.0);
         eprintln!(
-            "  bagel at half peak ({:.0}/s): {:.0} cycles/s, acquire p50 {} µs p99 {} µs p99.9 {} µs",
+            "  {} at half peak ({:.0}/s): {:.0} cycles/s, acquire p50 {} µs p99 {} µs p99.9 {} µs",
+            system.label(),
             peak / 2.0,
             row.cycles_per_s,
             row.acquire_p50_us,
@@ -404,7 +411,7 @@ impl Bench {
                 let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
                 let mut r = self.sweep(system, driver.clone(), &mut server).await;
                 if r.is_ok() && self.args.names.contains(&1) {
-                    r = self.half_peak(driver, &mut server).await;
+                    r = self.half_peak(system, driver, &mut server).await;
                 }
                 server.stop().await;
                 r
@@ -417,7 +424,10 @@ impl Bench {
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
                 let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
-                let r = self.sweep(system, driver, &mut server).await;
+                let mut r = self.sweep(system, driver.clone(), &mut server).await;
+                if r.is_ok() && self.args.names.contains(&1) {
+                    r = self.half_peak(system, driver, &mut server).await;
+                }
                 server.stop().await;
                 r
             }

@@ -305,7 +305,11 @@ impl Report {
                 let _ = writeln!(
                     md,
                     "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    r.system,
+                    if r.workload.contains("-batched") {
+                        format!("{} (batched)", r.system)
+                    } else {
+                        r.system.clone()
+                    },
                     r.names_per_cycle,
                     r.concurrency,
                     fmt_rate(r.target_per_s.unwrap_or_default()),

@@ -7,9 +7,9 @@
 //! operation, which is where a lease server's time goes under load. At low
 //! load a batch holds one operation and costs what a unary call costs.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use bagel_proto::{pb, witness_signed_message};
+use bagel_proto::{KeyRing, pb, witness_signed_message};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -66,12 +66,7 @@ type Reply = oneshot::Sender<Result<pb::batch_result::Result>>;
 /// share behind an `Arc`; its flusher tasks stop when it is dropped.
 #[derive(Debug)]
 pub struct Coalescer {
-    client: Client,
     tx: mpsc::Sender<(pb::BatchOp, Reply)>,
-    verify: bool,
-    /// The last (signature, signed message) verified: the grants of one
-    /// batch share both, so only the first costs an ed25519 check.
-    last_verified: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
     _stop: DropGuard,
 }
 
@@ -81,18 +76,10 @@ impl Coalescer {
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let cancel = CancellationToken::new();
         for _ in 0..options.in_flight {
-            tokio::spawn(flusher(
-                client.clone(),
-                Arc::clone(&rx),
-                options.max_batch,
-                cancel.clone(),
-            ));
+            tokio::spawn(flusher(client.clone(), Arc::clone(&rx), options, cancel.clone()));
         }
         Coalescer {
-            client,
             tx,
-            verify: options.verify_witnesses,
-            last_verified: Mutex::new(None),
             _stop: cancel.drop_guard(),
         }
     }
@@ -109,16 +96,11 @@ impl Coalescer {
     }
 
     /// Acquires without waiting (batched acquires cannot wait); returns the
-    /// grant with its witness checked.
+    /// grant with its witness checked (unless the options say not to).
     pub async fn acquire(&self, req: pb::AcquireRequest) -> Result<pb::LeaseGrant> {
         use pb::batch_result::Result as R;
         match self.call(op(pb::batch_op::Op::Acquire(req))).await? {
-            R::Grant(grant) => {
-                if self.verify {
-                    self.check(&grant)?;
-                }
-                Ok(grant)
-            }
+            R::Grant(grant) => Ok(grant),
             other => Err(unexpected("grant", &other)),
         }
     }
@@ -137,28 +119,6 @@ impl Coalescer {
             R::Released(r) => Ok(r),
             other => Err(unexpected("release", &other)),
         }
-    }
-
-    fn check(&self, grant: &pb::LeaseGrant) -> Result<()> {
-        let witness = grant.witness.as_ref().ok_or_else(|| Error::Witness {
-            reason: "grant has no witness".into(),
-        })?;
-        let message = witness_signed_message(witness).map_err(|e| Error::Witness {
-            reason: e.to_string(),
-        })?;
-        let mut last = self.last_verified.lock().unwrap_or_else(PoisonError::into_inner);
-        let known = last
-            .as_ref()
-            .is_some_and(|(sig, msg)| *sig == witness.signature && msg.as_slice() == &*message);
-        if !known {
-            crate::lease::check_grant(grant, self.client.keys())?;
-            *last = Some((witness.signature.clone(), message.into_owned()));
-        } else {
-            // The signature is known good for this root; the body's
-            // membership was just checked by folding its Merkle path.
-            crate::lease::check_grant_body(grant)?;
-        }
-        Ok(())
     }
 }
 
@@ -186,13 +146,43 @@ fn op_error(e: &pb::OpError) -> Error {
     ))
 }
 
-/// Takes whatever is queued (up to `max`) and sends it as one batch.
+/// Checks the witness of a grant in a batch's answer; other results pass.
+///
+/// The grants of a batch share one signature over a Merkle root, so the
+/// first costs an ed25519 check and the others only their Merkle path (the
+/// root they fold to must be the one just verified) and the body check.
+/// `verified` carries the (signature, signed message) checked last.
+fn check_one(
+    grant: &pb::LeaseGrant,
+    keys: &KeyRing,
+    verified: &mut Option<(Vec<u8>, Vec<u8>)>,
+) -> Result<()> {
+    let witness = grant.witness.as_ref().ok_or_else(|| Error::Witness {
+        reason: "grant has no witness".into(),
+    })?;
+    let message = witness_signed_message(witness).map_err(|e| Error::Witness {
+        reason: e.to_string(),
+    })?;
+    let known = verified
+        .as_ref()
+        .is_some_and(|(sig, msg)| *sig == witness.signature && msg.as_slice() == &*message);
+    if known {
+        crate::lease::check_grant_body(grant)
+    } else {
+        crate::lease::check_grant(grant, keys)?;
+        *verified = Some((witness.signature.clone(), message.into_owned()));
+        Ok(())
+    }
+}
+
+/// Takes whatever is queued (up to `max_batch`) and sends it as one batch.
 async fn flusher(
     client: Client,
     rx: Arc<tokio::sync::Mutex<mpsc::Receiver<(pb::BatchOp, Reply)>>>,
-    max: usize,
+    options: CoalesceOptions,
     cancel: CancellationToken,
 ) {
+    let max = options.max_batch;
     loop {
         let mut ops = Vec::new();
         let mut replies = Vec::new();
@@ -220,10 +210,18 @@ async fn flusher(
         }
         match client.batch_raw(ops).await {
             Ok(results) if results.len() == replies.len() => {
+                let mut verified = None;
                 for (reply, result) in replies.into_iter().zip(results) {
-                    let r = result.result.ok_or_else(|| Error::Witness {
-                        reason: "empty batch result".into(),
-                    });
+                    let r = match result.result {
+                        None => Err(Error::Witness {
+                            reason: "empty batch result".into(),
+                        }),
+                        Some(pb::batch_result::Result::Grant(grant)) if options.verify_witnesses => {
+                            check_one(&grant, client.keys(), &mut verified)
+                                .map(|()| pb::batch_result::Result::Grant(grant))
+                        }
+                        Some(r) => Ok(r),
+                    };
                     let _ = reply.send(r);
                 }
             }

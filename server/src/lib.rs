@@ -87,7 +87,7 @@ impl Server {
                     cfg,
                     table,
                     time,
-                    witness,
+                    witness: Arc::new(witness),
                     keys,
                 }),
             },
@@ -150,11 +150,6 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
-        {
-            let inner = Arc::clone(&self.service.inner);
-            let cancel = cancel.clone();
-            tasks.spawn(async move { inner.witness.drain_queue(cancel).await });
-        }
 
         // tonic ignores the builder's tcp_nodelay for a caller's incoming
         // stream, so set it on the stream: without it every small response

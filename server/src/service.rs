@@ -26,7 +26,7 @@ pub(crate) struct Inner {
     pub cfg: Config,
     pub table: LeaseTable,
     pub time: TimeKeeper,
-    pub witness: WitnessSigner,
+    pub witness: Arc<WitnessSigner>,
     /// Our own public key(s), to verify signed times we issued.
     pub keys: KeyRing,
 }

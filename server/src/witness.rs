@@ -1,19 +1,18 @@
 //! Turning a table grant into the signed witness and the wire grant.
 //!
-//! Unary grants are signed through a queue: whatever grants are waiting
-//! for a signature at the same moment are signed together, with one
-//! ed25519 signature over their Merkle root (the same witnesses a `Batch`
-//! call gets). Under load that takes the signature, the most expensive
-//! step of a grant, off the per-request cost; with one request at a time a
-//! batch holds one witness, signed directly as before.
+//! Unary grants are signed in groups (group commit): a grant that finds
+//! nobody signing signs its own witness at once, in its own task, with no
+//! hand-off; grants that arrive while a signature is being made wait, and
+//! are then signed together with one ed25519 signature over their Merkle
+//! root (the same witnesses a `Batch` call gets). Under load that takes
+//! the signature, the most expensive step of a grant, off the per-request
+//! cost; with one request at a time it costs nothing extra.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bagel_proto::{Micros, Signer, TimeProofKind, pb, sign_witness, sign_witness_batch};
 use prost::Message as _;
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::oneshot;
 
 use crate::table::{Grant, NameGrant};
 use crate::timekeeper::SignedReading;
@@ -29,86 +28,95 @@ pub struct WitnessSigner {
     pub signer: Signer,
     pub server_id: String,
     pub epoch: Micros,
-    queue: mpsc::UnboundedSender<SignJob>,
-    /// Taken by the task that drains the queue.
-    pending: Mutex<Option<mpsc::UnboundedReceiver<SignJob>>>,
-    /// True while that task runs; otherwise requests sign on their own.
-    draining: AtomicBool,
+    group: Mutex<SignGroup>,
+}
+
+/// The signing group: whether a signature is being made, and who waits
+/// for the next one.
+#[derive(Debug, Default)]
+struct SignGroup {
+    signing: bool,
+    waiting: Vec<SignJob>,
 }
 
 impl WitnessSigner {
     pub fn new(signer: Signer, server_id: String, epoch: Micros) -> Self {
-        let (queue, pending) = mpsc::unbounded_channel();
         WitnessSigner {
             signer,
             server_id,
             epoch,
-            queue,
-            pending: Mutex::new(Some(pending)),
-            draining: AtomicBool::new(false),
+            group: Mutex::new(SignGroup::default()),
         }
     }
 
-    /// Signs one grant's witness together with any others being signed at
-    /// the same moment (see the module docs).
+    fn group(&self) -> MutexGuard<'_, SignGroup> {
+        self.group.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Signs one grant's witness, together with the others waiting for a
+    /// signature at the same moment (see the module docs).
     pub async fn sign_queued(
-        &self,
+        self: &Arc<Self>,
         grant: &Grant,
         kind: pb::WitnessKind,
         now: Micros,
         time: &SignedReading,
     ) -> pb::Witness {
-        if !self.draining.load(Ordering::Acquire) {
-            return self.sign(grant, kind, now, time);
-        }
-        let body = self.body(grant, kind, now, time).encode_to_vec();
-        let (reply, answer) = oneshot::channel();
-        if let Err(mpsc::error::SendError((body, _))) = self.queue.send((body, reply)) {
-            return sign_witness_batch(&self.signer, vec![body]).remove(0);
-        }
-        match answer.await {
-            Ok(witness) => witness,
-            // The queue stopped (shutdown) with our job in it.
-            Err(_) => self.sign(grant, kind, now, time),
-        }
-    }
-
-    /// Drains the signing queue until `cancel`: takes every job waiting,
-    /// signs them with one signature, answers each.
-    pub async fn drain_queue(&self, cancel: CancellationToken) {
-        let Some(mut pending) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            return;
+        let body = self.body(grant, kind, now, time);
+        let answer = {
+            let mut group = self.group();
+            if group.signing {
+                let (reply, answer) = oneshot::channel();
+                group.waiting.push((body.encode_to_vec(), reply));
+                Some(answer)
+            } else {
+                group.signing = true;
+                None
+            }
         };
-        self.draining.store(true, Ordering::Release);
-        loop {
-            let first = tokio::select! {
-                job = pending.recv() => job,
-                () = cancel.cancelled() => None,
-            };
-            let Some(first) = first else { break };
-            let mut jobs = vec![first];
-            while jobs.len() < MAX_SIGN_BATCH {
-                match pending.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
-                }
+        match answer {
+            None => {
+                let witness = sign_witness(&self.signer, &body);
+                self.hand_over();
+                witness
             }
-            let (bodies, replies): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
-            for (reply, witness) in replies.into_iter().zip(sign_witness_batch(&self.signer, bodies)) {
-                let _ = reply.send(witness);
-            }
+            Some(answer) => match answer.await {
+                Ok(witness) => witness,
+                // The runtime shut down with our job waiting.
+                Err(_) => sign_witness(&self.signer, &body),
+            },
         }
-        self.draining.store(false, Ordering::Release);
     }
 
-    pub fn sign(
-        &self,
-        grant: &Grant,
-        kind: pb::WitnessKind,
-        now: Micros,
-        time: &SignedReading,
-    ) -> pb::Witness {
-        sign_witness(&self.signer, &self.body(grant, kind, now, time))
+    /// Called by whoever just signed: leaves the group idle, or hands the
+    /// grants that queued meanwhile to a task that signs them in batches.
+    fn hand_over(self: &Arc<Self>) {
+        let mut group = self.group();
+        if group.waiting.is_empty() {
+            group.signing = false;
+            return;
+        }
+        drop(group);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let jobs = {
+                    let mut group = me.group();
+                    if group.waiting.is_empty() {
+                        group.signing = false;
+                        return;
+                    }
+                    let n = group.waiting.len().min(MAX_SIGN_BATCH);
+                    group.waiting.drain(..n).collect::<Vec<_>>()
+                };
+                let (bodies, replies): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
+                for (reply, witness) in replies.into_iter().zip(sign_witness_batch(&me.signer, bodies)) {
+                    let _ = reply.send(witness);
+                }
+                // Let the requests this batch answered run before the next.
+                tokio::task::yield_now().await;
+            }
+        });
     }
 
     /// Signs many grants with one signature (Merkle-batched witnesses).
@@ -150,7 +158,7 @@ impl WitnessSigner {
 
     /// The wire form of a grant, with its witness.
     pub async fn grant_pb(
-        &self,
+        self: &Arc<Self>,
         grant: &Grant,
         kind: pb::WitnessKind,
         now: Micros,
