@@ -5,15 +5,16 @@
 //! `Release(lease_id, token, watermark = 0)` ("wrote nothing"): two round
 //! trips, whatever the number of names. [`BagelDriver`] makes one unary RPC
 //! per operation; [`BagelBatchedDriver`] goes through `bagel-client`'s
-//! `Coalescer`, which packs the operations of concurrent tasks into `Batch`
-//! RPCs (one signature per batch) and checks every grant's witness.
+//! `Coalescer`, which packs the operations of concurrent tasks into batches
+//! (one signature per batch), sent as `Batch` RPCs or pipelined on one
+//! `Session` stream, and checks every grant's witness.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bagel_client::{CoalesceOptions, Coalescer};
+use bagel_client::{CoalesceOptions, Coalescer, Transport};
 use bagel_proto::Micros;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
@@ -188,12 +189,12 @@ pub struct BagelBatchedDriver {
 }
 
 impl BagelBatchedDriver {
-    pub async fn connect(addr: SocketAddr) -> Result<Self> {
+    pub async fn connect(addr: SocketAddr, transport: Transport) -> Result<Self> {
         let client = bagel_client::Client::connect(format!("http://{addr}"))
             .await
             .context("connecting bagel-client")?;
         Ok(Self {
-            coalescer: Coalescer::new(client, CoalesceOptions::default()),
+            coalescer: Coalescer::new(client, CoalesceOptions::default().with_transport(transport)),
             owner: format!("bench-{}", std::process::id()),
         })
     }

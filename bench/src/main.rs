@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use bagel_client::Transport;
 use clap::Parser;
 
 use crate::driver::{LeaseDriver, LoadSpec, run_load};
@@ -57,7 +58,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "bagel,bagel-batched,etcd,redis,s3"
+        default_value = "bagel,bagel-batched,bagel-session,etcd,redis,s3"
     )]
     systems: Vec<System>,
     /// Concurrent clients per point.
@@ -127,6 +128,8 @@ enum System {
     Bagel,
     /// bagel through bagel-client's Coalescer (Batch RPCs).
     BagelBatched,
+    /// bagel through bagel-client's Coalescer over one Session stream.
+    BagelSession,
     Etcd,
     Redis,
     S3,
@@ -136,7 +139,7 @@ impl System {
     /// The `system` column of the results.
     fn name(self) -> &'static str {
         match self {
-            System::Bagel | System::BagelBatched => "bagel",
+            System::Bagel | System::BagelBatched | System::BagelSession => "bagel",
             System::Etcd => "etcd",
             System::Redis => "redis",
             System::S3 => "s3",
@@ -147,6 +150,7 @@ impl System {
     fn label(self) -> &'static str {
         match self {
             System::BagelBatched => "bagel-batched",
+            System::BagelSession => "bagel-session",
             other => other.name(),
         }
     }
@@ -155,6 +159,7 @@ impl System {
     fn workload_suffix(self) -> &'static str {
         match self {
             System::BagelBatched => "-batched",
+            System::BagelSession => "-session",
             _ => "",
         }
     }
@@ -163,7 +168,7 @@ impl System {
     /// with the other operations of the same batches).
     fn requests_per_cycle(self) -> u32 {
         match self {
-            System::Bagel | System::BagelBatched | System::Redis => 2,
+            System::Bagel | System::BagelBatched | System::BagelSession | System::Redis => 2,
             System::Etcd | System::S3 => 3,
         }
     }
@@ -416,14 +421,19 @@ impl Bench {
                 server.stop().await;
                 r
             }
-            System::BagelBatched => {
+            System::BagelBatched | System::BagelSession => {
                 let bin = self.args.bagel_server();
                 let opts = bagel::ServerOpts {
                     max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
                     skip_restart_wait: true,
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
-                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let transport = if system == System::BagelSession {
+                    Transport::Session
+                } else {
+                    Transport::Batch
+                };
+                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr, transport).await?);
                 let mut r = self.sweep(system, driver.clone(), &mut server).await;
                 if r.is_ok() && self.args.names.contains(&1) {
                     r = self.half_peak(system, driver, &mut server).await;
@@ -496,7 +506,7 @@ impl Bench {
             .args
             .systems
             .iter()
-            .any(|s| matches!(s, System::Bagel | System::BagelBatched))
+            .any(|s| matches!(s, System::Bagel | System::BagelBatched | System::BagelSession))
         {
             let opts = bagel::ServerOpts {
                 max_ttl: hold_ttl + Duration::from_secs(10),
@@ -506,7 +516,8 @@ impl Bench {
                 let server = bagel::start(&self.work, &self.args.bagel_server(), &opts).await?;
                 // Batched, so that 10^6 grants fit in the TTL; the server
                 // holds the same records either way.
-                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr).await?);
+                let driver =
+                    Arc::new(bagel::BagelBatchedDriver::connect(server.addr, Transport::Batch).await?);
                 let row = rss::held_lease_memory("bagel", driver, server.pid, n, conc * 4, hold_ttl).await;
                 server.stop().await;
                 row

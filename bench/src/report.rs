@@ -207,12 +207,21 @@ fn fmt_opt(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{v:.digits$}"))
 }
 
-/// `bagel (batched)` for the batched workloads, else the system.
+/// How a bagel workload reached the server: `batched` (Coalescer over
+/// `Batch` calls), `session` (Coalescer over a `Session` stream), or
+/// `None` for one unary RPC per operation (and for the other systems).
+fn variant(workload: &str) -> Option<&'static str> {
+    let workload = workload.trim_end_matches("-half-peak");
+    ["batched", "session"]
+        .into_iter()
+        .find(|v| workload.ends_with(&format!("-{v}")))
+}
+
+/// `bagel (batched)` / `bagel (session)` for those workloads, else the system.
 fn system_label(r: &Row) -> String {
-    if r.workload.ends_with("-batched") {
-        format!("{} (batched)", r.system)
-    } else {
-        r.system.clone()
+    match variant(&r.workload) {
+        Some(v) => format!("{} ({v})", r.system),
+        None => r.system.clone(),
     }
 }
 
@@ -280,11 +289,7 @@ impl Report {
                 let _ = writeln!(
                     md,
                     "| {} | {} | {} | {} | {} | {} |",
-                    if r.workload.ends_with("-batched") {
-                        "batched"
-                    } else {
-                        "unary"
-                    },
+                    variant(&r.workload).unwrap_or("unary"),
                     r.names_per_cycle,
                     r.concurrency,
                     fmt_rate(r.cycles_per_s),
@@ -305,11 +310,7 @@ impl Report {
                 let _ = writeln!(
                     md,
                     "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    if r.workload.contains("-batched") {
-                        format!("{} (batched)", r.system)
-                    } else {
-                        r.system.clone()
-                    },
+                    system_label(r),
                     r.names_per_cycle,
                     r.concurrency,
                     fmt_rate(r.target_per_s.unwrap_or_default()),
@@ -508,22 +509,19 @@ fn series(rows: &[Row]) -> Vec<(String, usize, String)> {
 fn label(system: &str, names: usize, workload: &str) -> String {
     format!(
         "{system}{}, {names} name{}",
-        if workload.ends_with("-batched") {
-            " batched"
-        } else {
-            ""
-        },
+        variant(workload).map_or(String::new(), |v| format!(" {v}")),
         if names == 1 { "" } else { "s" }
     )
 }
 
-/// Batched series are drawn in a lighter shade of their system's color.
+/// Batched series are drawn in a lighter shade of their system's color,
+/// session series in a darker one.
 fn series_color(system: &str, workload: &str) -> RGBColor {
     let c = color(system);
-    if workload.ends_with("-batched") {
-        RGBColor(c.0 / 2 + 127, c.1 / 2 + 127, c.2 / 2 + 127)
-    } else {
-        c
+    match variant(workload) {
+        Some("batched") => RGBColor(c.0 / 2 + 127, c.1 / 2 + 127, c.2 / 2 + 127),
+        Some(_) => RGBColor(c.0 / 2, c.1 / 2, c.2 / 2),
+        None => c,
     }
 }
 

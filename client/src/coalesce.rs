@@ -6,25 +6,48 @@
 //! The server then pays one RPC and one signature per batch instead of per
 //! operation, which is where a lease server's time goes under load. At low
 //! load a batch holds one operation and costs what a unary call costs.
+//!
+//! Two transports ([`Transport`]): `Batch` calls (up to `in_flight` at
+//! once, each its own HTTP/2 stream), or one long-lived `Session` stream
+//! on which batches are pipelined as they form, without waiting for the
+//! answers to earlier ones; the server runs the batches that arrived
+//! together as one. Either way every operation gets its own result.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bagel_proto::{KeyRing, pb, witness_signed_message};
 use prost::Message as _;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
 
+/// How a [`Coalescer`] reaches the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Unary `Batch` calls, up to `in_flight` at once.
+    #[default]
+    Batch,
+    /// One `Session` stream (reopened after a failure), with up to
+    /// `in_flight` batches sent ahead of their answers.
+    Session,
+}
+
 /// How a [`Coalescer`] batches.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct CoalesceOptions {
-    /// Most operations in one `Batch` call (the server's limit is 1024).
+    /// Most operations in one batch (the server's limit is 1024).
     pub max_batch: usize,
-    /// `Batch` calls in flight at once.
+    /// Batches in flight at once (per stream with `Transport::Session`).
     pub in_flight: usize,
+    pub transport: Transport,
+    /// `Session` streams, each run by the server on its own task (so on
+    /// more than one core).
+    pub streams: usize,
     /// Verify every grant's witness (one ed25519 check per batch, since the
     /// grants of a batch share their signature). Default true.
     pub verify_witnesses: bool,
@@ -35,6 +58,8 @@ impl Default for CoalesceOptions {
         CoalesceOptions {
             max_batch: 256,
             in_flight: 4,
+            transport: Transport::Batch,
+            streams: 2,
             verify_witnesses: true,
         }
     }
@@ -54,6 +79,18 @@ impl CoalesceOptions {
     }
 
     #[must_use]
+    pub fn with_streams(mut self, n: usize) -> Self {
+        self.streams = n.max(1);
+        self
+    }
+
+    #[must_use]
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    #[must_use]
     pub fn with_verify_witnesses(mut self, on: bool) -> Self {
         self.verify_witnesses = on;
         self
@@ -61,12 +98,14 @@ impl CoalesceOptions {
 }
 
 type Reply = oneshot::Sender<Result<pb::batch_result::Result>>;
+type Job = (pb::BatchOp, Reply);
+type Jobs = Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>;
 
 /// Coalesces lease operations of many tasks into `Batch` calls. Cheap to
 /// share behind an `Arc`; its flusher tasks stop when it is dropped.
 #[derive(Debug)]
 pub struct Coalescer {
-    tx: mpsc::Sender<(pb::BatchOp, Reply)>,
+    tx: mpsc::Sender<Job>,
     _stop: DropGuard,
 }
 
@@ -75,8 +114,17 @@ impl Coalescer {
         let (tx, rx) = mpsc::channel(options.max_batch * options.in_flight * 2);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let cancel = CancellationToken::new();
-        for _ in 0..options.in_flight {
-            tokio::spawn(flusher(client.clone(), Arc::clone(&rx), options, cancel.clone()));
+        match options.transport {
+            Transport::Batch => {
+                for _ in 0..options.in_flight {
+                    tokio::spawn(flusher(client.clone(), Arc::clone(&rx), options, cancel.clone()));
+                }
+            }
+            Transport::Session => {
+                for _ in 0..options.streams {
+                    tokio::spawn(session(client.clone(), Arc::clone(&rx), options, cancel.clone()));
+                }
+            }
         }
         Coalescer {
             tx,
@@ -175,80 +223,205 @@ fn check_one(
     }
 }
 
-/// Takes whatever is queued (up to `max_batch`) and sends it as one batch.
-async fn flusher(
-    client: Client,
-    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<(pb::BatchOp, Reply)>>>,
-    options: CoalesceOptions,
-    cancel: CancellationToken,
-) {
-    let max = options.max_batch;
+/// Waits for one job (or `cancel`), then takes whatever else is queued, up
+/// to `max` jobs. `None` once cancelled or the queue is closed.
+async fn gather(
+    rx: &mut mpsc::Receiver<Job>,
+    max: usize,
+    cancel: &CancellationToken,
+) -> Option<(Vec<pb::BatchOp>, Vec<Reply>)> {
+    let first = tokio::select! {
+        job = rx.recv() => job,
+        () = cancel.cancelled() => None,
+    };
+    let (op, reply) = first?;
+    let (mut ops, mut replies) = (vec![op], vec![reply]);
+    while ops.len() < max {
+        match rx.try_recv() {
+            Ok((op, reply)) => {
+                ops.push(op);
+                replies.push(reply);
+            }
+            Err(_) => break,
+        }
+    }
+    Some((ops, replies))
+}
+
+/// Hands each caller its result, checking grants' witnesses first.
+fn answer(replies: Vec<Reply>, results: Vec<pb::BatchResult>, options: &CoalesceOptions, keys: &KeyRing) {
+    if results.len() != replies.len() {
+        let n = replies.len();
+        let e = Error::Witness {
+            reason: format!("batch of {n} answered with {} results", results.len()),
+        };
+        return fail(replies, &e);
+    }
+    let mut verified = None;
+    for (reply, result) in replies.into_iter().zip(results) {
+        let r = match result.result {
+            None => Err(Error::Witness {
+                reason: "empty batch result".into(),
+            }),
+            Some(pb::batch_result::Result::Grant(grant)) if options.verify_witnesses => {
+                check_one(&grant, keys, &mut verified).map(|()| pb::batch_result::Result::Grant(grant))
+            }
+            Some(r) => Ok(r),
+        };
+        let _ = reply.send(r);
+    }
+}
+
+/// Fails every caller of a batch that got no answer.
+fn fail(replies: Vec<Reply>, e: &Error) {
+    let message = e.to_string();
+    for reply in replies {
+        let _ = reply.send(Err(if e.is_retryable() {
+            Error::Unavailable {
+                message: message.clone(),
+            }
+        } else {
+            Error::Rejected {
+                code: tonic::Code::Unknown,
+                message: message.clone(),
+            }
+        }));
+    }
+}
+
+/// `Transport::Batch`: takes whatever is queued (up to `max_batch`) and
+/// sends it as one `Batch` call; `in_flight` of these run at once.
+async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: CancellationToken) {
     loop {
-        let mut ops = Vec::new();
-        let mut replies = Vec::new();
-        {
+        let batch = {
             let mut rx = tokio::select! {
                 rx = rx.lock() => rx,
                 () = cancel.cancelled() => return,
             };
-            let first = tokio::select! {
-                job = rx.recv() => job,
-                () = cancel.cancelled() => return,
-            };
-            let Some((op, reply)) = first else { return };
-            ops.push(op);
-            replies.push(reply);
-            while ops.len() < max {
-                match rx.try_recv() {
-                    Ok((op, reply)) => {
-                        ops.push(op);
-                        replies.push(reply);
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
+            gather(&mut rx, options.max_batch, &cancel).await
+        };
+        let Some((ops, replies)) = batch else { return };
         match client.batch_raw(ops).await {
-            Ok(results) if results.len() == replies.len() => {
-                let mut verified = None;
-                for (reply, result) in replies.into_iter().zip(results) {
-                    let r = match result.result {
-                        None => Err(Error::Witness {
-                            reason: "empty batch result".into(),
-                        }),
-                        Some(pb::batch_result::Result::Grant(grant)) if options.verify_witnesses => {
-                            check_one(&grant, client.keys(), &mut verified)
-                                .map(|()| pb::batch_result::Result::Grant(grant))
-                        }
-                        Some(r) => Ok(r),
-                    };
-                    let _ = reply.send(r);
+            Ok(results) => answer(replies, results, &options, client.keys()),
+            Err(e) => fail(replies, &e),
+        }
+    }
+}
+
+/// Callers of the batches sent on a session, in the order sent; the
+/// server answers in that order.
+#[derive(Default)]
+struct Waiting {
+    /// False once the stream ended: nothing more will be answered.
+    open: bool,
+    /// Each with the permit that counts it as in flight.
+    batches: VecDeque<(Vec<Reply>, OwnedSemaphorePermit)>,
+}
+
+/// `Transport::Session`: sends batches on one `Session` stream as they
+/// form, up to `in_flight` ahead of their answers; a failed stream fails
+/// the batches it had not answered, and the next batch opens a new one.
+async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: CancellationToken) {
+    let gather = || async {
+        let mut rx = tokio::select! {
+            rx = jobs.lock() => rx,
+            () = cancel.cancelled() => return None,
+        };
+        gather(&mut rx, options.max_batch, &cancel).await
+    };
+    let in_flight = Arc::new(Semaphore::new(options.in_flight));
+    let mut pending = None;
+    loop {
+        // Open a stream only when there is something to send.
+        let batch = match pending.take() {
+            Some(batch) => Some(batch),
+            None => gather().await,
+        };
+        let Some(mut batch) = batch else { return };
+        let (requests, outgoing) = mpsc::channel::<pb::BatchRequest>(options.in_flight);
+        let waiting = Arc::new(Mutex::new(Waiting {
+            open: true,
+            batches: VecDeque::new(),
+        }));
+        tokio::spawn(read_answers(
+            client.clone(),
+            tokio_stream::wrappers::ReceiverStream::new(outgoing),
+            Arc::clone(&waiting),
+            options,
+        ));
+        loop {
+            let (ops, replies) = batch;
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                return; // never closed
+            };
+            {
+                let mut w = waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                if !w.open {
+                    // The stream ended: this batch goes on the next one.
+                    pending = Some((ops, replies));
+                    break;
                 }
+                w.batches.push_back((replies, permit));
             }
-            Ok(results) => {
-                let n = replies.len();
-                for reply in replies {
-                    let _ = reply.send(Err(Error::Witness {
-                        reason: format!("batch of {n} answered with {} results", results.len()),
-                    }));
-                }
+            if requests.send(pb::BatchRequest { ops }).await.is_err() {
+                // The stream is gone; its reader fails what it left unanswered.
+                break;
             }
-            Err(e) => {
-                let retryable = e.is_retryable();
-                let message = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(if retryable {
-                        Error::Unavailable {
-                            message: message.clone(),
+            match gather().await {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    }
+}
+
+/// Reads a session's answers and hands them out in order; when the stream
+/// ends, fails every batch still waiting.
+async fn read_answers(
+    client: Client,
+    requests: tokio_stream::wrappers::ReceiverStream<pb::BatchRequest>,
+    waiting: Arc<Mutex<Waiting>>,
+    options: CoalesceOptions,
+) {
+    let next_waiting = || {
+        waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .batches
+            .pop_front()
+    };
+    let ended = match client.rpc().session(requests).await {
+        Err(status) => Error::from(status),
+        Ok(response) => {
+            let mut answers = response.into_inner();
+            loop {
+                match answers.message().await {
+                    Ok(Some(answer_)) => match next_waiting() {
+                        Some((replies, _in_flight)) => {
+                            answer(replies, answer_.results, &options, client.keys());
                         }
-                    } else {
-                        Error::Rejected {
-                            code: tonic::Code::Unknown,
-                            message: message.clone(),
+                        None => {
+                            break Error::Witness {
+                                reason: "session answered a batch that was never sent".into(),
+                            };
                         }
-                    }));
+                    },
+                    Ok(None) => {
+                        break Error::Unavailable {
+                            message: "session ended by the server".into(),
+                        };
+                    }
+                    Err(status) => break Error::from(status),
                 }
             }
         }
+    };
+    let unanswered = {
+        let mut w = waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        w.open = false;
+        std::mem::take(&mut w.batches)
+    };
+    for (replies, _in_flight) in unanswered {
+        fail(replies, &ended);
     }
 }

@@ -42,7 +42,7 @@ pub mod time;
 
 pub use bagel_proto::{Micros, pb};
 pub use client::{AcquireBuilder, Client};
-pub use coalesce::{CoalesceOptions, Coalescer};
+pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState};
 pub use time::{TimeOptions, TimeSource};

@@ -20,6 +20,7 @@
 pub mod config;
 pub mod error;
 mod service;
+mod session;
 pub mod table;
 pub mod timekeeper;
 mod validate;

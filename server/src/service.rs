@@ -147,7 +147,7 @@ impl Service {
 
     /// Runs a batch: every operation on its own, in order; then one
     /// signature over all the grants' witnesses.
-    fn batch_ops(&self, ops: &[pb::BatchOp]) -> Result<Vec<pb::BatchResult>, Error> {
+    pub(crate) fn batch_ops(&self, ops: &[pb::BatchOp]) -> Result<Vec<pb::BatchResult>, Error> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as R;
         let max = self.inner.cfg.limits.max_batch_ops;
@@ -363,6 +363,17 @@ impl LeaseService for Service {
     async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
         let results = self.batch_ops(&request.get_ref().ops)?;
         Ok(Response::new(pb::BatchResponse { results }))
+    }
+
+    type SessionStream = crate::session::Answers;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<pb::BatchRequest>>,
+    ) -> Reply<Self::SessionStream> {
+        let (answers, stream) = crate::session::channel();
+        tokio::spawn(crate::session::run(self.clone(), request.into_inner(), answers));
+        Ok(Response::new(stream))
     }
 
     async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {

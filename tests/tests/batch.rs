@@ -1,11 +1,12 @@
-//! The `Batch` RPC and the client-side coalescer: every operation gets its
-//! own result, grants of one batch share one signature over a Merkle root,
-//! and each witness still verifies on its own (also through the CLI).
+//! The `Batch` and `Session` RPCs and the client-side coalescer: every
+//! operation gets its own result, grants of one batch share one signature
+//! over a Merkle root, and each witness still verifies on its own (also
+//! through the CLI).
 
 use std::sync::Arc;
 
 use bagel_client::json::LeaseJson;
-use bagel_client::{CoalesceOptions, Coalescer, Error, Micros, pb};
+use bagel_client::{CoalesceOptions, Coalescer, Error, Micros, Transport, pb};
 use bagel_proto::verify_witness;
 use bagel_tests::{ServerProcess, describe_output};
 use pb::batch_op::Op;
@@ -101,11 +102,26 @@ async fn a_batch_answers_every_operation_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_cycles_from_many_tasks_all_verify() {
+    coalesced_cycles_all_verify(Transport::Batch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_cycles_over_session_streams_all_verify() {
+    coalesced_cycles_all_verify(Transport::Session).await;
+}
+
+/// 48 tasks × 20 acquire/release cycles through one coalescer: every grant
+/// verifies alone and every release answers; then a held name is refused
+/// like the unary call refuses it.
+async fn coalesced_cycles_all_verify(transport: Transport) {
     let server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
     let coalescer = Arc::new(Coalescer::new(
         client.clone(),
-        CoalesceOptions::default().with_max_batch(64).with_in_flight(2),
+        CoalesceOptions::default()
+            .with_max_batch(64)
+            .with_in_flight(2)
+            .with_transport(transport),
     ));
     let mut tasks = Vec::new();
     for t in 0..48 {
@@ -202,4 +218,103 @@ async fn concurrent_unary_grants_each_verify_alone() {
     }
     // How many shared a signature depends on timing; none may be broken.
     eprintln!("{shared} of 640 unary witnesses were signed in a group");
+}
+
+/// A `Session` stream answers pipelined batches one for one, in the order
+/// sent, with `Batch`'s semantics; a request over the operation limit ends
+/// the stream with a status naming the field and the limit.
+#[tokio::test]
+async fn a_session_answers_pipelined_batches_in_order() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let mut rpc = pb::lease_service_client::LeaseServiceClient::new(
+        tonic::transport::Channel::from_shared(server.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let (requests, outgoing) = tokio::sync::mpsc::channel(8);
+    let mut answers = rpc
+        .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .unwrap()
+        .into_inner();
+    // Three requests sent before any answer is read.
+    let batch = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops };
+    requests.send(batch(vec![acquire("s-a", 0)])).await.unwrap();
+    requests
+        .send(batch(vec![acquire("s-b", 0), acquire("s-a", 0)]))
+        .await
+        .unwrap();
+    requests.send(batch(vec![acquire("s-c", 0)])).await.unwrap();
+
+    let first = answers.message().await.unwrap().unwrap().results;
+    let Some(R::Grant(a)) = &first[0].result else {
+        panic!("{first:?}")
+    };
+    let second = answers.message().await.unwrap().unwrap().results;
+    assert_eq!(second.len(), 2);
+    assert!(matches!(&second[0].result, Some(R::Grant(g)) if g.names[0].name == "s-b"));
+    match &second[1].result {
+        Some(R::Error(e)) => {
+            assert_eq!(e.code, tonic::Code::Aborted as i32);
+            assert_eq!(e.conflict.as_ref().unwrap().holder_lease_id, a.lease_id);
+        }
+        other => panic!("expected the conflict on s-a, got {other:?}"),
+    }
+    let third = answers.message().await.unwrap().unwrap().results;
+    let Some(R::Grant(c)) = &third[0].result else {
+        panic!("{third:?}")
+    };
+    let keys = server.client().await.keys().clone();
+    for grant in [a, c] {
+        let body = verify_witness(grant.witness.as_ref().unwrap(), &keys).unwrap();
+        assert_eq!(body.lease_id, grant.lease_id);
+    }
+
+    let too_many = vec![acquire("s-d", 0); 1025];
+    requests.send(batch(too_many)).await.unwrap();
+    let status = answers.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("ops") && status.message().contains("1024"),
+        "{}",
+        status.message()
+    );
+}
+
+/// When the server goes away under a session, the coalescer answers every
+/// waiting caller with a retryable error instead of leaving it hanging, and
+/// later calls open a new stream (and fail the same way while the server
+/// is down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_fails_its_callers_retryably() {
+    let mut server = ServerProcess::start_ready(&[]).await;
+    let client = server.client().await;
+    let coalescer = Coalescer::new(
+        client,
+        CoalesceOptions::default().with_transport(Transport::Session),
+    );
+    coalescer.acquire(acquire_request("before")).await.unwrap();
+    server.kill();
+    for name in ["after-1", "after-2"] {
+        let err = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            coalescer.acquire(acquire_request(name)),
+        )
+        .await
+        .expect("a caller of a lost session is answered")
+        .unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+    }
+}
+
+fn acquire_request(name: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        names: vec![name.to_owned()],
+        deadline_us: Micros::now().as_micros() + 5_000_000,
+        owner: "session".into(),
+        mode: pb::Mode::Full.into(),
+        wait_us: 0,
+    }
 }
