@@ -200,11 +200,7 @@ fn op_error(e: &pb::OpError) -> Error {
 /// first costs an ed25519 check and the others only their Merkle path (the
 /// root they fold to must be the one just verified) and the body check.
 /// `verified` carries the (signature, signed message) checked last.
-fn check_one(
-    grant: &pb::LeaseGrant,
-    keys: &KeyRing,
-    verified: &mut Option<(Vec<u8>, Vec<u8>)>,
-) -> Result<()> {
+fn check_one(grant: &pb::LeaseGrant, keys: &KeyRing, verified: &mut Verified) -> Result<()> {
     let witness = grant.witness.as_ref().ok_or_else(|| Error::Witness {
         reason: "grant has no witness".into(),
     })?;
@@ -248,8 +244,18 @@ async fn gather(
     Some((ops, replies))
 }
 
+/// The (signature, signed message) verified last: the grants of a batch
+/// share both, and so do the batches a session's server ran together.
+type Verified = Option<(Vec<u8>, Vec<u8>)>;
+
 /// Hands each caller its result, checking grants' witnesses first.
-fn answer(replies: Vec<Reply>, results: Vec<pb::BatchResult>, options: &CoalesceOptions, keys: &KeyRing) {
+fn answer(
+    replies: Vec<Reply>,
+    results: Vec<pb::BatchResult>,
+    options: &CoalesceOptions,
+    keys: &KeyRing,
+    verified: &mut Verified,
+) {
     if results.len() != replies.len() {
         let n = replies.len();
         let e = Error::Witness {
@@ -257,14 +263,13 @@ fn answer(replies: Vec<Reply>, results: Vec<pb::BatchResult>, options: &Coalesce
         };
         return fail(replies, &e);
     }
-    let mut verified = None;
     for (reply, result) in replies.into_iter().zip(results) {
         let r = match result.result {
             None => Err(Error::Witness {
                 reason: "empty batch result".into(),
             }),
             Some(pb::batch_result::Result::Grant(grant)) if options.verify_witnesses => {
-                check_one(&grant, keys, &mut verified).map(|()| pb::batch_result::Result::Grant(grant))
+                check_one(&grant, keys, verified).map(|()| pb::batch_result::Result::Grant(grant))
             }
             Some(r) => Ok(r),
         };
@@ -302,7 +307,7 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
         };
         let Some((ops, replies)) = batch else { return };
         match client.batch_raw(ops).await {
-            Ok(results) => answer(replies, results, &options, client.keys()),
+            Ok(results) => answer(replies, results, &options, client.keys(), &mut None),
             Err(e) => fail(replies, &e),
         }
     }
@@ -394,11 +399,12 @@ async fn read_answers(
         Err(status) => Error::from(status),
         Ok(response) => {
             let mut answers = response.into_inner();
+            let mut verified = None;
             loop {
                 match answers.message().await {
                     Ok(Some(answer_)) => match next_waiting() {
                         Some((replies, _in_flight)) => {
-                            answer(replies, answer_.results, &options, client.keys());
+                            answer(replies, answer_.results, &options, client.keys(), &mut verified);
                         }
                         None => {
                             break Error::Witness {
