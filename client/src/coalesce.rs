@@ -1,4 +1,5 @@
-//! [`Coalescer`]: client-side request coalescing over the `Batch` RPC.
+//! [`Coalescer`]: client-side request coalescing over the `Batch` and
+//! `Session` RPCs.
 //!
 //! Many tasks call [`Coalescer::acquire`]/[`Coalescer::release`]/...
 //! concurrently; operations that arrive while earlier calls are in flight
@@ -8,7 +9,7 @@
 //! load a batch holds one operation and costs what a unary call costs.
 //!
 //! Two transports ([`Transport`]): `Batch` calls (up to `in_flight` at
-//! once, each its own HTTP/2 stream), or one long-lived `Session` stream
+//! once, each its own HTTP/2 stream), or a few long-lived `Session` streams
 //! on which batches are pipelined as they form, without waiting for the
 //! answers to earlier ones; the server runs the batches that arrived
 //! together as one. Either way every operation gets its own result.
@@ -101,8 +102,8 @@ type Reply = oneshot::Sender<Result<pb::batch_result::Result>>;
 type Job = (pb::BatchOp, Reply);
 type Jobs = Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>;
 
-/// Coalesces lease operations of many tasks into `Batch` calls. Cheap to
-/// share behind an `Arc`; its flusher tasks stop when it is dropped.
+/// Coalesces lease operations of many tasks into batches. Cheap to share
+/// behind an `Arc`; its sending tasks stop when it is dropped.
 #[derive(Debug)]
 pub struct Coalescer {
     tx: mpsc::Sender<Job>,
@@ -315,7 +316,6 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
 
 /// Callers of the batches sent on a session, in the order sent; the
 /// server answers in that order.
-#[derive(Default)]
 struct Waiting {
     /// False once the stream ended: nothing more will be answered.
     open: bool,
@@ -397,14 +397,14 @@ async fn read_answers(
     };
     let ended = match client.rpc().session(requests).await {
         Err(status) => Error::from(status),
-        Ok(response) => {
-            let mut answers = response.into_inner();
+        Ok(call) => {
+            let mut answers = call.into_inner();
             let mut verified = None;
             loop {
                 match answers.message().await {
-                    Ok(Some(answer_)) => match next_waiting() {
+                    Ok(Some(response)) => match next_waiting() {
                         Some((replies, _in_flight)) => {
-                            answer(replies, answer_.results, &options, client.keys(), &mut verified);
+                            answer(replies, response.results, &options, client.keys(), &mut verified);
                         }
                         None => {
                             break Error::Witness {
