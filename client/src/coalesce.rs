@@ -220,8 +220,9 @@ fn check_one(grant: &pb::LeaseGrant, keys: &KeyRing, verified: &mut Verified) ->
     }
 }
 
-/// Waits for one job (or `cancel`), then takes whatever else is queued, up
-/// to `max` jobs. `None` once cancelled or the queue is closed.
+/// Waits for one job (or `cancel`), yields once, then takes whatever else
+/// is queued, up to `max` jobs. `None` once cancelled or the queue is
+/// closed.
 async fn gather(
     rx: &mut mpsc::Receiver<Job>,
     max: usize,
@@ -233,6 +234,11 @@ async fn gather(
     };
     let (op, reply) = first?;
     let (mut ops, mut replies) = (vec![op], vec![reply]);
+    // Let the tasks that are ready to run queue their operations first:
+    // one pass of the scheduler, no timer. Callers woken by the previous
+    // batch's answers join this one instead of making a batch each (20-30 %
+    // more cycles/s at 16 and 256 clients in the bench).
+    tokio::task::yield_now().await;
     while ops.len() < max {
         match rx.try_recv() {
             Ok((op, reply)) => {
