@@ -18,10 +18,10 @@ use anyhow::{Context, Result};
 use bagel_client::bag::faults::{KillSwitch, RequestCounts, TestObjectStore};
 use bagel_client::bag::posix::PosixStore;
 use bagel_client::bag::s3::S3Store;
+use bagel_client::bag::testing::TestLeases;
 use bagel_client::bag::{BagConfig, BagStore, Metronome, Writer};
 use bagel_client::clock::{Clock, SystemClock};
-use bagel_client::json::{LeaseJson, WitnessJson};
-use bagel_proto::{Micros, Signer, pb};
+use bagel_client::json::LeaseJson;
 use bytes::Bytes;
 use object_store::ObjectStore;
 use serde::Serialize;
@@ -31,39 +31,10 @@ const POLL_EVERY: Duration = Duration::from_millis(20);
 
 pub const PAYLOAD_BYTES: usize = 100;
 
-/// A full lease signed by a throwaway key: `min_timestamp` a second ago,
-/// deadline an hour ahead (the writer only checks these and cites the
-/// witness; nothing here talks to a lease server).
+/// A full lease signed by a throwaway key (the writer only checks its
+/// times and cites its witness; nothing here talks to a lease server).
 pub fn lease() -> LeaseJson {
-    let signer = Signer::generate();
-    let now = Micros::now();
-    let body = pb::WitnessBody {
-        lease_id: "bench-bags".into(),
-        names: vec![pb::WitnessName {
-            name: "bench".into(),
-            fencing_token: 1,
-            previous: None,
-        }],
-        owner: "bagel-bench".into(),
-        mode: pb::Mode::Full as i32,
-        kind: pb::WitnessKind::Acquire as i32,
-        deadline_us: now.saturating_add(Duration::from_secs(3600)).as_micros(),
-        min_timestamp_us: now.saturating_sub(Duration::from_secs(1)).as_micros(),
-        issued_at_us: now.as_micros(),
-        server_id: "bagel-bench".into(),
-        ..Default::default()
-    };
-    let w = bagel_proto::sign_witness(&signer, &body);
-    LeaseJson {
-        lease_id: "bench-bags".into(),
-        token: String::new(),
-        deadline_us: body.deadline_us,
-        min_timestamp_us: body.min_timestamp_us,
-        mode: "full".into(),
-        names: Vec::new(),
-        witness: WitnessJson::from(&w),
-        server: None,
-    }
+    TestLeases::default().lease_for_an_hour("bench-bags")
 }
 
 fn writer(store: Arc<dyn BagStore>, log: &str, cfg: BagConfig) -> Result<Writer> {

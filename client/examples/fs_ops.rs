@@ -13,33 +13,11 @@ use bagel_client::bag::counting::CountingFs;
 use bagel_client::bag::fsops::{FsOps, StdFs};
 use bagel_client::bag::nfs::NfsFs;
 use bagel_client::bag::posix::PosixStore;
+use bagel_client::bag::testing::TestLeases;
 use bagel_client::bag::{BagConfig, BagStore as _, Bucket, Writer};
 use bagel_client::clock::SystemClock;
-use bagel_client::json::{LeaseJson, WitnessJson};
-use bagel_proto::{Micros, Signer, pb};
+use bagel_proto::Micros;
 use bytes::Bytes;
-
-fn lease() -> LeaseJson {
-    let signer = Signer::generate();
-    let now = Micros::now();
-    let body = pb::WitnessBody {
-        lease_id: "fs-ops".into(),
-        deadline_us: now.saturating_add(Duration::from_secs(3600)).as_micros(),
-        min_timestamp_us: now.saturating_sub(Duration::from_secs(1)).as_micros(),
-        ..Default::default()
-    };
-    let w = bagel_proto::sign_witness(&signer, &body);
-    LeaseJson {
-        lease_id: "fs-ops".into(),
-        token: String::new(),
-        deadline_us: body.deadline_us,
-        min_timestamp_us: body.min_timestamp_us,
-        mode: "full".into(),
-        names: Vec::new(),
-        witness: WitnessJson::from(&w),
-        server: None,
-    }
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -62,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
         store.clone(),
         &log,
         "w1",
-        Arc::new(lease()),
+        Arc::new(TestLeases::default().lease_for_an_hour("fs-ops")),
         Arc::new(SystemClock),
         BagConfig::default(),
     )?;

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use bagel_client::bag::fsops::{FsOps, StdFs};
 use bagel_client::bag::posix::PosixStore;
+use bagel_client::bag::testing::TestLeases;
 use bagel_client::bag::{self, BagConfig, BagStore, Error, Metronome, ReadOptions, Writer};
 use bagel_client::clock::{OffsetClock, SystemClock};
 use bytes::Bytes;
-use common::{Leases, need_env, unique};
+use common::{need_env, unique};
 use tokio_util::sync::CancellationToken;
 
 /// The two views of one fresh directory.
@@ -74,13 +75,13 @@ async fn a_reader_that_tailed_the_open_bag_reads_the_closed_bag_whole() {
     let cfg = BagConfig::default();
     let store_a: Arc<dyn BagStore> = Arc::new(PosixStore::local(&a, true, cfg.op_timeout));
     let store_b: Arc<dyn BagStore> = Arc::new(PosixStore::local(&b, true, cfg.op_timeout));
-    let leases = Leases::new();
+    let leases = TestLeases::default();
     let log = "tail";
     let w = Writer::new(
         store_a.clone(),
         log,
         "w1",
-        Arc::new(leases.lease("tail")),
+        Arc::new(leases.lease_for_an_hour("tail")),
         Arc::new(SystemClock),
         cfg.clone(),
     )
@@ -147,7 +148,7 @@ async fn race_round(round: usize) {
         .with_sync(false);
     let store_a: Arc<dyn BagStore> = Arc::new(PosixStore::local(&a, false, cfg.op_timeout));
     let store_b: Arc<dyn BagStore> = Arc::new(PosixStore::local(&b, false, cfg.op_timeout));
-    let leases = Leases::new();
+    let leases = TestLeases::default();
     let log = "race";
 
     let stop = CancellationToken::new();
@@ -206,7 +207,7 @@ async fn race_round(round: usize) {
             store_a.clone(),
             log,
             &format!("w{i}"),
-            Arc::new(leases.lease("race")),
+            Arc::new(leases.lease_for_an_hour("race")),
             Arc::new(OffsetClock {
                 inner: SystemClock,
                 offset_us: off * 1000,

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use bagel_client::bag::fsops::FsOps;
 use bagel_client::bag::nfs::NfsFs;
+use bagel_client::bag::testing::TestLeases;
 use bagel_client::bag::{self, BagConfig, BagState, Bucket, ReadOptions, Writer};
 use bagel_client::clock::SystemClock;
 use bytes::Bytes;
-use common::{Leases, nfs_url, sub_url, unique};
+use common::{nfs_url, sub_url, unique};
 
 async fn fs_at(version: u8) -> NfsFs {
     let url = sub_url(&nfs_url(version), &unique("fsops"));
@@ -121,7 +122,7 @@ async fn v4_fsops_semantics() {
 async fn store_round_trip(version: u8) {
     let url = sub_url(&nfs_url(version), &unique("store"));
     let cfg = BagConfig::default().with_grace(Duration::ZERO);
-    let leases = Leases::new();
+    let leases = TestLeases::default();
     let log = "tenants/acme";
     let mut want = BTreeSet::new();
     let mut tasks = Vec::new();
@@ -132,7 +133,7 @@ async fn store_round_trip(version: u8) {
             store,
             log,
             id,
-            Arc::new(leases.lease(&format!("lease-{id}"))),
+            Arc::new(leases.lease_for_an_hour(&format!("lease-{id}"))),
             Arc::new(SystemClock),
             cfg.clone(),
         )

@@ -13,8 +13,7 @@ use bagel_client::bag::nfs::NfsFs;
 use bagel_client::bag::posix::PosixStore;
 use bagel_client::bag::s3::S3Store;
 use bagel_client::bag::{self, BagState, BagStore, Bucket, ListedItem, Listing, Receipt};
-use bagel_client::json::{LeaseJson, WitnessJson};
-use bagel_proto::{Micros, Signer, pb};
+use bagel_proto::Micros;
 use bytes::Bytes;
 use object_store::ObjectStore;
 use rand::Rng as _;
@@ -158,69 +157,7 @@ impl Backend {
     }
 }
 
-/// Signs leases the way the lease server does.
-#[derive(Debug)]
-pub struct TestLeases {
-    pub signer: Signer,
-}
-
-impl Default for TestLeases {
-    fn default() -> Self {
-        TestLeases {
-            signer: Signer::generate(),
-        }
-    }
-}
-
-impl TestLeases {
-    pub fn keys(&self) -> bagel_proto::KeyRing {
-        [self.signer.verifying_key()].into_iter().collect()
-    }
-
-    /// The public key as the hex `bagel read --key` takes.
-    pub fn key_hex(&self) -> String {
-        self.signer
-            .verifying_key()
-            .as_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    }
-
-    pub fn witness(&self, lease_id: &str, min: Micros, deadline: Micros) -> pb::Witness {
-        let body = pb::WitnessBody {
-            lease_id: lease_id.to_owned(),
-            names: vec![pb::WitnessName {
-                name: "tenant".into(),
-                fencing_token: 1,
-                previous: None,
-            }],
-            owner: "tests".into(),
-            mode: pb::Mode::Full as i32,
-            kind: pb::WitnessKind::Acquire as i32,
-            deadline_us: deadline.as_micros(),
-            min_timestamp_us: min.as_micros(),
-            issued_at_us: min.as_micros(),
-            server_id: "test-server".into(),
-            ..Default::default()
-        };
-        bagel_proto::sign_witness(&self.signer, &body)
-    }
-
-    /// A full lease as `bagel acquire --json` prints it.
-    pub fn lease(&self, lease_id: &str, min: Micros, deadline: Micros) -> LeaseJson {
-        LeaseJson {
-            lease_id: lease_id.to_owned(),
-            token: "token".into(),
-            deadline_us: deadline.as_micros(),
-            min_timestamp_us: min.as_micros(),
-            mode: "full".into(),
-            names: Vec::new(),
-            witness: WitnessJson::from(&self.witness(lease_id, min, deadline)),
-            server: None,
-        }
-    }
-}
+pub use bagel_client::bag::testing::TestLeases;
 
 /// A one-shot hook run inside the next `append`, before the append itself:
 /// lets a test make an append land after something else happened (a close,

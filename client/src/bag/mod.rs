@@ -56,6 +56,7 @@ pub mod posix;
 pub mod reader;
 pub mod s3;
 pub mod store_url;
+pub mod testing;
 pub mod writer;
 
 pub use metronome::{CloseReport, Metronome, close_through};

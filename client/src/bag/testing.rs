@@ -1,0 +1,86 @@
+//! Leases for exercising bag writers and readers without a lease server:
+//! tests, benchmarks and examples. The witnesses are signed the way the
+//! server signs them, by a throwaway key.
+
+use std::time::Duration;
+
+use bagel_proto::{KeyRing, Micros, Signer, pb};
+
+use crate::json::{LeaseJson, WitnessJson};
+
+/// Signs test leases with a key of its own.
+#[derive(Debug)]
+pub struct TestLeases {
+    pub signer: Signer,
+}
+
+impl Default for TestLeases {
+    fn default() -> Self {
+        TestLeases {
+            signer: Signer::generate(),
+        }
+    }
+}
+
+impl TestLeases {
+    /// The key ring a reader or auditor needs to accept these leases.
+    pub fn keys(&self) -> KeyRing {
+        [self.signer.verifying_key()].into_iter().collect()
+    }
+
+    /// The public key as the hex `bagel read --key` takes.
+    pub fn key_hex(&self) -> String {
+        self.signer
+            .verifying_key()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The witness of a full one-name lease valid in `(min, deadline)`.
+    pub fn witness(&self, lease_id: &str, min: Micros, deadline: Micros) -> pb::Witness {
+        let body = pb::WitnessBody {
+            lease_id: lease_id.to_owned(),
+            names: vec![pb::WitnessName {
+                name: "tenant".into(),
+                fencing_token: 1,
+                previous: None,
+            }],
+            owner: "tests".into(),
+            mode: pb::Mode::Full as i32,
+            kind: pb::WitnessKind::Acquire as i32,
+            deadline_us: deadline.as_micros(),
+            min_timestamp_us: min.as_micros(),
+            issued_at_us: min.as_micros(),
+            server_id: "test-server".into(),
+            ..Default::default()
+        };
+        bagel_proto::sign_witness(&self.signer, &body)
+    }
+
+    /// A full lease as `bagel acquire --json` prints it.
+    pub fn lease(&self, lease_id: &str, min: Micros, deadline: Micros) -> LeaseJson {
+        LeaseJson {
+            lease_id: lease_id.to_owned(),
+            token: "token".into(),
+            deadline_us: deadline.as_micros(),
+            min_timestamp_us: min.as_micros(),
+            mode: "full".into(),
+            names: Vec::new(),
+            witness: WitnessJson::from(&self.witness(lease_id, min, deadline)),
+            server: None,
+        }
+    }
+
+    /// A full lease valid from a minute ago for an hour: long enough for
+    /// any test or benchmark run.
+    pub fn lease_for_an_hour(&self, lease_id: &str) -> LeaseJson {
+        let now = Micros::now();
+        self.lease(
+            lease_id,
+            now.saturating_sub(Duration::from_secs(60)),
+            now.saturating_add(Duration::from_secs(3600)),
+        )
+    }
+}
