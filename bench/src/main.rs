@@ -409,10 +409,24 @@ impl Bench {
         Ok(())
     }
 
+    /// A bagel variant's sweep, then its paced point (single-name cycles).
+    async fn sweep_then_pace<D: LeaseDriver>(
+        &mut self,
+        system: System,
+        driver: Arc<D>,
+        server: &mut Server,
+    ) -> Result<()> {
+        self.sweep(system, driver.clone(), server).await?;
+        if self.args.names.contains(&1) {
+            self.paced(system, driver, server).await?;
+        }
+        Ok(())
+    }
+
     async fn run_system(&mut self, system: System) -> Result<()> {
         let pool = self.args.connections;
         match system {
-            System::Bagel => {
+            System::Bagel | System::BagelBatched | System::BagelSession => {
                 let bin = self.args.bagel_server();
                 let opts = bagel::ServerOpts {
                     max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
@@ -420,31 +434,22 @@ impl Bench {
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
                 self.note_server("bagel", format!("bagel-server (release), {}", data_note(&server)));
-                let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
-                let mut r = self.sweep(system, driver.clone(), &mut server).await;
-                if r.is_ok() && self.args.names.contains(&1) {
-                    r = self.paced(system, driver, &mut server).await;
-                }
-                server.stop().await;
-                r
-            }
-            System::BagelBatched | System::BagelSession => {
-                let bin = self.args.bagel_server();
-                let opts = bagel::ServerOpts {
-                    max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
-                    skip_restart_wait: true,
+                let r = match system {
+                    System::Bagel => {
+                        let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
+                        self.sweep_then_pace(system, driver, &mut server).await
+                    }
+                    _ => {
+                        let transport = if system == System::BagelSession {
+                            Transport::Session
+                        } else {
+                            Transport::Batch
+                        };
+                        let driver =
+                            Arc::new(bagel::BagelBatchedDriver::connect(server.addr, transport).await?);
+                        self.sweep_then_pace(system, driver, &mut server).await
+                    }
                 };
-                let mut server = bagel::start(&self.work, &bin, &opts).await?;
-                let transport = if system == System::BagelSession {
-                    Transport::Session
-                } else {
-                    Transport::Batch
-                };
-                let driver = Arc::new(bagel::BagelBatchedDriver::connect(server.addr, transport).await?);
-                let mut r = self.sweep(system, driver.clone(), &mut server).await;
-                if r.is_ok() && self.args.names.contains(&1) {
-                    r = self.paced(system, driver, &mut server).await;
-                }
                 server.stop().await;
                 r
             }
@@ -493,8 +498,12 @@ impl Bench {
         }
     }
 
+    /// How `system`'s server ran, once per system (the bagel variants share
+    /// one note).
     fn note_server(&mut self, system: &str, how: String) {
-        self.report.servers.push((system.to_string(), how));
+        if !self.report.servers.iter().any(|(s, _)| s == system) {
+            self.report.servers.push((system.to_string(), how));
+        }
     }
 
     fn missing(&mut self, what: impl Into<String>, why: impl Into<String>) {
