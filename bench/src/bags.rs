@@ -69,19 +69,43 @@ pub struct WriteRow {
     pub first_error: Option<String>,
 }
 
+/// What one [`write_loop`] measured.
+#[derive(Debug)]
+pub struct WriteLoop {
+    pub batches: u64,
+    /// Batches whose stamps fell into two seconds (two bags).
+    pub straddling: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub secs: f64,
+    /// Time per acknowledged batch, µs.
+    pub hist: hdrhistogram::Histogram<u64>,
+}
+
+impl WriteLoop {
+    fn messages_per_s(&self, batch: usize) -> f64 {
+        if self.secs > 0.0 {
+            (self.batches * batch as u64) as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Writes batches of `batch` 100-byte messages back to back for `duration`
-/// or `max_batches`, whichever ends first.
-pub async fn write_loop(
-    w: &Writer,
-    batch: usize,
-    duration: Duration,
-    max_batches: u64,
-) -> (u64, u64, f64, hdrhistogram::Histogram<u64>, Option<String>) {
+/// or `max_batches`, whichever ends first (or until 10 errors).
+pub async fn write_loop(w: &Writer, batch: usize, duration: Duration, max_batches: u64) -> WriteLoop {
     let payload = Bytes::from(vec![b'x'; PAYLOAD_BYTES]);
-    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-    let (mut batches, mut errors, mut first_error) = (0u64, 0u64, None);
+    let mut r = WriteLoop {
+        batches: 0,
+        straddling: 0,
+        errors: 0,
+        first_error: None,
+        secs: 0.0,
+        hist: hdrhistogram::Histogram::<u64>::new(3).expect("histogram"),
+    };
     let start = Instant::now();
-    while start.elapsed() < duration && batches + errors < max_batches {
+    while start.elapsed() < duration && r.batches + r.errors < max_batches && r.errors < 10 {
         let t = Instant::now();
         match tokio::time::timeout(
             Duration::from_secs(30),
@@ -89,49 +113,45 @@ pub async fn write_loop(
         )
         .await
         {
-            Ok(Ok(_)) => {
-                batches += 1;
-                let _ = hist.record(t.elapsed().as_micros() as u64);
+            Ok(Ok(stamps)) => {
+                r.batches += 1;
+                let _ = r.hist.record(t.elapsed().as_micros() as u64);
+                if let (Some(a), Some(b)) = (stamps.first(), stamps.last())
+                    && a.as_micros() / 1_000_000 != b.as_micros() / 1_000_000
+                {
+                    r.straddling += 1;
+                }
             }
             Ok(Err(e)) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| e.to_string());
+                r.errors += 1;
+                r.first_error.get_or_insert_with(|| e.to_string());
             }
             Err(_) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| "write_batch timed out after 30 s".into());
+                r.errors += 1;
+                r.first_error
+                    .get_or_insert_with(|| "write_batch timed out after 30 s".into());
             }
         }
-        if errors >= 10 {
-            break;
-        }
     }
-    (batches, errors, start.elapsed().as_secs_f64(), hist, first_error)
+    r.secs = start.elapsed().as_secs_f64();
+    r
 }
 
-fn write_row(
-    store: &str,
-    sync: bool,
-    medium: &str,
-    batch: usize,
-    r: (u64, u64, f64, hdrhistogram::Histogram<u64>, Option<String>),
-) -> WriteRow {
-    let (batches, errors, secs, hist, first_error) = r;
-    let messages = batches * batch as u64;
+fn write_row(store: &str, sync: bool, medium: &str, batch: usize, r: WriteLoop) -> WriteRow {
     WriteRow {
         store: store.into(),
         sync,
         medium: medium.into(),
         batch,
         payload_bytes: PAYLOAD_BYTES,
-        batches,
-        messages,
-        duration_s: secs,
-        messages_per_s: if secs > 0.0 { messages as f64 / secs } else { 0.0 },
-        batch_p50_us: hist.value_at_quantile(0.5),
-        batch_p99_us: hist.value_at_quantile(0.99),
-        errors,
-        first_error,
+        batches: r.batches,
+        messages: r.batches * batch as u64,
+        duration_s: r.secs,
+        messages_per_s: r.messages_per_s(batch),
+        batch_p50_us: r.hist.value_at_quantile(0.5),
+        batch_p99_us: r.hist.value_at_quantile(0.99),
+        errors: r.errors,
+        first_error: r.first_error,
     }
 }
 
@@ -211,62 +231,26 @@ pub async fn s3_puts(
     let (store, counts) = counted_s3(inner, &format!("bags-puts-b{batch}")).await?;
     let w = writer(store, "bench", BagConfig::default())?;
     let before = [counts.puts(), counts.gets(), counts.heads(), counts.lists()];
-    // Count the batches that cross a second boundary from their stamps.
-    let payload = Bytes::from(vec![b'x'; PAYLOAD_BYTES]);
-    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-    let (mut batches, mut straddling, mut errors, mut first_error) = (0u64, 0u64, 0u64, None);
-    let start = Instant::now();
-    while start.elapsed() < duration && batches + errors < max_batches && errors < 10 {
-        let t = Instant::now();
-        match tokio::time::timeout(
-            Duration::from_secs(30),
-            w.write_batch(vec![payload.clone(); batch]),
-        )
-        .await
-        {
-            Ok(Ok(stamps)) => {
-                batches += 1;
-                let _ = hist.record(t.elapsed().as_micros() as u64);
-                if let (Some(a), Some(b)) = (stamps.first(), stamps.last())
-                    && a.as_micros() / 1_000_000 != b.as_micros() / 1_000_000
-                {
-                    straddling += 1;
-                }
-            }
-            Ok(Err(e)) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| e.to_string());
-            }
-            Err(_) => {
-                errors += 1;
-                first_error.get_or_insert_with(|| "write_batch timed out after 30 s".into());
-            }
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let r = write_loop(&w, batch, duration, max_batches).await;
     let puts = counts.puts() - before[0];
     let row = S3PutRow {
         batch,
-        batches,
+        batches: r.batches,
         puts,
         gets: counts.gets() - before[1],
         heads: counts.heads() - before[2],
         lists: counts.lists() - before[3],
-        puts_per_batch: if batches > 0 {
-            puts as f64 / batches as f64
+        puts_per_batch: if r.batches > 0 {
+            puts as f64 / r.batches as f64
         } else {
             0.0
         },
-        straddling_batches: straddling,
-        messages_per_s: if secs > 0.0 {
-            (batches * batch as u64) as f64 / secs
-        } else {
-            0.0
-        },
-        batch_p50_us: hist.value_at_quantile(0.5),
-        batch_p99_us: hist.value_at_quantile(0.99),
-        errors,
-        first_error,
+        straddling_batches: r.straddling,
+        messages_per_s: r.messages_per_s(batch),
+        batch_p50_us: r.hist.value_at_quantile(0.5),
+        batch_p99_us: r.hist.value_at_quantile(0.99),
+        errors: r.errors,
+        first_error: r.first_error,
     };
     eprintln!(
         "  s3 (moto) batch {batch:4}: {} batches, {} PUTs ({:.3}/batch; {} straddle two seconds), {} GETs {} HEADs {} LISTs, {:.0} msgs/s, errors {}",
