@@ -219,62 +219,34 @@ async fn race_round(backend: &Backend, round: &Round) {
     assert!(!acked.is_empty());
 }
 
+/// Two rounds on fresh stores of one backend: writers pace their batches
+/// `pace` apart (slower stores get fewer, larger gaps).
+async fn race_rounds(backend: fn() -> Backend, pace: Duration) {
+    let round = Round {
+        feed_for: Duration::from_millis(3000),
+        pace,
+    };
+    for _ in 0..2 {
+        race_round(&backend(), &round).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_writers_and_closers_race() {
-    for _ in 0..2 {
-        let backend = Backend::posix();
-        race_round(
-            &backend,
-            &Round {
-                feed_for: Duration::from_millis(3000),
-                pace: Duration::from_millis(5),
-            },
-        )
-        .await;
-    }
+    race_rounds(Backend::posix, Duration::from_millis(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_writers_and_closers_race() {
-    for _ in 0..2 {
-        let backend = Backend::s3();
-        race_round(
-            &backend,
-            &Round {
-                feed_for: Duration::from_millis(3000),
-                pace: Duration::from_millis(40),
-            },
-        )
-        .await;
-    }
+    race_rounds(Backend::s3, Duration::from_millis(40)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nfs_v3_writers_and_closers_race() {
-    for _ in 0..2 {
-        let backend = Backend::nfs(3);
-        race_round(
-            &backend,
-            &Round {
-                feed_for: Duration::from_millis(3000),
-                pace: Duration::from_millis(40),
-            },
-        )
-        .await;
-    }
+    race_rounds(|| Backend::nfs(3), Duration::from_millis(40)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nfs_v4_writers_and_closers_race() {
-    for _ in 0..2 {
-        let backend = Backend::nfs(4);
-        race_round(
-            &backend,
-            &Round {
-                feed_for: Duration::from_millis(3000),
-                pace: Duration::from_millis(40),
-            },
-        )
-        .await;
-    }
+    race_rounds(|| Backend::nfs(4), Duration::from_millis(40)).await;
 }
