@@ -101,6 +101,32 @@ pub struct BagelHeld {
     token: String,
 }
 
+/// The cycle's acquire: a full lease on `names`, deadline `ttl` from now,
+/// no waiting (a held name is a conflict).
+fn acquire_request(owner: &str, names: &[String], ttl: Duration) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        names: names.to_vec(),
+        deadline_us: Micros::now().saturating_add(ttl).into(),
+        owner: owner.to_owned(),
+        mode: pb::Mode::Full as i32,
+        wait_us: 0,
+    }
+}
+
+impl BagelHeld {
+    /// The cycle's release. Wrote nothing: watermark 0 carries the inherited
+    /// watermark forward.
+    fn release_request(self) -> pb::ReleaseRequest {
+        pb::ReleaseRequest {
+            lease_id: self.lease_id,
+            token: self.token,
+            watermark_us: 0,
+            signed_time: None,
+            metadata: None,
+        }
+    }
+}
+
 impl BagelDriver {
     pub async fn connect(addr: SocketAddr, pool: usize) -> Result<Self> {
         let mut conns = Vec::with_capacity(pool);
@@ -145,13 +171,7 @@ impl LeaseDriver for BagelDriver {
 
     async fn acquire(&self, worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
         let mut c = self.conn(worker);
-        let req = pb::AcquireRequest {
-            names: names.to_vec(),
-            deadline_us: Micros::now().saturating_add(ttl).into(),
-            owner: self.owner.clone(),
-            mode: pb::Mode::Full as i32,
-            wait_us: 0,
-        };
+        let req = acquire_request(&self.owner, names, ttl);
         match c.acquire(req).await {
             Ok(r) => {
                 let grant = r.into_inner().grant.context("AcquireResponse without grant")?;
@@ -167,15 +187,7 @@ impl LeaseDriver for BagelDriver {
 
     async fn release(&self, worker: usize, held: BagelHeld) -> Result<()> {
         let mut c = self.conn(worker);
-        c.release(pb::ReleaseRequest {
-            lease_id: held.lease_id,
-            token: held.token,
-            // Wrote nothing: the inherited watermark is carried forward.
-            watermark_us: 0,
-            signed_time: None,
-            metadata: None,
-        })
-        .await?;
+        c.release(held.release_request()).await?;
         Ok(())
     }
 }
@@ -208,13 +220,7 @@ impl LeaseDriver for BagelBatchedDriver {
     }
 
     async fn acquire(&self, _worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
-        let req = pb::AcquireRequest {
-            names: names.to_vec(),
-            deadline_us: Micros::now().saturating_add(ttl).into(),
-            owner: self.owner.clone(),
-            mode: pb::Mode::Full as i32,
-            wait_us: 0,
-        };
+        let req = acquire_request(&self.owner, names, ttl);
         match self.coalescer.acquire(req).await {
             Ok(grant) => Ok(Some(BagelHeld {
                 lease_id: grant.lease_id,
@@ -226,15 +232,7 @@ impl LeaseDriver for BagelBatchedDriver {
     }
 
     async fn release(&self, _worker: usize, held: BagelHeld) -> Result<()> {
-        self.coalescer
-            .release(pb::ReleaseRequest {
-                lease_id: held.lease_id,
-                token: held.token,
-                watermark_us: 0,
-                signed_time: None,
-                metadata: None,
-            })
-            .await?;
+        self.coalescer.release(held.release_request()).await?;
         Ok(())
     }
 }
