@@ -34,8 +34,9 @@ pub enum BagCommand {
     Audit(AuditArgs),
 }
 
+/// Which log to read, and which part of it (`read` and `audit`).
 #[derive(clap::Args, Debug)]
-pub struct AuditArgs {
+pub struct LogRange {
     #[arg(long, env = "BAGEL_STORE")]
     store: String,
     #[arg(long)]
@@ -46,6 +47,19 @@ pub struct AuditArgs {
     /// First timestamp excluded: Unix microseconds or RFC 3339.
     #[arg(long, value_parser = parse_time)]
     to: Option<Micros>,
+}
+
+impl LogRange {
+    /// Read options covering this range.
+    fn read_options(&self) -> ReadOptions {
+        ReadOptions::default().with_range(self.from.unwrap_or(Micros::ZERO), self.to.unwrap_or(Micros::MAX))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    range: LogRange,
     /// A lease server's ed25519 public key (64 hex digits); repeatable.
     /// Without any, the keys of the server given by --server are used.
     #[arg(long = "key")]
@@ -117,16 +131,8 @@ pub struct WriteArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
-    #[arg(long, env = "BAGEL_STORE")]
-    store: String,
-    #[arg(long)]
-    log: String,
-    /// First timestamp included: Unix microseconds or RFC 3339.
-    #[arg(long, value_parser = parse_time)]
-    from: Option<Micros>,
-    /// First timestamp excluded: Unix microseconds or RFC 3339.
-    #[arg(long, value_parser = parse_time)]
-    to: Option<Micros>,
+    #[command(flatten)]
+    range: LogRange,
     /// Also read bags that are not closed yet.
     #[arg(long)]
     include_open: bool,
@@ -179,13 +185,18 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
 
 /// The lease servers' keys: given with --key, else asked of --server.
 async fn lease_keys(given: &[String], server: &str) -> anyhow::Result<KeyRing> {
-    let mut ring = KeyRing::new();
     if given.is_empty() {
         let client = bagel_client::Client::connect(server.to_owned())
             .await
             .with_context(|| format!("no --key given, and asking {server} for its keys failed"))?;
         return Ok(client.keys().clone());
     }
+    key_ring(given)
+}
+
+/// The keys given as 64 hex digits each.
+fn key_ring(given: &[String]) -> anyhow::Result<KeyRing> {
+    let mut ring = KeyRing::new();
     for k in given {
         ring.insert_bytes(&parse_key(k)?)?;
     }
@@ -196,13 +207,15 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
     let keys = lease_keys(&a.keys, g.server).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
-    let store = bag::open_store(&a.store, &cfg).await?;
-    let opts = ReadOptions::default()
-        .with_range(a.from.unwrap_or(Micros::ZERO), a.to.unwrap_or(Micros::MAX))
+    let store = bag::open_store(&a.range.store, &cfg).await?;
+    let opts = a
+        .range
+        .read_options()
         .with_keys(Some(keys.clone()))
         .with_roughtime_keys(roughtime_keys.clone());
-    let report = bag::read(store.as_ref(), &a.log, &opts, &cfg, &SystemClock).await?;
-    let messages = AuditMessage::from_report(&report, &a.log);
+    let log = &a.range.log;
+    let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await?;
+    let messages = AuditMessage::from_report(&report, log);
     let mut acfg = AuditConfig::new(keys.clone());
     acfg.tolerance = a.tolerance;
     let local = keys.clone();
@@ -216,7 +229,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         if !p.in_open_bag {
             result.violations.push(Violation {
                 kind: ViolationKind::CorruptRecord,
-                detail: format!("{}/{} {}: {}", a.log, p.bucket.path(), p.item, p.what),
+                detail: format!("{log}/{} {}: {}", p.bucket.path(), p.item, p.what),
             });
         }
     }
@@ -377,21 +390,18 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let keys = if a.keys.is_empty() {
         None
     } else {
-        let mut ring = KeyRing::new();
-        for k in &a.keys {
-            ring.insert_bytes(&parse_key(k)?)?;
-        }
-        Some(ring)
+        Some(key_ring(&a.keys)?)
     };
     let verified = keys.is_some();
-    let store = bag::open_store(&a.store, &cfg).await?;
-    let opts = ReadOptions::default()
-        .with_range(a.from.unwrap_or(Micros::ZERO), a.to.unwrap_or(Micros::MAX))
+    let store = bag::open_store(&a.range.store, &cfg).await?;
+    let opts = a
+        .range
+        .read_options()
         .with_include_open(a.include_open)
         .with_close_past_due(!a.no_close)
         .with_keys(keys)
         .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
-    let report = bag::read(store.as_ref(), &a.log, &opts, &cfg, &SystemClock).await?;
+    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await?;
     let mut out = std::io::stdout().lock();
     if !verified && !a.json {
         writeln!(
