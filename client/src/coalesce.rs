@@ -386,6 +386,20 @@ async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: C
     }
 }
 
+/// Why a session ended, for the callers it leaves unanswered. This client
+/// never cancels a stream it still reads, so CANCELLED (or UNKNOWN, a
+/// transport error) means the connection went away: retryable, like
+/// UNAVAILABLE. A status the server chose (a request refused as a whole)
+/// keeps its meaning.
+fn session_error(status: tonic::Status) -> Error {
+    match status.code() {
+        tonic::Code::Cancelled | tonic::Code::Unknown => Error::Unavailable {
+            message: format!("session lost: {}", status.message()),
+        },
+        _ => Error::from(status),
+    }
+}
+
 /// Reads a session's answers and hands them out in order; when the stream
 /// ends, fails every batch still waiting.
 async fn read_answers(
@@ -402,7 +416,7 @@ async fn read_answers(
             .pop_front()
     };
     let ended = match client.rpc().session(requests).await {
-        Err(status) => Error::from(status),
+        Err(status) => session_error(status),
         Ok(call) => {
             let mut answers = call.into_inner();
             let mut verified = None;
@@ -423,7 +437,7 @@ async fn read_answers(
                             message: "session ended by the server".into(),
                         };
                     }
-                    Err(status) => break Error::from(status),
+                    Err(status) => break session_error(status),
                 }
             }
         }
