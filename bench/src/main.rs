@@ -321,9 +321,11 @@ impl Bench {
         }
     }
 
-    /// bagel's single-name cycle paced at a fraction (`--paced-fraction`,
-    /// default half) of its measured peak (of the same `system`: unary,
-    /// batched or session), for the "p99 acquire at half of peak" goal.
+    /// A system's single-name cycle paced at a fraction (`--paced-fraction`,
+    /// default half) of its own measured peak (for bagel, of the same
+    /// variant: unary, batched or session), for the "p99 acquire at half of
+    /// peak" goal. Redis gets the same point as a control: what this machine
+    /// and this load generator allow a fast server's tail to be.
     async fn paced<D: LeaseDriver>(
         &mut self,
         system: System,
@@ -337,7 +339,7 @@ impl Bench {
             .report
             .rows
             .iter()
-            .filter(|r| r.system == "bagel" && r.workload == workload && r.target_per_s.is_none())
+            .filter(|r| r.system == system.name() && r.workload == workload && r.target_per_s.is_none())
             .map(|r| (r.cycles_per_s, r.concurrency))
             .fold((0.0, 1), |best, p| if p.0 > best.0 { p } else { best });
         if peak <= 0.0 {
@@ -349,7 +351,7 @@ impl Bench {
         let rate = peak * self.args.paced_fraction;
         spec.rate = Some(rate);
         let r = run_load(driver, &spec, Some(server.pid)).await;
-        let mut row = Row::from_load("bagel", 1, concurrency, 2, &r);
+        let mut row = Row::from_load(system.name(), 1, concurrency, system.requests_per_cycle(), &r);
         row.workload = format!("{workload}-paced");
         row.target_per_s = Some(rate);
         row.fraction_of_peak = Some(self.args.paced_fraction);
@@ -409,7 +411,7 @@ impl Bench {
         Ok(())
     }
 
-    /// A bagel variant's sweep, then its paced point (single-name cycles).
+    /// A system's sweep, then its paced point (single-name cycles).
     async fn sweep_then_pace<D: LeaseDriver>(
         &mut self,
         system: System,
@@ -479,7 +481,7 @@ impl Bench {
                     ),
                 );
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, pool).await?);
-                let r = self.sweep(system, driver, &mut server).await;
+                let r = self.sweep_then_pace(system, driver, &mut server).await;
                 server.stop().await;
                 r
             }

@@ -52,6 +52,11 @@ pub struct Row {
     /// Open-loop rows only: the offered rate as a fraction of the variant's
     /// closed-loop peak (0.5 for the "half of peak" goal).
     pub fraction_of_peak: Option<f64>,
+    /// Open-loop rows only: p50 and p99 of how late the load generator
+    /// picked cycles up after their scheduled start (already inside the
+    /// latencies above; the part that is not the system's).
+    pub start_lag_p50_us: Option<u64>,
+    pub start_lag_p99_us: Option<u64>,
     /// (latency µs, fraction of cycles at or below it): for the CDF plot.
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
@@ -110,6 +115,8 @@ impl Row {
             bagel_over_redis: None,
             target_per_s: None,
             fraction_of_peak: None,
+            start_lag_p50_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.5)),
+            start_lag_p99_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.99)),
             cdf: cdf_points(&r.cycle_us),
         }
     }
@@ -304,16 +311,16 @@ impl Report {
         }
         let paced: Vec<&Row> = self.rows.iter().filter(|r| r.target_per_s.is_some()).collect();
         if !paced.is_empty() {
-            let _ = writeln!(md, "\n## bagel paced below its peak (open loop)\n");
+            let _ = writeln!(md, "\n## Paced below the peak (open loop)\n");
             let _ = writeln!(
                 md,
-                "| system | names | clients | of peak | offered/s | achieved/s | acquire p50 µs | acquire p99 µs | acquire p99.9 µs | cycle p99 µs |"
+                "| system | names | clients | of peak | offered/s | achieved/s | acquire p50 µs | acquire p99 µs | acquire p99.9 µs | cycle p99 µs | start lag p50/p99 µs |"
             );
-            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
             for r in paced {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
                     system_label(r),
                     r.names_per_cycle,
                     r.concurrency,
@@ -323,7 +330,9 @@ impl Report {
                     r.acquire_p50_us,
                     r.acquire_p99_us,
                     r.acquire_p999_us,
-                    r.p99_us
+                    r.p99_us,
+                    fmt_opt(r.start_lag_p50_us.map(|v| v as f64), 0),
+                    fmt_opt(r.start_lag_p99_us.map(|v| v as f64), 0)
                 );
             }
         }
@@ -677,6 +686,7 @@ mod tests {
             elapsed: Duration::from_secs(2),
             cycle_us: h.clone(),
             acquire_us: h,
+            start_lag_us: new_histogram(),
             server_cpu_s: Some(1.0),
             client_cpu_s: None,
         }
@@ -733,6 +743,52 @@ mod tests {
         assert!(md.contains("| redis | 4 | 64 | 50.0 |"), "{md}");
         assert!(md.contains("`bench/run.sh --quick`"));
         assert!(md.contains("**metronome lag**"));
+    }
+
+    #[test]
+    fn paced_rows_show_the_generators_lag_and_stay_out_of_the_ratios() {
+        let closed = |sys: &str, cycles| Row::from_load(sys, 1, 256, 2, &load(cycles));
+        let paced = |sys: &str, cycles, lag_us: u64| {
+            let mut r = load(cycles);
+            r.start_lag_us.record_n(100, 95).unwrap();
+            r.start_lag_us.record_n(lag_us, 5).unwrap();
+            let mut row = Row::from_load(sys, 1, 256, 2, &r);
+            row.workload.push_str("-paced");
+            row.target_per_s = Some(cycles as f64 / 2.0);
+            row.fraction_of_peak = Some(0.5);
+            row
+        };
+        let mut report = Report {
+            rows: vec![
+                closed("bagel", 2000),
+                closed("redis", 1000),
+                paced("bagel", 1000, 900),
+                paced("redis", 500, 1000),
+            ],
+            ..Default::default()
+        };
+        fill_ratios(&mut report.rows);
+        // Only the closed-loop rows are compared.
+        assert_eq!(report.rows[0].bagel_over_redis, Some(2.0));
+        assert_eq!(report.rows[2].bagel_over_redis, None);
+        assert_eq!(report.rows[3].start_lag_p50_us, Some(100));
+        assert_eq!(report.rows[3].start_lag_p99_us, Some(1000));
+        assert_eq!(report.rows[0].start_lag_p50_us, None);
+        let md = report.markdown();
+        let section = md
+            .split("## Paced below the peak")
+            .nth(1)
+            .expect("a paced section");
+        assert!(
+            section.contains("| bagel | 1 | 256 | 0.50 | 500 | 500 |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| redis | 1 | 256 | 0.50 | 250 | 250 |"),
+            "{section}"
+        );
+        assert!(section.contains("| 100 / 900 |"), "{section}");
+        assert!(section.contains("| 100 / 1000 |"), "{section}");
     }
 
     #[test]
