@@ -97,6 +97,11 @@ struct Args {
     /// variant's peak single-name rate (the goal is stated at half).
     #[arg(long, default_value_t = 0.5)]
     paced_fraction: f64,
+    /// Times the whole lease sweep (every system, one after the other) is
+    /// repeated; each point reports its median round, with the min-max
+    /// spread [default: 3, --quick 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
+    rounds: Option<u32>,
     /// Skip the memory and restart measurements.
     #[arg(long)]
     no_extras: bool,
@@ -179,6 +184,7 @@ impl System {
 }
 
 struct Settings {
+    rounds: usize,
     duration: Duration,
     warmup: Duration,
     held: Vec<u64>,
@@ -211,6 +217,7 @@ impl Args {
             )
         };
         Settings {
+            rounds: self.rounds.map_or(if self.quick { 1 } else { 3 }, |n| n as usize),
             duration: self.duration.unwrap_or(duration),
             warmup: self.warmup.unwrap_or(warmup),
             held: self
@@ -300,6 +307,9 @@ fn data_note(server: &Server) -> &'static str {
 struct Bench {
     args: Args,
     settings: Settings,
+    /// The lease sweep's current round (0-based); rows carry it until the
+    /// rounds are merged.
+    round: usize,
     work: WorkDir,
     report: Report,
 }
@@ -339,7 +349,12 @@ impl Bench {
             .report
             .rows
             .iter()
-            .filter(|r| r.system == system.name() && r.workload == workload && r.target_per_s.is_none())
+            .filter(|r| {
+                r.system == system.name()
+                    && r.workload == workload
+                    && r.target_per_s.is_none()
+                    && r.round == self.round
+            })
             .map(|r| (r.cycles_per_s, r.concurrency))
             .fold((0.0, 1), |best, p| if p.0 > best.0 { p } else { best });
         if peak <= 0.0 {
@@ -355,6 +370,7 @@ impl Bench {
         row.workload = format!("{workload}-paced");
         row.target_per_s = Some(rate);
         row.fraction_of_peak = Some(self.args.paced_fraction);
+        row.round = self.round;
         eprintln!(
             "  {} at {} of its peak ({:.0}/s): {:.0} cycles/s, acquire p50 {} µs p99 {} µs p99.9 {} µs",
             system.label(),
@@ -391,6 +407,7 @@ impl Bench {
                 let r = run_load(driver.clone(), &spec, Some(server.pid)).await;
                 let mut row = Row::from_load(system.name(), names, c, system.requests_per_cycle(), &r);
                 row.workload.push_str(system.workload_suffix());
+                row.round = self.round;
                 eprintln!(
                     "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",
                     system.label(),
@@ -511,7 +528,10 @@ impl Bench {
     fn missing(&mut self, what: impl Into<String>, why: impl Into<String>) {
         let (what, why) = (what.into(), why.into());
         eprintln!("  not measured: {what}: {why}");
-        self.report.missing.push(Missing { what, why });
+        // Once per part, however many rounds failed the same way.
+        if !self.report.missing.iter().any(|m| m.what == what) {
+            self.report.missing.push(Missing { what, why });
+        }
     }
 
     /// bagel and Redis RSS with `n` concurrently held single-name leases,
@@ -726,6 +746,7 @@ async fn main() -> Result<()> {
             "connections_per_system": args.connections,
             "concurrency": args.concurrency,
             "names_per_cycle": args.names,
+            "rounds": settings.rounds,
         }),
         ..Default::default()
     };
@@ -733,15 +754,22 @@ async fn main() -> Result<()> {
         work: WorkDir::new()?,
         args,
         settings,
+        round: 0,
         report,
     };
 
-    for system in bench.args.systems.clone() {
-        eprintln!("== {}", system.label());
-        if let Err(e) = bench.run_system(system).await {
-            bench.missing(format!("{} lease cycles", system.label()), format!("{e:#}"));
+    let rounds = bench.settings.rounds;
+    for round in 0..rounds {
+        bench.round = round;
+        for system in bench.args.systems.clone() {
+            eprintln!("== {} (round {} of {rounds})", system.label(), round + 1);
+            if let Err(e) = bench.run_system(system).await {
+                bench.missing(format!("{} lease cycles", system.label()), format!("{e:#}"));
+            }
         }
     }
+    let rows = std::mem::take(&mut bench.report.rows);
+    bench.report.rows = report::median_of_rounds(rows);
     report::fill_ratios(&mut bench.report.rows);
 
     if !bench.args.no_extras {

@@ -57,6 +57,16 @@ pub struct Row {
     /// latencies above; the part that is not the system's).
     pub start_lag_p50_us: Option<u64>,
     pub start_lag_p99_us: Option<u64>,
+    /// How many rounds measured this point (`--rounds`); the row is the
+    /// median round's (see `median_of_rounds`).
+    pub rounds: usize,
+    /// Lowest and highest cycles/s over those rounds: the spread a reader
+    /// should expect between runs on this machine.
+    pub cycles_per_s_min: f64,
+    pub cycles_per_s_max: f64,
+    /// Which round measured this row (before the rounds are merged).
+    #[serde(skip)]
+    pub round: usize,
     /// (latency µs, fraction of cycles at or below it): for the CDF plot.
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
@@ -90,12 +100,13 @@ impl Row {
     ) -> Self {
         let secs = r.elapsed.as_secs_f64();
         let per_s = |x: Option<f64>| x.filter(|_| secs > 0.0).map(|v| v / secs);
+        let cycles_per_s = if secs > 0.0 { r.cycles as f64 / secs } else { 0.0 };
         Row {
             system: system.to_string(),
             workload: workload_name(names),
             names_per_cycle: names,
             concurrency,
-            cycles_per_s: if secs > 0.0 { r.cycles as f64 / secs } else { 0.0 },
+            cycles_per_s,
             p50_us: r.cycle_us.value_at_quantile(0.5),
             p99_us: r.cycle_us.value_at_quantile(0.99),
             p999_us: r.cycle_us.value_at_quantile(0.999),
@@ -117,9 +128,59 @@ impl Row {
             fraction_of_peak: None,
             start_lag_p50_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.5)),
             start_lag_p99_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.99)),
+            rounds: 1,
+            cycles_per_s_min: cycles_per_s,
+            cycles_per_s_max: cycles_per_s,
+            round: 0,
             cdf: cdf_points(&r.cycle_us),
         }
     }
+}
+
+/// Merges the rounds of each point into one row: the median round's
+/// (by cycles/s for closed-loop points, by acquire p99 for paced ones),
+/// with the spread of cycles/s over all rounds. The order of first
+/// appearance is kept.
+///
+/// Why rounds at all: on a shared 2-core machine one point can land
+/// 10-30 % off its neighbour run's; repeating the whole sweep, one system
+/// after the other each round, spreads slow phases of the machine over
+/// every system instead of charging them to whichever ran then.
+pub fn median_of_rounds(rows: Vec<Row>) -> Vec<Row> {
+    let key = |r: &Row| {
+        (
+            r.system.clone(),
+            r.workload.clone(),
+            r.names_per_cycle,
+            r.concurrency,
+        )
+    };
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for row in rows {
+        match groups.iter_mut().find(|g| key(&g[0]) == key(&row)) {
+            Some(g) => g.push(row),
+            None => groups.push(vec![row]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            if g[0].target_per_s.is_some() {
+                g.sort_by_key(|r| r.acquire_p99_us);
+            } else {
+                g.sort_by(|a, b| a.cycles_per_s.total_cmp(&b.cycles_per_s));
+            }
+            let min = g.iter().map(|r| r.cycles_per_s).fold(f64::INFINITY, f64::min);
+            let max = g.iter().map(|r| r.cycles_per_s).fold(0.0, f64::max);
+            let rounds = g.len();
+            // The lower middle for an even count: no invented averages.
+            let mut median = g.swap_remove((rounds - 1) / 2);
+            median.rounds = rounds;
+            median.cycles_per_s_min = min;
+            median.cycles_per_s_max = max;
+            median
+        })
+        .collect()
 }
 
 /// Fills `bagel_over_etcd` / `bagel_over_redis` on bagel rows from the
@@ -236,6 +297,19 @@ fn system_label(r: &Row) -> String {
     }
 }
 
+/// "min–max (n)" of a point's cycles/s over its rounds; "–" for one round.
+fn fmt_spread(r: &Row) -> String {
+    if r.rounds <= 1 {
+        return "–".into();
+    }
+    format!(
+        "{}–{} ({})",
+        fmt_rate(r.cycles_per_s_min),
+        fmt_rate(r.cycles_per_s_max),
+        r.rounds
+    )
+}
+
 fn fmt_rate(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -262,17 +336,18 @@ impl Report {
         let _ = writeln!(md, "\n## Lease cycles (acquire + release)\n");
         let _ = writeln!(
             md,
-            "| system | names | clients | cycles/s | p50 µs | p99 µs | p99.9 µs | acquire p99 µs | RTT/cycle | server CPU (cores) | client CPU (cores) | conflicts | errors |"
+            "| system | names | clients | cycles/s | min–max of rounds | p50 µs | p99 µs | p99.9 µs | acquire p99 µs | RTT/cycle | server CPU (cores) | client CPU (cores) | conflicts | errors |"
         );
-        let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
         for r in self.rows.iter().filter(|r| r.target_per_s.is_none()) {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 system_label(r),
                 r.names_per_cycle,
                 r.concurrency,
                 fmt_rate(r.cycles_per_s),
+                fmt_spread(r),
                 r.p50_us,
                 r.p99_us,
                 r.p999_us,
@@ -743,6 +818,49 @@ mod tests {
         assert!(md.contains("| redis | 4 | 64 | 50.0 |"), "{md}");
         assert!(md.contains("`bench/run.sh --quick`"));
         assert!(md.contains("**metronome lag**"));
+    }
+
+    #[test]
+    fn rounds_merge_into_the_median_round_with_the_spread() {
+        let point = |sys: &str, conc, cycles, round| {
+            let mut r = Row::from_load(sys, 1, conc, 2, &load(cycles));
+            r.round = round;
+            r
+        };
+        let paced = |p99, round| {
+            let mut r = point("bagel", 256, 1000, round);
+            r.workload.push_str("-paced");
+            r.target_per_s = Some(500.0);
+            r.acquire_p99_us = p99;
+            r
+        };
+        let rows = vec![
+            point("bagel", 16, 3000, 0),
+            point("redis", 16, 800, 0),
+            paced(900, 0),
+            point("bagel", 16, 1000, 1),
+            point("redis", 16, 1200, 1),
+            paced(5000, 1),
+            point("bagel", 16, 2000, 2),
+            paced(700, 2),
+        ];
+        let merged = median_of_rounds(rows);
+        assert_eq!(merged.len(), 3, "one row per point");
+        let (bagel, redis, paced) = (&merged[0], &merged[1], &merged[2]);
+        assert_eq!((bagel.system.as_str(), bagel.round), ("bagel", 2));
+        assert_eq!(bagel.cycles_per_s, 1000.0);
+        assert_eq!((bagel.cycles_per_s_min, bagel.cycles_per_s_max), (500.0, 1500.0));
+        assert_eq!(bagel.rounds, 3);
+        // Two rounds: the lower one, not an average.
+        assert_eq!((redis.cycles_per_s, redis.rounds), (400.0, 2));
+        // Paced points: the median tail.
+        assert_eq!((paced.acquire_p99_us, paced.round), (900, 0));
+        let md = Report {
+            rows: merged.clone(),
+            ..Default::default()
+        }
+        .markdown();
+        assert!(md.contains("| bagel | 1 | 16 | 1000 | 500–1500 (3) |"), "{md}");
     }
 
     #[test]
