@@ -25,6 +25,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::driver::LeaseDriver;
+use crate::floor::FloorRow;
 use crate::procs::{Server, WorkDir, free_port};
 
 /// How to start a `bagel-server`.
@@ -85,6 +86,23 @@ pub async fn health(addr: SocketAddr) -> Result<bool> {
         .await?
         .into_inner();
     Ok(r.status == ServingStatus::Serving as i32)
+}
+
+/// The round-trip floor: the standard health check over one connection,
+/// back to back (it reads one flag; no lease work, no signature).
+pub async fn floor(addr: SocketAddr, warmup: Duration, duration: Duration) -> Result<FloorRow> {
+    let h = HealthClient::new(connect(addr).await?);
+    crate::floor::measure("bagel", "grpc.health.v1 Check", warmup, duration, || {
+        let mut h = h.clone();
+        async move {
+            h.check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// The client side: a pool of gRPC connections (HTTP/2), worker `i` on

@@ -20,6 +20,7 @@ mod bagel;
 mod bags;
 mod driver;
 mod etcd;
+mod floor;
 mod procs;
 mod redis;
 mod report;
@@ -453,7 +454,7 @@ impl Bench {
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
                 self.note_server("bagel", format!("bagel-server (release), {}", data_note(&server)));
-                let r = match system {
+                let mut r = match system {
                     System::Bagel => {
                         let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
                         self.sweep_then_pace(system, driver, &mut server).await
@@ -469,6 +470,12 @@ impl Bench {
                         self.sweep_then_pace(system, driver, &mut server).await
                     }
                 };
+                if r.is_ok() && self.wants_floor("bagel") {
+                    let (warmup, duration) = self.floor_window();
+                    r = bagel::floor(server.addr, warmup, duration)
+                        .await
+                        .map(|row| self.report.floor.push(row));
+                }
                 server.stop().await;
                 r
             }
@@ -498,7 +505,13 @@ impl Bench {
                     ),
                 );
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, pool).await?);
-                let r = self.sweep_then_pace(system, driver, &mut server).await;
+                let mut r = self.sweep_then_pace(system, driver, &mut server).await;
+                if r.is_ok() && self.wants_floor("redis") {
+                    let (warmup, duration) = self.floor_window();
+                    r = redis::floor(server.addr, warmup, duration)
+                        .await
+                        .map(|row| self.report.floor.push(row));
+                }
                 server.stop().await;
                 r
             }
@@ -514,6 +527,22 @@ impl Bench {
                 server.stop().await;
                 r
             }
+        }
+    }
+
+    /// The round-trip floor is measured once, in the first round, after the
+    /// system's sweep (by the first bagel variant that runs, for bagel: the
+    /// variants share the server and its transport).
+    fn wants_floor(&self, system: &str) -> bool {
+        self.round == 0 && !self.report.floor.iter().any(|f| f.system == system)
+    }
+
+    /// Warm-up and measured time of the round-trip floor.
+    fn floor_window(&self) -> (Duration, Duration) {
+        if self.args.quick {
+            (Duration::from_millis(200), Duration::from_secs(1))
+        } else {
+            (Duration::from_millis(500), Duration::from_secs(3))
         }
     }
 

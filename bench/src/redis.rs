@@ -14,6 +14,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::process::Command;
 
 use crate::driver::{LeaseDriver, random_token};
+use crate::floor::FloorRow;
 use crate::procs::{Server, WorkDir, free_port};
 
 const RELEASE: &str = r"
@@ -65,6 +66,20 @@ async fn ping(addr: SocketAddr) -> Result<()> {
     let mut c = connect(addr).await?;
     let _: String = redis::cmd("PING").query_async(&mut c).await?;
     Ok(())
+}
+
+/// The round-trip floor: PING over one multiplexed connection (the same
+/// client as the cycles), back to back.
+pub async fn floor(addr: SocketAddr, warmup: Duration, duration: Duration) -> Result<FloorRow> {
+    let c = connect(addr).await?;
+    crate::floor::measure("redis", "PING", warmup, duration, || {
+        let mut c = c.clone();
+        async move {
+            let _: String = redis::cmd("PING").query_async(&mut c).await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// The client side: a pool of multiplexed connections, worker `i` on

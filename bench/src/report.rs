@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::bags::BagResults;
 use crate::driver::LoadResult;
+use crate::floor::FloorRow;
 use crate::rss::MemRow;
 
 /// One measured point.
@@ -228,6 +229,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub memory: Vec<MemRow>,
     pub restart: Vec<RestartRow>,
+    /// One client's no-op round trip per system (bagel, Redis).
+    pub floor: Vec<FloorRow>,
     /// POSIX bag writes/s, S3 PUTs per batch, metronome lag.
     pub bags: BagResults,
     pub missing: Vec<Missing>,
@@ -408,6 +411,21 @@ impl Report {
                     r.p99_us,
                     fmt_opt(r.start_lag_p50_us.map(|v| v as f64), 0),
                     fmt_opt(r.start_lag_p99_us.map(|v| v as f64), 0)
+                );
+            }
+        }
+        if !self.floor.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n## Round-trip floor (one client, a no-op request, back to back)\n"
+            );
+            let _ = writeln!(md, "| system | request | calls | p50 µs | p99 µs |");
+            let _ = writeln!(md, "|---|---|--:|--:|--:|");
+            for f in &self.floor {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} |",
+                    f.system, f.request, f.calls, f.p50_us, f.p99_us
                 );
             }
         }
@@ -810,12 +828,20 @@ mod tests {
             ..Default::default()
         };
         report.rows.push(Row::from_load("redis", 4, 64, 2, &load(100)));
+        report.floor.push(FloorRow {
+            system: "redis".into(),
+            request: "PING".into(),
+            calls: 1000,
+            p50_us: 140,
+            p99_us: 300,
+        });
         report.missing.push(Missing {
             what: "metronome lag".into(),
             why: "needs the client library".into(),
         });
         let md = report.markdown();
         assert!(md.contains("| redis | 4 | 64 | 50.0 |"), "{md}");
+        assert!(md.contains("| redis | PING | 1000 | 140 | 300 |"), "{md}");
         assert!(md.contains("`bench/run.sh --quick`"));
         assert!(md.contains("**metronome lag**"));
     }
