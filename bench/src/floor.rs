@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use crate::driver::new_histogram;
+use crate::driver::{micros, new_histogram};
 
 /// One system's no-op round trip.
 #[derive(Debug, Clone, Serialize)]
@@ -51,7 +51,7 @@ where
             .await
             .map_err(|_| anyhow::anyhow!("{request} timed out"))??;
         if t0 >= measure_from {
-            h.saturating_record(u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX).max(1));
+            h.saturating_record(micros(t0.elapsed()));
         }
     }
     if h.is_empty() {

@@ -27,6 +27,7 @@ mod report;
 mod rss;
 mod s3;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +37,7 @@ use bagel_client::Transport;
 use clap::Parser;
 
 use crate::driver::{LeaseDriver, LoadSpec, run_load};
+use crate::floor::FloorRow;
 use crate::procs::{Server, WorkDir};
 use crate::report::{Missing, Report, RestartRow, Row};
 
@@ -454,7 +456,7 @@ impl Bench {
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
                 self.note_server("bagel", format!("bagel-server (release), {}", data_note(&server)));
-                let mut r = match system {
+                let r = match system {
                     System::Bagel => {
                         let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
                         self.sweep_then_pace(system, driver, &mut server).await
@@ -470,11 +472,9 @@ impl Bench {
                         self.sweep_then_pace(system, driver, &mut server).await
                     }
                 };
-                if r.is_ok() && self.wants_floor("bagel") {
-                    let (warmup, duration) = self.floor_window();
-                    r = bagel::floor(server.addr, warmup, duration)
-                        .await
-                        .map(|row| self.report.floor.push(row));
+                if r.is_ok() {
+                    let addr = server.addr;
+                    self.floor("bagel", |w, d| bagel::floor(addr, w, d)).await;
                 }
                 server.stop().await;
                 r
@@ -505,12 +505,10 @@ impl Bench {
                     ),
                 );
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, pool).await?);
-                let mut r = self.sweep_then_pace(system, driver, &mut server).await;
-                if r.is_ok() && self.wants_floor("redis") {
-                    let (warmup, duration) = self.floor_window();
-                    r = redis::floor(server.addr, warmup, duration)
-                        .await
-                        .map(|row| self.report.floor.push(row));
+                let r = self.sweep_then_pace(system, driver, &mut server).await;
+                if r.is_ok() {
+                    let addr = server.addr;
+                    self.floor("redis", |w, d| redis::floor(addr, w, d)).await;
                 }
                 server.stop().await;
                 r
@@ -530,19 +528,27 @@ impl Bench {
         }
     }
 
-    /// The round-trip floor is measured once, in the first round, after the
-    /// system's sweep (by the first bagel variant that runs, for bagel: the
-    /// variants share the server and its transport).
-    fn wants_floor(&self, system: &str) -> bool {
-        self.round == 0 && !self.report.floor.iter().any(|f| f.system == system)
-    }
-
-    /// Warm-up and measured time of the round-trip floor.
-    fn floor_window(&self) -> (Duration, Duration) {
-        if self.args.quick {
+    /// Measures `system`'s round-trip floor with `probe(warmup, duration)`:
+    /// once, in the first round, after the system's sweep (for bagel by the
+    /// first variant that runs: the variants share the server and its
+    /// transport). A failure is noted as a missing part; it does not undo
+    /// the sweep's rows.
+    async fn floor<F, Fut>(&mut self, system: &str, probe: F)
+    where
+        F: FnOnce(Duration, Duration) -> Fut,
+        Fut: Future<Output = Result<FloorRow>>,
+    {
+        if self.round != 0 || self.report.floor.iter().any(|f| f.system == system) {
+            return;
+        }
+        let (warmup, duration) = if self.args.quick {
             (Duration::from_millis(200), Duration::from_secs(1))
         } else {
             (Duration::from_millis(500), Duration::from_secs(3))
+        };
+        match probe(warmup, duration).await {
+            Ok(row) => self.report.floor.push(row),
+            Err(e) => self.missing(format!("round-trip floor ({system})"), format!("{e:#}")),
         }
     }
 
