@@ -139,8 +139,7 @@ impl BagelHeld {
             lease_id: self.lease_id,
             token: self.token,
             watermark_us: 0,
-            signed_time: None,
-            metadata: None,
+            ..Default::default()
         }
     }
 }

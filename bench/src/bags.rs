@@ -21,7 +21,6 @@ use bagel_client::bag::s3::S3Store;
 use bagel_client::bag::testing::TestLeases;
 use bagel_client::bag::{BagConfig, BagStore, Metronome, Writer};
 use bagel_client::clock::{Clock, SystemClock};
-use bagel_client::json::LeaseJson;
 use bytes::Bytes;
 use object_store::ObjectStore;
 use serde::Serialize;
@@ -31,19 +30,18 @@ const POLL_EVERY: Duration = Duration::from_millis(20);
 
 pub const PAYLOAD_BYTES: usize = 100;
 
-/// A full lease signed by a throwaway key (the writer only checks its
-/// times and cites its witness; nothing here talks to a lease server).
-pub fn lease() -> LeaseJson {
-    TestLeases::default().lease_for_an_hour("bench-bags")
-}
-
 fn writer(store: Arc<dyn BagStore>, log: &str, cfg: BagConfig) -> Result<Writer> {
+    // A full lease and signed times from a throwaway key (the writer only
+    // checks times and cites witnesses; nothing here talks to a lease
+    // server).
+    let leases = TestLeases::default();
     Ok(Writer::new(
         store,
         log,
         "bench-w1",
-        Arc::new(lease()),
+        Arc::new(leases.lease_for_an_hour("bench-bags")),
         Arc::new(SystemClock),
+        leases.time(Arc::new(SystemClock)),
         cfg,
     )?)
 }

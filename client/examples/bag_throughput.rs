@@ -25,12 +25,14 @@ async fn main() -> anyhow::Result<()> {
     println!("dir {}  batch {batch}  payload 100 B", dir.display());
     for sync in [true, false] {
         let store = Arc::new(PosixStore::local(&dir, sync, Duration::from_secs(10)));
+        let leases = TestLeases::default();
         let w = Writer::new(
             store,
             &format!("bench-{}", if sync { "sync" } else { "nosync" }),
             "w1",
-            Arc::new(TestLeases::default().lease_for_an_hour("bench")),
+            Arc::new(leases.lease_for_an_hour("bench")),
             Arc::new(SystemClock),
+            leases.time(Arc::new(SystemClock)),
             BagConfig::default(),
         )?;
         let payload = Bytes::from(vec![b'x'; 100]);

@@ -36,12 +36,14 @@ async fn main() -> anyhow::Result<()> {
     let counts = fs.counts.clone();
     let store = Arc::new(PosixStore::new(fs, true, timeout));
     let log = format!("fs-ops-{}", std::process::id());
+    let leases = TestLeases::default();
     let w = Writer::new(
         store.clone(),
         &log,
         "w1",
-        Arc::new(TestLeases::default().lease_for_an_hour("fs-ops")),
+        Arc::new(leases.lease_for_an_hour("fs-ops")),
         Arc::new(SystemClock),
+        leases.time(Arc::new(SystemClock)),
         BagConfig::default(),
     )?;
     let payload = Bytes::from(vec![b'x'; 100]);

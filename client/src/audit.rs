@@ -2,18 +2,23 @@
 //! nothing else, check that no two writers of one name ever overlapped.
 //!
 //! What is checked (each failure is a [`Violation`] naming what broke):
-//! * every witness signature, against the lease servers' keys;
-//! * every signed time (a message's, a witness's), against the keys;
+//! * every witness signature, against the lease servers' keys, and that
+//!   every cited witness is of a full lease (a tentative one gives no right
+//!   to write);
+//! * every signed time (a message's, a witness's), against the keys; a
+//!   witness's `issued_at` agrees with its signed time;
 //! * each message lies strictly inside `(min_timestamp, deadline)` of every
-//!   witness it cites, and is not ahead of its signed time by more than the
-//!   tolerance;
+//!   witness it cites, in the bag of its own second, and within the
+//!   tolerance of its signed time (neither ahead nor back-dated);
 //! * per name, the chain of grants ordered by fencing token: each grant's
-//!   `previous` names the grant before it; if the chain has a gap (a lease
-//!   that wrote nothing is not in the bags), the later grant must come after
-//!   the earlier one's deadline, unless it names it as released;
-//!   a grant may not start before its predecessor ended;
+//!   `previous` names the grant before it, and a broken predecessor hands
+//!   on at least its deadline; if the chain has a gap (a lease that wrote
+//!   nothing is not in the bags), the later grant must come after the
+//!   earlier one's deadline, unless the lease it names as predecessor was
+//!   granted by the same server after the earlier one (so followed it);
 //! * a released lease's watermark (stated by its successor's witness) is at
-//!   least every timestamp written under it.
+//!   least every timestamp written under it;
+//! * and every message a reader rejected is reported with its reason.
 //!
 //! The input is plain data, so the same audit runs on any store.
 
@@ -22,8 +27,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_proto::{KeyRing, Micros, pb, verify_witness};
+use bagel_proto::{KeyRing, Micros, TimeReading, pb, verify_witness};
+use prost::Message as _;
 use serde::Serialize;
+
+use crate::bag::Bucket;
 
 /// One stored message, as read back from a bag.
 #[derive(Clone, Debug)]
@@ -36,10 +44,14 @@ pub struct AuditMessage {
     /// The witnesses it was written under (shared by a batch).
     pub witnesses: Arc<[pb::Witness]>,
     pub signed_time: Option<Arc<pb::SignedTime>>,
+    /// The bag it was read from.
+    pub bucket: Bucket,
+    /// Why the reader rejected it, if it did.
+    pub rejected: Option<String>,
 }
 
-/// Verifies a signed time: (time, radius in µs), or why not.
-pub type TimeVerifier = Arc<dyn Fn(&pb::SignedTime) -> Result<(Micros, u64), String> + Send + Sync>;
+/// Verifies a signed time: what it proves, or why not.
+pub type TimeVerifier = Arc<dyn Fn(&pb::SignedTime) -> Result<TimeReading, String> + Send + Sync>;
 
 impl AuditMessage {
     /// Every stored message of a read, accepted or rejected by the reader:
@@ -48,14 +60,22 @@ impl AuditMessage {
         report
             .messages
             .iter()
-            .chain(report.rejected.iter().map(|r| &r.message))
-            .map(|m| AuditMessage {
+            .map(|m| (m, None))
+            .chain(
+                report
+                    .rejected
+                    .iter()
+                    .map(|r| (&r.message, Some(r.reason.clone()))),
+            )
+            .map(|(m, rejected)| AuditMessage {
                 timestamp: m.timestamp,
                 writer: m.writer_id.clone(),
                 sequence: m.sequence,
                 location: format!("{log}/{}", m.bucket.path()),
                 witnesses: Arc::clone(&m.witnesses),
                 signed_time: m.signed_time.clone(),
+                bucket: m.bucket,
+                rejected,
             })
             .collect()
     }
@@ -66,11 +86,15 @@ impl AuditMessage {
 pub struct AuditConfig {
     /// Lease servers' public keys.
     pub keys: KeyRing,
-    /// How far a timestamp may be ahead of its signed time (plus the
-    /// signed time's own radius).
+    /// How far a timestamp may be from its signed time (plus the signed
+    /// time's radius and resolution), either way.
     pub tolerance: Duration,
-    /// Verifies a signed time; returns (time, radius) or why not. The
-    /// default verifies local-time-agent proofs against `keys`.
+    /// How old the signed time a server puts in a witness may be when it
+    /// issues the witness (its Roughtime answers are refreshed every second
+    /// and used for at most 10 s by default).
+    pub witness_time_max_age: Duration,
+    /// Verifies a signed time; returns its reading or why not. The default
+    /// verifies local-time-agent proofs against `keys`.
     pub verify_time: TimeVerifier,
 }
 
@@ -89,10 +113,9 @@ impl AuditConfig {
         AuditConfig {
             keys,
             tolerance: Duration::from_secs(1),
+            witness_time_max_age: Duration::from_secs(11),
             verify_time: Arc::new(move |st| {
-                bagel_proto::verify_local_time(st, &ring)
-                    .map(|r| (r.time, r.radius_us))
-                    .map_err(|e| e.to_string())
+                bagel_proto::verify_local_time(st, &ring).map_err(|e| e.to_string())
             }),
         }
     }
@@ -108,6 +131,17 @@ pub enum ViolationKind {
     BeforeMinTimestamp,
     AtOrAfterDeadline,
     AheadOfSignedTime,
+    /// Back-dated: further behind its signed time than the tolerance.
+    BehindSignedTime,
+    /// Stored in the bag of another second than its timestamp's.
+    WrongBag,
+    /// Cites the witness of a tentative lease, which gives no right to
+    /// write.
+    TentativeWitness,
+    /// A witness's `issued_at` disagrees with its own signed time.
+    IssuedOffSignedTime,
+    /// A reader rejected it (the detail says why).
+    RejectedByReader,
     ChainBroken,
     OverlappingGrants,
     WatermarkBelowMessage,
@@ -175,8 +209,20 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
             m.timestamp.as_micros(),
             m.location
         );
+        if let Some(reason) = &m.rejected {
+            v(
+                ViolationKind::RejectedByReader,
+                format!("{at} was rejected by the reader: {reason}"),
+            );
+        }
         if m.witnesses.is_empty() {
             v(ViolationKind::NoWitness, format!("{at} cites no lease witness"));
+        }
+        if Bucket::of(m.timestamp) != m.bucket {
+            v(
+                ViolationKind::WrongBag,
+                format!("{at} is stored in bag {}, not its own second's", m.bucket),
+            );
         }
         match &m.signed_time {
             None => v(
@@ -188,17 +234,19 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                     ViolationKind::BadSignedTime,
                     format!("{at}: signed time does not verify: {e}"),
                 ),
-                Ok((time, radius)) => {
-                    let limit = time
-                        .saturating_add(cfg.tolerance)
-                        .saturating_add(Duration::from_micros(radius));
-                    if m.timestamp > limit {
+                Ok(reading) => {
+                    if let Err((diff, limit)) = reading.congruent(m.timestamp, cfg.tolerance) {
+                        let (kind, side) = if m.timestamp > reading.time {
+                            (ViolationKind::AheadOfSignedTime, "ahead of")
+                        } else {
+                            (ViolationKind::BehindSignedTime, "behind")
+                        };
                         v(
-                            ViolationKind::AheadOfSignedTime,
+                            kind,
                             format!(
-                                "{at} is {} us ahead of its signed time {} (tolerance {:?} + radius {radius} us)",
-                                m.timestamp.as_micros() - time.as_micros(),
-                                time.as_micros(),
+                                "{at} is {diff} us {side} its signed time {} (limit {limit} us: tolerance \
+                                 {:?} + radius + resolution)",
+                                reading.time.as_micros(),
                                 cfg.tolerance
                             ),
                         );
@@ -207,8 +255,10 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
             },
         }
         for w in m.witnesses.iter() {
+            // Keyed by the whole encoded witness (body, signature, key id,
+            // Merkle path): no two different witnesses share a key.
             let body = verified
-                .entry(w.signature.iter().chain(&w.body).copied().collect())
+                .entry(w.encode_to_vec())
                 .or_insert_with(|| verify_witness(w, &cfg.keys).ok())
                 .clone();
             let Some(body) = body else {
@@ -222,6 +272,15 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 continue;
             };
             let ts = m.timestamp.as_micros();
+            if body.mode().normalized() != pb::Mode::Full {
+                v(
+                    ViolationKind::TentativeWitness,
+                    format!(
+                        "{at} cites the witness of lease {}, which is tentative",
+                        body.lease_id
+                    ),
+                );
+            }
             if ts <= body.min_timestamp_us {
                 v(
                     ViolationKind::BeforeMinTimestamp,
@@ -250,16 +309,41 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 facts.first = body.clone();
             }
             facts.max_message_ts = facts.max_message_ts.max(Some(ts));
-            if let Some(st) = &body.signed_time
-                && let Err(e) = (cfg.verify_time)(st)
-            {
-                v(
+            match body.signed_time.as_ref().map(|st| (cfg.verify_time)(st)) {
+                None => v(
+                    ViolationKind::BadSignedTime,
+                    format!("witness of lease {} carries no signed time", body.lease_id),
+                ),
+                Some(Err(e)) => v(
                     ViolationKind::BadSignedTime,
                     format!(
                         "witness of lease {}: signed time does not verify: {e}",
                         body.lease_id
                     ),
-                );
+                ),
+                Some(Ok(reading)) => {
+                    // Issued after its signed time was taken (up to its
+                    // maximum age), never before it.
+                    let issued = Micros::from_micros(body.issued_at_us);
+                    let slack =
+                        cfg.tolerance + Duration::from_micros(reading.radius_us + reading.resolution_us());
+                    let earliest = reading.time.saturating_sub(slack);
+                    let latest = reading.time.saturating_add(slack + cfg.witness_time_max_age);
+                    if issued < earliest || issued > latest {
+                        v(
+                            ViolationKind::IssuedOffSignedTime,
+                            format!(
+                                "witness of lease {} says it was issued at {} but its signed time is {} \
+                                 (allowed {}..={})",
+                                body.lease_id,
+                                body.issued_at_us,
+                                reading.time.as_micros(),
+                                earliest.as_micros(),
+                                latest.as_micros()
+                            ),
+                        );
+                    }
+                }
             }
         }
     }
@@ -306,14 +390,26 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                             ),
                         );
                     }
-                } else if ended == pb::Ended::Broken && b.first.issued_at_us < a.deadline {
-                    v(
-                        ViolationKind::OverlappingGrants,
-                        format!(
-                            "{name}: lease {b_id} broke {a_id} at {} before its deadline {}",
-                            b.first.issued_at_us, a.deadline
-                        ),
-                    );
+                } else if ended == pb::Ended::Broken {
+                    if b.first.issued_at_us < a.deadline {
+                        v(
+                            ViolationKind::OverlappingGrants,
+                            format!(
+                                "{name}: lease {b_id} broke {a_id} at {} before its deadline {}",
+                                b.first.issued_at_us, a.deadline
+                            ),
+                        );
+                    }
+                    if prev.watermark_us < a.deadline {
+                        v(
+                            ViolationKind::ChainBroken,
+                            format!(
+                                "{name}: lease {b_id} inherits watermark {} from broken lease {a_id}, \
+                                 below its deadline {}",
+                                prev.watermark_us, a.deadline
+                            ),
+                        );
+                    }
                 }
                 if b.first.min_timestamp_us < prev.watermark_us {
                     v(
@@ -328,8 +424,15 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 report.chain_gaps += 1;
                 chain = 1;
                 // Not linked: the earlier lease must have ended before the
-                // later was granted, and its writes be below the later's.
-                if b.first.issued_at_us < a.deadline {
+                // later was granted, and its writes be below the later's. A
+                // predecessor the same server granted after the earlier
+                // lease followed it (one holder at a time per name), so the
+                // earlier one had ended by then.
+                let followed = !prev.lease_id.is_empty()
+                    && prev.granted_at_us >= a.first.issued_at_us
+                    && b.first.server_id == a.first.server_id
+                    && b.first.epoch_us == a.first.epoch_us;
+                if b.first.issued_at_us < a.deadline && !followed {
                     v(
                         ViolationKind::OverlappingGrants,
                         format!(
@@ -393,6 +496,9 @@ mod tests {
                 lease_id: l.into(),
                 watermark_us: wm,
                 ended: ended.into(),
+                // The test's lease ids name no time: say the predecessor
+                // was granted just before its successor.
+                granted_at_us: issued - 1,
                 ..Default::default()
             });
             let body = pb::WitnessBody {
@@ -423,7 +529,15 @@ mod tests {
                 location: "test".into(),
                 witnesses: Arc::from(vec![w.clone()]),
                 signed_time: Some(Arc::new(self.time(ts))),
+                bucket: Bucket::of(Micros::from_micros(ts)),
+                rejected: None,
             }
+        }
+
+        /// A witness signed over `body` as given (for bodies the helpers
+        /// above do not make).
+        fn sign(&self, body: &pb::WitnessBody) -> pb::Witness {
+            sign_witness(&self.signer, body)
         }
     }
 
@@ -523,5 +637,99 @@ mod tests {
         );
         let r = audit(&[w.msg(T0 + 2 * S + 5, &a), w.msg(T0 + 3 * S, &c)], &w.cfg);
         assert_eq!(kinds(&r), [ViolationKind::WatermarkBelowMessage]);
+    }
+
+    #[test]
+    fn released_then_silent_then_next_is_not_an_overlap() {
+        // A released early; C took the name, wrote nothing (so is not in
+        // the bags) and released; B names C. B's grant is before A's
+        // deadline, and that is fine: C was granted after A, by the same
+        // server, so A had ended.
+        let w = World::new();
+        let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
+        let b = w.grant(
+            "B",
+            "n",
+            3,
+            T0 + 2 * S,
+            T0 + 7 * S,
+            T0 + S,
+            Some(("C", T0 + S, pb::Ended::Released)),
+        );
+        let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + S + 1, &b)], &w.cfg);
+        assert!(r.is_clean(), "{:?}", r.violations);
+        assert_eq!(r.chain_gaps, 1);
+        // The same gap with C granted *before* A: C cannot have followed A.
+        let mut body = pb::WitnessBody::decode(b.body.as_slice()).unwrap();
+        body.names[0].previous.as_mut().unwrap().granted_at_us = T0 - 1;
+        let b = w.sign(&body);
+        let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + S + 1, &b)], &w.cfg);
+        assert_eq!(kinds(&r), [ViolationKind::OverlappingGrants]);
+    }
+
+    #[test]
+    fn a_broken_link_must_hand_on_the_deadline() {
+        let w = World::new();
+        let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
+        // B breaks A after its deadline but inherits less than it.
+        let b = w.grant(
+            "B",
+            "n",
+            2,
+            T0 + 6 * S,
+            T0 + 9 * S,
+            T0 + 2 * S,
+            Some(("A", T0 + 2 * S, pb::Ended::Broken)),
+        );
+        let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 6 * S + 1, &b)], &w.cfg);
+        assert_eq!(kinds(&r), [ViolationKind::ChainBroken]);
+    }
+
+    #[test]
+    fn back_dated_misfiled_tentative_and_rejected_messages_are_named() {
+        let w = World::new();
+        let a = w.grant("A", "n", 1, T0, T0 + 9 * S, T0, None);
+        // Back-dated: its signed time is 3 s later.
+        let mut m = w.msg(T0 + S, &a);
+        m.signed_time = Some(Arc::new(w.time(T0 + 4 * S)));
+        assert_eq!(kinds(&audit(&[m], &w.cfg)), [ViolationKind::BehindSignedTime]);
+        // In the bag of another second.
+        let mut m = w.msg(T0 + S, &a);
+        m.bucket = m.bucket.next();
+        assert_eq!(kinds(&audit(&[m], &w.cfg)), [ViolationKind::WrongBag]);
+        // Under a tentative lease.
+        let mut body = pb::WitnessBody::decode(a.body.as_slice()).unwrap();
+        body.mode = pb::Mode::Tentative.into();
+        let t = w.sign(&body);
+        assert_eq!(
+            kinds(&audit(&[w.msg(T0 + S, &t)], &w.cfg)),
+            [ViolationKind::TentativeWitness]
+        );
+        // A witness whose issued_at is a minute off its own signed time.
+        let mut body = pb::WitnessBody::decode(a.body.as_slice()).unwrap();
+        body.issued_at_us = T0 + 60 * S;
+        let off = w.sign(&body);
+        assert_eq!(
+            kinds(&audit(&[w.msg(T0 + S, &off)], &w.cfg)),
+            [ViolationKind::IssuedOffSignedTime]
+        );
+        // What a reader rejected is reported, with its reason.
+        let mut m = w.msg(T0 + S, &a);
+        m.rejected = Some("because".into());
+        let r = audit(&[m], &w.cfg);
+        assert_eq!(kinds(&r), [ViolationKind::RejectedByReader]);
+        assert!(r.violations[0].detail.contains("because"));
+    }
+
+    #[test]
+    fn a_forged_witness_cannot_borrow_a_verified_ones_cache_entry() {
+        let w = World::new();
+        let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
+        // Signature and body split elsewhere: the same bytes end to end.
+        let mut forged = a.clone();
+        let last = forged.signature.pop().unwrap();
+        forged.body.insert(0, last);
+        let r = audit(&[w.msg(T0 + 1, &a), w.msg(T0 + 2, &forged)], &w.cfg);
+        assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
     }
 }

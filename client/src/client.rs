@@ -159,13 +159,32 @@ impl Client {
     /// Low-level calls by lease id and token, for tools that hold a lease
     /// across processes (the CLI). Library users hold a [`Lease`] instead.
     pub async fn renew_raw(&self, req: pb::RenewRequest) -> Result<pb::RenewResponse> {
+        Ok(self.renew_checked(req).await?.0)
+    }
+
+    /// Renews and checks the answer's witness: signed by a trusted key, of
+    /// this lease, stating the deadline the answer says.
+    pub(crate) async fn renew_checked(
+        &self,
+        req: pb::RenewRequest,
+    ) -> Result<(pb::RenewResponse, pb::WitnessBody)> {
+        let lease_id = req.lease_id.clone();
         let resp = self.rpc().renew(req).await?.into_inner();
-        if let Some(w) = &resp.witness {
-            bagel_proto::verify_witness(w, &self.keys).map_err(|e| Error::Witness {
-                reason: e.to_string(),
-            })?;
+        let witness = resp.witness.as_ref().ok_or_else(|| Error::Witness {
+            reason: "renew response has no witness".into(),
+        })?;
+        let body = bagel_proto::verify_witness(witness, &self.keys).map_err(|e| Error::Witness {
+            reason: e.to_string(),
+        })?;
+        if body.lease_id != lease_id || body.deadline_us != resp.deadline_us {
+            return Err(Error::Witness {
+                reason: format!(
+                    "renewal witness does not state lease {lease_id} until {}",
+                    resp.deadline_us
+                ),
+            });
         }
-        Ok(resp)
+        Ok((resp, body))
     }
 
     pub async fn upgrade_raw(&self, req: pb::UpgradeRequest) -> Result<pb::LeaseGrant> {

@@ -210,12 +210,12 @@ fn check_one(grant: &pb::LeaseGrant, keys: &KeyRing, verified: &mut Verified) ->
     })?;
     let known = verified
         .as_ref()
-        .is_some_and(|(sig, msg)| *sig == witness.signature && msg.as_slice() == &*message);
+        .is_some_and(|(sig, msg)| *sig == witness.signature && *msg == message);
     if known {
         crate::lease::check_grant_body(grant)
     } else {
         crate::lease::check_grant(grant, keys)?;
-        *verified = Some((witness.signature.clone(), message.into_owned()));
+        *verified = Some((witness.signature.clone(), message));
         Ok(())
     }
 }

@@ -52,6 +52,12 @@ pub enum Error {
     /// or the lease server, or an answer that does not verify). Retryable.
     #[error("no signed time: {detail}")]
     NoSignedTime { detail: String },
+    /// A release named a watermark below a timestamp already written under
+    /// the lease: the next holder could then write below it.
+    #[error(
+        "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
+    )]
+    WatermarkBelowWritten { given: Micros, written: Micros },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
     Rpc(tonic::Status),

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::bag::{self, BagConfig, BagStore, WriteRights};
+use crate::bag::{self, BagConfig, BagStore, RightsSnapshot, WriteLedger, WriteRights};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::json::LeaseJson;
@@ -62,10 +62,28 @@ impl LeaseOptions {
 pub struct LeaseState {
     pub deadline: Micros,
     pub mode: pb::Mode,
-    /// The witness of the latest grant, upgrade or renewal.
+    /// The witness that states `deadline` and `mode`: always the pair from
+    /// one answer, so a writer citing it never writes past what it says.
     pub witness: pb::Witness,
     /// Set once the lease is lost; never cleared.
     pub lost: Option<String>,
+    /// Set when the release starts: no more writes under the lease.
+    pub released: bool,
+}
+
+impl LeaseState {
+    /// Takes an answer's (deadline, mode, witness) if it grants more than
+    /// what is held: full before tentative, then the later deadline.
+    /// Answers arrive in any order (a renewal in flight while another one
+    /// or an upgrade lands); an older, lesser one never replaces a newer.
+    fn adopt(&mut self, deadline: Micros, mode: pb::Mode, witness: pb::Witness) {
+        let rank = |mode: pb::Mode, deadline: Micros| (mode.normalized() == pb::Mode::Full, deadline);
+        if rank(mode, deadline) > rank(self.mode, self.deadline) {
+            self.deadline = deadline;
+            self.mode = mode.normalized();
+            self.witness = witness;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -75,6 +93,11 @@ struct Shared {
     ttl: Duration,
     options: LeaseOptions,
     state: watch::Sender<LeaseState>,
+    /// What the writers under this lease wrote; the release publishes it.
+    ledger: Arc<WriteLedger>,
+    /// This holder closed every bag below this (µs), having found its
+    /// predecessors unsettled; the release says so.
+    settled_through: std::sync::atomic::AtomicU64,
 }
 
 /// A held lease. Renews itself in the background (unless told not to) and
@@ -146,6 +169,7 @@ impl Lease {
             mode: grant.mode().normalized(),
             witness: grant.witness.clone().unwrap_or_default(),
             lost: None,
+            released: false,
         });
         let shared = Arc::new(Shared {
             client,
@@ -153,6 +177,8 @@ impl Lease {
             ttl,
             options,
             state,
+            ledger: Arc::new(WriteLedger::default()),
+            settled_through: std::sync::atomic::AtomicU64::new(0),
         });
         let cancel = CancellationToken::new();
         let renewer = shared
@@ -215,6 +241,7 @@ impl Lease {
         let s = self.shared.state.borrow();
         let now = self.shared.client.clock().now();
         s.lost.is_none()
+            && !s.released
             && s.mode == pb::Mode::Full
             && now.saturating_add(self.shared.options.safety_margin) < s.deadline
     }
@@ -236,27 +263,36 @@ impl Lease {
         }
     }
 
-    /// The earliest time up to which every bag must be closed before this
-    /// holder may trust what it reads of the previous holders' data: the
-    /// highest previous watermark among names whose previous lease was
-    /// broken or is unknown. `None` on the happy path (all released).
+    /// Every bag that can hold a timestamp below this must be closed
+    /// before this holder may trust what it reads of its predecessors'
+    /// data: some earlier holder of a name (not only the last) was broken,
+    /// is unknown, or released with writes of unknown outcome, and nobody
+    /// has closed its bags since. `None` when everything before is settled.
     pub fn close_before_reading(&self) -> Option<Micros> {
         self.names()
             .iter()
             .filter_map(|n| n.previous.as_ref())
-            .filter(|p| matches!(p.ended(), pb::Ended::Broken | pb::Ended::Unknown))
-            .map(|p| Micros::from_micros(p.watermark_us))
+            .map(|p| p.unsettled_until_us)
+            .filter(|&u| u > 0)
             .max()
+            .map(Micros::from_micros)
     }
 
     /// Rights to write under this lease, for a [`bag::Writer`]. They follow
-    /// renewals (deadline and witness), and stop at once if the lease is
-    /// lost or is only tentative.
+    /// renewals (deadline and witness, one pair), stop at once if the lease
+    /// is lost, released or only tentative, and record what is written so
+    /// that [`Lease::release`] publishes it.
     pub fn rights(&self) -> Arc<dyn WriteRights> {
         Arc::new(LeaseRights {
             min_timestamp: self.min_timestamp(),
             state: self.subscribe(),
+            ledger: Arc::clone(&self.shared.ledger),
         })
+    }
+
+    /// What the writers under this lease have written so far.
+    pub fn written(&self) -> bag::WriteSummary {
+        self.shared.ledger.summary()
     }
 
     /// The design's sad path: if a predecessor of this lease was broken or
@@ -277,6 +313,11 @@ impl Lease {
         for log in logs {
             bag::metronome::close_through(store, log, until, cfg, &**self.shared.client.clock()).await?;
         }
+        // Settled: the release tells the next holder it need not close
+        // these again.
+        self.shared
+            .settled_through
+            .fetch_max(until.as_micros(), std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
@@ -312,16 +353,20 @@ impl Lease {
             })
             .await?;
         let witness = grant.witness.clone().unwrap_or_default();
-        self.shared.state.send_modify(|s| {
-            s.mode = pb::Mode::Full;
-            s.witness = witness;
-        });
+        let deadline = Micros::from_micros(grant.deadline_us);
+        self.shared
+            .state
+            .send_modify(|s| s.adopt(deadline, pb::Mode::Full, witness));
         Ok(())
     }
 
-    /// Releases the lease, publishing `watermark` (an upper bound of every
-    /// timestamp written under it; `None` = wrote nothing). Call only once
-    /// the writes are durable. Returns the watermark the server stored.
+    /// Releases the lease, publishing a watermark: at least the highest
+    /// timestamp its writers handed to the store (see [`Lease::rights`]),
+    /// or `watermark` if that is higher (`None` = nothing more). A
+    /// `watermark` below what was written is refused: the next holder
+    /// could write below acknowledged messages. Writes in flight are
+    /// waited for first, and none can start once the release has begun.
+    /// Returns the watermark the server stored.
     pub async fn release(self, watermark: Option<Micros>) -> Result<Micros> {
         self.release_with(watermark, None, None).await
     }
@@ -333,20 +378,36 @@ impl Lease {
         signed_time: Option<pb::SignedTime>,
         metadata: Option<pb::Metadata>,
     ) -> Result<Micros> {
+        if let (Some(given), Some(written)) = (watermark, self.written().max_written)
+            && given < written
+        {
+            return Err(Error::WatermarkBelowWritten { given, written });
+        }
         // Stop renewing first, so no renewal races the release.
         self.cancel.cancel();
         if let Some(task) = self.renewer.take() {
             let _ = task.await;
         }
+        // No new writes; then wait for those in flight to return.
+        self.shared.state.send_modify(|s| s.released = true);
+        let written = self.shared.ledger.close().await;
+        let watermark = watermark.max(written.max_written).unwrap_or(Micros::ZERO);
+        let full = self.shared.state.borrow().mode == pb::Mode::Full;
         let resp = self
             .shared
             .client
             .release_raw(pb::ReleaseRequest {
                 lease_id: self.id().to_owned(),
                 token: self.token().to_owned(),
-                watermark_us: watermark.map_or(0, Micros::as_micros),
+                // A tentative lease had no right to write: it says 0.
+                watermark_us: if full { watermark.as_micros() } else { 0 },
                 signed_time,
                 metadata,
+                unsettled: written.uncertain,
+                settled_through_us: self
+                    .shared
+                    .settled_through
+                    .load(std::sync::atomic::Ordering::SeqCst),
             })
             .await?;
         Ok(Micros::from_micros(resp.watermark_us))
@@ -358,33 +419,38 @@ impl Lease {
 struct LeaseRights {
     min_timestamp: Micros,
     state: watch::Receiver<LeaseState>,
+    ledger: Arc<WriteLedger>,
 }
 
 impl WriteRights for LeaseRights {
-    fn min_timestamp(&self) -> Micros {
-        self.min_timestamp
-    }
-
-    fn deadline(&self) -> Micros {
+    fn snapshot(&self) -> std::result::Result<RightsSnapshot, String> {
         let s = self.state.borrow();
-        if s.lost.is_some() || s.mode != pb::Mode::Full {
-            // No right to write: a deadline in the past makes writers refuse.
-            Micros::ZERO
-        } else {
-            s.deadline
+        if let Some(reason) = &s.lost {
+            return Err(format!("the lease was lost: {reason}"));
         }
+        if s.released {
+            return Err("the lease is released".into());
+        }
+        if s.mode != pb::Mode::Full {
+            return Err("the lease is tentative: upgrade it first".into());
+        }
+        Ok(RightsSnapshot {
+            min_timestamp: self.min_timestamp,
+            deadline: s.deadline,
+            witnesses: vec![s.witness.clone()],
+        })
     }
 
-    fn witnesses(&self) -> Vec<pb::Witness> {
-        vec![self.state.borrow().witness.clone()]
+    fn ledger(&self) -> Option<Arc<WriteLedger>> {
+        Some(Arc::clone(&self.ledger))
     }
 }
 
 async fn renew_once(shared: &Shared, metadata: Option<pb::Metadata>) -> Result<Micros> {
     let deadline = shared.client.clock().now().saturating_add(shared.ttl);
-    let resp = shared
+    let (resp, body) = shared
         .client
-        .renew_raw(pb::RenewRequest {
+        .renew_checked(pb::RenewRequest {
             lease_id: shared.grant.lease_id.clone(),
             token: shared.grant.token.clone(),
             deadline_us: deadline.as_micros(),
@@ -393,10 +459,9 @@ async fn renew_once(shared: &Shared, metadata: Option<pb::Metadata>) -> Result<M
         .await?;
     let deadline = Micros::from_micros(resp.deadline_us);
     let witness = resp.witness.unwrap_or_default();
-    shared.state.send_modify(|s| {
-        s.deadline = s.deadline.max(deadline);
-        s.witness = witness;
-    });
+    shared
+        .state
+        .send_modify(|s| s.adopt(deadline, body.mode().normalized(), witness));
     Ok(deadline)
 }
 
@@ -436,5 +501,50 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
                 next = retry;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(deadline: u64, mode: pb::Mode, tag: u8) -> LeaseState {
+        LeaseState {
+            deadline: Micros::from_micros(deadline),
+            mode,
+            witness: witness(tag),
+            lost: None,
+            released: false,
+        }
+    }
+
+    fn witness(tag: u8) -> pb::Witness {
+        pb::Witness {
+            body: vec![tag],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_late_lesser_answer_never_replaces_the_witness_of_a_greater_one() {
+        let mut s = state(100, pb::Mode::Full, 0);
+        // Two renewals in flight: the later deadline's answer lands first.
+        s.adopt(Micros::from_micros(300), pb::Mode::Full, witness(3));
+        s.adopt(Micros::from_micros(200), pb::Mode::Full, witness(2));
+        assert_eq!((s.deadline.as_micros(), s.witness.body[0]), (300, 3));
+    }
+
+    #[test]
+    fn an_upgrade_outranks_a_tentative_renewal_and_is_never_undone() {
+        let mut s = state(100, pb::Mode::Tentative, 0);
+        // A renewal of the tentative lease and the upgrade race; the
+        // server signs the upgrade with the current deadline, so the
+        // tentative answer can say at most as much.
+        s.adopt(Micros::from_micros(200), pb::Mode::Full, witness(1));
+        s.adopt(Micros::from_micros(200), pb::Mode::Tentative, witness(2));
+        assert_eq!((s.mode, s.witness.body[0]), (pb::Mode::Full, 1));
+        // A full renewal with a later deadline moves on, in one piece.
+        s.adopt(Micros::from_micros(250), pb::Mode::Full, witness(3));
+        assert_eq!((s.deadline.as_micros(), s.witness.body[0]), (250, 3));
     }
 }

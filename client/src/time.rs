@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::roughtime::{Querier, QueryConfig, RoughtimeKey, RoughtimeServer};
 use bagel_proto::timecheck::{ClockMonitor, Measurement, Verdict};
-use bagel_proto::{Micros, pb, verify_signed_time};
+use bagel_proto::{Micros, SignedReading, pb, verify_signed_time};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -180,6 +180,11 @@ impl TimeSource {
     /// ([`Error::ClockOff`]) or no recent signed time could be had
     /// ([`Error::NoSignedTime`]).
     pub async fn check(&self) -> Result<pb::SignedTime> {
+        Ok(self.check_reading().await?.signed)
+    }
+
+    /// [`TimeSource::check`], with the reading the signed time proves.
+    pub async fn check_reading(&self) -> Result<SignedReading> {
         if self.needs_refresh() {
             let _one_at_a_time = self.inner.refreshing.lock().await;
             // Someone else may have refreshed while we waited.
@@ -188,7 +193,10 @@ impl TimeSource {
             }
         }
         match self.verdict() {
-            Verdict::Healthy { measurement, .. } => Ok(measurement.signed.clone()),
+            Verdict::Healthy { measurement, .. } => Ok(SignedReading {
+                signed: measurement.signed.clone(),
+                reading: measurement.reading,
+            }),
             v @ Verdict::Off { .. } => Err(Error::ClockOff {
                 detail: v.to_string(),
             }),
@@ -284,5 +292,14 @@ impl TimeSource {
             received,
             received_at,
         })
+    }
+}
+
+/// Writers take their per-batch signed time from a [`TimeSource`]: it
+/// refuses when the local clock is off or no recent answer could be had.
+#[async_trait::async_trait]
+impl crate::bag::SignedClock for TimeSource {
+    async fn signed_now(&self) -> std::result::Result<SignedReading, String> {
+        self.check_reading().await.map_err(|e| e.to_string())
     }
 }

@@ -83,6 +83,7 @@ async fn a_reader_that_tailed_the_open_bag_reads_the_closed_bag_whole() {
         "w1",
         Arc::new(leases.lease_for_an_hour("tail")),
         Arc::new(SystemClock),
+        leases.time(Arc::new(SystemClock)),
         cfg.clone(),
     )
     .unwrap();
@@ -203,15 +204,17 @@ async fn race_round(round: usize) {
 
     let mut writers = Vec::new();
     for (i, off) in OFFSETS_MS.iter().enumerate() {
+        let clock = Arc::new(OffsetClock {
+            inner: SystemClock,
+            offset_us: off * 1000,
+        });
         let w = Writer::new(
             store_a.clone(),
             log,
             &format!("w{i}"),
             Arc::new(leases.lease_for_an_hour("race")),
-            Arc::new(OffsetClock {
-                inner: SystemClock,
-                offset_us: off * 1000,
-            }),
+            clock.clone(),
+            leases.time(clock),
             cfg.clone(),
         )
         .unwrap();

@@ -135,6 +135,7 @@ async fn store_round_trip(version: u8) {
             id,
             Arc::new(leases.lease_for_an_hour(&format!("lease-{id}"))),
             Arc::new(SystemClock),
+            leases.time(Arc::new(SystemClock)),
             cfg.clone(),
         )
         .unwrap();

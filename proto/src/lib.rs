@@ -27,8 +27,8 @@ pub mod witness;
 pub use keys::{KeyRing, Signer, key_id};
 pub use time::{Micros, duration_micros};
 pub use witness::{
-    TimeProofKind, TimeReading, sign_local_time, sign_witness, sign_witness_batch, verify_local_time,
-    verify_signed_time, verify_witness, witness_signed_message,
+    SignedReading, TimeProofKind, TimeReading, sign_local_time, sign_witness, sign_witness_batch,
+    verify_local_time, verify_signed_time, verify_witness, witness_signed_message,
 };
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.

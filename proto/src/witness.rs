@@ -12,10 +12,25 @@ use crate::merkle;
 use crate::pb;
 use crate::{Error, Micros};
 
+/// What a lone witness's signature covers is this prefix, then the body.
+/// One key signs witnesses, local times and batch roots; the prefixes
+/// (`merkle::root_message` has its own) keep a signature made for one kind
+/// of statement from ever verifying as another.
+const WITNESS_DOMAIN: &[u8] = b"bagel.v1 witness\0";
+/// The prefix of what a local time agent's signature covers.
+const LOCAL_TIME_DOMAIN: &[u8] = b"bagel.v1 local time\0";
+
+fn in_domain(domain: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(domain.len() + bytes.len());
+    m.extend_from_slice(domain);
+    m.extend_from_slice(bytes);
+    m
+}
+
 /// Encodes `body` and signs the bytes.
 pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
     let body = body.encode_to_vec();
-    let signature = signer.sign(&body);
+    let signature = signer.sign(&in_domain(WITNESS_DOMAIN, &body));
     pb::Witness {
         body,
         signature,
@@ -29,7 +44,7 @@ pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
 pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witness> {
     if bodies.len() == 1 {
         let body = bodies.into_iter().next().expect("one body");
-        let signature = signer.sign(&body);
+        let signature = signer.sign(&in_domain(WITNESS_DOMAIN, &body));
         return vec![pb::Witness {
             body,
             signature,
@@ -58,10 +73,11 @@ pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witn
         .collect()
 }
 
-/// What a witness's signature is over: its body, or its batch's root.
-pub fn witness_signed_message(witness: &pb::Witness) -> Result<std::borrow::Cow<'_, [u8]>, Error> {
+/// What a witness's signature is over: its domain-prefixed body, or its
+/// batch's domain-prefixed root.
+pub fn witness_signed_message(witness: &pb::Witness) -> Result<Vec<u8>, Error> {
     if !witness.batched {
-        return Ok(std::borrow::Cow::Borrowed(&witness.body));
+        return Ok(in_domain(WITNESS_DOMAIN, &witness.body));
     }
     let root = merkle::root_from_path(
         merkle::leaf_hash(&witness.body),
@@ -72,7 +88,7 @@ pub fn witness_signed_message(witness: &pb::Witness) -> Result<std::borrow::Cow<
         what: "witness merkle path",
         reason: "sibling of the wrong length or index beyond the path".into(),
     })?;
-    Ok(std::borrow::Cow::Owned(merkle::root_message(&root)))
+    Ok(merkle::root_message(&root))
 }
 
 /// Checks the signature of `witness` against `keys`, then decodes its body.
@@ -104,6 +120,26 @@ impl TimeReading {
             TimeProofKind::Roughtime => crate::duration_micros(crate::roughtime::RESOLUTION),
         }
     }
+
+    /// Whether `ts` lies within `tolerance` plus this reading's radius and
+    /// resolution of the reading: the check every reader and the audit make
+    /// of a message against its batch's signed time, and writers make
+    /// before they write. `Err` with the distance in microseconds and the
+    /// limit.
+    pub fn congruent(&self, ts: Micros, tolerance: std::time::Duration) -> Result<(), (u64, u64)> {
+        let limit = crate::duration_micros(tolerance)
+            .saturating_add(self.radius_us)
+            .saturating_add(self.resolution_us());
+        let diff = ts.as_micros().abs_diff(self.time.as_micros());
+        if diff > limit { Err((diff, limit)) } else { Ok(()) }
+    }
+}
+
+/// A signed time and the reading it proves, checked by whoever obtained it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignedReading {
+    pub signed: pb::SignedTime,
+    pub reading: TimeReading,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +158,7 @@ pub fn sign_local_time(signer: &Signer, server_id: &str, time: Micros, radius_us
         server_id: server_id.to_owned(),
     }
     .encode_to_vec();
-    let signature = signer.sign(&body);
+    let signature = signer.sign(&in_domain(LOCAL_TIME_DOMAIN, &body));
     pb::SignedTime {
         proof: Some(pb::signed_time::Proof::Local(pb::LocalTimeProof {
             body,
@@ -144,7 +180,11 @@ pub fn verify_local_time(signed: &pb::SignedTime, keys: &KeyRing) -> Result<Time
         }),
         Some(pb::signed_time::Proof::Roughtime(_)) => Err(Error::UnsupportedProof { proof: "roughtime" }),
         Some(pb::signed_time::Proof::Local(local)) => {
-            keys.verify(&local.key_id, &local.body, &local.signature)?;
+            keys.verify(
+                &local.key_id,
+                &in_domain(LOCAL_TIME_DOMAIN, &local.body),
+                &local.signature,
+            )?;
             let body = pb::LocalTimeBody::decode(local.body.as_slice()).map_err(|e| Error::Malformed {
                 what: "local time body",
                 reason: e.to_string(),
@@ -256,6 +296,41 @@ mod tests {
         assert!(matches!(
             verify_witness(&witness, &keys),
             Err(Error::UnknownKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_signature_of_one_kind_never_verifies_as_another() {
+        let signer = Signer::generate();
+        let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
+        // A local time whose body bytes are presented as a witness body:
+        // same key, same bytes, but signed in the local-time domain.
+        let st = sign_local_time(&signer, "s1", Micros::from_micros(99), 5);
+        let Some(pb::signed_time::Proof::Local(local)) = st.proof else {
+            panic!("a local proof")
+        };
+        let forged = pb::Witness {
+            body: local.body.clone(),
+            signature: local.signature.clone(),
+            key_id: local.key_id.clone(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            verify_witness(&forged, &keys),
+            Err(Error::BadSignature { .. })
+        ));
+        // And a witness signature presented as a local time.
+        let w = sign_witness(&signer, &body());
+        let forged = pb::SignedTime {
+            proof: Some(pb::signed_time::Proof::Local(pb::LocalTimeProof {
+                body: w.body,
+                signature: w.signature,
+                key_id: w.key_id,
+            })),
+        };
+        assert!(matches!(
+            verify_local_time(&forged, &keys),
+            Err(Error::BadSignature { .. })
         ));
     }
 

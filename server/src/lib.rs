@@ -62,11 +62,11 @@ impl Server {
             (started, Micros::ZERO)
         } else {
             // A previous incarnation may have granted deadlines up to
-            // `max_ttl` past our start; writes under them are below that.
-            (
-                started.saturating_add(cfg.restart_wait()),
-                started.saturating_add(cfg.max_ttl),
-            )
+            // `max_ttl` past our start (by its clock, which may have run up
+            // to the tolerance ahead of ours); writes under them are below
+            // the instant we start granting, which is the floor.
+            let ready_at = started.saturating_add(cfg.restart_wait());
+            (ready_at, ready_at)
         };
         let table = LeaseTable::new(TableConfig {
             shards: cfg.shards,

@@ -138,6 +138,8 @@ impl Service {
             watermark: Micros::from_micros(req.watermark_us),
             signed_time: req.signed_time.clone().map(Arc::new),
             metadata,
+            unsettled: req.unsettled,
+            settled_through: Micros::from_micros(req.settled_through_us),
         };
         let released = self.inner.table.release(lease, &token, spec, self.now())?;
         Ok(pb::ReleaseResponse {

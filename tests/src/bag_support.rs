@@ -234,6 +234,12 @@ impl BagStore for HookStore {
     async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
         self.inner.list_level(log, parts).await
     }
+    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
+        self.inner.log_start(log).await
+    }
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
+        self.inner.mark_log_start(log, bucket).await
+    }
 }
 
 /// A fixed, recent instant in the middle of a second, for manual clocks.

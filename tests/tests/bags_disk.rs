@@ -25,9 +25,22 @@ fn writer(store: Arc<dyn BagStore>, clock: &ManualClock, leases: &TestLeases) ->
         "w1",
         Arc::new(lease),
         Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
         BagConfig::default(),
     )
     .unwrap()
+}
+
+/// The one data file in a bag directory (its name carries the writer's
+/// random instance).
+fn data_file(bag: &std::path::Path) -> std::path::PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(bag)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.pop().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,7 +53,7 @@ async fn torn_tail_is_reported_in_open_and_closed_bags() {
     w.write(Bytes::from("whole")).await.unwrap();
     // A torn append: half of a record at the tail of the data file.
     let b = Bucket::of(t0());
-    let path = dir.path().join("log").join(b.path()).join("w1.0.log");
+    let path = data_file(&dir.path().join("log").join(b.path()));
     let rec = frame::encode(b"a record that never finished");
     std::fs::OpenOptions::new()
         .append(true)
@@ -265,7 +278,7 @@ async fn append_landing_past_the_listed_size_is_not_acknowledged() {
     assert!(matches!(err, Error::LateRejected { .. }), "{err:?}");
     // The bytes are in the file, past the listed size; no reader sees them.
     let listing = closer.close("log", b).await.unwrap();
-    let on_disk = std::fs::metadata(dir.path().join("log").join(b.path()).join("w1.0.log"))
+    let on_disk = std::fs::metadata(data_file(&dir.path().join("log").join(b.path())))
         .unwrap()
         .len();
     assert!(on_disk > listing.items[0].size);

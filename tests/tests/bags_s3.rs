@@ -1,5 +1,6 @@
 //! S3-specific checks on the real S3 server: one PUT per batch on the happy
-//! path, and refusing a store that ignores conditional writes.
+//! path (after a writer's one-time start mark), and refusing a store that
+//! ignores conditional writes.
 
 use std::fmt;
 use std::ops::Range;
@@ -38,9 +39,15 @@ async fn happy_path_is_exactly_one_put_per_batch() {
         "w1",
         Arc::new(lease),
         Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
         BagConfig::default(),
     )
     .unwrap();
+    // The first write of a writer also looks for (one LIST) and makes (one
+    // PUT) the log's start mark; count from after it.
+    w.write(Bytes::from("first")).await.unwrap();
+    assert_eq!((counts.puts(), counts.lists()), (2, 1));
+    counts.reset();
     let batches = 20u64;
     for i in 0..batches {
         let batch = (0..10).map(|j| Bytes::from(format!("m{i}-{j}"))).collect();

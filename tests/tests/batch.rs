@@ -91,6 +91,7 @@ async fn a_batch_answers_every_operation_in_order() {
                     watermark_us: Micros::now().as_micros(),
                     signed_time: None,
                     metadata: None,
+                    ..Default::default()
                 })),
             },
         ])
@@ -149,6 +150,7 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
                         watermark_us: 0,
                         signed_time: None,
                         metadata: None,
+                        ..Default::default()
                     })
                     .await
                     .unwrap();

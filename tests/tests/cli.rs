@@ -138,6 +138,63 @@ async fn renew_upgrade_release_describe_history_server_info() {
     );
 }
 
+/// Following the README: write under a lease file, then release by id and
+/// token without `--watermark`. The release publishes what was written;
+/// an explicit watermark below it is refused.
+#[tokio::test]
+async fn release_publishes_what_bagel_write_wrote() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let lease_file = dir.path().join("lease.json");
+    let run = |args: &[&str]| {
+        std::process::Command::new(bagel_tests::bin("bagel"))
+            .args(["--server", &server.url])
+            .args(args)
+            .env("BAGEL_STATE_DIR", state.path())
+            .output()
+            .expect("bagel")
+    };
+    let out = run(&["acquire", "ledger-name", "--ttl", "10s", "--json"]);
+    let lease = json_of(&out);
+    std::fs::write(&lease_file, &out.stdout).unwrap();
+    let lease_path = lease_file.to_str().unwrap();
+    let out = run(&[
+        "write",
+        "--store",
+        &store,
+        "--log",
+        "ledger",
+        "--lease",
+        lease_path,
+        "deposit 10",
+        "withdraw 3",
+    ]);
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let top: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .max()
+        .unwrap();
+    let (id, token) = (
+        lease["lease_id"].as_str().unwrap(),
+        lease["token"].as_str().unwrap(),
+    );
+    let low = (top - 1).to_string();
+    let out = run(&["release", "--lease", id, "--token", token, "--watermark", &low]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("below"),
+        "{}",
+        describe_output(&out)
+    );
+    // By the lease file alone, no watermark given.
+    let out = run(&["release", "--lease", lease_path, "--json"]);
+    let stored = json_of(&out)["watermark_us"].as_u64().unwrap();
+    assert!(stored >= top, "stored {stored}, wrote up to {top}");
+}
+
 fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()

@@ -1,6 +1,6 @@
 //! Restart by waiting out the TTL: a fresh server refuses grants until
 //! start + max TTL + clock tolerance, and its first grants report an
-//! unknown predecessor whose watermark is start + max TTL.
+//! unknown, unsettled predecessor whose watermark is that same instant.
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
     assert!(!info.ready);
     assert!(!info.unsafe_skip_restart_wait);
     assert_eq!(info.ready_at_us, info.epoch_us + 1_700_000);
-    assert_eq!(info.forgotten_floor_us, info.epoch_us + 1_500_000);
+    assert_eq!(info.forgotten_floor_us, info.ready_at_us);
 
     let err = client
         .acquire(["a"])
@@ -44,9 +44,13 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
         .unwrap();
     let prev = lease.names()[0].previous.clone().unwrap();
     assert_eq!(prev.ended(), pb::Ended::Unknown);
-    assert_eq!(prev.watermark_us, info.epoch_us + 1_500_000);
-    assert_eq!(lease.min_timestamp().as_micros(), info.epoch_us + 1_500_000);
-    assert_eq!(lease.close_before_reading(), Some(lease.min_timestamp()));
+    assert_eq!(prev.watermark_us, info.ready_at_us);
+    assert_eq!(lease.min_timestamp().as_micros(), info.ready_at_us);
+    assert_eq!(
+        lease.close_before_reading(),
+        Some(Micros::from_micros(info.ready_at_us + 1)),
+        "an unknown predecessor's bags are unsettled"
+    );
     assert!(
         lease.fencing_token("a").unwrap() >= info.ready_at_us,
         "fencing tokens after a restart start above any earlier incarnation's"

@@ -288,6 +288,7 @@ async fn a_watermark_ahead_of_its_roughtime_signed_time_is_refused() {
         watermark_us,
         signed_time: Some(signed_time),
         metadata: None,
+        ..Default::default()
     };
 
     // Limit: signed time + 1 s timestamp tolerance + 1 s Roughtime resolution.

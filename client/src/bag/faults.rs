@@ -139,6 +139,12 @@ impl RequestCounts {
     pub fn lists(&self) -> u64 {
         self.lists.load(Ordering::SeqCst)
     }
+    /// Starts counting afresh.
+    pub fn reset(&self) {
+        for c in [&self.puts, &self.gets, &self.heads, &self.lists, &self.deletes] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
 }
 
 /// An [`ObjectStore`] wrapper that counts requests and can die after N.

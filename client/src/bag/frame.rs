@@ -11,6 +11,11 @@
 //! when it still points inside the file. A record that runs past the end of
 //! the bytes read is a *torn tail* (an append that did not finish, or a file
 //! read past its listed size); it is reported, never parsed.
+//!
+//! Decoding stops at the first record whose checksum fails: its length
+//! cannot be trusted, and following it could land inside a payload whose
+//! bytes happen to frame a record that was never written. The rest of the
+//! item is reported as unreadable.
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 
@@ -41,8 +46,8 @@ pub fn encode(body: &[u8]) -> Bytes {
 pub enum Frame {
     /// A whole record whose checksum matches; `offset` is where it starts.
     Record { offset: u64, body: Bytes },
-    /// A record whose checksum does not match. Decoding resumes after it
-    /// (its length was plausible), but its body is never used.
+    /// A record whose checksum does not match (or an impossible length).
+    /// Nothing from here to the end is read.
     Corrupt { offset: u64, reason: String },
     /// The bytes end inside a record (or its header) starting at `offset`;
     /// nothing after it is readable.
@@ -85,14 +90,16 @@ pub fn decode(data: &Bytes) -> Vec<Frame> {
         }
         let body = data.slice(pos + HEADER_LEN..pos + HEADER_LEN + len);
         let got = crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body);
-        if got == want {
-            out.push(Frame::Record { offset, body });
-        } else {
+        if got != want {
             out.push(Frame::Corrupt {
                 offset,
-                reason: format!("checksum mismatch (stored {want:08x}, computed {got:08x})"),
+                reason: format!(
+                    "checksum mismatch (stored {want:08x}, computed {got:08x}); the {rest} bytes from here are unreadable"
+                ),
             });
+            break;
         }
+        out.push(Frame::Record { offset, body });
         pos += HEADER_LEN + len;
     }
     out
@@ -173,6 +180,31 @@ mod tests {
                 "flip at {i} not reported"
             );
         }
+    }
+
+    #[test]
+    fn a_damaged_length_never_resynchronises_inside_a_payload() {
+        // A payload that itself holds a well-framed record.
+        let inner = encode(b"never written as a record");
+        let mut body = b"prefix..".to_vec();
+        body.extend_from_slice(&inner);
+        let outer = encode(&body);
+        let data = concat(&[outer, encode(b"a later record")]);
+        // Damage the outer length so it ends just where the inner frame
+        // starts: its checksum fails, and the next header read would be
+        // the inner frame's.
+        let mut bad = data.to_vec();
+        bad[..4].copy_from_slice(&8u32.to_le_bytes());
+        let frames = decode(&Bytes::from(bad));
+        assert!(
+            matches!(frames[0], Frame::Corrupt { offset: 0, .. }),
+            "{frames:?}"
+        );
+        assert_eq!(
+            frames.len(),
+            1,
+            "nothing is read past a corrupt record: {frames:?}"
+        );
     }
 
     proptest! {

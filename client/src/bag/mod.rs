@@ -54,6 +54,7 @@ pub mod metronome;
 pub mod nfs;
 pub mod posix;
 pub mod reader;
+pub mod rights;
 pub mod s3;
 pub mod store_url;
 pub mod testing;
@@ -61,8 +62,9 @@ pub mod writer;
 
 pub use metronome::{CloseReport, Metronome, close_through};
 pub use reader::{ReadOptions, ReadReport, read};
+pub use rights::{RightsSnapshot, WriteLedger, WriteRights, WriteSummary, WriteTicket};
 pub use store_url::open_store;
-pub use writer::{WriteRights, Writer};
+pub use writer::{SignedClock, Writer};
 
 /// Everything that can go wrong in the bag module.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +94,31 @@ pub enum Error {
         now: Micros,
         ahead: Duration,
     },
+    /// The rights do not allow writing (lost, released, tentative, or the
+    /// witnesses do not cover the timestamps).
+    #[error("no right to write: {reason}")]
+    NoRights { reason: String },
+    /// The lease these writes were under is being released.
+    #[error("the lease is being released: no more writes under it")]
+    WritesClosed,
+    /// No recent signed time could be had for the batch (or the local clock
+    /// is off): readers would reject it.
+    #[error("no signed time for the batch: {detail}")]
+    NoSignedTime { detail: String },
+    /// The batch's signed time is too far from its timestamps: readers
+    /// would reject it.
+    #[error(
+        "timestamp {ts} is {diff_us} us from the batch's signed time {time} (limit {limit_us} us): refusing to write"
+    )]
+    SignedTimeOff {
+        ts: Micros,
+        time: Micros,
+        diff_us: u64,
+        limit_us: u64,
+    },
+    /// An item no longer is what the bag's lock lists (its ETag differs).
+    #[error("item {item} of bag {bucket} changed since the bag was closed")]
+    ItemChanged { bucket: Bucket, item: String },
     #[error("storage operation {op} timed out after {after:?}")]
     Timeout { op: String, after: Duration },
     #[error("{op} {path}: {source}")]
@@ -145,7 +172,11 @@ impl Error {
     /// go away by retrying.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Timeout { .. } | Error::TooFarAhead { .. } | Error::TooEarly { .. } => true,
+            Error::Timeout { .. }
+            | Error::TooFarAhead { .. }
+            | Error::TooEarly { .. }
+            | Error::NoSignedTime { .. }
+            | Error::SignedTimeOff { .. } => true,
             Error::Io { source, .. } => !matches!(
                 source.kind(),
                 io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::Unsupported
@@ -157,6 +188,9 @@ impl Error {
             | Error::ConditionalWritesIgnored { .. }
             | Error::CorruptLock { .. }
             | Error::Invalid { .. }
+            | Error::NoRights { .. }
+            | Error::WritesClosed
+            | Error::ItemChanged { .. }
             | Error::Injected(_) => false,
         }
     }
@@ -546,6 +580,28 @@ pub trait BagStore: Send + Sync + fmt::Debug {
 
     /// Lists the child "directories" of `<log>/<parts...>/` (one tree level).
     async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>>;
+
+    /// The earliest bag any writer of `log` declared it may write
+    /// ([`BagStore::mark_log_start`]); `None` when none did. Readers seal
+    /// the missing past bags from there on.
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>>;
+
+    /// Declares that writers may write `log` from `bucket` on. Create-only
+    /// and idempotent; the earliest mark wins.
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()>;
+}
+
+/// Where a log keeps its start marks (`<log>/_start/<unix seconds>`): a
+/// name no log segment or bag path can take.
+pub(crate) const START_DIR: &str = "_start";
+
+/// The earliest of a log's start marks, from their names.
+pub(crate) fn earliest_start<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<Bucket> {
+    names
+        .into_iter()
+        .filter_map(|n| n.parse::<u64>().ok())
+        .min()
+        .map(Bucket::from_secs)
 }
 
 /// Every bucket of `log` that exists in `store` within `[from, to]`,

@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! <root>/<log>/2026/11/21/05/51/52/   one directory per bag (UTC second)
-//!     <writer>.<gen>.log              one append-only data file per writer
+//!     <writer>.<instance>.<gen>.log   one append-only data file per writer
 //!     prelock                         "a close has started"
 //!     lock                            the bag: `name size` per data file
+//! <root>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
 //! ```
 //!
 //! Close (any process, concurrently, every step idempotent):
@@ -33,7 +34,9 @@ use bytes::Bytes;
 use rand::RngCore as _;
 
 use super::fsops::{FsOps, StdFs};
-use super::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result, timed};
+use super::{
+    BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result, START_DIR, earliest_start, timed,
+};
 
 pub const PRELOCK: &str = "prelock";
 pub const LOCK: &str = "lock";
@@ -291,6 +294,32 @@ impl BagStore for PosixStore {
                 .read(&path, limit)
                 .await
                 .map_err(|e| Error::io("read", &path, e))
+        })
+        .await
+    }
+
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
+        let dir = format!("{log}/{START_DIR}");
+        timed(|| format!("list {dir}"), self.op_timeout, async {
+            let entries = self.list(&dir).await?.unwrap_or_default();
+            Ok(earliest_start(entries.iter().map(|e| e.name.as_str())))
+        })
+        .await
+    }
+
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let dir = format!("{log}/{START_DIR}");
+        let path = format!("{dir}/{}", bucket.secs());
+        timed(|| format!("create {path}"), self.op_timeout, async {
+            self.fs
+                .create_dir_all(&dir)
+                .await
+                .map_err(|e| Error::io("mkdir", &dir, e))?;
+            self.fs
+                .create_exclusive(&path, b"", self.sync)
+                .await
+                .map_err(|e| Error::io("create", &path, e))?;
+            Ok(())
         })
         .await
     }

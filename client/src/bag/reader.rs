@@ -6,6 +6,12 @@
 //! record with [`ReadOptions::include_open`]. Messages come back ordered by
 //! `(timestamp, writer, sequence)`.
 //!
+//! A past-due bag that does not exist yet, inside the log's life (from the
+//! earliest writer start mark on), is *sealed*: closed empty. Otherwise a
+//! stalled writer could create it after this read and a later reader would
+//! see messages this one did not; sealed, the writer finds it closed and
+//! is refused. So any two readers of a past range read the same messages.
+//!
 //! Every message is checked: the signatures of the witnesses it cites, that
 //! its timestamp lies strictly between each lease's `min_timestamp` and
 //! `deadline`, and that it is near its batch's signed time. A message that
@@ -34,7 +40,9 @@ pub struct ReadOptions {
     /// Also read bags that are not closed yet (each item up to its last
     /// whole record). Such messages may still be rejected by the close.
     pub include_open: bool,
-    /// Close past-due bags found open before reading them (default on).
+    /// Close past-due bags found open before reading them, and seal the
+    /// missing ones (default on). Without it, two readers of one range may
+    /// disagree.
     pub close_past_due: bool,
     /// Trusted witness/time keys. `None`: signatures are not checked and
     /// every message carries a note saying so.
@@ -132,6 +140,8 @@ pub struct ReadReport {
     /// Bags in range that were open and not read.
     pub skipped_open: Vec<Bucket>,
     pub closed_bags_read: u64,
+    /// Missing past-due bags this read closed empty.
+    pub sealed: u64,
 }
 
 /// Reads `[from, to)` of `log`; see the module docs.
@@ -149,13 +159,17 @@ pub async fn read(
     }
     // Year 9999 is as far as the tree goes.
     let to = opts.to.min(Micros::from_micros(253_402_300_800_000_000));
-    let buckets = list_buckets(
-        store,
-        log,
-        Bucket::of(opts.from),
-        Bucket::of(to.saturating_sub_us(1)),
-    )
-    .await?;
+    let first = Bucket::of(opts.from);
+    let last = Bucket::of(to.saturating_sub_us(1));
+    let mut buckets = list_buckets(store, log, first, last).await?;
+    if opts.close_past_due
+        && let Some(start) = store.log_start(log).await?
+    {
+        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, clock).await?;
+        report.sealed = sealed.len() as u64;
+        buckets.extend(sealed);
+        buckets.sort_unstable();
+    }
     for bucket in buckets {
         let (items, open) = match store.state(log, bucket).await? {
             BagState::Closed(l) => (l.items, false),
@@ -173,14 +187,48 @@ pub async fn read(
         }
         for item in items {
             let limit = (!open).then_some(item.size);
-            let bytes = store.read_item(log, bucket, &item, limit).await?;
-            read_item(&mut report, opts, cfg, bucket, &item, bytes, open);
+            match store.read_item(log, bucket, &item, limit).await {
+                Ok(bytes) => read_item(&mut report, opts, cfg, bucket, &item, bytes, open),
+                Err(e @ super::Error::ItemChanged { .. }) => report.problems.push(Problem {
+                    bucket,
+                    item: item.name.clone(),
+                    offset: None,
+                    what: e.to_string(),
+                    in_open_bag: open,
+                }),
+                Err(e) => return Err(e),
+            }
         }
     }
     let key = |m: &Message| (m.timestamp, m.writer_id.clone(), m.sequence);
     report.messages.sort_by_key(key);
     report.rejected.sort_by_key(|r| key(&r.message));
     Ok(report)
+}
+
+/// Closes, empty, every past-due bag of `[from, to]` that is not among
+/// `existing`; returns them.
+async fn seal_missing(
+    store: &dyn BagStore,
+    log: &str,
+    existing: &[Bucket],
+    from: Bucket,
+    to: Bucket,
+    cfg: &BagConfig,
+    clock: &dyn Clock,
+) -> Result<Vec<Bucket>> {
+    let existing: std::collections::HashSet<Bucket> = existing.iter().copied().collect();
+    let now = clock.now();
+    let mut sealed = Vec::new();
+    let mut b = from;
+    while b <= to && now >= b.close_time(cfg.grace) {
+        if !existing.contains(&b) {
+            store.close(log, b).await?;
+            sealed.push(b);
+        }
+        b = b.next();
+    }
+    Ok(sealed)
 }
 
 trait SubUs {
@@ -276,6 +324,12 @@ fn check_batch(
             None => super::decode_witness_unverified(w).map_err(|e| format!("witness {}: {e}", w.key_id)),
         };
         match body {
+            Ok(b) if b.mode().normalized() != pb::Mode::Full => {
+                batch_error.get_or_insert(format!(
+                    "cites the witness of lease {}, which is tentative: no right to write",
+                    b.lease_id
+                ));
+            }
             Ok(b) => leases.push(Lease {
                 id: b.lease_id,
                 min: Micros::from_micros(b.min_timestamp_us),
@@ -291,7 +345,7 @@ fn check_batch(
     }
     // The signed time: a local proof with the same keys, a Roughtime
     // proof with the Roughtime keys (plus its one-second resolution).
-    let mut time_ref: Option<(Micros, u64)> = None;
+    let mut time_ref: Option<bagel_proto::TimeReading> = None;
     let is_roughtime = matches!(
         batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
         Some(pb::signed_time::Proof::Roughtime(_))
@@ -307,7 +361,7 @@ fn check_batch(
         }
         (Some(st), keys) => {
             match bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys) {
-                Ok(r) => time_ref = Some((r.time, r.radius_us + r.resolution_us())),
+                Ok(r) => time_ref = Some(r),
                 Err(e) => {
                     batch_error.get_or_insert(format!("signed time: {e}"));
                 }
@@ -352,14 +406,13 @@ fn check_batch(
                     ));
                 }
             }
-            if let Some((t, radius)) = time_ref {
-                let tol = bagel_proto::duration_micros(cfg.signed_time_tolerance) + radius;
-                let diff = ts.as_micros().abs_diff(t.as_micros());
-                if diff > tol {
-                    return Some(format!(
-                        "timestamp {ts} is {diff} us away from its signed time {t} (tolerance {tol} us)"
-                    ));
-                }
+            if let Some(r) = time_ref
+                && let Err((diff, limit)) = r.congruent(ts, cfg.signed_time_tolerance)
+            {
+                return Some(format!(
+                    "timestamp {ts} is {diff} us away from its signed time {} (limit {limit} us)",
+                    r.time
+                ));
             }
             None
         });

@@ -2,15 +2,19 @@
 //!
 //! ```text
 //! <prefix>/<log>/2026/11/21/05/51/52/   one key prefix per bag (UTC second)
-//!     <writer>.<gen>.<sequence:020>     one object per batch (one framed record)
+//!     <writer>.<instance>.<gen>.<sequence:020>   one object per batch
 //!     _prelock                          "a close has started"
 //!     _lock                             the bag: `key size etag` per object
+//! <prefix>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
 //! ```
 //!
-//! Write: exactly one PUT per batch. Close: GET `_lock` (done if present);
-//! PUT `_prelock`; LIST the prefix; PUT `_lock` with `If-None-Match: *`
-//! listing every valid object. A precondition failure means another closer
-//! won: read theirs. Readers take exactly the listed objects.
+//! Write: exactly one PUT per batch, create-only (`If-None-Match: *`), so
+//! an acknowledged batch can never be replaced, not even by a writer given
+//! the same id. Close: GET `_lock` (done if present); PUT `_prelock`; LIST
+//! the prefix; PUT `_lock` with `If-None-Match: *` listing every valid
+//! object. A precondition failure means another closer won: read theirs.
+//! Readers take exactly the listed objects, each pinned to its listed ETag
+//! (`If-Match`).
 //!
 //! Because closing depends on the create-only PUT being honoured, a store is
 //! probed before use ([`S3Store::probe_conditional_put`]): some
@@ -26,7 +30,9 @@ use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore, PutMode, PutOptions, PutPayload};
 use rand::RngCore as _;
 
-use super::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result, timed};
+use super::{
+    BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result, START_DIR, earliest_start, timed,
+};
 
 pub const PRELOCK: &str = "_prelock";
 pub const LOCK: &str = "_lock";
@@ -225,17 +231,43 @@ impl BagStore for S3Store {
         let key = self.key(&format!("{}/{name}", Self::bag(log, bucket)));
         let end = record.len() as u64;
         timed(|| format!("put {key}"), self.op_timeout, async {
-            // Keys are unique per writer and sequence, so an overwrite (which
-            // object_store may retry) never replaces anyone else's batch.
-            let r = self
+            let put = self
                 .store
-                .put_opts(&key, PutPayload::from(record), PutOptions::default())
-                .await
-                .map_err(|e| Self::store_err("put", &key, e))?;
+                .put_opts(
+                    &key,
+                    PutPayload::from(record.clone()),
+                    PutOptions::from(PutMode::Create),
+                )
+                .await;
+            let etag = match put {
+                Ok(r) => r.e_tag,
+                // The key exists. object_store retries a PUT whose answer
+                // was lost, and the retry finds our own first attempt; any
+                // other content is someone else's batch, never replaced.
+                Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                    let got = self
+                        .store
+                        .get_opts(&key, GetOptions::default())
+                        .await
+                        .map_err(|e| Self::store_err("get", &key, e))?;
+                    let etag = got.meta.e_tag.clone();
+                    let bytes = got.bytes().await.map_err(|e| Self::store_err("get", &key, e))?;
+                    if bytes != record {
+                        return Err(Error::Invalid {
+                            what: "batch object",
+                            value: key.to_string(),
+                            reason: "exists with other content: two writers share a writer id and instance"
+                                .into(),
+                        });
+                    }
+                    etag
+                }
+                Err(e) => return Err(Self::store_err("put", &key, e)),
+            };
             Ok(Receipt {
                 item: name.clone(),
                 end,
-                etag: r.e_tag.as_deref().map(normalize_etag),
+                etag: etag.as_deref().map(normalize_etag),
             })
         })
         .await
@@ -288,17 +320,58 @@ impl BagStore for S3Store {
         limit: Option<u64>,
     ) -> Result<Bytes> {
         let key = self.key(&format!("{}/{}", Self::bag(log, bucket), item.name));
+        // A closed bag's item is read as its lock lists it: that ETag, or
+        // nothing.
+        let opts = GetOptions {
+            if_match: limit.and(item.etag.as_ref()).map(|e| format!("\"{e}\"")),
+            ..Default::default()
+        };
         timed(|| format!("get {key}"), self.op_timeout, async {
-            let r = self
-                .store
-                .get_opts(&key, GetOptions::default())
-                .await
-                .map_err(|e| Self::store_err("get", &key, e))?;
+            let r = self.store.get_opts(&key, opts).await.map_err(|e| match e {
+                object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+                    Error::ItemChanged {
+                        bucket,
+                        item: item.name.clone(),
+                    }
+                }
+                e => Self::store_err("get", &key, e),
+            })?;
             let mut bytes = r.bytes().await.map_err(|e| Self::store_err("get", &key, e))?;
             if let Some(n) = limit {
                 bytes.truncate(usize::try_from(n).unwrap_or(usize::MAX));
             }
             Ok(bytes)
+        })
+        .await
+    }
+
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
+        let prefix = self.key(&format!("{log}/{START_DIR}"));
+        timed(|| format!("list {prefix}/"), self.op_timeout, async {
+            let metas: Vec<_> = self
+                .store
+                .list(Some(&prefix))
+                .try_collect()
+                .await
+                .map_err(|e| Self::store_err("list", &prefix, e))?;
+            Ok(earliest_start(metas.iter().filter_map(|m| m.location.filename())))
+        })
+        .await
+    }
+
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let key = self.key(&format!("{log}/{START_DIR}/{}", bucket.secs()));
+        timed(|| format!("put {key}"), self.op_timeout, async {
+            match self
+                .store
+                .put_opts(&key, PutPayload::from_static(b""), PutOptions::from(PutMode::Create))
+                .await
+            {
+                Ok(_) | Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                    Ok(())
+                }
+                Err(e) => Err(Self::store_err("put", &key, e)),
+            }
         })
         .await
     }

@@ -2,10 +2,13 @@
 //! tests, benchmarks and examples. The witnesses are signed the way the
 //! server signs them, by a throwaway key.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_proto::{KeyRing, Micros, Signer, pb};
+use bagel_proto::{KeyRing, Micros, SignedReading, Signer, pb};
 
+use super::SignedClock;
+use crate::clock::Clock;
 use crate::json::{LeaseJson, WitnessJson};
 
 /// Signs test leases with a key of its own.
@@ -73,6 +76,16 @@ impl TestLeases {
         }
     }
 
+    /// Signed time for writers: this key acting as a local time agent,
+    /// signing `clock`'s readings (radius 0). Readers and audits that trust
+    /// [`TestLeases::keys`] verify it.
+    pub fn time(&self, clock: Arc<dyn Clock>) -> Arc<dyn SignedClock> {
+        Arc::new(LocalTime {
+            signer: self.signer.clone(),
+            clock,
+        })
+    }
+
     /// A full lease valid from a minute ago for an hour: long enough for
     /// any test or benchmark run.
     pub fn lease_for_an_hour(&self, lease_id: &str) -> LeaseJson {
@@ -82,5 +95,27 @@ impl TestLeases {
             now.saturating_sub(Duration::from_secs(60)),
             now.saturating_add(Duration::from_secs(3600)),
         )
+    }
+}
+
+/// See [`TestLeases::time`].
+#[derive(Debug)]
+struct LocalTime {
+    signer: Signer,
+    clock: Arc<dyn Clock>,
+}
+
+#[async_trait::async_trait]
+impl SignedClock for LocalTime {
+    async fn signed_now(&self) -> Result<SignedReading, String> {
+        let now = self.clock.now();
+        Ok(SignedReading {
+            signed: bagel_proto::sign_local_time(&self.signer, "test-time", now, 0),
+            reading: bagel_proto::TimeReading {
+                time: now,
+                radius_us: 0,
+                source: bagel_proto::TimeProofKind::Local,
+            },
+        })
     }
 }

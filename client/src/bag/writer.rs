@@ -7,50 +7,42 @@
 //! pauses up to `max_pause` for the clock to catch up rather than write far
 //! ahead of it.
 //!
+//! A batch is written only if every reader would accept it: the rights
+//! (witnesses and bounds, one snapshot taken after the timestamps are
+//! chosen) allow every timestamp, every cited witness is of a full lease,
+//! and the batch's signed time is congruent with its timestamps.
+//!
+//! Before its first write to a log, a writer makes sure the log's start
+//! mark is at or before the bags it writes, and writes only bags whose
+//! safe point is after it saw the mark: a reader that finds such a bag
+//! missing and past due then knows it is inside the log's life and seals
+//! it (closes it empty), so a stalled writer can never add it later.
+//!
 //! Commit: a record whose append finished before the bag's safe point
 //! (`close_time - clock_tolerance`) is in, because no closer can have
 //! started yet. Past it, the writer looks for a close in progress (or, past
 //! the close time itself, closes the bag) and acknowledges the record only
 //! if the lock lists it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bagel_proto::{Micros, pb};
+use async_trait::async_trait;
+use bagel_proto::{Micros, SignedReading, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
+use super::rights::{RightsSnapshot, WriteRights};
 use super::{BagConfig, BagStore, Bucket, Error, Result, frame, validate_log, validate_writer_id};
 use crate::clock::Clock;
-use crate::json::LeaseJson;
 
-/// What a writer needs from the leases it writes under. The lease handle
-/// implements it; so does a lease read back from `bagel acquire --json`.
-pub trait WriteRights: Send + Sync {
-    /// Every message must be strictly later than this.
-    fn min_timestamp(&self) -> Micros;
-    /// Every message must be strictly earlier than this (minus the margin).
-    fn deadline(&self) -> Micros;
-    /// The witnesses of the leases held, stored with every batch.
-    fn witnesses(&self) -> Vec<pb::Witness>;
-}
-
-impl WriteRights for LeaseJson {
-    fn min_timestamp(&self) -> Micros {
-        Micros::from_micros(self.min_timestamp_us)
-    }
-
-    fn deadline(&self) -> Micros {
-        Micros::from_micros(self.deadline_us)
-    }
-
-    /// Empty if the JSON's witness does not decode (the writer then refuses
-    /// to write; check [`crate::json::WitnessJson::to_pb`] first for the
-    /// reason).
-    fn witnesses(&self) -> Vec<pb::Witness> {
-        self.witness.to_pb().ok().into_iter().collect()
-    }
+/// Where a writer gets the signed time every batch carries: a recent
+/// signed reading it has checked, or why it has none (no answer, or the
+/// local clock is off).
+#[async_trait]
+pub trait SignedClock: Send + Sync + std::fmt::Debug {
+    async fn signed_now(&self) -> std::result::Result<SignedReading, String>;
 }
 
 /// Serialised per-writer state. Held (a tokio mutex) across the whole
@@ -63,6 +55,9 @@ struct State {
     /// Data file generation; bumped after a failed append, so a partial
     /// record left behind is never followed by good ones in the same file.
     file_gen: u32,
+    /// The first bag this writer may write: the log's start mark is at or
+    /// before it and was seen in time for it (see the module docs).
+    opened_from: Option<Bucket>,
 }
 
 /// Writes batches of messages into the bags of one log.
@@ -70,11 +65,14 @@ pub struct Writer {
     store: Arc<dyn BagStore>,
     log: String,
     writer_id: String,
+    /// `<writer_id>.<random>`: data files and objects are named from it, so
+    /// two writers given one id (two processes, or a restart within a
+    /// second) never write to the same file or object key.
+    file_stem: String,
     rights: Arc<dyn WriteRights>,
     clock: Arc<dyn Clock>,
+    time: Arc<dyn SignedClock>,
     cfg: BagConfig,
-    /// Refreshed by the caller; never held across `.await`.
-    signed_time: Mutex<Option<pb::SignedTime>>,
     state: tokio::sync::Mutex<State>,
     /// Largest timestamp handed to the store (0 = none), acknowledged or
     /// not: an append that failed may still have landed.
@@ -98,6 +96,7 @@ impl Writer {
         writer_id: &str,
         rights: Arc<dyn WriteRights>,
         clock: Arc<dyn Clock>,
+        time: Arc<dyn SignedClock>,
         cfg: BagConfig,
     ) -> Result<Self> {
         validate_log(log)?;
@@ -106,14 +105,16 @@ impl Writer {
             store,
             log: log.to_owned(),
             writer_id: writer_id.to_owned(),
+            file_stem: format!("{writer_id}.{:08x}", rand::random::<u32>()),
             rights,
             clock,
+            time,
             cfg,
-            signed_time: Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 last_ts: Micros::ZERO,
                 next_seq: 0,
                 file_gen: 0,
+                opened_from: None,
             }),
             max_written: AtomicU64::new(0),
         })
@@ -147,14 +148,8 @@ impl Writer {
         &self.log
     }
 
-    /// The signed time stored with the following batches.
-    pub fn set_signed_time(&self, st: Option<pb::SignedTime>) {
-        *self.signed_time.lock().expect("signed_time lock poisoned") = st;
-    }
-
     /// The largest timestamp this writer has handed to the store, whether
-    /// or not it was acknowledged (a failed append may have landed). Release
-    /// the lease with [`Writer::watermark`] only after every write returned.
+    /// or not it was acknowledged (a failed append may have landed).
     pub fn max_written(&self) -> Option<Micros> {
         match self.max_written.load(Ordering::SeqCst) {
             0 => None,
@@ -180,31 +175,44 @@ impl Writer {
         if payloads.is_empty() {
             return Ok(Vec::new());
         }
-        let witnesses = self.rights.witnesses();
-        if witnesses.is_empty() {
-            return Err(Error::invalid(
-                "write rights",
-                "",
-                "no lease witness: messages must cite the leases they are written under",
-            ));
-        }
         let mut st = self.state.lock().await;
-        let first = self.first_timestamp(st.last_ts).await?;
+        let min = self
+            .rights
+            .snapshot()
+            .map_err(|reason| Error::NoRights { reason })?;
+        let opened = self.ensure_opened(&mut st).await?;
+        self.wait_for_opening(opened).await;
+        let floor = st
+            .last_ts
+            .next()
+            .max(min.min_timestamp.next())
+            .max(opened.start());
+        let first = self.first_timestamp(floor).await?;
         let n = payloads.len() as u64;
         let last = Micros::from_micros(first.as_micros() + n - 1);
-        let deadline = self.rights.deadline();
-        if last >= deadline.saturating_sub(self.cfg.deadline_margin) {
-            return Err(Error::LeaseExpiring {
-                ts: last,
-                deadline,
-                margin: self.cfg.deadline_margin,
-            });
+        // The rights *after* the timestamps are chosen, as one snapshot: the
+        // witnesses stored are the ones whose bounds were checked.
+        let rights = self
+            .rights
+            .snapshot()
+            .map_err(|reason| Error::NoRights { reason })?;
+        check_rights(&rights, first, last, self.cfg.deadline_margin)?;
+        let time = self
+            .time
+            .signed_now()
+            .await
+            .map_err(|detail| Error::NoSignedTime { detail })?;
+        for ts in [first, last] {
+            time.reading
+                .congruent(ts, self.cfg.signed_time_tolerance)
+                .map_err(|(diff_us, limit_us)| Error::SignedTimeOff {
+                    ts,
+                    time: time.reading.time,
+                    diff_us,
+                    limit_us,
+                })?;
         }
-        let signed_time = self
-            .signed_time
-            .lock()
-            .expect("signed_time lock poisoned")
-            .clone();
+        let ledger = self.rights.ledger();
 
         let stamps: Vec<Micros> = (0..n)
             .map(|i| Micros::from_micros(first.as_micros() + i))
@@ -229,9 +237,13 @@ impl Writer {
             let batch = pb::Batch {
                 writer_id: self.writer_id.clone(),
                 first_sequence: seq,
-                signed_time: signed_time.clone(),
-                witnesses: witnesses.clone(),
+                signed_time: Some(time.signed.clone()),
+                witnesses: rights.witnesses.clone(),
                 entries,
+            };
+            let ticket = match &ledger {
+                Some(l) => Some(l.begin(stamps[j - 1]).ok_or(Error::WritesClosed)?),
+                None => None,
             };
             // Whatever happens next, these timestamps and sequence numbers
             // are spent: an append that failed may still have landed.
@@ -239,27 +251,79 @@ impl Writer {
             st.next_seq += (j - i) as u64;
             self.max_written
                 .fetch_max(stamps[j - 1].as_micros(), Ordering::SeqCst);
-            let file = format!("{}.{}", self.writer_id, st.file_gen);
+            let file = format!("{}.{}", self.file_stem, st.file_gen);
             let record = frame::encode(&batch.encode_to_vec());
-            let receipt = match self.store.append(&self.log, bucket, &file, seq, record).await {
-                Ok(r) => r,
+            let outcome = match self.store.append(&self.log, bucket, &file, seq, record).await {
+                Ok(receipt) => self.confirm(bucket, &receipt).await,
                 Err(e) => {
                     if !matches!(e, Error::BagClosed { .. }) {
                         st.file_gen += 1;
                     }
-                    return Err(e);
+                    Err(e)
                 }
             };
-            self.confirm(bucket, &receipt).await?;
+            // A closed bag refused the record, or its lock leaves it out: it
+            // is in no bag, now or later. Any other failure may still land.
+            let known = matches!(
+                &outcome,
+                Ok(()) | Err(Error::BagClosed { .. } | Error::LateRejected { .. })
+            );
+            if known && let Some(t) = ticket {
+                t.settled();
+            }
+            outcome?;
             i = j;
         }
         Ok(stamps)
     }
 
-    /// `max(now, last + 1, min_timestamp + 1)`, pausing (bounded) rather
-    /// than running far ahead of the clock.
-    async fn first_timestamp(&self, last: Micros) -> Result<Micros> {
-        let floor = last.next().max(self.rights.min_timestamp().next());
+    /// Makes sure the log's start mark is at or before every bag this
+    /// writer will write, and returns the first bag it may write: the
+    /// first whose safe point is after the instant the mark was seen. A
+    /// reader that found that bag (or a later one) missing and past due
+    /// must have listed the marks after this one existed, so it sealed the
+    /// bag. (With a grace shorter than the clock tolerance that can be the
+    /// next second, and the first write waits for it.)
+    async fn ensure_opened(&self, st: &mut State) -> Result<Bucket> {
+        if let Some(from) = st.opened_from {
+            return Ok(from);
+        }
+        let want = Bucket::of(self.clock.now());
+        match self.store.log_start(&self.log).await? {
+            Some(start) if start <= want => {}
+            _ => self.store.mark_log_start(&self.log, want).await?,
+        }
+        let seen = self.clock.now();
+        let mut from = want;
+        while self.cfg.safe_point(from) <= seen {
+            from = from.next();
+        }
+        st.opened_from = Some(from);
+        Ok(from)
+    }
+
+    /// With a grace shorter than the clock tolerance, the first bag a writer
+    /// may write can lie up to the tolerance ahead of its clock; its first
+    /// write waits for the clock to get there (only then, and bounded by the
+    /// tolerance and a second).
+    async fn wait_for_opening(&self, opened: Bucket) {
+        let cap = self.cfg.clock_tolerance + Duration::from_secs(1);
+        let started = Instant::now();
+        loop {
+            let ahead = opened
+                .start()
+                .saturating_sub(self.cfg.max_ahead)
+                .duration_since(self.clock.now());
+            if ahead.is_zero() || started.elapsed() >= cap {
+                return;
+            }
+            tokio::time::sleep(ahead.min(Duration::from_millis(20))).await;
+        }
+    }
+
+    /// `max(now, floor)`, pausing (bounded) rather than running far ahead
+    /// of the clock.
+    async fn first_timestamp(&self, floor: Micros) -> Result<Micros> {
         let started = Instant::now();
         loop {
             let now = self.clock.now();
@@ -303,41 +367,70 @@ impl Writer {
     }
 }
 
+/// Refuses timestamps `[first, last]` unless the rights and every witness
+/// they cite allow them, exactly as a reader will check them.
+fn check_rights(rights: &RightsSnapshot, first: Micros, last: Micros, margin: Duration) -> Result<()> {
+    let expiring = |deadline: Micros| Error::LeaseExpiring {
+        ts: last,
+        deadline,
+        margin,
+    };
+    if rights.witnesses.is_empty() {
+        return Err(Error::NoRights {
+            reason: "no lease witness: messages must cite the leases they are written under".into(),
+        });
+    }
+    if last >= rights.deadline.saturating_sub(margin) {
+        return Err(expiring(rights.deadline));
+    }
+    for w in &rights.witnesses {
+        let body = super::decode_witness_unverified(w).map_err(|reason| Error::NoRights { reason })?;
+        if pb::Mode::try_from(body.mode)
+            .unwrap_or(pb::Mode::Unspecified)
+            .normalized()
+            != pb::Mode::Full
+        {
+            return Err(Error::NoRights {
+                reason: format!("the witness of lease {} is not of a full lease", body.lease_id),
+            });
+        }
+        if first.as_micros() <= body.min_timestamp_us {
+            return Err(Error::NoRights {
+                reason: format!(
+                    "timestamp {first} is not after lease {}'s min_timestamp {}",
+                    body.lease_id,
+                    Micros::from_micros(body.min_timestamp_us)
+                ),
+            });
+        }
+        let deadline = Micros::from_micros(body.deadline_us);
+        if last >= deadline.saturating_sub(margin) {
+            return Err(expiring(deadline));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bag::posix::PosixStore;
+    use crate::bag::testing::TestLeases;
     use crate::clock::ManualClock;
-
-    struct Rights {
-        min: Micros,
-        deadline: Micros,
-    }
-
-    impl WriteRights for Rights {
-        fn min_timestamp(&self) -> Micros {
-            self.min
-        }
-        fn deadline(&self) -> Micros {
-            self.deadline
-        }
-        fn witnesses(&self) -> Vec<pb::Witness> {
-            vec![pb::Witness::default()]
-        }
-    }
+    use crate::json::LeaseJson;
 
     const T: u64 = 1_900_000_000_000_000;
 
     fn writer(dir: &std::path::Path, clock: &ManualClock, min: u64, deadline: u64, cfg: BagConfig) -> Writer {
+        let leases = TestLeases::default();
+        let lease = leases.lease("lease", Micros::from_micros(min), Micros::from_micros(deadline));
         Writer::new(
             Arc::new(PosixStore::local(dir, false, Duration::from_secs(5))),
             "log",
             "w",
-            Arc::new(Rights {
-                min: Micros::from_micros(min),
-                deadline: Micros::from_micros(deadline),
-            }),
+            Arc::new(lease),
             Arc::new(clock.clone()),
+            leases.time(Arc::new(clock.clone())),
             cfg,
         )
         .unwrap()
@@ -429,8 +522,79 @@ mod tests {
             .unwrap();
         assert_eq!(Bucket::of(ts[0]).secs() + 1, Bucket::of(ts[1]).secs());
         for t in ts {
-            let p = dir.path().join("log").join(Bucket::of(t).path()).join("w.0.log");
+            let p = dir
+                .path()
+                .join("log")
+                .join(Bucket::of(t).path())
+                .join(format!("{}.0.log", w.file_stem));
             assert!(p.exists(), "{}", p.display());
         }
+    }
+
+    /// A signed clock that answers with a fixed reading, or none.
+    #[derive(Debug)]
+    struct FixedTime(Option<SignedReading>);
+
+    #[async_trait]
+    impl SignedClock for FixedTime {
+        async fn signed_now(&self) -> std::result::Result<SignedReading, String> {
+            self.0
+                .clone()
+                .ok_or_else(|| "no answer from the time authority".to_owned())
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_without_a_congruent_signed_time_or_with_tentative_rights() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let leases = TestLeases::default();
+        let lease = leases.lease(
+            "l",
+            Micros::from_micros(T - 1_000_000),
+            Micros::from_micros(T + 60_000_000),
+        );
+        let store: Arc<dyn BagStore> = Arc::new(PosixStore::local(dir.path(), false, Duration::from_secs(5)));
+        let with_time = |time: Arc<dyn SignedClock>, lease: LeaseJson| {
+            Writer::new(
+                store.clone(),
+                "log",
+                "w",
+                Arc::new(lease),
+                Arc::new(clock.clone()),
+                time,
+                BagConfig::default(),
+            )
+            .unwrap()
+        };
+        // No signed time at all.
+        let w = with_time(Arc::new(FixedTime(None)), lease.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::NoSignedTime { .. }), "{err:?}");
+        assert_eq!(w.max_written(), None, "nothing was handed to the store");
+        // A signed time 3 s old: readers would reject the batch.
+        let stale = leases.time(Arc::new(ManualClock::new(Micros::from_micros(T - 3_000_000))));
+        let reading = stale.signed_now().await.unwrap();
+        let w = with_time(Arc::new(FixedTime(Some(reading))), lease.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::SignedTimeOff { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        // A tentative lease.
+        let mut tentative = lease.clone();
+        tentative.mode = "tentative".into();
+        let w = with_time(leases.time(Arc::new(clock.clone())), tentative);
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::NoRights { .. }), "{err:?}");
+        // A lease file that says full around a witness that says tentative.
+        let mut body = crate::bag::decode_witness_unverified(&lease.witness.to_pb().unwrap()).unwrap();
+        body.mode = pb::Mode::Tentative.into();
+        let mut liar = lease.clone();
+        liar.witness = crate::json::WitnessJson::from(&bagel_proto::sign_witness(&leases.signer, &body));
+        let w = with_time(leases.time(Arc::new(clock.clone())), liar);
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::NoRights { .. }), "{err:?}");
+        // And with everything right, it writes.
+        let w = with_time(leases.time(Arc::new(clock.clone())), lease);
+        w.write(Bytes::from("x")).await.unwrap();
     }
 }

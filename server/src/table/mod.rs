@@ -125,11 +125,15 @@ pub struct Released {
 }
 
 /// What a release says.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ReleaseSpec {
     pub watermark: Micros,
     pub signed_time: Option<Arc<pb::SignedTime>>,
     pub metadata: Option<Metadata>,
+    /// Some write under the lease may still land (its outcome is unknown).
+    pub unsettled: bool,
+    /// The holder closed every bag that can hold a timestamp below this.
+    pub settled_through: Micros,
 }
 
 /// A name's state for operators.
@@ -223,9 +227,15 @@ impl ShardState {
         &mut self.slab[slot].as_mut().expect("slot is occupied").rec
     }
 
-    /// The slot of `name`, creating a fresh record (inheriting `floor`) if
-    /// it has none.
-    fn slot_or_insert(&mut self, name: &Arc<str>, floor: Micros, now: Micros) -> Result<usize, Error> {
+    /// The slot of `name`, creating a fresh record (inheriting `floor` and
+    /// `fencing_floor`) if it has none.
+    fn slot_or_insert(
+        &mut self,
+        name: &Arc<str>,
+        floor: Micros,
+        fencing_floor: u64,
+        now: Micros,
+    ) -> Result<usize, Error> {
         if let Some(slot) = self.slot_of(name) {
             return Ok(slot);
         }
@@ -248,7 +258,7 @@ impl ShardState {
         };
         self.slab[slot] = Some(Entry {
             name: Arc::clone(name),
-            rec: NameRecord::new(floor, now),
+            rec: NameRecord::new(floor, fencing_floor, now),
         });
         self.slots.insert(name, slot, &self.slab);
         Ok(slot)
@@ -325,6 +335,10 @@ pub struct LeaseTable {
     /// What names with no record inherit as their previous watermark; only
     /// ever raised (see `forget_idle`).
     floor: AtomicU64,
+    /// What names with no record start their fencing tokens above; raised
+    /// to a record's last token when it is forgotten, so tokens never go
+    /// down even if the clock is stepped back.
+    fencing_floor: AtomicU64,
 }
 
 impl LeaseTable {
@@ -333,6 +347,7 @@ impl LeaseTable {
         let shards = (0..n).map(|_| Shard::default()).collect();
         LeaseTable {
             floor: AtomicU64::new(cfg.initial_floor.as_micros()),
+            fencing_floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             cfg,
             shards,
             hasher: Default::default(),
@@ -345,6 +360,11 @@ impl LeaseTable {
 
     pub fn forgotten_floor(&self) -> Micros {
         Micros::from_micros(self.floor.load(Ordering::Acquire))
+    }
+
+    /// The last fencing token a name with no record is taken to have had.
+    pub fn fencing_floor(&self) -> u64 {
+        self.fencing_floor.load(Ordering::Acquire)
     }
 
     /// Number of name records held.
@@ -440,9 +460,14 @@ impl LeaseTable {
         // 2. Find or create every record (the only step that can fail for
         //    lack of room, so it runs before anything is granted).
         let floor = self.forgotten_floor();
+        let fencing_floor = self.fencing_floor();
         let mut slots = Vec::with_capacity(spec.names.len());
         for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            slots.push(locked.state(shard).slot_or_insert(name, floor, now)?);
+            slots.push(
+                locked
+                    .state(shard)
+                    .slot_or_insert(name, floor, fencing_floor, now)?,
+            );
         }
 
         // 3. Grant.
@@ -486,6 +511,13 @@ impl LeaseTable {
 
     /// Finds a lease by the slot its id names, checks the token, locks all
     /// its names' shards and checks it still holds every name at `now`.
+    ///
+    /// Everything the caller decides on (deadline, mode) is read *after*
+    /// every shard is locked: a lease whose names span shards is found
+    /// under its first shard's lock, which is dropped to take all shards in
+    /// order, and a concurrent renew or upgrade may change the lease in
+    /// between. Deciding on the first reading let two racing renews both
+    /// succeed and leave the earlier deadline in place.
     fn lock_lease(&self, lease: LeaseId, token: &Token, now: Micros) -> Result<HeldLease<'_>, Error> {
         let first_shard = lease.shard();
         if first_shard >= self.shards.len() {
@@ -510,7 +542,7 @@ impl LeaseTable {
             Some(all) => all.to_vec(),
             None => vec![Arc::clone(&entry.name)],
         };
-        let (deadline, mode) = (holder.deadline, holder.mode);
+        let seen_deadline = holder.deadline;
         let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
 
         let locked = if shard_of_name.iter().all(|&s| s == first_shard) {
@@ -520,7 +552,8 @@ impl LeaseTable {
             }
         } else {
             // Take every shard in ascending order; the lease may have
-            // changed while no lock was held, so check it again below.
+            // changed while no lock was held, so everything is read again
+            // below.
             drop(guard);
             self.lock_shards(&shard_of_name)
         };
@@ -528,8 +561,8 @@ impl LeaseTable {
             locked,
             names,
             shard_of_name,
-            deadline,
-            mode,
+            deadline: seen_deadline,
+            mode: Mode::Full,
         };
         for i in 0..held.names.len() {
             let shard = held.shard_of_name[i];
@@ -543,15 +576,24 @@ impl LeaseTable {
                             deadline: h.deadline,
                         });
                     }
+                    // Every name of a lease carries the same deadline and
+                    // mode (both change only with all shards locked).
+                    held.deadline = h.deadline;
+                    held.mode = h.mode;
                 }
-                Some(h) if now < deadline => {
+                Some(h) if now < held.deadline => {
                     return Err(Error::LostName {
                         lease,
                         name: Arc::clone(&held.names[i]),
                         by: h.lease,
                     });
                 }
-                _ => return Err(Error::Expired { lease, deadline }),
+                _ => {
+                    return Err(Error::Expired {
+                        lease,
+                        deadline: held.deadline,
+                    });
+                }
             }
         }
         Ok(held)
@@ -599,10 +641,13 @@ impl LeaseTable {
         }
     }
 
-    /// Moves a live lease's deadline. A deadline may not move earlier: the
-    /// holder may already have written up to the current one, and a break
-    /// after an earlier deadline would hand the next holder a watermark
-    /// below those writes.
+    /// Moves a live lease's deadline to `max(current, new_deadline)`. A
+    /// deadline never moves earlier: the holder may already have written up
+    /// to the current one, and a break after an earlier deadline would hand
+    /// the next holder a watermark below those writes. A renewal that asks
+    /// for less than a renewal already granted (two renewals racing) is
+    /// answered with the current deadline, not refused: the lease is held,
+    /// and refusing would look like a loss to the holder.
     pub fn renew(
         &self,
         lease: LeaseId,
@@ -613,17 +658,7 @@ impl LeaseTable {
     ) -> Result<Grant, Error> {
         let mut held = self.lock_lease(lease, token, now)?;
         self.check_deadline(new_deadline, now)?;
-        if new_deadline < held.deadline {
-            return Err(Error::out_of_range(
-                "deadline_us",
-                format!(
-                    "{} must not be earlier than the lease's current deadline {} ({})",
-                    new_deadline.as_micros(),
-                    held.deadline.as_micros(),
-                    held.deadline
-                ),
-            ));
-        }
+        let new_deadline = new_deadline.max(held.deadline);
         for i in 0..held.names.len() {
             let rec = held.rec(i);
             let holder = rec.holder.as_mut().expect("checked by lock_lease");
@@ -665,6 +700,11 @@ impl LeaseTable {
     /// decrease: a holder that wrote nothing (watermark 0, or one below what
     /// it inherited) carries the inherited one forward. A tentative lease
     /// could not write, so it must say 0 and leaves no trace in the chain.
+    ///
+    /// What is unsettled travels on: the next holder is told to close the
+    /// bags through the watermark if this holder had writes of unknown
+    /// outcome, or if it inherited unsettled bags and did not close them
+    /// (`settled_through` below what it inherited).
     pub fn release(
         &self,
         lease: LeaseId,
@@ -695,11 +735,16 @@ impl LeaseTable {
             let rec = held.rec(i);
             let holder = rec.holder.take().expect("checked by lock_lease");
             if holder.mode == Mode::Full {
+                let inherited_open = rec
+                    .prev
+                    .unsettled_until()
+                    .is_some_and(|until| spec.settled_through < until);
                 rec.prev = Previous {
                     lease: Some(lease),
                     watermark: rec.prev.watermark.max(spec.watermark),
                     watermark_signed_time: spec.signed_time.clone(),
                     ended: Ended::Released,
+                    unsettled: spec.unsettled || inherited_open,
                     ended_at: now,
                 };
             }
@@ -848,6 +893,7 @@ impl LeaseTable {
             let entry = state.remove_slot(slot).expect("listed above");
             self.floor
                 .fetch_max(entry.rec.inherit(now).watermark.as_micros(), Ordering::AcqRel);
+            self.fencing_floor.fetch_max(entry.rec.fencing, Ordering::AcqRel);
             if let Some(h) = &entry.rec.history {
                 state.history.forget(h);
             }
@@ -876,3 +922,6 @@ impl Drop for WaitGuard<'_> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod concurrent_tests;

@@ -55,23 +55,38 @@ pub struct Previous {
     pub watermark: Micros,
     pub watermark_signed_time: Option<Arc<pb::SignedTime>>,
     pub ended: Ended,
+    /// Some earlier holder of the name (not only the last one) may still
+    /// get writes into bags below `watermark`: it was broken, is unknown,
+    /// or released with writes of unknown outcome, and no later holder has
+    /// closed those bags since. Every next holder is told to close through
+    /// the watermark before reading. A flag rather than a time, because
+    /// the bound is always the watermark (which covers every such write),
+    /// and a flag fits in the record's padding.
+    pub unsettled: bool,
     pub ended_at: Micros,
 }
 
 impl Previous {
-    /// What a name with no record inherits: the forgotten floor.
+    /// What a name with no record inherits: the forgotten floor. Anything
+    /// below it may have been written by holders we know nothing of, so it
+    /// is unsettled.
     pub fn unknown(floor: Micros) -> Self {
+        let known_empty = floor == Micros::ZERO;
         Previous {
             lease: None,
             watermark: floor,
             watermark_signed_time: None,
-            ended: if floor == Micros::ZERO {
-                Ended::None
-            } else {
-                Ended::Unknown
-            },
+            ended: if known_empty { Ended::None } else { Ended::Unknown },
+            unsettled: !known_empty,
             ended_at: Micros::ZERO,
         }
+    }
+
+    /// The exclusive bound of the unsettled bags: every write of an earlier
+    /// holder is at or below the watermark.
+    pub fn unsettled_until(&self) -> Option<Micros> {
+        self.unsettled
+            .then(|| Micros::from_micros(self.watermark.as_micros().saturating_add(1)))
     }
 
     pub fn to_pb(&self) -> pb::PreviousLease {
@@ -81,6 +96,8 @@ impl Previous {
             watermark_signed_time: self.watermark_signed_time.as_deref().cloned(),
             ended: pb::Ended::from(self.ended).into(),
             ended_at_us: self.ended_at.as_micros(),
+            unsettled_until_us: self.unsettled_until().map_or(0, Micros::as_micros),
+            granted_at_us: self.lease.map_or(0, |l| l.granted_at().as_micros()),
         }
     }
 }
@@ -124,11 +141,14 @@ pub struct NameRecord {
 }
 
 impl NameRecord {
-    pub fn new(floor: Micros, now: Micros) -> Self {
+    /// A record for a name the table knows nothing of: it inherits the
+    /// forgotten floor as its watermark and the fencing floor as its last
+    /// token.
+    pub fn new(floor: Micros, fencing_floor: u64, now: Micros) -> Self {
         NameRecord {
             holder: None,
             prev: Previous::unknown(floor),
-            fencing: 0,
+            fencing: fencing_floor,
             last_change: now,
             history: None,
         }
@@ -142,8 +162,9 @@ impl NameRecord {
     /// must be expired, or tentative).
     ///
     /// A full holder whose deadline passed is *broken*: its deadline becomes
-    /// the watermark, since it may have written anything below it. A
-    /// tentative holder could not write, so it leaves no trace in the chain.
+    /// the watermark, since it may have written anything below it, and its
+    /// bags are unsettled (writes may still be in flight). A tentative
+    /// holder could not write, so it leaves no trace in the chain.
     pub fn inherit(&self, now: Micros) -> Previous {
         match &self.holder {
             Some(h) if h.mode == Mode::Full => Previous {
@@ -151,6 +172,7 @@ impl NameRecord {
                 watermark: self.prev.watermark.max(h.deadline),
                 watermark_signed_time: None,
                 ended: Ended::Broken,
+                unsettled: true,
                 ended_at: now,
             },
             _ => self.prev.clone(),
@@ -165,10 +187,12 @@ impl NameRecord {
 
     /// The next fencing token: strictly above the last one, and at least the
     /// grant time in microseconds. The second part keeps tokens increasing
-    /// across restarts and forgotten records without storing anything: a
-    /// restarted server grants only after waiting out the max TTL, so its
-    /// clock is past every token the previous incarnation issued (one grant
-    /// per microsecond per name is far beyond any real rate).
+    /// across restarts without storing anything: a restarted server grants
+    /// only after waiting out the max TTL, so its clock is past every token
+    /// the previous incarnation issued (one grant per microsecond per name
+    /// is far beyond any real rate). A forgotten record's last token lives
+    /// on in the table's fencing floor, which a new record starts from, so
+    /// a clock stepped back cannot lower a name's tokens either.
     pub fn next_fencing(&self, now: Micros) -> u64 {
         (self.fencing + 1).max(now.as_micros())
     }

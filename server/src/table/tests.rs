@@ -38,8 +38,7 @@ fn full(names: &[&str], deadline: u64) -> AcquireSpec {
 fn release_at(wm: u64) -> ReleaseSpec {
     ReleaseSpec {
         watermark: t(wm),
-        signed_time: None,
-        metadata: None,
+        ..Default::default()
     }
 }
 
@@ -254,16 +253,11 @@ fn only_the_token_holder_may_renew_upgrade_or_release() {
 fn renew_extends_but_never_shortens() {
     let tbl = table();
     let a = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
-    let err = tbl
+    // Asking for less than the lease has keeps what it has.
+    let r = tbl
         .renew(a.lease, &a.token, t(T0 + 4 * SEC), None, t(T0 + 1))
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        Error::OutOfRange {
-            field: "deadline_us",
-            ..
-        }
-    ));
+        .unwrap();
+    assert_eq!(r.deadline, t(T0 + 5 * SEC));
     let err = tbl
         .renew(a.lease, &a.token, t(T0 + 11 * SEC), None, t(T0 + 1))
         .unwrap_err();
@@ -401,6 +395,95 @@ fn forgetting_raises_the_floor_to_what_was_forgotten() {
 }
 
 #[test]
+fn forgotten_names_keep_their_tokens_rising_when_the_clock_steps_back() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.max_records = 1;
+    let tbl = LeaseTable::new(cfg);
+    let late = T0 + 100 * SEC;
+    let g = tbl.acquire(&full(&["x"], late + 5 * SEC), t(late)).unwrap();
+    let token = g.names[0].fencing;
+    tbl.release(g.lease, &g.token, release_at(late), t(late + 1))
+        .unwrap();
+    // Two idle records over a cap of one: the older, x's, is forgotten.
+    let g = tbl.acquire(&full(&["y"], late + 5 * SEC), t(late + 2)).unwrap();
+    tbl.release(g.lease, &g.token, release_at(0), t(late + 3))
+        .unwrap();
+    assert_eq!(tbl.sweep(t(late + 4)), 1);
+    assert_eq!(tbl.record_count(), 1);
+    // The clock is stepped back a minute: the next token is still higher.
+    let back = T0 + 40 * SEC;
+    let g = tbl.acquire(&full(&["x"], back + 5 * SEC), t(back)).unwrap();
+    assert_eq!(g.names[0].previous.ended, Ended::Unknown);
+    assert!(
+        g.names[0].fencing > token,
+        "token {} after a forgotten {token}",
+        g.names[0].fencing
+    );
+}
+
+#[test]
+fn unsettled_bags_travel_down_the_chain_until_someone_closes_them() {
+    let tbl = table();
+    let unsettled = |g: &Grant| g.names[0].previous.unsettled_until();
+    // A holds and is broken: B is told to close through A's deadline.
+    let a = tbl.acquire(&full(&["u"], T0 + SEC), t(T0)).unwrap();
+    assert_eq!(unsettled(&a), None, "nothing came before A");
+    let b = tbl.acquire(&full(&["u"], T0 + 3 * SEC), t(T0 + 2 * SEC)).unwrap();
+    assert_eq!(b.names[0].previous.ended, Ended::Broken);
+    assert_eq!(unsettled(&b), Some(t(T0 + SEC + 1)));
+    // B releases without closing anything: C still has to, though its
+    // immediate predecessor released.
+    tbl.release(b.lease, &b.token, release_at(0), t(T0 + 2 * SEC + 1))
+        .unwrap();
+    let c = tbl
+        .acquire(&full(&["u"], T0 + 5 * SEC), t(T0 + 2 * SEC + 2))
+        .unwrap();
+    assert_eq!(c.names[0].previous.ended, Ended::Released);
+    assert_eq!(unsettled(&c), Some(t(T0 + SEC + 1)));
+    // C closed through it: D inherits nothing unsettled.
+    let rel = ReleaseSpec {
+        settled_through: t(T0 + SEC + 1),
+        ..Default::default()
+    };
+    tbl.release(c.lease, &c.token, rel, t(T0 + 2 * SEC + 3)).unwrap();
+    let d = tbl
+        .acquire(&full(&["u"], T0 + 6 * SEC), t(T0 + 2 * SEC + 4))
+        .unwrap();
+    assert_eq!(unsettled(&d), None);
+    // D wrote something it is not sure landed: E must close through D's
+    // watermark.
+    let rel = ReleaseSpec {
+        watermark: t(T0 + 2 * SEC + 100),
+        unsettled: true,
+        ..Default::default()
+    };
+    tbl.release(d.lease, &d.token, rel, t(T0 + 2 * SEC + 200))
+        .unwrap();
+    let e = tbl
+        .acquire(&full(&["u"], T0 + 6 * SEC), t(T0 + 2 * SEC + 300))
+        .unwrap();
+    assert_eq!(unsettled(&e), Some(t(T0 + 2 * SEC + 101)));
+    // A tentative holder wrote nothing and closes nothing: it changes
+    // nothing of what the next holder inherits.
+    tbl.release(e.lease, &e.token, release_at(0), t(T0 + 2 * SEC + 301))
+        .unwrap();
+    let f = tbl
+        .acquire(
+            &spec(&["u"], T0 + 6 * SEC, Mode::Tentative),
+            t(T0 + 2 * SEC + 302),
+        )
+        .unwrap();
+    tbl.release(f.lease, &f.token, release_at(0), t(T0 + 2 * SEC + 303))
+        .unwrap();
+    let g = tbl
+        .acquire(&full(&["u"], T0 + 6 * SEC), t(T0 + 2 * SEC + 304))
+        .unwrap();
+    assert_eq!(g.names[0].previous.lease, Some(e.lease));
+    assert_eq!(unsettled(&g), Some(t(T0 + 2 * SEC + 101)));
+}
+
+#[test]
 fn history_is_bounded_per_name() {
     let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
     cfg.history_per_name = 3;
@@ -410,8 +493,8 @@ fn history_is_bounded_per_name() {
         let g = tbl.acquire(&full(&["h"], now + 5 * SEC), t(now)).unwrap();
         let spec = ReleaseSpec {
             watermark: t(now + 10),
-            signed_time: None,
             metadata: Some(Metadata::Data(format!("m{i}").into_bytes().into())),
+            ..Default::default()
         };
         tbl.release(g.lease, &g.token, spec, t(now + 20)).unwrap();
     }
@@ -436,8 +519,8 @@ fn history_respects_the_byte_budget() {
         let g = tbl.acquire(&full(&[&name], now + 5 * SEC), t(now)).unwrap();
         let spec = ReleaseSpec {
             watermark: t(now + 10),
-            signed_time: None,
             metadata: Some(Metadata::Data(vec![7u8; 200].into())),
+            ..Default::default()
         };
         tbl.release(g.lease, &g.token, spec, t(now + 20)).unwrap();
     }
@@ -570,13 +653,15 @@ proptest! {
                     let ok_hold = held.iter().all(|h| matches!(h, Some((l, d, _)) if *l == lease && *d > now));
                     let current = held[0].map_or(0, |(_, d, _)| d);
                     let new_deadline = (current + extra).min(now + 10_000);
-                    let ok = ok_hold && new_deadline >= current && new_deadline > now + 5;
+                    let ok = ok_hold && new_deadline > now + 5;
                     let got = tbl.renew(g.lease, &g.token, t(new_deadline), None, t(now));
                     prop_assert_eq!(got.is_ok(), ok, "renew {}: {:?}", lease, got);
-                    if ok {
+                    if let Ok(r) = got {
+                        let kept = new_deadline.max(current);
+                        prop_assert_eq!(r.deadline, t(kept));
                         for ng in &g.names {
                             let m = model.get_mut(&*ng.name).unwrap();
-                            m.holder = m.holder.map(|(l, _, md)| (l, new_deadline, md));
+                            m.holder = m.holder.map(|(l, _, md)| (l, kept, md));
                         }
                     }
                 }

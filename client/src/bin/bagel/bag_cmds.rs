@@ -10,7 +10,7 @@ use crate::time_cmds::RoughtimeArgs;
 use anyhow::{Context as _, bail};
 use bagel_client::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
 use bagel_client::bag::reader::{Message, ReadOptions};
-use bagel_client::bag::{self, BagConfig, Metronome, Writer};
+use bagel_client::bag::{self, BagConfig, Metronome, RightsSnapshot, WriteLedger, WriteRights, Writer};
 use bagel_client::clock::{Clock, OffsetClock, SystemClock};
 use bagel_client::json::LeaseJson;
 use bagel_client::time::TimeOptions;
@@ -220,9 +220,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     acfg.tolerance = a.tolerance;
     let local = keys.clone();
     acfg.verify_time = Arc::new(move |st| {
-        bagel_proto::verify_signed_time(st, &local, &roughtime_keys)
-            .map(|r| (r.time, r.radius_us + r.resolution_us()))
-            .map_err(|e| e.to_string())
+        bagel_proto::verify_signed_time(st, &local, &roughtime_keys).map_err(|e| e.to_string())
     });
     let mut result = bagel_client::audit::audit(&messages, &acfg);
     for p in &report.problems {
@@ -316,8 +314,43 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .time_source(g.server, TimeOptions::default().with_clock(Arc::clone(&clock)))
         .await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
-    let writer = Writer::new(store, &a.log, &writer_id, Arc::new(lease), clock, cfg)?;
+    let lease_id = lease.lease_id.clone();
+    let rights = Arc::new(FileRights {
+        lease,
+        ledger: Arc::default(),
+    });
+    let writer = Writer::new(
+        store,
+        &a.log,
+        &writer_id,
+        Arc::clone(&rights) as _,
+        clock,
+        Arc::new(time),
+        cfg,
+    )?;
+    let result = write_all(&a, &writer).await;
+    // Whatever happened, `bagel release` must publish what was written.
+    crate::written::record(&lease_id, rights.ledger.summary())?;
+    result
+}
 
+/// A lease file's rights, with a ledger of what this run wrote.
+struct FileRights {
+    lease: LeaseJson,
+    ledger: Arc<WriteLedger>,
+}
+
+impl WriteRights for FileRights {
+    fn snapshot(&self) -> Result<RightsSnapshot, String> {
+        self.lease.snapshot()
+    }
+
+    fn ledger(&self) -> Option<Arc<WriteLedger>> {
+        Some(Arc::clone(&self.ledger))
+    }
+}
+
+async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let batches: Box<dyn Iterator<Item = std::io::Result<Vec<String>>>> = if a.messages.is_empty() {
         let batch = a.batch.max(1);
@@ -341,7 +374,6 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     for batch in batches {
         let batch = batch.context("reading standard input")?;
         let n = batch.len();
-        writer.set_signed_time(Some(time.check().await.context("signed time for the batch")?));
         let stamps = writer
             .write_batch(batch.into_iter().map(Bytes::from).collect())
             .await;

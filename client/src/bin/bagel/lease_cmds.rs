@@ -64,12 +64,39 @@ pub struct AcquireArgs {
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {
+    /// The lease id, or the lease file `bagel acquire --json` wrote (which
+    /// also holds the token).
     #[arg(long = "lease")]
     lease_id: String,
+    /// The lease's secret token (read from the lease file when `--lease` is
+    /// one).
     #[arg(long)]
-    token: String,
+    token: Option<String>,
     #[arg(long)]
     json: bool,
+}
+
+impl TokenArgs {
+    /// The lease id and token, from the flags or from the lease file.
+    fn resolve(&self) -> anyhow::Result<(String, String)> {
+        let is_id = self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit());
+        if is_id {
+            let token = self
+                .token
+                .clone()
+                .context("--token is required when --lease is a lease id (or give the lease file)")?;
+            return Ok((self.lease_id.clone(), token));
+        }
+        let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
+            format!(
+                "--lease is neither a lease id (32 hex digits) nor a readable lease file: {:?}",
+                self.lease_id
+            )
+        })?;
+        let lease: LeaseJson = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
+        Ok((lease.lease_id, self.token.clone().unwrap_or(lease.token)))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -88,7 +115,9 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     lease: TokenArgs,
     /// Upper bound of every timestamp written under the lease (Unix µs).
-    /// Omitted: the lease wrote nothing; the inherited watermark carries on.
+    /// Omitted: the highest timestamp `bagel write` wrote under the lease
+    /// on this machine (none: the inherited watermark carries on). A value
+    /// below that is refused.
     #[arg(long)]
     watermark: Option<u64>,
     /// Where the holder stored its updates (free text); `*` = unknown.
@@ -167,11 +196,12 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
     match cmd {
         LeaseCommand::Acquire(args) => acquire(args, client).await,
         LeaseCommand::Renew(args) => {
+            let (lease_id, token) = args.lease.resolve()?;
             let deadline = client.clock().now().saturating_add(args.ttl);
             let resp = client
                 .renew_raw(pb::RenewRequest {
-                    lease_id: args.lease.lease_id,
-                    token: args.lease.token,
+                    lease_id,
+                    token,
                     deadline_us: deadline.as_micros(),
                     metadata: args.metadata.as_deref().map(metadata),
                 })
@@ -192,25 +222,40 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Upgrade(args) => {
-            let grant = client
-                .upgrade_raw(pb::UpgradeRequest {
-                    lease_id: args.lease_id,
-                    token: args.token,
-                })
-                .await?;
+            let (lease_id, token) = args.resolve()?;
+            let grant = client.upgrade_raw(pb::UpgradeRequest { lease_id, token }).await?;
             print_grant(&LeaseJson::from_grant(&grant, Some(client.url())), args.json);
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Release(args) => {
+            let (lease_id, token) = args.lease.resolve()?;
+            let written = crate::written::load(&lease_id)?;
+            if let (Some(given), Some(up_to)) = (args.watermark, written.max_written)
+                && given < up_to.as_micros()
+            {
+                bail!(
+                    "--watermark {given} is below {}, the highest timestamp `bagel write` wrote under lease \
+                     {lease_id}: the next holder could write below it. Release with at least that, or \
+                     without --watermark",
+                    up_to.as_micros()
+                );
+            }
+            let watermark = args
+                .watermark
+                .unwrap_or(0)
+                .max(written.max_written.map_or(0, Micros::as_micros));
             let resp = client
                 .release_raw(pb::ReleaseRequest {
-                    lease_id: args.lease.lease_id,
-                    token: args.lease.token,
-                    watermark_us: args.watermark.unwrap_or(0),
+                    lease_id: lease_id.clone(),
+                    token,
+                    watermark_us: watermark,
                     signed_time: None,
                     metadata: args.metadata.as_deref().map(metadata),
+                    unsettled: written.uncertain,
+                    settled_through_us: 0,
                 })
                 .await?;
+            crate::written::forget(&lease_id);
             if args.lease.json {
                 println!("{}", json!({ "watermark_us": resp.watermark_us }));
             } else {

@@ -7,6 +7,7 @@
 mod bag_cmds;
 mod lease_cmds;
 mod time_cmds;
+mod written;
 
 use std::process::ExitCode;
 
