@@ -31,3 +31,13 @@ if command -v cargo-nextest >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+
+# The randomized fault run: lease server, S3 server and closers killed at
+# random while workers write to a directory, S3 and NFS; everything read
+# back by two readers and audited. Its seed is printed; BAGEL_CHAOS_SEED
+# repeats a run, BAGEL_CHAOS_DURATION makes it longer.
+log "fault-injection run (bagel-chaos)"
+chaos_out=$(mktemp -d -t bagel-chaos.XXXXXX)
+cargo run -q --locked -p bagel-tests --bin bagel-chaos -- \
+  --duration "${BAGEL_CHAOS_DURATION:-60s}" ${BAGEL_CHAOS_SEED:+--seed "$BAGEL_CHAOS_SEED"} --out "$chaos_out"
+rm -rf "$chaos_out"

@@ -15,6 +15,9 @@ s3_start() {
   fi
   local port; port=$(free_port)
   local here; here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  # How to start another one (the fault-injection run starts its own, with
+  # a journal, to kill and restart it).
+  export BAGEL_S3_SERVER="$venv/bin/python $here/s3_server.py"
   S3_LOG=$(mktemp -t bagel-s3.XXXXXX.log)
   "$venv/bin/python" "$here/s3_server.py" 127.0.0.1 "$port" >"$S3_LOG" 2>&1 &
   S3_PID=$!

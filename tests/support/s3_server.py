@@ -1,39 +1,149 @@
-"""moto's S3 served one request at a time.
+"""moto's S3 served one request at a time, optionally surviving kill -9.
 
 Plain `moto_server` handles requests on several threads, and two racing
 create-only PUTs (`If-None-Match: *`) on one key were seen to both succeed.
 Serialising every request behind one lock makes conditional writes atomic,
 which is what a real S3 guarantees and what bagel's close protocol relies on.
 
-Usage: s3_server.py HOST PORT
+moto keeps everything in memory. With `--journal FILE`, every request that
+changed something (a successful PUT, POST or DELETE) is appended to FILE and
+fsynced before its answer is sent, and a restart replays FILE in order, one
+request at a time, as it first ran. So the fault-injection run can kill -9
+this server and start it again without losing an acknowledged write: a
+request cut off before its answer may or may not have taken effect, exactly
+as with a real store.
+
+Usage: s3_server.py HOST PORT [--journal FILE] [--bucket NAME]
 """
 
+import base64
+import io
+import json
+import os
 import sys
 import threading
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
+from werkzeug.test import EnvironBuilder
 
 _app = DomainDispatcherApplication(create_backend_app)
 _lock = threading.Lock()
+_journal = None
+
+_MUTATING = {"PUT", "POST", "DELETE"}
+# Request headers that change what a request does.
+_KEEP = ("content-type", "if-none-match", "if-match", "x-amz-", "content-md5")
+
+
+def _call(environ):
+    """Runs one request through moto; returns (status, headers, body)."""
+    answer = {}
+
+    def start_response(status, headers, exc_info=None):
+        answer["status"] = status
+        answer["headers"] = headers
+
+    result = _app(environ, start_response)
+    try:
+        body = b"".join(result)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    return answer["status"], answer["headers"], body
+
+
+def _record(environ, body):
+    headers = {
+        k[5:].replace("_", "-").lower(): v
+        for k, v in environ.items()
+        if k.startswith("HTTP_") and k[5:].replace("_", "-").lower().startswith(_KEEP)
+    }
+    if environ.get("CONTENT_TYPE"):
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    entry = {
+        "method": environ["REQUEST_METHOD"],
+        "path": environ.get("PATH_INFO", "/"),
+        "query": environ.get("QUERY_STRING", ""),
+        "host": environ.get("HTTP_HOST", "localhost"),
+        "headers": headers,
+        "body": base64.b64encode(body).decode(),
+    }
+    _journal.write(json.dumps(entry) + "\n")
+    _journal.flush()
+    os.fsync(_journal.fileno())
+
+
+def _environ(entry):
+    builder = EnvironBuilder(
+        method=entry["method"],
+        path=entry["path"],
+        query_string=entry["query"],
+        headers={**entry["headers"], "Host": entry["host"]},
+        data=base64.b64decode(entry["body"]),
+    )
+    try:
+        return builder.get_environ()
+    finally:
+        builder.close()
 
 
 def serialized(environ, start_response):
     with _lock:
         # Drain the whole response while holding the lock, so no part of a
         # request's work runs concurrently with another request.
-        result = _app(environ, start_response)
-        try:
-            body = b"".join(result)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-    return [body]
+        if _journal is not None and environ["REQUEST_METHOD"] in _MUTATING:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(length) if length else b""
+            replay = dict(environ)
+            replay["wsgi.input"] = io.BytesIO(body)
+            status, headers, out = _call(replay)
+            if status.startswith("2"):
+                _record(environ, body)
+        else:
+            status, headers, out = _call(environ)
+    start_response(status, headers)
+    return [out]
+
+
+def _replay(path):
+    n = 0
+    with open(path) as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break  # a torn last line: that request never answered
+            _call(_environ(entry))
+            n += 1
+    return n
 
 
 def main():
-    host, port = sys.argv[1], int(sys.argv[2])
+    global _journal
+    args = sys.argv[1:]
+    host, port = args[0], int(args[1])
+    journal = bucket = None
+    rest = args[2:]
+    while rest:
+        flag, value, rest = rest[0], rest[1], rest[2:]
+        if flag == "--journal":
+            journal = value
+        elif flag == "--bucket":
+            bucket = value
+        else:
+            sys.exit(f"unknown flag {flag}")
+    if journal is not None:
+        replayed = _replay(journal) if os.path.exists(journal) else 0
+        _journal = open(journal, "a")
+        print(f"replayed {replayed} requests from {journal}", flush=True)
+    if bucket is not None:
+        with _lock:
+            env = EnvironBuilder(method="PUT", path=f"/{bucket}", headers={"Host": f"{host}:{port}"}).get_environ()
+            status, _, _ = _call(env)
+            if status.startswith("2") and _journal is not None:
+                _record(env, b"")
     print(f"s3 (moto, serialized) listening on {host}:{port}", flush=True)
     run_simple(host, port, serialized, threaded=True, use_reloader=False)
 

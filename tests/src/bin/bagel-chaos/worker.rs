@@ -1,0 +1,242 @@
+//! A worker process: lease cycles on random name sets, writing batches to
+//! one of the stores under each lease, until its standard input closes.
+//!
+//! Every acknowledged message is printed as `ACK <store> <timestamp>
+//! <payload>`, so the driver can check that each one is read back; the
+//! last line is `DONE <lease cycles> <acked> <failed writes> <refused
+//! acquires>`.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use bagel_client::bag::{self, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Writer};
+use bagel_client::clock::{Clock, OffsetClock, SystemClock};
+use bagel_client::time::{TimeOptions, TimeSource};
+use bagel_client::{Client, LeaseOptions};
+use bagel_proto::roughtime::{RoughtimeKey, RoughtimeServer};
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom as _;
+use rand::{Rng as _, SeedableRng as _};
+
+/// How one worker behaves.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    server: String,
+    /// Store URLs, comma-separated; each cycle writes to one of them.
+    #[arg(long, value_delimiter = ',')]
+    stores: Vec<String>,
+    #[arg(long)]
+    log: String,
+    /// Names are `n0` .. `n<names-1>`.
+    #[arg(long)]
+    names: usize,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long)]
+    id: usize,
+    /// The writer's clock runs this far off (the lease client's does not).
+    #[arg(long, allow_hyphen_values = true, default_value_t = 0)]
+    clock_offset_ms: i64,
+    /// Delay some appends past the lease's deadline.
+    #[arg(long)]
+    delay_appends: bool,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    ttl: Duration,
+}
+
+pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            stop.store(true, Ordering::SeqCst);
+        }
+    });
+    let clock: Arc<dyn Clock> = Arc::new(OffsetClock {
+        inner: SystemClock,
+        offset_us: a.clock_offset_ms * 1000,
+    });
+    let addr = std::env::var("BAGEL_ROUGHTIME_ADDR").context("BAGEL_ROUGHTIME_ADDR")?;
+    let key = RoughtimeKey::parse(&std::env::var("BAGEL_ROUGHTIME_KEY").context("BAGEL_ROUGHTIME_KEY")?)
+        .map_err(anyhow::Error::msg)?;
+    let time = Arc::new(TimeSource::roughtime(
+        vec![RoughtimeServer::new(addr, key)],
+        TimeOptions::default().with_clock(Arc::clone(&clock)),
+    ));
+    let cfg = BagConfig::default();
+    let mut stores = Vec::new();
+    for url in &a.stores {
+        let store = retry(&stop, || bag::open_store(url, &cfg)).await?;
+        stores.push(if a.delay_appends {
+            Arc::new(Delayed {
+                inner: store,
+                max: a.ttl * 2,
+                rng: std::sync::Mutex::new(StdRng::seed_from_u64(a.seed ^ 0xde1a)),
+            }) as Arc<dyn BagStore>
+        } else {
+            store
+        });
+    }
+    let client = retry(&stop, || Client::connect(a.server.clone())).await?;
+    let names: Vec<String> = (0..a.names).map(|i| format!("n{i}")).collect();
+    let (mut cycles, mut acked, mut failed, mut refused) = (0u64, 0u64, 0u64, 0u64);
+    let mut out = std::io::stdout();
+    while !stop.load(Ordering::SeqCst) {
+        let k = rng.gen_range(1..=4.min(names.len()));
+        let chosen: Vec<String> = names.choose_multiple(&mut rng, k).cloned().collect();
+        let lease = match client
+            .acquire(chosen)
+            .ttl(a.ttl)
+            .wait(Duration::from_millis(500))
+            .owner(format!("chaos-w{}", a.id))
+            .options(LeaseOptions::default().with_safety_margin(Duration::from_millis(200)))
+            .send()
+            .await
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                refused += 1;
+                // Busy: try other names soon. Down or in its restart wait:
+                // back off longer.
+                let pause = if matches!(e, bagel_client::Error::Busy { .. }) {
+                    20..100
+                } else {
+                    200..400
+                };
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(pause))).await;
+                continue;
+            }
+        };
+        cycles += 1;
+        if lease.close_before_reading().is_some() {
+            for store in &stores {
+                // A failure (the store is down) leaves them unsettled: the
+                // release says so and the next holder closes them.
+                let _ = lease
+                    .close_predecessor_bags(store.as_ref(), std::slice::from_ref(&a.log), &cfg)
+                    .await;
+            }
+        }
+        let si = rng.gen_range(0..stores.len());
+        let writer = Writer::new(
+            Arc::clone(&stores[si]),
+            &a.log,
+            &format!("w{}", a.id),
+            lease.rights(),
+            Arc::clone(&clock),
+            time.clone(),
+            cfg.clone(),
+        )?;
+        for b in 0..rng.gen_range(1..=4) {
+            let n = rng.gen_range(1..=10);
+            let payloads: Vec<String> = (0..n).map(|i| format!("w{}-c{cycles}-b{b}-{i}", a.id)).collect();
+            match writer
+                .write_batch(payloads.iter().map(|p| Bytes::from(p.clone())).collect())
+                .await
+            {
+                Ok(stamps) => {
+                    for (t, p) in stamps.iter().zip(&payloads) {
+                        writeln!(out, "ACK {si} {} {p}", t.as_micros())?;
+                    }
+                    acked += n as u64;
+                }
+                Err(_) => failed += 1,
+            }
+            if rng.gen_bool(0.3) {
+                let _ = lease.renew().await;
+            }
+        }
+        out.flush()?;
+        if rng.gen_bool(0.8) {
+            let _ = lease.release(None).await;
+        }
+        // Else walk away: the lease is broken at its deadline.
+    }
+    writeln!(out, "DONE {cycles} {acked} {failed} {refused}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Tries `f` until it works or the worker is told to stop.
+async fn retry<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    stop: &AtomicBool,
+    mut f: impl FnMut() -> F,
+) -> anyhow::Result<T> {
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if stop.load(Ordering::SeqCst) => anyhow::bail!("stopped while retrying: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// A store whose appends sometimes wait before they happen: long enough
+/// to land after the lease's deadline.
+#[derive(Debug)]
+struct Delayed {
+    inner: Arc<dyn BagStore>,
+    max: Duration,
+    rng: std::sync::Mutex<StdRng>,
+}
+
+#[async_trait]
+impl BagStore for Delayed {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn append(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        sequence: u64,
+        record: Bytes,
+    ) -> bag::Result<Receipt> {
+        let delay = {
+            let mut rng = self.rng.lock().expect("rng");
+            rng.gen_bool(0.2).then(|| self.max.mul_f64(rng.r#gen::<f64>()))
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        self.inner
+            .append(log, bucket, writer_file, sequence, record)
+            .await
+    }
+    async fn closing_started(&self, log: &str, bucket: Bucket) -> bag::Result<bool> {
+        self.inner.closing_started(log, bucket).await
+    }
+    async fn close(&self, log: &str, bucket: Bucket) -> bag::Result<Listing> {
+        self.inner.close(log, bucket).await
+    }
+    async fn state(&self, log: &str, bucket: Bucket) -> bag::Result<BagState> {
+        self.inner.state(log, bucket).await
+    }
+    async fn read_item(
+        &self,
+        log: &str,
+        b: Bucket,
+        item: &ListedItem,
+        limit: Option<u64>,
+    ) -> bag::Result<Bytes> {
+        self.inner.read_item(log, b, item, limit).await
+    }
+    async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
+        self.inner.list_level(log, parts).await
+    }
+    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
+        self.inner.log_start(log).await
+    }
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
+        self.inner.mark_log_start(log, bucket).await
+    }
+}
