@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bagel_client::{CoalesceOptions, Coalescer, Transport};
+use bagel_client::{Client, CoalesceOptions, Coalescer, LeaseOptions, Transport};
 use bagel_proto::Micros;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
@@ -213,6 +213,7 @@ impl LeaseDriver for BagelDriver {
 /// witnesses verified), over one connection.
 #[derive(Debug)]
 pub struct BagelBatchedDriver {
+    client: Client,
     coalescer: Coalescer,
     owner: String,
 }
@@ -223,33 +224,45 @@ impl BagelBatchedDriver {
             .await
             .context("connecting bagel-client")?;
         Ok(Self {
-            coalescer: Coalescer::new(client, CoalesceOptions::default().with_transport(transport)),
+            coalescer: Coalescer::new(
+                client.clone(),
+                CoalesceOptions::default().with_transport(transport),
+            ),
+            client,
             owner: format!("bench-{}", std::process::id()),
         })
     }
 }
 
 impl LeaseDriver for BagelBatchedDriver {
-    type Held = BagelHeld;
+    type Held = bagel_client::Lease;
 
     fn max_names(&self) -> usize {
         16
     }
 
-    async fn acquire(&self, _worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
-        let req = acquire_request(&self.owner, names, ttl);
-        match self.coalescer.acquire(req).await {
-            Ok(grant) => Ok(Some(BagelHeld {
-                lease_id: grant.lease_id,
-                token: grant.token,
-            })),
+    /// The library's fast path, as users take it: the lease handle, its
+    /// acquire and release batched through the coalescer (a cycle is too
+    /// short to need renewing).
+    async fn acquire(&self, _worker: usize, names: &[String], ttl: Duration) -> Result<Option<Self::Held>> {
+        let acquired = self
+            .client
+            .acquire(names.iter().cloned())
+            .ttl(ttl)
+            .owner(&self.owner)
+            .options(LeaseOptions::default().with_auto_renew(false))
+            .via(&self.coalescer)
+            .send()
+            .await;
+        match acquired {
+            Ok(lease) => Ok(Some(lease)),
             Err(bagel_client::Error::Busy { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn release(&self, _worker: usize, held: BagelHeld) -> Result<()> {
-        self.coalescer.release(held.release_request()).await?;
+    async fn release(&self, _worker: usize, held: Self::Held) -> Result<()> {
+        held.release(None).await?;
         Ok(())
     }
 }

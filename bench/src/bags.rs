@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bagel_client::bag::faults::{KillSwitch, RequestCounts, TestObjectStore};
-use bagel_client::bag::posix::PosixStore;
-use bagel_client::bag::s3::S3Store;
-use bagel_client::bag::testing::TestLeases;
-use bagel_client::bag::{BagConfig, BagStore, Metronome, Writer};
-use bagel_client::clock::{Clock, SystemClock};
+use bagel_bags::directory::DirectoryStore;
+use bagel_bags::faults::{KillSwitch, RequestCounts, TestObjectStore};
+use bagel_bags::s3::S3Store;
+use bagel_bags::testing::TestLeases;
+use bagel_bags::{BagConfig, BagStore, Metronome, Writer};
+use bagel_proto::clock::{Clock, SystemClock};
 use bytes::Bytes;
 use object_store::ObjectStore;
 use serde::Serialize;
@@ -168,7 +168,7 @@ pub async fn posix_writes(
                 if sync { "sync" } else { "nosync" }
             ));
             std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-            let store = Arc::new(PosixStore::local(&root, sync, Duration::from_secs(10)));
+            let store = Arc::new(DirectoryStore::local(&root, sync));
             let w = writer(store, "bench", BagConfig::default().with_sync(sync))?;
             let r = write_loop(&w, batch, duration, 10_000_000 / batch as u64).await;
             let row = write_row("posix", sync, medium, batch, r);
@@ -213,7 +213,6 @@ pub async fn counted_s3(
     let s3 = S3Store::new(
         Arc::new(test),
         prefix,
-        Duration::from_secs(10),
         format!("s3://{}/{prefix}", crate::s3::BUCKET),
     );
     s3.probe_conditional_put().await?;

@@ -645,11 +645,7 @@ impl Bench {
             let rows = bags::posix_writes(&dir.path, medium, &[1000, 100], writes_for).await?;
             let lag_root = dir.path.join("lag");
             std::fs::create_dir_all(&lag_root)?;
-            let store = Arc::new(bagel_client::bag::posix::PosixStore::local(
-                &lag_root,
-                true,
-                Duration::from_secs(10),
-            ));
+            let store = Arc::new(bagel_bags::directory::DirectoryStore::local(&lag_root, true));
             let lag =
                 bags::metronome_lag(store, &format!("posix ({medium}, fsync)"), BAG_GRACE, lag_for).await?;
             anyhow::Ok((rows, lag))

@@ -13,6 +13,16 @@ use sha2::{Digest as _, Sha256};
 
 use crate::Error;
 
+/// `domain` then `bytes`: what a signature covers. One key signs witnesses,
+/// local times and batch roots; a distinct prefix per kind of statement
+/// keeps a signature made for one from ever verifying as another.
+pub(crate) fn in_domain(domain: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(domain.len() + bytes.len());
+    m.extend_from_slice(domain);
+    m.extend_from_slice(bytes);
+    m
+}
+
 /// The id of an ed25519 public key: 16 lowercase hex digits.
 pub fn key_id(key: &VerifyingKey) -> String {
     let digest = Sha256::digest(key.as_bytes());

@@ -8,28 +8,34 @@
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`merkle`]: Merkle trees that let one signature cover a batch of
 //!   witnesses.
-//! * [`witness`]: sign and verify witnesses and signed times (local and
-//!   Roughtime: [`verify_signed_time`]), always over the exact bytes that
-//!   travel.
-//! * [`roughtime`]: Roughtime keys and servers, offline verification of a
-//!   stored exchange, and the [`roughtime::Querier`] that asks servers.
-//! * [`timecheck`]: how far off the local clock is, from measurements
-//!   against a time authority ([`timecheck::ClockMonitor`]).
+//! * [`witness`]: sign and verify witnesses, always over the exact bytes
+//!   that travel.
+//! * [`signed_time`]: time readings with their proofs (the lease server's
+//!   own, or Roughtime's, verified offline), and where writers get them.
+//! * [`authority`]: asking a time authority ([`authority::querier`]) and
+//!   judging the local clock by it ([`authority::monitor`]).
+//! * [`rights`]: what a bag writer needs from the leases it writes under,
+//!   and the ledger of what it wrote (the one interface between the lease
+//!   client and the bag engine).
+//! * [`hex`]: the hex forms of keys and ids.
 
+pub mod authority;
 pub mod clock;
+pub mod hex;
 pub mod keys;
 pub mod merkle;
-pub mod roughtime;
+pub mod rights;
+pub mod signed_time;
 mod time;
-pub mod timecheck;
 pub mod witness;
 
 pub use keys::{KeyRing, Signer, key_id};
-pub use time::{Micros, duration_micros};
-pub use witness::{
-    SignedReading, TimeProofKind, TimeReading, sign_local_time, sign_witness, sign_witness_batch,
-    verify_local_time, verify_signed_time, verify_witness, witness_signed_message,
+pub use signed_time::{
+    SignedClock, SignedReading, TimeProofKind, TimeReading, sign_local_time, verify_local_time,
+    verify_signed_time,
 };
+pub use time::{Micros, duration_micros};
+pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_signed_message};
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]

@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bagel_proto::roughtime::{QueryConfig, RoughtimeServer};
+use bagel_proto::authority::querier::QueryConfig;
+use bagel_proto::signed_time::roughtime::RoughtimeServer;
 
 /// Everything a lease server can be told. Build it from [`Config::default`]
 /// and the `with_*` methods; the binary maps its flags onto them.

@@ -108,7 +108,7 @@ impl Server {
     /// serving. Without Roughtime: `None`. Grants are refused until a
     /// Roughtime answer says the clock is right, whether or not this is
     /// called; [`Server::serve`] keeps asking in the background.
-    pub async fn init_time(&self) -> Option<bagel_proto::timecheck::Verdict> {
+    pub async fn init_time(&self) -> Option<bagel_proto::authority::monitor::Verdict> {
         self.service.inner.time.refresh_roughtime().await
     }
 

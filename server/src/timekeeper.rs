@@ -21,9 +21,10 @@
 
 use std::sync::{Arc, RwLock};
 
+use bagel_proto::authority::monitor::{ClockMonitor, Verdict};
+use bagel_proto::authority::querier::Querier;
 use bagel_proto::clock::Clock;
-use bagel_proto::roughtime::{Querier, RoughtimeKey};
-use bagel_proto::timecheck::{ClockMonitor, Verdict};
+use bagel_proto::signed_time::roughtime::RoughtimeKey;
 use bagel_proto::{Micros, Signer, TimeProofKind, duration_micros, pb, sign_local_time};
 use tokio::sync::watch;
 

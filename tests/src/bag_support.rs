@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_client::bag::faults::{FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
-use bagel_client::bag::fsops::{FsOps, StdFs};
-use bagel_client::bag::nfs::NfsFs;
-use bagel_client::bag::posix::PosixStore;
-use bagel_client::bag::s3::S3Store;
-use bagel_client::bag::{self, BagState, BagStore, Bucket, ListedItem, Listing, Receipt};
+use bagel_bags::directory::DirectoryStore;
+use bagel_bags::faults::{FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
+use bagel_bags::fsops::{FsOps, StdFs};
+use bagel_bags::nfs::NfsFs;
+use bagel_bags::s3::S3Store;
+use bagel_bags::{self as bag, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, TimeoutStore};
 use bagel_proto::Micros;
 use bytes::Bytes;
 use object_store::ObjectStore;
@@ -31,15 +31,8 @@ pub fn unique(prefix: &str) -> String {
 /// The S3 bucket from the environment `tests/run.sh` (via `s3_start`)
 /// sets up. Panics, never skips, when it is missing.
 pub fn s3_bucket() -> String {
-    for var in ["AWS_ENDPOINT", "BAGEL_S3_BUCKET"] {
-        if std::env::var(var).map_or(true, |v| v.is_empty()) {
-            panic!(
-                "{var} is not set: the S3 tests need the S3 server that tests/run.sh starts \
-                 (for a local run: source tests/support/common.sh; source tests/support/s3.sh; s3_start)"
-            );
-        }
-    }
-    std::env::var("BAGEL_S3_BUCKET").expect("checked above")
+    crate::need_env("AWS_ENDPOINT", "the S3 server (moto)");
+    crate::need_env("BAGEL_S3_BUCKET", "the S3 server (moto)")
 }
 
 /// The store URL of a fresh directory on the real NFS server that
@@ -47,24 +40,12 @@ pub fn s3_bucket() -> String {
 /// that directory on this machine (the export is local). Panics, never
 /// skips, when the server is missing.
 pub fn nfs_dir(version: u8) -> (String, PathBuf) {
-    let mut vals = Vec::new();
-    for var in [
-        format!("BAGEL_NFS_URL_V{version}"),
-        "BAGEL_NFS_EXPORT_DIR".to_owned(),
-    ] {
-        match std::env::var(&var) {
-            Ok(v) if !v.is_empty() => vals.push(v),
-            _ => panic!(
-                "{var} is not set: the NFS tests need the NFS server (nfs-ganesha) that tests/run.sh starts \
-                 (for a local run: cargo build --workspace --bins; source tests/support/common.sh; \
-                 source tests/support/nfs.sh; nfs_start)"
-            ),
-        }
-    }
+    let export = crate::need_env("BAGEL_NFS_EXPORT_DIR", "the NFS server (nfs-ganesha)");
     let sub = unique("t");
-    let (base, query) = vals[0].split_once('?').unwrap_or((&vals[0], ""));
-    let url = format!("{}/{sub}?{query}", base.trim_end_matches('/'));
-    (url, PathBuf::from(&vals[1]).join(sub))
+    (
+        crate::sub_url(&crate::nfs_url(version), &sub),
+        PathBuf::from(export).join(sub),
+    )
 }
 
 /// Which backend a conformance test runs on.
@@ -130,25 +111,25 @@ impl Backend {
     /// operations (file ops or S3 requests).
     pub async fn store_with(&self, kill: KillSwitch) -> (Arc<dyn BagStore>, Option<Arc<RequestCounts>>) {
         let timeout = Duration::from_secs(20);
-        match self {
+        let (store, counts): (Arc<dyn BagStore>, _) = match self {
             Backend::Posix { dir } => {
                 let fs: Arc<dyn FsOps> = Arc::new(FaultyFs::new(Arc::new(StdFs::new(dir.path())), kill));
-                (Arc::new(PosixStore::new(fs, true, timeout)), None)
+                (Arc::new(DirectoryStore::new(fs, true)), None)
             }
             Backend::S3 { bucket, prefix } => {
                 let inner = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
                 let test = TestObjectStore::new(inner, kill);
                 let counts = test.counts.clone();
                 let os: Arc<dyn ObjectStore> = Arc::new(test);
-                let s3 = S3Store::new(os, prefix, timeout, self.url());
-                (Arc::new(s3), Some(counts))
+                (Arc::new(S3Store::new(os, prefix, self.url())), Some(counts))
             }
             Backend::Nfs { url, .. } => {
                 let nfs = NfsFs::open(url, timeout).await.expect("NFS client");
                 let fs: Arc<dyn FsOps> = Arc::new(FaultyFs::new(Arc::new(nfs), kill));
-                (Arc::new(PosixStore::new(fs, true, timeout)), None)
+                (Arc::new(DirectoryStore::new(fs, true)), None)
             }
-        }
+        };
+        (Arc::new(TimeoutStore::new(store, timeout)), counts)
     }
 
     pub async fn store(&self) -> Arc<dyn BagStore> {
@@ -157,7 +138,26 @@ impl Backend {
     }
 }
 
-pub use bagel_client::bag::testing::TestLeases;
+pub use bagel_bags::testing::{TestLease, TestLeases};
+
+/// A test lease as the CLI's lease file (`bagel write --lease FILE`).
+pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
+    use bagel_cli::contract::{LeaseJson, ModeJson, WitnessJson};
+    let w = &l.witness;
+    let merkle = w.batched.then(|| (w.leaf_index, w.merkle_path.clone()));
+    let witness =
+        bagel_client::Witness::from_parts(w.body.clone(), w.signature.clone(), w.key_id.clone(), merkle);
+    LeaseJson {
+        lease_id: l.lease_id.clone(),
+        token: "token".into(),
+        deadline_us: l.deadline.as_micros(),
+        min_timestamp_us: l.min_timestamp.as_micros(),
+        mode: ModeJson::Full,
+        names: Vec::new(),
+        witness: WitnessJson::from(&witness),
+        server: None,
+    }
+}
 
 /// A one-shot hook run inside the next `append`, before the append itself:
 /// lets a test make an append land after something else happened (a close,

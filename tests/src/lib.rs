@@ -7,8 +7,18 @@
 //! message saying so; it never skips.
 
 mod bag_support;
+mod nfs_env;
+
+/// A lease client witness in its wire form (to verify it, or to flip its
+/// bytes), as the CLI's JSON contract converts it.
+pub fn wire(w: &bagel_client::Witness) -> bagel_proto::pb::Witness {
+    bagel_cli::contract::WitnessJson::from(w)
+        .to_pb()
+        .expect("a witness the client holds converts")
+}
 
 pub use bag_support::*;
+pub use nfs_env::*;
 
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
@@ -222,7 +232,7 @@ pub struct Roughtime {
     pub addr: String,
     /// The long-term public key, hex.
     pub key_hex: String,
-    pub key: bagel_proto::roughtime::RoughtimeKey,
+    pub key: bagel_proto::signed_time::roughtime::RoughtimeKey,
 }
 
 impl Roughtime {
@@ -240,7 +250,7 @@ impl Roughtime {
         };
         let addr = var("BAGEL_ROUGHTIME_ADDR");
         let key_hex = var("BAGEL_ROUGHTIME_KEY");
-        let key = bagel_proto::roughtime::RoughtimeKey::parse(&key_hex)
+        let key = bagel_proto::signed_time::roughtime::RoughtimeKey::parse(&key_hex)
             .unwrap_or_else(|e| panic!("BAGEL_ROUGHTIME_KEY: {e}"));
         Roughtime { addr, key_hex, key }
     }
@@ -250,7 +260,7 @@ impl Roughtime {
         ["--roughtime", &self.addr, "--roughtime-key", &self.key_hex]
     }
 
-    pub fn server(&self) -> bagel_proto::roughtime::RoughtimeServer {
-        bagel_proto::roughtime::RoughtimeServer::new(self.addr.clone(), self.key)
+    pub fn server(&self) -> bagel_proto::signed_time::roughtime::RoughtimeServer {
+        bagel_proto::signed_time::roughtime::RoughtimeServer::new(self.addr.clone(), self.key)
     }
 }

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
-use bagel_client::bag::{self, BagConfig, Writer};
-use bagel_client::clock::{Clock, SystemClock};
-use bagel_client::time::{TimeOptions, TimeSource};
-use bagel_client::{Client, Lease, LeaseOptions, Micros, pb};
+use bagel_bags::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
+use bagel_bags::{self as bag, BagConfig, Writer};
+use bagel_client::{Client, Lease, LeaseOptions, Micros, ReleaseOptions};
+use bagel_client::{Ended, TimeOptions, TimeSource};
+use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, Signer, sign_local_time};
 use bagel_tests::{ServerProcess, describe_output, unique};
 use bytes::Bytes;
@@ -132,16 +132,28 @@ async fn a_clean_history_with_released_and_broken_leases_audits_clean() {
     s.write(&client, &b, "writer-b", 3).await;
     // C takes it once B expired (the server waits), closes B's bags first
     // (the sad path), writes and releases.
-    let store = bag::open_store(&s.url, &s.cfg).await.unwrap();
     let c = client
         .acquire(["acct"])
         .wait(Duration::from_secs(5))
         .options(no_renew())
-        .close_predecessor_bags(store, vec![s.log.clone()], s.cfg.clone())
         .send()
         .await
         .unwrap();
-    assert_eq!(c.names()[0].previous.as_ref().unwrap().ended(), pb::Ended::Broken);
+    assert_eq!(c.names()[0].previous.ended, Ended::Broken);
+    let until = c
+        .close_before_reading()
+        .expect("a broken predecessor is unsettled");
+    let store = bag::open_store(&s.url, &s.cfg).await.unwrap();
+    bag::close_logs_through(
+        store.as_ref(),
+        std::slice::from_ref(&s.log),
+        until,
+        &s.cfg,
+        &SystemClock,
+    )
+    .await
+    .unwrap();
+    c.settled_through(until);
     let wc = s.write(&client, &c, "writer-c", 4).await;
     let inherited = c.min_timestamp();
     c.release(Some(wc.watermark(inherited))).await.unwrap();
@@ -187,12 +199,7 @@ async fn a_watermark_below_a_written_message_is_caught() {
     // handle refuses to, so it goes around it).
     let low = w.max_written().unwrap().saturating_sub(Duration::from_micros(10));
     client
-        .release_raw(pb::ReleaseRequest {
-            lease_id: a.id().to_owned(),
-            token: a.token().to_owned(),
-            watermark_us: low.as_micros(),
-            ..Default::default()
-        })
+        .release_lease(a.lease_ref(), ReleaseOptions::default().with_watermark(low))
         .await
         .unwrap();
     drop(a);

@@ -6,12 +6,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::bag::faults::KillSwitch;
-use bagel_client::bag::reader::ReadReport;
-use bagel_client::bag::{
-    self, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,
+use bagel_bags::faults::KillSwitch;
+use bagel_bags::reader::ReadReport;
+use bagel_bags::{
+    self as bag, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,
 };
-use bagel_client::clock::{Clock, ManualClock};
+use bagel_proto::clock::{Clock, ManualClock};
 use bagel_proto::{KeyRing, Micros, pb};
 use bagel_tests::{Backend, HookStore, TestLeases, t0, unique};
 use bytes::Bytes;

@@ -6,10 +6,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::bag::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
-use bagel_client::bag::posix::PosixStore;
-use bagel_client::bag::{self, BagConfig, BagStore, Bucket, Error, ReadOptions, Writer, frame};
-use bagel_client::clock::ManualClock;
+use bagel_bags::directory::DirectoryStore;
+use bagel_bags::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
+use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, Error, ReadOptions, Writer, frame};
+use bagel_proto::clock::ManualClock;
 use bagel_tests::{TestLeases, t0};
 use bytes::Bytes;
 
@@ -46,7 +46,7 @@ fn data_file(bag: &std::path::Path) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_tail_is_reported_in_open_and_closed_bags() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn BagStore> = Arc::new(PosixStore::local(dir.path(), true, Duration::from_secs(10)));
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), true));
     let clock = ManualClock::new(t0());
     let leases = TestLeases::default();
     let w = writer(store.clone(), &clock, &leases);
@@ -129,7 +129,7 @@ impl Drop for Tmpfs {
 async fn full_disk_fails_the_write_clearly_and_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let fs = Tmpfs::mount(dir.path(), "1m");
-    let store: Arc<dyn BagStore> = Arc::new(PosixStore::local(dir.path(), true, Duration::from_secs(10)));
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), true));
     let clock = ManualClock::new(t0());
     let leases = TestLeases::default();
     let w = writer(store.clone(), &clock, &leases);
@@ -260,8 +260,8 @@ async fn append_landing_past_the_listed_size_is_not_acknowledged() {
         inner: StdFs::new(dir.path()),
         hook: std::sync::Mutex::new(None),
     });
-    let store: Arc<dyn BagStore> = Arc::new(PosixStore::new(fs.clone(), true, Duration::from_secs(10)));
-    let closer: Arc<dyn BagStore> = Arc::new(PosixStore::local(dir.path(), true, Duration::from_secs(10)));
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::new(fs.clone(), true));
+    let closer: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), true));
     let clock = ManualClock::new(t0());
     let leases = TestLeases::default();
     let w = writer(store.clone(), &clock, &leases);

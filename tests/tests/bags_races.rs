@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use bagel_client::bag::{self, BagConfig};
-use bagel_client::clock::SystemClock;
+use bagel_bags::{self as bag, BagConfig};
 use bagel_proto::Micros;
-use bagel_tests::{Backend, Roughtime, TestLeases, bagel_bin, unique};
+use bagel_proto::clock::SystemClock;
+use bagel_tests::{Backend, Roughtime, TestLeases, bagel_bin, lease_json, unique};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
 
@@ -35,7 +35,11 @@ async fn race_round(backend: &Backend, round: &Round) {
         now.saturating_add(Duration::from_secs(3600)),
     );
     let lease_file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(lease_file.path(), serde_json::to_vec(&lease).unwrap()).unwrap();
+    std::fs::write(
+        lease_file.path(),
+        serde_json::to_vec(&lease_json(&lease)).unwrap(),
+    )
+    .unwrap();
 
     let mut metronomes: Vec<Child> = (0..2)
         .map(|_| {

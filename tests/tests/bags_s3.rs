@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_client::bag::faults::KillSwitch;
-use bagel_client::bag::s3::S3Store;
-use bagel_client::bag::{self, BagConfig, Error, Writer};
-use bagel_client::clock::ManualClock;
+use bagel_bags::faults::KillSwitch;
+use bagel_bags::s3::S3Store;
+use bagel_bags::{self as bag, BagConfig, Error, Writer};
+use bagel_proto::clock::ManualClock;
 use bagel_tests::{Backend, TestLeases, t0, unique};
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -122,19 +122,9 @@ impl ObjectStore for IgnoresConditions {
 async fn a_store_that_ignores_conditional_writes_is_refused() {
     let bucket = bagel_tests::s3_bucket();
     let real = bag::store_url::s3_from_env(&bucket).unwrap();
-    let honest = S3Store::new(
-        real.clone(),
-        &unique("p"),
-        Duration::from_secs(20),
-        "honest".into(),
-    );
+    let honest = S3Store::new(real.clone(), &unique("p"), "honest".into());
     honest.probe_conditional_put().await.unwrap();
-    let liar = S3Store::new(
-        Arc::new(IgnoresConditions(real)),
-        &unique("p"),
-        Duration::from_secs(20),
-        "liar".into(),
-    );
+    let liar = S3Store::new(Arc::new(IgnoresConditions(real)), &unique("p"), "liar".into());
     let err = liar.probe_conditional_put().await.unwrap_err();
     assert!(matches!(err, Error::ConditionalWritesIgnored { .. }), "{err:?}");
     assert!(err.to_string().contains("ignores conditional writes"), "{err}");

@@ -3,12 +3,12 @@
 //! over a Merkle root, and each witness still verifies on its own (also
 //! through the CLI).
 
-use std::sync::Arc;
-
-use bagel_client::json::LeaseJson;
-use bagel_client::{CoalesceOptions, Coalescer, Error, Micros, Transport, pb};
+use bagel_cli::contract::WitnessJson;
+use bagel_client::{CoalesceOptions, Coalescer, Error, LeaseOptions, Micros, Transport};
+use bagel_proto::pb;
+use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_proto::verify_witness;
-use bagel_tests::{ServerProcess, describe_output};
+use bagel_tests::{ServerProcess, describe_output, wire};
 use pb::batch_op::Op;
 use pb::batch_result::Result as R;
 
@@ -24,20 +24,44 @@ fn acquire(name: &str, wait_us: u64) -> pb::BatchOp {
     }
 }
 
+/// The server's gRPC interface itself, as any-language clients see it.
+async fn raw(server: &ServerProcess) -> LeaseServiceClient<tonic::transport::Channel> {
+    LeaseServiceClient::new(
+        tonic::transport::Channel::from_shared(server.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+async fn batch(
+    rpc: &mut LeaseServiceClient<tonic::transport::Channel>,
+    ops: Vec<pb::BatchOp>,
+) -> Vec<pb::BatchResult> {
+    rpc.batch(pb::BatchRequest { ops })
+        .await
+        .unwrap()
+        .into_inner()
+        .results
+}
+
 #[tokio::test]
 async fn a_batch_answers_every_operation_in_order() {
     let server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
-    let results = client
-        .batch_raw(vec![
+    let mut rpc = raw(&server).await;
+    let results = batch(
+        &mut rpc,
+        vec![
             acquire("a", 0),
             acquire("b", 0),
             acquire("a", 0),
             acquire("c", 1_000),
             pb::BatchOp { op: None },
-        ])
-        .await
-        .unwrap();
+        ],
+    )
+    .await;
     assert_eq!(results.len(), 5);
     let grant = |i: usize| match &results[i].result {
         Some(R::Grant(g)) => g.clone(),
@@ -69,13 +93,22 @@ async fn a_batch_answers_every_operation_in_order() {
     assert!(verify_witness(&bad, client.keys()).is_err());
 
     // The CLI verifies a batched witness from its JSON form.
-    let json = serde_json::to_string(&LeaseJson::from_grant(&a, None)).unwrap();
-    let out = server.cli_stdin(&["verify-witness"], &json);
+    let json = serde_json::json!({ "witness": WitnessJson {
+        body_b64: base64_encode(&wa.body),
+        signature_b64: base64_encode(&wa.signature),
+        key_id: wa.key_id.clone(),
+        merkle: Some(bagel_cli::contract::MerkleJson {
+            leaf_index: wa.leaf_index,
+            path_b64: wa.merkle_path.iter().map(|h| base64_encode(h)).collect(),
+        }),
+    } });
+    let out = server.cli_stdin(&["verify-witness"], &json.to_string());
     assert!(out.status.success(), "{}", describe_output(&out));
 
     // Renew and release in a second batch.
-    let results = client
-        .batch_raw(vec![
+    let results = batch(
+        &mut rpc,
+        vec![
             pb::BatchOp {
                 op: Some(Op::Renew(pb::RenewRequest {
                     lease_id: a.lease_id.clone(),
@@ -89,14 +122,12 @@ async fn a_batch_answers_every_operation_in_order() {
                     lease_id: b.lease_id.clone(),
                     token: b.token.clone(),
                     watermark_us: Micros::now().as_micros(),
-                    signed_time: None,
-                    metadata: None,
                     ..Default::default()
                 })),
             },
-        ])
-        .await
-        .unwrap();
+        ],
+    )
+    .await;
     assert!(matches!(&results[0].result, Some(R::Renewed(r)) if r.witness.is_some()));
     assert!(matches!(&results[1].result, Some(R::Released(_))));
 }
@@ -111,50 +142,39 @@ async fn coalesced_cycles_over_session_streams_all_verify() {
     coalesced_cycles_all_verify(Transport::Session).await;
 }
 
-/// 48 tasks × 20 acquire/release cycles through one coalescer: every grant
-/// verifies alone and every release answers; then a held name is refused
-/// like the unary call refuses it.
+/// 48 tasks × 20 acquire/release cycles of lease handles through one
+/// coalescer: every grant verifies alone and every release answers; then a
+/// held name is refused like the unary call refuses it.
 async fn coalesced_cycles_all_verify(transport: Transport) {
     let server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
-    let coalescer = Arc::new(Coalescer::new(
+    let coalescer = Coalescer::new(
         client.clone(),
         CoalesceOptions::default()
             .with_max_batch(64)
             .with_in_flight(2)
             .with_transport(transport),
-    ));
+    );
+    let no_renew = LeaseOptions::default().with_auto_renew(false);
     let mut tasks = Vec::new();
     for t in 0..48 {
-        let coalescer = Arc::clone(&coalescer);
-        let keys = client.keys().clone();
+        let (client, coalescer, no_renew) = (client.clone(), coalescer.clone(), no_renew.clone());
         tasks.push(tokio::spawn(async move {
             for r in 0..20 {
                 let name = format!("task-{t}-round-{r}");
-                let grant = coalescer
-                    .acquire(pb::AcquireRequest {
-                        names: vec![name.clone()],
-                        deadline_us: Micros::now().as_micros() + 5_000_000,
-                        owner: format!("t{t}"),
-                        mode: pb::Mode::Full.into(),
-                        wait_us: 0,
-                    })
+                let lease = client
+                    .acquire([name.clone()])
+                    .owner(format!("t{t}"))
+                    .options(no_renew.clone())
+                    .via(&coalescer)
+                    .send()
                     .await
                     .unwrap();
-                let body = verify_witness(grant.witness.as_ref().unwrap(), &keys).unwrap();
+                assert!(lease.is_valid());
+                let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
                 assert_eq!(body.names[0].name, name);
-                let released = coalescer
-                    .release(pb::ReleaseRequest {
-                        lease_id: grant.lease_id,
-                        token: grant.token,
-                        watermark_us: 0,
-                        signed_time: None,
-                        metadata: None,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
-                assert_eq!(released.watermark_us, grant.min_timestamp_us);
+                let inherited = lease.min_timestamp();
+                assert_eq!(lease.release(None).await.unwrap(), inherited);
             }
         }));
     }
@@ -163,27 +183,13 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
     }
 
     // A coalesced acquire of a held name fails like the unary call.
-    let held = coalescer
-        .acquire(pb::AcquireRequest {
-            names: vec!["held".into()],
-            deadline_us: Micros::now().as_micros() + 5_000_000,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let err = coalescer
-        .acquire(pb::AcquireRequest {
-            names: vec!["held".into()],
-            deadline_us: Micros::now().as_micros() + 5_000_000,
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let held = client.acquire(["held"]).via(&coalescer).send().await.unwrap();
+    let err = client.acquire(["held"]).via(&coalescer).send().await.unwrap_err();
     assert!(
-        matches!(&err, Error::Busy { conflict: Some(c), .. } if c.holder_lease_id == held.lease_id),
+        matches!(&err, Error::Busy { conflict: Some(c), .. } if c.holder_lease_id == held.id()),
         "{err:?}"
     );
-    assert_eq!(err.retry_after(), Some(Micros::from_micros(held.deadline_us)));
+    assert_eq!(err.retry_after(), Some(held.deadline()));
 }
 
 /// Concurrent unary acquires are signed in groups (whoever finds the signer
@@ -212,10 +218,10 @@ async fn concurrent_unary_grants_each_verify_alone() {
     let mut shared = 0;
     for t in tasks {
         for (name, lease_id, witness) in t.await.unwrap() {
-            let body = verify_witness(&witness, &keys).unwrap();
+            let body = verify_witness(&wire(&witness), &keys).unwrap();
             assert_eq!(body.names[0].name, name);
             assert_eq!(body.lease_id, lease_id);
-            shared += usize::from(witness.batched);
+            shared += usize::from(witness.merkle().is_some());
         }
     }
     // How many shared a signature depends on timing; none may be broken.
@@ -228,13 +234,7 @@ async fn concurrent_unary_grants_each_verify_alone() {
 #[tokio::test]
 async fn a_session_answers_pipelined_batches_in_order() {
     let server = ServerProcess::start_ready(&[]).await;
-    let mut rpc = pb::lease_service_client::LeaseServiceClient::new(
-        tonic::transport::Channel::from_shared(server.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut rpc = raw(&server).await;
     let (requests, outgoing) = tokio::sync::mpsc::channel(8);
     let mut answers = rpc
         .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
@@ -294,29 +294,22 @@ async fn a_lost_session_fails_its_callers_retryably() {
     let mut server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
     let coalescer = Coalescer::new(
-        client,
+        client.clone(),
         CoalesceOptions::default().with_transport(Transport::Session),
     );
-    coalescer.acquire(acquire_request("before")).await.unwrap();
+    let acquire = |name: &'static str| client.acquire([name]).via(&coalescer).send();
+    acquire("before").await.unwrap();
     server.kill();
     for name in ["after-1", "after-2"] {
-        let err = tokio::time::timeout(
-            std::time::Duration::from_secs(30),
-            coalescer.acquire(acquire_request(name)),
-        )
-        .await
-        .expect("a caller of a lost session is answered")
-        .unwrap_err();
+        let err = tokio::time::timeout(std::time::Duration::from_secs(30), acquire(name))
+            .await
+            .expect("a caller of a lost session is answered")
+            .unwrap_err();
         assert!(err.is_retryable(), "{err:?}");
     }
 }
 
-fn acquire_request(name: &str) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        names: vec![name.to_owned()],
-        deadline_us: Micros::now().as_micros() + 5_000_000,
-        owner: "session".into(),
-        mode: pb::Mode::Full.into(),
-        wait_us: 0,
-    }
+fn base64_encode(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }

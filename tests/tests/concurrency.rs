@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::{LeaseOptions, Micros, pb};
+use bagel_client::{LeaseOptions, Micros};
+use bagel_proto::pb;
 use bagel_proto::verify_witness;
-use bagel_tests::ServerProcess;
+use bagel_tests::{ServerProcess, wire};
 use tokio::sync::Mutex;
 
 const NAMES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];
@@ -57,7 +58,7 @@ async fn racing_acquires_never_overlap() {
                     Err(e) => panic!("acquire {names:?}: {e}"),
                 };
                 granted += 1;
-                witnesses.lock().await.push(lease.witness());
+                witnesses.lock().await.push(wire(&lease.witness()));
                 if abandon {
                     drop(lease);
                     continue;

@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use bagel_client::{Error, LeaseOptions, Micros, pb};
+use bagel_client::{
+    Ended, Error, HistoryEvent, LeaseOptions, LossReason, Metadata, Micros, Mode, ReleaseOptions,
+};
+use bagel_proto::pb;
 use bagel_proto::verify_witness;
-use bagel_tests::ServerProcess;
+use bagel_tests::{ServerProcess, wire};
 
 fn no_renew() -> LeaseOptions {
     LeaseOptions::default().with_auto_renew(false)
@@ -68,12 +71,12 @@ async fn release_hands_the_watermark_to_the_next_holder() {
         wm,
         "the next holder must write strictly after the watermark"
     );
-    let prev = b.names()[0].previous.clone().unwrap();
+    let prev = b.names()[0].previous.clone();
     assert_eq!(
-        (prev.lease_id.as_str(), prev.ended()),
-        (a_id.as_str(), pb::Ended::Released)
+        (prev.lease_id.as_deref(), prev.ended),
+        (Some(a_id.as_str()), Ended::Released)
     );
-    assert_eq!(prev.watermark_us, wm.as_micros());
+    assert_eq!(prev.watermark.as_micros(), wm.as_micros());
     assert!(
         b.close_before_reading().is_none(),
         "released predecessors need no closing wait"
@@ -101,11 +104,11 @@ async fn an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark() {
         .send()
         .await
         .unwrap();
-    let prev = b.names()[0].previous.clone().unwrap();
-    assert_eq!(prev.ended(), pb::Ended::Broken);
-    assert_eq!(prev.lease_id, a.id());
-    assert_eq!(prev.watermark_us, a.deadline().as_micros());
-    assert!(prev.ended_at_us >= a.deadline().as_micros());
+    let prev = b.names()[0].previous.clone();
+    assert_eq!(prev.ended, Ended::Broken);
+    assert_eq!(prev.lease_id.as_deref(), Some(a.id()));
+    assert_eq!(prev.watermark.as_micros(), a.deadline().as_micros());
+    assert!(prev.ended_at.as_micros() >= a.deadline().as_micros());
     assert_eq!(b.min_timestamp(), a.deadline());
     assert_eq!(b.close_before_reading(), Some(a.deadline().next()));
 
@@ -148,10 +151,7 @@ async fn a_waiting_acquire_is_woken_by_a_release() {
     let a_deadline = a.deadline();
     a.release(None).await.unwrap();
     let b = waiter.await.unwrap().unwrap();
-    assert_eq!(
-        b.names()[0].previous.as_ref().unwrap().ended(),
-        pb::Ended::Released
-    );
+    assert_eq!(b.names()[0].previous.ended, Ended::Released);
     assert!(
         Micros::now() < a_deadline,
         "woken by the release, not by the expiry"
@@ -169,7 +169,7 @@ async fn a_full_acquire_breaks_a_tentative_lease_and_its_upgrade_fails() {
         .send()
         .await
         .unwrap();
-    assert_eq!(tentative.mode(), pb::Mode::Tentative);
+    assert_eq!(tentative.mode(), Mode::Tentative);
     assert!(!tentative.is_valid(), "a tentative lease gives no right to write");
     let full = client.acquire(["y"]).options(no_renew()).send().await.unwrap();
     let err = tentative.upgrade().await.unwrap_err();
@@ -194,9 +194,9 @@ async fn tentative_then_upgrade_gives_a_full_lease() {
         .await
         .unwrap();
     lease.upgrade().await.unwrap();
-    assert_eq!(lease.mode(), pb::Mode::Full);
+    assert_eq!(lease.mode(), Mode::Full);
     assert!(lease.is_valid());
-    let body = verify_witness(&lease.witness(), client.keys()).unwrap();
+    let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
     assert_eq!(
         (body.mode(), body.kind()),
         (pb::Mode::Full, pb::WitnessKind::Upgrade)
@@ -250,10 +250,10 @@ async fn background_renewal_keeps_the_lease_and_loss_is_reported() {
     assert!(lease.deadline() > first_deadline);
     let held = client.describe(["keep"]).await.unwrap();
     assert_eq!(
-        held[0].holder.as_ref().unwrap().deadline_us,
+        held[0].holder.as_ref().unwrap().deadline.as_micros(),
         lease.deadline().as_micros()
     );
-    let body = verify_witness(&lease.witness(), client.keys()).unwrap();
+    let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
     assert_eq!(body.kind(), pb::WitnessKind::Renew);
     assert_eq!(body.deadline_us, lease.deadline().as_micros());
 
@@ -262,7 +262,7 @@ async fn background_renewal_keeps_the_lease_and_loss_is_reported() {
     let reason = tokio::time::timeout(Duration::from_secs(10), lease.lost())
         .await
         .expect("loss reported before the deadline passed by much");
-    assert!(reason.contains("renewal failed"), "{reason}");
+    assert!(matches!(reason, LossReason::OutOfTime { .. }), "{reason}");
     assert!(!lease.is_valid());
 }
 
@@ -276,7 +276,7 @@ async fn witnesses_verify_and_a_flipped_byte_does_not() {
         .send()
         .await
         .unwrap();
-    let witness = lease.witness();
+    let witness = wire(&lease.witness());
     let body = verify_witness(&witness, client.keys()).unwrap();
     assert_eq!(body.lease_id, lease.id());
     assert_eq!(body.owner, "auditor-test");
@@ -295,7 +295,7 @@ async fn witnesses_verify_and_a_flipped_byte_does_not() {
     let info = client.server_info().await.unwrap();
     assert_eq!(
         (body.server_id.as_str(), body.epoch_us),
-        (info.server_id.as_str(), info.epoch_us)
+        (info.server_id.as_str(), info.epoch.as_micros())
     );
 
     for i in [0, witness.body.len() / 2, witness.body.len() - 1] {
@@ -322,34 +322,28 @@ async fn metadata_history_and_describe() {
         .send()
         .await
         .unwrap();
-    let meta = |s: &str| pb::Metadata {
-        data: s.as_bytes().to_vec(),
-        wildcard: false,
-    };
+    let meta = |s: &str| Metadata::Data(s.as_bytes().to_vec());
     lease.renew_with_metadata(meta("s3://b/p/1")).await.unwrap();
     let wm = Micros::now();
     lease
         .release_with(
-            Some(wm),
-            None,
-            Some(pb::Metadata {
-                data: vec![],
-                wildcard: true,
-            }),
+            ReleaseOptions::default()
+                .with_watermark(wm)
+                .with_metadata(Metadata::Wildcard),
         )
         .await
         .unwrap();
     let h = client.history("h").await.unwrap();
     assert_eq!(h.entries.len(), 2);
-    assert_eq!(h.entries[0].event(), pb::HistoryEvent::Renewed);
-    assert_eq!(h.entries[0].metadata.as_ref().unwrap().data, b"s3://b/p/1");
-    assert_eq!(h.entries[1].event(), pb::HistoryEvent::Released);
-    assert!(h.entries[1].metadata.as_ref().unwrap().wildcard);
-    assert_eq!(h.entries[1].watermark_us, wm.as_micros());
+    assert_eq!(h.entries[0].event, HistoryEvent::Renewed);
+    assert_eq!(h.entries[0].metadata, Some(meta("s3://b/p/1")));
+    assert_eq!(h.entries[1].event, HistoryEvent::Released);
+    assert_eq!(h.entries[1].metadata, Some(Metadata::Wildcard));
+    assert_eq!(h.entries[1].watermark, wm);
     assert_eq!(h.entries[1].owner, "w-1");
 
     let d = client.describe(["h", "never-used"]).await.unwrap();
     assert!(d[0].holder.is_none() && d[0].known);
-    assert_eq!(d[0].previous.as_ref().unwrap().watermark_us, wm.as_micros());
+    assert_eq!(d[0].previous.watermark, wm);
     assert!(!d[1].known);
 }

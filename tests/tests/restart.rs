@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use bagel_client::{Error, Micros, pb};
+use bagel_client::{Ended, Error, Micros};
 use bagel_tests::ServerProcess;
 
 #[tokio::test]
@@ -14,8 +14,8 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
     let info = client.server_info().await.unwrap();
     assert!(!info.ready);
     assert!(!info.unsafe_skip_restart_wait);
-    assert_eq!(info.ready_at_us, info.epoch_us + 1_700_000);
-    assert_eq!(info.forgotten_floor_us, info.ready_at_us);
+    assert_eq!(info.ready_at.as_micros(), info.epoch.as_micros() + 1_700_000);
+    assert_eq!(info.forgotten_floor.as_micros(), info.ready_at.as_micros());
 
     let err = client
         .acquire(["a"])
@@ -28,7 +28,7 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
     };
     assert!(message.contains("refuses grants until"), "{message}");
     assert!(
-        message.contains(&Micros::from_micros(info.ready_at_us).to_string()),
+        message.contains(&Micros::from_micros(info.ready_at.as_micros()).to_string()),
         "{message}"
     );
     assert!(err.is_retryable());
@@ -42,17 +42,17 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
         .send()
         .await
         .unwrap();
-    let prev = lease.names()[0].previous.clone().unwrap();
-    assert_eq!(prev.ended(), pb::Ended::Unknown);
-    assert_eq!(prev.watermark_us, info.ready_at_us);
-    assert_eq!(lease.min_timestamp().as_micros(), info.ready_at_us);
+    let prev = lease.names()[0].previous.clone();
+    assert_eq!(prev.ended, Ended::Unknown);
+    assert_eq!(prev.watermark.as_micros(), info.ready_at.as_micros());
+    assert_eq!(lease.min_timestamp().as_micros(), info.ready_at.as_micros());
     assert_eq!(
         lease.close_before_reading(),
-        Some(Micros::from_micros(info.ready_at_us + 1)),
+        Some(Micros::from_micros(info.ready_at.as_micros() + 1)),
         "an unknown predecessor's bags are unsettled"
     );
     assert!(
-        lease.fencing_token("a").unwrap() >= info.ready_at_us,
+        lease.fencing_token("a").unwrap() >= info.ready_at.as_micros(),
         "fencing tokens after a restart start above any earlier incarnation's"
     );
 }

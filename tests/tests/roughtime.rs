@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::time::{TimeOptions, TimeSource};
-use bagel_client::{Error, Micros};
+use bagel_client::{ClockSource, Error, Micros, ReleaseOptions};
+use bagel_client::{TimeOptions, TimeSource};
 use bagel_proto::clock::{OffsetClock, SystemClock};
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
-use bagel_proto::roughtime::{RoughtimeServer, verify_roughtime};
+use bagel_proto::signed_time::roughtime::{RoughtimeServer, verify_roughtime};
 use bagel_proto::{KeyRing, TimeProofKind, pb, verify_signed_time, verify_witness};
-use bagel_tests::{Roughtime, ServerProcess, describe_output};
+use bagel_tests::{Roughtime, ServerProcess, describe_output, wire};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -65,12 +65,12 @@ async fn a_server_with_roughtime_grants_and_its_witnesses_carry_verifiable_rough
     let client = server.client().await;
 
     let info = client.server_info().await.unwrap();
-    let clock = info.clock.expect("clock status");
-    assert_eq!(clock.source(), pb::TimeSource::Roughtime, "{clock:?}");
+    let clock = info.clock;
+    assert_eq!(clock.source, ClockSource::Roughtime, "{clock:?}");
     assert!(clock.healthy, "{clock:?}");
     assert!(clock.detail.contains(&rt.addr), "{}", clock.detail);
     assert!(
-        clock.error_bound_us >= 5 * SEC,
+        clock.error_bound >= Duration::from_secs(5),
         "the bound includes the 5 s Roughtime radius: {clock:?}"
     );
 
@@ -80,7 +80,7 @@ async fn a_server_with_roughtime_grants_and_its_witnesses_carry_verifiable_rough
         .send()
         .await
         .unwrap();
-    let body = verify_witness(&lease.witness(), client.keys()).unwrap();
+    let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
     assert!(
         !body.self_timed,
         "a Roughtime-timed witness says it is not self-timed"
@@ -94,18 +94,27 @@ async fn a_server_with_roughtime_grants_and_its_witnesses_carry_verifiable_rough
     assert_eq!(reading.radius_us, 5 * SEC);
     assert!(reading.time.as_micros() <= body.issued_at_us + reading.radius_us);
     // ... and not with another key.
-    let stranger = bagel_proto::roughtime::RoughtimeKey::from_bytes([7; 32]);
+    let stranger = bagel_proto::signed_time::roughtime::RoughtimeKey::from_bytes([7; 32]);
     assert!(verify_signed_time(&st, &KeyRing::new(), &[stranger]).is_err());
 
     // SignedNow hands out the same kind of proof.
-    let now = client.signed_now().await.unwrap();
-    let st = now.signed_time.unwrap();
-    verify_roughtime(roughtime_proof(&st), &[rt.key]).unwrap();
-    assert_eq!(now.radius_us, 5 * SEC);
+    let now = TimeSource::lease_server(client.clone(), TimeOptions::default())
+        .check()
+        .await
+        .unwrap();
+    verify_roughtime(roughtime_proof(&now.signed), &[rt.key]).unwrap();
+    assert_eq!(now.reading.radius_us, 5 * SEC);
 
     // A release with the Roughtime signed time and a watermark at it.
-    let watermark = Micros::from_micros(now.time_us);
-    let stored = lease.release_with(Some(watermark), Some(st), None).await.unwrap();
+    let watermark = now.reading.time;
+    let stored = lease
+        .release_with(
+            ReleaseOptions::default()
+                .with_watermark(watermark)
+                .with_signed_time(now),
+        )
+        .await
+        .unwrap();
     assert_eq!(stored, watermark);
 }
 
@@ -213,25 +222,25 @@ async fn the_writer_time_source_refuses_an_offset_clock_and_vouches_for_a_right_
 
     let right = TimeSource::roughtime(vec![rt.server()], TimeOptions::default());
     let signed = right.check().await.unwrap();
-    let reading = verify_signed_time(&signed, &KeyRing::new(), &right.roughtime_keys()).unwrap();
+    let reading = verify_signed_time(&signed.signed, &KeyRing::new(), &right.roughtime_keys()).unwrap();
     assert_eq!(reading.source, TimeProofKind::Roughtime);
     assert_eq!(right.signed_time(), Some(signed.clone()));
     // A second check within the refresh interval reuses the answer; a
     // forced refresh chains its nonce to the previous response.
-    let first = roughtime_proof(&signed).clone();
+    let first = roughtime_proof(&signed.signed).clone();
     let again = right.refresh().await.unwrap();
     let second = roughtime_proof(&again.signed).clone();
-    assert!(bagel_proto::roughtime::follows(&first, &second).unwrap());
-    assert!(!bagel_proto::roughtime::follows(&second, &first).unwrap());
+    assert!(bagel_proto::signed_time::roughtime::follows(&first, &second).unwrap());
+    assert!(!bagel_proto::signed_time::roughtime::follows(&second, &first).unwrap());
 
     // A server that is not the configured one (wrong key) is never trusted.
     let wrong = TimeSource::roughtime(
         vec![RoughtimeServer::new(
             rt.addr.clone(),
-            bagel_proto::roughtime::RoughtimeKey::from_bytes([7; 32]),
+            bagel_proto::signed_time::roughtime::RoughtimeKey::from_bytes([7; 32]),
         )],
         TimeOptions::default().with_query(
-            bagel_proto::roughtime::QueryConfig::default()
+            bagel_proto::authority::querier::QueryConfig::default()
                 .with_timeout(Duration::from_millis(200))
                 .with_attempts(1),
         ),
@@ -248,7 +257,7 @@ async fn the_time_source_falls_back_to_the_lease_server() {
     let client = server.client().await;
     let time = TimeSource::lease_server(client.clone(), TimeOptions::default());
     let signed = time.check().await.unwrap();
-    let reading = verify_signed_time(&signed, client.keys(), &[]).unwrap();
+    let reading = verify_signed_time(&signed.signed, client.keys(), &[]).unwrap();
     assert_eq!(reading.source, TimeProofKind::Local);
 
     let off = TimeSource::lease_server(
@@ -277,7 +286,7 @@ async fn a_watermark_ahead_of_its_roughtime_signed_time_is_refused() {
         .grant
         .unwrap();
     let time = TimeSource::roughtime(vec![rt.server()], TimeOptions::default());
-    let signed = time.check().await.unwrap();
+    let signed = time.check().await.unwrap().signed;
     let midpoint = verify_signed_time(&signed, &KeyRing::new(), &[rt.key])
         .unwrap()
         .time

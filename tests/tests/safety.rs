@@ -8,18 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_client::bag::{
-    self, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, ReadOptions, Receipt, Writer,
+use bagel_bags::{
+    self as bag, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, ReadOptions, Receipt, Writer,
 };
-use bagel_client::clock::SystemClock;
-use bagel_client::time::{TimeOptions, TimeSource};
-use bagel_client::{Client, Error, Lease, LeaseOptions, Micros};
+use bagel_client::{Client, Ended, Error, Lease, LeaseOptions, Micros, TimeOptions, TimeSource};
+use bagel_proto::clock::SystemClock;
 use bagel_tests::{ServerProcess, unique};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-fn posix_store(dir: &std::path::Path, cfg: &BagConfig) -> Arc<dyn BagStore> {
-    Arc::new(bag::posix::PosixStore::local(dir, false, cfg.op_timeout))
+fn posix_store(dir: &std::path::Path) -> Arc<dyn BagStore> {
+    Arc::new(bag::directory::DirectoryStore::local(dir, false))
 }
 
 fn writer(client: &Client, lease: &Lease, store: Arc<dyn BagStore>, log: &str, cfg: &BagConfig) -> Writer {
@@ -62,7 +61,7 @@ async fn renewals_racing_writes_never_pair_a_witness_with_another_deadline() {
             .unwrap(),
     );
     let log = unique("log");
-    let w = writer(&client, &lease, posix_store(dir.path(), &cfg), &log, &cfg);
+    let w = writer(&client, &lease, posix_store(dir.path()), &log, &cfg);
     // A second renewer beside the handle's own loop.
     let renewer = tokio::spawn({
         let lease = Arc::clone(&lease);
@@ -83,7 +82,7 @@ async fn renewals_racing_writes_never_pair_a_witness_with_another_deadline() {
     }
     renewer.await.unwrap();
     assert!(acked > 0, "nothing was written: {first_error:?}");
-    let store = posix_store(dir.path(), &cfg);
+    let store = posix_store(dir.path());
     bag::close_through(store.as_ref(), &log, Micros::now(), &cfg, &SystemClock)
         .await
         .unwrap();
@@ -133,8 +132,8 @@ async fn a_broken_lease_behind_a_released_one_still_unsettles_the_next_holder() 
         .send()
         .await
         .unwrap();
-    let prev = c.names()[0].previous.clone().unwrap();
-    assert_eq!(prev.ended(), bagel_client::pb::Ended::Released);
+    let prev = c.names()[0].previous.clone();
+    assert_eq!(prev.ended, Ended::Released);
     assert_eq!(
         c.close_before_reading(),
         Some(unsettled),
@@ -143,10 +142,12 @@ async fn a_broken_lease_behind_a_released_one_still_unsettles_the_next_holder() 
     // C closes them, and says so in its release.
     let dir = tempfile::tempdir().unwrap();
     let cfg = BagConfig::default().with_grace(Duration::from_millis(100));
-    let store = posix_store(dir.path(), &cfg);
-    c.close_predecessor_bags(store.as_ref(), &["l".to_owned()], &cfg)
+    let store = posix_store(dir.path());
+    let until = c.close_before_reading().unwrap();
+    bag::close_logs_through(store.as_ref(), &["l".to_owned()], until, &cfg, &SystemClock)
         .await
         .unwrap();
+    c.settled_through(until);
     c.release(None).await.unwrap();
     let d = client.acquire(["chain"]).options(no_renew).send().await.unwrap();
     assert_eq!(d.close_before_reading(), None);
@@ -163,7 +164,7 @@ async fn a_release_publishes_what_was_written_and_ends_the_rights() {
     let cfg = BagConfig::default();
     let lease = client.acquire(["wm"]).send().await.unwrap();
     let rights = lease.rights();
-    let w = writer(&client, &lease, posix_store(dir.path(), &cfg), "log", &cfg);
+    let w = writer(&client, &lease, posix_store(dir.path()), "log", &cfg);
     let stamps = w
         .write_batch(vec![Bytes::from("a"), Bytes::from("b")])
         .await
@@ -180,7 +181,7 @@ async fn a_release_publishes_what_was_written_and_ends_the_rights() {
     // is still held. Take a fresh lease on another name for the rest.
     let lease = client.acquire(["wm2"]).send().await.unwrap();
     let rights2 = lease.rights();
-    let w = writer(&client, &lease, posix_store(dir.path(), &cfg), "log2", &cfg);
+    let w = writer(&client, &lease, posix_store(dir.path()), "log2", &cfg);
     let top = w.write(Bytes::from("c")).await.unwrap();
     assert!(rights2.snapshot().is_ok());
     // Released without a watermark: the server stores what was written.
@@ -276,7 +277,7 @@ async fn a_write_of_unknown_outcome_makes_the_next_holder_close_first() {
     let (go, land) = oneshot::channel();
     let (landed_tx, landed) = oneshot::channel();
     let late: Arc<dyn BagStore> = Arc::new(LateLanding {
-        inner: posix_store(dir.path(), &cfg),
+        inner: posix_store(dir.path()),
         land: std::sync::Mutex::new(Some(land)),
         landed: std::sync::Mutex::new(Some(landed_tx)),
     });
@@ -295,10 +296,11 @@ async fn a_write_of_unknown_outcome_makes_the_next_holder_close_first() {
     // The write lands now, after the release, before B closes.
     go.send(()).unwrap();
     landed.await.unwrap();
-    let store = posix_store(dir.path(), &cfg);
-    b.close_predecessor_bags(store.as_ref(), &[log.to_owned()], &cfg)
+    let store = posix_store(dir.path());
+    bag::close_logs_through(store.as_ref(), &[log.to_owned()], until, &cfg, &SystemClock)
         .await
         .unwrap();
+    b.settled_through(until);
     let opts = ReadOptions::default().with_keys(Some(client.keys().clone()));
     let first = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock)
         .await

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bagel_proto::Signer;
+use bagel_proto::authority::querier::QueryConfig;
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
-use bagel_proto::roughtime::{QueryConfig, RoughtimeServer};
+use bagel_proto::signed_time::roughtime::RoughtimeServer;
 use bagel_server::{Config, Limits, Server};
 use clap::Parser;
 

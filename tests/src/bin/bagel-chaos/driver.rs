@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use bagel_bags::Bucket;
 use bagel_client::Micros;
-use bagel_client::bag::Bucket;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
@@ -18,7 +18,9 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::RunArgs;
-use crate::services::{Service, drain, free_port, journal, sibling, sub_url, wait_http_ok};
+use bagel_tests::sub_url;
+
+use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
 
 const LOG: &str = "chaos";
 const BUCKET: &str = "bagel-chaos";

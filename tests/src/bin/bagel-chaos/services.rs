@@ -122,14 +122,6 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// `url` with `/sub` appended to its path (before any query).
-pub fn sub_url(url: &str, sub: &str) -> String {
-    match url.split_once('?') {
-        Some((base, q)) => format!("{}/{sub}?{q}", base.trim_end_matches('/')),
-        None => format!("{}/{sub}", url.trim_end_matches('/')),
-    }
-}
-
 /// The journal file's path for an S3 server rooted in `dir`.
 pub fn journal(dir: &Path) -> PathBuf {
     dir.join("s3-journal.jsonl")

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_trait::async_trait;
-use bagel_client::bag::{self, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Writer};
-use bagel_client::clock::{Clock, OffsetClock, SystemClock};
-use bagel_client::time::{TimeOptions, TimeSource};
+use bagel_bags::{self as bag, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Writer};
 use bagel_client::{Client, LeaseOptions};
-use bagel_proto::roughtime::{RoughtimeKey, RoughtimeServer};
+use bagel_client::{TimeOptions, TimeSource};
+use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
+use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
@@ -116,13 +116,24 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             }
         };
         cycles += 1;
-        if lease.close_before_reading().is_some() {
+        if let Some(until) = lease.close_before_reading() {
+            // Close on every store the name's holders may have written to;
+            // if one fails (the store is down) they stay unsettled, and the
+            // release says so for the next holder.
+            let mut closed = true;
             for store in &stores {
-                // A failure (the store is down) leaves them unsettled: the
-                // release says so and the next holder closes them.
-                let _ = lease
-                    .close_predecessor_bags(store.as_ref(), std::slice::from_ref(&a.log), &cfg)
-                    .await;
+                closed &= bag::close_logs_through(
+                    store.as_ref(),
+                    std::slice::from_ref(&a.log),
+                    until,
+                    &cfg,
+                    clock.as_ref(),
+                )
+                .await
+                .is_ok();
+            }
+            if closed {
+                lease.settled_through(until);
             }
         }
         let si = rng.gen_range(0..stores.len());

@@ -1,0 +1,314 @@
+//! A closable bag of single-writer logs on a directory, as in the appendix
+//! of the seed.
+//!
+//! ```text
+//! <root>/<log>/2026/11/21/05/51/52/   one directory per bag (UTC second)
+//!     <writer>.<instance>.<gen>.log   one append-only data file per writer
+//!     prelock                         "a close has started"
+//!     lock                            the bag: `name size` per data file
+//! <root>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
+//! ```
+//!
+//! Close (any process, concurrently, every step idempotent):
+//! 1. ensure `prelock` exists (`O_CREAT|O_EXCL`; EEXIST is fine);
+//! 2. chmod every data file read-only;
+//! 3. write a private `.lock.<random>` listing every data file and its size;
+//! 4. `link(2)` it to `lock` (EEXIST: someone closed first; use theirs);
+//! 5. chmod the directory read-only.
+//!
+//! Write: ensure the directory; open or create the data file; refuse if its
+//! mode is read-only, or if it is empty and `prelock`/`lock` exist; append
+//! the framed batch; close. The [`Writer`](crate::Writer) then does the
+//! late-write check.
+//!
+//! Tests run as root, which ignores modes, so nothing here relies on
+//! `EACCES`: read-only-ness is read from the mode bits and from the presence
+//! of `prelock`/`lock`.
+
+use std::io;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rand::RngCore as _;
+
+use crate::fsops::{FsOps, StdFs};
+use crate::store::{START_DIR, earliest_start};
+use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
+
+pub const PRELOCK: &str = "prelock";
+pub const LOCK: &str = "lock";
+/// Data files end with this; everything else in a bag directory is ignored.
+pub const DATA_SUFFIX: &str = ".log";
+
+const READ_ONLY_FILE: u32 = 0o444;
+const READ_ONLY_DIR: u32 = 0o555;
+
+/// The POSIX bag store over some [`FsOps`].
+#[derive(Clone, Debug)]
+pub struct DirectoryStore {
+    fs: Arc<dyn FsOps>,
+    sync: bool,
+}
+
+impl DirectoryStore {
+    pub fn new(fs: Arc<dyn FsOps>, sync: bool) -> Self {
+        DirectoryStore { fs, sync }
+    }
+
+    /// On a local (or kernel-mounted) directory through `std::fs`.
+    pub fn local(root: impl Into<std::path::PathBuf>, sync: bool) -> Self {
+        Self::new(Arc::new(StdFs::new(root)), sync)
+    }
+
+    fn dir(log: &str, bucket: Bucket) -> String {
+        format!("{log}/{}", bucket.path())
+    }
+
+    async fn read_lock(&self, log: &str, bucket: Bucket, dir: &str) -> Result<Listing> {
+        let path = format!("{dir}/{LOCK}");
+        let bytes = self
+            .fs
+            .read(&path, None)
+            .await
+            .map_err(|e| Error::io("read", &path, e))?;
+        Listing::decode(&bytes).map_err(|reason| Error::CorruptLock {
+            log: log.to_owned(),
+            bucket,
+            reason,
+        })
+    }
+
+    async fn list(&self, dir: &str) -> Result<Option<Vec<crate::fsops::DirEntry>>> {
+        match self.fs.list_dir(dir).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("list", dir, e)),
+        }
+    }
+
+    async fn data_files_with_sizes(
+        &self,
+        dir: &str,
+        entries: &[crate::fsops::DirEntry],
+    ) -> Result<Vec<ListedItem>> {
+        let mut items = Vec::new();
+        for e in entries.iter().filter(|e| is_data_file(e)) {
+            let path = format!("{dir}/{}", e.name);
+            let st = self
+                .fs
+                .stat(&path)
+                .await
+                .map_err(|err| Error::io("stat", &path, err))?;
+            items.push(ListedItem {
+                name: e.name.clone(),
+                size: st.len,
+                etag: None,
+            });
+        }
+        items.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(items)
+    }
+
+    async fn append_inner(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        record: Bytes,
+    ) -> Result<Receipt> {
+        let closed = || Error::BagClosed {
+            log: log.to_owned(),
+            bucket,
+        };
+        let dir = Self::dir(log, bucket);
+        self.fs
+            .create_dir_all(&dir)
+            .await
+            .map_err(|e| Error::io("mkdir", &dir, e))?;
+        let name = format!("{writer_file}{DATA_SUFFIX}");
+        let path = format!("{dir}/{name}");
+        let (file, st) = match self.fs.open_append(&path).await {
+            Ok(x) => x,
+            // Only a non-root writer sees this; root ignores modes.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(closed()),
+            Err(e) => return Err(Error::io("open", &path, e)),
+        };
+        if st.read_only() {
+            return Err(closed());
+        }
+        if st.len == 0 {
+            let entries = self.list(&dir).await?.unwrap_or_default();
+            if entries.iter().any(|e| e.name == PRELOCK || e.name == LOCK) {
+                return Err(closed());
+            }
+        }
+        let end = st.len + record.len() as u64;
+        file.append_and_close(record, self.sync)
+            .await
+            .map_err(|e| Error::io("append", &path, e))?;
+        Ok(Receipt {
+            item: name,
+            end,
+            etag: None,
+        })
+    }
+
+    async fn close_inner(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+        let dir = Self::dir(log, bucket);
+        // A bag nobody wrote to is created so it can be closed: a late
+        // writer must find it closed, not missing.
+        self.fs
+            .create_dir_all(&dir)
+            .await
+            .map_err(|e| Error::io("mkdir", &dir, e))?;
+        let entries = self.list(&dir).await?.unwrap_or_default();
+        if entries.iter().any(|e| e.name == LOCK) {
+            let listing = self.read_lock(log, bucket, &dir).await?;
+            self.mark_dir_read_only(&dir).await?;
+            return Ok(listing);
+        }
+        // 1. prelock.
+        let prelock = format!("{dir}/{PRELOCK}");
+        self.fs
+            .create_exclusive(&prelock, b"", self.sync)
+            .await
+            .map_err(|e| Error::io("create", &prelock, e))?;
+        // 2. data files read-only (listing again: files created before the
+        //    prelock must all be seen).
+        let entries = self.list(&dir).await?.unwrap_or_default();
+        for e in entries.iter().filter(|e| is_data_file(e)) {
+            let path = format!("{dir}/{}", e.name);
+            self.fs
+                .chmod(&path, READ_ONLY_FILE)
+                .await
+                .map_err(|err| Error::io("chmod", &path, err))?;
+        }
+        // 3. a private lock file with every data file and its size.
+        let listing = Listing {
+            items: self.data_files_with_sizes(&dir, &entries).await?,
+        };
+        let tmp = format!("{dir}/.lock.{:016x}", rand::thread_rng().next_u64());
+        self.fs
+            .create_exclusive(&tmp, &listing.encode(), self.sync)
+            .await
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        // 4. link it into place; EEXIST means another closer won.
+        let lock = format!("{dir}/{LOCK}");
+        let linked = self.fs.link(&tmp, &lock).await;
+        let _ = self.fs.remove_private(&tmp).await;
+        let linked = linked.map_err(|e| Error::io("link", &lock, e))?;
+        let listing = if linked {
+            listing
+        } else {
+            self.read_lock(log, bucket, &dir).await?
+        };
+        // 5. directory read-only.
+        self.mark_dir_read_only(&dir).await?;
+        Ok(listing)
+    }
+
+    async fn mark_dir_read_only(&self, dir: &str) -> Result<()> {
+        let st = self.fs.stat(dir).await.map_err(|e| Error::io("stat", dir, e))?;
+        if !st.read_only() {
+            self.fs
+                .chmod(dir, READ_ONLY_DIR)
+                .await
+                .map_err(|e| Error::io("chmod", dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+fn is_data_file(e: &crate::fsops::DirEntry) -> bool {
+    !e.is_dir && e.name.ends_with(DATA_SUFFIX) && !e.name.starts_with('.')
+}
+
+#[async_trait]
+impl BagStore for DirectoryStore {
+    fn describe(&self) -> String {
+        self.fs.describe()
+    }
+
+    async fn append(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        _sequence: u64,
+        record: Bytes,
+    ) -> Result<Receipt> {
+        self.append_inner(log, bucket, writer_file, record).await
+    }
+
+    async fn closing_started(&self, log: &str, bucket: Bucket) -> Result<bool> {
+        let dir = Self::dir(log, bucket);
+        let entries = self.list(&dir).await?.unwrap_or_default();
+        Ok(entries.iter().any(|e| e.name == PRELOCK || e.name == LOCK))
+    }
+
+    async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+        self.close_inner(log, bucket).await
+    }
+
+    async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
+        let dir = Self::dir(log, bucket);
+        let Some(entries) = self.list(&dir).await? else {
+            return Ok(BagState::Open(Vec::new()));
+        };
+        if entries.iter().any(|e| e.name == LOCK) {
+            return Ok(BagState::Closed(self.read_lock(log, bucket, &dir).await?));
+        }
+        Ok(BagState::Open(self.data_files_with_sizes(&dir, &entries).await?))
+    }
+
+    async fn read_item(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        item: &ListedItem,
+        limit: Option<u64>,
+    ) -> Result<Bytes> {
+        let path = format!("{}/{}", Self::dir(log, bucket), item.name);
+        self.fs
+            .read(&path, limit)
+            .await
+            .map_err(|e| Error::io("read", &path, e))
+    }
+
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
+        let dir = format!("{log}/{START_DIR}");
+        let entries = self.list(&dir).await?.unwrap_or_default();
+        Ok(earliest_start(entries.iter().map(|e| e.name.as_str())))
+    }
+
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let dir = format!("{log}/{START_DIR}");
+        let path = format!("{dir}/{}", bucket.secs());
+        self.fs
+            .create_dir_all(&dir)
+            .await
+            .map_err(|e| Error::io("mkdir", &dir, e))?;
+        self.fs
+            .create_exclusive(&path, b"", self.sync)
+            .await
+            .map_err(|e| Error::io("create", &path, e))?;
+        Ok(())
+    }
+
+    async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>> {
+        let dir = if parts.is_empty() {
+            log.to_owned()
+        } else {
+            format!("{log}/{}", parts.join("/"))
+        };
+        Ok(self
+            .list(&dir)
+            .await?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.is_dir)
+            .map(|e| e.name)
+            .collect())
+    }
+}

@@ -1,0 +1,252 @@
+//! Wrappers for tests: a process "killed" after N storage operations (every
+//! later operation fails, as if the process had died between two protocol
+//! steps), and a request counter for the S3 store.
+//!
+//! They wrap the lowest layer ([`FsOps`], [`ObjectStore`]) so the real bag
+//! protocol code runs unchanged above them.
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
+};
+
+use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
+
+/// Lets `n` operations through, then fails every later one.
+#[derive(Clone, Debug)]
+pub struct KillSwitch {
+    left: Arc<AtomicI64>,
+}
+
+impl KillSwitch {
+    /// Dies after `n` operations.
+    pub fn after(n: i64) -> Self {
+        KillSwitch {
+            left: Arc::new(AtomicI64::new(n)),
+        }
+    }
+
+    /// Never dies (a counter only).
+    pub fn never() -> Self {
+        Self::after(i64::MAX)
+    }
+
+    /// Whether the next operation may run; counts it.
+    fn pass(&self) -> bool {
+        self.left.fetch_sub(1, Ordering::SeqCst) > 0
+    }
+
+    pub fn dead(&self) -> bool {
+        self.left.load(Ordering::SeqCst) < 0
+    }
+}
+
+fn killed() -> io::Error {
+    io::Error::other("injected fault: process killed before this operation")
+}
+
+/// [`FsOps`] that dies after N operations.
+#[derive(Debug)]
+pub struct FaultyFs {
+    inner: Arc<dyn FsOps>,
+    kill: KillSwitch,
+}
+
+impl FaultyFs {
+    pub fn new(inner: Arc<dyn FsOps>, kill: KillSwitch) -> Self {
+        FaultyFs { inner, kill }
+    }
+
+    fn check(&self) -> io::Result<()> {
+        if self.kill.pass() { Ok(()) } else { Err(killed()) }
+    }
+}
+
+#[async_trait]
+impl FsOps for FaultyFs {
+    fn describe(&self) -> String {
+        format!("faulty({})", self.inner.describe())
+    }
+    async fn list_dir(&self, dir: &str) -> io::Result<Vec<DirEntry>> {
+        self.check()?;
+        self.inner.list_dir(dir).await
+    }
+    async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
+        self.check()?;
+        self.inner.create_dir_all(dir).await
+    }
+    async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool> {
+        self.check()?;
+        self.inner.create_exclusive(path, contents, sync).await
+    }
+    async fn link(&self, from: &str, to: &str) -> io::Result<bool> {
+        self.check()?;
+        self.inner.link(from, to).await
+    }
+    async fn open_append(&self, path: &str) -> io::Result<(Box<dyn AppendFile>, FileStat)> {
+        self.check()?;
+        self.inner.open_append(path).await
+    }
+    async fn stat(&self, path: &str) -> io::Result<FileStat> {
+        self.check()?;
+        self.inner.stat(path).await
+    }
+    async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes> {
+        self.check()?;
+        self.inner.read(path, limit).await
+    }
+    async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
+        self.check()?;
+        self.inner.chmod(path, mode).await
+    }
+    async fn remove_private(&self, path: &str) -> io::Result<()> {
+        self.check()?;
+        self.inner.remove_private(path).await
+    }
+}
+
+/// Request counts seen by a [`TestObjectStore`].
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub puts: AtomicU64,
+    pub gets: AtomicU64,
+    pub heads: AtomicU64,
+    pub lists: AtomicU64,
+    pub deletes: AtomicU64,
+}
+
+impl RequestCounts {
+    pub fn puts(&self) -> u64 {
+        self.puts.load(Ordering::SeqCst)
+    }
+    pub fn gets(&self) -> u64 {
+        self.gets.load(Ordering::SeqCst)
+    }
+    pub fn heads(&self) -> u64 {
+        self.heads.load(Ordering::SeqCst)
+    }
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::SeqCst)
+    }
+    /// Starts counting afresh.
+    pub fn reset(&self) {
+        for c in [&self.puts, &self.gets, &self.heads, &self.lists, &self.deletes] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// An [`ObjectStore`] wrapper that counts requests and can die after N.
+#[derive(Debug)]
+pub struct TestObjectStore {
+    inner: Arc<dyn ObjectStore>,
+    kill: KillSwitch,
+    pub counts: Arc<RequestCounts>,
+}
+
+impl TestObjectStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, kill: KillSwitch) -> Self {
+        TestObjectStore {
+            inner,
+            kill,
+            counts: Arc::default(),
+        }
+    }
+
+    fn check(&self, counter: &AtomicU64) -> object_store::Result<()> {
+        if !self.kill.pass() {
+            return Err(object_store::Error::Generic {
+                store: "TestObjectStore",
+                source: Box::new(killed()),
+            });
+        }
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl fmt::Display for TestObjectStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "test({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for TestObjectStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.check(&self.counts.puts)?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.check(&self.counts.puts)?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+        let counter = if options.head {
+            &self.counts.heads
+        } else {
+            &self.counts.gets
+        };
+        self.check(counter)?;
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+        self.check(&self.counts.gets)?;
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        if let Err(e) = self.check(&self.counts.deletes) {
+            return futures::stream::once(futures::future::ready(Err(e))).boxed();
+        }
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        if let Err(e) = self.check(&self.counts.lists) {
+            return futures::stream::once(futures::future::ready(Err(e))).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.check(&self.counts.lists)?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+        self.check(&self.counts.puts)?;
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> object_store::Result<()> {
+        self.check(&self.counts.puts)?;
+        self.inner.rename_opts(from, to, options).await
+    }
+}

@@ -1,0 +1,91 @@
+//! Closable per-second bags of timestamped messages, on a directory (local,
+//! NFS through the kernel or a userspace client) or on S3, with the writer
+//! that fills them, the metronome that closes them, the reader that orders
+//! them and the audit that checks them.
+//!
+//! This crate knows nothing of lease servers: a writer sees the leases it
+//! writes under only through [`bagel_proto::rights::WriteRights`], and gets
+//! its signed time through [`bagel_proto::SignedClock`].
+//!
+//! # The model
+//! A message goes to the bag of its timestamp's [`Bucket`] (one per UTC
+//! second). A bag is *closed* at `bucket_end + grace` (2 s by default): any
+//! process (a [`metronome`], a reader, a late writer) may close it, and all
+//! of them, concurrently, arrive at the same first-written lock listing.
+//! After the close, the bag is exactly what its lock lists; a write that
+//! landed after the lock is not in the bag for any reader, and its writer is
+//! told so ([`Error::LateRejected`]) instead of being acknowledged.
+//!
+//! # Who closes what (and why the metronome only looks back a little)
+//! * A [`Writer`] only ever writes timestamps `>= now`, so it never starts
+//!   a write into a bag whose close time has passed. A write that
+//!   *finishes* past the safe point (`close_time - clock_tolerance`) checks
+//!   for a close in progress, and a write that finishes past the close time
+//!   closes the bag itself; either way it is acknowledged only if the lock
+//!   lists it.
+//! * A [`reader`] closes every past-due bag it reads before reading it, and
+//!   seals (closes empty) the missing ones from the log's start mark on.
+//! * So the [`metronome`] only has to be timely, not exhaustive: it closes
+//!   from `now - lookback` on, and a bag older than that which nobody closed
+//!   is closed by whoever touches it first, with the same result.
+//!
+//! # Layout
+//! * [`bucket`]: a bag's second and its `YYYY/MM/DD/hh/mm/ss` path.
+//! * [`config`]: [`BagConfig`], the timing every process must agree on.
+//! * [`listing`]: what a closed bag holds, and the lock's text form.
+//! * [`store`]: the [`BagStore`] trait, the tree walk, start marks.
+//! * [`names`]: log names and writer ids.
+//! * [`error`]: the one error type.
+//! * [`frame`]: record framing (length + CRC-32C) in files and objects.
+//! * [`fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
+//! * [`nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
+//!   (`nfs://host[:port]/export/dir`); see `NFS.md` beside it.
+//! * [`counting`]: an `FsOps` wrapper counting calls, to measure the cost
+//!   of writes and closes per backend.
+//! * [`directory`]: the bag of single-writer logs on a directory, over any
+//!   `FsOps` (the seed's appendix).
+//! * [`s3`]: the maildir-style bag on an S3 prefix, via `object_store`.
+//! * [`timeout`]: [`TimeoutStore`], every call of any store bounded in time.
+//! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
+//! * [`writer`]: timestamps, batches, commit protocol.
+//! * [`metronome`]: closes past bags; [`close_through`].
+//! * [`reader`]: ordered, checked reads of a time range.
+//! * [`audit`]: from stored messages and witnesses alone, no two writers
+//!   of a name overlapped.
+//! * `faults`, `testing` (feature `testing`): fault-injecting wrappers, and
+//!   leases and signed time from a throwaway key, for tests and benches.
+
+pub mod audit;
+pub mod bucket;
+pub mod config;
+pub mod counting;
+pub mod directory;
+pub mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod faults;
+pub mod frame;
+pub mod fsops;
+pub mod listing;
+pub mod metronome;
+pub mod names;
+pub mod nfs;
+pub mod reader;
+pub mod s3;
+pub mod store;
+pub mod store_url;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod timeout;
+pub mod writer;
+
+pub use bucket::Bucket;
+pub use config::BagConfig;
+pub use error::{Error, Result};
+pub use listing::{ListedItem, Listing, Receipt};
+pub use metronome::{CloseReport, Metronome, close_logs_through, close_through};
+pub use names::{validate_log, validate_writer_id};
+pub use reader::{ReadOptions, ReadReport, read};
+pub use store::{BagState, BagStore, list_buckets};
+pub use store_url::open_store;
+pub use timeout::TimeoutStore;
+pub use writer::Writer;

@@ -1,0 +1,205 @@
+//! Closing bags whose time has passed: the [`Metronome`] (a loop, one per
+//! deployment or several: closing is idempotent) and [`close_through`] (the
+//! lease client's sad path).
+//!
+//! A bag `[s, s+1)` is closed at `s + 1 + grace`, whether or not anyone
+//! wrote to it, so a late writer always finds it closed. The metronome
+//! starts at `now - lookback` rather than at the epoch; that is safe because
+//! writers never start a write into a bag whose close time passed, a write
+//! that finishes after the close time closes its bag itself, and readers
+//! close past-due bags before reading them (see [`super`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bagel_proto::Micros;
+use tokio_util::sync::CancellationToken;
+
+use crate::{BagConfig, BagStore, Bucket, Error, Result, validate_log};
+use bagel_proto::clock::Clock;
+
+/// What one round of closing did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Bags closed (or found closed) in this round.
+    pub closed: u64,
+    /// The last bag closed, per round (for any log).
+    pub through: Option<Bucket>,
+    /// The largest delay between a bag's close time and the end of its close.
+    pub max_lag: Option<Duration>,
+}
+
+impl CloseReport {
+    fn add(&mut self, bucket: Bucket, lag: Duration) {
+        self.closed += 1;
+        self.through = Some(self.through.map_or(bucket, |b| b.max(bucket)));
+        self.max_lag = Some(self.max_lag.map_or(lag, |m| m.max(lag)));
+    }
+}
+
+/// Waits (polling `clock`, sleeping on the real one) until `clock` reads at
+/// least `t`. Gives up with [`Error::TooEarly`] if the clock has not got
+/// there after the expected wait plus `slack` of real time.
+async fn wait_for(clock: &dyn Clock, t: Micros, bucket: Bucket, slack: Duration) -> Result<()> {
+    let start = Instant::now();
+    let budget = t.duration_since(clock.now()) + slack;
+    loop {
+        let now = clock.now();
+        if now >= t {
+            return Ok(());
+        }
+        if start.elapsed() >= budget {
+            return Err(Error::TooEarly {
+                bucket,
+                close_at: t,
+                now,
+            });
+        }
+        tokio::time::sleep(t.duration_since(now).min(Duration::from_millis(50))).await;
+    }
+}
+
+/// Closes every bag of `log` that can hold a timestamp `< until`, from
+/// `until - lookback` on, waiting first (if needed) until the last one's
+/// close time has passed: closing a bag earlier could reject writes that
+/// are on time.
+///
+/// The lease client calls this when an acquire reports a broken or unknown
+/// predecessor, with `until` = that predecessor's deadline, before reading
+/// the predecessor's state: afterwards every message the predecessor can
+/// ever get into a bag is visible.
+pub async fn close_through(
+    store: &dyn BagStore,
+    log: &str,
+    until: Micros,
+    cfg: &BagConfig,
+    clock: &dyn Clock,
+) -> Result<CloseReport> {
+    validate_log(log)?;
+    let mut report = CloseReport::default();
+    if until == Micros::ZERO {
+        return Ok(report);
+    }
+    let last = Bucket::of(Micros::from_micros(until.as_micros() - 1));
+    let first = Bucket::of(until.saturating_sub(cfg.lookback)).min(last);
+    wait_for(clock, last.close_time(cfg.grace), last, Duration::from_secs(5)).await?;
+    let mut b = first;
+    while b <= last {
+        store.close(log, b).await?;
+        report.add(b, clock.now().duration_since(b.close_time(cfg.grace)));
+        b = b.next();
+    }
+    Ok(report)
+}
+
+/// [`close_through`] for several logs: what a new lease holder does before
+/// it reads, when its lease says bags below `until` are unsettled (the
+/// lease client's `Lease::close_before_reading`), on every store its names'
+/// holders write to. Afterwards it tells the lease (`settled_through`), so
+/// its release spares the next holder the same work.
+pub async fn close_logs_through(
+    store: &dyn BagStore,
+    logs: &[String],
+    until: Micros,
+    cfg: &BagConfig,
+    clock: &dyn Clock,
+) -> Result<()> {
+    for log in logs {
+        close_through(store, log, until, cfg, clock).await?;
+    }
+    Ok(())
+}
+
+/// Closes, for each of its logs, every bag whose close time has passed.
+pub struct Metronome {
+    store: Arc<dyn BagStore>,
+    logs: Vec<String>,
+    /// Per log (same order): the next bag not yet closed by this metronome.
+    next: Vec<Bucket>,
+    cfg: BagConfig,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Metronome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metronome")
+            .field("store", &self.store.describe())
+            .field("logs", &self.logs)
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metronome {
+    /// Starts at `now - lookback` for every log.
+    pub fn new(
+        store: Arc<dyn BagStore>,
+        logs: Vec<String>,
+        cfg: BagConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        for log in &logs {
+            validate_log(log)?;
+        }
+        let start = Bucket::of(clock.now().saturating_sub(cfg.lookback));
+        Ok(Metronome {
+            store,
+            next: vec![start; logs.len()],
+            logs,
+            cfg,
+            clock,
+        })
+    }
+
+    /// When the next bag (of any log) becomes closable.
+    pub fn next_close_time(&self) -> Micros {
+        self.next
+            .iter()
+            .map(|b| b.close_time(self.cfg.grace))
+            .min()
+            .unwrap_or(Micros::MAX)
+    }
+
+    /// Closes every bag whose close time has passed. On an error the
+    /// cursor stays at the failed bag, so the next tick retries it.
+    pub async fn tick(&mut self) -> Result<CloseReport> {
+        let mut report = CloseReport::default();
+        for (log, next) in self.logs.iter().zip(self.next.iter_mut()) {
+            loop {
+                let close_at = next.close_time(self.cfg.grace);
+                if self.clock.now() < close_at {
+                    break;
+                }
+                self.store.close(log, *next).await?;
+                report.add(*next, self.clock.now().duration_since(close_at));
+                *next = next.next();
+            }
+        }
+        Ok(report)
+    }
+
+    /// Ticks at every close time until `shutdown`, handing each round's
+    /// result (including errors, which do not stop the loop) to `on_tick`.
+    pub async fn run(
+        mut self,
+        shutdown: CancellationToken,
+        mut on_tick: impl FnMut(&Result<CloseReport>) + Send,
+    ) {
+        loop {
+            let r = self.tick().await;
+            let failed = r.is_err();
+            on_tick(&r);
+            let wait = if failed {
+                Duration::from_millis(200)
+            } else {
+                self.next_close_time()
+                    .duration_since(self.clock.now())
+                    .min(Duration::from_secs(1))
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! A maildir-style bag on an S3 prefix, through `object_store`.
+//!
+//! ```text
+//! <prefix>/<log>/2026/11/21/05/51/52/   one key prefix per bag (UTC second)
+//!     <writer>.<instance>.<gen>.<sequence:020>   one object per batch
+//!     _prelock                          "a close has started"
+//!     _lock                             the bag: `key size etag` per object
+//! <prefix>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
+//! ```
+//!
+//! Write: exactly one PUT per batch, create-only (`If-None-Match: *`), so
+//! an acknowledged batch can never be replaced, not even by a writer given
+//! the same id. Close: GET `_lock` (done if present); PUT `_prelock`; LIST
+//! the prefix; PUT `_lock` with `If-None-Match: *` listing every valid
+//! object. A precondition failure means another closer won: read theirs.
+//! Readers take exactly the listed objects, each pinned to its listed ETag
+//! (`If-Match`).
+//!
+//! Because closing depends on the create-only PUT being honoured, a store is
+//! probed before use ([`S3Store::probe_conditional_put`]): some
+//! "S3-compatible" servers silently ignore `If-None-Match`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use object_store::path::Path;
+use object_store::{GetOptions, ObjectStore, PutMode, PutOptions, PutPayload};
+use rand::RngCore as _;
+
+use crate::store::{START_DIR, earliest_start};
+use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
+
+pub const PRELOCK: &str = "_prelock";
+pub const LOCK: &str = "_lock";
+
+/// The S3 bag store over any `object_store` implementation that honours
+/// `PutMode::Create`.
+#[derive(Clone, Debug)]
+pub struct S3Store {
+    store: Arc<dyn ObjectStore>,
+    /// Key prefix without leading/trailing `/`; may be empty.
+    prefix: String,
+    describe: String,
+}
+
+impl S3Store {
+    /// Wraps `store`; call [`S3Store::probe_conditional_put`] before use
+    /// unless the store is known to honour conditional writes.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, describe: String) -> Self {
+        S3Store {
+            store,
+            prefix: prefix.trim_matches('/').to_owned(),
+            describe,
+        }
+    }
+
+    fn key(&self, rel: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(rel)
+        } else {
+            Path::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    fn bag(log: &str, bucket: Bucket) -> String {
+        format!("{log}/{}", bucket.path())
+    }
+
+    fn store_err(op: &'static str, path: &Path, source: object_store::Error) -> Error {
+        Error::Store {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    /// Checks that a second create-only PUT of one key is refused. Refuses
+    /// to run (with [`Error::ConditionalWritesIgnored`]) on a store that
+    /// accepts it, because bags could then have two different locks.
+    pub async fn probe_conditional_put(&self) -> Result<()> {
+        let key = self.key(&format!("_bagel_probe/{:016x}", rand::thread_rng().next_u64()));
+        let put = |body: &'static [u8]| {
+            self.store.put_opts(
+                &key,
+                PutPayload::from_static(body),
+                PutOptions::from(PutMode::Create),
+            )
+        };
+        put(b"first").await.map_err(|e| match e {
+            object_store::Error::NotImplemented { .. } => Error::ConditionalWritesIgnored {
+                store: self.describe.clone(),
+                key: key.to_string(),
+            },
+            e => Self::store_err("probe put", &key, e),
+        })?;
+        let second = put(b"second").await;
+        // Best effort: the probe object is ours alone.
+        let _ = self
+            .store
+            .delete_stream(Box::pin(futures::stream::once(futures::future::ready(Ok(
+                key.clone()
+            )))))
+            .try_collect::<Vec<_>>()
+            .await;
+        match second {
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Ok(_) => Err(Error::ConditionalWritesIgnored {
+                store: self.describe.clone(),
+                key: key.to_string(),
+            }),
+            Err(e) => Err(Self::store_err("probe put", &key, e)),
+        }
+    }
+
+    async fn get_lock(&self, log: &str, bucket: Bucket) -> Result<Option<Listing>> {
+        let key = self.key(&format!("{}/{LOCK}", Self::bag(log, bucket)));
+        match self.store.get_opts(&key, GetOptions::default()).await {
+            Ok(r) => {
+                let bytes = r.bytes().await.map_err(|e| Self::store_err("get", &key, e))?;
+                Listing::decode(&bytes)
+                    .map(Some)
+                    .map_err(|reason| Error::CorruptLock {
+                        log: log.to_owned(),
+                        bucket,
+                        reason,
+                    })
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Self::store_err("get", &key, e)),
+        }
+    }
+
+    async fn list_objects(&self, log: &str, bucket: Bucket) -> Result<Vec<ListedItem>> {
+        let prefix = self.key(&Self::bag(log, bucket));
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| Self::store_err("list", &prefix, e))?;
+        let mut items: Vec<ListedItem> = metas
+            .into_iter()
+            .filter(|m| m.location.parts_count() == prefix.parts_count() + 1)
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_owned();
+                is_batch_object(&name).then(|| ListedItem {
+                    name,
+                    size: m.size,
+                    etag: m.e_tag.as_deref().map(normalize_etag),
+                })
+            })
+            .collect();
+        items.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(items)
+    }
+
+    async fn close_inner(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+        if let Some(l) = self.get_lock(log, bucket).await? {
+            return Ok(l);
+        }
+        let bag = Self::bag(log, bucket);
+        let prelock = self.key(&format!("{bag}/{PRELOCK}"));
+        self.store
+            .put_opts(&prelock, PutPayload::from_static(b""), PutOptions::default())
+            .await
+            .map_err(|e| Self::store_err("put", &prelock, e))?;
+        let listing = Listing {
+            items: self.list_objects(log, bucket).await?,
+        };
+        let lock = self.key(&format!("{bag}/{LOCK}"));
+        match self
+            .store
+            .put_opts(
+                &lock,
+                PutPayload::from(listing.encode()),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_) => Ok(listing),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => self
+                .get_lock(log, bucket)
+                .await?
+                .ok_or_else(|| Error::CorruptLock {
+                    log: log.to_owned(),
+                    bucket,
+                    reason: "lock PUT was refused as existing, but it cannot be read".into(),
+                }),
+            Err(e) => Err(Self::store_err("put", &lock, e)),
+        }
+    }
+}
+
+/// `<anything>.<20 digits>`: the objects writers create.
+fn is_batch_object(name: &str) -> bool {
+    match name.rsplit_once('.') {
+        Some((w, seq)) => !w.is_empty() && seq.len() == 20 && seq.bytes().all(|b| b.is_ascii_digit()),
+        None => false,
+    }
+}
+
+/// ETags come quoted from some calls and not others; compare them bare.
+fn normalize_etag(e: &str) -> String {
+    e.trim_matches('"').to_owned()
+}
+
+#[async_trait]
+impl BagStore for S3Store {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    async fn append(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        sequence: u64,
+        record: Bytes,
+    ) -> Result<Receipt> {
+        let name = format!("{writer_file}.{sequence:020}");
+        let key = self.key(&format!("{}/{name}", Self::bag(log, bucket)));
+        let end = record.len() as u64;
+        let put = self
+            .store
+            .put_opts(
+                &key,
+                PutPayload::from(record.clone()),
+                PutOptions::from(PutMode::Create),
+            )
+            .await;
+        let etag = match put {
+            Ok(r) => r.e_tag,
+            // The key exists. object_store retries a PUT whose answer
+            // was lost, and the retry finds our own first attempt; any
+            // other content is someone else's batch, never replaced.
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                let got = self
+                    .store
+                    .get_opts(&key, GetOptions::default())
+                    .await
+                    .map_err(|e| Self::store_err("get", &key, e))?;
+                let etag = got.meta.e_tag.clone();
+                let bytes = got.bytes().await.map_err(|e| Self::store_err("get", &key, e))?;
+                if bytes != record {
+                    return Err(Error::Invalid {
+                        what: "batch object",
+                        value: key.to_string(),
+                        reason: "exists with other content: two writers share a writer id and instance"
+                            .into(),
+                    });
+                }
+                etag
+            }
+            Err(e) => return Err(Self::store_err("put", &key, e)),
+        };
+        Ok(Receipt {
+            item: name.clone(),
+            end,
+            etag: etag.as_deref().map(normalize_etag),
+        })
+    }
+
+    async fn closing_started(&self, log: &str, bucket: Bucket) -> Result<bool> {
+        let key = self.key(&format!("{}/{PRELOCK}", Self::bag(log, bucket)));
+        let head = GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.store.get_opts(&key, head).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Self::store_err("head", &key, e)),
+        }
+    }
+
+    async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+        self.close_inner(log, bucket).await
+    }
+
+    async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
+        if let Some(l) = self.get_lock(log, bucket).await? {
+            return Ok(BagState::Closed(l));
+        }
+        Ok(BagState::Open(self.list_objects(log, bucket).await?))
+    }
+
+    async fn read_item(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        item: &ListedItem,
+        limit: Option<u64>,
+    ) -> Result<Bytes> {
+        let key = self.key(&format!("{}/{}", Self::bag(log, bucket), item.name));
+        // A closed bag's item is read as its lock lists it: that ETag, or
+        // nothing.
+        let opts = GetOptions {
+            if_match: limit.and(item.etag.as_ref()).map(|e| format!("\"{e}\"")),
+            ..Default::default()
+        };
+        let r = self.store.get_opts(&key, opts).await.map_err(|e| match e {
+            object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+                Error::ItemChanged {
+                    bucket,
+                    item: item.name.clone(),
+                }
+            }
+            e => Self::store_err("get", &key, e),
+        })?;
+        let mut bytes = r.bytes().await.map_err(|e| Self::store_err("get", &key, e))?;
+        if let Some(n) = limit {
+            bytes.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        Ok(bytes)
+    }
+
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
+        let prefix = self.key(&format!("{log}/{START_DIR}"));
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| Self::store_err("list", &prefix, e))?;
+        Ok(earliest_start(metas.iter().filter_map(|m| m.location.filename())))
+    }
+
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let key = self.key(&format!("{log}/{START_DIR}/{}", bucket.secs()));
+        match self
+            .store
+            .put_opts(
+                &key,
+                PutPayload::from_static(b""),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_)
+            | Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                Ok(())
+            }
+            Err(e) => Err(Self::store_err("put", &key, e)),
+        }
+    }
+
+    async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>> {
+        let rel = if parts.is_empty() {
+            log.to_owned()
+        } else {
+            format!("{log}/{}", parts.join("/"))
+        };
+        let prefix = self.key(&rel);
+        let r = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| Self::store_err("list", &prefix, e))?;
+        Ok(r.common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_object_names() {
+        assert!(is_batch_object("host-1.0.00000000000000000001"));
+        assert!(!is_batch_object("_lock"));
+        assert!(!is_batch_object("_prelock"));
+        assert!(!is_batch_object(".00000000000000000001"));
+        assert!(!is_batch_object("w.0.123"));
+    }
+}

@@ -1,0 +1,585 @@
+//! The writer: picks timestamps under the leases it holds, batches messages
+//! into records, and acknowledges a batch only once it is committed.
+//!
+//! Timestamps are `max(now, last + 1, min_timestamp + 1)`, refused at or
+//! past `deadline - deadline_margin`. If that runs more than `max_ahead`
+//! ahead of the clock (a predecessor's watermark in the future), the writer
+//! pauses up to `max_pause` for the clock to catch up rather than write far
+//! ahead of it.
+//!
+//! A batch is written only if every reader would accept it: the rights
+//! (witnesses and bounds, one snapshot taken after the timestamps are
+//! chosen) allow every timestamp, every cited witness is of a full lease,
+//! and the batch's signed time is congruent with its timestamps.
+//!
+//! Before its first write to a log, a writer makes sure the log's start
+//! mark is at or before the bags it writes, and writes only bags whose
+//! safe point is after it saw the mark: a reader that finds such a bag
+//! missing and past due then knows it is inside the log's life and seals
+//! it (closes it empty), so a stalled writer can never add it later.
+//!
+//! Commit: a record whose append finished before the bag's safe point
+//! (`close_time - clock_tolerance`) is in, because no closer can have
+//! started yet. Past it, the writer looks for a close in progress (or, past
+//! the close time itself, closes the bag) and acknowledges the record only
+//! if the lock lists it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bagel_proto::{Micros, SignedClock, pb};
+use bytes::Bytes;
+use prost::Message as _;
+
+use crate::{BagConfig, BagStore, Bucket, Error, Result, frame, validate_log, validate_writer_id};
+use bagel_proto::clock::Clock;
+use bagel_proto::rights::{RightsSnapshot, WriteRights};
+
+/// Serialised per-writer state. Held (a tokio mutex) across the whole
+/// append of a batch: one writer appends to its single-writer files one
+/// batch at a time.
+#[derive(Debug)]
+struct State {
+    last_ts: Micros,
+    next_seq: u64,
+    /// Data file generation; bumped after a failed append, so a partial
+    /// record left behind is never followed by good ones in the same file.
+    file_gen: u32,
+    /// The first bag this writer may write: the log's start mark is at or
+    /// before it and was seen in time for it (see the module docs).
+    opened_from: Option<Bucket>,
+}
+
+/// Writes batches of messages into the bags of one log.
+pub struct Writer {
+    store: Arc<dyn BagStore>,
+    log: String,
+    writer_id: String,
+    /// `<writer_id>.<random>`: data files and objects are named from it, so
+    /// two writers given one id (two processes, or a restart within a
+    /// second) never write to the same file or object key.
+    file_stem: String,
+    rights: Arc<dyn WriteRights>,
+    clock: Arc<dyn Clock>,
+    time: Arc<dyn SignedClock>,
+    cfg: BagConfig,
+    state: tokio::sync::Mutex<State>,
+    /// Largest timestamp handed to the store (0 = none), acknowledged or
+    /// not: an append that failed may still have landed.
+    max_written: AtomicU64,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("store", &self.store.describe())
+            .field("log", &self.log)
+            .field("writer_id", &self.writer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    pub fn new(
+        store: Arc<dyn BagStore>,
+        log: &str,
+        writer_id: &str,
+        rights: Arc<dyn WriteRights>,
+        clock: Arc<dyn Clock>,
+        time: Arc<dyn SignedClock>,
+        cfg: BagConfig,
+    ) -> Result<Self> {
+        validate_log(log)?;
+        validate_writer_id(writer_id)?;
+        Ok(Writer {
+            store,
+            log: log.to_owned(),
+            writer_id: writer_id.to_owned(),
+            file_stem: format!("{writer_id}.{:08x}", rand::random::<u32>()),
+            rights,
+            clock,
+            time,
+            cfg,
+            state: tokio::sync::Mutex::new(State {
+                last_ts: Micros::ZERO,
+                next_seq: 0,
+                file_gen: 0,
+                opened_from: None,
+            }),
+            max_written: AtomicU64::new(0),
+        })
+    }
+
+    /// A writer id unique to this process: `<host>-<pid>-<random>`.
+    pub fn default_writer_id() -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| {
+                h.trim()
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect::<String>()
+            })
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
+        let host: String = host.chars().take(32).collect();
+        format!(
+            "{host}-{}-{:06x}",
+            std::process::id(),
+            rand::random::<u32>() & 0xff_ffff
+        )
+    }
+
+    pub fn writer_id(&self) -> &str {
+        &self.writer_id
+    }
+
+    pub fn log(&self) -> &str {
+        &self.log
+    }
+
+    /// The largest timestamp this writer has handed to the store, whether
+    /// or not it was acknowledged (a failed append may have landed).
+    pub fn max_written(&self) -> Option<Micros> {
+        match self.max_written.load(Ordering::SeqCst) {
+            0 => None,
+            t => Some(Micros::from_micros(t)),
+        }
+    }
+
+    /// The watermark to release with: the largest timestamp written, or the
+    /// inherited one if larger (or if nothing was written).
+    pub fn watermark(&self, inherited: Micros) -> Micros {
+        self.max_written().map_or(inherited, |m| m.max(inherited))
+    }
+
+    /// Writes one message; see [`Writer::write_batch`].
+    pub async fn write(&self, payload: Bytes) -> Result<Micros> {
+        Ok(self.write_batch(vec![payload]).await?[0])
+    }
+
+    /// Writes messages as one record per bag touched (normally one) and
+    /// returns their timestamps once every record is committed. On error a
+    /// prefix of the batch (whole records, earlier bags) may be committed.
+    pub async fn write_batch(&self, payloads: Vec<Bytes>) -> Result<Vec<Micros>> {
+        if payloads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut st = self.state.lock().await;
+        let min = self
+            .rights
+            .snapshot()
+            .map_err(|reason| Error::NoRights { reason })?;
+        let opened = self.ensure_opened(&mut st).await?;
+        self.wait_for_opening(opened).await;
+        let floor = st
+            .last_ts
+            .next()
+            .max(min.min_timestamp.next())
+            .max(opened.start());
+        let first = self.first_timestamp(floor).await?;
+        let n = payloads.len() as u64;
+        let last = Micros::from_micros(first.as_micros() + n - 1);
+        // The rights *after* the timestamps are chosen, as one snapshot: the
+        // witnesses stored are the ones whose bounds were checked.
+        let rights = self
+            .rights
+            .snapshot()
+            .map_err(|reason| Error::NoRights { reason })?;
+        check_rights(&rights, first, last, self.cfg.deadline_margin)?;
+        let time = self
+            .time
+            .signed_now()
+            .await
+            .map_err(|detail| Error::NoSignedTime { detail })?;
+        for ts in [first, last] {
+            time.reading
+                .congruent(ts, self.cfg.signed_time_tolerance)
+                .map_err(|(diff_us, limit_us)| Error::SignedTimeOff {
+                    ts,
+                    time: time.reading.time,
+                    diff_us,
+                    limit_us,
+                })?;
+        }
+        let ledger = self.rights.ledger();
+
+        let stamps: Vec<Micros> = (0..n)
+            .map(|i| Micros::from_micros(first.as_micros() + i))
+            .collect();
+        let mut i = 0usize;
+        let mut payloads = payloads.into_iter();
+        while i < stamps.len() {
+            let bucket = Bucket::of(stamps[i]);
+            let j = stamps[i..]
+                .iter()
+                .position(|t| Bucket::of(*t) != bucket)
+                .map_or(stamps.len(), |k| i + k);
+            let entries: Vec<pb::Entry> = stamps[i..j]
+                .iter()
+                .zip(payloads.by_ref())
+                .map(|(t, payload)| pb::Entry {
+                    timestamp_us: t.as_micros(),
+                    payload: payload.to_vec(),
+                })
+                .collect();
+            let seq = st.next_seq;
+            let batch = pb::Batch {
+                writer_id: self.writer_id.clone(),
+                first_sequence: seq,
+                signed_time: Some(time.signed.clone()),
+                witnesses: rights.witnesses.clone(),
+                entries,
+            };
+            let ticket = match &ledger {
+                Some(l) => Some(l.begin(stamps[j - 1]).ok_or(Error::WritesClosed)?),
+                None => None,
+            };
+            // Whatever happens next, these timestamps and sequence numbers
+            // are spent: an append that failed may still have landed.
+            st.last_ts = stamps[j - 1];
+            st.next_seq += (j - i) as u64;
+            self.max_written
+                .fetch_max(stamps[j - 1].as_micros(), Ordering::SeqCst);
+            let file = format!("{}.{}", self.file_stem, st.file_gen);
+            let record = frame::encode(&batch.encode_to_vec());
+            let outcome = match self.store.append(&self.log, bucket, &file, seq, record).await {
+                Ok(receipt) => self.confirm(bucket, &receipt).await,
+                Err(e) => {
+                    if !matches!(e, Error::BagClosed { .. }) {
+                        st.file_gen += 1;
+                    }
+                    Err(e)
+                }
+            };
+            // A closed bag refused the record, or its lock leaves it out: it
+            // is in no bag, now or later. Any other failure may still land.
+            let known = matches!(
+                &outcome,
+                Ok(()) | Err(Error::BagClosed { .. } | Error::LateRejected { .. })
+            );
+            if known && let Some(t) = ticket {
+                t.settled();
+            }
+            outcome?;
+            i = j;
+        }
+        Ok(stamps)
+    }
+
+    /// Makes sure the log's start mark is at or before every bag this
+    /// writer will write, and returns the first bag it may write: the
+    /// first whose safe point is after the instant the mark was seen. A
+    /// reader that found that bag (or a later one) missing and past due
+    /// must have listed the marks after this one existed, so it sealed the
+    /// bag. (With a grace shorter than the clock tolerance that can be the
+    /// next second, and the first write waits for it.)
+    async fn ensure_opened(&self, st: &mut State) -> Result<Bucket> {
+        if let Some(from) = st.opened_from {
+            return Ok(from);
+        }
+        let want = Bucket::of(self.clock.now());
+        match self.store.log_start(&self.log).await? {
+            Some(start) if start <= want => {}
+            _ => self.store.mark_log_start(&self.log, want).await?,
+        }
+        let seen = self.clock.now();
+        let mut from = want;
+        while self.cfg.safe_point(from) <= seen {
+            from = from.next();
+        }
+        st.opened_from = Some(from);
+        Ok(from)
+    }
+
+    /// With a grace shorter than the clock tolerance, the first bag a writer
+    /// may write can lie up to the tolerance ahead of its clock; its first
+    /// write waits for the clock to get there (only then, and bounded by the
+    /// tolerance and a second).
+    async fn wait_for_opening(&self, opened: Bucket) {
+        let cap = self.cfg.clock_tolerance + Duration::from_secs(1);
+        let started = Instant::now();
+        loop {
+            let ahead = opened
+                .start()
+                .saturating_sub(self.cfg.max_ahead)
+                .duration_since(self.clock.now());
+            if ahead.is_zero() || started.elapsed() >= cap {
+                return;
+            }
+            tokio::time::sleep(ahead.min(Duration::from_millis(20))).await;
+        }
+    }
+
+    /// `max(now, floor)`, pausing (bounded) rather than running far ahead
+    /// of the clock.
+    async fn first_timestamp(&self, floor: Micros) -> Result<Micros> {
+        let started = Instant::now();
+        loop {
+            let now = self.clock.now();
+            let ts = now.max(floor);
+            let ahead = ts.duration_since(now);
+            if ahead <= self.cfg.max_ahead {
+                return Ok(ts);
+            }
+            let waited = started.elapsed();
+            if waited >= self.cfg.max_pause {
+                return Err(Error::TooFarAhead { ts, now, ahead });
+            }
+            let nap = (ahead - self.cfg.max_ahead)
+                .min(self.cfg.max_pause - waited)
+                .min(Duration::from_millis(20));
+            tokio::time::sleep(nap).await;
+        }
+    }
+
+    /// The late-write check; see the module docs.
+    async fn confirm(&self, bucket: Bucket, receipt: &crate::Receipt) -> Result<()> {
+        let now = self.clock.now();
+        if now < self.cfg.safe_point(bucket) {
+            return Ok(());
+        }
+        let must_close =
+            now >= bucket.close_time(self.cfg.grace) || self.store.closing_started(&self.log, bucket).await?;
+        if !must_close {
+            // No close has started, so any closer lists this record.
+            return Ok(());
+        }
+        let listing = self.store.close(&self.log, bucket).await?;
+        if listing.covers(receipt) {
+            Ok(())
+        } else {
+            Err(Error::LateRejected {
+                log: self.log.clone(),
+                bucket,
+            })
+        }
+    }
+}
+
+/// Refuses timestamps `[first, last]` unless the rights and every witness
+/// they cite allow them, exactly as a reader will check them.
+fn check_rights(rights: &RightsSnapshot, first: Micros, last: Micros, margin: Duration) -> Result<()> {
+    let expiring = |deadline: Micros| Error::LeaseExpiring {
+        ts: last,
+        deadline,
+        margin,
+    };
+    if rights.witnesses.is_empty() {
+        return Err(Error::NoRights {
+            reason: "no lease witness: messages must cite the leases they are written under".into(),
+        });
+    }
+    if last >= rights.deadline.saturating_sub(margin) {
+        return Err(expiring(rights.deadline));
+    }
+    for w in &rights.witnesses {
+        let body = bagel_proto::witness::decode_unverified(w).map_err(|reason| Error::NoRights { reason })?;
+        if pb::Mode::try_from(body.mode)
+            .unwrap_or(pb::Mode::Unspecified)
+            .normalized()
+            != pb::Mode::Full
+        {
+            return Err(Error::NoRights {
+                reason: format!("the witness of lease {} is not of a full lease", body.lease_id),
+            });
+        }
+        if first.as_micros() <= body.min_timestamp_us {
+            return Err(Error::NoRights {
+                reason: format!(
+                    "timestamp {first} is not after lease {}'s min_timestamp {}",
+                    body.lease_id,
+                    Micros::from_micros(body.min_timestamp_us)
+                ),
+            });
+        }
+        let deadline = Micros::from_micros(body.deadline_us);
+        if last >= deadline.saturating_sub(margin) {
+            return Err(expiring(deadline));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::DirectoryStore;
+    use crate::testing::TestLease;
+    use crate::testing::TestLeases;
+    use bagel_proto::clock::ManualClock;
+
+    const T: u64 = 1_900_000_000_000_000;
+
+    fn writer(dir: &std::path::Path, clock: &ManualClock, min: u64, deadline: u64, cfg: BagConfig) -> Writer {
+        let leases = TestLeases::default();
+        let lease = leases.lease("lease", Micros::from_micros(min), Micros::from_micros(deadline));
+        Writer::new(
+            Arc::new(DirectoryStore::local(dir, false)),
+            "log",
+            "w",
+            Arc::new(lease),
+            Arc::new(clock.clone()),
+            leases.time(Arc::new(clock.clone())),
+            cfg,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn timestamps_follow_clock_last_and_min() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let w = writer(
+            dir.path(),
+            &clock,
+            T + 50_000,
+            T + 60_000_000,
+            BagConfig::default(),
+        );
+        // min_timestamp is 50 ms ahead (within max_ahead): strictly after it.
+        let a = w
+            .write_batch(vec![Bytes::from("a"), Bytes::from("b")])
+            .await
+            .unwrap();
+        assert_eq!(
+            a,
+            vec![Micros::from_micros(T + 50_001), Micros::from_micros(T + 50_002)]
+        );
+        // The clock has not moved: last + 1.
+        assert_eq!(
+            w.write(Bytes::from("c")).await.unwrap(),
+            Micros::from_micros(T + 50_003)
+        );
+        // The clock moved past: now.
+        clock.set(Micros::from_micros(T + 200_000));
+        assert_eq!(
+            w.write(Bytes::from("d")).await.unwrap(),
+            Micros::from_micros(T + 200_000)
+        );
+        assert_eq!(w.max_written(), Some(Micros::from_micros(T + 200_000)));
+        assert_eq!(
+            w.watermark(Micros::from_micros(T)),
+            Micros::from_micros(T + 200_000)
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_near_the_deadline_and_far_ahead_of_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let cfg = BagConfig::default().with_max_pause(Duration::from_millis(30));
+        let w = writer(dir.path(), &clock, T + 10_000_000, T + 60_000_000, cfg.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::TooFarAhead { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        assert_eq!(w.max_written(), None, "nothing was handed to the store");
+
+        let w = writer(dir.path(), &clock, T - 1_000_000, T + 400_000, cfg);
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::LeaseExpiring { .. }), "{err:?}");
+        assert!(err.is_permanent());
+    }
+
+    #[tokio::test]
+    async fn pauses_until_the_clock_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let w = writer(
+            dir.path(),
+            &clock,
+            T + 500_000,
+            T + 60_000_000,
+            BagConfig::default(),
+        );
+        let mover = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.set(Micros::from_micros(T + 450_000)) })
+        };
+        let ts = w.write(Bytes::from("x")).await.unwrap();
+        mover.await.unwrap();
+        assert_eq!(ts, Micros::from_micros(T + 500_001));
+    }
+
+    #[tokio::test]
+    async fn a_batch_spanning_two_seconds_becomes_two_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T + 999_999));
+        let w = writer(dir.path(), &clock, T, T + 60_000_000, BagConfig::default());
+        let ts = w
+            .write_batch(vec![Bytes::from("a"), Bytes::from("b")])
+            .await
+            .unwrap();
+        assert_eq!(Bucket::of(ts[0]).secs() + 1, Bucket::of(ts[1]).secs());
+        for t in ts {
+            let p = dir
+                .path()
+                .join("log")
+                .join(Bucket::of(t).path())
+                .join(format!("{}.0.log", w.file_stem));
+            assert!(p.exists(), "{}", p.display());
+        }
+    }
+
+    /// A signed clock that answers with a fixed reading, or none.
+    #[derive(Debug)]
+    struct FixedTime(Option<bagel_proto::SignedReading>);
+
+    #[async_trait::async_trait]
+    impl SignedClock for FixedTime {
+        async fn signed_now(&self) -> std::result::Result<bagel_proto::SignedReading, String> {
+            self.0
+                .clone()
+                .ok_or_else(|| "no answer from the time authority".to_owned())
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_without_a_congruent_signed_time_or_with_tentative_rights() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let leases = TestLeases::default();
+        let lease = leases.lease(
+            "l",
+            Micros::from_micros(T - 1_000_000),
+            Micros::from_micros(T + 60_000_000),
+        );
+        let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), false));
+        let with_time = |time: Arc<dyn SignedClock>, lease: TestLease| {
+            Writer::new(
+                store.clone(),
+                "log",
+                "w",
+                Arc::new(lease),
+                Arc::new(clock.clone()),
+                time,
+                BagConfig::default(),
+            )
+            .unwrap()
+        };
+        // No signed time at all.
+        let w = with_time(Arc::new(FixedTime(None)), lease.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::NoSignedTime { .. }), "{err:?}");
+        assert_eq!(w.max_written(), None, "nothing was handed to the store");
+        // A signed time 3 s old: readers would reject the batch.
+        let stale = leases.time(Arc::new(ManualClock::new(Micros::from_micros(T - 3_000_000))));
+        let reading = stale.signed_now().await.unwrap();
+        let w = with_time(Arc::new(FixedTime(Some(reading))), lease.clone());
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::SignedTimeOff { .. }), "{err:?}");
+        assert!(err.is_retryable());
+        // Rights whose witness says tentative.
+        let mut body = bagel_proto::witness::decode_unverified(&lease.witness).unwrap();
+        body.mode = pb::Mode::Tentative.into();
+        let mut tentative = lease.clone();
+        tentative.witness = bagel_proto::sign_witness(&leases.signer, &body);
+        let w = with_time(leases.time(Arc::new(clock.clone())), tentative);
+        let err = w.write(Bytes::from("x")).await.unwrap_err();
+        assert!(matches!(err, Error::NoRights { .. }), "{err:?}");
+        // And with everything right, it writes.
+        let w = with_time(leases.time(Arc::new(clock.clone())), lease);
+        w.write(Bytes::from("x")).await.unwrap();
+    }
+}

@@ -1,0 +1,529 @@
+//! `bagel write`, `bagel read`, `bagel metronome`: the bag commands.
+
+use std::io::{BufRead as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::time_cmds::RoughtimeArgs;
+use anyhow::Context as _;
+use bagel_bags::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
+use bagel_bags::reader::{Message, ReadOptions};
+use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
+use bagel_cli::contract::LeaseJson;
+use bagel_client::TimeOptions;
+use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
+use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights};
+use bagel_proto::{KeyRing, Micros};
+use bytes::Bytes;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BagCommand {
+    /// Write messages under a lease; prints each message's timestamp once
+    /// its batch is committed.
+    Write(WriteArgs),
+    /// Read a time range of a log in timestamp order, checking every message.
+    Read(ReadArgs),
+    /// Close every past bag of the given logs, continuously or once.
+    Metronome(MetronomeArgs),
+    /// Check a time range of a log from the stored messages and witnesses
+    /// alone: signatures, chains of grants, overlaps, out-of-lease
+    /// timestamps, watermarks, signed times. Exits 1 on any violation.
+    Audit(AuditArgs),
+}
+
+/// Which log to read, and which part of it (`read` and `audit`).
+#[derive(clap::Args, Debug)]
+pub struct LogRange {
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    #[arg(long)]
+    log: String,
+    /// First timestamp included: Unix microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time)]
+    from: Option<Micros>,
+    /// First timestamp excluded: Unix microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time)]
+    to: Option<Micros>,
+}
+
+impl LogRange {
+    /// Read options covering this range.
+    fn read_options(&self) -> ReadOptions {
+        ReadOptions::default().with_range(self.from.unwrap_or(Micros::ZERO), self.to.unwrap_or(Micros::MAX))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    range: LogRange,
+    /// A lease server's ed25519 public key (64 hex digits); repeatable.
+    /// Without any, the keys of the server given by --server are used.
+    #[arg(long = "key")]
+    keys: Vec<String>,
+    /// How far a timestamp may be ahead of its signed time.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    tolerance: Duration,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+/// Timing shared by writers and closers; must agree across processes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TimingArgs {
+    /// A bag [s, s+1) closes at s + 1 + grace. Every writer, metronome and
+    /// reader of a store must use the same grace: closing earlier than the
+    /// writers expect would drop writes they acknowledged.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// Bound on clock differences between writers and closers.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    clock_tolerance: Duration,
+}
+
+impl TimingArgs {
+    fn config(&self) -> BagConfig {
+        BagConfig::default()
+            .with_grace(self.grace)
+            .with_clock_tolerance(self.clock_tolerance)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WriteArgs {
+    /// `file:///abs/dir` or `s3://bucket/prefix`.
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    #[arg(long)]
+    log: String,
+    /// The lease as printed by `bagel acquire --json`.
+    #[arg(long)]
+    lease: PathBuf,
+    /// Messages; without any, one message per line of standard input.
+    messages: Vec<String>,
+    /// Defaults to `<host>-<pid>-<random>`; must be unique per process.
+    #[arg(long)]
+    writer_id: Option<String>,
+    /// Messages per batch when reading standard input.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Refuse timestamps at or past the deadline minus this.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    deadline_margin: Duration,
+    /// Skip fsync (faster; an acknowledged write may be lost on power loss).
+    #[arg(long)]
+    no_sync: bool,
+    /// After a failed batch, print `FAILED <count> <error>` and go on with
+    /// the next one instead of stopping.
+    #[arg(long)]
+    keep_going: bool,
+    /// Testing: run with a clock this many ms off (negative = behind).
+    #[arg(long, hide = true, allow_hyphen_values = true, default_value_t = 0)]
+    clock_offset_ms: i64,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    range: LogRange,
+    /// Also read bags that are not closed yet.
+    #[arg(long)]
+    include_open: bool,
+    /// Do not close past-due bags found open (skip them instead).
+    #[arg(long)]
+    no_close: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Trusted witness key (64 hex digits, repeatable). Without one,
+    /// signatures are not checked and every message says so.
+    #[arg(long = "key")]
+    keys: Vec<String>,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MetronomeArgs {
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    /// Logs to close (repeatable, or several after one --log).
+    #[arg(long, required = true, num_args = 1..)]
+    log: Vec<String>,
+    /// Start closing at now minus this.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    lookback: Duration,
+    /// Close what is due now, then exit.
+    #[arg(long)]
+    once: bool,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+/// What the bag commands need from the global flags.
+#[derive(Debug)]
+pub struct Globals<'a> {
+    pub server: &'a str,
+    pub roughtime: &'a RoughtimeArgs,
+}
+
+pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
+    match cmd {
+        BagCommand::Write(a) => write(a, &g).await,
+        BagCommand::Read(a) => read(a, &g).await,
+        BagCommand::Metronome(a) => metronome(a).await,
+        BagCommand::Audit(a) => audit(a, &g).await,
+    }
+}
+
+/// The lease servers' keys: given with --key, else asked of --server.
+async fn lease_keys(given: &[String], server: &str) -> anyhow::Result<KeyRing> {
+    if given.is_empty() {
+        let client = bagel_client::Client::connect(server.to_owned())
+            .await
+            .with_context(|| format!("no --key given, and asking {server} for its keys failed"))?;
+        return Ok(client.keys().clone());
+    }
+    crate::keys::key_ring(given)
+}
+
+async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let cfg = a.timing.config();
+    let keys = lease_keys(&a.keys, g.server).await?;
+    let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
+    let store = bag::open_store(&a.range.store, &cfg).await?;
+    let opts = a
+        .range
+        .read_options()
+        .with_keys(Some(keys.clone()))
+        .with_roughtime_keys(roughtime_keys.clone());
+    let log = &a.range.log;
+    let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await?;
+    let messages = AuditMessage::from_report(&report, log);
+    let mut acfg = AuditConfig::new(keys.clone());
+    acfg.tolerance = a.tolerance;
+    let local = keys.clone();
+    acfg.verify_time = Arc::new(move |st| {
+        bagel_proto::verify_signed_time(st, &local, &roughtime_keys).map_err(|e| e.to_string())
+    });
+    let mut result = bagel_bags::audit::audit(&messages, &acfg);
+    for p in &report.problems {
+        if !p.in_open_bag {
+            result.violations.push(Violation {
+                kind: ViolationKind::CorruptRecord,
+                detail: format!("{log}/{} {}: {}", p.bucket.path(), p.item, p.what),
+            });
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        println!(
+            "audited {} messages, {} leases, {} names; longest chain {}; {} chain gaps; {} violations",
+            result.messages,
+            result.leases,
+            result.names,
+            result.longest_chain,
+            result.chain_gaps,
+            result.violations.len()
+        );
+        for v in &result.violations {
+            println!("VIOLATION {v}");
+        }
+    }
+    Ok(if result.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Unix microseconds or RFC 3339.
+fn parse_time(s: &str) -> Result<Micros, String> {
+    if let Ok(us) = s.parse::<u64>() {
+        return Ok(Micros::from_micros(us));
+    }
+    humantime::parse_rfc3339_weak(s)
+        .map(Micros::from_system_time)
+        .map_err(|e| format!("{s:?} is neither Unix microseconds nor RFC 3339: {e}"))
+}
+
+async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(&a.lease).with_context(|| format!("reading lease {}", a.lease.display()))?;
+    let lease: LeaseJson =
+        serde_json::from_str(&text).with_context(|| format!("parsing lease {}", a.lease.display()))?;
+    // Refuse at once what every batch would be refused for (a tentative
+    // lease, a witness that does not decode), before opening the store.
+    lease
+        .snapshot()
+        .map_err(|e| anyhow::anyhow!("lease {}: {e}", a.lease.display()))?;
+    let cfg = a
+        .timing
+        .config()
+        .with_deadline_margin(a.deadline_margin)
+        .with_sync(!a.no_sync);
+    let store = bag::open_store(&a.store, &cfg).await?;
+    let clock: Arc<dyn Clock> = if a.clock_offset_ms == 0 {
+        Arc::new(SystemClock)
+    } else {
+        Arc::new(OffsetClock {
+            inner: SystemClock,
+            offset_us: a.clock_offset_ms * 1000,
+        })
+    };
+    // Every batch carries a recent signed time (Roughtime, else the lease
+    // server's); a clock that is off refuses to write.
+    let time = g
+        .roughtime
+        .time_source(g.server, TimeOptions::default().with_clock(Arc::clone(&clock)))
+        .await?;
+    let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
+    let lease_id = lease.lease_id.clone();
+    let rights = Arc::new(FileRights {
+        lease,
+        ledger: Arc::default(),
+    });
+    let writer = Writer::new(
+        store,
+        &a.log,
+        &writer_id,
+        Arc::clone(&rights) as _,
+        clock,
+        Arc::new(time),
+        cfg,
+    )?;
+    let result = write_all(&a, &writer).await;
+    // Whatever happened, `bagel release` must publish what was written.
+    crate::written::record(&lease_id, rights.ledger.summary())?;
+    result
+}
+
+/// A lease file's rights, with a ledger of what this run wrote.
+struct FileRights {
+    lease: LeaseJson,
+    ledger: Arc<WriteLedger>,
+}
+
+impl WriteRights for FileRights {
+    fn snapshot(&self) -> Result<RightsSnapshot, String> {
+        self.lease.snapshot()
+    }
+
+    fn ledger(&self) -> Option<Arc<WriteLedger>> {
+        Some(Arc::clone(&self.ledger))
+    }
+}
+
+async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    let batches: Box<dyn Iterator<Item = std::io::Result<Vec<String>>>> = if a.messages.is_empty() {
+        let batch = a.batch.max(1);
+        let mut lines = std::io::stdin().lock().lines();
+        Box::new(std::iter::from_fn(move || {
+            let mut v = Vec::new();
+            for line in lines.by_ref() {
+                match line {
+                    Ok(l) => v.push(l),
+                    Err(e) => return Some(Err(e)),
+                }
+                if v.len() >= batch {
+                    break;
+                }
+            }
+            (!v.is_empty()).then_some(Ok(v))
+        }))
+    } else {
+        Box::new(std::iter::once(Ok(a.messages.clone())))
+    };
+    for batch in batches {
+        let batch = batch.context("reading standard input")?;
+        let n = batch.len();
+        let stamps = writer
+            .write_batch(batch.into_iter().map(Bytes::from).collect())
+            .await;
+        match stamps {
+            Ok(stamps) => {
+                for t in stamps {
+                    writeln!(out, "{} {t}", t.as_micros())?;
+                }
+                out.flush()?;
+            }
+            Err(e) if a.keep_going => {
+                writeln!(out, "FAILED {n} {e}")?;
+                out.flush()?;
+            }
+            Err(e) => {
+                out.flush()?;
+                let wm = writer
+                    .max_written()
+                    .map_or("none".to_owned(), |m| m.as_micros().to_string());
+                eprintln!("bagel: write failed (largest timestamp written: {wm}): {e}");
+                return Ok(ExitCode::from(if e.is_retryable() { 75 } else { 1 }));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn message_json(m: &Message, verified: bool) -> serde_json::Value {
+    json!({
+        "kind": "message",
+        "timestamp_us": m.timestamp.as_micros(),
+        "time": m.timestamp.to_string(),
+        "writer_id": m.writer_id,
+        "sequence": m.sequence,
+        "payload": String::from_utf8_lossy(&m.payload),
+        "bag": m.bucket.to_string(),
+        "lease_ids": m.lease_ids,
+        "from_open_bag": m.from_open_bag,
+        "verified": verified,
+        "notes": m.notes,
+    })
+}
+
+async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let cfg = a.timing.config();
+    let keys = if a.keys.is_empty() {
+        None
+    } else {
+        Some(crate::keys::key_ring(&a.keys)?)
+    };
+    let verified = keys.is_some();
+    let store = bag::open_store(&a.range.store, &cfg).await?;
+    let opts = a
+        .range
+        .read_options()
+        .with_include_open(a.include_open)
+        .with_close_past_due(!a.no_close)
+        .with_keys(keys)
+        .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
+    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await?;
+    let mut out = std::io::stdout().lock();
+    if !verified && !a.json {
+        writeln!(
+            out,
+            "# UNVERIFIED: no --key given; witness and time signatures were not checked"
+        )?;
+    }
+    for m in &report.messages {
+        if a.json {
+            writeln!(out, "{}", message_json(m, verified))?;
+        } else {
+            writeln!(
+                out,
+                "{} {} {} {} {}{}",
+                m.timestamp.as_micros(),
+                m.timestamp,
+                m.writer_id,
+                m.sequence,
+                String::from_utf8_lossy(&m.payload),
+                if m.from_open_bag { "  [open bag]" } else { "" }
+            )?;
+        }
+    }
+    for r in &report.rejected {
+        if a.json {
+            let mut v = message_json(&r.message, verified);
+            v["kind"] = json!("rejected");
+            v["reason"] = json!(r.reason);
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(
+                out,
+                "REJECTED {} {} {} {}: {}",
+                r.message.timestamp.as_micros(),
+                r.message.writer_id,
+                r.message.sequence,
+                String::from_utf8_lossy(&r.message.payload),
+                r.reason
+            )?;
+        }
+    }
+    for p in &report.problems {
+        if a.json {
+            writeln!(
+                out,
+                "{}",
+                json!({"kind": "problem", "bag": p.bucket.to_string(), "item": p.item,
+                       "offset": p.offset, "what": p.what, "in_open_bag": p.in_open_bag})
+            )?;
+        } else {
+            writeln!(
+                out,
+                "PROBLEM bag {} item {} offset {}: {}",
+                p.bucket,
+                p.item,
+                p.offset.map_or("-".to_owned(), |o| o.to_string()),
+                p.what
+            )?;
+        }
+    }
+    let summary = json!({
+        "kind": "summary",
+        "messages": report.messages.len(),
+        "rejected": report.rejected.len(),
+        "problems": report.problems.len(),
+        "closed_bags_read": report.closed_bags_read,
+        "open_bags_skipped": report.skipped_open.len(),
+        "verified": verified,
+    });
+    if a.json {
+        writeln!(out, "{summary}")?;
+    } else {
+        eprintln!(
+            "bagel: {} messages, {} rejected, {} problems, {} closed bags read, {} open bags skipped{}",
+            report.messages.len(),
+            report.rejected.len(),
+            report.problems.len(),
+            report.closed_bags_read,
+            report.skipped_open.len(),
+            if verified { "" } else { " (UNVERIFIED: no --key)" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.timing.config().with_lookback(a.lookback);
+    let store = bag::open_store(&a.store, &cfg).await?;
+    let mut m = Metronome::new(store, a.log.clone(), cfg, Arc::new(SystemClock))?;
+    let print = |r: &bag::Result<bag::CloseReport>| match r {
+        Ok(r) if r.closed > 0 => {
+            println!(
+                "closed {} bags through {}; lag {} ms",
+                r.closed,
+                r.through.map_or("-".to_owned(), |b| b.to_string()),
+                r.max_lag.unwrap_or_default().as_millis()
+            );
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("bagel metronome: {e}"),
+    };
+    if a.once {
+        let r = m.tick().await;
+        print(&r);
+        r?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        s.cancel();
+    });
+    m.run(shutdown, |r| {
+        print(r);
+        let _ = std::io::stdout().flush();
+    })
+    .await;
+    Ok(ExitCode::SUCCESS)
+}

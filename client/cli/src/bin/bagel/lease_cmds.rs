@@ -1,0 +1,549 @@
+//! Lease subcommands: acquire, renew, upgrade, release, describe, history,
+//! server-info, verify-witness.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bagel_cli::contract::{LeaseJson, WitnessJson};
+use bagel_client::{
+    Client, ClockSource, Error, HistoryEvent, LeaseOptions, LeaseRef, Metadata, Micros, NameState, Previous,
+    ReleaseOptions,
+};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+/// Exit code of a refused acquire (name held by someone else).
+const EXIT_BUSY: u8 = 2;
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Acquire a lease on one or more names (all or none).
+    Acquire(AcquireArgs),
+    /// Renew a lease to now + TTL.
+    Renew(RenewArgs),
+    /// Turn a tentative lease into a full one.
+    Upgrade(TokenArgs),
+    /// Release a lease, publishing its watermark.
+    Release(ReleaseArgs),
+    /// Show who holds names and what a new holder would inherit.
+    Describe(DescribeArgs),
+    /// Show a name's recent renewals and releases with their metadata.
+    History(HistoryArgs),
+    /// Show the server's keys, limits, clock and readiness.
+    ServerInfo(JsonFlag),
+    /// Verify a witness (the JSON of `acquire --json`, or a bare witness).
+    VerifyWitness(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    #[arg(required = true)]
+    names: Vec<String>,
+    /// Lease length (default: the server's max TTL).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "deadline")]
+    ttl: Option<Duration>,
+    /// Absolute deadline, Unix microseconds.
+    #[arg(long)]
+    deadline: Option<u64>,
+    /// Reserve only; upgrade before writing.
+    #[arg(long)]
+    tentative: bool,
+    /// Who is holding it (free text for operators).
+    #[arg(long, default_value = "")]
+    owner: String,
+    /// Let the server wait up to this long for busy names.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    #[arg(long)]
+    json: bool,
+    /// Keep renewing until Ctrl-C, then release.
+    #[arg(long)]
+    hold: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The lease id, or the lease file `bagel acquire --json` wrote (which
+    /// also holds the token).
+    #[arg(long = "lease")]
+    lease_id: String,
+    /// The lease's secret token (read from the lease file when `--lease` is
+    /// one).
+    #[arg(long)]
+    token: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+impl TokenArgs {
+    /// The lease id and token, from the flags or from the lease file.
+    fn resolve(&self) -> anyhow::Result<LeaseRef> {
+        let is_id = self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit());
+        if is_id {
+            let token = self
+                .token
+                .clone()
+                .context("--token is required when --lease is a lease id (or give the lease file)")?;
+            return Ok(LeaseRef {
+                id: self.lease_id.clone(),
+                token,
+            });
+        }
+        let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
+            format!(
+                "--lease is neither a lease id (32 hex digits) nor a readable lease file: {:?}",
+                self.lease_id
+            )
+        })?;
+        let lease: LeaseJson = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
+        Ok(LeaseRef {
+            id: lease.lease_id,
+            token: self.token.clone().unwrap_or(lease.token),
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    lease: TokenArgs,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Where the holder stored its updates (free text).
+    #[arg(long)]
+    metadata: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    lease: TokenArgs,
+    /// Upper bound of every timestamp written under the lease (Unix µs).
+    /// Omitted: the highest timestamp `bagel write` wrote under the lease
+    /// on this machine (none: the inherited watermark carries on). A value
+    /// below that is refused.
+    #[arg(long)]
+    watermark: Option<u64>,
+    /// Where the holder stored its updates (free text); `*` = unknown.
+    #[arg(long)]
+    metadata: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    #[arg(required = true)]
+    names: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    name: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// File with the JSON, or `-` for stdin (the default).
+    #[arg(default_value = "-")]
+    file: PathBuf,
+    /// Trust this ed25519 public key (64 hex digits) instead of asking the
+    /// server. Repeatable.
+    #[arg(long = "key")]
+    keys: Vec<String>,
+}
+
+pub async fn run(cmd: LeaseCommand, server: &str) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LeaseCommand::VerifyWitness(args) => verify_witness(args, server).await,
+        cmd => {
+            let client = Client::connect(server).await?;
+            match run_with(cmd, &client).await {
+                Err(e) => match e.downcast_ref::<Error>() {
+                    Some(busy @ Error::Busy { .. }) => {
+                        eprintln!("bagel: {}", busy_message(busy));
+                        Ok(ExitCode::from(EXIT_BUSY))
+                    }
+                    _ => Err(e),
+                },
+                ok => ok,
+            }
+        }
+    }
+}
+
+fn busy_message(e: &Error) -> String {
+    match e {
+        Error::Busy {
+            conflict: Some(c), ..
+        } => format!(
+            "name {:?} is held by lease {} (owner {:?}) until {} ({} us)",
+            c.name,
+            c.holder_lease_id,
+            c.holder_owner,
+            c.holder_deadline,
+            c.holder_deadline.as_micros()
+        ),
+        other => other.to_string(),
+    }
+}
+
+async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LeaseCommand::Acquire(args) => acquire(args, client).await,
+        LeaseCommand::Renew(args) => {
+            let lease = args.lease.resolve()?;
+            let deadline = client.clock().now().saturating_add(args.ttl);
+            let r = client
+                .renew_lease(&lease, deadline, args.metadata.as_deref().map(metadata))
+                .await?;
+            if args.lease.json {
+                println!(
+                    "{}",
+                    json!({ "deadline_us": r.deadline.as_micros(), "witness": WitnessJson::from(&r.witness) })
+                );
+            } else {
+                println!("renewed until {} ({} us)", r.deadline, r.deadline.as_micros());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::Upgrade(args) => {
+            let grant = client.upgrade_lease(&args.resolve()?).await?;
+            print_grant(&LeaseJson::from_grant(&grant, Some(client.url())), args.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::Release(args) => {
+            let lease = args.lease.resolve()?;
+            let written = crate::written::load(&lease.id)?;
+            if let (Some(given), Some(up_to)) = (args.watermark, written.max_written)
+                && given < up_to.as_micros()
+            {
+                bail!(
+                    "--watermark {given} is below {}, the highest timestamp `bagel write` wrote under lease \
+                     {}: the next holder could write below it. Release with at least that, or without \
+                     --watermark",
+                    up_to.as_micros(),
+                    lease.id
+                );
+            }
+            let mut options = ReleaseOptions::default().with_unsettled(written.uncertain);
+            if let Some(wm) = args.watermark.map(Micros::from_micros).max(written.max_written) {
+                options = options.with_watermark(wm);
+            }
+            if let Some(m) = args.metadata.as_deref().map(metadata) {
+                options = options.with_metadata(m);
+            }
+            let stored = client.release_lease(&lease, options).await?;
+            crate::written::forget(&lease.id);
+            if args.lease.json {
+                println!("{}", json!({ "watermark_us": stored.as_micros() }));
+            } else {
+                println!("released; stored watermark {stored} ({} us)", stored.as_micros());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::Describe(args) => {
+            let states = client.describe(args.names).await?;
+            if args.json {
+                let v: Vec<_> = states.iter().map(name_state_json).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for s in &states {
+                    print_name_state(s);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::History(args) => {
+            let h = client.history(&args.name).await?;
+            let event = |e: HistoryEvent| match e {
+                HistoryEvent::Renewed => "renewed",
+                HistoryEvent::Released => "released",
+            };
+            if args.json {
+                let entries: Vec<_> = h
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        json!({
+                            "lease_id": e.lease_id,
+                            "owner": e.owner,
+                            "event": event(e.event),
+                            "at_us": e.at.as_micros(),
+                            "watermark_us": e.watermark.as_micros(),
+                            "metadata": e.metadata.as_ref().map(metadata_text),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({ "entries": entries, "truncated": h.truncated }))?
+                );
+            } else {
+                if h.truncated {
+                    println!("(older entries dropped)");
+                }
+                for e in &h.entries {
+                    println!(
+                        "{} {} lease {} owner {:?} watermark {} metadata {}",
+                        e.at,
+                        event(e.event),
+                        e.lease_id,
+                        e.owner,
+                        e.watermark.as_micros(),
+                        e.metadata.as_ref().map_or("-".into(), metadata_text)
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::ServerInfo(args) => {
+            let info = client.server_info().await?;
+            let clock = &info.clock;
+            let us = |d: Duration| bagel_proto::duration_micros(d);
+            let v = json!({
+                "server_id": info.server_id,
+                "version": info.version,
+                "epoch_us": info.epoch.as_micros(),
+                "ready": info.ready,
+                "ready_at_us": info.ready_at.as_micros(),
+                "now_us": info.now.as_micros(),
+                "min_ttl_us": us(info.min_ttl),
+                "max_ttl_us": us(info.max_ttl),
+                "max_wait_us": us(info.max_wait),
+                "forgotten_floor_us": info.forgotten_floor.as_micros(),
+                "unsafe_skip_restart_wait": info.unsafe_skip_restart_wait,
+                "keys": info.keys.iter().map(|(id, raw)| json!({
+                    "key_id": id, "ed25519_hex": bagel_proto::hex::encode(raw)
+                })).collect::<Vec<_>>(),
+                "clock": {
+                    "source": match clock.source {
+                        ClockSource::Roughtime => "roughtime",
+                        ClockSource::Local => "local",
+                    },
+                    "error_bound_us": us(clock.error_bound),
+                    "healthy": clock.healthy,
+                    "detail": clock.detail,
+                },
+                "limits": {
+                    "max_names_per_request": info.max_names_per_request,
+                    "max_name_bytes": info.max_name_bytes,
+                    "max_owner_bytes": info.max_owner_bytes,
+                    "max_metadata_bytes": info.max_metadata_bytes,
+                    "timestamp_tolerance_us": us(info.timestamp_tolerance),
+                },
+            });
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("server {} (version {})", info.server_id, info.version);
+                println!(
+                    "ready: {} (at {}){}",
+                    info.ready,
+                    info.ready_at,
+                    if info.unsafe_skip_restart_wait {
+                        " UNSAFE: restart wait skipped"
+                    } else {
+                        ""
+                    }
+                );
+                println!(
+                    "ttl: ({} us, {} us]; max wait {} us",
+                    us(info.min_ttl),
+                    us(info.max_ttl),
+                    us(info.max_wait)
+                );
+                for (id, raw) in &info.keys {
+                    println!("key {id} ed25519 {}", bagel_proto::hex::encode(raw));
+                }
+                println!(
+                    "clock: {} (error bound {} us)",
+                    clock.detail,
+                    us(clock.error_bound)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::VerifyWitness(_) => unreachable!("handled without a connection"),
+    }
+}
+
+async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let mut builder = client.acquire(args.names).owner(args.owner);
+    if let Some(ttl) = args.ttl {
+        builder = builder.ttl(ttl);
+    }
+    if let Some(d) = args.deadline {
+        builder = builder.deadline(Micros::from_micros(d));
+    }
+    if args.tentative {
+        builder = builder.tentative();
+    }
+    if let Some(w) = args.wait {
+        builder = builder.wait(w);
+    }
+    builder = builder.options(LeaseOptions::default().with_auto_renew(args.hold));
+    let lease = builder.send().await?;
+    print_grant(&LeaseJson::from_lease(&lease, Some(client.url())), args.json);
+    if !args.hold {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("holding lease {}; Ctrl-C to release", lease.id());
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        reason = lease.lost() => bail!("lease lost while holding: {reason}"),
+    }
+    let wm = lease.release(None).await?;
+    eprintln!("released; stored watermark {wm}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_grant(l: &LeaseJson, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_string(l).expect("serializable"));
+        return;
+    }
+    println!(
+        "lease     {} ({})",
+        l.lease_id,
+        if l.mode == bagel_cli::contract::ModeJson::Full {
+            "full"
+        } else {
+            "tentative"
+        }
+    );
+    println!("token     {}", l.token);
+    println!(
+        "deadline  {} ({} us)",
+        Micros::from_micros(l.deadline_us),
+        l.deadline_us
+    );
+    println!("write after {} us (min_timestamp)", l.min_timestamp_us);
+    for n in &l.names {
+        println!(
+            "  {}  fencing {}  previous: {} lease {:?} watermark {} ended at {}",
+            n.name,
+            n.fencing_token,
+            n.previous.ended,
+            n.previous.lease_id,
+            n.previous.watermark_us,
+            n.previous.ended_at_us
+        );
+    }
+}
+
+fn metadata(text: &str) -> Metadata {
+    if text == "*" {
+        Metadata::Wildcard
+    } else {
+        Metadata::Data(text.as_bytes().to_vec())
+    }
+}
+
+fn metadata_text(m: &Metadata) -> String {
+    match m {
+        Metadata::Wildcard => "*".into(),
+        Metadata::Data(d) => String::from_utf8_lossy(d).into_owned(),
+    }
+}
+
+fn previous_json(p: &Previous) -> serde_json::Value {
+    json!({
+        "lease_id": p.lease_id.clone().unwrap_or_default(),
+        "watermark_us": p.watermark.as_micros(),
+        "ended": p.ended.as_str(),
+        "ended_at_us": p.ended_at.as_micros(),
+        "unsettled_until_us": p.unsettled_until.map(Micros::as_micros),
+    })
+}
+
+fn name_state_json(s: &NameState) -> serde_json::Value {
+    json!({
+        "name": s.name,
+        "known": s.known,
+        "fencing_token": s.fencing_token,
+        "holder": s.holder.as_ref().map(|h| json!({
+            "lease_id": h.lease_id,
+            "owner": h.owner,
+            "mode": h.mode.as_str(),
+            "deadline_us": h.deadline.as_micros(),
+            "fencing_token": h.fencing_token,
+            "granted_at_us": h.granted_at.as_micros(),
+        })),
+        "previous": previous_json(&s.previous),
+    })
+}
+
+fn print_name_state(s: &NameState) {
+    match &s.holder {
+        Some(h) => println!(
+            "{}: held by lease {} (owner {:?}, {}) until {}; fencing {}",
+            s.name,
+            h.lease_id,
+            h.owner,
+            h.mode.as_str(),
+            h.deadline,
+            h.fencing_token
+        ),
+        None => println!("{}: free{}", s.name, if s.known { "" } else { " (no record)" }),
+    }
+    let p = &s.previous;
+    println!(
+        "  previous: {} lease {:?} watermark {} ended at {}",
+        p.ended.as_str(),
+        p.lease_id.as_deref().unwrap_or(""),
+        p.watermark.as_micros(),
+        p.ended_at.as_micros()
+    );
+}
+
+/// Reads the witness JSON, fetches or takes the keys, verifies.
+async fn verify_witness(args: VerifyArgs, server: &str) -> anyhow::Result<ExitCode> {
+    let text = if args.file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).context("input is not JSON")?;
+    let witness_value = value.get("witness").cloned().unwrap_or(value);
+    let witness: WitnessJson = serde_json::from_value(witness_value)
+        .context("expected the JSON of `bagel acquire --json` or {body_b64, signature_b64, key_id}")?;
+    let witness = witness.to_pb().map_err(anyhow::Error::msg)?;
+
+    let keys = if args.keys.is_empty() {
+        Client::connect(server).await?.keys().clone()
+    } else {
+        crate::keys::key_ring(&args.keys)?
+    };
+    match bagel_proto::verify_witness(&witness, &keys) {
+        Ok(body) => {
+            println!(
+                "witness OK: lease {} names {:?} deadline {} signed by key {} of server {}",
+                body.lease_id,
+                body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+                Micros::from_micros(body.deadline_us),
+                witness.key_id,
+                body.server_id
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("bagel: witness does NOT verify: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `bagel`: the command-line client. Each group of commands lives in its own
+//! module (`lease_cmds`, `bag_cmds`); this file only wires them to clap.
+//!
+//! Exit codes: 0 success; 1 error; 2 a name is held by someone else
+//! (the message says who and until when).
+
+mod bag_cmds;
+mod keys;
+mod lease_cmds;
+mod time_cmds;
+mod written;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bagel",
+    version,
+    about = "Leases with absolute deadlines, and closable bags of messages"
+)]
+struct Cli {
+    /// The lease server.
+    #[arg(
+        long,
+        global = true,
+        env = "BAGEL_SERVER",
+        default_value = "http://127.0.0.1:7420"
+    )]
+    server: String,
+    #[command(flatten)]
+    roughtime: time_cmds::RoughtimeArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Lease(lease_cmds::LeaseCommand),
+    #[command(flatten)]
+    Bag(bag_cmds::BagCommand),
+    /// Ask the time authority (Roughtime, else the lease server) once and
+    /// say how far off this host's clock is; exit 1 if it is off.
+    #[command(alias = "roughtime-check")]
+    TimeCheck(time_cmds::TimeCheckArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
+        Command::Bag(cmd) => {
+            let g = bag_cmds::Globals {
+                server: &cli.server,
+                roughtime: &cli.roughtime,
+            };
+            bag_cmds::run(cmd, g).await
+        }
+        Command::TimeCheck(args) => time_cmds::time_check(args, &cli.roughtime, &cli.server).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bagel: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

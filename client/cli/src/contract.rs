@@ -1,0 +1,201 @@
+//! The JSON forms the CLI prints and reads back (`bagel acquire --json`,
+//! `bagel write --lease FILE`, `bagel verify-witness`). The key names are a
+//! contract with scripts: add keys freely, never rename one.
+
+use bagel_client::{Grant, Lease, Mode, NameGrant, Witness};
+use bagel_proto::rights::{RightsSnapshot, WriteRights};
+use bagel_proto::{Micros, pb};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::{Deserialize, Serialize};
+
+/// A witness as JSON: the signed body bytes and signature in base64.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WitnessJson {
+    pub body_b64: String,
+    pub signature_b64: String,
+    pub key_id: String,
+    /// Present when the server signed a batch of witnesses at once: the
+    /// signature covers the batch's Merkle root (see `witness.proto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merkle: Option<MerkleJson>,
+}
+
+/// A batched witness's place in its batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MerkleJson {
+    pub leaf_index: u32,
+    pub path_b64: Vec<String>,
+}
+
+impl From<&Witness> for WitnessJson {
+    fn from(w: &Witness) -> Self {
+        WitnessJson {
+            body_b64: B64.encode(w.body()),
+            signature_b64: B64.encode(w.signature()),
+            key_id: w.key_id().to_owned(),
+            merkle: w.merkle().map(|(leaf_index, path)| MerkleJson {
+                leaf_index,
+                path_b64: path.iter().map(|h| B64.encode(h)).collect(),
+            }),
+        }
+    }
+}
+
+impl WitnessJson {
+    /// Decodes the base64 fields; the error names the field.
+    pub fn to_witness(&self) -> Result<Witness, String> {
+        let merkle = match &self.merkle {
+            None => None,
+            Some(m) => Some((
+                m.leaf_index,
+                m.path_b64
+                    .iter()
+                    .map(|h| B64.decode(h))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("witness.merkle.path_b64 is not base64: {e}"))?,
+            )),
+        };
+        Ok(Witness::from_parts(
+            B64.decode(&self.body_b64)
+                .map_err(|e| format!("witness.body_b64 is not base64: {e}"))?,
+            B64.decode(&self.signature_b64)
+                .map_err(|e| format!("witness.signature_b64 is not base64: {e}"))?,
+            self.key_id.clone(),
+            merkle,
+        ))
+    }
+
+    /// The wire form, for verifying and for storing with messages.
+    pub fn to_pb(&self) -> Result<pb::Witness, String> {
+        let w = self.to_witness()?;
+        let (batched, leaf_index, merkle_path) = match w.merkle() {
+            Some((i, path)) => (true, i, path.to_vec()),
+            None => (false, 0, Vec::new()),
+        };
+        Ok(pb::Witness {
+            body: w.body().to_vec(),
+            signature: w.signature().to_vec(),
+            key_id: w.key_id().to_owned(),
+            batched,
+            leaf_index,
+            merkle_path,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousJson {
+    pub lease_id: String,
+    pub watermark_us: u64,
+    /// One of `none`, `released`, `broken`, `unknown`.
+    pub ended: String,
+    pub ended_at_us: u64,
+    /// Close every bag that can hold a timestamp below this before reading
+    /// what earlier holders wrote (absent: nothing unsettled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsettled_until_us: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameJson {
+    pub name: String,
+    pub fencing_token: u64,
+    pub previous: PreviousJson,
+}
+
+/// A lease's mode, as the JSON word for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeJson {
+    Full,
+    Tentative,
+}
+
+impl From<Mode> for ModeJson {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Full => ModeJson::Full,
+            Mode::Tentative => ModeJson::Tentative,
+        }
+    }
+}
+
+/// A granted lease as printed by `bagel acquire --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseJson {
+    pub lease_id: String,
+    pub token: String,
+    pub deadline_us: u64,
+    pub min_timestamp_us: u64,
+    /// `full` or `tentative`.
+    pub mode: ModeJson,
+    pub names: Vec<NameJson>,
+    pub witness: WitnessJson,
+    /// The server that granted it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
+fn name_json(n: &NameGrant) -> NameJson {
+    let p = &n.previous;
+    NameJson {
+        name: n.name.clone(),
+        fencing_token: n.fencing_token,
+        previous: PreviousJson {
+            lease_id: p.lease_id.clone().unwrap_or_default(),
+            watermark_us: p.watermark.as_micros(),
+            ended: p.ended.as_str().to_owned(),
+            ended_at_us: p.ended_at.as_micros(),
+            unsettled_until_us: p.unsettled_until.map(Micros::as_micros),
+        },
+    }
+}
+
+impl LeaseJson {
+    /// A grant (acquire or upgrade) as JSON.
+    pub fn from_grant(g: &Grant, server: Option<&str>) -> Self {
+        LeaseJson {
+            lease_id: g.lease_id.clone(),
+            token: g.token.clone(),
+            deadline_us: g.deadline.as_micros(),
+            min_timestamp_us: g.min_timestamp.as_micros(),
+            mode: g.mode.into(),
+            names: g.names.iter().map(name_json).collect(),
+            witness: WitnessJson::from(&g.witness),
+            server: server.map(str::to_owned),
+        }
+    }
+
+    /// A held lease as JSON, with its latest deadline and witness.
+    pub fn from_lease(l: &Lease, server: Option<&str>) -> Self {
+        let s = l.state();
+        LeaseJson {
+            lease_id: l.id().to_owned(),
+            token: l.token().to_owned(),
+            deadline_us: s.deadline.as_micros(),
+            min_timestamp_us: l.min_timestamp().as_micros(),
+            mode: s.mode.into(),
+            names: l.names().iter().map(name_json).collect(),
+            witness: WitnessJson::from(&s.witness),
+            server: server.map(str::to_owned),
+        }
+    }
+}
+
+/// A lease file's rights: `bagel write` writes under them.
+impl WriteRights for LeaseJson {
+    fn snapshot(&self) -> Result<RightsSnapshot, String> {
+        if self.mode != ModeJson::Full {
+            return Err(format!(
+                "lease {} is tentative: it gives no right to write (upgrade it first)",
+                self.lease_id
+            ));
+        }
+        Ok(RightsSnapshot {
+            min_timestamp: Micros::from_micros(self.min_timestamp_us),
+            deadline: Micros::from_micros(self.deadline_us),
+            witnesses: vec![self.witness.to_pb()?],
+        })
+    }
+}

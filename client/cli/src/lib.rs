@@ -1,0 +1,5 @@
+//! The `bagel` command-line client: its JSON contract ([`contract`]) as a
+//! library, so tests and scripts in Rust read and write exactly what the
+//! CLI does. The commands themselves live in `src/bin/bagel/`.
+
+pub mod contract;

@@ -1,0 +1,108 @@
+//! The client's one error type. Every variant says whether retrying the
+//! same call can help ([`Error::is_retryable`]).
+
+use bagel_proto::{Micros, pb};
+use prost::Message as _;
+use tonic::Code;
+
+use crate::types::Conflict;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Could not reach the server.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A name is held by someone else. Retry after
+    /// `conflict.holder_deadline`.
+    #[error("{message}")]
+    Busy {
+        message: String,
+        conflict: Option<Conflict>,
+    },
+    /// The server cannot serve now (restart wait, clock trouble, network).
+    #[error("server unavailable: {message}")]
+    Unavailable { message: String },
+    /// The request was refused as malformed or out of range; the message
+    /// names the field and the limit. Retrying the same request won't help.
+    #[error("refused ({code:?}): {message}")]
+    Rejected { code: Code, message: String },
+    /// The lease is not (or no longer) held: expired, released, broken,
+    /// unknown to the server, or the token is wrong.
+    #[error("lease not held ({code:?}): {message}")]
+    NotHeld { code: Code, message: String },
+    /// The server's answer does not carry a valid witness.
+    #[error("bad witness: {reason}")]
+    Witness { reason: String },
+    /// The local clock is further from the signed time than the tolerance
+    /// allows (the message says by how much). Retrying will not help until
+    /// the clock is fixed; writing would produce bad timestamps.
+    #[error("refusing to timestamp: {detail}")]
+    ClockOff { detail: String },
+    /// No recent, valid signed time could be had (no answer from Roughtime
+    /// or the lease server, or an answer that does not verify). Retryable.
+    #[error("no signed time: {detail}")]
+    NoSignedTime { detail: String },
+    /// A release named a watermark below a timestamp already written under
+    /// the lease: the next holder could then write below it.
+    #[error(
+        "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
+    )]
+    WatermarkBelowWritten { given: Micros, written: Micros },
+    /// Any other gRPC failure.
+    #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
+    Rpc(tonic::Status),
+}
+
+impl Error {
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Connect { .. }
+            | Error::Busy { .. }
+            | Error::Unavailable { .. }
+            | Error::NoSignedTime { .. } => true,
+            Error::Rpc(s) => matches!(
+                s.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Unknown
+            ),
+            _ => false,
+        }
+    }
+
+    /// For [`Error::Busy`]: when the current holder's lease ends.
+    pub fn retry_after(&self) -> Option<Micros> {
+        match self {
+            Error::Busy {
+                conflict: Some(c), ..
+            } => Some(c.holder_deadline),
+            _ => None,
+        }
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        let message = s.message().to_owned();
+        match s.code() {
+            Code::Aborted => Error::Busy {
+                conflict: pb::LeaseConflict::decode(s.details())
+                    .ok()
+                    .filter(|c| !c.name.is_empty())
+                    .map(Conflict::from),
+                message,
+            },
+            Code::Unavailable => Error::Unavailable { message },
+            code @ (Code::InvalidArgument | Code::OutOfRange) => Error::Rejected { code, message },
+            code @ (Code::NotFound | Code::PermissionDenied | Code::FailedPrecondition) => {
+                Error::NotHeld { code, message }
+            }
+            _ => Error::Rpc(s),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,501 @@
+//! [`Lease`]: a held lease, renewed in the background until released.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bagel_proto::Micros;
+use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights, WriteSummary};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+use crate::coalesce::Coalescer;
+use crate::error::{Error, Result};
+use crate::types::{Grant, LeaseRef, Metadata, Mode, NameGrant, ReleaseOptions, Witness};
+
+/// How a [`Lease`] looks after itself.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct LeaseOptions {
+    /// Renew in the background (default true).
+    pub auto_renew: bool,
+    /// How often to renew; default a third of the TTL, so two renewals can
+    /// fail before the lease is at risk.
+    pub renew_every: Option<Duration>,
+    /// [`Lease::is_valid`] turns false this long before the deadline, to
+    /// leave room for clock error and for a write in flight to land.
+    pub safety_margin: Duration,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            auto_renew: true,
+            renew_every: None,
+            safety_margin: Duration::from_millis(500),
+        }
+    }
+}
+
+impl LeaseOptions {
+    #[must_use]
+    pub fn with_auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
+        self
+    }
+
+    #[must_use]
+    pub fn with_renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    #[must_use]
+    pub fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+}
+
+/// Why a lease was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The server refused a renewal: it no longer holds the lease for us
+    /// (its deadline passed, another grant broke it, the token is wrong).
+    Refused { error: String },
+    /// Renewals kept failing (server unreachable, restarting) until the
+    /// deadline minus the safety margin came.
+    OutOfTime { deadline: Micros, last_error: String },
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Refused { error } => write!(f, "renewal refused: {error}"),
+            LossReason::OutOfTime { deadline, last_error } => {
+                write!(f, "no renewal before the deadline {deadline}: {last_error}")
+            }
+        }
+    }
+}
+
+/// What changes over a lease's life.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseState {
+    pub deadline: Micros,
+    pub mode: Mode,
+    /// The witness that states `deadline` and `mode`: always the pair from
+    /// one answer, so a writer citing it never writes past what it says.
+    pub witness: Witness,
+    /// Set once the lease is lost; never cleared.
+    pub lost: Option<LossReason>,
+    /// Set when the release starts: no more writes under the lease.
+    pub released: bool,
+}
+
+impl LeaseState {
+    /// Takes an answer's (deadline, mode, witness) if it grants more than
+    /// what is held: full before tentative, then the later deadline.
+    /// Answers arrive in any order (a renewal in flight while another one
+    /// or an upgrade lands); an older, lesser one never replaces a newer.
+    fn adopt(&mut self, deadline: Micros, mode: Mode, witness: Witness) {
+        let rank = |mode: Mode, deadline: Micros| (mode == Mode::Full, deadline);
+        if rank(mode, deadline) > rank(self.mode, self.deadline) {
+            self.deadline = deadline;
+            self.mode = mode;
+            self.witness = witness;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    client: Client,
+    via: Option<Coalescer>,
+    grant: Grant,
+    lease: LeaseRef,
+    ttl: Duration,
+    options: LeaseOptions,
+    state: watch::Sender<LeaseState>,
+    /// What the writers under this lease wrote; the release publishes it.
+    ledger: Arc<WriteLedger>,
+    /// This holder closed every bag below this (µs), having found its
+    /// predecessors unsettled; the release says so.
+    settled_through: AtomicU64,
+}
+
+/// A held lease. Renews itself in the background (unless told not to) and
+/// reports loss through [`Lease::lost`] and [`Lease::subscribe`].
+///
+/// Dropping a `Lease` stops renewal but does not release it: a release
+/// publishes a watermark. An unreleased lease expires at its deadline and
+/// the next holder treats it as broken.
+#[derive(Debug)]
+pub struct Lease {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    renewer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Lease {
+    pub(crate) fn start(
+        client: Client,
+        via: Option<Coalescer>,
+        grant: Grant,
+        ttl: Duration,
+        options: LeaseOptions,
+    ) -> Self {
+        let (state, _) = watch::channel(LeaseState {
+            deadline: grant.deadline,
+            mode: grant.mode,
+            witness: grant.witness.clone(),
+            lost: None,
+            released: false,
+        });
+        let shared = Arc::new(Shared {
+            client,
+            via,
+            lease: LeaseRef {
+                id: grant.lease_id.clone(),
+                token: grant.token.clone(),
+            },
+            grant,
+            ttl,
+            options,
+            state,
+            ledger: Arc::new(WriteLedger::default()),
+            settled_through: AtomicU64::new(0),
+        });
+        let cancel = CancellationToken::new();
+        let renewer = shared
+            .options
+            .auto_renew
+            .then(|| tokio::spawn(renew_loop(Arc::clone(&shared), cancel.clone())));
+        Lease {
+            shared,
+            cancel,
+            renewer,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.shared.lease.id
+    }
+
+    /// The secret proving this holder. Keep it out of logs.
+    pub fn token(&self) -> &str {
+        &self.shared.lease.token
+    }
+
+    /// The lease by id and token, for handing to another process.
+    pub fn lease_ref(&self) -> &LeaseRef {
+        &self.shared.lease
+    }
+
+    /// The names with their fencing tokens and what each inherited.
+    pub fn names(&self) -> &[NameGrant] {
+        &self.shared.grant.names
+    }
+
+    pub fn fencing_token(&self, name: &str) -> Option<u64> {
+        self.names()
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.fencing_token)
+    }
+
+    /// Every message written under this lease must be strictly later.
+    pub fn min_timestamp(&self) -> Micros {
+        self.shared.grant.min_timestamp
+    }
+
+    pub fn deadline(&self) -> Micros {
+        self.shared.state.borrow().deadline
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.shared.state.borrow().mode
+    }
+
+    /// The witness of the latest grant, upgrade or renewal (the one that
+    /// states the current deadline).
+    pub fn witness(&self) -> Witness {
+        self.shared.state.borrow().witness.clone()
+    }
+
+    pub fn state(&self) -> LeaseState {
+        self.shared.state.borrow().clone()
+    }
+
+    /// A local check, no RPC: not lost, not released, full, and the
+    /// deadline minus the safety margin is still ahead of the local clock.
+    pub fn is_valid(&self) -> bool {
+        let s = self.shared.state.borrow();
+        let now = self.shared.client.clock().now();
+        s.lost.is_none()
+            && !s.released
+            && s.mode == Mode::Full
+            && now.saturating_add(self.shared.options.safety_margin) < s.deadline
+    }
+
+    /// Watches the lease's state (deadline, witness, loss).
+    pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.shared.state.subscribe()
+    }
+
+    /// Resolves when the lease is lost, with the reason.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.subscribe();
+        let state = rx
+            .wait_for(|s| s.lost.is_some())
+            .await
+            .expect("the sender lives as long as `self`");
+        state.lost.clone().expect("waited for it")
+    }
+
+    /// Every bag that can hold a timestamp below this must be closed
+    /// before this holder may trust what it reads of its predecessors'
+    /// data: some earlier holder of a name (not only the last) was broken,
+    /// is unknown, or released with writes of unknown outcome, and nobody
+    /// has closed its bags since. `None` when everything before is settled.
+    ///
+    /// Close them (`bagel_bags::close_through` on every log the names'
+    /// holders write), then say so with [`Lease::settled_through`], so the
+    /// release tells the next holder it need not close them again.
+    pub fn close_before_reading(&self) -> Option<Micros> {
+        self.names()
+            .iter()
+            .filter_map(|n| n.previous.unsettled_until)
+            .max()
+    }
+
+    /// Records that this holder closed every bag below `until`.
+    pub fn settled_through(&self, until: Micros) {
+        self.shared
+            .settled_through
+            .fetch_max(until.as_micros(), Ordering::SeqCst);
+    }
+
+    /// Rights to write under this lease, for a bag writer. They follow
+    /// renewals (deadline and witness, one pair), stop at once if the lease
+    /// is lost, released or only tentative, and record what is written so
+    /// that [`Lease::release`] publishes it.
+    pub fn rights(&self) -> Arc<dyn WriteRights> {
+        Arc::new(LeaseRights {
+            min_timestamp: self.min_timestamp(),
+            state: self.subscribe(),
+            ledger: Arc::clone(&self.shared.ledger),
+        })
+    }
+
+    /// What the writers under this lease have written so far.
+    pub fn written(&self) -> WriteSummary {
+        self.shared.ledger.summary()
+    }
+
+    /// Renews now to `now + ttl`.
+    pub async fn renew(&self) -> Result<Micros> {
+        renew_once(&self.shared, None).await
+    }
+
+    /// Renews now, attaching metadata that says where updates were stored.
+    pub async fn renew_with_metadata(&self, metadata: Metadata) -> Result<Micros> {
+        renew_once(&self.shared, Some(metadata)).await
+    }
+
+    /// Turns a tentative lease full; fails if a name was broken meanwhile.
+    pub async fn upgrade(&self) -> Result<()> {
+        let s = &self.shared;
+        let grant = s.client.upgrade_via(s.via.as_ref(), &s.lease).await?;
+        s.state
+            .send_modify(|st| st.adopt(grant.deadline, Mode::Full, grant.witness));
+        Ok(())
+    }
+
+    /// Releases the lease, publishing a watermark: at least the highest
+    /// timestamp its writers handed to the store (see [`Lease::rights`]),
+    /// or `watermark` if that is higher (`None` = nothing more). A
+    /// `watermark` below what was written is refused: the next holder
+    /// could write below acknowledged messages. Writes in flight are
+    /// waited for first, and none can start once the release has begun.
+    /// Returns the watermark the server stored.
+    pub async fn release(self, watermark: Option<Micros>) -> Result<Micros> {
+        self.release_with(ReleaseOptions {
+            watermark,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// [`Lease::release`] with a signed time for the watermark and metadata
+    /// (`unsettled` and `settled_through` are filled in from what the
+    /// lease knows, and only ever raised).
+    pub async fn release_with(mut self, mut options: ReleaseOptions) -> Result<Micros> {
+        if let (Some(given), Some(written)) = (options.watermark, self.written().max_written)
+            && given < written
+        {
+            return Err(Error::WatermarkBelowWritten { given, written });
+        }
+        // Stop renewing first, so no renewal races the release.
+        self.cancel.cancel();
+        if let Some(task) = self.renewer.take() {
+            let _ = task.await;
+        }
+        // No new writes; then wait for those in flight to return.
+        self.shared.state.send_modify(|s| s.released = true);
+        let written = self.shared.ledger.close().await;
+        let full = self.shared.state.borrow().mode == Mode::Full;
+        // A tentative lease had no right to write: it says 0.
+        options.watermark = options.watermark.max(written.max_written).filter(|_| full);
+        options.unsettled |= written.uncertain;
+        let settled = self.shared.settled_through.load(Ordering::SeqCst);
+        options.settled_through = options
+            .settled_through
+            .max((settled > 0).then(|| Micros::from_micros(settled)));
+        let s = &self.shared;
+        s.client.release_via(s.via.as_ref(), &s.lease, options).await
+    }
+}
+
+/// See [`Lease::rights`].
+#[derive(Debug)]
+struct LeaseRights {
+    min_timestamp: Micros,
+    state: watch::Receiver<LeaseState>,
+    ledger: Arc<WriteLedger>,
+}
+
+impl WriteRights for LeaseRights {
+    fn snapshot(&self) -> std::result::Result<RightsSnapshot, String> {
+        let s = self.state.borrow();
+        if let Some(reason) = &s.lost {
+            return Err(format!("the lease was lost: {reason}"));
+        }
+        if s.released {
+            return Err("the lease is released".into());
+        }
+        if s.mode != Mode::Full {
+            return Err("the lease is tentative: upgrade it first".into());
+        }
+        Ok(RightsSnapshot {
+            min_timestamp: self.min_timestamp,
+            deadline: s.deadline,
+            witnesses: vec![s.witness.0.clone()],
+        })
+    }
+
+    fn ledger(&self) -> Option<Arc<WriteLedger>> {
+        Some(Arc::clone(&self.ledger))
+    }
+}
+
+async fn renew_once(shared: &Shared, metadata: Option<Metadata>) -> Result<Micros> {
+    let deadline = shared.client.clock().now().saturating_add(shared.ttl);
+    let r = shared
+        .client
+        .renew_via(shared.via.as_ref(), &shared.lease, deadline, metadata)
+        .await?;
+    let deadline = r.deadline;
+    shared
+        .state
+        .send_modify(|s| s.adopt(r.deadline, r.mode, r.witness));
+    Ok(deadline)
+}
+
+/// Renews every `renew_every` until cancelled or lost. A retryable failure
+/// is retried quickly until the safety margin before the deadline; any
+/// other failure, or running out of time, marks the lease lost.
+async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
+    let every = shared
+        .options
+        .renew_every
+        .unwrap_or(shared.ttl / 3)
+        .max(Duration::from_millis(1));
+    let retry = (every / 10).clamp(Duration::from_millis(1), Duration::from_millis(200));
+    let mut next = every;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(next) => {}
+            () = cancel.cancelled() => return,
+        }
+        let outcome = tokio::select! {
+            r = renew_once(&shared, None) => r,
+            () = cancel.cancelled() => return,
+        };
+        match outcome {
+            Ok(_) => next = every,
+            Err(e) => {
+                let deadline = shared.state.borrow().deadline;
+                let now = shared.client.clock().now();
+                let out_of_time = now.saturating_add(shared.options.safety_margin) >= deadline;
+                if !e.is_retryable() || out_of_time {
+                    let reason = if e.is_retryable() {
+                        LossReason::OutOfTime {
+                            deadline,
+                            last_error: e.to_string(),
+                        }
+                    } else {
+                        LossReason::Refused { error: e.to_string() }
+                    };
+                    tracing::warn!(lease = %shared.lease.id, %reason, "lease lost");
+                    shared.state.send_modify(|s| s.lost = Some(reason));
+                    return;
+                }
+                tracing::debug!(lease = %shared.lease.id, error = %e, "renewal failed; retrying");
+                next = retry;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(deadline: u64, mode: Mode, tag: u8) -> LeaseState {
+        LeaseState {
+            deadline: Micros::from_micros(deadline),
+            mode,
+            witness: witness(tag),
+            lost: None,
+            released: false,
+        }
+    }
+
+    fn witness(tag: u8) -> Witness {
+        Witness::from_parts(vec![tag], Vec::new(), String::new(), None)
+    }
+
+    #[test]
+    fn a_late_lesser_answer_never_replaces_the_witness_of_a_greater_one() {
+        let mut s = state(100, Mode::Full, 0);
+        // Two renewals in flight: the later deadline's answer lands first.
+        s.adopt(Micros::from_micros(300), Mode::Full, witness(3));
+        s.adopt(Micros::from_micros(200), Mode::Full, witness(2));
+        assert_eq!((s.deadline.as_micros(), s.witness.body()[0]), (300, 3));
+    }
+
+    #[test]
+    fn an_upgrade_outranks_a_tentative_renewal_and_is_never_undone() {
+        let mut s = state(100, Mode::Tentative, 0);
+        // A renewal of the tentative lease and the upgrade race; the
+        // server signs the upgrade with the current deadline, so the
+        // tentative answer can say at most as much.
+        s.adopt(Micros::from_micros(200), Mode::Full, witness(1));
+        s.adopt(Micros::from_micros(200), Mode::Tentative, witness(2));
+        assert_eq!((s.mode, s.witness.body()[0]), (Mode::Full, 1));
+        // A full renewal with a later deadline moves on, in one piece.
+        s.adopt(Micros::from_micros(250), Mode::Full, witness(3));
+        assert_eq!((s.deadline.as_micros(), s.witness.body()[0]), (250, 3));
+    }
+}

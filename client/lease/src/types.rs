@@ -1,0 +1,518 @@
+//! The lease client's domain types: what the server says, in Rust terms.
+//! The protobuf types stay behind the conversions at the bottom; nothing in
+//! this crate's public API is generated code.
+
+use std::fmt;
+use std::time::Duration;
+
+use bagel_proto::{Micros, pb};
+
+/// What a lease grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// May write.
+    Full,
+    /// Reserves names without the right to write; a full acquire of one of
+    /// them breaks it. Turn it full with [`crate::Lease::upgrade`].
+    Tentative,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Full => "full",
+            Mode::Tentative => "tentative",
+        }
+    }
+}
+
+/// How the lease before the current one on a name ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ended {
+    /// Nothing came before, and nothing is inherited.
+    None,
+    /// Released, publishing its watermark.
+    Released,
+    /// Its deadline passed without a release; the deadline is the watermark.
+    Broken,
+    /// The server holds no record (it restarted, or forgot an idle name);
+    /// the watermark is its forgotten floor.
+    Unknown,
+}
+
+impl Ended {
+    /// The word the CLI's JSON uses: `none`, `released`, `broken`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::None => "none",
+            Ended::Released => "released",
+            Ended::Broken => "broken",
+            Ended::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a grant inherits on one name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previous {
+    /// The previous lease, when known.
+    pub lease_id: Option<String>,
+    /// Every message written under earlier leases is at or below this.
+    pub watermark: Micros,
+    pub ended: Ended,
+    /// When it was released or found broken (zero when unknown or none).
+    pub ended_at: Micros,
+    /// Bags that can hold a timestamp below this may still change: close
+    /// them before reading what earlier holders wrote.
+    pub unsettled_until: Option<Micros>,
+    /// When the previous lease was granted, when known.
+    pub granted_at: Option<Micros>,
+}
+
+/// One name of a grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameGrant {
+    pub name: String,
+    /// Strictly increases with every grant of the name, across restarts.
+    pub fencing_token: u64,
+    pub previous: Previous,
+}
+
+/// A witness: the exact bytes of the server's signed statement of a grant,
+/// its signature and the signing key's id. Verify it with
+/// [`bagel_proto::verify_witness`]-equivalent tools, or carry it to the bag
+/// writer (a lease's [`crate::Lease::rights`] does).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Witness(pub(crate) pb::Witness);
+
+impl Witness {
+    /// The signed body, exactly as the server encoded it.
+    pub fn body(&self) -> &[u8] {
+        &self.0.body
+    }
+    pub fn signature(&self) -> &[u8] {
+        &self.0.signature
+    }
+    pub fn key_id(&self) -> &str {
+        &self.0.key_id
+    }
+    /// For a witness signed in a batch: its leaf index and Merkle path
+    /// (see `witness.proto`).
+    pub fn merkle(&self) -> Option<(u32, &[Vec<u8>])> {
+        self.0
+            .batched
+            .then_some((self.0.leaf_index, self.0.merkle_path.as_slice()))
+    }
+    /// The witness from its parts (for example read back from a file).
+    pub fn from_parts(
+        body: Vec<u8>,
+        signature: Vec<u8>,
+        key_id: String,
+        merkle: Option<(u32, Vec<Vec<u8>>)>,
+    ) -> Self {
+        let (batched, leaf_index, merkle_path) = match merkle {
+            Some((i, path)) => (true, i, path),
+            None => (false, 0, Vec::new()),
+        };
+        Witness(pb::Witness {
+            body,
+            signature,
+            key_id,
+            batched,
+            leaf_index,
+            merkle_path,
+        })
+    }
+}
+
+impl fmt::Debug for Witness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Witness")
+            .field("key_id", &self.0.key_id)
+            .field("body_bytes", &self.0.body.len())
+            .field("batched", &self.0.batched)
+            .finish()
+    }
+}
+
+/// A lease as a server granted it (acquire or upgrade), its witness checked.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub lease_id: String,
+    /// The holder's secret. Keep it out of logs.
+    pub token: String,
+    pub deadline: Micros,
+    /// Every message written under this lease must be strictly later.
+    pub min_timestamp: Micros,
+    pub names: Vec<NameGrant>,
+    pub mode: Mode,
+    pub witness: Witness,
+}
+
+/// A renewal as the server answered it, its witness checked.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    pub deadline: Micros,
+    pub mode: Mode,
+    pub witness: Witness,
+}
+
+/// A lease named by id and token, for tools that hold a lease across
+/// processes (the CLI). Library users hold a [`crate::Lease`] instead.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub id: String,
+    pub token: String,
+}
+
+impl fmt::Debug for LeaseRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A token is a secret: never log it.
+        f.debug_struct("LeaseRef")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a holder stored its updates, as it tells the server on renew or
+/// release (bounded by the server's metadata limit).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Metadata {
+    Data(Vec<u8>),
+    /// "Could be anywhere".
+    Wildcard,
+}
+
+/// What a release says besides its watermark.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ReleaseOptions {
+    /// At least every timestamp written under the lease (a lease handle
+    /// takes at least what its writers wrote).
+    pub watermark: Option<Micros>,
+    /// The signed time the watermark is checked against (else the server's
+    /// clock).
+    pub signed_time: Option<bagel_proto::SignedReading>,
+    pub metadata: Option<Metadata>,
+    /// Some write under the lease may still land.
+    pub unsettled: bool,
+    /// The holder closed every bag below this.
+    pub settled_through: Option<Micros>,
+}
+
+impl ReleaseOptions {
+    #[must_use]
+    pub fn with_watermark(mut self, watermark: Micros) -> Self {
+        self.watermark = Some(watermark);
+        self
+    }
+    #[must_use]
+    pub fn with_signed_time(mut self, signed: bagel_proto::SignedReading) -> Self {
+        self.signed_time = Some(signed);
+        self
+    }
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+    #[must_use]
+    pub fn with_unsettled(mut self, unsettled: bool) -> Self {
+        self.unsettled = unsettled;
+        self
+    }
+    #[must_use]
+    pub fn with_settled_through(mut self, through: Micros) -> Self {
+        self.settled_through = Some(through);
+        self
+    }
+}
+
+/// Who holds a name now, as refused acquires and `describe` say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub name: String,
+    pub holder_lease_id: String,
+    pub holder_owner: String,
+    pub holder_mode: Mode,
+    /// Retry after this instant.
+    pub holder_deadline: Micros,
+}
+
+/// A name's state, for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameState {
+    pub name: String,
+    pub holder: Option<Holder>,
+    /// What the next holder would inherit if granted now.
+    pub previous: Previous,
+    /// The last fencing token issued (0 when the server has no record).
+    pub fencing_token: u64,
+    /// False when the server has no record of the name.
+    pub known: bool,
+}
+
+/// The current holder of a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub lease_id: String,
+    pub owner: String,
+    pub mode: Mode,
+    pub deadline: Micros,
+    pub fencing_token: u64,
+    pub granted_at: Micros,
+}
+
+/// A name's recent renewals and releases.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// Oldest first.
+    pub entries: Vec<HistoryEntry>,
+    /// Older entries were dropped for the memory budget.
+    pub truncated: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryEvent {
+    Renewed,
+    Released,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub lease_id: String,
+    pub owner: String,
+    pub event: HistoryEvent,
+    pub at: Micros,
+    pub watermark: Micros,
+    pub metadata: Option<Metadata>,
+}
+
+/// A lease server's keys, limits, readiness and clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerInfo {
+    pub server_id: String,
+    pub version: String,
+    /// When this incarnation started.
+    pub epoch: Micros,
+    /// Raw ed25519 public keys by key id.
+    pub keys: Vec<(String, [u8; 32])>,
+    pub min_ttl: Duration,
+    pub max_ttl: Duration,
+    pub max_wait: Duration,
+    /// No grants before this (restart wait).
+    pub ready_at: Micros,
+    pub ready: bool,
+    pub now: Micros,
+    pub clock: ClockStatus,
+    pub forgotten_floor: Micros,
+    pub unsafe_skip_restart_wait: bool,
+    pub max_names_per_request: u32,
+    pub max_name_bytes: u32,
+    pub max_owner_bytes: u32,
+    pub max_metadata_bytes: u32,
+    pub timestamp_tolerance: Duration,
+}
+
+/// Where a server's time comes from, and whether it trusts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClockStatus {
+    pub source: ClockSource,
+    pub error_bound: Duration,
+    /// False when the clock is off by more than the tolerance: no grants.
+    pub healthy: bool,
+    pub detail: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockSource {
+    /// The server signs its own clock readings (local time agent).
+    Local,
+    Roughtime,
+}
+
+// --- conversions from the wire ---------------------------------------------
+
+fn micros(us: u64) -> Micros {
+    Micros::from_micros(us)
+}
+
+fn nonzero(us: u64) -> Option<Micros> {
+    (us != 0).then(|| micros(us))
+}
+
+impl From<pb::Mode> for Mode {
+    fn from(m: pb::Mode) -> Self {
+        match m.normalized() {
+            pb::Mode::Tentative => Mode::Tentative,
+            _ => Mode::Full,
+        }
+    }
+}
+
+impl From<Mode> for pb::Mode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Full => pb::Mode::Full,
+            Mode::Tentative => pb::Mode::Tentative,
+        }
+    }
+}
+
+impl From<pb::Ended> for Ended {
+    fn from(e: pb::Ended) -> Self {
+        match e {
+            pb::Ended::Unspecified | pb::Ended::None => Ended::None,
+            pb::Ended::Released => Ended::Released,
+            pb::Ended::Broken => Ended::Broken,
+            pb::Ended::Unknown => Ended::Unknown,
+        }
+    }
+}
+
+impl From<&pb::PreviousLease> for Previous {
+    fn from(p: &pb::PreviousLease) -> Self {
+        Previous {
+            lease_id: (!p.lease_id.is_empty()).then(|| p.lease_id.clone()),
+            watermark: micros(p.watermark_us),
+            ended: p.ended().into(),
+            ended_at: micros(p.ended_at_us),
+            unsettled_until: nonzero(p.unsettled_until_us),
+            granted_at: nonzero(p.granted_at_us),
+        }
+    }
+}
+
+impl From<&pb::NameGrant> for NameGrant {
+    fn from(n: &pb::NameGrant) -> Self {
+        NameGrant {
+            name: n.name.clone(),
+            fencing_token: n.fencing_token,
+            previous: Previous::from(&n.previous.clone().unwrap_or_default()),
+        }
+    }
+}
+
+impl From<pb::LeaseConflict> for Conflict {
+    fn from(c: pb::LeaseConflict) -> Self {
+        Conflict {
+            holder_mode: c.holder_mode().into(),
+            name: c.name,
+            holder_lease_id: c.holder_lease_id,
+            holder_owner: c.holder_owner,
+            holder_deadline: micros(c.holder_deadline_us),
+        }
+    }
+}
+
+impl From<&pb::Metadata> for Metadata {
+    fn from(m: &pb::Metadata) -> Self {
+        if m.wildcard {
+            Metadata::Wildcard
+        } else {
+            Metadata::Data(m.data.clone())
+        }
+    }
+}
+
+impl From<&Metadata> for pb::Metadata {
+    fn from(m: &Metadata) -> Self {
+        match m {
+            Metadata::Data(d) => pb::Metadata {
+                data: d.clone(),
+                wildcard: false,
+            },
+            Metadata::Wildcard => pb::Metadata {
+                data: Vec::new(),
+                wildcard: true,
+            },
+        }
+    }
+}
+
+impl From<pb::NameState> for NameState {
+    fn from(s: pb::NameState) -> Self {
+        NameState {
+            holder: s.holder.map(|h| Holder {
+                mode: h.mode().into(),
+                lease_id: h.lease_id,
+                owner: h.owner,
+                deadline: micros(h.deadline_us),
+                fencing_token: h.fencing_token,
+                granted_at: micros(h.granted_at_us),
+            }),
+            previous: Previous::from(&s.previous.unwrap_or_default()),
+            name: s.name,
+            fencing_token: s.fencing_token,
+            known: s.known,
+        }
+    }
+}
+
+impl From<pb::HistoryResponse> for History {
+    fn from(h: pb::HistoryResponse) -> Self {
+        History {
+            entries: h
+                .entries
+                .into_iter()
+                .map(|e| HistoryEntry {
+                    event: match e.event() {
+                        pb::HistoryEvent::Renewed => HistoryEvent::Renewed,
+                        _ => HistoryEvent::Released,
+                    },
+                    metadata: e.metadata.as_ref().map(Metadata::from),
+                    lease_id: e.lease_id,
+                    owner: e.owner,
+                    at: micros(e.at_us),
+                    watermark: micros(e.watermark_us),
+                })
+                .collect(),
+            truncated: h.truncated,
+        }
+    }
+}
+
+impl ServerInfo {
+    /// From the wire; a key that is not 32 bytes is refused.
+    pub(crate) fn from_pb(info: pb::ServerInfoResponse) -> Result<Self, String> {
+        let clock = info.clock.clone().unwrap_or_default();
+        let keys = info
+            .keys
+            .iter()
+            .map(|k| {
+                <[u8; 32]>::try_from(k.ed25519.as_slice())
+                    .map(|raw| (k.key_id.clone(), raw))
+                    .map_err(|_| format!("key {} is {} bytes, not 32", k.key_id, k.ed25519.len()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(ServerInfo {
+            keys,
+            clock: ClockStatus {
+                source: match clock.source() {
+                    pb::TimeSource::Roughtime => ClockSource::Roughtime,
+                    _ => ClockSource::Local,
+                },
+                error_bound: Duration::from_micros(clock.error_bound_us),
+                healthy: clock.healthy,
+                detail: clock.detail,
+            },
+            server_id: info.server_id,
+            version: info.version,
+            epoch: micros(info.epoch_us),
+            min_ttl: Duration::from_micros(info.min_ttl_us),
+            max_ttl: Duration::from_micros(info.max_ttl_us),
+            max_wait: Duration::from_micros(info.max_wait_us),
+            ready_at: micros(info.ready_at_us),
+            ready: info.ready,
+            now: micros(info.now_us),
+            forgotten_floor: micros(info.forgotten_floor_us),
+            unsafe_skip_restart_wait: info.unsafe_skip_restart_wait,
+            max_names_per_request: info.max_names_per_request,
+            max_name_bytes: info.max_name_bytes,
+            max_owner_bytes: info.max_owner_bytes,
+            max_metadata_bytes: info.max_metadata_bytes,
+            timestamp_tolerance: Duration::from_micros(info.timestamp_tolerance_us),
+        })
+    }
+}

@@ -1,0 +1,100 @@
+//! The one place the client checks what a server signed: every grant and
+//! renewal, unary or batched, goes through here before it becomes a
+//! [`Grant`] or a [`Renewal`].
+//!
+//! A witness is checked in two parts: its signature (over the body, or
+//! over its batch's Merkle root), then that its body states exactly what
+//! the answer says. The grants of a batch share one signature, so
+//! [`Verified`] remembers the last (signature, signed message) checked and
+//! the others cost only their Merkle path.
+
+use bagel_proto::{KeyRing, pb, verify_witness, witness_signed_message};
+use prost::Message as _;
+
+use crate::error::{Error, Result};
+use crate::types::{Grant, NameGrant, Renewal, Witness};
+
+/// The (signature, signed message) verified last.
+pub(crate) type Verified = Option<(Vec<u8>, Vec<u8>)>;
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::Witness {
+        reason: reason.into(),
+    }
+}
+
+/// Checks `witness`'s signature against `keys` (or finds it verified
+/// already) and decodes its body. With `keys` `None`, the body is only
+/// decoded: the caller turned verification off (benchmarks).
+pub(crate) fn body(
+    witness: &pb::Witness,
+    keys: Option<&KeyRing>,
+    verified: &mut Verified,
+) -> Result<pb::WitnessBody> {
+    let Some(keys) = keys else {
+        return pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()));
+    };
+    let message = witness_signed_message(witness).map_err(|e| bad(e.to_string()))?;
+    let known = verified
+        .as_ref()
+        .is_some_and(|(sig, msg)| *sig == witness.signature && *msg == message);
+    if known {
+        return pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()));
+    }
+    let body = verify_witness(witness, keys).map_err(|e| bad(e.to_string()))?;
+    *verified = Some((witness.signature.clone(), message));
+    Ok(body)
+}
+
+/// A grant whose witness verifies and states it exactly.
+pub(crate) fn grant(g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mut Verified) -> Result<Grant> {
+    let witness = g.witness.clone().ok_or_else(|| bad("grant has no witness"))?;
+    let b = body(&witness, keys, verified)?;
+    let names_match = b.names.len() == g.names.len()
+        && b.names
+            .iter()
+            .zip(&g.names)
+            .all(|(w, n)| w.name == n.name && w.fencing_token == n.fencing_token && w.previous == n.previous);
+    if b.lease_id != g.lease_id
+        || b.deadline_us != g.deadline_us
+        || b.min_timestamp_us != g.min_timestamp_us
+        || b.mode().normalized() != g.mode().normalized()
+        || !names_match
+    {
+        return Err(bad(format!(
+            "witness does not state the grant of lease {}",
+            g.lease_id
+        )));
+    }
+    Ok(Grant {
+        names: g.names.iter().map(NameGrant::from).collect(),
+        mode: g.mode().into(),
+        lease_id: g.lease_id,
+        token: g.token,
+        deadline: bagel_proto::Micros::from_micros(g.deadline_us),
+        min_timestamp: bagel_proto::Micros::from_micros(g.min_timestamp_us),
+        witness: Witness(witness),
+    })
+}
+
+/// A renewal of `lease_id` whose witness verifies and states its deadline.
+pub(crate) fn renewal(
+    r: pb::RenewResponse,
+    lease_id: &str,
+    keys: Option<&KeyRing>,
+    verified: &mut Verified,
+) -> Result<Renewal> {
+    let witness = r.witness.ok_or_else(|| bad("renewal has no witness"))?;
+    let b = body(&witness, keys, verified)?;
+    if b.lease_id != lease_id || b.deadline_us != r.deadline_us {
+        return Err(bad(format!(
+            "renewal witness does not state lease {lease_id} until {}",
+            r.deadline_us
+        )));
+    }
+    Ok(Renewal {
+        deadline: bagel_proto::Micros::from_micros(r.deadline_us),
+        mode: b.mode().into(),
+        witness: Witness(witness),
+    })
+}
