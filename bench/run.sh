@@ -10,16 +10,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tests/support/common.sh
-source tests/support/s3.sh # for MOTO_VERSION
 
 apt_install etcd-server redis-server fonts-dejavu-core python3-venv curl
-
-venv="$BAGEL_TOOLS/venv-moto-$MOTO_VERSION"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import moto' 2>/dev/null; then
-  log "installing moto[server]==$MOTO_VERSION into $venv"
-  python3 -m venv "$venv" || die "python3 -m venv failed"
-  "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" >&2 || die "pip install moto failed"
-fi
+venv=$(moto_venv)
 
 packages=(-p bagel-bench)
 if [ -f server/Cargo.toml ]; then packages+=(-p bagel-server); fi

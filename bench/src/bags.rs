@@ -1,5 +1,5 @@
 //! The bag measurements: `bagel-client`'s bag [`Writer`] and [`Metronome`]
-//! (`client/src/bag`), on a tmpfs directory and on the S3 server (moto).
+//! (`client/bags`), on a tmpfs directory and on the S3 server (moto).
 //!
 //! * POSIX writes/s: one writer, 100-byte payloads, batches of 1000 and of
 //!   100, fsync on and off, back to back for a bounded time and count.

@@ -2,6 +2,7 @@
 //! (etcd, Redis, S3 conditional-write leases), on one machine, in one run.
 //!
 //! # Layout
+//! * [`args`]: the command line, the systems compared, the settings.
 //! * [`driver`]: the [`driver::LeaseDriver`] trait and the load loop (the same
 //!   lease cycle for every system, hdrhistogram latencies).
 //! * [`bagel`], [`etcd`], [`redis`], [`s3`]: one module per system: how to
@@ -16,6 +17,7 @@
 //! Every run stops by itself: each point is bounded in time and in count,
 //! every request has a timeout, and every server is killed at the end.
 
+mod args;
 mod bagel;
 mod bags;
 mod driver;
@@ -28,7 +30,6 @@ mod rss;
 mod s3;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ use anyhow::{Context, Result, bail};
 use bagel_client::Transport;
 use clap::Parser;
 
+use crate::args::{Args, Settings, System};
 use crate::driver::{LeaseDriver, LoadSpec, run_load};
 use crate::floor::FloorRow;
 use crate::procs::{Server, WorkDir};
@@ -43,246 +45,6 @@ use crate::report::{Missing, Report, RestartRow, Row};
 
 /// How often a restart-to-ready probe asks again (the probe answering is the event).
 const POLL_EVERY: Duration = Duration::from_millis(5);
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "bagel-bench",
-    about = "Lease benchmark: bagel vs etcd, Redis and S3 conditional writes"
-)]
-struct Args {
-    /// Where results.md, results.json, summary.json and the plots go.
-    #[arg(long, default_value = "bench-out")]
-    out: PathBuf,
-    /// A short run (well under 3 minutes): shorter points, 10^5 held leases
-    /// only, one restart measurement.
-    #[arg(long)]
-    quick: bool,
-    /// Systems to run, in order.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "bagel,bagel-batched,bagel-session,etcd,redis,s3"
-    )]
-    systems: Vec<System>,
-    /// Concurrent clients per point.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
-    concurrency: Vec<usize>,
-    /// Names per lease cycle (S3 takes only 1).
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
-    names: Vec<usize>,
-    /// Measured time per point [default: 10s, --quick 2s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    duration: Option<Duration>,
-    /// Unmeasured time before each point [default: 2s, --quick 0.5s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    warmup: Option<Duration>,
-    /// Names are drawn uniformly from this many.
-    #[arg(long, default_value_t = 100_000)]
-    keyspace: u64,
-    /// Lease TTL of every cycle (bagel's deadline is now + ttl).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
-    ttl: Duration,
-    /// Client connections per system (worker i uses connection i % N).
-    #[arg(long, default_value_t = 8)]
-    connections: usize,
-    /// Upper bound on measured cycles per point.
-    #[arg(long, default_value_t = 20_000_000)]
-    max_cycles: u64,
-    /// Held-lease memory: numbers of concurrently held leases
-    /// [default: 100000,1000000, --quick 100000]; 0 to skip.
-    #[arg(long, value_delimiter = ',')]
-    held: Option<Vec<u64>>,
-    /// Restart-to-ready: max TTLs to start bagel-server with
-    /// [default: 2s,5s,10s, --quick 2s].
-    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
-    restart_ttls: Option<Vec<Duration>>,
-    /// The paced (open-loop) point runs at this fraction of each bagel
-    /// variant's peak single-name rate (the goal is stated at half).
-    #[arg(long, default_value_t = 0.5)]
-    paced_fraction: f64,
-    /// Times the whole lease sweep (every system, one after the other) is
-    /// repeated; each point reports its median round, with the min-max
-    /// spread [default: 3, --quick 1].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
-    rounds: Option<u32>,
-    /// Skip the memory and restart measurements.
-    #[arg(long)]
-    no_extras: bool,
-    /// Skip the bag measurements (POSIX writes/s, S3 PUTs per batch,
-    /// metronome lag).
-    #[arg(long)]
-    no_bags: bool,
-    /// Measured time per bag write point and metronome run
-    /// [default: 3s and 10s, --quick 1s and 3s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    bag_duration: Option<Duration>,
-    /// The bagel-server binary [default: next to this binary].
-    #[arg(long)]
-    bagel_server: Option<PathBuf>,
-    #[arg(long, default_value = "etcd")]
-    etcd_bin: String,
-    #[arg(long, default_value = "redis-server")]
-    redis_bin: String,
-    /// Python of a venv with moto[server] [default: the one tests/support/s3.sh installs].
-    #[arg(long, env = "BAGEL_MOTO_PYTHON")]
-    moto_python: Option<PathBuf>,
-    /// The serialized moto server script.
-    #[arg(long, default_value = "tests/support/s3_server.py")]
-    s3_script: PathBuf,
-    /// TTF font for plot text [default: DejaVu Sans from fonts-dejavu-core].
-    #[arg(long)]
-    font: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum System {
-    /// bagel, one unary RPC per operation.
-    Bagel,
-    /// bagel through bagel-client's Coalescer (Batch RPCs).
-    BagelBatched,
-    /// bagel through bagel-client's Coalescer over one Session stream.
-    BagelSession,
-    Etcd,
-    Redis,
-    S3,
-}
-
-impl System {
-    /// The `system` column of the results.
-    fn name(self) -> &'static str {
-        match self {
-            System::Bagel | System::BagelBatched | System::BagelSession => "bagel",
-            System::Etcd => "etcd",
-            System::Redis => "redis",
-            System::S3 => "s3",
-        }
-    }
-
-    /// The command-line name.
-    fn label(self) -> &'static str {
-        match self {
-            System::BagelBatched => "bagel-batched",
-            System::BagelSession => "bagel-session",
-            other => other.name(),
-        }
-    }
-
-    /// Appended to the workload name.
-    fn workload_suffix(self) -> &'static str {
-        match self {
-            System::BagelBatched => "-batched",
-            System::BagelSession => "-session",
-            _ => "",
-        }
-    }
-
-    /// Round trips of one successful cycle (a batched one shares its two
-    /// with the other operations of the same batches).
-    fn requests_per_cycle(self) -> u32 {
-        match self {
-            System::Bagel | System::BagelBatched | System::BagelSession | System::Redis => 2,
-            System::Etcd | System::S3 => 3,
-        }
-    }
-}
-
-struct Settings {
-    rounds: usize,
-    duration: Duration,
-    warmup: Duration,
-    held: Vec<u64>,
-    restart_ttls: Vec<Duration>,
-    /// Per bag write point.
-    bag_writes: Duration,
-    /// Per metronome run.
-    bag_metronome: Duration,
-}
-
-impl Args {
-    fn settings(&self) -> Settings {
-        let (duration, warmup, held, restart) = if self.quick {
-            (
-                Duration::from_secs(2),
-                Duration::from_millis(500),
-                vec![100_000],
-                vec![Duration::from_secs(2)],
-            )
-        } else {
-            (
-                Duration::from_secs(10),
-                Duration::from_secs(2),
-                vec![100_000, 1_000_000],
-                vec![
-                    Duration::from_secs(2),
-                    Duration::from_secs(5),
-                    Duration::from_secs(10),
-                ],
-            )
-        };
-        Settings {
-            rounds: self.rounds.map_or(if self.quick { 1 } else { 3 }, |n| n as usize),
-            duration: self.duration.unwrap_or(duration),
-            warmup: self.warmup.unwrap_or(warmup),
-            held: self
-                .held
-                .clone()
-                .unwrap_or(held)
-                .into_iter()
-                .filter(|&n| n > 0)
-                .collect(),
-            restart_ttls: self.restart_ttls.clone().unwrap_or(restart),
-            bag_writes: self.bag_duration.unwrap_or(if self.quick {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_secs(3)
-            }),
-            bag_metronome: self.bag_duration.map_or(
-                if self.quick {
-                    Duration::from_secs(3)
-                } else {
-                    Duration::from_secs(10)
-                },
-                |d| d * 3,
-            ),
-        }
-    }
-
-    fn bagel_server(&self) -> PathBuf {
-        self.bagel_server.clone().unwrap_or_else(|| {
-            std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.join("bagel-server")))
-                .unwrap_or_else(|| PathBuf::from("bagel-server"))
-        })
-    }
-
-    fn moto_python(&self) -> PathBuf {
-        if let Some(p) = &self.moto_python {
-            return p.clone();
-        }
-        // Same place as tests/support/common.sh + s3.sh.
-        let tools = std::env::var_os("BAGEL_TOOLS")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("bagel-tools")))
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bagel-tools")))
-            .unwrap_or_else(|| PathBuf::from(".cache/bagel-tools"));
-        tools.join("venv-moto-5.2.5/bin/python")
-    }
-
-    fn font(&self) -> Option<PathBuf> {
-        if let Some(f) = &self.font {
-            return Some(f.clone());
-        }
-        [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/TTF/DejaVuSans.ttf",
-            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-    }
-}
 
 /// The first line of `bin --version`, for the report.
 fn version_of(bin: &str) -> String {
@@ -345,7 +107,6 @@ impl Bench {
         driver: Arc<D>,
         server: &mut Server,
     ) -> Result<()> {
-        let workload = format!("{}{}", report::workload_name(1), system.workload_suffix());
         // The peak and the number of clients that reached it: the paced
         // run gets as many, so it can have as many cycles in flight.
         let (peak, concurrency) = self
@@ -354,8 +115,9 @@ impl Bench {
             .iter()
             .filter(|r| {
                 r.system == system.name()
-                    && r.workload == workload
-                    && r.target_per_s.is_none()
+                    && r.transport == system.transport()
+                    && r.names_per_cycle == 1
+                    && !r.paced
                     && r.round == self.round
             })
             .map(|r| (r.cycles_per_s, r.concurrency))
@@ -369,10 +131,15 @@ impl Bench {
         let rate = peak * self.args.paced_fraction;
         spec.rate = Some(rate);
         let r = run_load(driver, &spec, Some(server.pid)).await;
-        let mut row = Row::from_load(system.name(), 1, concurrency, system.requests_per_cycle(), &r);
-        row.workload = format!("{workload}-paced");
-        row.target_per_s = Some(rate);
-        row.fraction_of_peak = Some(self.args.paced_fraction);
+        let mut row = Row::from_load(
+            system.name(),
+            system.transport(),
+            1,
+            concurrency,
+            system.requests_per_cycle(),
+            &r,
+        )
+        .paced_at(rate, self.args.paced_fraction);
         row.round = self.round;
         eprintln!(
             "  {} at {} of its peak ({:.0}/s): {:.0} cycles/s, acquire p50 {} µs p99 {} µs p99.9 {} µs",
@@ -408,8 +175,14 @@ impl Bench {
                 server.check_alive()?;
                 let spec = self.spec(system, names, c);
                 let r = run_load(driver.clone(), &spec, Some(server.pid)).await;
-                let mut row = Row::from_load(system.name(), names, c, system.requests_per_cycle(), &r);
-                row.workload.push_str(system.workload_suffix());
+                let mut row = Row::from_load(
+                    system.name(),
+                    system.transport(),
+                    names,
+                    c,
+                    system.requests_per_cycle(),
+                    &r,
+                );
                 row.round = self.round;
                 eprintln!(
                     "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",

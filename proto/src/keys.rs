@@ -26,7 +26,7 @@ pub(crate) fn in_domain(domain: &[u8], bytes: &[u8]) -> Vec<u8> {
 /// The id of an ed25519 public key: 16 lowercase hex digits.
 pub fn key_id(key: &VerifyingKey) -> String {
     let digest = Sha256::digest(key.as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::encode(&digest[..8])
 }
 
 /// A signing key together with its id, so callers never recompute the id on

@@ -6,15 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bagel_bags::directory::DirectoryStore;
-use bagel_bags::faults::{FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
+use bagel_bags::faults::{AppendsThrough, FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
 use bagel_bags::fsops::{FsOps, StdFs};
 use bagel_bags::nfs::NfsFs;
 use bagel_bags::s3::S3Store;
-use bagel_bags::{self as bag, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, TimeoutStore};
+use bagel_bags::{self as bag, BagStore, TimeoutStore};
 use bagel_proto::Micros;
-use bytes::Bytes;
 use object_store::ObjectStore;
 use rand::Rng as _;
 
@@ -164,82 +162,71 @@ pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
 /// the clock moving on).
 pub type Hook = Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send>;
 
-/// A [`BagStore`] that delegates, running a [`Hook`] before the next append.
-#[derive(Debug)]
+/// A store that runs a [`Hook`] before its next append.
 pub struct HookStore {
-    pub inner: Arc<dyn BagStore>,
-    hook: std::sync::Mutex<Option<HookBox>>,
+    store: Arc<dyn BagStore>,
+    hook: Arc<std::sync::Mutex<Option<Hook>>>,
 }
 
-struct HookBox(Hook);
-
-impl std::fmt::Debug for HookBox {
+impl std::fmt::Debug for HookStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hook")
+        f.debug_struct("HookStore")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
     }
 }
 
 impl HookStore {
     pub fn new(inner: Arc<dyn BagStore>) -> Self {
+        let hook: Arc<std::sync::Mutex<Option<Hook>>> = Arc::default();
+        let next = Arc::clone(&hook);
+        let store = AppendsThrough::new(inner, move |inner, append| {
+            let hook = next.lock().expect("hook").take();
+            Box::pin(async move {
+                if let Some(h) = hook {
+                    h().await;
+                }
+                append.to(&*inner).await
+            })
+        });
         HookStore {
-            inner,
-            hook: std::sync::Mutex::new(None),
+            store: Arc::new(store),
+            hook,
         }
+    }
+
+    /// The store to write through.
+    pub fn store(&self) -> Arc<dyn BagStore> {
+        Arc::clone(&self.store)
     }
 
     pub fn before_next_append(&self, hook: Hook) {
-        *self.hook.lock().unwrap() = Some(HookBox(hook));
+        *self.hook.lock().expect("hook") = Some(hook);
     }
 }
 
-#[async_trait]
-impl BagStore for HookStore {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn append(
-        &self,
-        log: &str,
-        bucket: Bucket,
-        writer_file: &str,
-        sequence: u64,
-        record: Bytes,
-    ) -> bag::Result<Receipt> {
-        let hook = self.hook.lock().unwrap().take();
-        if let Some(HookBox(h)) = hook {
-            h().await;
-        }
-        self.inner
-            .append(log, bucket, writer_file, sequence, record)
-            .await
-    }
-    async fn closing_started(&self, log: &str, bucket: Bucket) -> bag::Result<bool> {
-        self.inner.closing_started(log, bucket).await
-    }
-    async fn close(&self, log: &str, bucket: Bucket) -> bag::Result<Listing> {
-        self.inner.close(log, bucket).await
-    }
-    async fn state(&self, log: &str, bucket: Bucket) -> bag::Result<BagState> {
-        self.inner.state(log, bucket).await
-    }
-    async fn read_item(
-        &self,
-        log: &str,
-        bucket: Bucket,
-        item: &ListedItem,
-        limit: Option<u64>,
-    ) -> bag::Result<Bytes> {
-        self.inner.read_item(log, bucket, item, limit).await
-    }
-    async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
-        self.inner.list_level(log, parts).await
-    }
-    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
-        self.inner.log_start(log).await
-    }
-    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
-        self.inner.mark_log_start(log, bucket).await
-    }
+/// Reads all of `log`, verified with the test leases' keys, and insists
+/// nothing was rejected or damaged.
+pub async fn read_clean(
+    store: &dyn BagStore,
+    log: &str,
+    leases: &TestLeases,
+    cfg: &bag::BagConfig,
+    clock: &dyn bagel_proto::clock::Clock,
+) -> bag::ReadReport {
+    let opts = bag::ReadOptions::default().with_keys(Some(leases.keys()));
+    let r = bag::read(store, log, &opts, cfg, clock).await.unwrap();
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    r
+}
+
+/// The payloads of a read, as text, in order.
+pub fn payloads(r: &bag::ReadReport) -> Vec<String> {
+    r.messages
+        .iter()
+        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
+        .collect()
 }
 
 /// A fixed, recent instant in the middle of a second, for manual clocks.

@@ -123,14 +123,17 @@ impl ServerProcess {
     /// Polls the standard health RPC until `service` is SERVING. The server
     /// pushes status changes through `Watch`, so this waits on the event.
     async fn wait_health(&self, service: &str) {
+        // The server printed its address after binding, so the first connect
+        // normally succeeds; a refused one is retried briefly, not forever.
+        let endpoint = tonic::transport::Endpoint::from_shared(self.url.clone()).expect("url");
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
         let channel = loop {
-            match tonic::transport::Endpoint::from_shared(self.url.clone())
-                .expect("url")
-                .connect()
-                .await
-            {
+            match endpoint.connect().await {
                 Ok(c) => break c,
-                Err(_) => tokio::task::yield_now().await,
+                Err(e) if tokio::time::Instant::now() >= give_up => {
+                    panic!("cannot connect to {} within 10 s: {e}", self.url)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         };
         let mut health = HealthClient::new(channel);

@@ -6,6 +6,9 @@
 : "${BAGEL_TOOLS:=${XDG_CACHE_HOME:-$HOME/.cache}/bagel-tools}"
 mkdir -p "$BAGEL_TOOLS"
 
+# Where the workspace's debug binaries are (the readiness probes use them).
+: "${BAGEL_BIN_DIR:=${CARGO_TARGET_DIR:-target}/debug}"
+
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FATAL: $*"; exit 1; }
 
@@ -36,4 +39,17 @@ apt_install() {
     export BAGEL_APT_UPDATED=1
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+}
+
+# moto (the S3 server of tests and benches), pinned, in its own venv,
+# installed once. Prints the venv's path.
+MOTO_VERSION=5.2.5
+moto_venv() {
+  local venv="$BAGEL_TOOLS/venv-moto-$MOTO_VERSION"
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import moto' 2>/dev/null; then
+    log "installing moto[server]==$MOTO_VERSION into $venv"
+    python3 -m venv "$venv" >&2 || die "python3 -m venv failed"
+    "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" >&2 || die "pip install moto failed"
+  fi
+  echo "$venv"
 }

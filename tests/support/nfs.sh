@@ -23,7 +23,6 @@
 # lives in the file system and is shared. Our client never asks the
 # portmapper: the URLs carry the NFS and MOUNT ports.
 
-: "${BAGEL_BIN_DIR:=${CARGO_TARGET_DIR:-target}/debug}"
 NFS_PSEUDO=/bagel
 
 _nfs_rpcbind_up() { rpcinfo -p >/dev/null 2>&1; }
@@ -99,8 +98,10 @@ EOF
 }
 
 nfs_stop() {
-  if [ -n "${GANESHA_PID:-}" ]; then kill "$GANESHA_PID" 2>/dev/null; wait "$GANESHA_PID" 2>/dev/null; GANESHA_PID=; fi
-  if [ -n "${RPCBIND_PID:-}" ]; then kill "$RPCBIND_PID" 2>/dev/null; wait "$RPCBIND_PID" 2>/dev/null; RPCBIND_PID=; fi
+  # `wait` returns the killed process's status: never let it end the
+  # caller's cleanup under `set -e` before the other services are stopped.
+  if [ -n "${GANESHA_PID:-}" ]; then kill "$GANESHA_PID" 2>/dev/null; wait "$GANESHA_PID" 2>/dev/null || true; GANESHA_PID=; fi
+  if [ -n "${RPCBIND_PID:-}" ]; then kill "$RPCBIND_PID" 2>/dev/null; wait "$RPCBIND_PID" 2>/dev/null || true; RPCBIND_PID=; fi
   if [ -n "${NFS_TMP:-}" ]; then rm -rf "$NFS_TMP"; NFS_TMP=; fi
 }
 
@@ -122,7 +123,9 @@ bindfs_start() {
 
 bindfs_stop() {
   if [ -n "${BINDFS_TMP:-}" ]; then
-    for m in a b; do mountpoint -q "$BINDFS_TMP/$m" && { fusermount -u "$BINDFS_TMP/$m" 2>/dev/null || umount "$BINDFS_TMP/$m"; }; done
+    for m in a b; do
+      if mountpoint -q "$BINDFS_TMP/$m"; then fusermount -u "$BINDFS_TMP/$m" 2>/dev/null || umount "$BINDFS_TMP/$m" || true; fi
+    done
     rm -rf "$BINDFS_TMP"
     BINDFS_TMP=
   fi

@@ -37,7 +37,7 @@ free_udp_port() {
 
 roughtime_start() {
   local bin; bin=$(roughtime_bin)
-  local bagel="${CARGO_TARGET_DIR:-target}/debug/bagel"
+  local bagel="$BAGEL_BIN_DIR/bagel"
   [ -x "$bagel" ] || die "$bagel not built; build the binaries before roughtime_start"
   ROUGHTIME_DIR=$(mktemp -d -t bagel-roughtime.XXXXXX)
   # The 2.2 server reads a 32-byte seed (hex) and refuses a seed file that

@@ -4,15 +4,8 @@
 #             exports AWS_* so object_store's from_env finds the endpoint.
 #   s3_stop:  stops it.
 
-MOTO_VERSION=5.2.5
-
 s3_start() {
-  local venv="$BAGEL_TOOLS/venv-moto-$MOTO_VERSION"
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import moto' 2>/dev/null; then
-    log "installing moto[server]==$MOTO_VERSION into $venv"
-    python3 -m venv "$venv" || die "python3 -m venv failed"
-    "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" >&2 || die "pip install moto failed"
-  fi
+  local venv; venv=$(moto_venv)
   local port; port=$(free_port)
   local here; here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   # How to start another one (the fault-injection run starts its own, with

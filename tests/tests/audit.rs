@@ -131,7 +131,8 @@ async fn a_clean_history_with_released_and_broken_leases_audits_clean() {
         .unwrap();
     s.write(&client, &b, "writer-b", 3).await;
     // C takes it once B expired (the server waits), closes B's bags first
-    // (the sad path), writes and releases.
+    // (its predecessor was broken: its writes may still land), writes and
+    // releases.
     let c = client
         .acquire(["acct"])
         .wait(Duration::from_secs(5))

@@ -1,4 +1,4 @@
-//! Every bad input of the design's §8 is answered with a precise gRPC
+//! Every bad input is answered with a precise gRPC
 //! status whose message names the field and the limit, and changes nothing.
 
 use bagel_client::Micros;

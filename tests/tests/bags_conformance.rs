@@ -13,7 +13,7 @@ use bagel_bags::{
 };
 use bagel_proto::clock::{Clock, ManualClock};
 use bagel_proto::{KeyRing, Micros, pb};
-use bagel_tests::{Backend, HookStore, TestLeases, t0, unique};
+use bagel_tests::{Backend, HookStore, TestLeases, payloads, t0, unique};
 use bytes::Bytes;
 use prost::Message as _;
 
@@ -94,7 +94,7 @@ async fn env(backend: &Backend) -> Env {
 impl Env {
     fn writer(&self, id: &str, min: Micros, deadline: Micros) -> Writer {
         Writer::new(
-            self.hook.clone(),
+            self.hook.store(),
             &self.log,
             id,
             Arc::new(self.leases.lease(&format!("lease-{id}"), min, deadline)),
@@ -129,13 +129,6 @@ impl Env {
     async fn read_checked(&self) -> ReadReport {
         self.read(Some(self.leases.keys())).await
     }
-}
-
-fn payloads(r: &ReadReport) -> Vec<String> {
-    r.messages
-        .iter()
-        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
-        .collect()
 }
 
 fn msgs(prefix: &str, n: usize) -> Vec<Bytes> {

@@ -31,6 +31,14 @@ fn writer(store: Arc<dyn BagStore>, clock: &ManualClock, leases: &TestLeases) ->
     .unwrap()
 }
 
+/// Reads all of "log", checking signatures with the test leases' keys.
+async fn read_all(store: &dyn BagStore, leases: &TestLeases, clock: &ManualClock) -> bag::ReadReport {
+    let opts = ReadOptions::default().with_keys(Some(leases.keys()));
+    bag::read(store, "log", &opts, &BagConfig::default(), clock)
+        .await
+        .unwrap()
+}
+
 /// The one data file in a bag directory (its name carries the writer's
 /// random instance).
 fn data_file(bag: &std::path::Path) -> std::path::PathBuf {
@@ -159,15 +167,7 @@ async fn full_disk_fails_the_write_clearly_and_loses_nothing_acknowledged() {
     // acknowledged message is there, the failed batch is not.
     fs.resize("4m");
     clock.advance(Duration::from_secs(5));
-    let r = bag::read(
-        store.as_ref(),
-        "log",
-        &ReadOptions::default().with_keys(Some(leases.keys())),
-        &BagConfig::default(),
-        &clock,
-    )
-    .await
-    .unwrap();
+    let r = read_all(store.as_ref(), &leases, &clock).await;
     let got: BTreeSet<Bytes> = r.messages.iter().map(|m| m.payload.clone()).collect();
     assert_eq!(got.len(), r.messages.len());
     assert_eq!(got, acked);
@@ -249,7 +249,7 @@ impl FsOps for PausingFs {
     }
 }
 
-/// The seed's case for a late write on a bag of logs: the writer opened its
+/// The classic late write on a bag of logs: the writer opened its
 /// (non-empty, writable) data file, a closer then listed it and took the
 /// lock, and only then did the append land. The writer must find that its
 /// end offset is past the listed size and not acknowledge the write.
@@ -282,15 +282,7 @@ async fn append_landing_past_the_listed_size_is_not_acknowledged() {
         .unwrap()
         .len();
     assert!(on_disk > listing.items[0].size);
-    let r = bag::read(
-        closer.as_ref(),
-        "log",
-        &ReadOptions::default().with_keys(Some(leases.keys())),
-        &BagConfig::default(),
-        &clock,
-    )
-    .await
-    .unwrap();
+    let r = read_all(closer.as_ref(), &leases, &clock).await;
     assert_eq!(r.messages.len(), 1);
     assert_eq!(r.messages[0].payload, Bytes::from("first"));
     assert!(r.problems.is_empty() && r.rejected.is_empty());

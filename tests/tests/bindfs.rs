@@ -15,7 +15,7 @@ use bagel_bags::fsops::{FsOps, StdFs};
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{self as bag, BagConfig, BagStore, Error, Metronome, ReadOptions, Writer};
 use bagel_proto::clock::{OffsetClock, SystemClock};
-use bagel_tests::{need_env, unique};
+use bagel_tests::{need_env, payloads, read_clean, unique};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
@@ -278,23 +278,9 @@ async fn race_round(round: usize) {
         }
     }
     closed.expect("closing through the stale mount never succeeded");
-    let report = bag::read(
-        store_b.as_ref(),
-        log,
-        &ReadOptions::default().with_keys(Some(leases.keys())),
-        &cfg,
-        &SystemClock,
-    )
-    .await
-    .unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+    let report = read_clean(store_b.as_ref(), log, &leases, &cfg, &SystemClock).await;
     assert!(report.skipped_open.is_empty(), "{:?}", report.skipped_open);
-    let got: Vec<String> = report
-        .messages
-        .iter()
-        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
-        .collect();
+    let got = payloads(&report);
     let got_set: BTreeSet<String> = got.iter().cloned().collect();
     assert_eq!(got.len(), got_set.len(), "duplicates in the read");
     let missing: Vec<_> = acked.difference(&got_set).collect();

@@ -195,6 +195,54 @@ async fn release_publishes_what_bagel_write_wrote() {
     assert!(stored >= top, "stored {stored}, wrote up to {top}");
 }
 
+/// A write that fails in a way a retry may fix exits 75 (EX_TEMPFAIL);
+/// one that never will exits 1.
+#[tokio::test]
+async fn write_exit_codes_say_whether_to_retry() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let leases = bagel_tests::TestLeases::default();
+    let now = bagel_client::Micros::now();
+    let write = |min: bagel_client::Micros, deadline: bagel_client::Micros| {
+        let lease = leases.lease("exit", min, deadline);
+        let file = dir.path().join(format!("lease-{}.json", min.as_micros()));
+        std::fs::write(
+            &file,
+            serde_json::to_vec(&bagel_tests::lease_json(&lease)).unwrap(),
+        )
+        .unwrap();
+        server.cli(&[
+            "write",
+            "--store",
+            &store,
+            "--log",
+            "l",
+            "--lease",
+            file.to_str().unwrap(),
+            "m",
+        ])
+    };
+    // The lease starts 30 s ahead of the clock: the writer will not write
+    // that far ahead, but later it could.
+    let ahead = write(
+        now.saturating_add(std::time::Duration::from_secs(30)),
+        now.saturating_add(std::time::Duration::from_secs(60)),
+    );
+    assert_eq!(ahead.status.code(), Some(75), "{}", describe_output(&ahead));
+    assert!(
+        String::from_utf8_lossy(&ahead.stderr).contains("ahead of the clock"),
+        "{}",
+        describe_output(&ahead)
+    );
+    // The lease is over: never.
+    let over = write(
+        now.saturating_sub(std::time::Duration::from_secs(60)),
+        now.saturating_sub(std::time::Duration::from_secs(30)),
+    );
+    assert_eq!(over.status.code(), Some(1), "{}", describe_output(&over));
+}
+
 fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()

@@ -10,9 +10,9 @@ use std::time::Duration;
 use bagel_bags::fsops::FsOps;
 use bagel_bags::nfs::NfsFs;
 use bagel_bags::testing::TestLeases;
-use bagel_bags::{self as bag, BagConfig, BagState, Bucket, ReadOptions, Writer};
+use bagel_bags::{self as bag, BagConfig, BagState, Bucket, Writer};
 use bagel_proto::clock::SystemClock;
-use bagel_tests::{nfs_url, sub_url, unique};
+use bagel_tests::{nfs_url, payloads, read_clean, sub_url, unique};
 use bytes::Bytes;
 
 async fn fs_at(version: u8) -> NfsFs {
@@ -169,22 +169,8 @@ async fn store_round_trip(version: u8) {
         matches!(closer.state(log, Bucket::from_secs(last.secs() + 100)).await.unwrap(), BagState::Open(v) if v.is_empty())
     );
     let reader = bag::open_store(&url, &cfg).await.unwrap();
-    let report = bag::read(
-        reader.as_ref(),
-        log,
-        &ReadOptions::default().with_keys(Some(leases.keys())),
-        &cfg,
-        &SystemClock,
-    )
-    .await
-    .unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
-    let got: BTreeSet<String> = report
-        .messages
-        .iter()
-        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
-        .collect();
+    let report = read_clean(reader.as_ref(), log, &leases, &cfg, &SystemClock).await;
+    let got: BTreeSet<String> = payloads(&report).into_iter().collect();
     assert_eq!(got, want);
 }
 

@@ -7,10 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bagel_bags::{
-    self as bag, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, ReadOptions, Receipt, Writer,
-};
+use bagel_bags::faults::AppendsThrough;
+use bagel_bags::{self as bag, BagConfig, BagStore, ReadOptions, Writer};
 use bagel_client::{Client, Ended, Error, Lease, LeaseOptions, Micros, TimeOptions, TimeSource};
 use bagel_proto::clock::SystemClock;
 use bagel_tests::{ServerProcess, unique};
@@ -198,69 +196,29 @@ async fn a_release_publishes_what_was_written_and_ends_the_rights() {
     drop(rights);
 }
 
-/// A store whose appends land only when the test says so, while the
-/// writer is told the append timed out: a PUT whose answer was lost, a
-/// write stuck in a blocking call.
-#[derive(Debug)]
-struct LateLanding {
+/// A store whose one append lands only when the test says so, while the
+/// writer is told it timed out: a PUT whose answer was lost, a write stuck
+/// in a blocking call.
+fn late_landing(
     inner: Arc<dyn BagStore>,
-    land: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
-    landed: std::sync::Mutex<Option<oneshot::Sender<()>>>,
-}
-
-#[async_trait]
-impl BagStore for LateLanding {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn append(
-        &self,
-        log: &str,
-        bucket: Bucket,
-        writer_file: &str,
-        sequence: u64,
-        record: Bytes,
-    ) -> bag::Result<Receipt> {
-        let go = self.land.lock().unwrap().take().expect("one late append");
-        let done = self.landed.lock().unwrap().take().expect("one late append");
-        let (inner, log, file) = (Arc::clone(&self.inner), log.to_owned(), writer_file.to_owned());
+    land: oneshot::Receiver<()>,
+    landed: oneshot::Sender<()>,
+) -> Arc<dyn BagStore> {
+    let once = std::sync::Mutex::new(Some((land, landed)));
+    Arc::new(AppendsThrough::new(inner, move |inner, append| {
+        let (go, done) = once.lock().unwrap().take().expect("one late append");
         tokio::spawn(async move {
             let _ = go.await;
-            let _ = inner.append(&log, bucket, &file, sequence, record).await;
+            let _ = append.to(&*inner).await;
             let _ = done.send(());
         });
-        Err(bag::Error::Timeout {
-            op: "append".into(),
-            after: Duration::ZERO,
+        Box::pin(async {
+            Err(bag::Error::Timeout {
+                op: "append".into(),
+                after: Duration::ZERO,
+            })
         })
-    }
-    async fn closing_started(&self, log: &str, bucket: Bucket) -> bag::Result<bool> {
-        self.inner.closing_started(log, bucket).await
-    }
-    async fn close(&self, log: &str, bucket: Bucket) -> bag::Result<Listing> {
-        self.inner.close(log, bucket).await
-    }
-    async fn state(&self, log: &str, bucket: Bucket) -> bag::Result<BagState> {
-        self.inner.state(log, bucket).await
-    }
-    async fn read_item(
-        &self,
-        log: &str,
-        b: Bucket,
-        item: &ListedItem,
-        limit: Option<u64>,
-    ) -> bag::Result<Bytes> {
-        self.inner.read_item(log, b, item, limit).await
-    }
-    async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
-        self.inner.list_level(log, parts).await
-    }
-    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
-        self.inner.log_start(log).await
-    }
-    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
-        self.inner.mark_log_start(log, bucket).await
-    }
+    }))
 }
 
 /// A write that returned an error may still land after the release. The
@@ -276,11 +234,7 @@ async fn a_write_of_unknown_outcome_makes_the_next_holder_close_first() {
     let log = "ledger";
     let (go, land) = oneshot::channel();
     let (landed_tx, landed) = oneshot::channel();
-    let late: Arc<dyn BagStore> = Arc::new(LateLanding {
-        inner: posix_store(dir.path()),
-        land: std::sync::Mutex::new(Some(land)),
-        landed: std::sync::Mutex::new(Some(landed_tx)),
-    });
+    let late = late_landing(posix_store(dir.path()), land, landed_tx);
     let a = client.acquire(["acct"]).send().await.unwrap();
     let w = writer(&client, &a, late, log, &cfg);
     let err = w.write(Bytes::from("maybe")).await.unwrap_err();

@@ -1,5 +1,5 @@
-//! A closable bag of single-writer logs on a directory, as in the appendix
-//! of the seed.
+//! A closable bag of single-writer logs on a directory: local, mounted over
+//! NFS, or reached through the userspace NFS client (any [`FsOps`]).
 //!
 //! ```text
 //! <root>/<log>/2026/11/21/05/51/52/   one directory per bag (UTC second)

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt as _;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
@@ -22,6 +23,7 @@ use object_store::{
 };
 
 use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
+use crate::{BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Result};
 
 /// Lets `n` operations through, then fails every later one.
 #[derive(Clone, Debug)]
@@ -248,5 +250,114 @@ impl ObjectStore for TestObjectStore {
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> object_store::Result<()> {
         self.check(&self.counts.puts)?;
         self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// One append, as an [`AppendsThrough`] store hands it on.
+#[derive(Debug)]
+pub struct Append {
+    pub log: String,
+    pub bucket: Bucket,
+    pub writer_file: String,
+    pub sequence: u64,
+    pub record: Bytes,
+}
+
+impl Append {
+    /// Does it on `store`.
+    pub async fn to(self, store: &dyn BagStore) -> Result<Receipt> {
+        store
+            .append(
+                &self.log,
+                self.bucket,
+                &self.writer_file,
+                self.sequence,
+                self.record,
+            )
+            .await
+    }
+}
+
+/// What an [`AppendsThrough`] store does with each append.
+pub type Through = dyn Fn(Arc<dyn BagStore>, Append) -> BoxFuture<'static, Result<Receipt>> + Send + Sync;
+
+/// A store whose appends go through a function, which may delay them, run
+/// something first (a close, the clock moving on), or detach them and
+/// report a timeout while they still land; every other call goes straight
+/// to the inner store. The one way tests reorder a write against the rest
+/// of the protocol.
+pub struct AppendsThrough {
+    inner: Arc<dyn BagStore>,
+    through: Box<Through>,
+}
+
+impl fmt::Debug for AppendsThrough {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AppendsThrough")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppendsThrough {
+    pub fn new(
+        inner: Arc<dyn BagStore>,
+        through: impl Fn(Arc<dyn BagStore>, Append) -> BoxFuture<'static, Result<Receipt>> + Send + Sync + 'static,
+    ) -> Self {
+        AppendsThrough {
+            inner,
+            through: Box::new(through),
+        }
+    }
+}
+
+#[async_trait]
+impl BagStore for AppendsThrough {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn append(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        sequence: u64,
+        record: Bytes,
+    ) -> Result<Receipt> {
+        let append = Append {
+            log: log.to_owned(),
+            bucket,
+            writer_file: writer_file.to_owned(),
+            sequence,
+            record,
+        };
+        (self.through)(Arc::clone(&self.inner), append).await
+    }
+    async fn closing_started(&self, log: &str, bucket: Bucket) -> Result<bool> {
+        self.inner.closing_started(log, bucket).await
+    }
+    async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+        self.inner.close(log, bucket).await
+    }
+    async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
+        self.inner.state(log, bucket).await
+    }
+    async fn read_item(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        item: &ListedItem,
+        limit: Option<u64>,
+    ) -> Result<Bytes> {
+        self.inner.read_item(log, bucket, item, limit).await
+    }
+    async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>> {
+        self.inner.list_level(log, parts).await
+    }
+    async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
+        self.inner.log_start(log).await
+    }
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
+        self.inner.mark_log_start(log, bucket).await
     }
 }

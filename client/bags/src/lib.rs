@@ -43,7 +43,8 @@
 //! * [`counting`]: an `FsOps` wrapper counting calls, to measure the cost
 //!   of writes and closes per backend.
 //! * [`directory`]: the bag of single-writer logs on a directory, over any
-//!   `FsOps` (the seed's appendix).
+//!   `FsOps`: prelock, read-only data files, a private listing linked to
+//!   `lock` (only operations that are safe on NFS).
 //! * [`s3`]: the maildir-style bag on an S3 prefix, via `object_store`.
 //! * [`timeout`]: [`TimeoutStore`], every call of any store bounded in time.
 //! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.

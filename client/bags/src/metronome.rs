@@ -1,6 +1,7 @@
 //! Closing bags whose time has passed: the [`Metronome`] (a loop, one per
 //! deployment or several: closing is idempotent) and [`close_through`] (the
-//! lease client's sad path).
+//! new lease holder's wait before it reads what an unsettled predecessor
+//! wrote).
 //!
 //! A bag `[s, s+1)` is closed at `s + 1 + grace`, whether or not anyone
 //! wrote to it, so a late writer always finds it closed. The metronome

@@ -132,14 +132,18 @@ impl S3Store {
         }
     }
 
-    async fn list_objects(&self, log: &str, bucket: Bucket) -> Result<Vec<ListedItem>> {
-        let prefix = self.key(&Self::bag(log, bucket));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
+    /// Every object under `prefix`.
+    async fn list_all(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
+        self.store
+            .list(Some(prefix))
             .try_collect()
             .await
-            .map_err(|e| Self::store_err("list", &prefix, e))?;
+            .map_err(|e| Self::store_err("list", prefix, e))
+    }
+
+    async fn list_objects(&self, log: &str, bucket: Bucket) -> Result<Vec<ListedItem>> {
+        let prefix = self.key(&Self::bag(log, bucket));
+        let metas = self.list_all(&prefix).await?;
         let mut items: Vec<ListedItem> = metas
             .into_iter()
             .filter(|m| m.location.parts_count() == prefix.parts_count() + 1)
@@ -319,12 +323,7 @@ impl BagStore for S3Store {
 
     async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
         let prefix = self.key(&format!("{log}/{START_DIR}"));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| Self::store_err("list", &prefix, e))?;
+        let metas = self.list_all(&prefix).await?;
         Ok(earliest_start(metas.iter().filter_map(|m| m.location.filename())))
     }
 

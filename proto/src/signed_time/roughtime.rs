@@ -76,10 +76,8 @@ impl RoughtimeKey {
         let bad = |reason: String| Error::BadPublicKey {
             reason: format!("roughtime key {text:?}: {reason}"),
         };
-        let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            (0..32)
-                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).expect("hex checked"))
-                .collect::<Vec<u8>>()
+        let bytes = if let Ok(raw) = crate::hex::decode_array::<32>(text) {
+            raw.to_vec()
         } else {
             use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
             [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
@@ -107,10 +105,7 @@ impl RoughtimeKey {
 impl fmt::Display for RoughtimeKey {
     /// Lowercase hex.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(&crate::hex::encode(&self.0))
     }
 }
 

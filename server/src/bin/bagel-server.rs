@@ -109,24 +109,14 @@ fn parse_offset(text: &str) -> Result<i64, String> {
 fn load_or_create_key(path: &Path) -> anyhow::Result<Signer> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
-            let text = text.trim();
-            let bytes: Vec<u8> = (0..text.len())
-                .step_by(2)
-                .map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-                .collect::<Option<_>>()
-                .filter(|b: &Vec<u8>| b.len() == 32)
+            let seed: [u8; 32] = bagel_proto::hex::decode_array(&text)
+                .map_err(anyhow::Error::msg)
                 .with_context(|| format!("{}: expected 64 hex digits (an ed25519 seed)", path.display()))?;
-            let seed: [u8; 32] = bytes.try_into().expect("length checked");
             Ok(Signer::new(ed25519_dalek::SigningKey::from_bytes(&seed)))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let signer = Signer::generate();
-            let hex: String = signer
-                .signing_key()
-                .to_bytes()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let hex = bagel_proto::hex::encode(&signer.signing_key().to_bytes());
             write_secret(path, &hex).with_context(|| format!("writing new key to {}", path.display()))?;
             tracing::info!(path = %path.display(), "generated a new signing key");
             Ok(signer)
@@ -253,7 +243,7 @@ async fn main() -> anyhow::Result<()> {
     // Printed on stdout, one line each, for scripts and tests.
     println!(
         "public key {} (key id {})",
-        hex(signer.verifying_key().as_bytes()),
+        bagel_proto::hex::encode(signer.verifying_key().as_bytes()),
         signer.key_id()
     );
     println!(
@@ -262,8 +252,4 @@ async fn main() -> anyhow::Result<()> {
     );
     server.serve(listener, shutdown_signal()).await?;
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

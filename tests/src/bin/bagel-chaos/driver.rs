@@ -523,10 +523,11 @@ impl Flags {
             .unwrap_or_default()
     }
 
-    async fn read(&self, url: &str) -> anyhow::Result<Read> {
-        let out = self
+    /// `bagel <verb> --store URL --log chaos --key KEY --json`.
+    async fn on_log(&self, verb: &str, url: &str) -> anyhow::Result<std::process::Output> {
+        Ok(self
             .command(&[
-                "read",
+                verb,
                 "--store",
                 url,
                 "--log",
@@ -536,7 +537,11 @@ impl Flags {
                 "--json",
             ])
             .output()
-            .await?;
+            .await?)
+    }
+
+    async fn read(&self, url: &str) -> anyhow::Result<Read> {
+        let out = self.on_log("read", url).await?;
         if !out.status.success() {
             bail!(
                 "bagel read {url} failed: {}",
@@ -567,19 +572,7 @@ impl Flags {
 
     /// `bagel audit`'s violations (none when it exits 0).
     async fn audit(&self, url: &str) -> anyhow::Result<Vec<String>> {
-        let out = self
-            .command(&[
-                "audit",
-                "--store",
-                url,
-                "--log",
-                LOG,
-                "--key",
-                &self.server_key,
-                "--json",
-            ])
-            .output()
-            .await?;
+        let out = self.on_log("audit", url).await?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)
             .with_context(|| format!("bagel audit {url}: {}", String::from_utf8_lossy(&out.stderr)))?;
         let violations: Vec<String> = v["violations"]

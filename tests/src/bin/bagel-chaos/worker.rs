@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_trait::async_trait;
-use bagel_bags::{self as bag, BagConfig, BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Writer};
+use bagel_bags::faults::AppendsThrough;
+use bagel_bags::{self as bag, BagConfig, BagStore, Writer};
 use bagel_client::{Client, LeaseOptions};
 use bagel_client::{TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
@@ -76,11 +76,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
     for url in &a.stores {
         let store = retry(&stop, || bag::open_store(url, &cfg)).await?;
         stores.push(if a.delay_appends {
-            Arc::new(Delayed {
-                inner: store,
-                max: a.ttl * 2,
-                rng: std::sync::Mutex::new(StdRng::seed_from_u64(a.seed ^ 0xde1a)),
-            }) as Arc<dyn BagStore>
+            delayed(store, a.ttl * 2, a.seed)
         } else {
             store
         });
@@ -190,64 +186,20 @@ async fn retry<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
     }
 }
 
-/// A store whose appends sometimes wait before they happen: long enough
-/// to land after the lease's deadline.
-#[derive(Debug)]
-struct Delayed {
-    inner: Arc<dyn BagStore>,
-    max: Duration,
-    rng: std::sync::Mutex<StdRng>,
-}
-
-#[async_trait]
-impl BagStore for Delayed {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn append(
-        &self,
-        log: &str,
-        bucket: Bucket,
-        writer_file: &str,
-        sequence: u64,
-        record: Bytes,
-    ) -> bag::Result<Receipt> {
+/// A store whose appends sometimes (one in five) wait up to `max` before
+/// they happen: long enough to land after the lease's deadline.
+fn delayed(store: Arc<dyn BagStore>, max: Duration, seed: u64) -> Arc<dyn BagStore> {
+    let rng = std::sync::Mutex::new(StdRng::seed_from_u64(seed ^ 0xde1a));
+    Arc::new(AppendsThrough::new(store, move |inner, append| {
         let delay = {
-            let mut rng = self.rng.lock().expect("rng");
-            rng.gen_bool(0.2).then(|| self.max.mul_f64(rng.r#gen::<f64>()))
+            let mut rng = rng.lock().expect("rng");
+            rng.gen_bool(0.2).then(|| max.mul_f64(rng.r#gen::<f64>()))
         };
-        if let Some(d) = delay {
-            tokio::time::sleep(d).await;
-        }
-        self.inner
-            .append(log, bucket, writer_file, sequence, record)
-            .await
-    }
-    async fn closing_started(&self, log: &str, bucket: Bucket) -> bag::Result<bool> {
-        self.inner.closing_started(log, bucket).await
-    }
-    async fn close(&self, log: &str, bucket: Bucket) -> bag::Result<Listing> {
-        self.inner.close(log, bucket).await
-    }
-    async fn state(&self, log: &str, bucket: Bucket) -> bag::Result<BagState> {
-        self.inner.state(log, bucket).await
-    }
-    async fn read_item(
-        &self,
-        log: &str,
-        b: Bucket,
-        item: &ListedItem,
-        limit: Option<u64>,
-    ) -> bag::Result<Bytes> {
-        self.inner.read_item(log, b, item, limit).await
-    }
-    async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
-        self.inner.list_level(log, parts).await
-    }
-    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
-        self.inner.log_start(log).await
-    }
-    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
-        self.inner.mark_log_start(log, bucket).await
-    }
+        Box::pin(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            append.to(&*inner).await
+        })
+    }))
 }

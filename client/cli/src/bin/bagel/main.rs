@@ -2,7 +2,9 @@
 //! module (`lease_cmds`, `bag_cmds`); this file only wires them to clap.
 //!
 //! Exit codes: 0 success; 1 error; 2 a name is held by someone else
-//! (the message says who and until when).
+//! (the message says who and until when); 75 (`EX_TEMPFAIL`) a `bagel
+//! write` batch failed in a way that trying again may fix (the store timed
+//! out, no signed time, the clock behind the lease's start).
 
 mod bag_cmds;
 mod keys;

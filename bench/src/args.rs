@@ -1,0 +1,249 @@
+//! The benchmark's command line, the systems it compares, and the
+//! settings a run derives from them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::report;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bagel-bench",
+    about = "Lease benchmark: bagel vs etcd, Redis and S3 conditional writes"
+)]
+pub struct Args {
+    /// Where results.md, results.json, summary.json and the plots go.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// A short run (well under 3 minutes): shorter points, 10^5 held leases
+    /// only, one restart measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Systems to run, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bagel,bagel-batched,bagel-session,etcd,redis,s3"
+    )]
+    pub systems: Vec<System>,
+    /// Concurrent clients per point.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    pub concurrency: Vec<usize>,
+    /// Names per lease cycle (S3 takes only 1).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub names: Vec<usize>,
+    /// Measured time per point [default: 10s, --quick 2s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Unmeasured time before each point [default: 2s, --quick 0.5s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Names are drawn uniformly from this many.
+    #[arg(long, default_value_t = 100_000)]
+    pub keyspace: u64,
+    /// Lease TTL of every cycle (bagel's deadline is now + ttl).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub ttl: Duration,
+    /// Client connections per system (worker i uses connection i % N).
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Upper bound on measured cycles per point.
+    #[arg(long, default_value_t = 20_000_000)]
+    pub max_cycles: u64,
+    /// Held-lease memory: numbers of concurrently held leases
+    /// [default: 100000,1000000, --quick 100000]; 0 to skip.
+    #[arg(long, value_delimiter = ',')]
+    pub held: Option<Vec<u64>>,
+    /// Restart-to-ready: max TTLs to start bagel-server with
+    /// [default: 2s,5s,10s, --quick 2s].
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    pub restart_ttls: Option<Vec<Duration>>,
+    /// The paced (open-loop) point runs at this fraction of each bagel
+    /// variant's peak single-name rate (the goal is stated at half).
+    #[arg(long, default_value_t = 0.5)]
+    pub paced_fraction: f64,
+    /// Times the whole lease sweep (every system, one after the other) is
+    /// repeated; each point reports its median round, with the min-max
+    /// spread [default: 3, --quick 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub rounds: Option<u32>,
+    /// Skip the memory and restart measurements.
+    #[arg(long)]
+    pub no_extras: bool,
+    /// Skip the bag measurements (POSIX writes/s, S3 PUTs per batch,
+    /// metronome lag).
+    #[arg(long)]
+    pub no_bags: bool,
+    /// Measured time per bag write point and metronome run
+    /// [default: 3s and 10s, --quick 1s and 3s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub bag_duration: Option<Duration>,
+    /// The bagel-server binary [default: next to this binary].
+    #[arg(long)]
+    pub bagel_server: Option<PathBuf>,
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: String,
+    #[arg(long, default_value = "redis-server")]
+    pub redis_bin: String,
+    /// Python of a venv with moto[server] [default: the one tests/support/s3.sh installs].
+    #[arg(long, env = "BAGEL_MOTO_PYTHON")]
+    pub moto_python: Option<PathBuf>,
+    /// The serialized moto server script.
+    #[arg(long, default_value = "tests/support/s3_server.py")]
+    pub s3_script: PathBuf,
+    /// TTF font for plot text [default: DejaVu Sans from fonts-dejavu-core].
+    #[arg(long)]
+    pub font: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum System {
+    /// bagel, one unary RPC per operation.
+    Bagel,
+    /// bagel through bagel-client's Coalescer (Batch RPCs).
+    BagelBatched,
+    /// bagel through bagel-client's Coalescer over one Session stream.
+    BagelSession,
+    Etcd,
+    Redis,
+    S3,
+}
+
+impl System {
+    /// The `system` column of the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Bagel | System::BagelBatched | System::BagelSession => "bagel",
+            System::Etcd => "etcd",
+            System::Redis => "redis",
+            System::S3 => "s3",
+        }
+    }
+
+    /// The command-line name.
+    pub fn label(self) -> &'static str {
+        match self {
+            System::BagelBatched => "bagel-batched",
+            System::BagelSession => "bagel-session",
+            other => other.name(),
+        }
+    }
+
+    /// How its cycles reach the server.
+    pub fn transport(self) -> report::Transport {
+        match self {
+            System::BagelBatched => report::Transport::Batched,
+            System::BagelSession => report::Transport::Session,
+            _ => report::Transport::Unary,
+        }
+    }
+
+    /// Round trips of one successful cycle (a batched one shares its two
+    /// with the other operations of the same batches).
+    pub fn requests_per_cycle(self) -> u32 {
+        match self {
+            System::Bagel | System::BagelBatched | System::BagelSession | System::Redis => 2,
+            System::Etcd | System::S3 => 3,
+        }
+    }
+}
+
+pub struct Settings {
+    pub rounds: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub held: Vec<u64>,
+    pub restart_ttls: Vec<Duration>,
+    /// Per bag write point.
+    pub bag_writes: Duration,
+    /// Per metronome run.
+    pub bag_metronome: Duration,
+}
+
+impl Args {
+    pub fn settings(&self) -> Settings {
+        let (duration, warmup, held, restart) = if self.quick {
+            (
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+                vec![100_000],
+                vec![Duration::from_secs(2)],
+            )
+        } else {
+            (
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+                vec![100_000, 1_000_000],
+                vec![
+                    Duration::from_secs(2),
+                    Duration::from_secs(5),
+                    Duration::from_secs(10),
+                ],
+            )
+        };
+        Settings {
+            rounds: self.rounds.map_or(if self.quick { 1 } else { 3 }, |n| n as usize),
+            duration: self.duration.unwrap_or(duration),
+            warmup: self.warmup.unwrap_or(warmup),
+            held: self
+                .held
+                .clone()
+                .unwrap_or(held)
+                .into_iter()
+                .filter(|&n| n > 0)
+                .collect(),
+            restart_ttls: self.restart_ttls.clone().unwrap_or(restart),
+            bag_writes: self.bag_duration.unwrap_or(if self.quick {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(3)
+            }),
+            bag_metronome: self.bag_duration.map_or(
+                if self.quick {
+                    Duration::from_secs(3)
+                } else {
+                    Duration::from_secs(10)
+                },
+                |d| d * 3,
+            ),
+        }
+    }
+
+    pub fn bagel_server(&self) -> PathBuf {
+        self.bagel_server.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("bagel-server")))
+                .unwrap_or_else(|| PathBuf::from("bagel-server"))
+        })
+    }
+
+    pub fn moto_python(&self) -> PathBuf {
+        if let Some(p) = &self.moto_python {
+            return p.clone();
+        }
+        // Same place as tests/support/common.sh + s3.sh.
+        let tools = std::env::var_os("BAGEL_TOOLS")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("bagel-tools")))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bagel-tools")))
+            .unwrap_or_else(|| PathBuf::from(".cache/bagel-tools"));
+        tools.join("venv-moto-5.2.5/bin/python")
+    }
+
+    pub fn font(&self) -> Option<PathBuf> {
+        if let Some(f) = &self.font {
+            return Some(f.clone());
+        }
+        [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    }
+}

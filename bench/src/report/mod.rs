@@ -1,0 +1,280 @@
+//! What a run writes to `--out DIR`: `results.md` (the tables),
+//! `results.json` (one row per system, workload and concurrency),
+//! `summary.json` (ratios, memory, restart, bags, machine, command) and the PNG
+//! plots `throughput.png` and `latency_cdf.png`.
+
+mod machine;
+mod markdown;
+mod plots;
+mod row;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+pub use machine::Machine;
+pub use row::{Row, Transport, fill_ratios, median_of_rounds};
+
+use crate::bags::BagResults;
+use crate::floor::FloorRow;
+use crate::rss::MemRow;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RestartRow {
+    pub max_ttl_s: f64,
+    /// From spawning the process to its first granted lease.
+    pub ready_after_s: f64,
+    pub ready_over_max_ttl: f64,
+}
+
+/// Something the run could not measure, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Missing {
+    pub what: String,
+    pub why: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub started_at: String,
+    pub machine: Machine,
+    pub settings: serde_json::Value,
+    pub rows: Vec<Row>,
+    pub memory: Vec<MemRow>,
+    pub restart: Vec<RestartRow>,
+    /// One client's no-op round trip per system (bagel, Redis).
+    pub floor: Vec<FloorRow>,
+    /// POSIX bag writes/s, S3 PUTs per batch, metronome lag.
+    pub bags: BagResults,
+    pub missing: Vec<Missing>,
+    /// System → how its server ran (version, data on tmpfs or not).
+    pub servers: Vec<(String, String)>,
+}
+
+impl Report {
+    /// Writes every output file into `dir`; a plot that cannot be drawn is
+    /// reported, not fatal.
+    pub fn write(&self, dir: &Path, font: Option<&Path>) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut written = Vec::new();
+        let md = dir.join("results.md");
+        std::fs::write(&md, self.markdown())?;
+        written.push(md);
+        let json = dir.join("results.json");
+        std::fs::write(&json, serde_json::to_string_pretty(&self.rows)?)?;
+        written.push(json);
+        let summary = dir.join("summary.json");
+        std::fs::write(&summary, serde_json::to_string_pretty(self)?)?;
+        written.push(summary);
+        match font.map(plots::load_font).transpose() {
+            Ok(Some(())) => {
+                for (name, draw) in [
+                    (
+                        "throughput.png",
+                        plots::plot_throughput as fn(&[Row], &Path) -> Result<()>,
+                    ),
+                    ("latency_cdf.png", plots::plot_cdf),
+                ] {
+                    let path = dir.join(name);
+                    match draw(&self.rows, &path) {
+                        Ok(()) => written.push(path),
+                        Err(e) => eprintln!("warning: could not draw {name}: {e:#}"),
+                    }
+                }
+            }
+            Ok(None) => eprintln!("warning: no font file found; plots skipped (install fonts-dejavu-core)"),
+            Err(e) => eprintln!("warning: plots skipped: {e:#}"),
+        }
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::{LoadResult, new_histogram};
+    use std::time::Duration;
+
+    fn load(cycles: u64) -> LoadResult {
+        let mut h = new_histogram();
+        for v in 1..=cycles {
+            h.record(v).unwrap();
+        }
+        LoadResult {
+            cycles,
+            conflicts: 0,
+            errors: 0,
+            first_error: None,
+            elapsed: Duration::from_secs(2),
+            cycle_us: h.clone(),
+            acquire_us: h,
+            start_lag_us: new_histogram(),
+            server_cpu_s: Some(1.0),
+            client_cpu_s: None,
+        }
+    }
+
+    #[test]
+    fn json_rows_have_the_documented_keys_and_ratios() {
+        let mut rows = vec![
+            Row::from_load("etcd", Transport::Unary, 1, 16, 3, &load(1000)),
+            Row::from_load("redis", Transport::Unary, 1, 16, 2, &load(4000)),
+            Row::from_load("bagel", Transport::Unary, 1, 16, 2, &load(10000)),
+        ];
+        fill_ratios(&mut rows);
+        let v = serde_json::to_value(&rows).unwrap();
+        let arr = v.as_array().unwrap();
+        assert_eq!(arr.len(), 3);
+        for row in arr {
+            for key in [
+                "system",
+                "workload",
+                "names_per_cycle",
+                "concurrency",
+                "cycles_per_s",
+                "p50_us",
+                "p99_us",
+                "p999_us",
+            ] {
+                assert!(row.get(key).is_some(), "missing {key}");
+            }
+            assert!(row.get("cdf").is_none());
+        }
+        let bagel = &arr[2];
+        assert_eq!(bagel["cycles_per_s"], 5000.0);
+        assert_eq!(bagel["bagel_over_etcd"], 10.0);
+        assert_eq!(bagel["bagel_over_redis"], 2.5);
+        // hdrhistogram keeps 3 significant digits.
+        let p50 = bagel["p50_us"].as_u64().unwrap();
+        assert!((4990..=5010).contains(&p50), "{p50}");
+        assert_eq!(arr[0]["server_cpu_cores"], 0.5);
+    }
+
+    #[test]
+    fn markdown_lists_rows_and_missing_parts() {
+        let mut report = Report {
+            command: "bench/run.sh --quick".into(),
+            ..Default::default()
+        };
+        report
+            .rows
+            .push(Row::from_load("redis", Transport::Unary, 4, 64, 2, &load(100)));
+        report.floor.push(FloorRow {
+            system: "redis".into(),
+            request: "PING".into(),
+            calls: 1000,
+            p50_us: 140,
+            p99_us: 300,
+        });
+        report.missing.push(Missing {
+            what: "metronome lag".into(),
+            why: "needs the client library".into(),
+        });
+        let md = report.markdown();
+        assert!(md.contains("| redis | 4 | 64 | 50.0 |"), "{md}");
+        assert!(md.contains("| redis | PING | 1000 | 140 | 300 |"), "{md}");
+        assert!(md.contains("`bench/run.sh --quick`"));
+        assert!(md.contains("**metronome lag**"));
+    }
+
+    #[test]
+    fn rounds_merge_into_the_median_round_with_the_spread() {
+        let point = |sys: &str, conc, cycles, round| {
+            let mut r = Row::from_load(sys, Transport::Unary, 1, conc, 2, &load(cycles));
+            r.round = round;
+            r
+        };
+        let paced = |p99, round| {
+            // The round's peak, and so the paced point's clients, may differ.
+            let mut r = point("bagel", if round == 1 { 64 } else { 256 }, 1000, round).paced_at(500.0, 0.5);
+            r.acquire_p99_us = p99;
+            r
+        };
+        let rows = vec![
+            point("bagel", 16, 3000, 0),
+            point("redis", 16, 800, 0),
+            paced(900, 0),
+            point("bagel", 16, 1000, 1),
+            point("redis", 16, 1200, 1),
+            paced(5000, 1),
+            point("bagel", 16, 2000, 2),
+            paced(700, 2),
+        ];
+        let merged = median_of_rounds(rows);
+        assert_eq!(merged.len(), 3, "one row per point");
+        let (bagel, redis, paced) = (&merged[0], &merged[1], &merged[2]);
+        assert_eq!((bagel.system.as_str(), bagel.round), ("bagel", 2));
+        assert_eq!(bagel.cycles_per_s, 1000.0);
+        assert_eq!((bagel.cycles_per_s_min, bagel.cycles_per_s_max), (500.0, 1500.0));
+        assert_eq!(bagel.rounds, 3);
+        // Two rounds: the lower one, not an average.
+        assert_eq!((redis.cycles_per_s, redis.rounds), (400.0, 2));
+        // Paced points: the median tail.
+        assert_eq!((paced.acquire_p99_us, paced.round, paced.rounds), (900, 0, 3));
+        let md = Report {
+            rows: merged.clone(),
+            ..Default::default()
+        }
+        .markdown();
+        assert!(md.contains("| bagel | 1 | 16 | 1000 | 500–1500 (3) |"), "{md}");
+    }
+
+    #[test]
+    fn paced_rows_show_the_generators_lag_and_stay_out_of_the_ratios() {
+        let closed = |sys: &str, cycles| Row::from_load(sys, Transport::Unary, 1, 256, 2, &load(cycles));
+        let paced = |sys: &str, cycles, lag_us: u64| {
+            let mut r = load(cycles);
+            r.start_lag_us.record_n(100, 95).unwrap();
+            r.start_lag_us.record_n(lag_us, 5).unwrap();
+            Row::from_load(sys, Transport::Unary, 1, 256, 2, &r).paced_at(cycles as f64 / 2.0, 0.5)
+        };
+        let mut report = Report {
+            rows: vec![
+                closed("bagel", 2000),
+                closed("redis", 1000),
+                paced("bagel", 1000, 900),
+                paced("redis", 500, 1000),
+            ],
+            ..Default::default()
+        };
+        fill_ratios(&mut report.rows);
+        // Only the closed-loop rows are compared.
+        assert_eq!(report.rows[0].bagel_over_redis, Some(2.0));
+        assert_eq!(report.rows[2].bagel_over_redis, None);
+        assert_eq!(report.rows[3].start_lag_p50_us, Some(100));
+        assert_eq!(report.rows[3].start_lag_p99_us, Some(1000));
+        assert_eq!(report.rows[0].start_lag_p50_us, None);
+        let md = report.markdown();
+        let section = md
+            .split("## Paced below the peak")
+            .nth(1)
+            .expect("a paced section");
+        assert!(
+            section.contains("| bagel | 1 | 256 | 0.50 | 500 | 500 |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| redis | 1 | 256 | 0.50 | 250 | 250 |"),
+            "{section}"
+        );
+        assert!(section.contains("| 100 / 900 |"), "{section}");
+        assert!(section.contains("| 100 / 1000 |"), "{section}");
+    }
+
+    #[test]
+    fn writes_files_without_a_font() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = Report {
+            rows: vec![Row::from_load("s3", Transport::Unary, 1, 1, 3, &load(10))],
+            ..Default::default()
+        };
+        let written = report.write(dir.path(), None).unwrap();
+        let names: Vec<String> = written
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["results.md", "results.json", "summary.json"]);
+    }
+}
