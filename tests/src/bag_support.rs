@@ -153,6 +153,7 @@ pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
         mode: ModeJson::Full,
         names: Vec::new(),
         witness: WitnessJson::from(&witness),
+        witnesses: Vec::new(),
         server: None,
     }
 }

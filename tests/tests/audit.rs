@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bagel_bags::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
 use bagel_bags::{self as bag, BagConfig, Writer};
-use bagel_client::{Client, Lease, LeaseOptions, Micros, ReleaseOptions};
+use bagel_client::{Client, Lease, LeaseBackend as _, LeaseOptions, Micros, ReleaseOptions};
 use bagel_client::{Ended, TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, Signer, sign_local_time};

@@ -131,7 +131,12 @@ pub struct LeaseJson {
     /// `full` or `tentative`.
     pub mode: ModeJson,
     pub names: Vec<NameJson>,
+    /// The first witness (the only one from a single server).
     pub witness: WitnessJson,
+    /// Every witness, when there is more than one (a lease over several
+    /// servers); `witness` is the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub witnesses: Vec<WitnessJson>,
     /// The server that granted it, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
@@ -162,7 +167,8 @@ impl LeaseJson {
             min_timestamp_us: g.min_timestamp.as_micros(),
             mode: g.mode.into(),
             names: g.names.iter().map(name_json).collect(),
-            witness: WitnessJson::from(&g.witness),
+            witness: WitnessJson::from(g.witness()),
+            witnesses: all_if_many(&g.witnesses),
             server: server.map(str::to_owned),
         }
     }
@@ -177,9 +183,18 @@ impl LeaseJson {
             min_timestamp_us: l.min_timestamp().as_micros(),
             mode: s.mode.into(),
             names: l.names().iter().map(name_json).collect(),
-            witness: WitnessJson::from(&s.witness),
+            witness: WitnessJson::from(&s.witnesses[0]),
+            witnesses: all_if_many(&s.witnesses),
             server: server.map(str::to_owned),
         }
+    }
+}
+
+fn all_if_many(witnesses: &[Witness]) -> Vec<WitnessJson> {
+    if witnesses.len() > 1 {
+        witnesses.iter().map(WitnessJson::from).collect()
+    } else {
+        Vec::new()
     }
 }
 
@@ -195,7 +210,14 @@ impl WriteRights for LeaseJson {
         Ok(RightsSnapshot {
             min_timestamp: Micros::from_micros(self.min_timestamp_us),
             deadline: Micros::from_micros(self.deadline_us),
-            witnesses: vec![self.witness.to_pb()?],
+            witnesses: if self.witnesses.is_empty() {
+                vec![self.witness.to_pb()?]
+            } else {
+                self.witnesses
+                    .iter()
+                    .map(WitnessJson::to_pb)
+                    .collect::<Result<_, _>>()?
+            },
         })
     }
 }

@@ -1,19 +1,19 @@
-//! [`Client`]: a connection to one lease server, and [`AcquireBuilder`].
+//! [`Client`]: a connection to one lease server, and its lease backend.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_proto::{KeyRing, Micros, pb};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::coalesce::Coalescer;
+use crate::acquire::AcquireBuilder;
+use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::error::{Error, Result};
-use crate::lease::{Lease, LeaseOptions};
-use crate::types::{
-    Grant, History, LeaseRef, Metadata, Mode, NameState, ReleaseOptions, Renewal, ServerInfo,
-};
+use crate::types::{Grant, History, LeaseRef, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo};
 use crate::verify;
 
 /// A connection to one lease server, with the keys its witnesses are
@@ -105,22 +105,13 @@ impl Client {
         self.rpc.clone()
     }
 
-    /// Starts an acquire of `names`.
+    /// Starts an acquire of `names` on this server.
     pub fn acquire<I, S>(&self, names: I) -> AcquireBuilder
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        AcquireBuilder {
-            client: self.clone(),
-            names: names.into_iter().map(Into::into).collect(),
-            deadline: DeadlineSpec::Ttl(self.max_ttl),
-            mode: Mode::Full,
-            owner: String::new(),
-            wait: Duration::ZERO,
-            options: LeaseOptions::default(),
-            via: None,
-        }
+        AcquireBuilder::new(Arc::new(self.clone()), names)
     }
 
     pub async fn server_info(&self) -> Result<ServerInfo> {
@@ -158,198 +149,101 @@ impl Client {
             detail: format!("lease server {} sent no signed time", self.url),
         })
     }
+}
 
-    // --- operations on a lease by id and token (see [`LeaseRef`]) -------
+/// One lease server, unary calls: every answer's witness checked against
+/// the server's keys.
+#[async_trait]
+impl LeaseBackend for Client {
+    fn location(&self) -> String {
+        self.url.to_string()
+    }
 
-    /// Renews a lease to `deadline` (or keeps its later one).
-    pub async fn renew_lease(
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn max_ttl(&self) -> Duration {
+        self.max_ttl
+    }
+
+    async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
+        let resp = self.rpc().acquire(acquire_request(spec)).await?.into_inner();
+        let grant = resp.grant.ok_or_else(|| Error::Witness {
+            reason: "acquire response has no grant".into(),
+        })?;
+        verify::grant(grant, Some(&self.keys), &mut None)
+    }
+
+    async fn renew_lease(
         &self,
         lease: &LeaseRef,
         deadline: Micros,
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
-        self.renew_via(None, lease, deadline, metadata).await
+        let req = renew_request(lease, deadline, metadata);
+        let resp = self.rpc().renew(req).await?.into_inner();
+        verify::renewal(resp, &lease.id, Some(&self.keys), &mut None)
     }
 
-    /// Turns a tentative lease full; fails if a name was broken meanwhile.
-    pub async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
-        self.upgrade_via(None, lease).await
+    async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
+        let resp = self.rpc().upgrade(upgrade_request(lease)).await?.into_inner();
+        let grant = resp.grant.ok_or_else(|| Error::Witness {
+            reason: "upgrade response has no grant".into(),
+        })?;
+        verify::grant(grant, Some(&self.keys), &mut None)
     }
 
-    /// Releases a lease; returns the watermark the server stored.
-    pub async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
-        self.release_via(None, lease, options).await
-    }
-
-    // --- every lease operation goes out through one of these -------------
-
-    pub(crate) async fn acquire_via(
-        &self,
-        via: Option<&Coalescer>,
-        req: pb::AcquireRequest,
-    ) -> Result<Grant> {
-        match via {
-            Some(c) => c.acquire(req).await,
-            None => {
-                let resp = self.rpc().acquire(req).await?.into_inner();
-                let grant = resp.grant.ok_or_else(|| Error::Witness {
-                    reason: "acquire response has no grant".into(),
-                })?;
-                verify::grant(grant, Some(&self.keys), &mut None)
-            }
-        }
-    }
-
-    pub(crate) async fn renew_via(
-        &self,
-        via: Option<&Coalescer>,
-        lease: &LeaseRef,
-        deadline: Micros,
-        metadata: Option<Metadata>,
-    ) -> Result<Renewal> {
-        let req = pb::RenewRequest {
-            lease_id: lease.id.clone(),
-            token: lease.token.clone(),
-            deadline_us: deadline.as_micros(),
-            metadata: metadata.as_ref().map(pb::Metadata::from),
-        };
-        match via {
-            Some(c) => c.renew(req).await,
-            None => {
-                let resp = self.rpc().renew(req).await?.into_inner();
-                verify::renewal(resp, &lease.id, Some(&self.keys), &mut None)
-            }
-        }
-    }
-
-    pub(crate) async fn upgrade_via(&self, via: Option<&Coalescer>, lease: &LeaseRef) -> Result<Grant> {
-        let req = pb::UpgradeRequest {
-            lease_id: lease.id.clone(),
-            token: lease.token.clone(),
-        };
-        match via {
-            Some(c) => c.upgrade(req).await,
-            None => {
-                let resp = self.rpc().upgrade(req).await?.into_inner();
-                let grant = resp.grant.ok_or_else(|| Error::Witness {
-                    reason: "upgrade response has no grant".into(),
-                })?;
-                verify::grant(grant, Some(&self.keys), &mut None)
-            }
-        }
-    }
-
-    pub(crate) async fn release_via(
-        &self,
-        via: Option<&Coalescer>,
-        lease: &LeaseRef,
-        o: ReleaseOptions,
-    ) -> Result<Micros> {
-        let req = pb::ReleaseRequest {
-            lease_id: lease.id.clone(),
-            token: lease.token.clone(),
-            watermark_us: o.watermark.map_or(0, Micros::as_micros),
-            signed_time: o.signed_time.map(|s| s.signed),
-            metadata: o.metadata.as_ref().map(pb::Metadata::from),
-            unsettled: o.unsettled,
-            settled_through_us: o.settled_through.map_or(0, Micros::as_micros),
-        };
-        match via {
-            Some(c) => c.release(req).await,
-            None => {
-                let resp = self.rpc().release(req).await?.into_inner();
-                Ok(Micros::from_micros(resp.watermark_us))
-            }
-        }
+    async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
+        let resp = self
+            .rpc()
+            .release(release_request(lease, options))
+            .await?
+            .into_inner();
+        Ok(Micros::from_micros(resp.watermark_us))
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum DeadlineSpec {
-    Ttl(Duration),
-    At(Micros),
+// --- the requests, one place for unary calls and batches -----------------
+
+pub(crate) fn acquire_request(spec: AcquireSpec) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        names: spec.names,
+        deadline_us: spec.deadline.as_micros(),
+        owner: spec.owner,
+        mode: pb::Mode::from(spec.mode).into(),
+        wait_us: u64::try_from(spec.wait.as_micros()).unwrap_or(u64::MAX),
+    }
 }
 
-/// Options of one acquire. Defaults: full mode, TTL = the server's max TTL,
-/// no server-side wait, background renewal on, unary calls.
-#[derive(Debug)]
-#[must_use = "call .send() to acquire"]
-pub struct AcquireBuilder {
-    client: Client,
-    names: Vec<String>,
-    deadline: DeadlineSpec,
-    mode: Mode,
-    owner: String,
-    wait: Duration,
-    options: LeaseOptions,
-    via: Option<Coalescer>,
+pub(crate) fn renew_request(
+    lease: &LeaseRef,
+    deadline: Micros,
+    metadata: Option<Metadata>,
+) -> pb::RenewRequest {
+    pb::RenewRequest {
+        lease_id: lease.id.clone(),
+        token: lease.token.clone(),
+        deadline_us: deadline.as_micros(),
+        metadata: metadata.as_ref().map(pb::Metadata::from),
+    }
 }
 
-impl AcquireBuilder {
-    /// Deadline = now + `ttl` (renewals keep extending by `ttl`).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.deadline = DeadlineSpec::Ttl(ttl);
-        self
+pub(crate) fn upgrade_request(lease: &LeaseRef) -> pb::UpgradeRequest {
+    pb::UpgradeRequest {
+        lease_id: lease.id.clone(),
+        token: lease.token.clone(),
     }
+}
 
-    /// An absolute deadline. Renewals then extend by the TTL this implies.
-    pub fn deadline(mut self, deadline: Micros) -> Self {
-        self.deadline = DeadlineSpec::At(deadline);
-        self
-    }
-
-    /// Reserve only; write after [`Lease::upgrade`].
-    pub fn tentative(mut self) -> Self {
-        self.mode = Mode::Tentative;
-        self
-    }
-
-    pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = owner.into();
-        self
-    }
-
-    /// Let the server wait up to `wait` for busy names (not with
-    /// [`AcquireBuilder::via`]: batched acquires cannot wait).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Renewal interval, safety margin, whether to renew at all.
-    pub fn options(mut self, options: LeaseOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Sends the acquire, and later the lease's renewals, upgrade and
-    /// release, through `coalescer`: batched with other tasks' operations,
-    /// one RPC and one signature per batch.
-    pub fn via(mut self, coalescer: &Coalescer) -> Self {
-        self.via = Some(coalescer.clone());
-        self
-    }
-
-    pub async fn send(self) -> Result<Lease> {
-        let now = self.client.clock.now();
-        let (deadline, ttl) = match self.deadline {
-            DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl),
-            DeadlineSpec::At(at) => (at, at.duration_since(now)),
-        };
-        if self.via.is_some() && !self.wait.is_zero() {
-            return Err(Error::Rejected {
-                code: tonic::Code::InvalidArgument,
-                message: "wait: batched acquires cannot wait; acquire without .via() to wait".into(),
-            });
-        }
-        let req = pb::AcquireRequest {
-            names: self.names,
-            deadline_us: deadline.as_micros(),
-            owner: self.owner,
-            mode: pb::Mode::from(self.mode).into(),
-            wait_us: u64::try_from(self.wait.as_micros()).unwrap_or(u64::MAX),
-        };
-        let grant = self.client.acquire_via(self.via.as_ref(), req).await?;
-        Ok(Lease::start(self.client, self.via, grant, ttl, self.options))
+pub(crate) fn release_request(lease: &LeaseRef, o: ReleaseOptions) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        lease_id: lease.id.clone(),
+        token: lease.token.clone(),
+        watermark_us: o.watermark.map_or(0, Micros::as_micros),
+        signed_time: o.signed_time.map(|s| s.signed),
+        metadata: o.metadata.as_ref().map(pb::Metadata::from),
+        unsettled: o.unsettled,
+        settled_through_us: o.settled_through.map_or(0, Micros::as_micros),
     }
 }

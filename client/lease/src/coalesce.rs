@@ -17,15 +17,19 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use async_trait::async_trait;
+use bagel_proto::clock::Clock;
 use bagel_proto::{Micros, pb};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::client::Client;
+use crate::backend::{AcquireSpec, LeaseBackend};
+use crate::client::{Client, acquire_request, release_request, renew_request, upgrade_request};
 use crate::error::{Error, Result};
-use crate::types::{Grant, Renewal};
+use crate::types::{Grant, LeaseRef, Metadata, ReleaseOptions, Renewal};
 use crate::verify::{self, Verified};
 
 /// How a [`Coalescer`] reaches the server.
@@ -132,6 +136,8 @@ pub struct Coalescer {
 #[derive(Debug)]
 struct Inner {
     tx: mpsc::Sender<Job>,
+    /// The server batches go to (its clock, max TTL and URL).
+    client: Client,
     _stop: DropGuard,
 }
 
@@ -161,6 +167,7 @@ impl Coalescer {
         Coalescer {
             inner: Arc::new(Inner {
                 tx,
+                client,
                 _stop: cancel.drop_guard(),
             }),
         }
@@ -180,32 +187,71 @@ impl Coalescer {
         self.inner.tx.send(job).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
+}
+
+/// The server a coalescer was made over, every operation batched.
+#[async_trait]
+impl LeaseBackend for Coalescer {
+    fn location(&self) -> String {
+        self.inner.client.url().to_owned()
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(self.inner.client.clock())
+    }
+
+    fn max_ttl(&self) -> Duration {
+        self.inner.client.max_ttl()
+    }
 
     /// Acquires without waiting (batched acquires cannot wait).
-    pub(crate) async fn acquire(&self, req: pb::AcquireRequest) -> Result<Grant> {
-        match self.call(pb::batch_op::Op::Acquire(req), None).await? {
+    async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
+        if !spec.wait.is_zero() {
+            return Err(Error::Rejected {
+                code: tonic::Code::InvalidArgument,
+                message: "wait: batched acquires cannot wait; acquire without .via() to wait".into(),
+            });
+        }
+        match self
+            .call(pb::batch_op::Op::Acquire(acquire_request(spec)), None)
+            .await?
+        {
             Outcome::Granted(g) => Ok(g),
             other => Err(unexpected("grant", &other)),
         }
     }
 
-    pub(crate) async fn upgrade(&self, req: pb::UpgradeRequest) -> Result<Grant> {
-        match self.call(pb::batch_op::Op::Upgrade(req), None).await? {
+    async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
+        match self
+            .call(pb::batch_op::Op::Upgrade(upgrade_request(lease)), None)
+            .await?
+        {
             Outcome::Granted(g) => Ok(g),
             other => Err(unexpected("grant", &other)),
         }
     }
 
-    pub(crate) async fn renew(&self, req: pb::RenewRequest) -> Result<Renewal> {
-        let lease = req.lease_id.clone();
-        match self.call(pb::batch_op::Op::Renew(req), Some(lease)).await? {
+    async fn renew_lease(
+        &self,
+        lease: &LeaseRef,
+        deadline: Micros,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        let req = renew_request(lease, deadline, metadata);
+        match self
+            .call(pb::batch_op::Op::Renew(req), Some(lease.id.clone()))
+            .await?
+        {
             Outcome::Renewed(r) => Ok(r),
             other => Err(unexpected("renewal", &other)),
         }
     }
 
-    pub(crate) async fn release(&self, req: pb::ReleaseRequest) -> Result<Micros> {
-        match self.call(pb::batch_op::Op::Release(req), None).await? {
+    async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
+        match self
+            .call(pb::batch_op::Op::Release(release_request(lease, options)), None)
+            .await?
+        {
             Outcome::Released(wm) => Ok(wm),
             other => Err(unexpected("release", &other)),
         }

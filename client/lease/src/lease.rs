@@ -11,8 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Client;
-use crate::coalesce::Coalescer;
+use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::types::{Grant, LeaseRef, Metadata, Mode, NameGrant, ReleaseOptions, Witness};
 
@@ -88,9 +87,9 @@ impl fmt::Display for LossReason {
 pub struct LeaseState {
     pub deadline: Micros,
     pub mode: Mode,
-    /// The witness that states `deadline` and `mode`: always the pair from
+    /// The witnesses that state `deadline` and `mode`: always from the
     /// one answer, so a writer citing it never writes past what it says.
-    pub witness: Witness,
+    pub witnesses: Vec<Witness>,
     /// Set once the lease is lost; never cleared.
     pub lost: Option<LossReason>,
     /// Set when the release starts: no more writes under the lease.
@@ -102,20 +101,19 @@ impl LeaseState {
     /// what is held: full before tentative, then the later deadline.
     /// Answers arrive in any order (a renewal in flight while another one
     /// or an upgrade lands); an older, lesser one never replaces a newer.
-    fn adopt(&mut self, deadline: Micros, mode: Mode, witness: Witness) {
+    fn adopt(&mut self, deadline: Micros, mode: Mode, witnesses: Vec<Witness>) {
         let rank = |mode: Mode, deadline: Micros| (mode == Mode::Full, deadline);
         if rank(mode, deadline) > rank(self.mode, self.deadline) {
             self.deadline = deadline;
             self.mode = mode;
-            self.witness = witness;
+            self.witnesses = witnesses;
         }
     }
 }
 
 #[derive(Debug)]
 struct Shared {
-    client: Client,
-    via: Option<Coalescer>,
+    backend: Arc<dyn LeaseBackend>,
     grant: Grant,
     lease: LeaseRef,
     ttl: Duration,
@@ -149,8 +147,7 @@ impl Drop for Lease {
 
 impl Lease {
     pub(crate) fn start(
-        client: Client,
-        via: Option<Coalescer>,
+        backend: Arc<dyn LeaseBackend>,
         grant: Grant,
         ttl: Duration,
         options: LeaseOptions,
@@ -158,17 +155,13 @@ impl Lease {
         let (state, _) = watch::channel(LeaseState {
             deadline: grant.deadline,
             mode: grant.mode,
-            witness: grant.witness.clone(),
+            witnesses: grant.witnesses.clone(),
             lost: None,
             released: false,
         });
         let shared = Arc::new(Shared {
-            client,
-            via,
-            lease: LeaseRef {
-                id: grant.lease_id.clone(),
-                token: grant.token.clone(),
-            },
+            backend,
+            lease: grant.lease_ref(),
             grant,
             ttl,
             options,
@@ -230,7 +223,13 @@ impl Lease {
     /// The witness of the latest grant, upgrade or renewal (the one that
     /// states the current deadline).
     pub fn witness(&self) -> Witness {
-        self.shared.state.borrow().witness.clone()
+        self.shared.state.borrow().witnesses[0].clone()
+    }
+
+    /// Every witness of the latest grant, upgrade or renewal: one per
+    /// server (or store) the lease is held on.
+    pub fn witnesses(&self) -> Vec<Witness> {
+        self.shared.state.borrow().witnesses.clone()
     }
 
     pub fn state(&self) -> LeaseState {
@@ -241,7 +240,7 @@ impl Lease {
     /// deadline minus the safety margin is still ahead of the local clock.
     pub fn is_valid(&self) -> bool {
         let s = self.shared.state.borrow();
-        let now = self.shared.client.clock().now();
+        let now = self.shared.backend.clock().now();
         s.lost.is_none()
             && !s.released
             && s.mode == Mode::Full
@@ -316,9 +315,9 @@ impl Lease {
     /// Turns a tentative lease full; fails if a name was broken meanwhile.
     pub async fn upgrade(&self) -> Result<()> {
         let s = &self.shared;
-        let grant = s.client.upgrade_via(s.via.as_ref(), &s.lease).await?;
+        let grant = s.backend.upgrade_lease(&s.lease).await?;
         s.state
-            .send_modify(|st| st.adopt(grant.deadline, Mode::Full, grant.witness));
+            .send_modify(|st| st.adopt(grant.deadline, Mode::Full, grant.witnesses));
         Ok(())
     }
 
@@ -363,7 +362,7 @@ impl Lease {
             .settled_through
             .max((settled > 0).then(|| Micros::from_micros(settled)));
         let s = &self.shared;
-        s.client.release_via(s.via.as_ref(), &s.lease, options).await
+        s.backend.release_lease(&s.lease, options).await
     }
 }
 
@@ -390,7 +389,7 @@ impl WriteRights for LeaseRights {
         Ok(RightsSnapshot {
             min_timestamp: self.min_timestamp,
             deadline: s.deadline,
-            witnesses: vec![s.witness.0.clone()],
+            witnesses: s.witnesses.iter().map(|w| w.0.clone()).collect(),
         })
     }
 
@@ -400,15 +399,15 @@ impl WriteRights for LeaseRights {
 }
 
 async fn renew_once(shared: &Shared, metadata: Option<Metadata>) -> Result<Micros> {
-    let deadline = shared.client.clock().now().saturating_add(shared.ttl);
+    let deadline = shared.backend.clock().now().saturating_add(shared.ttl);
     let r = shared
-        .client
-        .renew_via(shared.via.as_ref(), &shared.lease, deadline, metadata)
+        .backend
+        .renew_lease(&shared.lease, deadline, metadata)
         .await?;
     let deadline = r.deadline;
     shared
         .state
-        .send_modify(|s| s.adopt(r.deadline, r.mode, r.witness));
+        .send_modify(|s| s.adopt(r.deadline, r.mode, r.witnesses));
     Ok(deadline)
 }
 
@@ -436,7 +435,7 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             Ok(_) => next = every,
             Err(e) => {
                 let deadline = shared.state.borrow().deadline;
-                let now = shared.client.clock().now();
+                let now = shared.backend.clock().now();
                 let out_of_time = now.saturating_add(shared.options.safety_margin) >= deadline;
                 if !e.is_retryable() || out_of_time {
                     let reason = if e.is_retryable() {
@@ -466,14 +465,14 @@ mod tests {
         LeaseState {
             deadline: Micros::from_micros(deadline),
             mode,
-            witness: witness(tag),
+            witnesses: witness(tag),
             lost: None,
             released: false,
         }
     }
 
-    fn witness(tag: u8) -> Witness {
-        Witness::from_parts(vec![tag], Vec::new(), String::new(), None)
+    fn witness(tag: u8) -> Vec<Witness> {
+        vec![Witness::from_parts(vec![tag], Vec::new(), String::new(), None)]
     }
 
     #[test]
@@ -482,7 +481,7 @@ mod tests {
         // Two renewals in flight: the later deadline's answer lands first.
         s.adopt(Micros::from_micros(300), Mode::Full, witness(3));
         s.adopt(Micros::from_micros(200), Mode::Full, witness(2));
-        assert_eq!((s.deadline.as_micros(), s.witness.body()[0]), (300, 3));
+        assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (300, 3));
     }
 
     #[test]
@@ -493,9 +492,9 @@ mod tests {
         // tentative answer can say at most as much.
         s.adopt(Micros::from_micros(200), Mode::Full, witness(1));
         s.adopt(Micros::from_micros(200), Mode::Tentative, witness(2));
-        assert_eq!((s.mode, s.witness.body()[0]), (Mode::Full, 1));
+        assert_eq!((s.mode, s.witnesses[0].body()[0]), (Mode::Full, 1));
         // A full renewal with a later deadline moves on, in one piece.
         s.adopt(Micros::from_micros(250), Mode::Full, witness(3));
-        assert_eq!((s.deadline.as_micros(), s.witness.body()[0]), (250, 3));
+        assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (250, 3));
     }
 }

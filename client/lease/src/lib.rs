@@ -28,18 +28,24 @@
 //! `bagel-bags`) sees a lease only through [`bagel_proto::rights`].
 //!
 //! # Layout
-//! * [`client`]: [`Client`], a connection to one lease server, the acquire
-//!   builder, and operations on a lease by id and token ([`LeaseRef`]).
+//! * [`backend`]: [`LeaseBackend`], where leases live: the operations a
+//!   lease handle needs, on a lease by id and token ([`LeaseRef`]).
+//! * [`acquire`]: [`AcquireBuilder`], the options of one acquire on any
+//!   backend.
+//! * [`client`]: [`Client`], a connection to one lease server (a backend),
+//!   and what else the server answers (describe, history, server info).
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
 //! * [`coalesce`]: [`Coalescer`], batching of many tasks' operations over
-//!   `Batch` calls or `Session` streams.
+//!   `Batch` calls or `Session` streams (a backend too).
 //! * `verify`: the one place a grant's or renewal's witness is checked.
 //! * [`types`]: the domain types of the API (no protobuf type crosses it).
 //! * [`time_source`]: [`TimeSource`], signed time for writers (Roughtime, or
 //!   the lease server's) and the check that the local clock is right.
 //! * [`error`]: the one error type; every variant says if a retry helps.
 
+pub mod acquire;
+pub mod backend;
 pub mod client;
 pub mod coalesce;
 pub mod error;
@@ -48,8 +54,10 @@ pub mod time_source;
 pub mod types;
 mod verify;
 
+pub use acquire::AcquireBuilder;
+pub use backend::{AcquireSpec, LeaseBackend};
 pub use bagel_proto::Micros;
-pub use client::{AcquireBuilder, Client};
+pub use client::Client;
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};

@@ -146,23 +146,71 @@ pub struct Grant {
     pub min_timestamp: Micros,
     pub names: Vec<NameGrant>,
     pub mode: Mode,
-    pub witness: Witness,
+    /// The statements of this grant, checked: one per server (or store)
+    /// that took part, never empty. Each states a deadline at or after
+    /// `deadline` and a mode at least `mode`.
+    pub witnesses: Vec<Witness>,
 }
 
-/// A renewal as the server answered it, its witness checked.
+impl Grant {
+    /// The first witness (the only one from a single server).
+    pub fn witness(&self) -> &Witness {
+        &self.witnesses[0]
+    }
+
+    /// The lease by id, token and names.
+    pub fn lease_ref(&self) -> LeaseRef {
+        LeaseRef::new(self.lease_id.clone(), self.token.clone())
+            .with_names(self.names.iter().map(|n| n.name.clone()))
+    }
+}
+
+/// A renewal as the backend answered it, its witnesses checked.
 #[derive(Clone, Debug)]
 pub struct Renewal {
     pub deadline: Micros,
     pub mode: Mode,
-    pub witness: Witness,
+    /// As in [`Grant::witnesses`]: each states at least `deadline`.
+    pub witnesses: Vec<Witness>,
 }
 
-/// A lease named by id and token, for tools that hold a lease across
-/// processes (the CLI). Library users hold a [`crate::Lease`] instead.
+impl Renewal {
+    /// The first witness (the only one from a single server).
+    pub fn witness(&self) -> &Witness {
+        &self.witnesses[0]
+    }
+}
+
+/// A lease named by id and token (and, for backends that find leases by
+/// name, its names), for tools that hold a lease across processes (the
+/// CLI). Library users hold a [`crate::Lease`] instead.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LeaseRef {
     pub id: String,
     pub token: String,
+    /// The leased names; a bagel server finds a lease by id alone and
+    /// ignores them.
+    pub names: Vec<String>,
+}
+
+impl LeaseRef {
+    pub fn new(id: impl Into<String>, token: impl Into<String>) -> Self {
+        LeaseRef {
+            id: id.into(),
+            token: token.into(),
+            names: Vec::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn with_names<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.names = names.into_iter().map(Into::into).collect();
+        self
+    }
 }
 
 impl fmt::Debug for LeaseRef {
@@ -170,6 +218,7 @@ impl fmt::Debug for LeaseRef {
         // A token is a secret: never log it.
         f.debug_struct("LeaseRef")
             .field("id", &self.id)
+            .field("names", &self.names)
             .finish_non_exhaustive()
     }
 }

@@ -73,7 +73,7 @@ pub(crate) fn grant(g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mut Ve
         token: g.token,
         deadline: bagel_proto::Micros::from_micros(g.deadline_us),
         min_timestamp: bagel_proto::Micros::from_micros(g.min_timestamp_us),
-        witness: Witness(witness),
+        witnesses: vec![Witness(witness)],
     })
 }
 
@@ -95,6 +95,6 @@ pub(crate) fn renewal(
     Ok(Renewal {
         deadline: bagel_proto::Micros::from_micros(r.deadline_us),
         mode: b.mode().into(),
-        witness: Witness(witness),
+        witnesses: vec![Witness(witness)],
     })
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::{LeaseJson, WitnessJson};
 use bagel_client::{
-    Client, ClockSource, Error, HistoryEvent, LeaseOptions, LeaseRef, Metadata, Micros, NameState, Previous,
-    ReleaseOptions,
+    Client, ClockSource, Error, HistoryEvent, LeaseBackend as _, LeaseOptions, LeaseRef, Metadata, Micros,
+    NameState, Previous, ReleaseOptions,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -87,10 +87,7 @@ impl TokenArgs {
                 .token
                 .clone()
                 .context("--token is required when --lease is a lease id (or give the lease file)")?;
-            return Ok(LeaseRef {
-                id: self.lease_id.clone(),
-                token,
-            });
+            return Ok(LeaseRef::new(self.lease_id.clone(), token));
         }
         let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
             format!(
@@ -100,10 +97,8 @@ impl TokenArgs {
         })?;
         let lease: LeaseJson = serde_json::from_str(&text)
             .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
-        Ok(LeaseRef {
-            id: lease.lease_id,
-            token: self.token.clone().unwrap_or(lease.token),
-        })
+        let token = self.token.clone().unwrap_or(lease.token);
+        Ok(LeaseRef::new(lease.lease_id, token).with_names(lease.names.into_iter().map(|n| n.name)))
     }
 }
 
@@ -212,7 +207,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             if args.lease.json {
                 println!(
                     "{}",
-                    json!({ "deadline_us": r.deadline.as_micros(), "witness": WitnessJson::from(&r.witness) })
+                    json!({ "deadline_us": r.deadline.as_micros(), "witness": WitnessJson::from(r.witness()) })
                 );
             } else {
                 println!("renewed until {} ({} us)", r.deadline, r.deadline.as_micros());

@@ -1,0 +1,114 @@
+//! [`AcquireBuilder`]: the options of one acquire, on any backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_proto::Micros;
+
+use crate::backend::{AcquireSpec, LeaseBackend};
+use crate::coalesce::Coalescer;
+use crate::error::Result;
+use crate::lease::{Lease, LeaseOptions};
+use crate::types::Mode;
+
+#[derive(Clone, Copy, Debug)]
+enum DeadlineSpec {
+    Ttl(Duration),
+    At(Micros),
+}
+
+/// Options of one acquire. Defaults: full mode, TTL = the backend's max
+/// TTL, no waiting for busy names, background renewal on.
+#[derive(Debug)]
+#[must_use = "call .send() to acquire"]
+pub struct AcquireBuilder {
+    backend: Arc<dyn LeaseBackend>,
+    names: Vec<String>,
+    deadline: DeadlineSpec,
+    mode: Mode,
+    owner: String,
+    wait: Duration,
+    options: LeaseOptions,
+}
+
+impl AcquireBuilder {
+    /// An acquire of `names` on `backend` (a [`crate::Client`] makes one
+    /// with [`crate::Client::acquire`]).
+    pub fn new<I, S>(backend: Arc<dyn LeaseBackend>, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        AcquireBuilder {
+            deadline: DeadlineSpec::Ttl(backend.max_ttl()),
+            backend,
+            names: names.into_iter().map(Into::into).collect(),
+            mode: Mode::Full,
+            owner: String::new(),
+            wait: Duration::ZERO,
+            options: LeaseOptions::default(),
+        }
+    }
+
+    /// Deadline = now + `ttl` (renewals keep extending by `ttl`).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.deadline = DeadlineSpec::Ttl(ttl);
+        self
+    }
+
+    /// An absolute deadline. Renewals then extend by the TTL this implies.
+    pub fn deadline(mut self, deadline: Micros) -> Self {
+        self.deadline = DeadlineSpec::At(deadline);
+        self
+    }
+
+    /// Reserve only; write after [`Lease::upgrade`].
+    pub fn tentative(mut self) -> Self {
+        self.mode = Mode::Tentative;
+        self
+    }
+
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// Wait up to `wait` for busy names (not with [`AcquireBuilder::via`]:
+    /// batched acquires cannot wait).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Renewal interval, safety margin, whether to renew at all.
+    pub fn options(mut self, options: LeaseOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sends the acquire, and later the lease's renewals, upgrade and
+    /// release, through `coalescer`: batched with other tasks' operations,
+    /// one RPC and one signature per batch. The coalescer talks to the
+    /// server it was made over, whatever backend this builder began with.
+    pub fn via(mut self, coalescer: &Coalescer) -> Self {
+        self.backend = Arc::new(coalescer.clone());
+        self
+    }
+
+    pub async fn send(self) -> Result<Lease> {
+        let now = self.backend.clock().now();
+        let (deadline, ttl) = match self.deadline {
+            DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl),
+            DeadlineSpec::At(at) => (at, at.duration_since(now)),
+        };
+        let spec = AcquireSpec {
+            names: self.names,
+            deadline,
+            mode: self.mode,
+            owner: self.owner,
+            wait: self.wait,
+        };
+        let grant = self.backend.acquire_lease(spec).await?;
+        Ok(Lease::start(self.backend, grant, ttl, self.options))
+    }
+}
