@@ -104,6 +104,13 @@ impl KeyRing {
         Ok(self.insert(key))
     }
 
+    /// Adds every key of `other` (a verifier trusting several servers).
+    pub fn merge(&mut self, other: &KeyRing) {
+        for (id, key) in &other.keys {
+            self.keys.insert(id.clone(), *key);
+        }
+    }
+
     pub fn get(&self, key_id: &str) -> Option<&VerifyingKey> {
         self.keys.get(key_id)
     }

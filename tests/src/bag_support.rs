@@ -155,6 +155,7 @@ pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
         witness: WitnessJson::from(&witness),
         witnesses: Vec::new(),
         server: None,
+        servers: Vec::new(),
     }
 }
 

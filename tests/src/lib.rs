@@ -67,8 +67,14 @@ impl ServerProcess {
     /// does during the restart wait too; use [`ServerProcess::wait_ready`]
     /// for grants).
     pub async fn start(args: &[&str]) -> ServerProcess {
+        Self::start_at("127.0.0.1:0", args).await
+    }
+
+    /// [`ServerProcess::start`] listening on `listen` (to restart a server
+    /// at the address its clients know).
+    pub async fn start_at(listen: &str, args: &[&str]) -> ServerProcess {
         let mut child = Command::new(bin("bagel-server"))
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -169,6 +175,25 @@ impl ServerProcess {
         cli_with_stdin(&self.url, args, Some(stdin))
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is
+    /// answered, as with a server stuck in a long pause.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a [`ServerProcess::pause`]d server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {} failed", self.child.id());
+    }
+
     /// Stops the server (SIGKILL) and waits for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -205,6 +230,15 @@ fn cli_with_stdin(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
             .expect("write stdin");
     }
     child.wait_with_output().expect("bagel output")
+}
+
+/// Runs the real `bagel` CLI against several servers (`--servers`).
+pub fn cli_servers(servers: &[&ServerProcess], args: &[&str]) -> Output {
+    let list: Vec<&str> = servers.iter().map(|s| s.url.as_str()).collect();
+    let mut all = vec!["--servers".to_owned(), list.join(",")];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    cli_no_server(&all)
 }
 
 /// Runs the real `bagel` CLI with `args` only (no `--server`).

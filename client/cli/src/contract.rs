@@ -2,7 +2,7 @@
 //! `bagel write --lease FILE`, `bagel verify-witness`). The key names are a
 //! contract with scripts: add keys freely, never rename one.
 
-use bagel_client::{Grant, Lease, Mode, NameGrant, Witness};
+use bagel_client::{Grant, Lease, Mode, NameGrant, ServerPart, Witness};
 use bagel_proto::rights::{RightsSnapshot, WriteRights};
 use bagel_proto::{Micros, pb};
 use base64::Engine as _;
@@ -140,6 +140,36 @@ pub struct LeaseJson {
     /// The server that granted it, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// For a lease over several servers: which server granted each name,
+    /// under which of its lease ids (a name appears twice while migrating).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerNameJson>,
+}
+
+/// One name's grant by one server of a lease over several.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerNameJson {
+    pub name: String,
+    /// The server's URL.
+    pub server: String,
+    /// The server's key id (names are routed by it).
+    pub key_id: String,
+    /// The lease id on that server.
+    pub lease_id: String,
+}
+
+fn servers_json(parts: &[ServerPart]) -> Vec<ServerNameJson> {
+    parts
+        .iter()
+        .flat_map(|p| {
+            p.names.iter().map(|name| ServerNameJson {
+                name: name.clone(),
+                server: p.server.clone(),
+                key_id: p.key_id.clone(),
+                lease_id: p.lease_id.clone(),
+            })
+        })
+        .collect()
 }
 
 fn name_json(n: &NameGrant) -> NameJson {
@@ -170,6 +200,7 @@ impl LeaseJson {
             witness: WitnessJson::from(g.witness()),
             witnesses: all_if_many(&g.witnesses),
             server: server.map(str::to_owned),
+            servers: servers_json(&g.servers),
         }
     }
 
@@ -186,6 +217,7 @@ impl LeaseJson {
             witness: WitnessJson::from(&s.witnesses[0]),
             witnesses: all_if_many(&s.witnesses),
             server: server.map(str::to_owned),
+            servers: servers_json(l.servers()),
         }
     }
 }

@@ -22,7 +22,7 @@ pub enum Error {
     #[error("{message}")]
     Busy {
         message: String,
-        conflict: Option<Conflict>,
+        conflict: Option<Box<Conflict>>,
     },
     /// The server cannot serve now (restart wait, clock trouble, network).
     #[error("server unavailable: {message}")]
@@ -73,6 +73,42 @@ impl Error {
         }
     }
 
+    /// The same error, saying which server of several gave it.
+    #[must_use]
+    pub fn at_server(self, server: &str) -> Self {
+        let on = |m: String| format!("server {server}: {m}");
+        match self {
+            Error::Busy { message, conflict } => Error::Busy {
+                message: on(message),
+                conflict: conflict.map(|c| {
+                    Box::new(Conflict {
+                        server: Some(server.to_owned()),
+                        ..*c
+                    })
+                }),
+            },
+            Error::Unavailable { message } => Error::Unavailable { message: on(message) },
+            Error::Rejected { code, message } => Error::Rejected {
+                code,
+                message: on(message),
+            },
+            Error::NotHeld { code, message } => Error::NotHeld {
+                code,
+                message: on(message),
+            },
+            Error::Witness { reason } => Error::Witness { reason: on(reason) },
+            Error::ClockOff { detail } => Error::ClockOff { detail: on(detail) },
+            Error::NoSignedTime { detail } => Error::NoSignedTime { detail: on(detail) },
+            Error::Rpc(s) => Error::Rpc(tonic::Status::with_details(
+                s.code(),
+                on(s.message().to_owned()),
+                s.details().to_vec().into(),
+            )),
+            // Already names the server (connect) or is not about one.
+            other => other,
+        }
+    }
+
     /// For [`Error::Busy`]: when the current holder's lease ends.
     pub fn retry_after(&self) -> Option<Micros> {
         match self {
@@ -92,7 +128,7 @@ impl From<tonic::Status> for Error {
                 conflict: pb::LeaseConflict::decode(s.details())
                     .ok()
                     .filter(|c| !c.name.is_empty())
-                    .map(Conflict::from),
+                    .map(|c| Box::new(Conflict::from(c))),
                 message,
             },
             Code::Unavailable => Error::Unavailable { message },

@@ -200,6 +200,12 @@ impl Lease {
         &self.shared.grant.names
     }
 
+    /// For a lease over several servers, each server's part (empty for a
+    /// lease from one server).
+    pub fn servers(&self) -> &[crate::types::ServerPart] {
+        &self.shared.grant.servers
+    }
+
     pub fn fencing_token(&self, name: &str) -> Option<u64> {
         self.names()
             .iter()
@@ -427,8 +433,23 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             () = tokio::time::sleep(next) => {}
             () = cancel.cancelled() => return,
         }
+        // A renewal that hangs (a stopped server, a lost packet) must not
+        // keep the lease looking valid: it gets until the deadline minus
+        // the safety margin, then counts as failed.
+        let budget = {
+            let last_safe = shared
+                .state
+                .borrow()
+                .deadline
+                .saturating_sub(shared.options.safety_margin);
+            last_safe.duration_since(shared.backend.clock().now())
+        };
         let outcome = tokio::select! {
-            r = renew_once(&shared, None) => r,
+            r = tokio::time::timeout(budget, renew_once(&shared, None)) => r.unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    message: format!("no answer from {} to a renewal", shared.backend.location()),
+                })
+            }),
             () = cancel.cancelled() => return,
         };
         match outcome {

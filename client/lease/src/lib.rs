@@ -36,6 +36,9 @@
 //!   and what else the server answers (describe, history, server info).
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
+//! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
+//!   rendezvous hashing, multi-server grants taken tentatively in key-id
+//!   order then upgraded, migration from one server list to another.
 //! * [`coalesce`]: [`Coalescer`], batching of many tasks' operations over
 //!   `Batch` calls or `Session` streams (a backend too).
 //! * `verify`: the one place a grant's or renewal's witness is checked.
@@ -47,6 +50,7 @@
 pub mod acquire;
 pub mod backend;
 pub mod client;
+pub mod cluster;
 pub mod coalesce;
 pub mod error;
 pub mod lease;
@@ -58,11 +62,12 @@ pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, LeaseBackend};
 pub use bagel_proto::Micros;
 pub use client::Client;
+pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use time_source::{TimeOptions, TimeSource};
 pub use types::{
     ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, LeaseRef,
-    Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal, ServerInfo, Witness,
+    Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal, ServerInfo, ServerPart, Witness,
 };

@@ -150,6 +150,22 @@ pub struct Grant {
     /// that took part, never empty. Each states a deadline at or after
     /// `deadline` and a mode at least `mode`.
     pub witnesses: Vec<Witness>,
+    /// For a lease over several servers, each server's part (empty for a
+    /// lease from one server).
+    pub servers: Vec<ServerPart>,
+}
+
+/// Which server holds which names of a combined lease, and under which of
+/// its leases (for lease files and operators).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerPart {
+    /// The server's URL.
+    pub server: String,
+    /// The server's key id (what names are routed by).
+    pub key_id: String,
+    /// The server's lease id.
+    pub lease_id: String,
+    pub names: Vec<String>,
 }
 
 impl Grant {
@@ -286,6 +302,8 @@ pub struct Conflict {
     pub holder_mode: Mode,
     /// Retry after this instant.
     pub holder_deadline: Micros,
+    /// The server that refused, when the lease spans several (its URL).
+    pub server: Option<String>,
 }
 
 /// A name's state, for operators.
@@ -451,6 +469,7 @@ impl From<pb::LeaseConflict> for Conflict {
             holder_lease_id: c.holder_lease_id,
             holder_owner: c.holder_owner,
             holder_deadline: micros(c.holder_deadline_us),
+            server: None,
         }
     }
 }

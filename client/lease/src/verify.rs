@@ -74,6 +74,7 @@ pub(crate) fn grant(g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mut Ve
         deadline: bagel_proto::Micros::from_micros(g.deadline_us),
         min_timestamp: bagel_proto::Micros::from_micros(g.min_timestamp_us),
         witnesses: vec![Witness(witness)],
+        servers: Vec::new(),
     })
 }
 

@@ -10,19 +10,23 @@
 //! * each message lies strictly inside `(min_timestamp, deadline)` of every
 //!   witness it cites, in the bag of its own second, and within the
 //!   tolerance of its signed time (neither ahead nor back-dated);
-//! * per name, the chain of grants ordered by fencing token: each grant's
-//!   `previous` names the grant before it, and a broken predecessor hands
-//!   on at least its deadline; if the chain has a gap (a lease that wrote
-//!   nothing is not in the bags), the later grant must come after the
-//!   earlier one's deadline, unless the lease it names as predecessor was
-//!   granted by the same server after the earlier one (so followed it);
+//! * per name, the chain of holders ordered by fencing token: each
+//!   holder's grant names the grant before it on its server, and a broken
+//!   predecessor hands on at least its deadline; if the chain has a gap (a
+//!   lease that wrote nothing is not in the bags), the later grant must
+//!   come after the earlier one's deadline, unless the lease it names as
+//!   predecessor was granted by the same server after the earlier one (so
+//!   followed it). A holder is one lease, or the leases one message cites
+//!   together (a lease over several servers: one per server); so two
+//!   servers that both granted a name to different holders at once (a
+//!   client routing differently) are found as an overlap like any other;
 //! * a released lease's watermark (stated by its successor's witness) is at
 //!   least every timestamp written under it;
 //! * and every message a reader rejected is reported with its reason.
 //!
 //! The input is plain data, so the same audit runs on any store.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,6 +192,7 @@ struct LeaseFacts {
     /// The grant witness (the one with the earliest issue time).
     first: pb::WitnessBody,
     deadline: u64,
+    min_message_ts: Option<u64>,
     max_message_ts: Option<u64>,
 }
 
@@ -200,6 +205,8 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
     let mut leases: HashMap<String, LeaseFacts> = HashMap::new();
     // Each distinct witness is verified once.
     let mut verified: HashMap<Vec<u8>, Option<pb::WitnessBody>> = HashMap::new();
+    // Pairs of leases some message cites together.
+    let mut cited_together: HashSet<(String, String)> = HashSet::new();
 
     for m in messages {
         let at = format!(
@@ -254,6 +261,7 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 }
             },
         }
+        let mut cited: Vec<String> = Vec::new();
         for w in m.witnesses.iter() {
             // Keyed by the whole encoded witness (body, signature, key id,
             // Merkle path): no two different witnesses share a key.
@@ -299,9 +307,13 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                     ),
                 );
             }
+            if !cited.contains(&body.lease_id) {
+                cited.push(body.lease_id.clone());
+            }
             let facts = leases.entry(body.lease_id.clone()).or_insert_with(|| LeaseFacts {
                 first: body.clone(),
                 deadline: body.deadline_us,
+                min_message_ts: None,
                 max_message_ts: None,
             });
             facts.deadline = facts.deadline.max(body.deadline_us);
@@ -309,6 +321,7 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 facts.first = body.clone();
             }
             facts.max_message_ts = facts.max_message_ts.max(Some(ts));
+            facts.min_message_ts = Some(facts.min_message_ts.map_or(ts, |m| m.min(ts)));
             match body.signed_time.as_ref().map(|st| (cfg.verify_time)(st)) {
                 None => v(
                     ViolationKind::BadSignedTime,
@@ -346,109 +359,122 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
                 }
             }
         }
+        if let Some((first, rest)) = cited.split_first() {
+            for other in rest {
+                cited_together.insert((first.clone(), other.clone()));
+            }
+        }
     }
 
-    // Per name: grants ordered by fencing token.
-    let mut by_name: BTreeMap<String, Vec<(u64, &LeaseFacts, pb::PreviousLease)>> = BTreeMap::new();
-    for facts in leases.values() {
+    // Leases one message cites together are one holder's parts (a lease
+    // over several servers, or taken on both lists while migrating).
+    let cited_together: Vec<(String, String)> = cited_together.into_iter().collect();
+    let holder_of = holders(&cited_together, leases.keys());
+
+    // Per name: holders ordered by fencing token.
+    let mut by_name: BTreeMap<String, BTreeMap<usize, Holder<'_>>> = BTreeMap::new();
+    for (id, facts) in &leases {
         for n in &facts.first.names {
-            by_name.entry(n.name.clone()).or_default().push((
-                n.fencing_token,
-                facts,
-                n.previous.clone().unwrap_or_default(),
-            ));
+            let h = by_name
+                .entry(n.name.clone())
+                .or_default()
+                .entry(holder_of[id.as_str()])
+                .or_default();
+            h.fencing = h.fencing.max(n.fencing_token);
+            h.parts.push((facts, n.previous.clone().unwrap_or_default()));
         }
     }
     report.leases = leases.len();
     report.names = by_name.len();
-    for (name, mut grants) in by_name {
-        grants.sort_by_key(|g| g.0);
+    for (name, holders) in by_name {
+        let mut grants: Vec<Holder<'_>> = holders.into_values().collect();
+        grants.sort_by_key(|g| g.fencing);
         let mut chain = 1;
         for pair in grants.windows(2) {
-            let (f0, a, _) = &pair[0];
-            let (f1, b, prev) = &pair[1];
-            let (a_id, b_id) = (&a.first.lease_id, &b.first.lease_id);
-            if f0 == f1 {
+            let (a, b) = (&pair[0], &pair[1]);
+            let (a_id, b_id) = (a.ids(), b.ids());
+            if a.fencing == b.fencing {
                 v(
                     ViolationKind::OverlappingGrants,
-                    format!("{name}: leases {a_id} and {b_id} carry the same fencing token {f0}"),
+                    format!(
+                        "{name}: leases {a_id} and {b_id} carry the same fencing token {}",
+                        a.fencing
+                    ),
                 );
                 continue;
             }
-            if prev.lease_id == *a_id {
+            // Each part of `b` whose predecessor on its server is a part of `a`.
+            let links: Vec<(&LeaseFacts, &LeaseFacts, &pb::PreviousLease)> = b
+                .parts
+                .iter()
+                .filter_map(|(bf, prev)| {
+                    a.parts
+                        .iter()
+                        .find(|(af, _)| af.first.lease_id == prev.lease_id)
+                        .map(|(af, _)| (*af, *bf, prev))
+                })
+                .collect();
+            if !links.is_empty() {
                 chain += 1;
-                let ended = prev.ended();
-                if ended == pb::Ended::Released {
-                    if let Some(max) = a.max_message_ts
-                        && prev.watermark_us < max
-                    {
-                        v(
-                            ViolationKind::WatermarkBelowMessage,
-                            format!(
-                                "{name}: lease {a_id} released with watermark {} but wrote at {max}",
-                                prev.watermark_us
-                            ),
-                        );
-                    }
-                } else if ended == pb::Ended::Broken {
-                    if b.first.issued_at_us < a.deadline {
-                        v(
-                            ViolationKind::OverlappingGrants,
-                            format!(
-                                "{name}: lease {b_id} broke {a_id} at {} before its deadline {}",
-                                b.first.issued_at_us, a.deadline
-                            ),
-                        );
-                    }
-                    if prev.watermark_us < a.deadline {
-                        v(
-                            ViolationKind::ChainBroken,
-                            format!(
-                                "{name}: lease {b_id} inherits watermark {} from broken lease {a_id}, \
-                                 below its deadline {}",
-                                prev.watermark_us, a.deadline
-                            ),
-                        );
-                    }
+                for (a, b, prev) in links {
+                    check_link(&name, a, b, prev, &mut v);
                 }
-                if b.first.min_timestamp_us < prev.watermark_us {
-                    v(
-                        ViolationKind::ChainBroken,
-                        format!(
-                            "{name}: lease {b_id} may write from {} but its predecessor's watermark is {}",
-                            b.first.min_timestamp_us, prev.watermark_us
-                        ),
-                    );
-                }
-            } else {
-                report.chain_gaps += 1;
-                chain = 1;
-                // Not linked: the earlier lease must have ended before the
-                // later was granted, and its writes be below the later's. A
-                // predecessor the same server granted after the earlier
-                // lease followed it (one holder at a time per name), so the
-                // earlier one had ended by then.
-                let followed = !prev.lease_id.is_empty()
-                    && prev.granted_at_us >= a.first.issued_at_us
-                    && b.first.server_id == a.first.server_id
-                    && b.first.epoch_us == a.first.epoch_us;
-                if b.first.issued_at_us < a.deadline && !followed {
-                    v(
-                        ViolationKind::OverlappingGrants,
-                        format!(
-                            "{name}: lease {b_id} (granted at {}, previous {:?}) overlaps lease {a_id} \
-                             (deadline {}), and does not name it as released",
-                            b.first.issued_at_us, prev.lease_id, a.deadline
-                        ),
-                    );
-                } else if let Some(max) = a.max_message_ts
-                    && b.first.min_timestamp_us < max
-                {
+                continue;
+            }
+            report.chain_gaps += 1;
+            chain = 1;
+            // Not linked: the earlier holder must have ended before the
+            // later was granted, and its writes be below the later's. A
+            // predecessor the same server granted after the earlier lease
+            // followed it (one holder at a time per name on a server), so
+            // the earlier one had ended by then.
+            let followed = b.parts.iter().any(|(bf, prev)| {
+                !prev.lease_id.is_empty()
+                    && a.parts.iter().any(|(af, _)| {
+                        prev.granted_at_us >= af.first.issued_at_us
+                            && bf.first.server_id == af.first.server_id
+                            && bf.first.epoch_us == af.first.epoch_us
+                    })
+            });
+            let prevs: Vec<&str> = b.parts.iter().map(|(_, p)| p.lease_id.as_str()).collect();
+            if b.issued() < a.deadline() && !followed {
+                v(
+                    ViolationKind::OverlappingGrants,
+                    format!(
+                        "{name}: lease {b_id} (granted at {}, previous {prevs:?}) overlaps lease {a_id} \
+                         (deadline {}), and does not name it as released",
+                        b.issued(),
+                        a.deadline()
+                    ),
+                );
+            } else if let Some(max) = a.max_message_ts() {
+                // On a server they share, the watermark carries on, so the
+                // later may not even be allowed below the earlier's
+                // writes. Holders on disjoint servers (the two ends of a
+                // migration) are kept apart by time alone: the later's
+                // writes must be above the earlier's.
+                let shared_server = a.parts.iter().any(|(af, _)| {
+                    b.parts
+                        .iter()
+                        .any(|(bf, _)| bf.first.server_id == af.first.server_id)
+                });
+                if shared_server && b.min_timestamp() < max {
                     v(
                         ViolationKind::ChainBroken,
                         format!(
                             "{name}: lease {b_id} may write from {} but lease {a_id} wrote at {max}",
-                            b.first.min_timestamp_us
+                            b.min_timestamp()
+                        ),
+                    );
+                } else if let Some(min) = b.min_message_ts()
+                    && !shared_server
+                    && min <= max
+                {
+                    v(
+                        ViolationKind::ChainBroken,
+                        format!(
+                            "{name}: lease {b_id} wrote at {min}, not above {max} written under lease \
+                             {a_id} (granted by other servers)"
                         ),
                     );
                 }
@@ -458,6 +484,135 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
         report.longest_chain = report.longest_chain.max(chain);
     }
     report
+}
+
+/// One holder of a name: its leases on the name (one per server it holds
+/// the name on), each with the predecessor its server named.
+#[derive(Default)]
+struct Holder<'a> {
+    fencing: u64,
+    parts: Vec<(&'a LeaseFacts, pb::PreviousLease)>,
+}
+
+impl Holder<'_> {
+    fn ids(&self) -> String {
+        let ids: Vec<&str> = self
+            .parts
+            .iter()
+            .map(|(f, _)| f.first.lease_id.as_str())
+            .collect();
+        ids.join("+")
+    }
+    fn issued(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|(f, _)| f.first.issued_at_us)
+            .min()
+            .unwrap_or(0)
+    }
+    /// The latest deadline of any part: until then some server holds the
+    /// name for this holder.
+    fn deadline(&self) -> u64 {
+        self.parts.iter().map(|(f, _)| f.deadline).max().unwrap_or(0)
+    }
+    /// The holder writes above every part's `min_timestamp`.
+    fn min_timestamp(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|(f, _)| f.first.min_timestamp_us)
+            .max()
+            .unwrap_or(0)
+    }
+    fn max_message_ts(&self) -> Option<u64> {
+        self.parts.iter().filter_map(|(f, _)| f.max_message_ts).max()
+    }
+    fn min_message_ts(&self) -> Option<u64> {
+        self.parts.iter().filter_map(|(f, _)| f.min_message_ts).min()
+    }
+}
+
+/// Checks the link from lease `a` to its successor `b` on one server: how
+/// `a` ended, as `b`'s witness says, against what `a` wrote and when `b`
+/// was granted.
+fn check_link(
+    name: &str,
+    a: &LeaseFacts,
+    b: &LeaseFacts,
+    prev: &pb::PreviousLease,
+    v: &mut impl FnMut(ViolationKind, String),
+) {
+    let (a_id, b_id) = (&a.first.lease_id, &b.first.lease_id);
+    let ended = prev.ended();
+    if ended == pb::Ended::Released {
+        if let Some(max) = a.max_message_ts
+            && prev.watermark_us < max
+        {
+            v(
+                ViolationKind::WatermarkBelowMessage,
+                format!(
+                    "{name}: lease {a_id} released with watermark {} but wrote at {max}",
+                    prev.watermark_us
+                ),
+            );
+        }
+    } else if ended == pb::Ended::Broken {
+        if b.first.issued_at_us < a.deadline {
+            v(
+                ViolationKind::OverlappingGrants,
+                format!(
+                    "{name}: lease {b_id} broke {a_id} at {} before its deadline {}",
+                    b.first.issued_at_us, a.deadline
+                ),
+            );
+        }
+        if prev.watermark_us < a.deadline {
+            v(
+                ViolationKind::ChainBroken,
+                format!(
+                    "{name}: lease {b_id} inherits watermark {} from broken lease {a_id}, below its deadline {}",
+                    prev.watermark_us, a.deadline
+                ),
+            );
+        }
+    }
+    if b.first.min_timestamp_us < prev.watermark_us {
+        v(
+            ViolationKind::ChainBroken,
+            format!(
+                "{name}: lease {b_id} may write from {} but its predecessor's watermark is {}",
+                b.first.min_timestamp_us, prev.watermark_us
+            ),
+        );
+    }
+}
+
+/// Groups lease ids into holders: leases cited together by one message
+/// belong to one holder (union-find over the pairs). Returns each lease's
+/// holder number.
+fn holders<'a>(
+    cited_together: &[(String, String)],
+    ids: impl Iterator<Item = &'a String>,
+) -> HashMap<&'a str, usize> {
+    let ids: Vec<&'a String> = ids.collect();
+    let index: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect();
+    let mut parent: Vec<usize> = (0..ids.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    for (x, y) in cited_together {
+        if let (Some(&x), Some(&y)) = (index.get(x.as_str()), index.get(y.as_str())) {
+            let (rx, ry) = (root(&mut parent, x), root(&mut parent, y));
+            parent[rx.max(ry)] = rx.min(ry);
+        }
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), root(&mut parent, i)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -30,6 +30,22 @@ impl World {
         min_ts: u64,
         prev: Option<(&str, u64, pb::Ended)>,
     ) -> pb::Witness {
+        self.grant_on("s1", id, name, fencing, issued, deadline, min_ts, prev)
+    }
+
+    /// A grant by server `server` (its id in the witness).
+    #[allow(clippy::too_many_arguments)]
+    fn grant_on(
+        &self,
+        server: &str,
+        id: &str,
+        name: &str,
+        fencing: u64,
+        issued: u64,
+        deadline: u64,
+        min_ts: u64,
+        prev: Option<(&str, u64, pb::Ended)>,
+    ) -> pb::Witness {
         let previous = prev.map(|(l, wm, ended)| pb::PreviousLease {
             lease_id: l.into(),
             watermark_us: wm,
@@ -50,9 +66,19 @@ impl World {
             min_timestamp_us: min_ts,
             issued_at_us: issued,
             signed_time: Some(self.time(issued)),
+            server_id: server.into(),
             ..Default::default()
         };
         sign_witness(&self.signer, &body)
+    }
+
+    /// A message written under a lease over several servers: it cites
+    /// every part's witness.
+    fn msg_many(&self, ts: u64, ws: &[&pb::Witness]) -> AuditMessage {
+        AuditMessage {
+            witnesses: ws.iter().map(|w| (*w).clone()).collect::<Vec<_>>().into(),
+            ..self.msg(ts, ws[0])
+        }
     }
 
     fn time(&self, t: u64) -> pb::SignedTime {
@@ -269,4 +295,98 @@ fn a_forged_witness_cannot_borrow_a_verified_ones_cache_entry() {
     forged.body.insert(0, last);
     let r = audit(&[w.msg(T0 + 1, &a), w.msg(T0 + 2, &forged)], &w.cfg);
     assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
+}
+
+#[test]
+fn a_holder_over_two_servers_chains_on_each() {
+    // Migration: H1 on server a only; H2 on a and b (one message cites
+    // both parts); H3 on b only. Each server's chain links; nothing
+    // overlaps.
+    let w = World::new();
+    let h1 = w.grant_on("a", "H1", "n", T0, T0, T0 + 5 * S, 0, None);
+    let h2a = w.grant_on(
+        "a",
+        "H2a",
+        "n",
+        T0 + 2 * S,
+        T0 + 2 * S,
+        T0 + 6 * S,
+        T0 + S,
+        Some(("H1", T0 + S, pb::Ended::Released)),
+    );
+    let h2b = w.grant_on("b", "H2b", "n", T0 + 2 * S + 5, T0 + 2 * S, T0 + 6 * S, 0, None);
+    let h3 = w.grant_on(
+        "b",
+        "H3",
+        "n",
+        T0 + 4 * S,
+        T0 + 4 * S,
+        T0 + 9 * S,
+        T0 + 3 * S,
+        Some(("H2b", T0 + 3 * S, pb::Ended::Released)),
+    );
+    let msgs = vec![
+        w.msg(T0 + S, &h1),
+        w.msg_many(T0 + 3 * S, &[&h2a, &h2b]),
+        w.msg(T0 + 5 * S, &h3),
+    ];
+    let r = audit(&msgs, &w.cfg);
+    assert!(r.is_clean(), "{:?}", r.violations);
+    assert_eq!((r.leases, r.names, r.longest_chain), (4, 1, 3));
+}
+
+#[test]
+fn two_servers_granting_one_name_to_two_holders_at_once_is_an_overlap() {
+    // A client routing differently took `n` on server b while a holder on
+    // server a still had it: each server's own chain looks fine.
+    let w = World::new();
+    let on_a = w.grant_on("a", "A1", "n", T0, T0, T0 + 5 * S, 0, None);
+    let on_b = w.grant_on("b", "B1", "n", T0 + S, T0 + S, T0 + 6 * S, 0, None);
+    let msgs = vec![w.msg(T0 + 2 * S, &on_a), w.msg(T0 + 3 * S, &on_b)];
+    let r = audit(&msgs, &w.cfg);
+    assert_eq!(
+        kinds(&r),
+        [ViolationKind::OverlappingGrants],
+        "{:?}",
+        r.violations
+    );
+    assert!(r.violations[0].detail.contains("A1") && r.violations[0].detail.contains("B1"));
+}
+
+#[test]
+fn skipping_the_migration_wait_shows_as_an_overlap() {
+    // Step 1 holder on a (current owner) still holds `n` when a step-3
+    // client takes it on b (next owner): no server saw both.
+    let w = World::new();
+    let step1 = w.grant_on("a", "S1", "n", T0, T0, T0 + 10 * S, 0, None);
+    let step3 = w.grant_on("b", "S3", "n", T0 + 3 * S, T0 + 3 * S, T0 + 8 * S, 0, None);
+    let msgs = vec![w.msg(T0 + 4 * S, &step1), w.msg(T0 + 5 * S, &step3)];
+    let r = audit(&msgs, &w.cfg);
+    assert_eq!(
+        kinds(&r),
+        [ViolationKind::OverlappingGrants],
+        "{:?}",
+        r.violations
+    );
+}
+
+#[test]
+fn the_two_ends_of_a_migration_are_ordered_by_what_they_wrote() {
+    // A step-1 holder on server a only, then (after the wait) a step-3
+    // holder on server b only: b never saw a's watermark, so b's own
+    // inherited watermark is lower; what matters is that b wrote above a.
+    let w = World::new();
+    let step1 = w.grant_on("a", "S1", "n", T0 + 5, T0, T0 + 2 * S, T0, None);
+    let step3 = w.grant_on("b", "S3", "n", T0 + 3 * S, T0 + 3 * S, T0 + 6 * S, T0 - S, None);
+    let clean = audit(&[w.msg(T0 + S, &step1), w.msg(T0 + 4 * S, &step3)], &w.cfg);
+    assert!(clean.is_clean(), "{:?}", clean.violations);
+    // The same two holders, the later writing below the earlier: broken.
+    let late = w.grant_on("a", "S1b", "n", T0 + 6, T0, T0 + 2 * S, T0, None);
+    let early = w.grant_on("b", "S3b", "n", T0 + 3 * S, T0 + 3 * S, T0 + 6 * S, T0 - S, None);
+    let bad = audit(&[w.msg(T0 + S, &late), w.msg(T0 + S - 1, &early)], &w.cfg);
+    assert!(
+        kinds(&bad).contains(&ViolationKind::ChainBroken),
+        "{:?}",
+        bad.violations
+    );
 }

@@ -62,7 +62,8 @@ pub struct AuditArgs {
     #[command(flatten)]
     range: LogRange,
     /// A lease server's ed25519 public key (64 hex digits); repeatable.
-    /// Without any, the keys of the server given by --server are used.
+    /// Without any, the keys of the servers given by --server or --servers
+    /// are used.
     #[arg(long = "key")]
     keys: Vec<String>,
     /// How far a timestamp may be ahead of its signed time.
@@ -171,7 +172,7 @@ pub struct MetronomeArgs {
 /// What the bag commands need from the global flags.
 #[derive(Debug)]
 pub struct Globals<'a> {
-    pub server: &'a str,
+    pub target: &'a crate::target::TargetArgs,
     pub roughtime: &'a RoughtimeArgs,
 }
 
@@ -184,20 +185,22 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The lease servers' keys: given with --key, else asked of --server.
-async fn lease_keys(given: &[String], server: &str) -> anyhow::Result<KeyRing> {
+/// The lease servers' keys: given with --key, else asked of --server (or
+/// of every server of --servers).
+async fn lease_keys(given: &[String], target: &crate::target::TargetArgs) -> anyhow::Result<KeyRing> {
     if given.is_empty() {
-        let client = bagel_client::Client::connect(server.to_owned())
+        let connected = target
+            .connect()
             .await
-            .with_context(|| format!("no --key given, and asking {server} for its keys failed"))?;
-        return Ok(client.keys().clone());
+            .context("no --key given, and asking the lease servers for their keys failed")?;
+        return Ok(connected.keys());
     }
     crate::keys::key_ring(given)
 }
 
 async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
-    let keys = lease_keys(&a.keys, g.server).await?;
+    let keys = lease_keys(&a.keys, g.target).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
     let store = bag::open_store(&a.range.store, &cfg).await?;
     let opts = a
@@ -284,7 +287,10 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     // server's); a clock that is off refuses to write.
     let time = g
         .roughtime
-        .time_source(g.server, TimeOptions::default().with_clock(Arc::clone(&clock)))
+        .time_source(
+            &g.target.time_server()?,
+            TimeOptions::default().with_clock(Arc::clone(&clock)),
+        )
         .await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
     let lease_id = lease.lease_id.clone();

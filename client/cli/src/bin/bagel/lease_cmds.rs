@@ -9,11 +9,13 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::{LeaseJson, WitnessJson};
 use bagel_client::{
-    Client, ClockSource, Error, HistoryEvent, LeaseBackend as _, LeaseOptions, LeaseRef, Metadata, Micros,
-    NameState, Previous, ReleaseOptions,
+    AcquireBuilder, ClockSource, Error, HistoryEvent, LeaseOptions, LeaseRef, Metadata, Micros, NameState,
+    Previous, ReleaseOptions, ServerInfo,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
+
+use crate::target::{Target, TargetArgs};
 
 /// Exit code of a refused acquire (name held by someone else).
 const EXIT_BUSY: u8 = 2;
@@ -32,8 +34,12 @@ pub enum LeaseCommand {
     Describe(DescribeArgs),
     /// Show a name's recent renewals and releases with their metadata.
     History(HistoryArgs),
-    /// Show the server's keys, limits, clock and readiness.
+    /// Show the server's keys, limits, clock and readiness (with
+    /// --servers: every server's).
     ServerInfo(JsonFlag),
+    /// Show which server owns each name (with --servers; and, with
+    /// --next-servers, which owns it next).
+    Route(RouteArgs),
     /// Verify a witness (the JSON of `acquire --json`, or a bare witness).
     VerifyWitness(VerifyArgs),
 }
@@ -81,7 +87,14 @@ pub struct TokenArgs {
 impl TokenArgs {
     /// The lease id and token, from the flags or from the lease file.
     fn resolve(&self) -> anyhow::Result<LeaseRef> {
-        let is_id = self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit());
+        // One server's id (32 hex digits), or a lease over several
+        // (KEYID:LEASEID,...).
+        let is_id = (self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit()))
+            || (self.lease_id.contains(':')
+                && self
+                    .lease_id
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b','));
         if is_id {
             let token = self
                 .token
@@ -144,6 +157,14 @@ pub struct HistoryArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RouteArgs {
+    #[arg(required = true)]
+    names: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct JsonFlag {
     #[arg(long)]
     json: bool,
@@ -160,12 +181,12 @@ pub struct VerifyArgs {
     keys: Vec<String>,
 }
 
-pub async fn run(cmd: LeaseCommand, server: &str) -> anyhow::Result<ExitCode> {
+pub async fn run(cmd: LeaseCommand, target: &TargetArgs) -> anyhow::Result<ExitCode> {
     match cmd {
-        LeaseCommand::VerifyWitness(args) => verify_witness(args, server).await,
+        LeaseCommand::VerifyWitness(args) => verify_witness(args, target).await,
         cmd => {
-            let client = Client::connect(server).await?;
-            match run_with(cmd, &client).await {
+            let target = target.connect().await?;
+            match run_with(cmd, &target).await {
                 Err(e) => match e.downcast_ref::<Error>() {
                     Some(busy @ Error::Busy { .. }) => {
                         eprintln!("bagel: {}", busy_message(busy));
@@ -184,24 +205,28 @@ fn busy_message(e: &Error) -> String {
         Error::Busy {
             conflict: Some(c), ..
         } => format!(
-            "name {:?} is held by lease {} (owner {:?}) until {} ({} us)",
+            "name {:?} is held by lease {} (owner {:?}) until {} ({} us){}",
             c.name,
             c.holder_lease_id,
             c.holder_owner,
             c.holder_deadline,
-            c.holder_deadline.as_micros()
+            c.holder_deadline.as_micros(),
+            c.server
+                .as_ref()
+                .map_or(String::new(), |s| format!(" on server {s}"))
         ),
         other => other.to_string(),
     }
 }
 
-async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode> {
+async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode> {
+    let backend = target.backend();
     match cmd {
-        LeaseCommand::Acquire(args) => acquire(args, client).await,
+        LeaseCommand::Acquire(args) => acquire(args, target).await,
         LeaseCommand::Renew(args) => {
             let lease = args.lease.resolve()?;
-            let deadline = client.clock().now().saturating_add(args.ttl);
-            let r = client
+            let deadline = backend.clock().now().saturating_add(args.ttl);
+            let r = backend
                 .renew_lease(&lease, deadline, args.metadata.as_deref().map(metadata))
                 .await?;
             if args.lease.json {
@@ -215,8 +240,8 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Upgrade(args) => {
-            let grant = client.upgrade_lease(&args.resolve()?).await?;
-            print_grant(&LeaseJson::from_grant(&grant, Some(client.url())), args.json);
+            let grant = backend.upgrade_lease(&args.resolve()?).await?;
+            print_grant(&LeaseJson::from_grant(&grant, target.single_server()), args.json);
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Release(args) => {
@@ -240,7 +265,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             if let Some(m) = args.metadata.as_deref().map(metadata) {
                 options = options.with_metadata(m);
             }
-            let stored = client.release_lease(&lease, options).await?;
+            let stored = backend.release_lease(&lease, options).await?;
             crate::written::forget(&lease.id);
             if args.lease.json {
                 println!("{}", json!({ "watermark_us": stored.as_micros() }));
@@ -250,7 +275,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Describe(args) => {
-            let states = client.describe(args.names).await?;
+            let states = target.describe(args.names).await?;
             if args.json {
                 let v: Vec<_> = states.iter().map(name_state_json).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -262,7 +287,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::History(args) => {
-            let h = client.history(&args.name).await?;
+            let h = target.history(&args.name).await?;
             let event = |e: HistoryEvent| match e {
                 HistoryEvent::Renewed => "renewed",
                 HistoryEvent::Released => "released",
@@ -305,69 +330,67 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::ServerInfo(args) => {
-            let info = client.server_info().await?;
-            let clock = &info.clock;
-            let us = |d: Duration| bagel_proto::duration_micros(d);
-            let v = json!({
-                "server_id": info.server_id,
-                "version": info.version,
-                "epoch_us": info.epoch.as_micros(),
-                "ready": info.ready,
-                "ready_at_us": info.ready_at.as_micros(),
-                "now_us": info.now.as_micros(),
-                "min_ttl_us": us(info.min_ttl),
-                "max_ttl_us": us(info.max_ttl),
-                "max_wait_us": us(info.max_wait),
-                "forgotten_floor_us": info.forgotten_floor.as_micros(),
-                "unsafe_skip_restart_wait": info.unsafe_skip_restart_wait,
-                "keys": info.keys.iter().map(|(id, raw)| json!({
-                    "key_id": id, "ed25519_hex": bagel_proto::hex::encode(raw)
-                })).collect::<Vec<_>>(),
-                "clock": {
-                    "source": match clock.source {
-                        ClockSource::Roughtime => "roughtime",
-                        ClockSource::Local => "local",
-                    },
-                    "error_bound_us": us(clock.error_bound),
-                    "healthy": clock.healthy,
-                    "detail": clock.detail,
-                },
-                "limits": {
-                    "max_names_per_request": info.max_names_per_request,
-                    "max_name_bytes": info.max_name_bytes,
-                    "max_owner_bytes": info.max_owner_bytes,
-                    "max_metadata_bytes": info.max_metadata_bytes,
-                    "timestamp_tolerance_us": us(info.timestamp_tolerance),
-                },
-            });
+            let infos = match target {
+                Target::One(c) => vec![(c.url().to_owned(), c.server_info().await?)],
+                Target::Many(cluster) => {
+                    let mut infos = Vec::new();
+                    for (url, key_id) in cluster.servers() {
+                        let info = async { cluster.client_of(&key_id).await?.server_info().await }
+                            .await
+                            .with_context(|| format!("asking {url} for its server info"))?;
+                        infos.push((url, info));
+                    }
+                    infos
+                }
+            };
             if args.json {
+                let mut all: Vec<_> = infos.iter().map(|(_, i)| server_info_json(i)).collect();
+                let v = match target {
+                    // One server: the one object, as always.
+                    Target::One(_) => all.remove(0),
+                    Target::Many(_) => serde_json::Value::Array(all),
+                };
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!("server {} (version {})", info.server_id, info.version);
-                println!(
-                    "ready: {} (at {}){}",
-                    info.ready,
-                    info.ready_at,
-                    if info.unsafe_skip_restart_wait {
-                        " UNSAFE: restart wait skipped"
-                    } else {
-                        ""
+                for (url, info) in &infos {
+                    if infos.len() > 1 {
+                        println!("== {url}");
                     }
-                );
-                println!(
-                    "ttl: ({} us, {} us]; max wait {} us",
-                    us(info.min_ttl),
-                    us(info.max_ttl),
-                    us(info.max_wait)
-                );
-                for (id, raw) in &info.keys {
-                    println!("key {id} ed25519 {}", bagel_proto::hex::encode(raw));
+                    print_server_info(info);
                 }
-                println!(
-                    "clock: {} (error bound {} us)",
-                    clock.detail,
-                    us(clock.error_bound)
-                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LeaseCommand::Route(args) => {
+            let routes: Vec<serde_json::Value> = args
+                .names
+                .iter()
+                .map(|name| match target {
+                    Target::One(c) => json!({ "name": name, "server": c.url() }),
+                    Target::Many(cluster) => {
+                        let r = cluster.route(name);
+                        let mut v = json!({ "name": name, "server": r.current.0, "key_id": r.current.1 });
+                        if let Some((url, key_id)) = r.next {
+                            v["next_server"] = json!(url);
+                            v["next_key_id"] = json!(key_id);
+                        }
+                        v
+                    }
+                })
+                .collect();
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&routes)?);
+            } else {
+                for r in &routes {
+                    let next = r["next_server"]
+                        .as_str()
+                        .map_or(String::new(), |n| format!(" (next: {n})"));
+                    println!(
+                        "{}\t{}{next}",
+                        r["name"].as_str().unwrap_or(""),
+                        r["server"].as_str().unwrap_or("")
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -375,8 +398,8 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
     }
 }
 
-async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode> {
-    let mut builder = client.acquire(args.names).owner(args.owner);
+async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    let mut builder = AcquireBuilder::new(target.backend(), args.names).owner(args.owner);
     if let Some(ttl) = args.ttl {
         builder = builder.ttl(ttl);
     }
@@ -391,7 +414,7 @@ async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode>
     }
     builder = builder.options(LeaseOptions::default().with_auto_renew(args.hold));
     let lease = builder.send().await?;
-    print_grant(&LeaseJson::from_lease(&lease, Some(client.url())), args.json);
+    print_grant(&LeaseJson::from_lease(&lease, target.single_server()), args.json);
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
     }
@@ -504,8 +527,74 @@ fn print_name_state(s: &NameState) {
     );
 }
 
+fn server_info_json(info: &ServerInfo) -> serde_json::Value {
+    let clock = &info.clock;
+    let us = |d: Duration| bagel_proto::duration_micros(d);
+    json!({
+        "server_id": info.server_id,
+        "version": info.version,
+        "epoch_us": info.epoch.as_micros(),
+        "ready": info.ready,
+        "ready_at_us": info.ready_at.as_micros(),
+        "now_us": info.now.as_micros(),
+        "min_ttl_us": us(info.min_ttl),
+        "max_ttl_us": us(info.max_ttl),
+        "max_wait_us": us(info.max_wait),
+        "forgotten_floor_us": info.forgotten_floor.as_micros(),
+        "unsafe_skip_restart_wait": info.unsafe_skip_restart_wait,
+        "keys": info.keys.iter().map(|(id, raw)| json!({
+            "key_id": id, "ed25519_hex": bagel_proto::hex::encode(raw)
+        })).collect::<Vec<_>>(),
+        "clock": {
+            "source": match clock.source {
+                ClockSource::Roughtime => "roughtime",
+                ClockSource::Local => "local",
+            },
+            "error_bound_us": us(clock.error_bound),
+            "healthy": clock.healthy,
+            "detail": clock.detail,
+        },
+        "limits": {
+            "max_names_per_request": info.max_names_per_request,
+            "max_name_bytes": info.max_name_bytes,
+            "max_owner_bytes": info.max_owner_bytes,
+            "max_metadata_bytes": info.max_metadata_bytes,
+            "timestamp_tolerance_us": us(info.timestamp_tolerance),
+        },
+    })
+}
+
+fn print_server_info(info: &ServerInfo) {
+    let us = |d: Duration| bagel_proto::duration_micros(d);
+    println!("server {} (version {})", info.server_id, info.version);
+    println!(
+        "ready: {} (at {}){}",
+        info.ready,
+        info.ready_at,
+        if info.unsafe_skip_restart_wait {
+            " UNSAFE: restart wait skipped"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "ttl: ({} us, {} us]; max wait {} us",
+        us(info.min_ttl),
+        us(info.max_ttl),
+        us(info.max_wait)
+    );
+    for (id, raw) in &info.keys {
+        println!("key {id} ed25519 {}", bagel_proto::hex::encode(raw));
+    }
+    println!(
+        "clock: {} (error bound {} us)",
+        info.clock.detail,
+        us(info.clock.error_bound)
+    );
+}
+
 /// Reads the witness JSON, fetches or takes the keys, verifies.
-async fn verify_witness(args: VerifyArgs, server: &str) -> anyhow::Result<ExitCode> {
+async fn verify_witness(args: VerifyArgs, target: &TargetArgs) -> anyhow::Result<ExitCode> {
     let text = if args.file.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
@@ -520,7 +609,7 @@ async fn verify_witness(args: VerifyArgs, server: &str) -> anyhow::Result<ExitCo
     let witness = witness.to_pb().map_err(anyhow::Error::msg)?;
 
     let keys = if args.keys.is_empty() {
-        Client::connect(server).await?.keys().clone()
+        target.connect().await?.keys()
     } else {
         crate::keys::key_ring(&args.keys)?
     };

@@ -9,6 +9,7 @@
 mod bag_cmds;
 mod keys;
 mod lease_cmds;
+mod target;
 mod time_cmds;
 mod written;
 
@@ -23,14 +24,8 @@ use clap::{Parser, Subcommand};
     about = "Leases with absolute deadlines, and closable bags of messages"
 )]
 struct Cli {
-    /// The lease server.
-    #[arg(
-        long,
-        global = true,
-        env = "BAGEL_SERVER",
-        default_value = "http://127.0.0.1:7420"
-    )]
-    server: String,
+    #[command(flatten)]
+    target: target::TargetArgs,
     #[command(flatten)]
     roughtime: time_cmds::RoughtimeArgs,
     #[command(subcommand)]
@@ -59,15 +54,18 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Lease(cmd) => lease_cmds::run(cmd, &cli.server).await,
+        Command::Lease(cmd) => lease_cmds::run(cmd, &cli.target).await,
         Command::Bag(cmd) => {
             let g = bag_cmds::Globals {
-                server: &cli.server,
+                target: &cli.target,
                 roughtime: &cli.roughtime,
             };
             bag_cmds::run(cmd, g).await
         }
-        Command::TimeCheck(args) => time_cmds::time_check(args, &cli.roughtime, &cli.server).await,
+        Command::TimeCheck(args) => match cli.target.time_server() {
+            Ok(server) => time_cmds::time_check(args, &cli.roughtime, &server).await,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(code) => code,

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use bagel_client::Micros;
 use bagel_proto::rights::WriteSummary;
+use sha2::{Digest as _, Sha256};
 
 fn state_dir() -> PathBuf {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
@@ -26,18 +27,24 @@ fn state_dir() -> PathBuf {
 }
 
 fn path(lease_id: &str) -> anyhow::Result<PathBuf> {
-    // The id names a file: a server's ids are 32 hex digits; anything that
-    // is not a plain file name is refused.
-    let plain = !lease_id.is_empty()
-        && lease_id.len() <= 64
+    if lease_id.is_empty() {
+        bail!("an empty lease id names no state file");
+    }
+    // A server's ids (32 hex digits) name their file as they are; an id
+    // that is not a plain file name (a lease over several servers:
+    // `KEYID:LEASEID,...`) by its SHA-256.
+    let plain = lease_id.len() <= 64
         && !lease_id.starts_with('.')
         && lease_id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if !plain {
-        bail!("lease id {lease_id:?} cannot name a state file");
-    }
-    Ok(state_dir().join("leases").join(format!("{lease_id}.written")))
+    let stem = if plain {
+        lease_id.to_owned()
+    } else {
+        let digest = Sha256::digest(lease_id.as_bytes());
+        format!("sha256-{}", bagel_proto::hex::encode(&digest[..16]))
+    };
+    Ok(state_dir().join("leases").join(format!("{stem}.written")))
 }
 
 /// Records what one write run wrote under `lease_id`.

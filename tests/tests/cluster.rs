@@ -1,0 +1,684 @@
+//! Many servers: real `bagel-server` processes on 127.0.0.1, names routed
+//! over them by the cluster client; leases across servers; a server down,
+//! killed, restarted, frozen; migration from two servers to three.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bagel_bags::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
+use bagel_bags::{self as bag, BagConfig, Writer};
+use bagel_client::{
+    Client, Cluster, Ended, Error, Lease, LeaseOptions, LossReason, Micros, ServerSpec, TimeOptions,
+    TimeSource,
+};
+use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::{KeyRing, verify_witness};
+use bagel_tests::{ServerProcess, cli_servers, describe_output, unique, wire};
+use bytes::Bytes;
+
+fn spec(s: &ServerProcess) -> ServerSpec {
+    ServerSpec {
+        url: s.url.clone(),
+        key: None,
+    }
+}
+
+fn specs(servers: &[&ServerProcess]) -> Vec<ServerSpec> {
+    servers.iter().map(|s| spec(s)).collect()
+}
+
+async fn start_ready(n: usize, args: &[&str]) -> Vec<ServerProcess> {
+    futures::future::join_all((0..n).map(|_| ServerProcess::start_ready(args))).await
+}
+
+/// `per` names owned by each server (in the order of `servers`), found by
+/// asking the cluster's routing.
+fn names_on(cluster: &Cluster, servers: &[&ServerProcess], per: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); servers.len()];
+    for i in 0.. {
+        if out.iter().all(|v: &Vec<String>| v.len() >= per) {
+            break;
+        }
+        let name = format!("name-{i}");
+        let owner = cluster.route(&name).current.0;
+        let k = servers
+            .iter()
+            .position(|s| s.url == owner)
+            .expect("routed to a listed server");
+        if out[k].len() < per {
+            out[k].push(name);
+        }
+    }
+    out
+}
+
+/// The servers in the order a multi-server acquire visits them.
+fn by_key_order<'a>(cluster: &Cluster, servers: &[&'a ServerProcess]) -> Vec<&'a ServerProcess> {
+    let order: Vec<String> = cluster.servers().into_iter().map(|(url, _)| url).collect();
+    let mut sorted = servers.to_vec();
+    sorted.sort_by_key(|s| order.iter().position(|u| *u == s.url));
+    sorted
+}
+
+async fn holder(client: &Client, name: &str) -> Option<String> {
+    let states = client.describe([name]).await.unwrap();
+    states[0].holder.as_ref().map(|h| h.lease_id.clone())
+}
+
+fn no_renew() -> LeaseOptions {
+    LeaseOptions::default().with_auto_renew(false)
+}
+
+#[tokio::test]
+async fn names_spread_evenly_over_three_servers() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for i in 0..10_000 {
+        *counts
+            .entry(cluster.route(&format!("tenant-{i}")).current.0)
+            .or_default() += 1;
+    }
+    assert_eq!(counts.len(), 3);
+    for (url, c) in &counts {
+        assert!(
+            (3_000..=3_667).contains(c),
+            "{url} owns {c} of 10000 names, not within 10% of a third: {counts:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_lease_across_three_servers_has_a_witness_from_each_and_conflicts_name_the_server() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let ordered = by_key_order(&cluster, &refs);
+    let names = names_on(&cluster, &ordered, 3);
+    // Two names on each server; the third of each stays free.
+    let held: Vec<String> = names.iter().flat_map(|n| n[..2].to_vec()).collect();
+    let lease = cluster
+        .acquire(held.clone())
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(lease.names().len(), 6);
+    let witnesses = lease.witnesses();
+    assert_eq!(witnesses.len(), 3, "one witness per server");
+    assert_eq!(lease.servers().len(), 3);
+    for (server, part) in ordered.iter().zip(lease.servers()) {
+        let client = server.client().await;
+        assert_eq!(part.server, server.url);
+        let w = witnesses
+            .iter()
+            .find(|w| w.key_id() == part.key_id)
+            .expect("a witness signed by each server's key");
+        let body = verify_witness(&wire(w), client.keys()).expect("verifies against its own server's key");
+        assert_eq!(body.lease_id, part.lease_id);
+        assert!(
+            body.deadline_us >= lease.deadline().as_micros(),
+            "the handle's deadline is the earliest"
+        );
+        for name in &part.names {
+            assert_eq!(
+                holder(&client, name).await.as_deref(),
+                Some(part.lease_id.as_str())
+            );
+        }
+    }
+
+    // Another client wants a free name on the first server and a held one
+    // on the last: refused, naming the last server and the holder, and
+    // nothing stays held on the first.
+    let other = Cluster::connect(&specs(&refs)).await.unwrap();
+    let (first, last) = (ordered[0], ordered[2]);
+    let err = other
+        .acquire([names[0][2].clone(), names[2][0].clone()])
+        .send()
+        .await
+        .unwrap_err();
+    let Error::Busy {
+        conflict: Some(c),
+        message,
+    } = &err
+    else {
+        panic!("expected a conflict, got {err:?}")
+    };
+    assert_eq!(c.name, names[2][0]);
+    assert_eq!(c.server.as_deref(), Some(last.url.as_str()));
+    assert_eq!(c.holder_lease_id, lease.servers()[2].lease_id);
+    assert!(message.contains(&last.url), "{message}");
+    assert_eq!(holder(&first.client().await, &names[0][2]).await, None);
+
+    // Released everywhere with one watermark.
+    let wm = lease.release(None).await.unwrap();
+    for (server, names) in ordered.iter().zip(&names) {
+        let client = server.client().await;
+        let states = client.describe(names[..2].to_vec()).await.unwrap();
+        for s in states {
+            assert!(s.holder.is_none(), "{} still held", s.name);
+            assert_eq!(s.previous.ended, Ended::Released);
+            assert!(s.previous.watermark <= wm);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_down_fails_only_its_names_and_leaves_nothing_held() {
+    let mut servers = start_ready(3, &[]).await;
+    let cluster = {
+        let refs: Vec<&ServerProcess> = servers.iter().collect();
+        Cluster::connect(&specs(&refs)).await.unwrap()
+    };
+    let (names, down_url, first_url) = {
+        let refs: Vec<&ServerProcess> = servers.iter().collect();
+        let ordered = by_key_order(&cluster, &refs);
+        (
+            names_on(&cluster, &ordered, 2),
+            ordered[2].url.clone(),
+            ordered[0].url.clone(),
+        )
+    };
+    let all_urls: Vec<(String, String)> = servers
+        .iter()
+        .map(|s| (s.url.clone(), s.public_key_hex.clone()))
+        .collect();
+    let down = servers.iter_mut().find(|s| s.url == down_url).unwrap();
+    down.kill();
+
+    let err = cluster.acquire([names[2][0].clone()]).send().await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(
+        err.to_string().contains(&down_url),
+        "the error names the server: {err}"
+    );
+
+    // A lease spanning the first server and the dead one: refused, and the
+    // part taken on the first server is given back.
+    let err = cluster
+        .acquire([names[0][0].clone(), names[2][1].clone()])
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&down_url), "{err}");
+    let first = Client::connect(first_url.clone()).await.unwrap();
+    assert_eq!(holder(&first, &names[0][0]).await, None, "nothing stays held");
+
+    // Names on the other servers keep working.
+    let lease = cluster
+        .acquire([names[0][0].clone(), names[1][0].clone()])
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lease.witnesses().len(), 2);
+    lease.release(None).await.unwrap();
+
+    // A client starting now cannot route without the dead server's id...
+    let err = Cluster::connect(
+        &all_urls
+            .iter()
+            .map(|(url, _)| ServerSpec {
+                url: url.clone(),
+                key: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains(&down_url), "{err}");
+    // ...unless the keys are pinned (`URL#KEY`): then it routes as before.
+    let pinned: Vec<String> = all_urls.iter().map(|(url, key)| format!("{url}#{key}")).collect();
+    let out = bagel_tests::cli_no_server(&["--servers", &pinned.join(","), "route", &names[2][0], "--json"]);
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let routes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(routes[0]["server"], down_url.as_str());
+    let out =
+        bagel_tests::cli_no_server(&["--servers", &pinned.join(","), "acquire", &names[1][1], "--json"]);
+    assert!(out.status.success(), "{}", describe_output(&out));
+}
+
+#[tokio::test]
+async fn after_kill_9_only_the_killed_servers_names_wait_out_the_ttl() {
+    let keys = tempfile::tempdir().unwrap();
+    let key_files: Vec<String> = (0..3)
+        .map(|i| keys.path().join(format!("k{i}")).display().to_string())
+        .collect();
+    let mut servers = Vec::new();
+    for k in &key_files {
+        servers.push(
+            ServerProcess::start_ready(&["--key", k, "--max-ttl", "1500ms", "--clock-tolerance", "100ms"])
+                .await,
+        );
+    }
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let names = names_on(&cluster, &refs, 2);
+    let held = cluster
+        .acquire(names.iter().map(|n| n[0].clone()).collect::<Vec<_>>())
+        .ttl(Duration::from_secs(1))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+
+    // kill -9 the second server; it comes back at the same address with
+    // the same key, and waits out its max TTL.
+    let addr = servers[1].addr.to_string();
+    servers[1].kill();
+    servers[1] = ServerProcess::start_at(
+        &addr,
+        &[
+            "--key",
+            &key_files[1],
+            "--max-ttl",
+            "1500ms",
+            "--clock-tolerance",
+            "100ms",
+        ],
+    )
+    .await;
+
+    let err = cluster.acquire([names[1][1].clone()]).send().await.unwrap_err();
+    let Error::Unavailable { message } = &err else {
+        panic!("expected the restart wait, got {err:?}")
+    };
+    assert!(message.contains("refuses grants until"), "{message}");
+    assert!(message.contains(&servers[1].url), "{message}");
+    // The other servers grant at once.
+    for k in [0, 2] {
+        let l = cluster
+            .acquire([names[k][1].clone()])
+            .options(no_renew())
+            .send()
+            .await
+            .unwrap();
+        l.release(None).await.unwrap();
+    }
+    // Once its wait is over, the restarted server grants, saying it does
+    // not know how the previous lease ended.
+    servers[1].wait_ready().await;
+    let l = cluster
+        .acquire([names[1][0].clone()])
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(l.names()[0].previous.ended, Ended::Unknown);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_is_survived_until_the_deadline_then_the_lease_is_lost() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let names = names_on(&cluster, &refs, 1);
+    let lease = cluster
+        .acquire(names.concat())
+        .ttl(Duration::from_secs(3))
+        .options(
+            LeaseOptions::default()
+                .with_renew_every(Duration::from_millis(300))
+                .with_safety_margin(Duration::from_millis(300)),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    // Frozen for a second (shorter than the TTL): renewals wait, the lease
+    // stays valid, and once the server thaws the deadline moves on again.
+    let before = lease.deadline();
+    refs[1].pause();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(lease.is_valid(), "valid while the deadline is ahead");
+    refs[1].resume();
+    let mut rx = lease.subscribe();
+    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.deadline > before))
+        .await
+        .expect("a renewal lands once the server thaws")
+        .unwrap();
+    assert!(lease.is_valid());
+
+    // Frozen for good: lost before its deadline, never after.
+    refs[1].pause();
+    let reason = lease.lost().await;
+    let now = SystemClock.now();
+    let deadline = lease.deadline();
+    refs[1].resume();
+    assert!(matches!(reason, LossReason::OutOfTime { .. }), "{reason:?}");
+    assert!(now < deadline, "lost at {now}, after its deadline {deadline}");
+    assert!(!lease.is_valid());
+}
+
+/// Writers under leases from a cluster, into one log.
+struct Bags {
+    _dir: tempfile::TempDir,
+    url: String,
+    log: String,
+    cfg: BagConfig,
+    /// Signed time for the writers.
+    time: Client,
+    acked: AtomicUsize,
+}
+
+impl Bags {
+    async fn new(time: Client) -> Arc<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        Arc::new(Bags {
+            url: format!("file://{}", dir.path().display()),
+            _dir: dir,
+            log: unique("cluster"),
+            cfg: BagConfig::default().with_grace(Duration::from_millis(200)),
+            time,
+            acked: AtomicUsize::new(0),
+        })
+    }
+
+    async fn write(&self, lease: &Lease, writer_id: &str, n: usize) {
+        let store = bag::open_store(&self.url, &self.cfg).await.unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let time = TimeSource::lease_server(self.time.clone(), TimeOptions::default());
+        let writer = Writer::new(
+            store,
+            &self.log,
+            writer_id,
+            lease.rights(),
+            clock,
+            Arc::new(time),
+            self.cfg.clone(),
+        )
+        .unwrap();
+        for i in 0..n {
+            writer
+                .write(Bytes::from(format!("{writer_id}-{i}")))
+                .await
+                .unwrap();
+            self.acked.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Closes every bag and audits what was stored.
+    async fn audit(&self, keys: &KeyRing) -> (usize, bagel_bags::audit::AuditReport) {
+        let store = bag::open_store(&self.url, &self.cfg).await.unwrap();
+        let until = Micros::now().saturating_add(Duration::from_secs(1));
+        bag::close_through(store.as_ref(), &self.log, until, &self.cfg, &SystemClock)
+            .await
+            .unwrap();
+        let opts = bag::reader::ReadOptions::default().with_keys(Some(keys.clone()));
+        let report = bag::read(store.as_ref(), &self.log, &opts, &self.cfg, &SystemClock)
+            .await
+            .unwrap();
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        let messages = AuditMessage::from_report(&report, &self.log);
+        (
+            report.messages.len(),
+            audit(&messages, &AuditConfig::new(keys.clone())),
+        )
+    }
+}
+
+const MIGRATION_NAMES: [&str; 8] = ["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"];
+
+/// One client's work: `rounds` leases on one or two names, each writing a
+/// few messages and released; busy names are retried later. Returns the
+/// latest deadline any of its leases had.
+async fn worker(cluster: Cluster, bags: Arc<Bags>, id: String, rounds: usize) -> Micros {
+    let mut latest = Micros::ZERO;
+    let mut done = 0;
+    let mut i = id.len();
+    while done < rounds {
+        i += 1;
+        let mut names = vec![MIGRATION_NAMES[i % 8], MIGRATION_NAMES[(i * 3 + 1) % 8]];
+        names.sort_unstable();
+        names.dedup();
+        let lease = match cluster
+            .acquire(names)
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_millis(500))
+            .send()
+            .await
+        {
+            Ok(l) => l,
+            Err(e) if e.is_retryable() => continue,
+            Err(e) => panic!("{id}: {e}"),
+        };
+        latest = latest.max(lease.deadline());
+        bags.write(&lease, &format!("{id}-{done}"), 3).await;
+        lease.release(None).await.unwrap();
+        done += 1;
+    }
+    latest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_from_two_servers_to_three_with_clients_at_every_step_audits_clean() {
+    let servers = start_ready(3, &["--max-ttl", "2s"]).await;
+    let current = specs(&[&servers[0], &servers[1]]);
+    let next = specs(&[&servers[0], &servers[1], &servers[2]]);
+    let step1 = Cluster::connect(&current).await.unwrap();
+    let step2 = Cluster::migrating(&current, &next).await.unwrap();
+    let step3 = Cluster::connect(&next).await.unwrap();
+    let moving = MIGRATION_NAMES
+        .iter()
+        .filter(|n| step2.route(n).next.as_ref().map(|r| &r.0) == Some(&servers[2].url))
+        .count();
+    let bags = Bags::new(servers[0].client().await).await;
+    let spawn = |c: &Cluster, id: &str, rounds| {
+        tokio::spawn(worker(c.clone(), Arc::clone(&bags), id.to_owned(), rounds))
+    };
+
+    // Steps 1 and 2 side by side: some clients moved on, some not yet.
+    let s1 = [spawn(&step1, "s1a", 12), spawn(&step1, "s1b", 12)];
+    let s2a = spawn(&step2, "s2a", 12);
+    let mut step1_latest = Micros::ZERO;
+    for t in s1 {
+        step1_latest = step1_latest.max(t.await.unwrap());
+    }
+    // Every client is on step 2 now. The recipe's wait: every lease taken
+    // under step 1 has ended (its deadline passed) before step 3 starts.
+    let wait = step1_latest.duration_since(SystemClock.now());
+    tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    // Steps 2 and 3 side by side.
+    let s2b = spawn(&step2, "s2b", 12);
+    let s3 = [spawn(&step3, "s3a", 12), spawn(&step3, "s3b", 12)];
+    s2a.await.unwrap();
+    s2b.await.unwrap();
+    for t in s3 {
+        t.await.unwrap();
+    }
+
+    let (read, report) = bags.audit(&step3.keys()).await;
+    assert_eq!(
+        read,
+        bags.acked.load(Ordering::SeqCst),
+        "every acknowledged message is read back"
+    );
+    assert_eq!(read, 6 * 12 * 3);
+    assert!(report.is_clean(), "{:?}", report.violations);
+    assert!(moving > 0, "some names move to the new server");
+    assert!(report.leases > 6 * 12, "leases over two servers count each part");
+}
+
+#[tokio::test]
+async fn a_step_1_and_a_step_2_client_never_share_a_name_and_skipping_the_wait_is_caught() {
+    let servers = start_ready(3, &[]).await;
+    let current = specs(&[&servers[0], &servers[1]]);
+    let next = specs(&[&servers[0], &servers[1], &servers[2]]);
+    let step1 = Cluster::connect(&current).await.unwrap();
+    let step2 = Cluster::migrating(&current, &next).await.unwrap();
+    let step3 = Cluster::connect(&next).await.unwrap();
+    // Names that move: their next owner is the new server.
+    let moving: Vec<String> = (0..)
+        .map(|i| format!("mv-{i}"))
+        .filter(|n| step2.route(n).next.map(|r| r.0) == Some(servers[2].url.clone()))
+        .take(2)
+        .collect();
+    let (n, m) = (&moving[0], &moving[1]);
+
+    // Step 1 holds n: a step-2 client is refused by n's current owner.
+    let one = step1
+        .acquire([n.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    let err = step2.acquire([n.clone()]).send().await.unwrap_err();
+    let current_owner = step1.route(n).current.0;
+    assert!(
+        matches!(&err, Error::Busy { conflict: Some(c), .. } if c.server.as_deref() == Some(current_owner.as_str())),
+        "{err:?}"
+    );
+    // Step 2 holds m: a step-1 client is refused by m's current owner, a
+    // step-3 client by m's next owner.
+    let two = step2
+        .acquire([m.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(two.witnesses().len(), 2, "a moving name needs both owners");
+    assert!(matches!(
+        step1.acquire([m.clone()]).send().await,
+        Err(Error::Busy { .. })
+    ));
+    assert!(matches!(
+        step3.acquire([m.clone()]).send().await,
+        Err(Error::Busy { .. })
+    ));
+
+    // Skipping the wait: a step-3 client asks only n's next owner, which
+    // never heard of the step-1 holder. Both hold n at once...
+    let three = step3
+        .acquire([n.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        one.is_valid() && three.is_valid(),
+        "two holders of {n}: what the wait prevents"
+    );
+    // ...and the audit of what they wrote says so.
+    let bags = Bags::new(servers[0].client().await).await;
+    bags.write(&one, "step1", 1).await;
+    bags.write(&three, "step3", 1).await;
+    let (_, report) = bags.audit(&step2.keys()).await;
+    let kinds: Vec<ViolationKind> = report.violations.iter().map(|v| v.kind).collect();
+    assert_eq!(
+        kinds,
+        [ViolationKind::OverlappingGrants],
+        "{:?}",
+        report.violations
+    );
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", describe_output(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe_output(out)))
+}
+
+#[tokio::test]
+async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let names: Vec<String> = names_on(&cluster, &refs, 1).concat();
+    let mut args = vec!["acquire", "--ttl", "10s", "--json"];
+    args.extend(names.iter().map(String::as_str));
+    let lease = json(&cli_servers(&refs, &args));
+
+    // Today's contract, plus `servers` and `witnesses`.
+    for key in [
+        "lease_id",
+        "token",
+        "deadline_us",
+        "min_timestamp_us",
+        "mode",
+        "names",
+        "witness",
+    ] {
+        assert!(lease.get(key).is_some(), "missing {key}: {lease}");
+    }
+    let witnesses = lease["witnesses"].as_array().unwrap();
+    assert_eq!(witnesses.len(), 3);
+    assert_eq!(lease["witness"], witnesses[0]);
+    let by_name: BTreeMap<&str, &str> = lease["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["server"].as_str().unwrap()))
+        .collect();
+    assert_eq!(by_name.len(), 3);
+    let mut route_args = vec!["route", "--json"];
+    route_args.extend(names.iter().map(String::as_str));
+    for r in json(&cli_servers(&refs, &route_args)).as_array().unwrap() {
+        assert_eq!(
+            by_name[r["name"].as_str().unwrap()],
+            r["server"].as_str().unwrap()
+        );
+    }
+    // describe asks each name's owner.
+    let mut describe = vec!["describe", "--json"];
+    describe.extend(names.iter().map(String::as_str));
+    for s in json(&cli_servers(&refs, &describe)).as_array().unwrap() {
+        assert!(s["holder"].is_object(), "{s}");
+    }
+
+    // Write under it, audit with every server's key, release.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lease.json");
+    std::fs::write(&file, lease.to_string()).unwrap();
+    let store = format!("file://{}", dir.path().join("bags").display());
+    let file = file.display().to_string();
+    let log = unique("cli-cluster");
+    let out = cli_servers(
+        &refs,
+        &[
+            "write", "--store", &store, "--log", &log, "--lease", &file, "--grace", "200ms", "one", "two",
+        ],
+    );
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let released = json(&cli_servers(&refs, &["release", "--lease", &file, "--json"]));
+    assert!(released["watermark_us"].as_u64().unwrap() > 0);
+    // Close the bags written (the writer is done), so the audit reads them.
+    let cfg = BagConfig::default().with_grace(Duration::from_millis(200));
+    let bags = bag::open_store(&store, &cfg).await.unwrap();
+    let until = Micros::now().saturating_add(Duration::from_secs(1));
+    bag::close_through(bags.as_ref(), &log, until, &cfg, &SystemClock)
+        .await
+        .unwrap();
+    let audit = cli_servers(
+        &refs,
+        &[
+            "audit", "--store", &store, "--log", &log, "--grace", "200ms", "--json",
+        ],
+    );
+    let report = json(&audit);
+    assert_eq!(report["messages"], 2);
+    assert_eq!(report["violations"].as_array().unwrap().len(), 0, "{report}");
+}
+
+#[tokio::test]
+async fn one_url_in_servers_is_exactly_one_server() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let via_servers = json(&cli_servers(&[&server], &["acquire", "solo-a", "--json"]));
+    let via_server = json(&server.cli(&["acquire", "solo-b", "--json"]));
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&via_servers), keys(&via_server));
+    assert_eq!(via_servers["server"], server.url.as_str());
+    assert!(via_servers.get("servers").is_none() && via_servers.get("witnesses").is_none());
+}
