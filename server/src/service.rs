@@ -29,6 +29,8 @@ pub(crate) struct Inner {
     pub witness: Arc<WitnessSigner>,
     /// Our own public key(s), to verify signed times we issued.
     pub keys: KeyRing,
+    /// What the edge counts, for `/metrics` (see `crate::meter`).
+    pub meters: crate::meter::Meters,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -203,7 +205,7 @@ impl Service {
             .witness
             .sign_batch(&grants, self.now(), &time)
             .into_iter();
-        Ok(outcomes
+        let results: Vec<pb::BatchResult> = outcomes
             .into_iter()
             .map(|o| {
                 let result = match o {
@@ -222,7 +224,9 @@ impl Service {
                 };
                 pb::BatchResult { result: Some(result) }
             })
-            .collect())
+            .collect();
+        self.inner.meters.batch(ops, &results);
+        Ok(results)
     }
 
     /// Signs the grant's witness. The clock was checked before the grant;
