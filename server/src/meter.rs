@@ -8,7 +8,8 @@
 //! construction: no lease name, owner or lease id ever becomes a label.
 //! `crate::http::metrics` turns these into the exposition at scrape time.
 //!
-//! [`Metered`] wraps the lease service: it times every unary call, counts
+//! [`Metered`] is the lease service: it times every unary call around the
+//! handlers of `Service` (inherent methods, so one boxed future per call), counts
 //! conflicts by mode, and logs every refused call once, at debug level,
 //! with the names or lease it was about, the holder and the reason (never
 //! the token). Operations inside `Batch` and `Session` are counted and
@@ -340,7 +341,7 @@ fn log_refusal(
     code: &str,
     reason: &str,
 ) {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
+    if !refusals_logged() {
         return;
     }
     const SHOWN: usize = 8;
@@ -369,6 +370,13 @@ fn log_refusal(
         reason,
         "refused"
     );
+}
+
+/// Whether refusals are logged at all: only then does a unary call keep a
+/// copy of what it was about (its names or lease id), so that with debug
+/// logging off the metering allocates nothing per request.
+fn refusals_logged() -> bool {
+    tracing::enabled!(target: "bagel_server::refusal", tracing::Level::DEBUG)
 }
 
 /// The conflict carried in a refused acquire's status details.
@@ -421,33 +429,38 @@ type Reply<T> = Result<Response<T>, Status>;
 impl LeaseService for Metered {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
         let start = Instant::now();
-        let (names, mode) = (request.get_ref().names.clone(), request.get_ref().mode);
+        let mode = request.get_ref().mode;
+        let names = refusals_logged().then(|| request.get_ref().names.clone());
         let result = self.0.acquire(request).await;
         if matches!(&result, Err(s) if s.code() == Code::Aborted) {
             self.meters().conflict(mode);
         }
-        self.finish(Method::Acquire, start, Subject::names(&names), result)
+        let subject = Subject::names(names.as_deref().unwrap_or_default());
+        self.finish(Method::Acquire, start, subject, result)
     }
 
     async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
         let start = Instant::now();
-        let lease = request.get_ref().lease_id.clone();
+        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
         let result = self.0.upgrade(request).await;
-        self.finish(Method::Upgrade, start, Subject::lease(&lease), result)
+        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
+        self.finish(Method::Upgrade, start, subject, result)
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
         let start = Instant::now();
-        let lease = request.get_ref().lease_id.clone();
+        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
         let result = self.0.renew(request).await;
-        self.finish(Method::Renew, start, Subject::lease(&lease), result)
+        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
+        self.finish(Method::Renew, start, subject, result)
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         let start = Instant::now();
-        let lease = request.get_ref().lease_id.clone();
+        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
         let result = self.0.release(request).await;
-        self.finish(Method::Release, start, Subject::lease(&lease), result)
+        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
+        self.finish(Method::Release, start, subject, result)
     }
 
     async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
@@ -480,9 +493,10 @@ impl LeaseService for Metered {
 
     async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
         let start = Instant::now();
-        let name = vec![request.get_ref().name.clone()];
+        let name = refusals_logged().then(|| vec![request.get_ref().name.clone()]);
         let result = self.0.history(request).await;
-        self.finish(Method::History, start, Subject::names(&name), result)
+        let subject = Subject::names(name.as_deref().unwrap_or_default());
+        self.finish(Method::History, start, subject, result)
     }
 
     async fn server_info(&self, request: Request<pb::ServerInfoRequest>) -> Reply<pb::ServerInfoResponse> {
@@ -501,7 +515,7 @@ impl LeaseService for Metered {
 /// A session's answers; counts the session as closed when dropped.
 #[derive(Debug)]
 pub struct SessionAnswers {
-    answers: <Service as LeaseService>::SessionStream,
+    answers: crate::session::Answers,
     service: Service,
 }
 

@@ -99,7 +99,7 @@ async fn json_logs_show_every_refusal_once_and_never_a_token() {
     let mut server = ServerProcess::start_with(
         &["--unsafe-skip-restart-wait", "--log-format", "json"],
         ServerOptions {
-            rust_log: "bagel_server=debug".to_owned(),
+            rust_log: "warn,bagel_server::refusal=debug".to_owned(),
             capture_stderr: true,
         },
     )

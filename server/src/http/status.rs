@@ -132,7 +132,7 @@ fn render(state: &Http, s: &Snapshot) -> String {
     breaks.reverse();
 
     let mut h = String::with_capacity(16 * 1024);
-    let title = format!("bagel {}", esc(&cfg.server_id));
+    let title = esc(&cfg.server_id);
     let _ = write!(
         h,
         r#"<!doctype html>
@@ -141,12 +141,12 @@ fn render(state: &Http, s: &Snapshot) -> String {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="refresh" content="{REFRESH_SECS}">
-<title>{title}</title>
+<title>{title} · bagel</title>
 <link rel="icon" href="/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/status.css">
 </head>
 <body>
-<header><h1>{title}</h1><p class="sub">lease server · version {version} · up {uptime}</p></header>
+<header><h1>{title}</h1><p class="sub">bagel lease server · version {version} · up {uptime}</p></header>
 "#,
         version = esc(env!("CARGO_PKG_VERSION")),
         uptime = human(s.now.duration_since(started)),
@@ -192,13 +192,19 @@ fn render(state: &Http, s: &Snapshot) -> String {
 
     // Key numbers.
     let held = s.census.held_leases;
-    let last_rate = rates.last().copied().unwrap_or(0.0);
+    // The card shows a short average: one second is too jumpy to read.
+    let recent = &rates[rates.len().saturating_sub(10)..];
+    let recent_rate = if recent.is_empty() {
+        0.0
+    } else {
+        recent.iter().sum::<f64>() / recent.len() as f64
+    };
     let _ = write!(
         h,
         r#"<section class="cards">
 <div class="card"><span class="label">held leases</span><span class="value" id="held-leases">{held}</span><span class="detail">{full} full · {tent} tentative</span></div>
 <div class="card"><span class="label">names held</span><span class="value" id="held-names">{names_held}</span><span class="detail">{known} known</span></div>
-<div class="card"><span class="label">grants/s</span><span class="value" id="grant-rate">{rate}</span><span class="detail">{grants} since start</span></div>
+<div class="card"><span class="label">grants/s</span><span class="value" id="grant-rate">{rate}</span><span class="detail">last 10 s · {grants} since start</span></div>
 <div class="card"><span class="label">waiters</span><span class="value" id="waiters">{waiters}</span><span class="detail">acquires waiting for a name</span></div>
 <div class="card"><span class="label">breaks</span><span class="value" id="breaks">{breaks_full}</span><span class="detail">missed deadlines since start</span></div>
 <div class="card"><span class="label">clock</span><span class="value {clock_class}" id="clock-state">{clock_word}</span><span class="detail">± {bound}</span></div>
@@ -209,7 +215,7 @@ fn render(state: &Http, s: &Snapshot) -> String {
         tent = held.tentative,
         names_held = s.census.held_names.total(),
         known = s.census.names,
-        rate = format_rate(last_rate),
+        rate = format_rate(recent_rate),
         grants = s.counts.grants.total(),
         waiters = s.waiters,
         breaks_full = s.counts.breaks.full,
@@ -270,7 +276,7 @@ fn render(state: &Http, s: &Snapshot) -> String {
 }
 
 fn format_rate(r: f64) -> String {
-    if r >= 100.0 {
+    if r >= 100.0 || r.fract() == 0.0 {
         format!("{r:.0}")
     } else {
         format!("{r:.1}")
@@ -294,8 +300,8 @@ fn chart(h: &mut String, rates: &[f64]) {
         .collect();
     let _ = write!(
         h,
-        r#"<svg id="grants-chart" class="chart" viewBox="0 0 {W} {vh}" role="img" aria-label="grants per second over the last minute; peak {peak}">"#,
-        vh = H + 18.0,
+        r#"<svg id="grants-chart" class="chart" viewBox="0 0 {W} {vh}" preserveAspectRatio="none" role="img" aria-label="grants per second over the last minute; peak {peak}">"#,
+        vh = H + 2.0,
         peak = format_rate(max),
     );
     let _ = write!(
@@ -311,19 +317,15 @@ fn chart(h: &mut String, rates: &[f64]) {
             last_x = points[points.len() - 1].0,
             line = line.join(" "),
         );
-    } else {
-        let _ = write!(
-            h,
-            r#"<text class="tick" x="{x}" y="{y}" text-anchor="middle">collecting…</text>"#,
-            x = W / 2.0,
-            y = H / 2.0
-        );
     }
+    h.push_str("</svg>");
+    // Labels in HTML, not in the SVG: SVG text scales with the chart and
+    // would be unreadable on a phone or huge on a wide screen.
     let _ = write!(
         h,
-        r#"<text class="tick" x="2" y="{TOP}" dy="-2">{scale}/s</text><text class="tick" x="0" y="{ty}">−{RATE_WINDOW} s</text><text class="tick" x="{W}" y="{ty}" text-anchor="end">now</text></svg>"#,
+        r#"<div class="chart-axis"><span>−{RATE_WINDOW} s</span><span>top line {scale}/s · peak {peak}/s</span><span>now</span></div>"#,
         scale = format_rate(scale),
-        ty = H + 15.0,
+        peak = format_rate(max),
     );
 }
 
@@ -420,6 +422,6 @@ mod tests {
         let mut h = String::new();
         chart(&mut h, &[0.0, 10.0, 5.0]);
         assert!(h.contains(r#"<polyline class="line" points=""#), "{h}");
-        assert!(h.contains("10/s"), "{h}");
+        assert!(h.contains("top line 10/s · peak 10/s"), "{h}");
     }
 }
