@@ -251,3 +251,52 @@ async fn json_logs_show_every_refusal_once_and_never_a_token() {
         refusals[2]
     );
 }
+
+/// A sample's value in an OpenMetrics exposition, by its exact series text
+/// (name and labels as the server writes them).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn with_roughtime_the_side_port_shows_the_clock_and_why_it_does_not_grant() {
+    let rt = bagel_tests::Roughtime::from_env();
+    // A healthy clock: offset and answer age from Roughtime.
+    let mut args = rt.flags().to_vec();
+    args.extend(["--unsafe-skip-restart-wait", "--http", "127.0.0.1:0"]);
+    let server = ServerProcess::start(&args).await;
+    server.wait_ready().await;
+    let (_, _, metrics) = get(&format!("{}/metrics", server.http_url())).await;
+    assert!(metrics.contains(r#"time_source="roughtime""#), "{metrics}");
+    assert!(sample(&metrics, r#"bagel_roughtime_queries_total{outcome="ok"}"#).unwrap() >= 1.0);
+    let offset = sample(&metrics, "bagel_clock_offset_seconds").expect("an offset");
+    assert!(offset.abs() < 10.0, "offset {offset} s");
+    assert!(
+        sample(&metrics, "bagel_roughtime_last_answer_age_seconds").is_some(),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "bagel_clock_healthy"), Some(1.0));
+    drop(server);
+
+    // A clock 20 s off: never ready, and /readyz says it is the clock.
+    let mut args = rt.flags().to_vec();
+    args.extend([
+        "--unsafe-skip-restart-wait",
+        "--unsafe-clock-offset",
+        "20s",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    let server = ServerProcess::start(&args).await;
+    let (status, _, body) = get(&format!("{}/readyz", server.http_url())).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: clock: "), "{body}");
+    assert!(body.contains("ahead of"), "{body}");
+    let (_, _, metrics) = get(&format!("{}/metrics", server.http_url())).await;
+    assert_eq!(sample(&metrics, "bagel_clock_healthy"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "bagel_ready"), Some(0.0), "{metrics}");
+    let offset = sample(&metrics, "bagel_clock_offset_seconds").expect("an offset");
+    assert!((15.0..25.0).contains(&offset), "offset {offset} s");
+}
