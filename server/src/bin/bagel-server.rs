@@ -117,7 +117,10 @@ fn init_logging(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => logs.init(),
+        // Colours only on a terminal: escape codes in a log file are noise.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
         // One JSON object per line; the event's fields at the top level, so
         // a collector can index `names`, `holder`, `code` directly.
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),

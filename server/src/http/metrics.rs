@@ -35,7 +35,9 @@ use crate::table::ByMode;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub(super) async fn scrape(State(state): State<Arc<Http>>) -> Response {
-    let snapshot = state.snapshot().await;
+    let Some(snapshot) = state.snapshot().await else {
+        return super::shutting_down();
+    };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Exposition { state, snapshot }));
     let mut body = String::new();

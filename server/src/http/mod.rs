@@ -93,13 +93,12 @@ impl Http {
     }
 
     /// Everything a page or a scrape shows, read at one moment. The census
-    /// scans the table, so it runs off the async workers.
-    async fn snapshot(self: &Arc<Self>) -> Snapshot {
+    /// scans the table, so it runs off the async workers. `None` when the
+    /// runtime is shutting down.
+    async fn snapshot(self: &Arc<Self>) -> Option<Snapshot> {
         let ready = self.health(LEASE_SERVICE).await == ServingStatus::Serving;
         let me = Arc::clone(self);
-        tokio::task::spawn_blocking(move || me.read(ready))
-            .await
-            .expect("snapshot task panicked")
+        tokio::task::spawn_blocking(move || me.read(ready)).await.ok()
     }
 
     fn read(&self, ready: bool) -> Snapshot {
@@ -254,6 +253,11 @@ async fn readyz(State(state): State<Arc<Http>>) -> Response {
         None => text(StatusCode::OK, "ready\n".to_owned()),
         Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
     }
+}
+
+/// The answer when the server is going away mid-request.
+fn shutting_down() -> Response {
+    text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".to_owned())
 }
 
 async fn not_found() -> Response {

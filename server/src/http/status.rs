@@ -34,11 +34,13 @@ const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-
                    base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub(super) async fn page(State(state): State<Arc<Http>>) -> Response {
-    let snapshot = state.snapshot().await;
+    let Some(snapshot) = state.snapshot().await else {
+        return super::shutting_down();
+    };
     let me = Arc::clone(&state);
-    let html = tokio::task::spawn_blocking(move || render(&me, &snapshot))
-        .await
-        .expect("render task panicked");
+    let Ok(html) = tokio::task::spawn_blocking(move || render(&me, &snapshot)).await else {
+        return super::shutting_down();
+    };
     (
         StatusCode::OK,
         [
