@@ -2,7 +2,8 @@
 # The one test command. On a fresh machine it installs what the tests need,
 # starts the real services on 127.0.0.1 (S3 server, Roughtime, NFS server,
 # stale-cache FUSE mounts), builds the real binaries, runs every test of the
-# workspace, and stops the services.
+# workspace, then the Python client and its tests (examples/python,
+# tests/python), and stops the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,12 +11,16 @@ source tests/support/common.sh
 source tests/support/s3.sh
 source tests/support/roughtime.sh
 source tests/support/nfs.sh
+source tests/support/browser.sh
+source tests/support/python.sh
 
 # Each stop runs whatever the one before it did.
-cleanup() { bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
+cleanup() { py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
 trap cleanup EXIT
 
 s3_start
+# Headless Chromium for the status page test.
+browser_install
 
 log "building binaries"
 cargo build --workspace --bins --locked
@@ -32,6 +37,10 @@ if command -v cargo-nextest >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+
+# Any-language clients: the Python example (witnesses verified in Python),
+# discovery by gRPC reflection, and /metrics parsed by prometheus-client.
+python_tests
 
 # The randomized fault run: lease server, S3 server and closers killed at
 # random while workers write to a directory, S3 and NFS; everything read

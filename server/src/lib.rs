@@ -11,6 +11,9 @@
 //!   signed readings.
 //! * [`config`]: settings and defaults.
 //! * [`error`]: the one error type and its mapping to gRPC statuses.
+//! * `meter`: what the gRPC edge counts and times, and refusal logs.
+//! * `http`: the optional HTTP side port (`/metrics`, a status page,
+//!   `/healthz`, `/readyz`), see [`Server::with_http`].
 //!
 //! [`Server::serve`] runs it on a bound listener until a shutdown future
 //! resolves; the binary passes Ctrl-C/SIGTERM. With Roughtime configured,
@@ -19,6 +22,8 @@
 
 pub mod config;
 pub mod error;
+mod http;
+mod meter;
 mod service;
 mod session;
 pub mod table;
@@ -42,12 +47,14 @@ use table::{LeaseTable, TableConfig};
 use timekeeper::TimeKeeper;
 use witness::WitnessSigner;
 
-type LeaseServer = pb::lease_service_server::LeaseServiceServer<Service>;
+type LeaseServer = pb::lease_service_server::LeaseServiceServer<meter::Metered>;
 
 /// A lease server, ready to serve.
 #[derive(Debug)]
 pub struct Server {
     service: Service,
+    /// Where to serve the HTTP side port, if anywhere.
+    http: Option<TcpListener>,
 }
 
 impl Server {
@@ -90,8 +97,10 @@ impl Server {
                     time,
                     witness: Arc::new(witness),
                     keys,
+                    meters: Default::default(),
                 }),
             },
+            http: None,
         })
     }
 
@@ -110,6 +119,14 @@ impl Server {
     /// called; [`Server::serve`] keeps asking in the background.
     pub async fn init_time(&self) -> Option<bagel_proto::authority::monitor::Verdict> {
         self.service.inner.time.refresh_roughtime().await
+    }
+
+    /// Also serves the HTTP side port (metrics, status page, health) on
+    /// `listener`, as long as the gRPC service runs.
+    #[must_use]
+    pub fn with_http(mut self, listener: TcpListener) -> Self {
+        self.http = Some(listener);
+        self
     }
 
     /// The clock status `ServerInfo` reports.
@@ -131,9 +148,20 @@ impl Server {
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(std::io::Error::other)?;
+        // The older protocol too: grpcio-reflection (Python) and other
+        // tools still ask `grpc.reflection.v1alpha` only.
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(std::io::Error::other)?;
 
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
+        if let Some(listener) = self.http {
+            let state = http::Http::new(Arc::clone(&self.service.inner), &health);
+            tasks.spawn(http::sample(Arc::clone(&state), cancel.clone()));
+            tasks.spawn(http::serve(listener, state, cancel.clone()));
+        }
         tasks.spawn(background::mark_ready(
             Arc::clone(&self.service.inner),
             health,
@@ -159,7 +187,8 @@ impl Server {
         let result = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(LeaseServer::new(self.service))
+            .add_service(reflection_v1alpha)
+            .add_service(LeaseServer::new(meter::Metered(self.service)))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         cancel.cancel();

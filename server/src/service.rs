@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bagel_proto::{KeyRing, Micros, TimeProofKind, pb, verify_signed_time};
-use pb::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
 use crate::config::Config;
@@ -29,6 +28,8 @@ pub(crate) struct Inner {
     pub witness: Arc<WitnessSigner>,
     /// Our own public key(s), to verify signed times we issued.
     pub keys: KeyRing,
+    /// What the edge counts, for `/metrics` (see `crate::meter`).
+    pub meters: crate::meter::Meters,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -203,7 +204,7 @@ impl Service {
             .witness
             .sign_batch(&grants, self.now(), &time)
             .into_iter();
-        Ok(outcomes
+        let results: Vec<pb::BatchResult> = outcomes
             .into_iter()
             .map(|o| {
                 let result = match o {
@@ -222,7 +223,9 @@ impl Service {
                 };
                 pb::BatchResult { result: Some(result) }
             })
-            .collect())
+            .collect();
+        self.inner.meters.batch(ops, &results);
+        Ok(results)
     }
 
     /// Signs the grant's witness. The clock was checked before the grant;
@@ -330,21 +333,24 @@ fn metadata_pb(m: &Metadata) -> pb::Metadata {
     }
 }
 
-#[tonic::async_trait]
-impl LeaseService for Service {
-    async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
+/// The handlers of the lease service's RPCs. `crate::meter::Metered` is the
+/// gRPC service: it times and counts each call around these. They are
+/// inherent methods rather than the trait's so that a call is one boxed
+/// future (the trait's, in `Metered`), not two.
+impl Service {
+    pub(crate) async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
         let grant = self.acquire_waiting(request.get_ref()).await?;
         Ok(Response::new(pb::AcquireResponse { grant: Some(grant) }))
     }
 
-    async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
+    pub(crate) async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
         let grant = self.upgrade_op(request.get_ref())?;
         Ok(Response::new(pb::UpgradeResponse {
             grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade).await?),
         }))
     }
 
-    async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+    pub(crate) async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
         let grant = self.renew_op(request.get_ref())?;
         let time = self.inner.time.signed()?;
         let witness = self
@@ -358,27 +364,28 @@ impl LeaseService for Service {
         }))
     }
 
-    async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
+    pub(crate) async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         Ok(Response::new(self.release_op(request.get_ref())?))
     }
 
-    async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
+    pub(crate) async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
         let results = self.batch_ops(&request.get_ref().ops)?;
         Ok(Response::new(pb::BatchResponse { results }))
     }
 
-    type SessionStream = crate::session::Answers;
-
-    async fn session(
+    pub(crate) async fn session(
         &self,
         request: Request<tonic::Streaming<pb::BatchRequest>>,
-    ) -> Reply<Self::SessionStream> {
+    ) -> Reply<crate::session::Answers> {
         let (answers, stream) = crate::session::channel();
         tokio::spawn(crate::session::run(self.clone(), request.into_inner(), answers));
         Ok(Response::new(stream))
     }
 
-    async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {
+    pub(crate) async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Reply<pb::DescribeResponse> {
         let req = request.get_ref();
         let names = validate::names("names", &req.names, &self.inner.cfg.limits)?;
         let views = self.inner.table.describe(&names, self.now());
@@ -402,7 +409,7 @@ impl LeaseService for Service {
         Ok(Response::new(pb::DescribeResponse { names }))
     }
 
-    async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
+    pub(crate) async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
         let name = validate::name(&request.get_ref().name, &self.inner.cfg.limits)?;
         let (entries, truncated) = self.inner.table.history(&name);
         let entries = entries
@@ -419,7 +426,10 @@ impl LeaseService for Service {
         Ok(Response::new(pb::HistoryResponse { entries, truncated }))
     }
 
-    async fn server_info(&self, _request: Request<pb::ServerInfoRequest>) -> Reply<pb::ServerInfoResponse> {
+    pub(crate) async fn server_info(
+        &self,
+        _request: Request<pb::ServerInfoRequest>,
+    ) -> Reply<pb::ServerInfoResponse> {
         let inner = &*self.inner;
         let cfg = &inner.cfg;
         let tcfg = inner.table.config();
@@ -450,7 +460,10 @@ impl LeaseService for Service {
         }))
     }
 
-    async fn signed_now(&self, _request: Request<pb::SignedNowRequest>) -> Reply<pb::SignedNowResponse> {
+    pub(crate) async fn signed_now(
+        &self,
+        _request: Request<pb::SignedNowRequest>,
+    ) -> Reply<pb::SignedNowResponse> {
         let reading = self.inner.time.signed()?;
         Ok(Response::new(pb::SignedNowResponse {
             signed_time: Some(reading.signed.clone()),

@@ -19,6 +19,7 @@
 //!   microseconds, so the reading is re-signed every `signed_time_refresh`
 //!   rather than per grant.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bagel_proto::authority::monitor::{ClockMonitor, Verdict};
@@ -61,6 +62,8 @@ pub struct TimeKeeper {
     roughtime: Option<Roughtime>,
     /// Whether the clock is healthy, for the health service.
     healthy: watch::Sender<bool>,
+    /// Roughtime queries answered and failed, for `/metrics`.
+    pub roughtime_outcomes: [AtomicU64; 2],
 }
 
 impl TimeKeeper {
@@ -81,6 +84,7 @@ impl TimeKeeper {
             current: RwLock::new(Arc::new(first)),
             roughtime,
             healthy,
+            roughtime_outcomes: Default::default(),
         }
     }
 
@@ -162,7 +166,9 @@ impl TimeKeeper {
     /// retries) and records the outcome. Returns the verdict after it.
     pub async fn refresh_roughtime(&self) -> Option<Verdict> {
         let r = self.roughtime.as_ref()?;
-        match r.querier.query().await {
+        let outcome = r.querier.query().await;
+        self.roughtime_outcomes[usize::from(outcome.is_err())].fetch_add(1, Ordering::Relaxed);
+        match outcome {
             Ok(m) => {
                 let reading = Arc::new(SignedReading {
                     time: m.reading.time,
@@ -191,6 +197,12 @@ impl TimeKeeper {
             }
         }
         Some(verdict)
+    }
+
+    /// The Roughtime clock monitor (`None` in local mode), for operators:
+    /// its verdict has the measured offset and the age of the last answer.
+    pub fn roughtime_monitor(&self) -> Option<&ClockMonitor> {
+        self.roughtime.as_ref().map(|r| &r.monitor)
     }
 
     /// Follows clock health (always healthy in local mode).

@@ -29,6 +29,8 @@ pub struct WitnessSigner {
     pub server_id: String,
     pub epoch: Micros,
     group: Mutex<SignGroup>,
+    /// Witnesses per signature, for `/metrics`.
+    pub group_sizes: crate::meter::Histo,
 }
 
 /// The signing group: whether a signature is being made, and who waits
@@ -46,6 +48,7 @@ impl WitnessSigner {
             server_id,
             epoch,
             group: Mutex::new(SignGroup::default()),
+            group_sizes: crate::meter::Histo::new(crate::meter::SIZES),
         }
     }
 
@@ -76,6 +79,7 @@ impl WitnessSigner {
         };
         match answer {
             None => {
+                self.group_sizes.observe(1);
                 let witness = sign_witness(&self.signer, &body);
                 self.hand_over();
                 witness
@@ -109,6 +113,7 @@ impl WitnessSigner {
                     let n = group.waiting.len().min(MAX_SIGN_BATCH);
                     group.waiting.drain(..n).collect::<Vec<_>>()
                 };
+                me.group_sizes.observe(jobs.len() as u64);
                 let (bodies, replies): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
                 for (reply, witness) in replies.into_iter().zip(sign_witness_batch(&me.signer, bodies)) {
                     let _ = reply.send(witness);
@@ -129,7 +134,10 @@ impl WitnessSigner {
         let bodies = grants
             .iter()
             .map(|(g, kind)| self.body(g, *kind, now, time).encode_to_vec())
-            .collect();
+            .collect::<Vec<_>>();
+        if !bodies.is_empty() {
+            self.group_sizes.observe(bodies.len() as u64);
+        }
         sign_witness_batch(&self.signer, bodies)
     }
 

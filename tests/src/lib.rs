@@ -59,6 +59,31 @@ pub struct ServerProcess {
     pub url: String,
     /// The printed public key line (hex).
     pub public_key_hex: String,
+    /// The HTTP side port, when started with `--http`.
+    pub http: Option<SocketAddr>,
+}
+
+/// How to start a server beyond its flags.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// `RUST_LOG` of the server (default `warn`).
+    pub rust_log: String,
+    /// Pipe its stderr to [`ServerProcess::take_stderr`] instead of
+    /// inheriting it.
+    pub capture_stderr: bool,
+    /// Where it listens (default `127.0.0.1:0`; a fixed address restarts a
+    /// server where its clients know it).
+    pub listen: String,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            rust_log: "warn".to_owned(),
+            capture_stderr: false,
+            listen: "127.0.0.1:0".to_owned(),
+        }
+    }
 }
 
 impl ServerProcess {
@@ -67,35 +92,53 @@ impl ServerProcess {
     /// does during the restart wait too; use [`ServerProcess::wait_ready`]
     /// for grants).
     pub async fn start(args: &[&str]) -> ServerProcess {
-        Self::start_at("127.0.0.1:0", args).await
+        ServerProcess::start_with(args, ServerOptions::default()).await
     }
 
     /// [`ServerProcess::start`] listening on `listen` (to restart a server
     /// at the address its clients know).
     pub async fn start_at(listen: &str, args: &[&str]) -> ServerProcess {
+        let options = ServerOptions {
+            listen: listen.to_owned(),
+            ..ServerOptions::default()
+        };
+        ServerProcess::start_with(args, options).await
+    }
+
+    /// [`ServerProcess::start`] with [`ServerOptions`].
+    pub async fn start_with(args: &[&str], options: ServerOptions) -> ServerProcess {
         let mut child = Command::new(bin("bagel-server"))
-            .args(["--listen", listen])
+            .args(["--listen", &options.listen])
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", &options.rust_log)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if options.capture_stderr {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("spawn bagel-server");
         let stdout = child.stdout.take().expect("stdout piped");
-        // Reading the two start-up lines blocks; do it off the runtime.
-        let (addr, key) = tokio::task::spawn_blocking(move || {
+        // Reading the start-up lines blocks; do it off the runtime.
+        let (addr, key, http) = tokio::task::spawn_blocking(move || {
             let mut lines = BufReader::new(stdout).lines();
             let mut key = String::new();
+            let mut http = None;
             for line in lines.by_ref() {
                 let line = line.expect("read server stdout");
                 if let Some(rest) = line.strip_prefix("public key ") {
                     key = rest.split_whitespace().next().unwrap_or_default().to_owned();
                 }
+                if let Some(rest) = line.strip_prefix("http on ") {
+                    let addr = rest.split(':').take(2).collect::<Vec<_>>().join(":");
+                    http = Some(addr.parse::<SocketAddr>().expect("HTTP address"));
+                }
                 if let Some((_, rest)) = line.split_once(" listening on ") {
                     let addr: SocketAddr = rest.split(',').next().unwrap().parse().expect("address");
                     // Keep draining stdout so the server never blocks on it.
                     std::thread::spawn(move || for _ in lines {});
-                    return (addr, key);
+                    return (addr, key, http);
                 }
             }
             panic!("bagel-server exited before printing its address");
@@ -107,6 +150,7 @@ impl ServerProcess {
             addr,
             url: format!("http://{addr}"),
             public_key_hex: key,
+            http,
         };
         server.wait_health("").await;
         server
@@ -192,6 +236,17 @@ impl ServerProcess {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill {sig} {} failed", self.child.id());
+    }
+
+    /// The server's stderr, when started with `capture_stderr`.
+    pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// The base URL of the HTTP side port; panics when started without
+    /// `--http`.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http.expect("server started without --http"))
     }
 
     /// Stops the server (SIGKILL) and waits for it.

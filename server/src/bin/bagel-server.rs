@@ -22,6 +22,16 @@ struct Args {
     /// printed).
     #[arg(long, env = "BAGEL_LISTEN", default_value = bagel_server::config::DEFAULT_LISTEN)]
     listen: SocketAddr,
+    /// Also serve HTTP on this address (e.g. 127.0.0.1:7421): /metrics
+    /// (Prometheus), a status page at /, /healthz and /readyz. Off unless
+    /// given. Port 0 picks a free port; the bound address is printed.
+    #[arg(long, env = "BAGEL_HTTP", value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Log format on stderr: `text` for people, `json` (one object per
+    /// line) for log collectors. RUST_LOG sets the level (refusals are
+    /// logged at debug).
+    #[arg(long, env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Longest lease a client may take; also how long a restart waits.
     #[arg(long, env = "BAGEL_MAX_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     max_ttl: Duration,
@@ -92,6 +102,30 @@ struct Args {
     /// Never use it otherwise.
     #[arg(long, hide = true, value_name = "DUR", allow_hyphen_values = true, value_parser = parse_offset)]
     unsafe_clock_offset: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr in `format`, at the level RUST_LOG says (info by
+/// default).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        // Colours only on a terminal: escape codes in a log file are noise.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One JSON object per line; the event's fields at the top level, so
+        // a collector can index `names`, `holder`, `code` directly.
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
 }
 
 /// A signed duration in microseconds: `20s`, `-1500ms`.
@@ -166,13 +200,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    init_logging(args.log_format);
 
     let signer = match &args.key {
         Some(path) => load_or_create_key(path)?,
@@ -230,7 +259,18 @@ async fn main() -> anyhow::Result<()> {
             })
         }
     };
-    let server = Server::new(cfg, signer.clone(), clock)?;
+    let mut server = Server::new(cfg, signer.clone(), clock)?;
+    let http = match args.http {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the HTTP port {addr}"))?;
+            let bound = listener.local_addr()?;
+            server = server.with_http(listener);
+            Some(bound)
+        }
+        None => None,
+    };
     // Ask Roughtime once before announcing the address, so that a server
     // whose time authority answers can grant as soon as it says it listens.
     if let Some(verdict) = server.init_time().await {
@@ -246,6 +286,10 @@ async fn main() -> anyhow::Result<()> {
         bagel_proto::hex::encode(signer.verifying_key().as_bytes()),
         signer.key_id()
     );
+    // Before the "listening" line, which scripts and tests wait for.
+    if let Some(http) = http {
+        println!("http on {http}: status page http://{http}/, metrics http://{http}/metrics");
+    }
     println!(
         "bagel-server {server_id} listening on {addr}, ready at {}",
         server.ready_at()

@@ -141,7 +141,7 @@ impl HistoryLog {
         self.bytes -= hist.entries.iter().map(HistoryEntry::weight).sum::<usize>();
     }
 
-    #[cfg(test)]
+    /// The budgeted weight of the entries kept.
     pub fn bytes(&self) -> usize {
         self.bytes
     }

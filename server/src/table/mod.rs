@@ -29,6 +29,7 @@
 mod history;
 mod ids;
 mod record;
+mod stats;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,6 +42,7 @@ use tokio::sync::Notify;
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
 pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
 pub use record::{Ended, Holder, Mode, Previous};
+pub use stats::{BreakEvent, ByMode, Census, Counts, Tracked};
 
 use crate::error::{Conflict, Error};
 use history::{HistoryLog, NewEntry};
@@ -207,6 +209,8 @@ struct ShardState {
     history: HistoryLog,
     /// Interned owner strings (see `LeaseTable::intern_owner`).
     owners: std::collections::HashSet<Arc<str>>,
+    /// The shard's busiest names by grants, for operators.
+    busiest: stats::Busiest,
 }
 
 impl ShardState {
@@ -278,6 +282,7 @@ struct Shard {
     /// Woken when a name of the shard is released, for bounded waiters.
     released: Notify,
     waiters: AtomicUsize,
+    counters: stats::ShardCounters,
 }
 
 impl Shard {
@@ -339,6 +344,7 @@ pub struct LeaseTable {
     /// to a record's last token when it is forgotten, so tokens never go
     /// down even if the clock is stepped back.
     fencing_floor: AtomicU64,
+    stats: stats::TableStats,
 }
 
 impl LeaseTable {
@@ -351,6 +357,7 @@ impl LeaseTable {
             cfg,
             shards,
             hasher: Default::default(),
+            stats: Default::default(),
         }
     }
 
@@ -477,7 +484,11 @@ impl LeaseTable {
         let mut names = Vec::with_capacity(spec.names.len());
         let mut min_timestamp = Micros::ZERO;
         for (i, (name, &shard)) in spec.names.iter().zip(&shard_of_name).enumerate() {
-            let rec = locked.state(shard).rec_mut(slots[i]);
+            let state = locked.state(shard);
+            state.busiest.observe(name);
+            let rec = state.rec_mut(slots[i]);
+            let counters = &self.shards[shard].counters;
+            (self.stats).replacing(counters, shard, slots[i], name, rec.holder.as_ref(), lease, now);
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
             min_timestamp = min_timestamp.max(previous.watermark);
@@ -498,6 +509,7 @@ impl LeaseTable {
                 previous,
             });
         }
+        self.shards[shard_of_name[0]].counters.granted(spec.mode);
         Ok(Grant {
             lease,
             token,
@@ -677,6 +689,7 @@ impl LeaseTable {
             }
         }
         held.deadline = new_deadline;
+        self.shards[lease.shard()].counters.renewed();
         Ok(Self::describe_held(&mut held, lease, *token))
     }
 
@@ -691,6 +704,7 @@ impl LeaseTable {
             rec.last_change = now;
         }
         held.mode = Mode::Full;
+        self.shards[lease.shard()].counters.upgraded();
         Ok(Self::describe_held(&mut held, lease, *token))
     }
 
@@ -760,6 +774,7 @@ impl LeaseTable {
             };
             self.record_history(&mut held, i, entry);
         }
+        self.shards[lease.shard()].counters.released(held.mode);
         let shards = held.locked.order.clone();
         drop(held);
         for shard in shards {
@@ -847,13 +862,84 @@ impl LeaseTable {
         WaitGuard { shard }
     }
 
+    /// Lease events since the table was made. Reads atomics only: cheap
+    /// enough to call every second.
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for s in self.shards.iter() {
+            c.add(&s.counters);
+        }
+        c
+    }
+
+    /// Scans every shard (one lock at a time, each held for a pass over
+    /// its records) for what only a scan can tell: held names and leases,
+    /// and expiries, which happen without a request. For scrapes, not for
+    /// the request path.
+    pub fn census(&self, now: Micros) -> Census {
+        let mut c = Census::default();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let state = shard.lock();
+            for (slot, entry) in state.slab.iter().enumerate() {
+                if let Some(e) = entry {
+                    let holder = e.rec.holder.as_ref();
+                    let first = holder.is_some_and(|h| stats::is_first(h, i, slot));
+                    c.record(holder, first, now);
+                }
+            }
+            c.lapsed(&shard.counters);
+            c.history_bytes += state.history.bytes() as u64;
+        }
+        c
+    }
+
+    /// Acquires waiting server-side for a busy name right now.
+    pub fn waiters(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.waiters.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// How often forgetting idle records raised the forgotten floor.
+    pub fn floor_raises(&self) -> u64 {
+        self.stats.floor_raises.load(Ordering::Relaxed)
+    }
+
+    /// The last few names whose holder missed its deadline, oldest first.
+    pub fn recent_breaks(&self) -> Vec<BreakEvent> {
+        self.stats.recent_breaks()
+    }
+
+    /// Up to `n` of the busiest names by grants (decayed, see
+    /// [`LeaseTable::decay_busiest`]), busiest first.
+    pub fn busiest(&self, n: usize) -> Vec<Tracked> {
+        let mut all: Vec<Tracked> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.lock().busiest.tracked().cloned().collect::<Vec<_>>())
+            .collect();
+        all.sort_by(|a, b| b.grants.cmp(&a.grants).then_with(|| a.name.cmp(&b.name)));
+        all.truncate(n);
+        all
+    }
+
+    /// Halves the busiest-names counts, so they follow current load (call
+    /// it periodically: every minute makes a one-minute half-life).
+    pub fn decay_busiest(&self) {
+        for s in self.shards.iter() {
+            s.lock().busiest.decay();
+        }
+    }
+
     /// Housekeeping, run periodically: forgets the oldest idle name records
     /// beyond the record budget. Returns how many records were forgotten.
     pub fn sweep(&self, now: Micros) -> usize {
         let per_shard = self.cfg.max_records.div_ceil(self.shards.len());
         self.shards
             .iter()
-            .map(|s| self.forget_idle(s, per_shard, now))
+            .enumerate()
+            .map(|(i, s)| self.forget_idle(i, s, per_shard, now))
             .sum()
     }
 
@@ -865,7 +951,7 @@ impl LeaseTable {
     /// later creates the name afresh (also under this lock) inherits at
     /// least that. Forgetting thus never lets a new holder write below an
     /// old holder's messages; it only loses the lease-id chain.
-    fn forget_idle(&self, shard: &Shard, cap: usize, now: Micros) -> usize {
+    fn forget_idle(&self, index: usize, shard: &Shard, cap: usize, now: Micros) -> usize {
         let mut state = shard.lock();
         // Owners only the interner still refers to.
         state.owners.retain(|o| Arc::strong_count(o) > 1);
@@ -891,8 +977,11 @@ impl LeaseTable {
         }
         for &(_, slot) in &idle[..take] {
             let entry = state.remove_slot(slot).expect("listed above");
-            self.floor
-                .fetch_max(entry.rec.inherit(now).watermark.as_micros(), Ordering::AcqRel);
+            (self.stats).forgetting(&shard.counters, index, slot, entry.rec.holder.as_ref());
+            let inherited = entry.rec.inherit(now).watermark.as_micros();
+            if self.floor.fetch_max(inherited, Ordering::AcqRel) < inherited {
+                self.stats.floor_raises.fetch_add(1, Ordering::Relaxed);
+            }
             self.fencing_floor.fetch_max(entry.rec.fencing, Ordering::AcqRel);
             if let Some(h) = &entry.rec.history {
                 state.history.forget(h);
