@@ -76,6 +76,16 @@ pub struct Args {
     /// metronome lag).
     #[arg(long)]
     pub no_bags: bool,
+    /// Skip the many-servers measurement (cycles/s through the cluster
+    /// client against 1, 2 and 4 servers).
+    #[arg(long)]
+    pub no_cluster: bool,
+    /// Server counts of the many-servers measurement.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub cluster_servers: Vec<usize>,
+    /// Client tasks of the many-servers measurement.
+    #[arg(long, default_value_t = 64)]
+    pub cluster_clients: usize,
     /// Measured time per bag write point and metronome run
     /// [default: 3s and 10s, --quick 1s and 3s].
     #[arg(long, value_parser = humantime::parse_duration)]

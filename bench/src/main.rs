@@ -10,6 +10,7 @@
 //! * [`procs`]: processes on 127.0.0.1, tmpfs data dirs, readiness probes,
 //!   CPU and RSS from /proc.
 //! * [`rss`]: memory with many concurrently held leases.
+//! * [`cluster`]: the cluster client against 1, 2 and 4 servers.
 //! * [`bags`]: bagel-client's bag writer (POSIX writes/s, S3 PUTs per
 //!   batch) and metronome (close lag).
 //! * [`report`]: `results.md`, `results.json`, `summary.json`, PNG plots.
@@ -20,6 +21,7 @@
 mod args;
 mod bagel;
 mod bags;
+mod cluster;
 mod driver;
 mod etcd;
 mod floor;
@@ -469,6 +471,32 @@ impl Bench {
         }
     }
 
+    /// The cycle through the cluster client against 1, 2 and 4 servers
+    /// (see [`cluster`]); single-name and 4-name sets.
+    async fn cluster(&mut self) {
+        let mut spec = self.spec(System::Bagel, 1, self.args.cluster_clients);
+        spec.max_errors = 100;
+        let bin = self.args.bagel_server();
+        let b = cluster::ClusterBench {
+            work: &self.work,
+            bagel_server: &bin,
+            spec,
+        };
+        let mut rows = Vec::new();
+        let mut failed = Vec::new();
+        for &n in &self.args.cluster_servers {
+            eprintln!("== bagel, {n} server(s), through the cluster client");
+            match cluster::measure(&b, n, &[1, 4]).await {
+                Ok(r) => rows.extend(r),
+                Err(e) => failed.push((n, format!("{e:#}"))),
+            }
+        }
+        self.report.cluster = rows;
+        for (n, why) in failed {
+            self.missing(format!("cycles/s against {n} server(s)"), why);
+        }
+    }
+
     /// Time from spawning bagel-server (no skip flag) to its first grant.
     async fn restart(&mut self, max_ttl: Duration) -> Result<RestartRow> {
         let opts = bagel::ServerOpts {
@@ -599,6 +627,9 @@ async fn main() -> Result<()> {
                 }
             }
         }
+    }
+    if !bench.args.no_cluster && bench.args.systems.contains(&System::Bagel) {
+        bench.cluster().await;
     }
     if !bench.args.no_bags {
         bench.bags().await;

@@ -177,6 +177,7 @@ impl Report {
                 );
             }
         }
+        crate::cluster::markdown(&self.cluster, &mut md);
         self.bags_markdown(&mut md);
         if !self.missing.is_empty() {
             let _ = writeln!(md, "\n## Not measured in this run\n");

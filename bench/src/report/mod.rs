@@ -48,6 +48,8 @@ pub struct Report {
     pub floor: Vec<FloorRow>,
     /// POSIX bag writes/s, S3 PUTs per batch, metronome lag.
     pub bags: BagResults,
+    /// Cycles/s through the cluster client against several servers.
+    pub cluster: Vec<crate::cluster::ClusterRow>,
     pub missing: Vec<Missing>,
     /// System → how its server ran (version, data on tmpfs or not).
     pub servers: Vec<(String, String)>,
