@@ -252,3 +252,73 @@ fn base64_encode(b: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(b)
 }
+
+#[test]
+fn long_work_shows_progress_on_a_terminal_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let bagel = bagel_tests::bin("bagel");
+    let args = |log: &str| {
+        vec![
+            "metronome".to_owned(),
+            "--store".to_owned(),
+            store.clone(),
+            "--log".to_owned(),
+            log.to_owned(),
+            "--once".to_owned(),
+            "--lookback".to_owned(),
+            "120s".to_owned(),
+            "--grace".to_owned(),
+            "200ms".to_owned(),
+        ]
+    };
+    // On a terminal (a pty from util-linux `script`): a bar counting bags.
+    let line = std::iter::once(bagel.display().to_string())
+        .chain(args("tty"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tty = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .output()
+        .expect("run script(1)");
+    let seen = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{}", describe_output(&tty));
+    assert!(
+        seen.contains("metronome: closing") && seen.contains("/120 bags"),
+        "no progress bar on a terminal: {seen:?}"
+    );
+    // Piped: the result line only, nothing on stderr.
+    let piped = std::process::Command::new(&bagel)
+        .args(args("pipe"))
+        .output()
+        .unwrap();
+    assert!(piped.status.success(), "{}", describe_output(&piped));
+    assert!(piped.stderr.is_empty(), "{}", describe_output(&piped));
+    assert!(String::from_utf8_lossy(&piped.stdout).starts_with("closed "));
+}
+
+#[tokio::test]
+async fn log_format_json_writes_one_json_object_per_log_line() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let out = std::process::Command::new(bagel_tests::bin("bagel"))
+        .args([
+            "--server",
+            &server.url,
+            "--log-format",
+            "json",
+            "acquire",
+            "jl",
+            "--json",
+        ])
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "debug logging said nothing");
+    for line in lines {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{line}");
+    }
+}

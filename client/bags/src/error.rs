@@ -109,6 +109,30 @@ pub enum Error {
 }
 
 impl Error {
+    /// A short, fixed name of the variant (`timeout`, `io`, `store`, ...),
+    /// for metrics labels and log fields: never carries a path or a value.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::BagClosed { .. } => "bag_closed",
+            Error::LateRejected { .. } => "late_rejected",
+            Error::LeaseExpiring { .. } => "lease_expiring",
+            Error::TooFarAhead { .. } => "too_far_ahead",
+            Error::NoRights { .. } => "no_rights",
+            Error::WritesClosed => "writes_closed",
+            Error::NoSignedTime { .. } => "no_signed_time",
+            Error::SignedTimeOff { .. } => "signed_time_off",
+            Error::ItemChanged { .. } => "item_changed",
+            Error::Timeout { .. } => "timeout",
+            Error::Io { .. } => "io",
+            Error::Store { .. } => "store",
+            Error::ConditionalWritesIgnored { .. } => "conditional_writes_ignored",
+            Error::CorruptLock { .. } => "corrupt_lock",
+            Error::Invalid { .. } => "invalid",
+            Error::TooEarly { .. } => "too_early",
+            Error::Injected(_) => "injected",
+        }
+    }
+
     /// Whether trying the same operation again may succeed. Permanent errors
     /// (a closed bag, an expiring lease, a lying store, bad input) will not
     /// go away by retrying.

@@ -119,6 +119,18 @@ pub struct Metronome {
     next: Vec<Bucket>,
     cfg: BagConfig,
     clock: Arc<dyn Clock>,
+    observer: Option<Arc<dyn CloseObserver>>,
+}
+
+/// Told of every bag a [`Metronome`] closes and every close that fails,
+/// as it happens: what metrics, status pages and progress bars watch. The
+/// bag engine itself knows nothing of them.
+pub trait CloseObserver: Send + Sync {
+    /// `bucket` of `log` is closed, `lag` after its close time, holding
+    /// `items` files or objects (0: an empty bag).
+    fn closed(&self, log: &str, bucket: Bucket, lag: Duration, items: usize);
+    /// Closing `bucket` of `log` failed; the next tick retries it.
+    fn failed(&self, log: &str, bucket: Bucket, error: &Error);
 }
 
 impl std::fmt::Debug for Metronome {
@@ -149,7 +161,38 @@ impl Metronome {
             logs,
             cfg,
             clock,
+            observer: None,
         })
+    }
+
+    /// Tells `observer` of every close and every failed one.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn CloseObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The logs closed, in the order given.
+    pub fn logs(&self) -> &[String] {
+        &self.logs
+    }
+
+    /// How many bags (over every log) are past their close time and not
+    /// yet closed by this metronome: the work the next tick has.
+    pub fn due(&self) -> u64 {
+        let now = self.clock.now();
+        self.next
+            .iter()
+            .map(|b| {
+                let mut n = 0;
+                let mut b = *b;
+                while b.close_time(self.cfg.grace) <= now {
+                    n += 1;
+                    b = b.next();
+                }
+                n
+            })
+            .sum()
     }
 
     /// When the next bag (of any log) becomes closable.
@@ -171,8 +214,20 @@ impl Metronome {
                 if self.clock.now() < close_at {
                     break;
                 }
-                self.store.close(log, *next).await?;
-                report.add(*next, self.clock.now().duration_since(close_at));
+                let listing = match self.store.close(log, *next).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        if let Some(o) = &self.observer {
+                            o.failed(log, *next, &e);
+                        }
+                        return Err(e);
+                    }
+                };
+                let lag = self.clock.now().duration_since(close_at);
+                if let Some(o) = &self.observer {
+                    o.closed(log, *next, lag, listing.items.len());
+                }
+                report.add(*next, lag);
                 *next = next.next();
             }
         }

@@ -49,6 +49,28 @@ pub struct ReadOptions {
     pub keys: Option<KeyRing>,
     /// Trusted Roughtime keys, for signed times that are Roughtime proofs.
     pub roughtime_keys: Vec<bagel_proto::signed_time::roughtime::RoughtimeKey>,
+    /// Told (bags read, bags to read) as the read goes (a progress bar).
+    pub progress: Option<Progress>,
+}
+
+/// A callback told `(done, total)` as long work advances.
+#[derive(Clone)]
+pub struct Progress(Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl Progress {
+    pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
+        Progress(Arc::new(f))
+    }
+
+    fn report(&self, done: u64, total: u64) {
+        (self.0)(done, total);
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
 }
 
 impl Default for ReadOptions {
@@ -60,12 +82,18 @@ impl Default for ReadOptions {
             close_past_due: true,
             keys: None,
             roughtime_keys: Vec::new(),
+            progress: None,
         }
     }
 }
 
 impl ReadOptions {
     #[must_use]
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
     pub fn with_range(mut self, from: Micros, to: Micros) -> Self {
         self.from = from;
         self.to = to;
@@ -173,7 +201,11 @@ pub async fn read(
         buckets.extend(sealed);
         buckets.sort_unstable();
     }
-    for bucket in buckets {
+    let total = buckets.len() as u64;
+    for (done, bucket) in buckets.into_iter().enumerate() {
+        if let Some(p) = &opts.progress {
+            p.report(done as u64, total);
+        }
         let (items, open) = match store.state(log, bucket).await? {
             BagState::Closed(l) => (l.items, false),
             BagState::Open(_) if opts.close_past_due && clock.now() >= bucket.close_time(cfg.grace) => {
@@ -202,6 +234,9 @@ pub async fn read(
                 Err(e) => return Err(e),
             }
         }
+    }
+    if let Some(p) = &opts.progress {
+        p.report(total, total);
     }
     let key = |m: &Message| (m.timestamp, m.writer_id.clone(), m.sequence);
     report.messages.sort_by_key(key);

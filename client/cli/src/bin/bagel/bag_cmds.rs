@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metronome_http::MetronomeStatus;
+use crate::progress::Bar;
 use crate::time_cmds::RoughtimeArgs;
 use anyhow::Context as _;
 use bagel_bags::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
@@ -165,6 +167,10 @@ pub struct MetronomeArgs {
     /// Close what is due now, then exit.
     #[arg(long)]
     once: bool,
+    /// Serve /metrics (Prometheus), a status page, /healthz and /readyz
+    /// on this address (e.g. 127.0.0.1:7422); prints `http on ADDR` first.
+    #[arg(long, env = "BAGEL_METRONOME_HTTP")]
+    http: Option<String>,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -203,13 +209,17 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let keys = lease_keys(&a.keys, g.target).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
     let store = bag::open_store(&a.range.store, &cfg).await?;
+    let bar = Bar::new("audit: reading", "bags", a.json);
     let opts = a
         .range
         .read_options()
         .with_keys(Some(keys.clone()))
-        .with_roughtime_keys(roughtime_keys.clone());
+        .with_roughtime_keys(roughtime_keys.clone())
+        .with_progress(bar.for_reader());
     let log = &a.range.log;
-    let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await?;
+    let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await;
+    bar.finish();
+    let report = report?;
     let messages = AuditMessage::from_report(&report, log);
     let mut acfg = AuditConfig::new(keys.clone());
     acfg.tolerance = a.tolerance;
@@ -412,7 +422,11 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_close_past_due(!a.no_close)
         .with_keys(keys)
         .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
-    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await?;
+    let bar = Bar::new("read", "bags", a.json);
+    let opts = opts.with_progress(bar.for_reader());
+    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await;
+    bar.finish();
+    let report = report?;
     let mut out = std::io::stdout().lock();
     if !verified && !a.json {
         writeln!(
@@ -500,8 +514,23 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
 
 async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config().with_lookback(a.lookback);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = bag::open_store(&a.store, &cfg).await?;
-    let mut m = Metronome::new(store, a.log.clone(), cfg, Arc::new(SystemClock))?;
+    let mut m = Metronome::new(store, a.log.clone(), cfg.clone(), Arc::clone(&clock))?;
+    let shutdown = CancellationToken::new();
+    if let Some(addr) = &a.http {
+        let status = Arc::new(MetronomeStatus::new(
+            &a.log,
+            &a.store,
+            cfg.grace,
+            a.lookback,
+            Arc::clone(&clock),
+        ));
+        let bound = crate::metronome_http::serve(addr, Arc::clone(&status), shutdown.clone()).await?;
+        println!("http on {bound}");
+        let _ = std::io::stdout().flush();
+        m = m.with_observer(status);
+    }
     let print = |r: &bag::Result<bag::CloseReport>| match r {
         Ok(r) if r.closed > 0 => {
             println!(
@@ -515,12 +544,26 @@ async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
         Err(e) => eprintln!("bagel metronome: {e}"),
     };
     if a.once {
+        // Catching up (a long lookback) shows progress on a terminal.
+        let bar = Bar::new("metronome: closing", "bags", false);
+        bar.set(0, m.due());
+        let bar_for = bar.clone();
+        struct Ticks(Bar);
+        impl bag::CloseObserver for Ticks {
+            fn closed(&self, _: &str, _: bag::Bucket, _: Duration, _: usize) {
+                self.0.inc();
+            }
+            fn failed(&self, _: &str, _: bag::Bucket, _: &bag::Error) {}
+        }
+        if a.http.is_none() {
+            m = m.with_observer(Arc::new(Ticks(bar_for)));
+        }
         let r = m.tick().await;
+        bar.finish();
         print(&r);
         r?;
         return Ok(ExitCode::SUCCESS);
     }
-    let shutdown = CancellationToken::new();
     let s = shutdown.clone();
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;

@@ -9,6 +9,8 @@
 mod bag_cmds;
 mod keys;
 mod lease_cmds;
+mod metronome_http;
+mod progress;
 mod target;
 mod time_cmds;
 mod written;
@@ -28,6 +30,9 @@ struct Cli {
     target: target::TargetArgs,
     #[command(flatten)]
     roughtime: time_cmds::RoughtimeArgs,
+    /// Log lines on stderr as text or as one JSON object per line.
+    #[arg(long, global = true, env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -44,15 +49,32 @@ enum Command {
     TimeCheck(time_cmds::TimeCheckArgs),
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs on stderr (`RUST_LOG` filters, default `warn`): text, coloured only
+/// on a terminal, or one JSON object per line with the event's fields at
+/// the top level (as `bagel-server --log-format json`).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, &cli.target).await,
         Command::Bag(cmd) => {

@@ -1,0 +1,331 @@
+//! `bagel metronome --http ADDR`: what a closer is doing, for Prometheus
+//! and for people. `/metrics` (OpenMetrics text from prometheus-client),
+//! `/` (a small status page, refreshing itself), `/healthz` (the process
+//! runs) and `/readyz` (every log is closed up to its last due bag).
+//!
+//! The metronome tells [`MetronomeStatus`] of every close as it happens
+//! ([`CloseObserver`]); the log label's values are the operator's own
+//! `--log` list, so the label stays small.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bagel_bags::{Bucket, CloseObserver};
+use bagel_proto::Micros;
+use bagel_proto::clock::Clock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LogLabel {
+    log: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    log: String,
+    /// `with_data` or `empty`.
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    log: String,
+    /// The bag engine's error kind (`io`, `store`, `timeout`, ...).
+    kind: &'static str,
+}
+
+/// One log's state, for the status page and `/readyz`.
+#[derive(Clone, Debug, Default)]
+struct LogState {
+    last_closed: Option<Bucket>,
+    last_lag: Duration,
+    closed: u64,
+    empty: u64,
+    errors: u64,
+    last_error: Option<(Micros, String)>,
+    /// The last tick's close of this log failed (cleared by a close).
+    failing: bool,
+}
+
+/// The metronome's metrics and status, shared with the HTTP side.
+pub struct MetronomeStatus {
+    registry: Registry,
+    closed: Family<ClosedLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    lag: Family<LogLabel, Gauge<f64, AtomicU64>>,
+    behind: Family<LogLabel, Gauge<f64, AtomicU64>>,
+    lag_seconds: Histogram,
+    logs: Mutex<BTreeMap<String, LogState>>,
+    grace: Duration,
+    clock: Arc<dyn Clock>,
+    started: Micros,
+    /// The first bag of every log the metronome closes (now - lookback).
+    first: Bucket,
+    store: String,
+}
+
+impl std::fmt::Debug for MetronomeStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetronomeStatus")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetronomeStatus {
+    pub fn new(
+        logs: &[String],
+        store: &str,
+        grace: Duration,
+        lookback: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let mut registry = Registry::default();
+        let closed = Family::<ClosedLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let lag = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
+        let behind = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
+        let lag_seconds = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+        registry.register(
+            "bagel_metronome_bags_closed",
+            "Bags closed, by log and whether they held anything",
+            closed.clone(),
+        );
+        registry.register(
+            "bagel_metronome_errors",
+            "Failed closes, by log and error kind (retried at the next tick)",
+            errors.clone(),
+        );
+        registry.register(
+            "bagel_metronome_lag_seconds",
+            "Of the last bag closed: end of its close minus its close time",
+            lag.clone(),
+        );
+        registry.register(
+            "bagel_metronome_behind_seconds",
+            "Now minus the close time of the oldest bag not closed yet (0 when none is due)",
+            behind.clone(),
+        );
+        registry.register(
+            "bagel_metronome_close_lag_seconds",
+            "Lag of every close",
+            lag_seconds.clone(),
+        );
+        let now = clock.now();
+        let status = MetronomeStatus {
+            registry,
+            closed,
+            errors,
+            lag,
+            behind,
+            lag_seconds,
+            logs: Mutex::new(logs.iter().map(|l| (l.clone(), LogState::default())).collect()),
+            grace,
+            clock,
+            started: now,
+            first: Bucket::of(now.saturating_sub(lookback)),
+            store: store.to_owned(),
+        };
+        // Every log appears from the first scrape on, at zero.
+        for log in logs {
+            for outcome in ["with_data", "empty"] {
+                let _ = status.closed.get_or_create(&ClosedLabels {
+                    log: log.clone(),
+                    outcome,
+                });
+            }
+            let _ = status.lag.get_or_create(&LogLabel { log: log.clone() });
+        }
+        status
+    }
+
+    fn logs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, LogState>> {
+        self.logs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How long the oldest unclosed due bag of a log has been due.
+    fn behind(&self, s: &LogState, now: Micros) -> Duration {
+        match s.last_closed {
+            Some(b) => now.duration_since(b.next().close_time(self.grace)),
+            // Nothing closed yet: the first bag is the oldest due.
+            None => now.duration_since(self.first.close_time(self.grace)),
+        }
+    }
+
+    /// Why the metronome is not ready, if it is not: a log whose last close
+    /// failed, or that is more than a second (one tick) plus the grace
+    /// behind.
+    fn not_ready(&self) -> Option<String> {
+        let now = self.clock.now();
+        let limit = self.grace + Duration::from_secs(1);
+        self.logs().iter().find_map(|(log, s)| {
+            if s.failing {
+                let why = s.last_error.as_ref().map_or("", |(_, e)| e.as_str());
+                return Some(format!("log {log:?}: closing fails: {why}"));
+            }
+            let behind = self.behind(s, now);
+            (behind > limit).then(|| format!("log {log:?} is {behind:?} behind (limit {limit:?})"))
+        })
+    }
+
+    fn scrape(&self) -> String {
+        let now = self.clock.now();
+        for (log, s) in self.logs().iter() {
+            self.behind
+                .get_or_create(&LogLabel { log: log.clone() })
+                .set(self.behind(s, now).as_secs_f64());
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}
+
+impl CloseObserver for MetronomeStatus {
+    fn closed(&self, log: &str, bucket: Bucket, lag: Duration, items: usize) {
+        let outcome = if items == 0 { "empty" } else { "with_data" };
+        self.closed
+            .get_or_create(&ClosedLabels {
+                log: log.to_owned(),
+                outcome,
+            })
+            .inc();
+        self.lag
+            .get_or_create(&LogLabel { log: log.to_owned() })
+            .set(lag.as_secs_f64());
+        self.lag_seconds.observe(lag.as_secs_f64());
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.last_closed = Some(bucket);
+        s.last_lag = lag;
+        s.closed += 1;
+        s.empty += u64::from(items == 0);
+        s.failing = false;
+    }
+
+    fn failed(&self, log: &str, bucket: Bucket, error: &bagel_bags::Error) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                log: log.to_owned(),
+                kind: error.kind(),
+            })
+            .inc();
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.errors += 1;
+        s.failing = true;
+        s.last_error = Some((self.clock.now(), format!("bag {bucket}: {error}")));
+    }
+}
+
+/// Binds `addr` and serves until `cancel`; returns the bound address.
+pub async fn serve(
+    addr: &str,
+    status: Arc<MetronomeStatus>,
+    cancel: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--http {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(status);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(%bound, error = %e, "metronome HTTP port failed");
+        }
+    });
+    Ok(bound)
+}
+
+async fn metrics(State(s): State<Arc<MetronomeStatus>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.scrape(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(s): State<Arc<MetronomeStatus>>) -> Response {
+    match s.not_ready() {
+        None => (StatusCode::OK, "ready\n".to_owned()).into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The status page: one table row per log. Plain HTML, no script, nothing
+/// loaded from elsewhere; the browser reloads it every 5 s.
+async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
+    let now = s.clock.now();
+    let ready = s.not_ready();
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width,initial-scale=1\">\
+         <meta http-equiv=refresh content=5><title>bagel metronome</title>\
+         <style>body{{font:15px system-ui,sans-serif;margin:1em;max-width:60em}}\
+         table{{border-collapse:collapse;width:100%}}td,th{{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:left}}\
+         .ok{{color:#176c2c}}.bad{{color:#a4161a}}</style></head><body>\
+         <h1>bagel metronome</h1><p>store <code>{}</code>; grace {:?}; up {}s; <span id=ready class={}>{}</span></p>",
+        escape(&s.store),
+        s.grace,
+        now.duration_since(s.started).as_secs(),
+        if ready.is_none() { "ok" } else { "bad" },
+        escape(ready.as_deref().map_or("ready", |w| w)),
+    );
+    html.push_str(
+        "<table><thead><tr><th>log</th><th>closed through</th><th>lag ms</th><th>behind ms</th>\
+         <th>bags closed</th><th>empty</th><th>errors</th><th>last error</th></tr></thead><tbody>",
+    );
+    for (log, st) in s.logs().iter() {
+        let _ = write!(
+            html,
+            "<tr class=log><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(log),
+            st.last_closed.map_or("–".to_owned(), |b| b.to_string()),
+            st.last_lag.as_millis(),
+            s.behind(st, now).as_millis(),
+            st.closed,
+            st.empty,
+            st.errors,
+            st.last_error
+                .as_ref()
+                .map_or(String::new(), |(at, e)| escape(&format!("{at}: {e}"))),
+        );
+    }
+    html.push_str("</tbody></table></body></html>");
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response()
+}
