@@ -5,6 +5,8 @@
 //!   (lease service, witnesses, signed times, bag records).
 //! * [`Micros`]: the one time type (Unix microseconds, UTC).
 //! * [`clock`]: injectable clocks (system, manual, offset).
+//! * [`codec`]: the server stubs' codec (undecodable requests are
+//!   INVALID_ARGUMENT).
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`merkle`]: Merkle trees that let one signature cover a batch of
 //!   witnesses.
@@ -17,6 +19,7 @@
 //!   against a time authority ([`timecheck::ClockMonitor`]).
 
 pub mod clock;
+pub mod codec;
 pub mod keys;
 pub mod merkle;
 pub mod roughtime;
@@ -35,6 +38,7 @@ pub use witness::{
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
 pub mod pb {
     tonic::include_proto!("bagel.v1");
+    include!(concat!(env!("OUT_DIR"), "/server/bagel.v1.rs"));
 
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bagel_descriptor");

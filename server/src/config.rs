@@ -214,6 +214,17 @@ impl Config {
         }
     }
 
+    /// Every bound, as `ServerInfo` reports it.
+    pub fn limits_pb(&self) -> bagel_proto::pb::ServerLimits {
+        bagel_proto::pb::ServerLimits {
+            max_batch_ops: self.limits.max_batch_ops as u32,
+            max_records: self.max_records as u64,
+            history_per_name: self.history_per_name as u32,
+            history_budget_bytes: self.history_budget_bytes as u64,
+            ..Default::default()
+        }
+    }
+
     /// Checks the settings make sense together.
     pub fn validate(&self) -> Result<(), String> {
         if self.max_ttl <= self.min_ttl {

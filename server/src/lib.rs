@@ -126,7 +126,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), std::io::Error> {
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_not_serving::<LeaseServer>().await;
+        background::set_health(&health, false).await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -197,16 +197,34 @@ mod background {
         let mut clock_ok = inner.time.watch_health();
         loop {
             if *clock_ok.borrow_and_update() {
-                health.set_serving::<LeaseServer>().await;
+                set_health(&health, true).await;
                 tracing::info!("ready: granting leases");
             } else {
-                health.set_not_serving::<LeaseServer>().await;
+                set_health(&health, false).await;
                 tracing::warn!("clock unhealthy: not granting leases");
             }
             tokio::select! {
                 changed = clock_ok.changed() => if changed.is_err() { return },
                 () = cancel.cancelled() => return,
             }
+        }
+    }
+
+    /// Sets the lease service's health and the overall entry `""` alike:
+    /// load balancers probe `""`, and a server that refuses grants (restart
+    /// wait, bad clock, shutting down) must not look healthy there.
+    pub async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+        use tonic_health::ServingStatus;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        health.set_service_status("", status).await;
+        if serving {
+            health.set_serving::<LeaseServer>().await;
+        } else {
+            health.set_not_serving::<LeaseServer>().await;
         }
     }
 

@@ -305,7 +305,7 @@ fn op_error(e: Error) -> pb::OpError {
     };
     pb::OpError {
         code: e.code() as i32,
-        message: e.to_string(),
+        message: crate::error::bounded(e.to_string()),
         conflict,
     }
 }
@@ -447,6 +447,10 @@ impl LeaseService for Service {
             max_metadata_bytes: cfg.limits.max_metadata_bytes as u32,
             timestamp_tolerance_us: cfg.timestamp_tolerance.as_micros() as u64,
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            limits: Some(cfg.limits_pb()),
+            tls: false,
+            client_auth: false,
+            granted_until_us: 0,
         }))
     }
 

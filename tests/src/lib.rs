@@ -54,9 +54,18 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts the server with `--listen 127.0.0.1:0` plus `args`, and waits
     /// until it prints its address and answers a health check (which it
-    /// does during the restart wait too; use [`ServerProcess::wait_ready`]
-    /// for grants).
+    /// does during the restart wait too, saying NOT_SERVING; use
+    /// [`ServerProcess::wait_ready`] for grants).
     pub async fn start(args: &[&str]) -> ServerProcess {
+        let server = ServerProcess::spawn(args).await;
+        server.wait_answering().await;
+        server
+    }
+
+    /// Starts the server like [`ServerProcess::start`] but returns as soon
+    /// as it prints its address, without talking to it (for servers that
+    /// speak TLS, which `url` does not).
+    pub async fn spawn(args: &[&str]) -> ServerProcess {
         let mut child = Command::new(bin("bagel-server"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -86,14 +95,46 @@ impl ServerProcess {
         })
         .await
         .expect("reader task");
-        let server = ServerProcess {
+        ServerProcess {
             child,
             addr,
             url: format!("http://{addr}"),
             public_key_hex: key,
+        }
+    }
+
+    /// The server's process id (to read its memory from `/proc`, or signal it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for bagel-server")
+    }
+
+    /// Waits until the health RPC answers at all (any status).
+    async fn wait_answering(&self) {
+        let mut health = HealthClient::new(self.channel().await);
+        let req = tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
         };
-        server.wait_health("").await;
-        server
+        while health.check(req.clone()).await.is_err() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn channel(&self) -> tonic::transport::Channel {
+        loop {
+            match tonic::transport::Endpoint::from_shared(self.url.clone())
+                .expect("url")
+                .connect()
+                .await
+            {
+                Ok(c) => break c,
+                Err(_) => tokio::task::yield_now().await,
+            }
+        }
     }
 
     /// Starts a server that grants at once (restart wait skipped).
@@ -113,17 +154,7 @@ impl ServerProcess {
     /// Polls the standard health RPC until `service` is SERVING. The server
     /// pushes status changes through `Watch`, so this waits on the event.
     async fn wait_health(&self, service: &str) {
-        let channel = loop {
-            match tonic::transport::Endpoint::from_shared(self.url.clone())
-                .expect("url")
-                .connect()
-                .await
-            {
-                Ok(c) => break c,
-                Err(_) => tokio::task::yield_now().await,
-            }
-        };
-        let mut health = HealthClient::new(channel);
+        let mut health = HealthClient::new(self.channel().await);
         let req = tonic_health::pb::HealthCheckRequest {
             service: service.to_owned(),
         };

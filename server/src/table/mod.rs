@@ -207,6 +207,43 @@ struct ShardState {
     history: HistoryLog,
     /// Interned owner strings (see `LeaseTable::intern_owner`).
     owners: std::collections::HashSet<Arc<str>>,
+    /// Tentative leases whose first name is in this shard and that a full
+    /// acquire broke, until their deadline (see `LeaseTable::free_broken`).
+    broken: std::collections::HashMap<LeaseId, Tombstone>,
+}
+
+/// Why a tentative lease is gone: every later call on it says so, whichever
+/// of its names was taken.
+#[derive(Clone, Debug)]
+struct Tombstone {
+    name: Arc<str>,
+    by: LeaseId,
+    deadline: Micros,
+}
+
+impl Tombstone {
+    fn error(&self, lease: LeaseId) -> Error {
+        Error::LostName {
+            lease,
+            name: Arc::clone(&self.name),
+            by: self.by,
+        }
+    }
+}
+
+/// Tombstones kept per shard; beyond, the one nearest its deadline goes
+/// (its lease then answers "unknown lease", like any forgotten one).
+const TOMBSTONES_PER_SHARD: usize = 256;
+
+/// A tentative lease a full acquire just broke on `name`.
+#[derive(Debug)]
+struct Broken {
+    lease: LeaseId,
+    deadline: Micros,
+    name: Arc<str>,
+    /// Its names, when the broken name was its first (whose holder lists
+    /// them); otherwise found from the first name's record.
+    names: Option<Vec<Arc<str>>>,
 }
 
 impl ShardState {
@@ -476,8 +513,30 @@ impl LeaseTable {
         let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
         let mut min_timestamp = Micros::ZERO;
+        let mut broken: Vec<Broken> = Vec::new();
         for (i, (name, &shard)) in spec.names.iter().zip(&shard_of_name).enumerate() {
             let rec = locked.state(shard).rec_mut(slots[i]);
+            if let Some(h) = rec.live_holder(now) {
+                // Step 1 let us through: a live tentative holder we break.
+                debug_assert_eq!(h.mode, Mode::Tentative);
+                if let Some(b) = broken.iter_mut().find(|b| b.lease == h.lease) {
+                    b.names = b.names.take().or_else(|| h.all_names.as_deref().cloned());
+                } else {
+                    broken.push(Broken {
+                        lease: h.lease,
+                        deadline: h.deadline,
+                        name: Arc::clone(name),
+                        names: match &h.all_names {
+                            Some(all) => Some(all.to_vec()),
+                            // A one-name lease: its first name is this one.
+                            None if h.lease.shard() == shard && h.lease.slot() == slots[i] => {
+                                Some(vec![Arc::clone(name)])
+                            }
+                            None => None,
+                        },
+                    });
+                }
+            }
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
             min_timestamp = min_timestamp.max(previous.watermark);
@@ -497,6 +556,10 @@ impl LeaseTable {
                 fencing,
                 previous,
             });
+        }
+        drop(locked);
+        for b in broken {
+            self.free_broken(b, lease, now);
         }
         Ok(Grant {
             lease,
@@ -524,6 +587,9 @@ impl LeaseTable {
             return Err(Error::UnknownLease { lease });
         }
         let guard = self.shards[first_shard].lock();
+        if let Some(t) = guard.broken.get(&lease) {
+            return Err(t.error(lease));
+        }
         let entry = guard.at(lease.slot()).ok_or(Error::UnknownLease { lease })?;
         let holder = match &entry.rec.holder {
             Some(h) if h.lease == lease => h,
@@ -564,6 +630,9 @@ impl LeaseTable {
             deadline: seen_deadline,
             mode: Mode::Full,
         };
+        if let Some(t) = held.locked.state(first_shard).broken.get(&lease) {
+            return Err(t.error(lease));
+        }
         for i in 0..held.names.len() {
             let shard = held.shard_of_name[i];
             let state = held.locked.state(shard);
@@ -597,6 +666,70 @@ impl LeaseTable {
             }
         }
         Ok(held)
+    }
+
+    /// Frees every name a broken tentative lease still holds, and leaves a
+    /// tombstone so that every later call on it (upgrade, renew, release)
+    /// answers the same FAILED_PRECONDITION "lost name", whichever of its
+    /// names was broken. Its other names would otherwise stay reserved until
+    /// its deadline although the lease can never be upgraded.
+    ///
+    /// Runs after the breaking grant released its locks (the broken lease's
+    /// names may lie in shards it did not lock); until then the lease only
+    /// keeps names it can no longer use.
+    fn free_broken(&self, b: Broken, by: LeaseId, now: Micros) {
+        let first = b.lease.shard();
+        let names = {
+            let mut state = self.shards[first].lock();
+            if state.broken.len() >= TOMBSTONES_PER_SHARD {
+                let oldest = state
+                    .broken
+                    .iter()
+                    .min_by_key(|(_, t)| t.deadline)
+                    .map(|(id, _)| *id);
+                if let Some(id) = oldest {
+                    state.broken.remove(&id);
+                }
+            }
+            state.broken.insert(
+                b.lease,
+                Tombstone {
+                    name: Arc::clone(&b.name),
+                    by,
+                    deadline: b.deadline,
+                },
+            );
+            match b.names {
+                Some(names) => names,
+                None => match state.at(b.lease.slot()) {
+                    Some(e) => match &e.rec.holder {
+                        Some(h) if h.lease == b.lease => match &h.all_names {
+                            Some(all) => all.to_vec(),
+                            None => vec![Arc::clone(&e.name)],
+                        },
+                        _ => return,
+                    },
+                    None => return,
+                },
+            }
+        };
+        let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
+        let mut locked = self.lock_shards(&shard_of_name);
+        for (name, &shard) in names.iter().zip(&shard_of_name) {
+            let state = locked.state(shard);
+            let Some(slot) = state.slot_of(name) else { continue };
+            let rec = state.rec_mut(slot);
+            if rec.holder.as_ref().is_some_and(|h| h.lease == b.lease) {
+                // A tentative holder leaves no trace in the chain.
+                rec.holder = None;
+                rec.last_change = now;
+            }
+        }
+        let shards = locked.order.clone();
+        drop(locked);
+        for shard in shards {
+            self.shards[shard].wake_waiters();
+        }
     }
 
     /// Why a lease no longer holds its first name, from the name's record.
@@ -869,6 +1002,10 @@ impl LeaseTable {
         let mut state = shard.lock();
         // Owners only the interner still refers to.
         state.owners.retain(|o| Arc::strong_count(o) > 1);
+        // A broken tentative lease past its deadline would be refused as
+        // expired anyway; after one more max TTL nobody asks.
+        let keep_until = now.saturating_sub(self.cfg.max_ttl);
+        state.broken.retain(|_, t| t.deadline > keep_until);
         if state.slots.len() <= cap {
             return 0;
         }

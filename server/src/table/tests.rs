@@ -609,6 +609,18 @@ proptest! {
                     let got = tbl.acquire(&spec(&ns, deadline, mode), t(now));
                     prop_assert_eq!(got.is_ok(), free, "acquire {:?} at {}: {:?}", ns, now, got);
                     if let Ok(g) = got {
+                        // A tentative lease broken here loses all its names.
+                        let broken: Vec<usize> = ns.iter()
+                            .filter_map(|n| match model.get(n).and_then(|m| m.holder) {
+                                Some((l, d, Mode::Tentative)) if d > now => Some(l),
+                                _ => None,
+                            })
+                            .collect();
+                        for m in model.values_mut() {
+                            if m.holder.is_some_and(|(l, _, _)| broken.contains(&l)) {
+                                m.holder = None;
+                            }
+                        }
                         let mut want_min = 0;
                         for (n, ng) in ns.iter().zip(&g.names) {
                             let m = model.entry(n).or_default();
@@ -680,5 +692,45 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_broken_tentative_lease_frees_its_names_and_answers_alike() {
+    // Broken on its first name or on another: the same answer, and the
+    // names nobody took are free at once.
+    for (taken, other) in [("a", "b"), ("b", "a")] {
+        let tbl = table();
+        let tentative = tbl
+            .acquire(&spec(&["a", "b"], T0 + 5 * SEC, Mode::Tentative), t(T0))
+            .unwrap();
+        let breaker = tbl.acquire(&full(&[taken], T0 + 5 * SEC), t(T0 + 1)).unwrap();
+        for err in [
+            tbl.upgrade(tentative.lease, &tentative.token, t(T0 + 2))
+                .unwrap_err(),
+            tbl.renew(
+                tentative.lease,
+                &tentative.token,
+                t(T0 + 3 * SEC),
+                None,
+                t(T0 + 2),
+            )
+            .unwrap_err(),
+            tbl.release(tentative.lease, &tentative.token, release_at(0), t(T0 + 2))
+                .unwrap_err(),
+        ] {
+            assert_eq!(
+                err,
+                Error::LostName {
+                    lease: tentative.lease,
+                    name: Arc::from(taken),
+                    by: breaker.lease,
+                },
+                "{taken}"
+            );
+        }
+        let view = tbl.describe(&[Arc::from(other)], t(T0 + 2));
+        assert_eq!(view[0].holder, None, "{other} is free");
+        tbl.acquire(&full(&[other], T0 + 5 * SEC), t(T0 + 2)).unwrap();
     }
 }
