@@ -909,21 +909,18 @@ impl LeaseTable {
         let name = &held.names[i];
         let state = held.locked.state(held.shard_of_name[i]);
         let slot = state.slot_of(name).expect("held names have records");
-        let ShardState {
-            slab, history, slots, ..
-        } = state;
+        let ShardState { slab, history, .. } = state;
         let rec = &mut slab[slot].as_mut().expect("occupied").rec;
-        history.push(name, &mut rec.history, entry, self.cfg.history_per_name);
+        history.push(slot, &mut rec.history, entry, self.cfg.history_per_name);
+        // Each step drops one entry that exists, so this loop runs about
+        // once per push (a new entry pushes out roughly its own weight).
         let budget = self.cfg.history_budget_bytes / self.shards.len();
         while history.over_budget(budget) {
-            let Some((old_name, seq)) = history.pop_oldest() else {
+            let Some((seq, old_slot)) = history.pop_oldest() else {
                 break;
             };
-            let Some(old_slot) = slots.find(&old_name, slab) else {
-                continue;
-            };
-            let old = &mut slab[old_slot].as_mut().expect("occupied").rec;
-            if let Some(hist) = old.history.as_deref_mut() {
+            let old = slab.get_mut(old_slot).and_then(Option::as_mut);
+            if let Some(hist) = old.and_then(|e| e.rec.history.as_deref_mut()) {
                 history.evict(hist, seq);
             }
         }

@@ -532,6 +532,56 @@ fn history_respects_the_byte_budget() {
     assert_eq!(entries.last().map(|e| e.at), Some(t(T0 + 99 * 1000 + 20)));
 }
 
+/// Item 3 of issue 13: renewals of one lease with metadata under the
+/// per-name cap used to add to the shard's order list forever (it was
+/// drained only over the byte budget, which the cap keeps it under).
+#[test]
+fn history_bookkeeping_does_not_grow_with_renewals() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.history_per_name = 8;
+    let tbl = LeaseTable::new(cfg);
+    let g = tbl.acquire(&full(&["r"], T0 + 5 * SEC), t(T0)).unwrap();
+    let meta = Some(Metadata::Data(vec![1u8; 16].into()));
+    let bytes_after_8 = {
+        for i in 1..=8u64 {
+            tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
+                .unwrap();
+        }
+        tbl.shards[0].lock().history.bytes()
+    };
+    for i in 9..100_000u64 {
+        tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
+            .unwrap();
+    }
+    let shard = tbl.shards[0].lock();
+    assert_eq!(shard.history.len(), 8, "one order entry per kept entry");
+    assert_eq!(shard.history.bytes(), bytes_after_8);
+    drop(shard);
+    let (entries, truncated) = tbl.history("r");
+    assert_eq!(entries.len(), 8);
+    assert!(truncated);
+    assert_eq!(entries.last().unwrap().at, t(T0 + 99_999));
+
+    // A forgotten name takes its entries out of the order too.
+    tbl.release(g.lease, &g.token, release_at(0), t(T0 + 100_000))
+        .unwrap();
+    let mut cfg = tbl.config().clone();
+    cfg.max_records = 0;
+    let small = LeaseTable::new(cfg);
+    let g = small.acquire(&full(&["f"], T0 + 5 * SEC), t(T0)).unwrap();
+    small
+        .renew(g.lease, &g.token, t(T0 + 6 * SEC), meta, t(T0 + 1))
+        .unwrap();
+    small
+        .release(g.lease, &g.token, release_at(0), t(T0 + 2))
+        .unwrap();
+    assert_eq!(small.shards[0].lock().history.len(), 2);
+    assert_eq!(small.sweep(t(T0 + 3)), 1);
+    let shard = small.shards[0].lock();
+    assert_eq!((shard.history.len(), shard.history.bytes()), (0, 0));
+}
+
 // ---------------------------------------------------------------------------
 // Property test against a reference model: a plain map, no sharding.
 
