@@ -50,6 +50,12 @@ pub struct Config {
     pub signed_time_refresh: Duration,
     /// How often the table is swept (ended leases, idle records).
     pub sweep_interval: Duration,
+    /// Where the granted-until high-water mark is kept (beside the key
+    /// file); `None`: nowhere, so a restart waits the configured max TTL.
+    pub granted_until_file: Option<std::path::PathBuf>,
+    /// How far past `now + max_ttl` the mark is written each time (so it
+    /// is written about once per step under load).
+    pub granted_until_step: Duration,
 }
 
 /// Sizes every request is checked against.
@@ -100,6 +106,8 @@ impl Default for Config {
             history_budget_bytes: 64 << 20,
             signed_time_refresh: Duration::from_millis(100),
             sweep_interval: Duration::from_secs(1),
+            granted_until_file: None,
+            granted_until_step: Duration::from_secs(1),
         }
     }
 }
@@ -200,6 +208,13 @@ impl Config {
     pub fn with_history(mut self, per_name: usize, budget_bytes: usize) -> Self {
         self.history_per_name = per_name;
         self.history_budget_bytes = budget_bytes;
+        self
+    }
+
+    /// Keeps the granted-until mark in `path` (see [`crate::highwater`]).
+    #[must_use]
+    pub fn with_granted_until_file(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.granted_until_file = path;
         self
     }
 

@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod error;
+pub mod highwater;
 mod service;
 mod session;
 pub mod table;
@@ -37,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Config, Limits};
 pub use error::Error;
 
+use highwater::HighWater;
 use service::{Inner, Service};
 use table::{LeaseTable, TableConfig};
 use timekeeper::TimeKeeper;
@@ -57,15 +59,25 @@ impl Server {
         cfg.validate()
             .map_err(|reason| Error::invalid("config", reason))?;
         let started = clock.now();
+        let found = highwater::load(cfg.granted_until_file.as_deref());
+        let mark = match &found {
+            highwater::Found::Mark(mark) => *mark,
+            _ => Micros::ZERO,
+        };
         let (ready_at, initial_floor) = if cfg.unsafe_skip_restart_wait {
             // Assume no previous incarnation existed: nothing to inherit.
             (started, Micros::ZERO)
         } else {
-            // A previous incarnation may have granted deadlines up to
-            // `max_ttl` past our start (by its clock, which may have run up
-            // to the tolerance ahead of ours); writes under them are below
-            // the instant we start granting, which is the floor.
-            let ready_at = started.saturating_add(cfg.restart_wait());
+            // A previous incarnation may have granted deadlines up to the
+            // mark it wrote, or, if we cannot know it, `max_ttl` past our
+            // start (by its clock, which may have run up to the tolerance
+            // ahead of ours); writes under them are below the instant we
+            // start granting, which is the floor of watermarks and fencing
+            // tokens. The mark covers a smaller --max-ttl this time and a
+            // clock stepped back since.
+            let wait_until = mark.max(started.saturating_add(cfg.max_ttl));
+            let ready_at = wait_until.saturating_add(cfg.clock_tolerance);
+            log_mark(&found, &cfg, started, ready_at);
             (ready_at, ready_at)
         };
         let table = LeaseTable::new(TableConfig {
@@ -79,6 +91,13 @@ impl Server {
             history_per_name: cfg.history_per_name,
             history_budget_bytes: cfg.history_budget_bytes,
         });
+        let highwater = HighWater::new(
+            cfg.granted_until_file.clone(),
+            mark,
+            cfg.max_ttl,
+            cfg.granted_until_step,
+        );
+        table.set_grant_limit(mark);
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
@@ -90,6 +109,8 @@ impl Server {
                     time,
                     witness: Arc::new(witness),
                     keys,
+                    highwater,
+                    last_cover: std::sync::atomic::AtomicU64::new(0),
                 }),
             },
         })
@@ -110,6 +131,11 @@ impl Server {
     /// called; [`Server::serve`] keeps asking in the background.
     pub async fn init_time(&self) -> Option<bagel_proto::timecheck::Verdict> {
         self.service.inner.time.refresh_roughtime().await
+    }
+
+    /// The granted-until mark as the file holds it.
+    pub fn granted_until(&self) -> Micros {
+        self.service.inner.highwater.get()
     }
 
     /// The clock status `ServerInfo` reports.
@@ -151,6 +177,10 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+        tasks.spawn(background::keep_mark_ahead(
+            Arc::clone(&self.service.inner),
+            cancel.clone(),
+        ));
 
         // tonic ignores the builder's tcp_nodelay for a caller's incoming
         // stream, so set it on the stream: without it every small response
@@ -165,6 +195,41 @@ impl Server {
         cancel.cancel();
         while tasks.join_next().await.is_some() {}
         result.map_err(std::io::Error::other)
+    }
+}
+
+/// Says, at start, what the restart wait is based on; loudly when it could
+/// not read the granted-until mark.
+fn log_mark(found: &highwater::Found, cfg: &Config, started: Micros, ready_at: Micros) {
+    use highwater::Found;
+    let wait = ready_at.duration_since(started);
+    match found {
+        Found::Mark(mark) => tracing::info!(
+            %mark, %ready_at,
+            "granted-until mark found: refusing grants for {wait:?}, until the mark \
+             (or start + max TTL) plus the clock tolerance"
+        ),
+        Found::Missing(path) => tracing::warn!(
+            path = %path.display(), %ready_at,
+            "no granted-until mark: waiting the configured max TTL ({:?}) plus the clock \
+             tolerance. If a previous incarnation ran with a larger --max-ttl or a clock \
+             ahead of this one, its leases may outlive this wait",
+            cfg.max_ttl
+        ),
+        Found::Unreadable(path, reason) => tracing::error!(
+            path = %path.display(), %reason, %ready_at,
+            "granted-until mark UNREADABLE: waiting only the configured max TTL ({:?}) plus \
+             the clock tolerance. If a previous incarnation ran with a larger --max-ttl or a \
+             clock ahead of this one, its leases may outlive this wait",
+            cfg.max_ttl
+        ),
+        Found::NoFile => tracing::warn!(
+            %ready_at,
+            "no key file, so no granted-until mark: a restart waits the configured max TTL \
+             ({:?}); with a smaller --max-ttl or a clock stepped back it could overlap leases \
+             of the previous incarnation. Give --key to keep the mark beside it",
+            cfg.max_ttl
+        ),
     }
 }
 
@@ -252,6 +317,27 @@ mod background {
             tokio::select! {
                 _ = tick.tick() => inner.time.refresh(),
                 () = cancel.cancelled() => return,
+            }
+        }
+    }
+
+    /// Raises the granted-until mark before grants need it, while grants
+    /// are being made (an idle server does not write every second).
+    pub async fn keep_mark_ahead(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(inner.cfg.granted_until_step / 2);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            if !inner.granting_recently() {
+                continue;
+            }
+            if let Err(e) = inner.highwater.keep_ahead(inner.time.now()).await {
+                tracing::error!("{e}");
+            } else {
+                inner.table.raise_grant_limit(inner.highwater.get());
             }
         }
     }

@@ -29,6 +29,34 @@ pub(crate) struct Inner {
     pub witness: Arc<WitnessSigner>,
     /// Our own public key(s), to verify signed times we issued.
     pub keys: KeyRing,
+    pub highwater: crate::highwater::HighWater,
+    /// When a grant last asked the mark to cover it (Unix µs).
+    pub last_cover: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    /// Whether grants were made in the last two mark steps.
+    pub fn granting_recently(&self) -> bool {
+        let last = self.last_cover.load(std::sync::atomic::Ordering::Relaxed);
+        let window = bagel_proto::duration_micros(self.cfg.granted_until_step * 2);
+        self.time.now().as_micros() < last.saturating_add(window)
+    }
+
+    /// Makes sure the granted-until mark covers `deadline` before a grant
+    /// with it is made (see [`crate::highwater`]). A deadline beyond the
+    /// max TTL is left to the table to refuse.
+    pub async fn cover(&self, deadline: Micros) -> Result<(), Error> {
+        let now = self.time.now();
+        self.last_cover
+            .store(now.as_micros(), std::sync::atomic::Ordering::Relaxed);
+        let deadline = deadline.min(now.saturating_add(self.cfg.max_ttl));
+        if deadline <= self.highwater.get() {
+            return Ok(());
+        }
+        self.highwater.cover(deadline, now).await?;
+        self.table.raise_grant_limit(self.highwater.get());
+        Ok(())
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -54,6 +82,7 @@ impl Service {
             .duration_since(self.now())
             .saturating_sub(Duration::from_micros(1));
         let give_up = tokio::time::Instant::now() + wait.min(usable);
+        inner.cover(spec.deadline).await?;
         let mut result = inner.table.acquire(&spec, self.now());
         loop {
             let conflict = match result {
@@ -297,6 +326,22 @@ impl Service {
     }
 }
 
+/// The latest deadline a batch's operations ask for (acquires, renewals),
+/// for the granted-until mark.
+pub(crate) fn batch_deadline(ops: &[pb::BatchOp]) -> Micros {
+    use pb::batch_op::Op;
+    let deadline = ops
+        .iter()
+        .filter_map(|op| match &op.op {
+            Some(Op::Acquire(a)) => Some(a.deadline_us),
+            Some(Op::Renew(r)) => Some(r.deadline_us),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    Micros::from_micros(deadline)
+}
+
 /// An operation's failure inside a batch, as the unary call's status.
 fn op_error(e: Error) -> pb::OpError {
     let conflict = match &e {
@@ -345,6 +390,9 @@ impl LeaseService for Service {
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+        self.inner
+            .cover(Micros::from_micros(request.get_ref().deadline_us))
+            .await?;
         let grant = self.renew_op(request.get_ref())?;
         let time = self.inner.time.signed()?;
         let witness = self
@@ -363,6 +411,7 @@ impl LeaseService for Service {
     }
 
     async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
+        self.inner.cover(batch_deadline(&request.get_ref().ops)).await?;
         let results = self.batch_ops(&request.get_ref().ops)?;
         Ok(Response::new(pb::BatchResponse { results }))
     }
@@ -450,7 +499,7 @@ impl LeaseService for Service {
             limits: Some(cfg.limits_pb()),
             tls: false,
             client_auth: false,
-            granted_until_us: 0,
+            granted_until_us: inner.highwater.get().as_micros(),
         }))
     }
 

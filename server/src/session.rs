@@ -48,7 +48,8 @@ pub(crate) async fn run(
         let (group, ended) = take_ready(&mut requests, first, max_ops, &mut carried);
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
-        let mut results = match service.batch_ops(&ops) {
+        let covered = service.inner.cover(crate::service::batch_deadline(&ops)).await;
+        let mut results = match covered.and_then(|()| service.batch_ops(&ops)) {
             Ok(results) => results.into_iter(),
             Err(e) => {
                 let _ = answers.send(Err(e.into())).await;

@@ -35,7 +35,9 @@ struct Args {
     clock_tolerance: Duration,
     /// ed25519 signing key file (64 hex digits of the secret seed). Created
     /// (mode 0600) if it does not exist. Without it, a fresh key is made and
-    /// its public key printed.
+    /// its public key printed. Beside it, `<KEY>.granted-until` keeps the
+    /// latest deadline this server may have granted, so a restart waits for
+    /// it even with a smaller --max-ttl or a clock stepped back.
     #[arg(long, env = "BAGEL_KEY")]
     key: Option<PathBuf>,
     /// Server id in witnesses (default: random).
@@ -200,6 +202,9 @@ async fn main() -> anyhow::Result<()> {
         .with_shards(args.shards)
         .with_max_records(args.max_records)
         .with_limits(limits);
+    // The granted-until mark lives beside the key file: a server with a
+    // key of its own is the one whose restarts must not overlap.
+    cfg = cfg.with_granted_until_file(args.key.as_deref().map(bagel_server::highwater::path_for_key));
     if let Some(id) = args.server_id {
         cfg = cfg.with_server_id(id);
     }

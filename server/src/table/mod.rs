@@ -376,6 +376,11 @@ pub struct LeaseTable {
     /// to a record's last token when it is forgotten, so tokens never go
     /// down even if the clock is stepped back.
     fencing_floor: AtomicU64,
+    /// No grant's deadline may pass this: what the granted-until file
+    /// durably says (see `crate::highwater`). The service raises it before
+    /// granting; the check here makes "written ahead of any grant" hold
+    /// even if a grant were to come late after its raise.
+    grant_limit: AtomicU64,
 }
 
 impl LeaseTable {
@@ -385,6 +390,7 @@ impl LeaseTable {
         LeaseTable {
             floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             fencing_floor: AtomicU64::new(cfg.initial_floor.as_micros()),
+            grant_limit: AtomicU64::new(u64::MAX),
             cfg,
             shards,
             hasher: Default::default(),
@@ -432,8 +438,34 @@ impl LeaseTable {
         Locked { order, guards }
     }
 
-    /// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`.
+    /// Grants from now on may not pass `mark` (until raised again). A new
+    /// table has no limit.
+    pub fn set_grant_limit(&self, mark: Micros) {
+        self.grant_limit.store(mark.as_micros(), Ordering::Release);
+    }
+
+    /// Raises the grant limit to `mark` (never lowers it).
+    pub fn raise_grant_limit(&self, mark: Micros) {
+        self.grant_limit.fetch_max(mark.as_micros(), Ordering::AcqRel);
+    }
+
+    /// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`, or past
+    /// the grant limit.
     pub fn check_deadline(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
+        self.check_range(deadline, now)?;
+        if deadline.as_micros() > self.grant_limit.load(Ordering::Acquire) {
+            return Err(Error::Capacity {
+                detail: format!(
+                    "deadline {} passes the granted-until mark not yet written ({}); retry",
+                    deadline.as_micros(),
+                    self.grant_limit.load(Ordering::Acquire)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
         let lo = now.saturating_add(self.cfg.min_ttl);
         let hi = now.saturating_add(self.cfg.max_ttl);
         if deadline <= lo || deadline > hi {
