@@ -68,6 +68,9 @@ pub struct Limits {
     pub max_metadata_bytes: usize,
     /// Operations in one `Batch` call.
     pub max_batch_ops: usize,
+    /// Acquires waiting server-side for one name (FIFO), and in all.
+    pub max_waiters_per_name: usize,
+    pub max_waiters: usize,
 }
 
 impl Default for Limits {
@@ -78,6 +81,8 @@ impl Default for Limits {
             max_owner_bytes: 256,
             max_metadata_bytes: 4096,
             max_batch_ops: 1024,
+            max_waiters_per_name: 1024,
+            max_waiters: 16_384,
         }
     }
 }
@@ -234,6 +239,8 @@ impl Config {
         bagel_proto::pb::ServerLimits {
             max_batch_ops: self.limits.max_batch_ops as u32,
             max_records: self.max_records as u64,
+            max_waiters_per_name: self.limits.max_waiters_per_name as u32,
+            max_waiters: self.limits.max_waiters as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
             ..Default::default()

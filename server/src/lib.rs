@@ -90,6 +90,8 @@ impl Server {
             max_records: cfg.max_records,
             history_per_name: cfg.history_per_name,
             history_budget_bytes: cfg.history_budget_bytes,
+            max_waiters_per_name: cfg.limits.max_waiters_per_name,
+            max_waiters: cfg.limits.max_waiters,
         });
         let highwater = HighWater::new(
             cfg.granted_until_file.clone(),
@@ -111,6 +113,7 @@ impl Server {
                     keys,
                     highwater,
                     last_cover: std::sync::atomic::AtomicU64::new(0),
+                    stopping: CancellationToken::new(),
                 }),
             },
         })

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec};
+use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec, Ticket};
 use crate::timekeeper::TimeKeeper;
 use crate::validate;
 use crate::witness::WitnessSigner;
@@ -30,6 +30,9 @@ pub(crate) struct Inner {
     /// Our own public key(s), to verify signed times we issued.
     pub keys: KeyRing,
     pub highwater: crate::highwater::HighWater,
+    /// Cancelled when the server starts shutting down: waits end, sessions
+    /// close, grants are refused.
+    pub stopping: tokio_util::sync::CancellationToken,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
 }
@@ -61,6 +64,19 @@ impl Inner {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// A waiting acquire's place in its name's queue, left on drop (also when
+/// the caller goes away mid-wait and the handler future is dropped).
+struct Queued<'a> {
+    table: &'a LeaseTable,
+    ticket: Ticket,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.table.leave_queue(&mut self.ticket);
+    }
+}
+
 impl Service {
     fn now(&self) -> Micros {
         self.inner.time.now()
@@ -83,32 +99,39 @@ impl Service {
             .saturating_sub(Duration::from_micros(1));
         let give_up = tokio::time::Instant::now() + wait.min(usable);
         inner.cover(spec.deadline).await?;
-        let mut result = inner.table.acquire(&spec, self.now());
+        if wait.is_zero() {
+            let grant = inner.table.acquire(&spec, self.now())?;
+            return self.grant_pb(&grant, pb::WitnessKind::Acquire).await;
+        }
+        // In the name's FIFO queue from the first refusal on; leaves it on
+        // every way out (grant, error, timeout, the caller going away).
+        let mut queued = Queued {
+            table: &inner.table,
+            ticket: Ticket::default(),
+        };
+        let mut result = inner
+            .table
+            .acquire_queued(&spec, self.now(), Some(&mut queued.ticket));
         loop {
             let conflict = match result {
                 Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
-                Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
+                Err(Error::Conflict(c)) if tokio::time::Instant::now() < give_up => c,
                 Err(e) => return Err(e),
             };
-            // Register for release wake-ups *before* retrying, so a release
-            // between the retry and the wait is not missed.
-            let guard = inner.table.wait_handle(&conflict.name);
-            let notified = guard.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let conflict = match self.retry(&spec, conflict) {
-                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
-                Err(Error::Conflict(c)) => c,
-                Err(e) => return Err(e),
+            // Only the first waiter watches the holder's deadline (a lease
+            // that ends without a release); the others wait to be first.
+            let wake = if queued.ticket.is_first() {
+                let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
+                give_up.min(tokio::time::Instant::now() + until_expiry)
+            } else {
+                give_up
             };
-            // The holder's deadline frees the name even without a release.
-            let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
-            let wake = give_up.min(tokio::time::Instant::now() + until_expiry);
             tokio::select! {
-                () = &mut notified => {}
+                () = queued.ticket.notified() => {}
                 () = tokio::time::sleep_until(wake) => {}
+                () = inner.stopping.cancelled() => return Err(Error::ShuttingDown),
             }
-            result = self.retry(&spec, conflict);
+            result = self.retry(&spec, conflict, &mut queued.ticket);
         }
     }
 
@@ -119,9 +142,10 @@ impl Service {
         &self,
         spec: &crate::table::AcquireSpec,
         conflict: Box<crate::error::Conflict>,
+        ticket: &mut Ticket,
     ) -> Result<crate::table::Grant, Error> {
         self.inner.time.check()?;
-        match self.inner.table.acquire(spec, self.now()) {
+        match self.inner.table.acquire_queued(spec, self.now(), Some(ticket)) {
             Err(Error::OutOfRange {
                 field: "deadline_us", ..
             }) => Err(Error::Conflict(conflict)),
@@ -446,6 +470,7 @@ impl LeaseService for Service {
                 previous: Some(v.previous.to_pb()),
                 fencing_token: v.fencing,
                 known: v.known,
+                waiters: v.waiters as u32,
             })
             .collect();
         Ok(Response::new(pb::DescribeResponse { names }))

@@ -59,6 +59,13 @@ struct Args {
     /// Max bytes of metadata on renew/release.
     #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
+    /// Acquires that may wait server-side for one name (served first come,
+    /// first served). Each takes about 1 KiB while it waits.
+    #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
+    max_waiters_per_name: usize,
+    /// Acquires that may wait server-side in all.
+    #[arg(long, env = "BAGEL_MAX_WAITERS", default_value_t = Limits::default().max_waiters)]
+    max_waiters: usize,
     /// A Roughtime server (HOST:PORT) to take signed time from. Repeatable
     /// (tried in order); each needs a --roughtime-key, given in the same
     /// order. Without it this server signs its own clock (local time agent).
@@ -192,6 +199,8 @@ async fn main() -> anyhow::Result<()> {
     let mut limits = Limits::default();
     limits.max_names_per_request = args.max_names;
     limits.max_metadata_bytes = args.max_metadata_bytes;
+    limits.max_waiters_per_name = args.max_waiters_per_name;
+    limits.max_waiters = args.max_waiters;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)

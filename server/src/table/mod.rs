@@ -28,22 +28,25 @@
 
 mod history;
 mod ids;
+mod queue;
 mod record;
 
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bagel_proto::{Micros, pb};
-use tokio::sync::Notify;
 
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
 pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
+pub use queue::Ticket;
 pub use record::{Ended, Holder, Mode, Previous};
 
 use crate::error::{Conflict, Error};
 use history::{HistoryLog, NewEntry};
+use queue::Waiter;
 use record::NameRecord;
 
 /// Limits of the table. Validation of sizes happens at the edge; these are
@@ -68,6 +71,9 @@ pub struct TableConfig {
     pub history_per_name: usize,
     /// Bytes of history kept over all names.
     pub history_budget_bytes: usize,
+    /// Acquires waiting for one name, and in all.
+    pub max_waiters_per_name: usize,
+    pub max_waiters: usize,
 }
 
 impl TableConfig {
@@ -83,6 +89,8 @@ impl TableConfig {
             max_records: 1_000_000,
             history_per_name: 8,
             history_budget_bytes: 1 << 20,
+            max_waiters_per_name: 1024,
+            max_waiters: 65_536,
         }
     }
 }
@@ -144,6 +152,8 @@ pub struct NameView {
     pub previous: Previous,
     pub fencing: u64,
     pub known: bool,
+    /// Acquires waiting for the name.
+    pub waiters: usize,
 }
 
 /// A name and its record, in a shard's slab.
@@ -207,6 +217,9 @@ struct ShardState {
     history: HistoryLog,
     /// Interned owner strings (see `LeaseTable::intern_owner`).
     owners: std::collections::HashSet<Arc<str>>,
+    /// Acquires waiting for a name of this shard, first come first served
+    /// (see `queue`). Only names with waiters have an entry.
+    queues: std::collections::HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
     /// Tentative leases whose first name is in this shard and that a full
     /// acquire broke, until their deadline (see `LeaseTable::free_broken`).
     broken: std::collections::HashMap<LeaseId, Tombstone>,
@@ -301,6 +314,33 @@ impl ShardState {
         Ok(slot)
     }
 
+    /// Wakes the first acquire waiting for `name`, which just became free.
+    fn wake_first(&self, name: &str) {
+        if self.queues.is_empty() {
+            return;
+        }
+        if let Some(first) = self.queues.get(name).and_then(|q| q.front()) {
+            first.wake.notify_one();
+        }
+    }
+
+    /// Takes `waiter` out of `name`'s queue; if it was first, the next one
+    /// becomes first and is woken to watch the holder itself.
+    fn dequeue(&mut self, name: &str, waiter: &Arc<Waiter>) {
+        let Some(q) = self.queues.get_mut(name) else {
+            return;
+        };
+        let Some(pos) = q.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
+            return;
+        };
+        q.remove(pos);
+        if q.is_empty() {
+            self.queues.remove(name);
+        } else if pos == 0 {
+            q[0].wake.notify_one();
+        }
+    }
+
     fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
         let entry = self.slab.get_mut(slot)?.take()?;
         self.slots.remove(&entry.name, slot);
@@ -312,9 +352,6 @@ impl ShardState {
 #[derive(Debug, Default)]
 struct Shard {
     state: Mutex<ShardState>,
-    /// Woken when a name of the shard is released, for bounded waiters.
-    released: Notify,
-    waiters: AtomicUsize,
 }
 
 impl Shard {
@@ -323,12 +360,6 @@ impl Shard {
         // mutation happens after all checks), so poisoning is ignored rather
         // than taking the whole server down.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn wake_waiters(&self) {
-        if self.waiters.load(Ordering::Acquire) > 0 {
-            self.released.notify_waiters();
-        }
     }
 }
 
@@ -381,6 +412,8 @@ pub struct LeaseTable {
     /// granting; the check here makes "written ahead of any grant" hold
     /// even if a grant were to come late after its raise.
     grant_limit: AtomicU64,
+    /// Acquires in some name's queue.
+    waiting: AtomicUsize,
 }
 
 impl LeaseTable {
@@ -391,6 +424,7 @@ impl LeaseTable {
             floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             fencing_floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             grant_limit: AtomicU64::new(u64::MAX),
+            waiting: AtomicUsize::new(0),
             cfg,
             shards,
             hasher: Default::default(),
@@ -502,6 +536,20 @@ impl LeaseTable {
     /// tentative one holds it and `spec` is tentative too; a full request
     /// breaks a tentative holder. An expired holder is broken.
     pub fn acquire(&self, spec: &AcquireSpec, now: Micros) -> Result<Grant, Error> {
+        self.acquire_queued(spec, now, None)
+    }
+
+    /// [`LeaseTable::acquire`] for an acquire that waits: on a conflict,
+    /// `ticket` joins the FIFO queue of the busy name (leaving the queue of
+    /// another of its names if it was there), under the lock of the check;
+    /// on a grant it leaves its queue. Refuses with a limit error when the
+    /// name, or the server, has as many waiters as allowed.
+    pub fn acquire_queued(
+        &self,
+        spec: &AcquireSpec,
+        now: Micros,
+        ticket: Option<&mut Ticket>,
+    ) -> Result<Grant, Error> {
         self.check_ready(now)?;
         self.check_deadline(spec.deadline, now)?;
         let shard_of_name: Vec<usize> = spec.names.iter().map(|n| self.shard_of(n)).collect();
@@ -515,15 +563,22 @@ impl LeaseTable {
             if let Some(h) = rec.live_holder(now) {
                 let breakable = h.mode == Mode::Tentative && spec.mode == Mode::Full;
                 if !breakable {
-                    return Err(Error::Conflict(Box::new(Conflict {
+                    let conflict = Error::Conflict(Box::new(Conflict {
                         name: Arc::clone(name),
                         holder: h.lease,
                         owner: Arc::clone(&h.owner),
                         mode: h.mode,
                         deadline: h.deadline,
-                    })));
+                    }));
+                    if let Some(ticket) = ticket {
+                        self.enqueue(&mut locked, ticket, name, shard)?;
+                    }
+                    return Err(conflict);
                 }
             }
+        }
+        if let Some(ticket) = ticket {
+            self.unqueue(&mut locked, ticket);
         }
 
         // 2. Find or create every record (the only step that can fail for
@@ -602,6 +657,79 @@ impl LeaseTable {
             min_timestamp,
             names,
         })
+    }
+
+    /// Puts `ticket` in `name`'s queue (all of the request's shards are
+    /// locked, so its previous queue's too).
+    fn enqueue(
+        &self,
+        locked: &mut Locked<'_>,
+        ticket: &mut Ticket,
+        name: &Arc<str>,
+        shard: usize,
+    ) -> Result<(), Error> {
+        if let Some((s, n)) = &ticket.queued
+            && *s == shard
+            && n == name
+        {
+            let q = &locked.state(shard).queues[name];
+            ticket.first = q.front().is_some_and(|w| Arc::ptr_eq(w, &ticket.waiter));
+            return Ok(());
+        }
+        let queued_here = locked.state(shard).queues.get(name).map_or(0, VecDeque::len);
+        if queued_here >= self.cfg.max_waiters_per_name {
+            self.unqueue(locked, ticket);
+            return Err(Error::limit(
+                format!("acquires waiting for name {}", crate::validate::echo(name)),
+                self.cfg.max_waiters_per_name,
+                "waiting acquires per name",
+                "max-waiters-per-name",
+            ));
+        }
+        match ticket.queued.take() {
+            // Moving from another of its names: still one waiter.
+            Some((s, n)) => locked.state(s).dequeue(&n, &ticket.waiter),
+            None => {
+                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_waiters {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(Error::limit(
+                        "acquires waiting on this server",
+                        self.cfg.max_waiters,
+                        "waiting acquires",
+                        "max-waiters",
+                    ));
+                }
+            }
+        }
+        let q = locked.state(shard).queues.entry(Arc::clone(name)).or_default();
+        q.push_back(Arc::clone(&ticket.waiter));
+        ticket.first = q.len() == 1;
+        ticket.queued = Some((shard, Arc::clone(name)));
+        Ok(())
+    }
+
+    /// Takes `ticket` out of its queue, among locked shards.
+    fn unqueue(&self, locked: &mut Locked<'_>, ticket: &mut Ticket) {
+        if let Some((s, n)) = ticket.queued.take() {
+            locked.state(s).dequeue(&n, &ticket.waiter);
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        ticket.first = false;
+    }
+
+    /// Takes `ticket` out of its queue (a waiting acquire that gave up, or
+    /// went away); the next waiter becomes first.
+    pub fn leave_queue(&self, ticket: &mut Ticket) {
+        if let Some((s, n)) = ticket.queued.take() {
+            self.shards[s].lock().dequeue(&n, &ticket.waiter);
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        ticket.first = false;
+    }
+
+    /// Acquires waiting in all.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// Finds a lease by the slot its id names, checks the token, locks all
@@ -755,12 +883,8 @@ impl LeaseTable {
                 // A tentative holder leaves no trace in the chain.
                 rec.holder = None;
                 rec.last_change = now;
+                state.wake_first(name);
             }
-        }
-        let shards = locked.order.clone();
-        drop(locked);
-        for shard in shards {
-            self.shards[shard].wake_waiters();
         }
     }
 
@@ -924,11 +1048,8 @@ impl LeaseTable {
                 metadata: spec.metadata.clone(),
             };
             self.record_history(&mut held, i, entry);
-        }
-        let shards = held.locked.order.clone();
-        drop(held);
-        for shard in shards {
-            self.shards[shard].wake_waiters();
+            let shard = held.shard_of_name[i];
+            held.locked.state(shard).wake_first(&held.names[i]);
         }
         Ok(Released { watermark: stored })
     }
@@ -964,6 +1085,7 @@ impl LeaseTable {
             .iter()
             .map(|name| {
                 let shard = self.shards[self.shard_of(name)].lock();
+                let waiters = shard.queues.get(name).map_or(0, VecDeque::len);
                 match shard.get(name) {
                     None => NameView {
                         name: Arc::clone(name),
@@ -971,6 +1093,7 @@ impl LeaseTable {
                         previous: Previous::unknown(floor),
                         fencing: 0,
                         known: false,
+                        waiters,
                     },
                     Some(rec) => {
                         let holder = rec.live_holder(now).cloned();
@@ -984,6 +1107,7 @@ impl LeaseTable {
                             holder,
                             fencing: rec.fencing,
                             known: true,
+                            waiters,
                         }
                     }
                 }
@@ -998,15 +1122,6 @@ impl LeaseTable {
             None => (Vec::new(), false),
             Some(h) => (h.entries.iter().cloned().collect(), h.truncated),
         }
-    }
-
-    /// Something to wait on until a name of `name`'s shard is released.
-    /// Call [`WaitGuard::notified`] *before* retrying, so no release is
-    /// missed between the retry and the wait.
-    pub fn wait_handle(&self, name: &str) -> WaitGuard<'_> {
-        let shard = &self.shards[self.shard_of(name)];
-        shard.waiters.fetch_add(1, Ordering::AcqRel);
-        WaitGuard { shard }
     }
 
     /// Housekeeping, run periodically: forgets the oldest idle name records
@@ -1065,24 +1180,6 @@ impl LeaseTable {
             }
         }
         take
-    }
-}
-
-/// Registration as a waiter on a shard; see [`LeaseTable::wait_handle`].
-#[derive(Debug)]
-pub struct WaitGuard<'a> {
-    shard: &'a Shard,
-}
-
-impl WaitGuard<'_> {
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.shard.released.notified()
-    }
-}
-
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        self.shard.waiters.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
