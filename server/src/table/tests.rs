@@ -784,3 +784,77 @@ fn a_broken_tentative_lease_frees_its_names_and_answers_alike() {
         tbl.acquire(&full(&[other], T0 + 5 * SEC), t(T0 + 2)).unwrap();
     }
 }
+
+/// Whether `ticket` has a wake-up waiting for it (without waiting).
+fn woken(ticket: &Ticket) -> bool {
+    use std::future::Future as _;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::pin!(ticket.notified()).poll(&mut cx).is_ready()
+}
+
+#[test]
+fn a_release_wakes_only_the_first_waiter_of_the_name() {
+    let tbl = table();
+    let holder = tbl.acquire(&full(&["q"], T0 + 5 * SEC), t(T0)).unwrap();
+    let (mut first, mut second, mut other) = (Ticket::default(), Ticket::default(), Ticket::default());
+    let want = full(&["q"], T0 + 6 * SEC);
+    assert!(tbl.acquire_queued(&want, t(T0 + 1), Some(&mut first)).is_err());
+    assert!(tbl.acquire_queued(&want, t(T0 + 2), Some(&mut second)).is_err());
+    let _busy = tbl.acquire(&full(&["r"], T0 + 5 * SEC), t(T0)).unwrap();
+    assert!(
+        tbl.acquire_queued(&full(&["r"], T0 + 6 * SEC), t(T0 + 3), Some(&mut other))
+            .is_err()
+    );
+    assert!(first.is_first() && !second.is_first());
+    assert_eq!(
+        (
+            tbl.waiting(),
+            tbl.describe(&[Arc::from("q")], t(T0 + 3))[0].waiters
+        ),
+        (3, 2)
+    );
+
+    tbl.release(holder.lease, &holder.token, release_at(0), t(T0 + 4))
+        .unwrap();
+    assert!(woken(&first));
+    assert!(!woken(&second) && !woken(&other));
+    // The first takes the name and leaves the queue: the second is first
+    // now, and woken to watch the new holder itself.
+    let got = tbl.acquire_queued(&want, t(T0 + 5), Some(&mut first)).unwrap();
+    assert!(!first.is_queued());
+    assert!(woken(&second));
+    assert!(tbl.acquire_queued(&want, t(T0 + 6), Some(&mut second)).is_err());
+    assert!(second.is_first());
+    tbl.leave_queue(&mut second);
+    tbl.leave_queue(&mut other);
+    assert_eq!(tbl.waiting(), 0);
+    assert_eq!(got.names[0].name, Arc::from("q"));
+}
+
+#[test]
+fn waiters_are_bounded_per_name_and_in_all() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.max_waiters_per_name = 2;
+    cfg.max_waiters = 3;
+    let tbl = LeaseTable::new(cfg);
+    tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
+    tbl.acquire(&full(&["b"], T0 + 5 * SEC), t(T0)).unwrap();
+    let mut tickets: Vec<Ticket> = (0..5).map(|_| Ticket::default()).collect();
+    let mut try_wait = |name: &str, i: usize| {
+        tbl.acquire_queued(&full(&[name], T0 + 6 * SEC), t(T0 + 1), Some(&mut tickets[i]))
+            .unwrap_err()
+    };
+    assert!(matches!(try_wait("a", 0), Error::Conflict(_)));
+    assert!(matches!(try_wait("a", 1), Error::Conflict(_)));
+    let per_name = try_wait("a", 2).to_string();
+    assert!(
+        per_name.contains("limit of 2") && per_name.contains("--max-waiters-per-name"),
+        "{per_name}"
+    );
+    assert!(matches!(try_wait("b", 3), Error::Conflict(_)));
+    let total = try_wait("b", 4).to_string();
+    assert!(
+        total.contains("limit of 3") && total.contains("--max-waiters)"),
+        "{total}"
+    );
+}
