@@ -71,6 +71,10 @@ pub struct Limits {
     /// Acquires waiting server-side for one name (FIFO), and in all.
     pub max_waiters_per_name: usize,
     pub max_waiters: usize,
+    /// Names held at once: in all, per owner, per peer (client address).
+    pub max_held_names: usize,
+    pub max_held_names_per_owner: usize,
+    pub max_held_names_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -83,6 +87,9 @@ impl Default for Limits {
             max_batch_ops: 1024,
             max_waiters_per_name: 1024,
             max_waiters: 16_384,
+            max_held_names: 2_000_000,
+            max_held_names_per_owner: 1_000_000,
+            max_held_names_per_peer: 1_000_000,
         }
     }
 }
@@ -241,6 +248,9 @@ impl Config {
             max_records: self.max_records as u64,
             max_waiters_per_name: self.limits.max_waiters_per_name as u32,
             max_waiters: self.limits.max_waiters as u64,
+            max_held_names: self.limits.max_held_names as u64,
+            max_held_names_per_owner: self.limits.max_held_names_per_owner as u64,
+            max_held_names_per_peer: self.limits.max_held_names_per_peer as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
             ..Default::default()

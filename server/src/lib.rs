@@ -92,6 +92,11 @@ impl Server {
             history_budget_bytes: cfg.history_budget_bytes,
             max_waiters_per_name: cfg.limits.max_waiters_per_name,
             max_waiters: cfg.limits.max_waiters,
+            held: table::HeldLimits {
+                total: cfg.limits.max_held_names,
+                per_owner: cfg.limits.max_held_names_per_owner,
+                per_peer: cfg.limits.max_held_names_per_peer,
+            },
         });
         let highwater = HighWater::new(
             cfg.granted_until_file.clone(),

@@ -1,6 +1,7 @@
 //! The gRPC handlers: thin conversions between the wire and the lease
 //! table. All rules live in [`crate::table`].
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,11 @@ impl Inner {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// The client's address, for the per-peer quotas.
+pub(crate) fn peer<T>(request: &Request<T>) -> Option<IpAddr> {
+    request.remote_addr().map(|a| a.ip())
+}
+
 /// A waiting acquire's place in its name's queue, left on drop (also when
 /// the caller goes away mid-wait and the handler future is dropped).
 struct Queued<'a> {
@@ -82,12 +88,16 @@ impl Service {
         self.inner.time.now()
     }
 
-    async fn acquire_waiting(&self, req: &pb::AcquireRequest) -> Result<pb::LeaseGrant, Error> {
+    async fn acquire_waiting(
+        &self,
+        req: &pb::AcquireRequest,
+        peer: Option<IpAddr>,
+    ) -> Result<pb::LeaseGrant, Error> {
         let inner = &*self.inner;
         // First, so that a server with a wrong clock says so rather than
         // judging deadlines by it.
         inner.time.check()?;
-        let spec = self.acquire_spec(req)?;
+        let spec = self.acquire_spec(req, peer)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
         // The deadline is absolute, so waiting eats into the lease: stop
         // waiting while the deadline is still valid, and answer with the
@@ -154,13 +164,18 @@ impl Service {
     }
 
     /// Validates an acquire request.
-    fn acquire_spec(&self, req: &pb::AcquireRequest) -> Result<crate::table::AcquireSpec, Error> {
+    fn acquire_spec(
+        &self,
+        req: &pb::AcquireRequest,
+        peer: Option<IpAddr>,
+    ) -> Result<crate::table::AcquireSpec, Error> {
         let limits = &self.inner.cfg.limits;
         Ok(crate::table::AcquireSpec {
             names: validate::names("names", &req.names, limits)?,
             deadline: validate::deadline(req.deadline_us)?,
             owner: validate::owner(&req.owner, limits)?,
             mode: validate::mode(req.mode)?,
+            peer,
         })
     }
 
@@ -202,7 +217,11 @@ impl Service {
 
     /// Runs a batch: every operation on its own, in order; then one
     /// signature over all the grants' witnesses.
-    pub(crate) fn batch_ops(&self, ops: &[pb::BatchOp]) -> Result<Vec<pb::BatchResult>, Error> {
+    pub(crate) fn batch_ops(
+        &self,
+        ops: &[pb::BatchOp],
+        peer: Option<IpAddr>,
+    ) -> Result<Vec<pb::BatchResult>, Error> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as R;
         let max = self.inner.cfg.limits.max_batch_ops;
@@ -229,7 +248,7 @@ impl Service {
                     )),
                     Some(Op::Acquire(a)) => clock
                         .clone()
-                        .and_then(|()| self.acquire_spec(a))
+                        .and_then(|()| self.acquire_spec(a, peer))
                         .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
@@ -402,7 +421,7 @@ fn metadata_pb(m: &Metadata) -> pb::Metadata {
 #[tonic::async_trait]
 impl LeaseService for Service {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let grant = self.acquire_waiting(request.get_ref()).await?;
+        let grant = self.acquire_waiting(request.get_ref(), peer(&request)).await?;
         Ok(Response::new(pb::AcquireResponse { grant: Some(grant) }))
     }
 
@@ -436,7 +455,7 @@ impl LeaseService for Service {
 
     async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
         self.inner.cover(batch_deadline(&request.get_ref().ops)).await?;
-        let results = self.batch_ops(&request.get_ref().ops)?;
+        let results = self.batch_ops(&request.get_ref().ops, peer(&request))?;
         Ok(Response::new(pb::BatchResponse { results }))
     }
 
@@ -447,7 +466,13 @@ impl LeaseService for Service {
         request: Request<tonic::Streaming<pb::BatchRequest>>,
     ) -> Reply<Self::SessionStream> {
         let (answers, stream) = crate::session::channel();
-        tokio::spawn(crate::session::run(self.clone(), request.into_inner(), answers));
+        let peer = peer(&request);
+        tokio::spawn(crate::session::run(
+            self.clone(),
+            request.into_inner(),
+            answers,
+            peer,
+        ));
         Ok(Response::new(stream))
     }
 
@@ -461,7 +486,7 @@ impl LeaseService for Service {
                 name: v.name.to_string(),
                 holder: v.holder.map(|h| pb::Holder {
                     lease_id: h.lease.to_string(),
-                    owner: h.owner.to_string(),
+                    owner: v.owner.as_deref().unwrap_or_default().to_owned(),
                     mode: pb::Mode::from(h.mode).into(),
                     deadline_us: h.deadline.as_micros(),
                     fencing_token: v.fencing,

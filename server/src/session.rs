@@ -29,6 +29,7 @@ pub(crate) async fn run(
     service: Service,
     mut requests: Streaming<pb::BatchRequest>,
     answers: mpsc::Sender<Answer>,
+    peer: Option<std::net::IpAddr>,
 ) {
     let max_ops = service.inner.cfg.limits.max_batch_ops;
     // A request read ahead that did not fit in the previous group.
@@ -49,7 +50,7 @@ pub(crate) async fn run(
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
         let covered = service.inner.cover(crate::service::batch_deadline(&ops)).await;
-        let mut results = match covered.and_then(|()| service.batch_ops(&ops)) {
+        let mut results = match covered.and_then(|()| service.batch_ops(&ops, peer)) {
             Ok(results) => results.into_iter(),
             Err(e) => {
                 let _ = answers.send(Err(e.into())).await;

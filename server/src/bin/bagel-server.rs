@@ -50,9 +50,21 @@ struct Args {
     /// Number of lock shards.
     #[arg(long, env = "BAGEL_SHARDS", default_value_t = 256)]
     shards: usize,
-    /// Idle name records kept before the oldest are forgotten.
+    /// Name records kept (held and idle, ~300 bytes each) before idle ones
+    /// are forgotten: those of the address, then the owner, with the most
+    /// records first.
     #[arg(long, env = "BAGEL_MAX_RECORDS", default_value_t = 2_000_000)]
     max_records: usize,
+    /// Names held at once over all clients (~300 bytes each).
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
+    max_held_names: usize,
+    /// Names one owner may hold at once (with --client-ca the owner is the
+    /// client certificate's subject; otherwise what the client says).
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_OWNER", default_value_t = Limits::default().max_held_names_per_owner)]
+    max_held_names_per_owner: usize,
+    /// Names one client address may hold at once.
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_PEER", default_value_t = Limits::default().max_held_names_per_peer)]
+    max_held_names_per_peer: usize,
     /// Max names in one request.
     #[arg(long, default_value_t = Limits::default().max_names_per_request)]
     max_names: usize,
@@ -201,6 +213,9 @@ async fn main() -> anyhow::Result<()> {
     limits.max_metadata_bytes = args.max_metadata_bytes;
     limits.max_waiters_per_name = args.max_waiters_per_name;
     limits.max_waiters = args.max_waiters;
+    limits.max_held_names = args.max_held_names;
+    limits.max_held_names_per_owner = args.max_held_names_per_owner;
+    limits.max_held_names_per_peer = args.max_held_names_per_peer;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)

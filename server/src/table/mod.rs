@@ -19,13 +19,14 @@
 //! its first name's record, whose holder carries the token and, for
 //! multi-name leases, the other names. Renew and release of a one-name lease
 //! thus take exactly one lock and no extra memory per lease. Memory per held
-//! one-name lease is the record in the slab (~160 bytes), the map entry
+//! one-name lease is the record in the slab (~152 bytes), the map entry
 //! (~24 bytes at 50-87% load) and the name itself.
 //!
 //! Locking rules: shard mutexes are never held across `.await` (the table
 //! has no async code). A thread holding a shard lock only ever takes
 //! higher-numbered shard locks.
 
+mod accounts;
 mod history;
 mod ids;
 mod queue;
@@ -39,6 +40,7 @@ use std::time::Duration;
 
 use bagel_proto::{Micros, pb};
 
+pub use accounts::{Account, Accounts, HeldLimits, Usage};
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
 pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
 pub use queue::Ticket;
@@ -74,6 +76,8 @@ pub struct TableConfig {
     /// Acquires waiting for one name, and in all.
     pub max_waiters_per_name: usize,
     pub max_waiters: usize,
+    /// Names held at once: in all, per owner, per peer.
+    pub held: HeldLimits,
 }
 
 impl TableConfig {
@@ -91,6 +95,7 @@ impl TableConfig {
             history_budget_bytes: 1 << 20,
             max_waiters_per_name: 1024,
             max_waiters: 65_536,
+            held: HeldLimits::default(),
         }
     }
 }
@@ -102,6 +107,8 @@ pub struct AcquireSpec {
     pub deadline: Micros,
     pub owner: Arc<str>,
     pub mode: Mode,
+    /// The client's address, for the per-peer quota (`None`: not known).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 /// One name of a grant.
@@ -149,6 +156,8 @@ pub struct ReleaseSpec {
 pub struct NameView {
     pub name: Arc<str>,
     pub holder: Option<Holder>,
+    /// The holder's owner.
+    pub owner: Option<Arc<str>>,
     pub previous: Previous,
     pub fencing: u64,
     pub known: bool,
@@ -215,8 +224,6 @@ struct ShardState {
     slab: Vec<Option<Entry>>,
     free: Vec<u32>,
     history: HistoryLog,
-    /// Interned owner strings (see `LeaseTable::intern_owner`).
-    owners: std::collections::HashSet<Arc<str>>,
     /// Acquires waiting for a name of this shard, first come first served
     /// (see `queue`). Only names with waiters have an entry.
     queues: std::collections::HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
@@ -414,6 +421,8 @@ pub struct LeaseTable {
     grant_limit: AtomicU64,
     /// Acquires in some name's queue.
     waiting: AtomicUsize,
+    /// Names held and records kept, per owner and per peer.
+    accounts: Accounts,
 }
 
 impl LeaseTable {
@@ -425,6 +434,7 @@ impl LeaseTable {
             fencing_floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             grant_limit: AtomicU64::new(u64::MAX),
             waiting: AtomicUsize::new(0),
+            accounts: Accounts::default(),
             cfg,
             shards,
             hasher: Default::default(),
@@ -451,17 +461,6 @@ impl LeaseTable {
 
     fn shard_of(&self, name: &str) -> usize {
         (self.hasher.hash_one(name) % self.shards.len() as u64) as usize
-    }
-
-    /// One shared allocation per distinct owner string per shard, instead
-    /// of one per lease: at a million leases from a handful of owners that
-    /// is tens of MiB. Swept when no holder uses the owner any more.
-    fn intern_owner(state: &mut ShardState, owner: &Arc<str>) -> Arc<str> {
-        if let Some(known) = state.owners.get(&**owner) {
-            return Arc::clone(known);
-        }
-        state.owners.insert(Arc::clone(owner));
-        Arc::clone(owner)
     }
 
     fn lock_shards(&self, shard_of_name: &[usize]) -> Locked<'_> {
@@ -566,7 +565,7 @@ impl LeaseTable {
                     let conflict = Error::Conflict(Box::new(Conflict {
                         name: Arc::clone(name),
                         holder: h.lease,
-                        owner: Arc::clone(&h.owner),
+                        owner: rec.owner(),
                         mode: h.mode,
                         deadline: h.deadline,
                     }));
@@ -581,21 +580,28 @@ impl LeaseTable {
             self.unqueue(&mut locked, ticket);
         }
 
-        // 2. Find or create every record (the only step that can fail for
-        //    lack of room, so it runs before anything is granted).
+        // 2. Reserve the names in the quotas, then find or create every
+        //    record (the only steps that can fail for lack of room, so they
+        //    run before anything is granted).
+        let account = self.accounts.get(&spec.owner, spec.peer);
+        self.accounts.hold(&account, spec.names.len(), &self.cfg.held)?;
         let floor = self.forgotten_floor();
         let fencing_floor = self.fencing_floor();
         let mut slots = Vec::with_capacity(spec.names.len());
         for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            slots.push(
-                locked
-                    .state(shard)
-                    .slot_or_insert(name, floor, fencing_floor, now)?,
-            );
+            match locked
+                .state(shard)
+                .slot_or_insert(name, floor, fencing_floor, now)
+            {
+                Ok(slot) => slots.push(slot),
+                Err(e) => {
+                    self.accounts.unhold(&account, spec.names.len());
+                    return Err(e);
+                }
+            }
         }
 
         // 3. Grant.
-        let owner = Self::intern_owner(locked.state(shard_of_name[0]), &spec.owner);
         let lease = LeaseId::new(now, shard_of_name[0], slots[0]);
         let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
@@ -627,15 +633,17 @@ impl LeaseTable {
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
             min_timestamp = min_timestamp.max(previous.watermark);
+            self.end_holding(rec);
+            rec.charge(&account);
             rec.prev = previous.clone();
             rec.fencing = fencing;
             rec.last_change = now;
             rec.holder = Some(Holder {
                 lease,
                 token,
-                owner: Arc::clone(&owner),
                 deadline: spec.deadline,
                 mode: spec.mode,
+                counted: true,
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
             });
             names.push(NameGrant {
@@ -657,6 +665,17 @@ impl LeaseTable {
             min_timestamp,
             names,
         })
+    }
+
+    /// The holder of `rec` no longer counts as holding the name (released,
+    /// replaced, broken, forgotten, or its deadline passed).
+    fn end_holding(&self, rec: &mut NameRecord) {
+        if let (Some(h), Some(account)) = (rec.holder.as_mut(), rec.account.as_ref())
+            && h.counted
+        {
+            h.counted = false;
+            self.accounts.unhold(account, 1);
+        }
     }
 
     /// Puts `ticket` in `name`'s queue (all of the request's shards are
@@ -881,6 +900,7 @@ impl LeaseTable {
             let rec = state.rec_mut(slot);
             if rec.holder.as_ref().is_some_and(|h| h.lease == b.lease) {
                 // A tentative holder leaves no trace in the chain.
+                self.end_holding(rec);
                 rec.holder = None;
                 rec.last_change = now;
                 state.wake_first(name);
@@ -912,7 +932,7 @@ impl LeaseTable {
             let name = Arc::clone(&held.names[i]);
             let rec = held.rec(i);
             min_timestamp = min_timestamp.max(rec.prev.watermark);
-            owner.get_or_insert_with(|| Arc::clone(&rec.holder.as_ref().expect("held").owner));
+            owner.get_or_insert_with(|| rec.owner());
             grants.push(NameGrant {
                 name,
                 fencing: rec.fencing,
@@ -956,7 +976,7 @@ impl LeaseTable {
             if let Some(metadata) = &metadata {
                 let entry = NewEntry {
                     lease,
-                    owner: Arc::clone(&holder.owner),
+                    owner: rec.owner(),
                     event: HistoryEvent::Renewed,
                     at: now,
                     watermark: rec.prev.watermark,
@@ -1022,6 +1042,8 @@ impl LeaseTable {
         let mut stored = Micros::ZERO;
         for i in 0..held.names.len() {
             let rec = held.rec(i);
+            self.end_holding(rec);
+            let owner = rec.owner();
             let holder = rec.holder.take().expect("checked by lock_lease");
             if holder.mode == Mode::Full {
                 let inherited_open = rec
@@ -1041,7 +1063,7 @@ impl LeaseTable {
             rec.last_change = now;
             let entry = NewEntry {
                 lease,
-                owner: holder.owner,
+                owner,
                 event: HistoryEvent::Released,
                 at: now,
                 watermark: rec.prev.watermark,
@@ -1090,6 +1112,7 @@ impl LeaseTable {
                     None => NameView {
                         name: Arc::clone(name),
                         holder: None,
+                        owner: None,
                         previous: Previous::unknown(floor),
                         fencing: 0,
                         known: false,
@@ -1098,6 +1121,7 @@ impl LeaseTable {
                     Some(rec) => {
                         let holder = rec.live_holder(now).cloned();
                         NameView {
+                            owner: holder.as_ref().map(|_| rec.owner()),
                             name: Arc::clone(name),
                             previous: if holder.is_some() {
                                 rec.prev.clone()
@@ -1128,14 +1152,34 @@ impl LeaseTable {
     /// beyond the record budget. Returns how many records were forgotten.
     pub fn sweep(&self, now: Micros) -> usize {
         let per_shard = self.cfg.max_records.div_ceil(self.shards.len());
-        self.shards
+        let forgotten = self
+            .shards
             .iter()
             .map(|s| self.forget_idle(s, per_shard, now))
-            .sum()
+            .sum();
+        self.accounts.sweep();
+        forgotten
     }
 
-    /// Forgets the least recently changed idle records of a shard beyond
-    /// `cap`, down to 90% of it (so the work is amortised).
+    /// Names held in all (counted: not released, broken or swept).
+    pub fn held(&self) -> usize {
+        self.accounts.held()
+    }
+
+    /// What `owner` holds and has records of.
+    pub fn owner_usage(&self, owner: &str) -> Option<Arc<Usage>> {
+        self.accounts.owner_usage(owner)
+    }
+
+    /// Housekeeping of one shard: holders whose deadline passed stop
+    /// counting against their account's quota, and beyond `cap` records the
+    /// idle ones are forgotten, down to 90% of it (so the work is
+    /// amortised).
+    ///
+    /// Which idle records go: those charged to the peer with the most
+    /// records first, then to the owner with the most, then the least
+    /// recently changed. So a client churning through names loses its own
+    /// records, not other clients' (it used to be the oldest, whoever's).
     ///
     /// Before a record goes, the forgotten floor is raised to the watermark
     /// its next holder would have inherited, under the shard lock: whoever
@@ -1144,24 +1188,36 @@ impl LeaseTable {
     /// old holder's messages; it only loses the lease-id chain.
     fn forget_idle(&self, shard: &Shard, cap: usize, now: Micros) -> usize {
         let mut state = shard.lock();
-        // Owners only the interner still refers to.
-        state.owners.retain(|o| Arc::strong_count(o) > 1);
         // A broken tentative lease past its deadline would be refused as
         // expired anyway; after one more max TTL nobody asks.
         let keep_until = now.saturating_sub(self.cfg.max_ttl);
         state.broken.retain(|_, t| t.deadline > keep_until);
+        for entry in state.slab.iter_mut().flatten() {
+            if entry
+                .rec
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.counted && !h.is_live(now))
+            {
+                self.end_holding(&mut entry.rec);
+            }
+        }
         if state.slots.len() <= cap {
             return 0;
         }
         let target = cap - cap / 10;
         let excess = state.slots.len() - target;
-        let mut idle: Vec<(Micros, usize)> = state
+        type Key = (std::cmp::Reverse<(usize, usize)>, Micros, usize);
+        let mut idle: Vec<Key> = state
             .slab
             .iter()
             .enumerate()
             .filter_map(|(slot, e)| e.as_ref().map(|e| (slot, &e.rec)))
             .filter(|(_, r)| r.is_idle(now))
-            .map(|(slot, r)| (r.last_change, slot))
+            .map(|(slot, r)| {
+                let weight = r.account.as_ref().map_or((0, 0), |a| a.weight());
+                (std::cmp::Reverse(weight), r.last_change, slot)
+            })
             .collect();
         let take = excess.min(idle.len());
         if take == 0 {
@@ -1170,8 +1226,12 @@ impl LeaseTable {
         if take < idle.len() {
             idle.select_nth_unstable(take - 1);
         }
-        for &(_, slot) in &idle[..take] {
-            let entry = state.remove_slot(slot).expect("listed above");
+        for &(_, _, slot) in &idle[..take] {
+            let mut entry = state.remove_slot(slot).expect("listed above");
+            self.end_holding(&mut entry.rec);
+            if let Some(account) = entry.rec.account.take() {
+                account.sub_record();
+            }
             self.floor
                 .fetch_max(entry.rec.inherit(now).watermark.as_micros(), Ordering::AcqRel);
             self.fencing_floor.fetch_max(entry.rec.fencing, Ordering::AcqRel);

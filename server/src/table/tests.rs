@@ -28,6 +28,7 @@ fn spec(names: &[&str], deadline: u64, mode: Mode) -> AcquireSpec {
         deadline: t(deadline),
         owner: Arc::from("test"),
         mode,
+        peer: None,
     }
 }
 
@@ -857,4 +858,110 @@ fn waiters_are_bounded_per_name_and_in_all() {
         total.contains("limit of 3") && total.contains("--max-waiters)"),
         "{total}"
     );
+}
+
+fn owned(names: &[&str], deadline: u64, owner: &str, peer: Option<&str>) -> AcquireSpec {
+    let mut s = full(names, deadline);
+    s.owner = Arc::from(owner);
+    s.peer = peer.map(|p| p.parse().unwrap());
+    s
+}
+
+#[test]
+fn names_held_are_capped_in_all_per_owner_and_per_peer() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.held = HeldLimits {
+        total: 6,
+        per_owner: 3,
+        per_peer: 4,
+    };
+    let tbl = LeaseTable::new(cfg);
+    let d = T0 + 5 * SEC;
+    let a = tbl
+        .acquire(&owned(&["a1", "a2", "a3"], d, "a", Some("10.0.0.1")), t(T0))
+        .unwrap();
+    let err = tbl
+        .acquire(&owned(&["a4"], d, "a", Some("10.0.0.2")), t(T0))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("owner \"a\"")
+            && msg.contains("limit of 3")
+            && msg.contains("--max-held-names-per-owner"),
+        "{msg}"
+    );
+    tbl.acquire(&owned(&["b1"], d, "b", Some("10.0.0.1")), t(T0))
+        .unwrap();
+    let err = tbl
+        .acquire(&owned(&["b2"], d, "b", Some("10.0.0.1")), t(T0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("10.0.0.1") && err.contains("limit of 4") && err.contains("--max-held-names-per-peer"),
+        "{err}"
+    );
+    tbl.acquire(&owned(&["c1", "c2"], d, "c", None), t(T0)).unwrap();
+    let err = tbl
+        .acquire(&owned(&["c3"], d, "c", None), t(T0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("limit of 6") && err.contains("--max-held-names)"),
+        "{err}"
+    );
+    assert_eq!(tbl.held(), 6);
+    // A refused acquire reserved nothing; a release gives its names back.
+    tbl.release(a.lease, &a.token, release_at(0), t(T0 + 1)).unwrap();
+    assert_eq!(tbl.held(), 3);
+    assert_eq!(tbl.owner_usage("a").unwrap().held(), 0);
+    tbl.acquire(&owned(&["a4", "a5"], d, "a", Some("10.0.0.2")), t(T0 + 1))
+        .unwrap();
+    // A lease whose deadline passed stops counting at the next sweep.
+    tbl.sweep(t(d));
+    assert_eq!(tbl.held(), 0);
+    tbl.acquire(&owned(&["a6", "a7", "a8"], d + 5 * SEC, "a", None), t(d))
+        .unwrap();
+}
+
+/// Item 4 of issue 13: a client churning through names must not make the
+/// server forget another client's idle record (it forgot the oldest,
+/// whoever's), and so hand that name the raised floor.
+#[test]
+fn churn_forgets_the_churners_records_not_others() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.max_records = 100;
+    let tbl = LeaseTable::new(cfg);
+    let keep = tbl
+        .acquire(
+            &owned(&["keep"], T0 + 5 * SEC, "keeper", Some("127.0.0.1")),
+            t(T0),
+        )
+        .unwrap();
+    tbl.release(keep.lease, &keep.token, release_at(T0 + 10), t(T0 + 20))
+        .unwrap();
+    let mut now = T0 + SEC;
+    for i in 0..1_000 {
+        let name = format!("churn-{i}");
+        let g = tbl
+            .acquire(&owned(&[&name], now + SEC, "churner", Some("127.0.0.1")), t(now))
+            .unwrap();
+        tbl.release(g.lease, &g.token, release_at(now + 10), t(now + 20))
+            .unwrap();
+        now += 100;
+        if i % 50 == 0 {
+            tbl.sweep(t(now));
+        }
+    }
+    tbl.sweep(t(now));
+    assert!(tbl.record_count() <= 100);
+    assert!(
+        tbl.forgotten_floor() > t(T0 + SEC),
+        "the churner's records were forgotten"
+    );
+    let view = &tbl.describe(&[Arc::from("keep")], t(now))[0];
+    assert!(view.known, "the keeper's idle record was forgotten");
+    assert_eq!(view.previous.watermark, t(T0 + 10));
+    assert_eq!(view.previous.lease, Some(keep.lease));
 }
