@@ -75,6 +75,22 @@ pub struct Limits {
     pub max_held_names: usize,
     pub max_held_names_per_owner: usize,
     pub max_held_names_per_peer: usize,
+    /// Largest request message.
+    pub max_message_bytes: usize,
+    /// HTTP/2 streams (calls) at once on one connection.
+    pub max_streams_per_connection: u32,
+    /// Bytes of partly received request messages buffered per connection,
+    /// and over all connections.
+    pub max_inflight_bytes_per_connection: usize,
+    pub max_inflight_bytes: usize,
+    /// Connections at once; beyond, the server stops accepting.
+    pub max_connections: usize,
+    /// A connection with no call in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// HTTP/2 pings to each connection, and how long to wait for the
+    /// answer before dropping it.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -90,6 +106,14 @@ impl Default for Limits {
             max_held_names: 2_000_000,
             max_held_names_per_owner: 1_000_000,
             max_held_names_per_peer: 1_000_000,
+            max_message_bytes: 4 << 20,
+            max_streams_per_connection: 256,
+            max_inflight_bytes_per_connection: 8 << 20,
+            max_inflight_bytes: 256 << 20,
+            max_connections: 4096,
+            idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -251,6 +275,14 @@ impl Config {
             max_held_names: self.limits.max_held_names as u64,
             max_held_names_per_owner: self.limits.max_held_names_per_owner as u64,
             max_held_names_per_peer: self.limits.max_held_names_per_peer as u64,
+            max_message_bytes: self.limits.max_message_bytes as u64,
+            max_streams_per_connection: self.limits.max_streams_per_connection,
+            max_inflight_bytes_per_connection: self.limits.max_inflight_bytes_per_connection as u64,
+            max_inflight_bytes: self.limits.max_inflight_bytes as u64,
+            max_connections: self.limits.max_connections as u32,
+            idle_timeout_us: self.limits.idle_timeout.as_micros() as u64,
+            keepalive_interval_us: self.limits.keepalive_interval.as_micros() as u64,
+            keepalive_timeout_us: self.limits.keepalive_timeout.as_micros() as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
             ..Default::default()

@@ -24,6 +24,7 @@ mod service;
 mod session;
 pub mod table;
 pub mod timekeeper;
+pub mod transport;
 mod validate;
 mod witness;
 
@@ -151,6 +152,27 @@ impl Server {
         self.service.inner.time.status()
     }
 
+    /// The HTTP/2 settings every connection gets. Each bounds what one
+    /// connection can make the server hold: streams (each a task and its
+    /// buffers), flow-control windows (bytes received but not yet read:
+    /// 1 MiB per connection), frame and header sizes (16 KiB).
+    fn builder(limits: &Limits) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(limits.max_streams_per_connection)
+            .initial_connection_window_size(1 << 20)
+            .initial_stream_window_size(1 << 20)
+            .http2_adaptive_window(Some(false))
+            .max_frame_size(16 << 10)
+            .http2_max_header_list_size(16 << 10)
+            // Streams a client opens and resets before we accept them
+            // (rapid reset).
+            .http2_max_pending_accept_reset_streams(Some(64))
+            .http2_keepalive_interval(Some(limits.keepalive_interval).filter(|d| !d.is_zero()))
+            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+            .tcp_nodelay(true)
+            .accept_http1(false)
+    }
+
     /// Serves gRPC on `listener` until `shutdown` resolves, then stops
     /// accepting, lets in-flight requests finish, and stops the background
     /// tasks.
@@ -190,14 +212,31 @@ impl Server {
             cancel.clone(),
         ));
 
-        // tonic ignores the builder's tcp_nodelay for a caller's incoming
-        // stream, so set it on the stream: without it every small response
-        // can wait ~40 ms for the peer's delayed ACK (Nagle).
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let result = tonic::transport::Server::builder()
+        let limits = self.service.inner.cfg.limits;
+        let incoming = transport::accept(
+            listener,
+            transport::AcceptConfig {
+                max_connections: limits.max_connections,
+                idle_timeout: limits.idle_timeout,
+            },
+            cancel.clone(),
+        );
+        let frames = Arc::new(transport::layer::FrameLimits::new(
+            limits.max_message_bytes,
+            limits.max_inflight_bytes_per_connection,
+            limits.max_inflight_bytes,
+            limits.max_names_per_request,
+            limits.max_batch_ops,
+        ));
+        let lease_service = LeaseServer::new(self.service)
+            // The layer refuses larger messages first, naming the limit;
+            // this is a backstop.
+            .max_decoding_message_size(limits.max_message_bytes.saturating_add(1));
+        let result = Self::builder(&limits)
+            .layer(transport::layer::LimitLayer::new(frames))
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(LeaseServer::new(self.service))
+            .add_service(lease_service)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         cancel.cancel();

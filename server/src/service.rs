@@ -67,7 +67,10 @@ type Reply<T> = Result<Response<T>, Status>;
 
 /// The client's address, for the per-peer quotas.
 pub(crate) fn peer<T>(request: &Request<T>) -> Option<IpAddr> {
-    request.remote_addr().map(|a| a.ip())
+    crate::transport::conn_info(request.extensions())
+        .and_then(|c| c.remote)
+        .or_else(|| request.remote_addr())
+        .map(|a| a.ip())
 }
 
 /// A waiting acquire's place in its name's queue, left on drop (also when

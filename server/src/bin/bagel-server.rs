@@ -71,6 +71,34 @@ struct Args {
     /// Max bytes of metadata on renew/release.
     #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
+    /// Largest request message, in bytes; larger ones are refused at their
+    /// 5-byte prefix with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BAGEL_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
+    max_message_bytes: usize,
+    /// HTTP/2 streams (calls, sessions) at once on one connection.
+    #[arg(long, env = "BAGEL_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Bytes of partly received request messages buffered per connection
+    /// (beyond, the stream that would pass it is refused).
+    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES_PER_CONNECTION", default_value_t = Limits::default().max_inflight_bytes_per_connection)]
+    max_inflight_bytes_per_connection: usize,
+    /// Bytes of partly received request messages buffered over all
+    /// connections.
+    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES", default_value_t = Limits::default().max_inflight_bytes)]
+    max_inflight_bytes: usize,
+    /// Connections at once; at the limit the server stops accepting until
+    /// one closes. Keep it below the file-descriptor limit (ulimit -n).
+    #[arg(long, env = "BAGEL_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    /// Close a connection with no call in flight for this long (0: never).
+    #[arg(long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// Ping each connection this often (HTTP/2 keepalive; 0: never) ...
+    #[arg(long, env = "BAGEL_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    keepalive_interval: Duration,
+    /// ... and drop it if the answer takes longer than this.
+    #[arg(long, env = "BAGEL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    keepalive_timeout: Duration,
     /// Acquires that may wait server-side for one name (served first come,
     /// first served). Each takes about 1 KiB while it waits.
     #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
@@ -216,6 +244,14 @@ async fn main() -> anyhow::Result<()> {
     limits.max_held_names = args.max_held_names;
     limits.max_held_names_per_owner = args.max_held_names_per_owner;
     limits.max_held_names_per_peer = args.max_held_names_per_peer;
+    limits.max_message_bytes = args.max_message_bytes;
+    limits.max_streams_per_connection = args.max_streams_per_connection;
+    limits.max_inflight_bytes_per_connection = args.max_inflight_bytes_per_connection;
+    limits.max_inflight_bytes = args.max_inflight_bytes;
+    limits.max_connections = args.max_connections;
+    limits.idle_timeout = args.idle_timeout;
+    limits.keepalive_interval = args.keepalive_interval;
+    limits.keepalive_timeout = args.keepalive_timeout;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)
