@@ -91,6 +91,12 @@ pub struct Limits {
     /// answer before dropping it.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// Session streams open at once.
+    pub max_sessions: usize,
+    /// Bytes of answers buffered towards one session's reader, and how
+    /// long a reader may leave them unread before the session is dropped.
+    pub session_buffer_bytes: usize,
+    pub session_stall_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -114,6 +120,9 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
+            max_sessions: 1024,
+            session_buffer_bytes: 1 << 20,
+            session_stall_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -283,6 +292,9 @@ impl Config {
             idle_timeout_us: self.limits.idle_timeout.as_micros() as u64,
             keepalive_interval_us: self.limits.keepalive_interval.as_micros() as u64,
             keepalive_timeout_us: self.limits.keepalive_timeout.as_micros() as u64,
+            max_sessions: self.limits.max_sessions as u32,
+            session_buffer_bytes: self.limits.session_buffer_bytes as u64,
+            session_stall_timeout_us: self.limits.session_stall_timeout.as_micros() as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
             ..Default::default()

@@ -106,6 +106,15 @@ impl Server {
             cfg.granted_until_step,
         );
         table.set_grant_limit(mark);
+        let limits = cfg.limits;
+        let frames = Arc::new(transport::layer::FrameLimits::new(
+            limits.max_message_bytes,
+            limits.max_inflight_bytes_per_connection,
+            limits.max_inflight_bytes,
+            limits.max_names_per_request,
+            limits.max_batch_ops,
+        ));
+        let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
@@ -120,6 +129,10 @@ impl Server {
                     highwater,
                     last_cover: std::sync::atomic::AtomicU64::new(0),
                     stopping: CancellationToken::new(),
+                    sessions: Default::default(),
+                    sessions_dropped: Default::default(),
+                    frames,
+                    conn_slots,
                 }),
             },
         })
@@ -216,18 +229,12 @@ impl Server {
         let incoming = transport::accept(
             listener,
             transport::AcceptConfig {
-                max_connections: limits.max_connections,
+                slots: Arc::clone(&self.service.inner.conn_slots),
                 idle_timeout: limits.idle_timeout,
             },
             cancel.clone(),
         );
-        let frames = Arc::new(transport::layer::FrameLimits::new(
-            limits.max_message_bytes,
-            limits.max_inflight_bytes_per_connection,
-            limits.max_inflight_bytes,
-            limits.max_names_per_request,
-            limits.max_batch_ops,
-        ));
+        let frames = Arc::clone(&self.service.inner.frames);
         let lease_service = LeaseServer::new(self.service)
             // The layer refuses larger messages first, naming the limit;
             // this is a backstop.

@@ -34,6 +34,13 @@ pub(crate) struct Inner {
     /// Cancelled when the server starts shutting down: waits end, sessions
     /// close, grants are refused.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Sessions open (see `--max-sessions`), and closed for not reading.
+    pub sessions: Arc<std::sync::atomic::AtomicUsize>,
+    pub sessions_dropped: Arc<std::sync::atomic::AtomicU64>,
+    /// Message framing limits and the bytes buffered (see `transport`).
+    pub frames: Arc<crate::transport::layer::FrameLimits>,
+    /// One permit per connection the server may accept.
+    pub conn_slots: Arc<tokio::sync::Semaphore>,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
 }
@@ -468,15 +475,21 @@ impl LeaseService for Service {
         &self,
         request: Request<tonic::Streaming<pb::BatchRequest>>,
     ) -> Reply<Self::SessionStream> {
-        let (answers, stream) = crate::session::channel();
+        let limits = &self.inner.cfg.limits;
+        let slot = crate::session::SessionSlot::take(&self.inner.sessions, limits.max_sessions)?;
+        let outbox = crate::session::Outbox::new(
+            limits.session_buffer_bytes,
+            limits.session_stall_timeout,
+            Arc::clone(&self.inner.sessions_dropped),
+        );
         let peer = peer(&request);
         tokio::spawn(crate::session::run(
             self.clone(),
             request.into_inner(),
-            answers,
+            Arc::clone(&outbox),
             peer,
         ));
-        Ok(Response::new(stream))
+        Ok(Response::new(crate::session::Answers::new(outbox, slot)))
     }
 
     async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {
@@ -553,6 +566,17 @@ impl LeaseService for Service {
             tls: false,
             client_auth: false,
             granted_until_us: inner.highwater.get().as_micros(),
+            load: Some(pb::ServerLoad {
+                connections: cfg
+                    .limits
+                    .max_connections
+                    .saturating_sub(inner.conn_slots.available_permits()) as u64,
+                sessions: inner.sessions.load(std::sync::atomic::Ordering::Relaxed) as u64,
+                held_names: inner.table.held() as u64,
+                waiters: inner.table.waiting() as u64,
+                inflight_bytes: inner.frames.buffered() as u64,
+                sessions_dropped: inner.sessions_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            }),
         }))
     }
 

@@ -99,6 +99,17 @@ struct Args {
     /// ... and drop it if the answer takes longer than this.
     #[arg(long, env = "BAGEL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     keepalive_timeout: Duration,
+    /// Session streams open at once.
+    #[arg(long, env = "BAGEL_MAX_SESSIONS", default_value_t = Limits::default().max_sessions)]
+    max_sessions: usize,
+    /// Bytes of answers buffered towards one session's reader; beyond, the
+    /// session stops reading requests.
+    #[arg(long, env = "BAGEL_SESSION_BUFFER_BYTES", default_value_t = Limits::default().session_buffer_bytes)]
+    session_buffer_bytes: usize,
+    /// A session whose reader takes no answer for this long while its
+    /// buffer is full is closed (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "BAGEL_SESSION_STALL_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    session_stall_timeout: Duration,
     /// Acquires that may wait server-side for one name (served first come,
     /// first served). Each takes about 1 KiB while it waits.
     #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
@@ -252,6 +263,9 @@ async fn main() -> anyhow::Result<()> {
     limits.idle_timeout = args.idle_timeout;
     limits.keepalive_interval = args.keepalive_interval;
     limits.keepalive_timeout = args.keepalive_timeout;
+    limits.max_sessions = args.max_sessions;
+    limits.session_buffer_bytes = args.session_buffer_bytes;
+    limits.session_stall_timeout = args.session_stall_timeout;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)

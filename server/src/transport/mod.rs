@@ -189,9 +189,11 @@ impl tonic::transport::server::Connected for Conn {
 }
 
 /// How the accept loop behaves.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct AcceptConfig {
-    pub max_connections: usize,
+    /// One permit per connection (`--max-connections`), held by the
+    /// connection until it closes.
+    pub slots: Arc<Semaphore>,
     pub idle_timeout: Duration,
 }
 
@@ -213,7 +215,7 @@ async fn accept_loop(
     stop: CancellationToken,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
-    let slots = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let slots = Arc::clone(&cfg.slots);
     let mut backoff = Backoff::default();
     let mut logged_full: Option<Instant> = None;
     loop {
@@ -225,7 +227,6 @@ async fn accept_loop(
             Err(_) => {
                 if logged_full.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
                     tracing::warn!(
-                        max_connections = cfg.max_connections,
                         "connection limit reached: not accepting until a connection closes \
                          (bagel-server --max-connections)"
                     );
