@@ -97,6 +97,9 @@ pub struct Limits {
     /// long a reader may leave them unread before the session is dropped.
     pub session_buffer_bytes: usize,
     pub session_stall_timeout: Duration,
+    /// After SIGTERM/SIGINT, how long calls in flight are answered before
+    /// the server exits even with connections open.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -123,6 +126,7 @@ impl Default for Limits {
             max_sessions: 1024,
             session_buffer_bytes: 1 << 20,
             session_stall_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -295,9 +299,9 @@ impl Config {
             max_sessions: self.limits.max_sessions as u32,
             session_buffer_bytes: self.limits.session_buffer_bytes as u64,
             session_stall_timeout_us: self.limits.session_stall_timeout.as_micros() as u64,
+            shutdown_grace_us: self.limits.shutdown_grace.as_micros() as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
-            ..Default::default()
         }
     }
 

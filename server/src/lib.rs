@@ -205,7 +205,7 @@ impl Server {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(background::mark_ready(
             Arc::clone(&self.service.inner),
-            health,
+            health.clone(),
             cancel.clone(),
         ));
         if self.service.inner.time.uses_roughtime() {
@@ -235,17 +235,50 @@ impl Server {
             cancel.clone(),
         );
         let frames = Arc::clone(&self.service.inner.frames);
+        let stopping = self.service.inner.stopping.clone();
         let lease_service = LeaseServer::new(self.service)
             // The layer refuses larger messages first, naming the limit;
             // this is a backstop.
             .max_decoding_message_size(limits.max_message_bytes.saturating_add(1));
-        let result = Self::builder(&limits)
+        // On the signal: health NOT_SERVING first (load balancers stop
+        // sending), then no more grants, waits end, sessions close after
+        // the answers already made; then tonic stops accepting and sends
+        // GOAWAY, and in-flight calls are answered.
+        let signal = {
+            let stopping = stopping.clone();
+            async move {
+                shutdown.await;
+                tracing::info!(
+                    "shutting down: no more grants; answering calls in flight for up to {:?}",
+                    limits.shutdown_grace
+                );
+                background::set_health(&health, false).await;
+                stopping.cancel();
+            }
+        };
+        let serving = Self::builder(&limits)
             .layer(transport::layer::LimitLayer::new(frames))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(lease_service)
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+            .serve_with_incoming_shutdown(incoming, signal);
+        // tonic waits for every connection to close, which a client can
+        // put off forever (a health Watch, a session it keeps open): after
+        // the grace, stop anyway.
+        let grace_over = async {
+            stopping.cancelled().await;
+            tokio::time::sleep(limits.shutdown_grace).await;
+        };
+        let result = tokio::select! {
+            r = serving => r,
+            () = grace_over => {
+                tracing::warn!(
+                    "connections still open after the shutdown grace ({:?}): stopping anyway",
+                    limits.shutdown_grace
+                );
+                Ok(())
+            }
+        };
         cancel.cancel();
         while tasks.join_next().await.is_some() {}
         result.map_err(std::io::Error::other)
@@ -311,6 +344,7 @@ mod background {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = cancel.cancelled() => return,
+                () = inner.stopping.cancelled() => return,
             }
         }
         let mut clock_ok = inner.time.watch_health();
@@ -325,6 +359,8 @@ mod background {
             tokio::select! {
                 changed = clock_ok.changed() => if changed.is_err() { return },
                 () = cancel.cancelled() => return,
+                // Stopping: health stays NOT_SERVING.
+                () = inner.stopping.cancelled() => return,
             }
         }
     }

@@ -46,6 +46,15 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Whether this server grants now: not once it is stopping, and only
+    /// with a healthy clock. Releases need neither.
+    pub fn may_grant(&self) -> Result<(), Error> {
+        if self.stopping.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        self.time.check()
+    }
+
     /// Whether grants were made in the last two mark steps.
     pub fn granting_recently(&self) -> bool {
         let last = self.last_cover.load(std::sync::atomic::Ordering::Relaxed);
@@ -106,7 +115,7 @@ impl Service {
         let inner = &*self.inner;
         // First, so that a server with a wrong clock says so rather than
         // judging deadlines by it.
-        inner.time.check()?;
+        inner.may_grant()?;
         let spec = self.acquire_spec(req, peer)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
         // The deadline is absolute, so waiting eats into the lease: stop
@@ -164,7 +173,7 @@ impl Service {
         conflict: Box<crate::error::Conflict>,
         ticket: &mut Ticket,
     ) -> Result<crate::table::Grant, Error> {
-        self.inner.time.check()?;
+        self.inner.may_grant()?;
         match self.inner.table.acquire_queued(spec, self.now(), Some(ticket)) {
             Err(Error::OutOfRange {
                 field: "deadline_us", ..
@@ -192,7 +201,7 @@ impl Service {
     fn upgrade_op(&self, req: &pb::UpgradeRequest) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
-        self.inner.time.check()?;
+        self.inner.may_grant()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
 
@@ -201,7 +210,7 @@ impl Service {
         let token = validate::token(&req.token)?;
         let deadline = validate::deadline(req.deadline_us)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
-        self.inner.time.check()?;
+        self.inner.may_grant()?;
         self.inner
             .table
             .renew(lease, &token, deadline, metadata, self.now())
@@ -242,7 +251,7 @@ impl Service {
             ));
         }
         // Grants need a healthy clock; releases do not.
-        let clock = self.inner.time.check();
+        let clock = self.inner.may_grant();
         enum Outcome {
             Done(R),
             Granted(crate::table::Grant, pb::WitnessKind),

@@ -110,6 +110,11 @@ struct Args {
     /// buffer is full is closed (RESOURCE_EXHAUSTED).
     #[arg(long, env = "BAGEL_SESSION_STALL_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     session_stall_timeout: Duration,
+    /// On SIGTERM/SIGINT: stop granting at once (health NOT_SERVING first),
+    /// answer calls in flight, close sessions, and exit within this much
+    /// time even if clients keep connections open.
+    #[arg(long, env = "BAGEL_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
     /// Acquires that may wait server-side for one name (served first come,
     /// first served). Each takes about 1 KiB while it waits.
     #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
@@ -266,6 +271,7 @@ async fn main() -> anyhow::Result<()> {
     limits.max_sessions = args.max_sessions;
     limits.session_buffer_bytes = args.session_buffer_bytes;
     limits.session_stall_timeout = args.session_stall_timeout;
+    limits.shutdown_grace = args.shutdown_grace;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)
