@@ -56,6 +56,38 @@ pub struct Config {
     /// How far past `now + max_ttl` the mark is written each time (so it
     /// is written about once per step under load).
     pub granted_until_step: Duration,
+    /// Serve TLS (and with a client CA, require client certificates).
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS for the server, as PEM: its certificate chain and key, and the CA
+/// that client certificates must chain to (mutual TLS). With a client CA,
+/// each lease's owner is its client certificate's subject.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl TlsConfig {
+    pub fn new(cert_pem: Vec<u8>, key_pem: Vec<u8>, client_ca_pem: Option<Vec<u8>>) -> Self {
+        TlsConfig {
+            cert_pem,
+            key_pem,
+            client_ca_pem,
+        }
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("TlsConfig")
+            .field("client_auth", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Sizes every request is checked against.
@@ -157,6 +189,7 @@ impl Default for Config {
             sweep_interval: Duration::from_secs(1),
             granted_until_file: None,
             granted_until_step: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -257,6 +290,12 @@ impl Config {
     pub fn with_history(mut self, per_name: usize, budget_bytes: usize) -> Self {
         self.history_per_name = per_name;
         self.history_budget_bytes = budget_bytes;
+        self
+    }
+
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<TlsConfig>) -> Self {
+        self.tls = tls;
         self
     }
 

@@ -236,6 +236,7 @@ impl Server {
         );
         let frames = Arc::clone(&self.service.inner.frames);
         let stopping = self.service.inner.stopping.clone();
+        let tls = self.service.inner.cfg.tls.clone();
         let lease_service = LeaseServer::new(self.service)
             // The layer refuses larger messages first, naming the limit;
             // this is a backstop.
@@ -256,7 +257,13 @@ impl Server {
                 stopping.cancel();
             }
         };
-        let serving = Self::builder(&limits)
+        let mut builder = Self::builder(&limits);
+        if let Some(tls) = &tls {
+            builder = builder
+                .tls_config(tls_config(tls))
+                .map_err(|e| std::io::Error::other(format!("TLS configuration: {e}")))?;
+        }
+        let serving = builder
             .layer(transport::layer::LimitLayer::new(frames))
             .add_service(health_service)
             .add_service(reflection)
@@ -283,6 +290,26 @@ impl Server {
         while tasks.join_next().await.is_some() {}
         result.map_err(std::io::Error::other)
     }
+}
+
+/// TLS through tonic (rustls with ring). A client certificate, when a
+/// client CA is given, must chain to it; the handshake must end within
+/// 10 s (a connection that never finishes it also meets the idle timeout).
+fn tls_config(tls: &config::TlsConfig) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    // rustls needs a process-wide crypto provider when more than one is
+    // compiled in (object_store's aws-lc-rs joins ring in a workspace
+    // build); ours is ring, unless the embedding program chose already.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let mut cfg = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .timeout(std::time::Duration::from_secs(10));
+    if let Some(ca) = &tls.client_ca_pem {
+        cfg = cfg.client_ca_root(Certificate::from_pem(ca));
+    }
+    cfg
 }
 
 /// Says, at start, what the restart wait is based on; loudly when it could

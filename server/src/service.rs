@@ -1,7 +1,6 @@
 //! The gRPC handlers: thin conversions between the wire and the lease
 //! table. All rules live in [`crate::table`].
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec, Ticket};
 use crate::timekeeper::TimeKeeper;
+use crate::transport::Caller;
 use crate::validate;
 use crate::witness::WitnessSigner;
 
@@ -46,6 +46,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Whether clients must show a certificate (mutual TLS).
+    pub fn client_auth(&self) -> bool {
+        self.cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some())
+    }
+
     /// Whether this server grants now: not once it is stopping, and only
     /// with a healthy clock. Releases need neither.
     pub fn may_grant(&self) -> Result<(), Error> {
@@ -81,12 +86,14 @@ impl Inner {
 
 type Reply<T> = Result<Response<T>, Status>;
 
-/// The client's address, for the per-peer quotas.
-pub(crate) fn peer<T>(request: &Request<T>) -> Option<IpAddr> {
-    crate::transport::conn_info(request.extensions())
-        .and_then(|c| c.remote)
-        .or_else(|| request.remote_addr())
-        .map(|a| a.ip())
+/// Who is calling: address (per-peer quotas) and, with mutual TLS, the
+/// client certificate's subject (the owner).
+pub(crate) fn caller<T>(request: &Request<T>) -> Caller {
+    let mut caller = Caller::of(request.extensions());
+    if caller.peer.is_none() {
+        caller.peer = request.remote_addr().map(|a| a.ip());
+    }
+    caller
 }
 
 /// A waiting acquire's place in its name's queue, left on drop (also when
@@ -110,13 +117,13 @@ impl Service {
     async fn acquire_waiting(
         &self,
         req: &pb::AcquireRequest,
-        peer: Option<IpAddr>,
+        caller: &Caller,
     ) -> Result<pb::LeaseGrant, Error> {
         let inner = &*self.inner;
         // First, so that a server with a wrong clock says so rather than
         // judging deadlines by it.
         inner.may_grant()?;
-        let spec = self.acquire_spec(req, peer)?;
+        let spec = self.acquire_spec(req, caller)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
         // The deadline is absolute, so waiting eats into the lease: stop
         // waiting while the deadline is still valid, and answer with the
@@ -182,19 +189,26 @@ impl Service {
         }
     }
 
-    /// Validates an acquire request.
+    /// Validates an acquire request. With mutual TLS the owner is the
+    /// client certificate's subject, whatever the request says: the
+    /// witness then names an identity the server checked, and per-owner
+    /// quotas cannot be dodged by changing the owner field.
     fn acquire_spec(
         &self,
         req: &pb::AcquireRequest,
-        peer: Option<IpAddr>,
+        caller: &Caller,
     ) -> Result<crate::table::AcquireSpec, Error> {
         let limits = &self.inner.cfg.limits;
+        let owner = match &caller.subject {
+            Some(subject) if self.inner.client_auth() => Arc::clone(subject),
+            _ => validate::owner(&req.owner, limits)?,
+        };
         Ok(crate::table::AcquireSpec {
             names: validate::names("names", &req.names, limits)?,
             deadline: validate::deadline(req.deadline_us)?,
-            owner: validate::owner(&req.owner, limits)?,
+            owner,
             mode: validate::mode(req.mode)?,
-            peer,
+            peer: caller.peer,
         })
     }
 
@@ -239,7 +253,7 @@ impl Service {
     pub(crate) fn batch_ops(
         &self,
         ops: &[pb::BatchOp],
-        peer: Option<IpAddr>,
+        caller: &Caller,
     ) -> Result<Vec<pb::BatchResult>, Error> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as R;
@@ -267,7 +281,7 @@ impl Service {
                     )),
                     Some(Op::Acquire(a)) => clock
                         .clone()
-                        .and_then(|()| self.acquire_spec(a, peer))
+                        .and_then(|()| self.acquire_spec(a, caller))
                         .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
@@ -440,7 +454,7 @@ fn metadata_pb(m: &Metadata) -> pb::Metadata {
 #[tonic::async_trait]
 impl LeaseService for Service {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let grant = self.acquire_waiting(request.get_ref(), peer(&request)).await?;
+        let grant = self.acquire_waiting(request.get_ref(), &caller(&request)).await?;
         Ok(Response::new(pb::AcquireResponse { grant: Some(grant) }))
     }
 
@@ -474,7 +488,7 @@ impl LeaseService for Service {
 
     async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
         self.inner.cover(batch_deadline(&request.get_ref().ops)).await?;
-        let results = self.batch_ops(&request.get_ref().ops, peer(&request))?;
+        let results = self.batch_ops(&request.get_ref().ops, &caller(&request))?;
         Ok(Response::new(pb::BatchResponse { results }))
     }
 
@@ -491,12 +505,12 @@ impl LeaseService for Service {
             limits.session_stall_timeout,
             Arc::clone(&self.inner.sessions_dropped),
         );
-        let peer = peer(&request);
+        let caller = caller(&request);
         tokio::spawn(crate::session::run(
             self.clone(),
             request.into_inner(),
             Arc::clone(&outbox),
-            peer,
+            caller,
         ));
         Ok(Response::new(crate::session::Answers::new(outbox, slot)))
     }
@@ -572,8 +586,8 @@ impl LeaseService for Service {
             timestamp_tolerance_us: cfg.timestamp_tolerance.as_micros() as u64,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             limits: Some(cfg.limits_pb()),
-            tls: false,
-            client_auth: false,
+            tls: cfg.tls.is_some(),
+            client_auth: inner.client_auth(),
             granted_until_us: inner.highwater.get().as_micros(),
             load: Some(pb::ServerLoad {
                 connections: cfg

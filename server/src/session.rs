@@ -31,13 +31,13 @@ pub(crate) async fn run(
     service: Service,
     mut requests: Streaming<pb::BatchRequest>,
     answers: Arc<Outbox>,
-    peer: Option<std::net::IpAddr>,
+    caller: crate::transport::Caller,
 ) {
     let inner = Arc::clone(&service.inner);
     let stopping = inner.stopping.clone();
     let sent = async {
         tokio::select! {
-            () = serve(&service, &mut requests, &answers, peer) => {}
+            () = serve(&service, &mut requests, &answers, &caller) => {}
             // Answers already made still go out, then this status.
             () = stopping.cancelled() => answers.push_final(Error::ShuttingDown.into()),
         }
@@ -50,7 +50,7 @@ async fn serve(
     service: &Service,
     requests: &mut Streaming<pb::BatchRequest>,
     answers: &Outbox,
-    peer: Option<std::net::IpAddr>,
+    caller: &crate::transport::Caller,
 ) {
     let max_ops = service.inner.cfg.limits.max_batch_ops;
     // A request read ahead that did not fit in the previous group.
@@ -71,7 +71,7 @@ async fn serve(
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
         let covered = service.inner.cover(crate::service::batch_deadline(&ops)).await;
-        let mut results = match covered.and_then(|()| service.batch_ops(&ops, peer)) {
+        let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller)) {
             Ok(results) => results.into_iter(),
             Err(e) => {
                 answers.push_final(e.into());

@@ -151,6 +151,17 @@ struct Args {
     /// Stop granting when the latest Roughtime answer is older than this.
     #[arg(long, env = "BAGEL_ROUGHTIME_MAX_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
     roughtime_max_age: Duration,
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "BAGEL_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "BAGEL_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates that chain to this CA (PEM): mutual TLS.
+    /// Each lease's owner is then the client certificate's subject (the
+    /// request's owner field is ignored), and per-owner quotas key on it.
+    #[arg(long, env = "BAGEL_CLIENT_CA", value_name = "PEM", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
     /// TESTS ONLY: pretend this host's clock is off by DUR (e.g. `20s`,
     /// `-20s`), to show that a server with a wrong clock refuses to grant.
     /// Never use it otherwise.
@@ -282,6 +293,15 @@ async fn main() -> anyhow::Result<()> {
         .with_shards(args.shards)
         .with_max_records(args.max_records)
         .with_limits(limits);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let client_ca = args.client_ca.as_ref().map(read).transpose()?;
+        cfg = cfg.with_tls(Some(bagel_server::config::TlsConfig::new(
+            read(cert)?,
+            read(key)?,
+            client_ca,
+        )));
+    }
     // The granted-until mark lives beside the key file: a server with a
     // key of its own is the one whose restarts must not overlap.
     cfg = cfg.with_granted_until_file(args.key.as_deref().map(bagel_server::highwater::path_for_key));
@@ -311,6 +331,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let server_id = cfg.server_id.clone();
+    let tls = cfg.tls.as_ref().map(|t| t.client_ca_pem.is_some());
     let clock: Arc<dyn Clock> = match args.unsafe_clock_offset {
         None => Arc::new(SystemClock),
         Some(offset_us) => {
@@ -341,8 +362,13 @@ async fn main() -> anyhow::Result<()> {
         signer.key_id()
     );
     println!(
-        "bagel-server {server_id} listening on {addr}, ready at {}",
-        server.ready_at()
+        "bagel-server {server_id} listening on {addr}, ready at {}{}",
+        server.ready_at(),
+        match tls {
+            None => "",
+            Some(false) => ", TLS",
+            Some(true) => ", TLS with client certificates",
+        }
     );
     server.serve(listener, shutdown_signal()).await?;
     Ok(())

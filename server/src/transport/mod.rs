@@ -45,6 +45,8 @@ pub struct ConnState {
     /// Bytes of partly received request messages buffered (see
     /// [`layer::Framed`]).
     pub(crate) inflight: AtomicUsize,
+    /// The client certificate's subject (mutual TLS), read on first use.
+    subject: OnceLock<Option<Arc<str>>>,
 }
 
 impl ConnState {
@@ -53,6 +55,7 @@ impl ConnState {
             active: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(now_ms()),
             inflight: AtomicUsize::new(0),
+            subject: OnceLock::new(),
         }
     }
 
@@ -333,6 +336,42 @@ impl Backoff {
     fn reset(&mut self) {
         self.wait = Duration::ZERO;
     }
+}
+
+/// Who made a request: its address, and with mutual TLS the subject of
+/// its client certificate.
+#[derive(Clone, Debug, Default)]
+pub struct Caller {
+    pub peer: Option<std::net::IpAddr>,
+    pub subject: Option<Arc<str>>,
+}
+
+impl Caller {
+    pub fn of(ext: &http::Extensions) -> Caller {
+        let Some(info) = conn_info(ext) else {
+            return Caller::default();
+        };
+        let subject = info
+            .state
+            .subject
+            .get_or_init(|| {
+                let tls = ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()?;
+                let certs = tls.peer_certs()?;
+                subject_of(certs.first()?)
+            })
+            .clone();
+        Caller {
+            peer: info.remote.map(|a| a.ip()),
+            subject,
+        }
+    }
+}
+
+/// The subject of a DER certificate, as RFC 4514 text (`CN=worker-1,O=acme`).
+pub fn subject_of(der: &[u8]) -> Option<Arc<str>> {
+    use x509_cert::der::Decode as _;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    Some(Arc::from(cert.tbs_certificate.subject.to_string()))
 }
 
 /// The state of the connection a request came on, with or without TLS.
