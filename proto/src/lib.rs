@@ -44,6 +44,16 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bagel_descriptor");
 }
 
+/// Cases per property in the fuzz tests: a few hundred in the suite,
+/// more with `BAGEL_FUZZ_CASES=100000` (for a longer run).
+#[cfg(test)]
+pub(crate) fn fuzz_cases() -> u32 {
+    std::env::var("BAGEL_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
 /// What can go wrong checking signed bytes.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -73,3 +83,6 @@ impl pb::Mode {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_tests;

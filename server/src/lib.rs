@@ -478,3 +478,6 @@ mod background {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_tests;

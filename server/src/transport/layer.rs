@@ -147,7 +147,7 @@ impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
 
 /// What a request's messages are checked for before decoding, by method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scan {
+pub(crate) enum Scan {
     Nothing,
     /// `AcquireRequest`, `DescribeRequest`: `names` (field 1).
     Names,
@@ -157,7 +157,7 @@ enum Scan {
 }
 
 impl Scan {
-    fn for_path(path: &str) -> Scan {
+    pub(crate) fn for_path(path: &str) -> Scan {
         match path.strip_prefix("/bagel.v1.LeaseService/") {
             Some("Acquire" | "Describe") => Scan::Names,
             Some("Batch" | "Session") => Scan::Batch,
@@ -256,7 +256,12 @@ pub struct Framed {
 }
 
 impl Framed {
-    fn new(inner: Body, limits: Arc<FrameLimits>, conn: Option<Arc<ConnState>>, scan: Scan) -> Self {
+    pub(crate) fn new(
+        inner: Body,
+        limits: Arc<FrameLimits>,
+        conn: Option<Arc<ConnState>>,
+        scan: Scan,
+    ) -> Self {
         Framed {
             inner,
             limits,

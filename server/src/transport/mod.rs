@@ -50,7 +50,7 @@ pub struct ConnState {
 }
 
 impl ConnState {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ConnState {
             active: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(now_ms()),
