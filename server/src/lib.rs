@@ -47,6 +47,11 @@ use witness::WitnessSigner;
 
 type LeaseServer = pb::lease_service_server::LeaseServiceServer<Service>;
 
+/// HTTP/2 receive windows: what a client may send that the server has not
+/// read yet, per connection and per stream.
+pub const CONNECTION_WINDOW: u32 = 512 << 10;
+pub const STREAM_WINDOW: u32 = 256 << 10;
+
 /// A lease server, ready to serve.
 #[derive(Debug)]
 pub struct Server {
@@ -168,12 +173,13 @@ impl Server {
     /// The HTTP/2 settings every connection gets. Each bounds what one
     /// connection can make the server hold: streams (each a task and its
     /// buffers), flow-control windows (bytes received but not yet read:
-    /// 1 MiB per connection), frame and header sizes (16 KiB).
+    /// 512 KiB per connection, 256 KiB per stream), frame and header sizes
+    /// (16 KiB).
     fn builder(limits: &Limits) -> tonic::transport::Server {
         tonic::transport::Server::builder()
             .max_concurrent_streams(limits.max_streams_per_connection)
-            .initial_connection_window_size(1 << 20)
-            .initial_stream_window_size(1 << 20)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .initial_stream_window_size(STREAM_WINDOW)
             .http2_adaptive_window(Some(false))
             .max_frame_size(16 << 10)
             .http2_max_header_list_size(16 << 10)

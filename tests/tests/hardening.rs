@@ -252,3 +252,60 @@ async fn a_broken_tentative_lease_answers_alike_and_frees_its_names() {
             .unwrap();
     }
 }
+
+/// Every limit is a flag of `bagel-server` (with its default in `--help`)
+/// and is reported by ServerInfo, so operators and clients can see them.
+#[tokio::test]
+async fn every_limit_is_a_flag_and_in_server_info() {
+    let help = std::process::Command::new(bagel_tests::bin("bagel-server"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for flag in [
+        "--max-message-bytes",
+        "--max-streams-per-connection",
+        "--max-inflight-bytes-per-connection",
+        "--max-inflight-bytes",
+        "--max-connections",
+        "--idle-timeout",
+        "--keepalive-interval",
+        "--keepalive-timeout",
+        "--max-sessions",
+        "--session-buffer-bytes",
+        "--session-stall-timeout",
+        "--max-held-names",
+        "--max-held-names-per-owner",
+        "--max-held-names-per-peer",
+        "--max-records",
+        "--max-waiters-per-name",
+        "--max-waiters",
+        "--history-per-name",
+        "--history-budget-bytes",
+        "--shutdown-grace",
+        "--max-batch-ops",
+        "--tls-cert",
+        "--tls-key",
+        "--client-ca",
+    ] {
+        assert!(help.contains(&format!("{flag} <")), "--help lacks {flag}");
+    }
+    let server = ServerProcess::start_ready(&["--max-waiters", "7", "--idle-timeout", "90s"]).await;
+    let mut c = raw(&server).await;
+    let info = c
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let l = info.limits.expect("limits");
+    assert_eq!((l.max_waiters, l.idle_timeout_us), (7, 90 * SEC));
+    assert_eq!(l.max_message_bytes, 4 << 20);
+    assert_eq!(l.max_batch_ops, 1024);
+    assert_eq!(l.max_streams_per_connection, 100);
+    assert_eq!(l.max_connections, 1000);
+    assert_eq!(l.max_held_names, 2_000_000);
+    assert_eq!(l.shutdown_grace_us, 5 * SEC);
+    assert!(!info.tls && !info.client_auth);
+    let load = info.load.expect("load");
+    assert!(load.connections >= 1, "{load:?}");
+}

@@ -112,8 +112,8 @@ fn percent_decode(s: &str) -> String {
 /// Item 1: many streams, each sending only a 5-byte prefix announcing
 /// 4 MiB. On main: no stream limit, and tonic reserved the announced length
 /// per stream (1000 streams: RSS 15 MiB -> 2 GiB). Now at most
-/// --max-streams-per-connection streams, and nothing reserved before the
-/// bytes arrive.
+/// --max-streams-per-connection (100) streams, and nothing reserved before
+/// the bytes arrive.
 #[tokio::test]
 async fn announced_lengths_reserve_nothing_and_streams_are_capped() {
     let server = ServerProcess::start_ready(&[]).await;
@@ -152,7 +152,7 @@ async fn announced_lengths_reserve_nothing_and_streams_are_capped() {
         .into_inner()
         .limits
         .unwrap();
-    assert_eq!(limits.max_streams_per_connection, 256);
+    assert_eq!(limits.max_streams_per_connection, 100);
     drop((held, clients));
 }
 

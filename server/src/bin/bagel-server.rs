@@ -55,6 +55,13 @@ struct Args {
     /// records first.
     #[arg(long, env = "BAGEL_MAX_RECORDS", default_value_t = 2_000_000)]
     max_records: usize,
+    /// Renewal/release entries (with their metadata) kept per name for
+    /// History.
+    #[arg(long, env = "BAGEL_HISTORY_PER_NAME", default_value_t = 8)]
+    history_per_name: usize,
+    /// Bytes of history kept over all names; the oldest entries go first.
+    #[arg(long, env = "BAGEL_HISTORY_BUDGET_BYTES", default_value_t = 64 << 20)]
+    history_budget_bytes: usize,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
@@ -71,6 +78,15 @@ struct Args {
     /// Max bytes of metadata on renew/release.
     #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
+    /// Max bytes of one name.
+    #[arg(long, default_value_t = Limits::default().max_name_bytes)]
+    max_name_bytes: usize,
+    /// Max bytes of an owner.
+    #[arg(long, default_value_t = Limits::default().max_owner_bytes)]
+    max_owner_bytes: usize,
+    /// Max operations in one Batch call (or one Session request).
+    #[arg(long, default_value_t = Limits::default().max_batch_ops)]
+    max_batch_ops: usize,
     /// Largest request message, in bytes; larger ones are refused at their
     /// 5-byte prefix with RESOURCE_EXHAUSTED.
     #[arg(long, env = "BAGEL_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
@@ -266,6 +282,9 @@ async fn main() -> anyhow::Result<()> {
     let mut limits = Limits::default();
     limits.max_names_per_request = args.max_names;
     limits.max_metadata_bytes = args.max_metadata_bytes;
+    limits.max_name_bytes = args.max_name_bytes;
+    limits.max_owner_bytes = args.max_owner_bytes;
+    limits.max_batch_ops = args.max_batch_ops;
     limits.max_waiters_per_name = args.max_waiters_per_name;
     limits.max_waiters = args.max_waiters;
     limits.max_held_names = args.max_held_names;
@@ -292,6 +311,7 @@ async fn main() -> anyhow::Result<()> {
         .with_unsafe_skip_restart_wait(args.unsafe_skip_restart_wait)
         .with_shards(args.shards)
         .with_max_records(args.max_records)
+        .with_history(args.history_per_name, args.history_budget_bytes)
         .with_limits(limits);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
