@@ -5,6 +5,8 @@
 //!   (lease service, witnesses, signed times, bag records).
 //! * [`Micros`]: the one time type (Unix microseconds, UTC).
 //! * [`clock`]: injectable clocks (system, manual, offset).
+//! * [`codec`]: the server stubs' codec (undecodable requests are
+//!   INVALID_ARGUMENT).
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`merkle`]: Merkle trees that let one signature cover a batch of
 //!   witnesses.
@@ -21,6 +23,7 @@
 
 pub mod authority;
 pub mod clock;
+pub mod codec;
 pub mod hex;
 pub mod keys;
 pub mod merkle;
@@ -41,9 +44,20 @@ pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_sign
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
 pub mod pb {
     tonic::include_proto!("bagel.v1");
+    include!(concat!(env!("OUT_DIR"), "/server/bagel.v1.rs"));
 
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bagel_descriptor");
+}
+
+/// Cases per property in the fuzz tests: a few hundred in the suite,
+/// more with `BAGEL_FUZZ_CASES=100000` (for a longer run).
+#[cfg(test)]
+pub(crate) fn fuzz_cases() -> u32 {
+    std::env::var("BAGEL_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
 }
 
 /// What can go wrong checking signed bytes.
@@ -75,3 +89,6 @@ impl pb::Mode {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_tests;

@@ -35,6 +35,7 @@ fn main() {
             deadline: now.saturating_add(Duration::from_secs(5)),
             owner: Arc::clone(&owner),
             mode: Mode::Full,
+            peer: None,
         };
         table.acquire(&spec, now).expect("free name");
     }

@@ -51,6 +51,44 @@ pub struct Config {
     pub signed_time_refresh: Duration,
     /// How often the table is swept (ended leases, idle records).
     pub sweep_interval: Duration,
+    /// Where the granted-until high-water mark is kept (beside the key
+    /// file); `None`: nowhere, so a restart waits the configured max TTL.
+    pub granted_until_file: Option<std::path::PathBuf>,
+    /// How far past `now + max_ttl` the mark is written each time (so it
+    /// is written about once per step under load).
+    pub granted_until_step: Duration,
+    /// Serve TLS (and with a client CA, require client certificates).
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS for the server, as PEM: its certificate chain and key, and the CA
+/// that client certificates must chain to (mutual TLS). With a client CA,
+/// each lease's owner is its client certificate's subject.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl TlsConfig {
+    pub fn new(cert_pem: Vec<u8>, key_pem: Vec<u8>, client_ca_pem: Option<Vec<u8>>) -> Self {
+        TlsConfig {
+            cert_pem,
+            key_pem,
+            client_ca_pem,
+        }
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("TlsConfig")
+            .field("client_auth", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Sizes every request is checked against.
@@ -63,6 +101,38 @@ pub struct Limits {
     pub max_metadata_bytes: usize,
     /// Operations in one `Batch` call.
     pub max_batch_ops: usize,
+    /// Acquires waiting server-side for one name (FIFO), and in all.
+    pub max_waiters_per_name: usize,
+    pub max_waiters: usize,
+    /// Names held at once: in all, per owner, per peer (client address).
+    pub max_held_names: usize,
+    pub max_held_names_per_owner: usize,
+    pub max_held_names_per_peer: usize,
+    /// Largest request message.
+    pub max_message_bytes: usize,
+    /// HTTP/2 streams (calls) at once on one connection.
+    pub max_streams_per_connection: u32,
+    /// Bytes of partly received request messages buffered per connection,
+    /// and over all connections.
+    pub max_inflight_bytes_per_connection: usize,
+    pub max_inflight_bytes: usize,
+    /// Connections at once; beyond, the server stops accepting.
+    pub max_connections: usize,
+    /// A connection with no call in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// HTTP/2 pings to each connection, and how long to wait for the
+    /// answer before dropping it.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Session streams open at once.
+    pub max_sessions: usize,
+    /// Bytes of answers buffered towards one session's reader, and how
+    /// long a reader may leave them unread before the session is dropped.
+    pub session_buffer_bytes: usize,
+    pub session_stall_timeout: Duration,
+    /// After SIGTERM/SIGINT, how long calls in flight are answered before
+    /// the server exits even with connections open.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -73,6 +143,23 @@ impl Default for Limits {
             max_owner_bytes: 256,
             max_metadata_bytes: 4096,
             max_batch_ops: 1024,
+            max_waiters_per_name: 1024,
+            max_waiters: 16_384,
+            max_held_names: 2_000_000,
+            max_held_names_per_owner: 1_000_000,
+            max_held_names_per_peer: 1_000_000,
+            max_message_bytes: 4 << 20,
+            max_streams_per_connection: 100,
+            max_inflight_bytes_per_connection: 8 << 20,
+            max_inflight_bytes: 256 << 20,
+            max_connections: 1000,
+            idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_sessions: 1024,
+            session_buffer_bytes: 1 << 20,
+            session_stall_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -101,6 +188,9 @@ impl Default for Config {
             history_budget_bytes: 64 << 20,
             signed_time_refresh: Duration::from_millis(100),
             sweep_interval: Duration::from_secs(1),
+            granted_until_file: None,
+            granted_until_step: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -204,6 +294,19 @@ impl Config {
         self
     }
 
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<TlsConfig>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Keeps the granted-until mark in `path` (see [`crate::highwater`]).
+    #[must_use]
+    pub fn with_granted_until_file(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.granted_until_file = path;
+        self
+    }
+
     /// The restart wait: a previous incarnation may have granted a deadline
     /// up to `max_ttl` after it last answered, and our clock may be off by
     /// `clock_tolerance`.
@@ -212,6 +315,33 @@ impl Config {
             Duration::ZERO
         } else {
             self.max_ttl + self.clock_tolerance
+        }
+    }
+
+    /// Every bound, as `ServerInfo` reports it.
+    pub fn limits_pb(&self) -> bagel_proto::pb::ServerLimits {
+        bagel_proto::pb::ServerLimits {
+            max_batch_ops: self.limits.max_batch_ops as u32,
+            max_records: self.max_records as u64,
+            max_waiters_per_name: self.limits.max_waiters_per_name as u32,
+            max_waiters: self.limits.max_waiters as u64,
+            max_held_names: self.limits.max_held_names as u64,
+            max_held_names_per_owner: self.limits.max_held_names_per_owner as u64,
+            max_held_names_per_peer: self.limits.max_held_names_per_peer as u64,
+            max_message_bytes: self.limits.max_message_bytes as u64,
+            max_streams_per_connection: self.limits.max_streams_per_connection,
+            max_inflight_bytes_per_connection: self.limits.max_inflight_bytes_per_connection as u64,
+            max_inflight_bytes: self.limits.max_inflight_bytes as u64,
+            max_connections: self.limits.max_connections as u32,
+            idle_timeout_us: self.limits.idle_timeout.as_micros() as u64,
+            keepalive_interval_us: self.limits.keepalive_interval.as_micros() as u64,
+            keepalive_timeout_us: self.limits.keepalive_timeout.as_micros() as u64,
+            max_sessions: self.limits.max_sessions as u32,
+            session_buffer_bytes: self.limits.session_buffer_bytes as u64,
+            session_stall_timeout_us: self.limits.session_stall_timeout.as_micros() as u64,
+            shutdown_grace_us: self.limits.shutdown_grace.as_micros() as u64,
+            history_per_name: self.history_per_name as u32,
+            history_budget_bytes: self.history_budget_bytes as u64,
         }
     }
 

@@ -70,6 +70,41 @@ pub enum Error {
     ClockUnhealthy { detail: String },
     #[error("server full: {detail}")]
     Capacity { detail: String },
+    /// A bound on what one client (or all of them) can make the server
+    /// hold. The message names the limit, its value and the flag that sets
+    /// it, so an operator knows what to raise and a caller what it hit.
+    #[error("{what}: over the limit of {value} {unit} (bagel-server --{flag})")]
+    Limit {
+        what: String,
+        value: u64,
+        unit: &'static str,
+        flag: &'static str,
+    },
+    /// The server got SIGTERM/SIGINT: it grants nothing more and exits
+    /// within its shutdown grace.
+    #[error(
+        "this server is shutting down: it grants nothing more; retry on another server \
+         or after it restarts"
+    )]
+    ShuttingDown,
+}
+
+/// The longest status message the server sends. Messages echo parts of
+/// the request (names, ids, keys); whatever a caller sends, the answer
+/// stays small.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message` cut to [`MAX_MESSAGE_BYTES`] on a character boundary.
+pub fn bounded(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES - 16;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" … (truncated)");
+    }
+    message
 }
 
 fn mode_word(m: Mode) -> &'static str {
@@ -84,6 +119,20 @@ impl Error {
         Error::InvalidArgument {
             field,
             reason: reason.into(),
+        }
+    }
+
+    pub fn limit(
+        what: impl Into<String>,
+        value: impl TryInto<u64>,
+        unit: &'static str,
+        flag: &'static str,
+    ) -> Self {
+        Error::Limit {
+            what: what.into(),
+            value: value.try_into().unwrap_or(u64::MAX),
+            unit,
+            flag,
         }
     }
 
@@ -102,6 +151,8 @@ impl Error {
                 | Error::Conflict(_)
                 | Error::ClockUnhealthy { .. }
                 | Error::Capacity { .. }
+                | Error::Limit { .. }
+                | Error::ShuttingDown
         )
     }
 
@@ -109,10 +160,10 @@ impl Error {
         match self {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::OutOfRange { .. } => Code::OutOfRange,
-            Error::NotReady { .. } | Error::ClockUnhealthy { .. } => Code::Unavailable,
+            Error::NotReady { .. } | Error::ClockUnhealthy { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
-            Error::Capacity { .. } => Code::ResourceExhausted,
+            Error::Capacity { .. } | Error::Limit { .. } => Code::ResourceExhausted,
             Error::WrongToken { .. } => Code::PermissionDenied,
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
         }
@@ -121,7 +172,7 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        let message = e.to_string();
+        let message = bounded(e.to_string());
         match &e {
             Error::Conflict(c) => {
                 Status::with_details(Code::Aborted, message, c.to_pb().encode_to_vec().into())

@@ -22,12 +22,14 @@
 
 pub mod config;
 pub mod error;
+pub mod highwater;
 mod http;
 mod meter;
 mod service;
 mod session;
 pub mod table;
 pub mod timekeeper;
+pub mod transport;
 mod validate;
 mod witness;
 
@@ -42,12 +44,18 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Config, Limits};
 pub use error::Error;
 
+use highwater::HighWater;
 use service::{Inner, Service};
 use table::{LeaseTable, TableConfig};
 use timekeeper::TimeKeeper;
 use witness::WitnessSigner;
 
 type LeaseServer = pb::lease_service_server::LeaseServiceServer<meter::Metered>;
+
+/// HTTP/2 receive windows: what a client may send that the server has not
+/// read yet, per connection and per stream.
+pub const CONNECTION_WINDOW: u32 = 512 << 10;
+pub const STREAM_WINDOW: u32 = 256 << 10;
 
 /// A lease server, ready to serve.
 #[derive(Debug)]
@@ -64,15 +72,25 @@ impl Server {
         cfg.validate()
             .map_err(|reason| Error::invalid("config", reason))?;
         let started = clock.now();
+        let found = highwater::load(cfg.granted_until_file.as_deref());
+        let mark = match &found {
+            highwater::Found::Mark(mark) => *mark,
+            _ => Micros::ZERO,
+        };
         let (ready_at, initial_floor) = if cfg.unsafe_skip_restart_wait {
             // Assume no previous incarnation existed: nothing to inherit.
             (started, Micros::ZERO)
         } else {
-            // A previous incarnation may have granted deadlines up to
-            // `max_ttl` past our start (by its clock, which may have run up
-            // to the tolerance ahead of ours); writes under them are below
-            // the instant we start granting, which is the floor.
-            let ready_at = started.saturating_add(cfg.restart_wait());
+            // A previous incarnation may have granted deadlines up to the
+            // mark it wrote, or, if we cannot know it, `max_ttl` past our
+            // start (by its clock, which may have run up to the tolerance
+            // ahead of ours); writes under them are below the instant we
+            // start granting, which is the floor of watermarks and fencing
+            // tokens. The mark covers a smaller --max-ttl this time and a
+            // clock stepped back since.
+            let wait_until = mark.max(started.saturating_add(cfg.max_ttl));
+            let ready_at = wait_until.saturating_add(cfg.clock_tolerance);
+            log_mark(&found, &cfg, started, ready_at);
             (ready_at, ready_at)
         };
         let table = LeaseTable::new(TableConfig {
@@ -85,7 +103,30 @@ impl Server {
             max_records: cfg.max_records,
             history_per_name: cfg.history_per_name,
             history_budget_bytes: cfg.history_budget_bytes,
+            max_waiters_per_name: cfg.limits.max_waiters_per_name,
+            max_waiters: cfg.limits.max_waiters,
+            held: table::HeldLimits {
+                total: cfg.limits.max_held_names,
+                per_owner: cfg.limits.max_held_names_per_owner,
+                per_peer: cfg.limits.max_held_names_per_peer,
+            },
         });
+        let highwater = HighWater::new(
+            cfg.granted_until_file.clone(),
+            mark,
+            cfg.max_ttl,
+            cfg.granted_until_step,
+        );
+        table.set_grant_limit(mark);
+        let limits = cfg.limits;
+        let frames = Arc::new(transport::layer::FrameLimits::new(
+            limits.max_message_bytes,
+            limits.max_inflight_bytes_per_connection,
+            limits.max_inflight_bytes,
+            limits.max_names_per_request,
+            limits.max_batch_ops,
+        ));
+        let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
@@ -98,6 +139,13 @@ impl Server {
                     witness: Arc::new(witness),
                     keys,
                     meters: Default::default(),
+                    highwater,
+                    last_cover: std::sync::atomic::AtomicU64::new(0),
+                    stopping: CancellationToken::new(),
+                    sessions: Default::default(),
+                    sessions_dropped: Default::default(),
+                    frames,
+                    conn_slots,
                 }),
             },
             http: None,
@@ -129,9 +177,36 @@ impl Server {
         self
     }
 
+    /// The granted-until mark as the file holds it.
+    pub fn granted_until(&self) -> Micros {
+        self.service.inner.highwater.get()
+    }
+
     /// The clock status `ServerInfo` reports.
     pub fn clock_status(&self) -> pb::ClockStatus {
         self.service.inner.time.status()
+    }
+
+    /// The HTTP/2 settings every connection gets. Each bounds what one
+    /// connection can make the server hold: streams (each a task and its
+    /// buffers), flow-control windows (bytes received but not yet read:
+    /// 512 KiB per connection, 256 KiB per stream), frame and header sizes
+    /// (16 KiB).
+    fn builder(limits: &Limits) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(limits.max_streams_per_connection)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .http2_adaptive_window(Some(false))
+            .max_frame_size(16 << 10)
+            .http2_max_header_list_size(16 << 10)
+            // Streams a client opens and resets before we accept them
+            // (rapid reset).
+            .http2_max_pending_accept_reset_streams(Some(64))
+            .http2_keepalive_interval(Some(limits.keepalive_interval).filter(|d| !d.is_zero()))
+            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+            .tcp_nodelay(true)
+            .accept_http1(false)
     }
 
     /// Serves gRPC on `listener` until `shutdown` resolves, then stops
@@ -143,7 +218,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), std::io::Error> {
         let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_not_serving::<LeaseServer>().await;
+        background::set_health(&health, false).await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -164,7 +239,7 @@ impl Server {
         }
         tasks.spawn(background::mark_ready(
             Arc::clone(&self.service.inner),
-            health,
+            health.clone(),
             cancel.clone(),
         ));
         if self.service.inner.time.uses_roughtime() {
@@ -179,21 +254,131 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+        tasks.spawn(background::keep_mark_ahead(
+            Arc::clone(&self.service.inner),
+            cancel.clone(),
+        ));
 
-        // tonic ignores the builder's tcp_nodelay for a caller's incoming
-        // stream, so set it on the stream: without it every small response
-        // can wait ~40 ms for the peer's delayed ACK (Nagle).
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let result = tonic::transport::Server::builder()
+        let limits = self.service.inner.cfg.limits;
+        let incoming = transport::accept(
+            listener,
+            transport::AcceptConfig {
+                slots: Arc::clone(&self.service.inner.conn_slots),
+                idle_timeout: limits.idle_timeout,
+            },
+            cancel.clone(),
+        );
+        let frames = Arc::clone(&self.service.inner.frames);
+        let stopping = self.service.inner.stopping.clone();
+        let tls = self.service.inner.cfg.tls.clone();
+        let lease_service = LeaseServer::new(meter::Metered(self.service))
+            // The layer refuses larger messages first, naming the limit;
+            // this is a backstop.
+            .max_decoding_message_size(limits.max_message_bytes.saturating_add(1));
+        // On the signal: health NOT_SERVING first (load balancers stop
+        // sending), then no more grants, waits end, sessions close after
+        // the answers already made; then tonic stops accepting and sends
+        // GOAWAY, and in-flight calls are answered.
+        let signal = {
+            let stopping = stopping.clone();
+            async move {
+                shutdown.await;
+                tracing::info!(
+                    "shutting down: no more grants; answering calls in flight for up to {:?}",
+                    limits.shutdown_grace
+                );
+                background::set_health(&health, false).await;
+                stopping.cancel();
+            }
+        };
+        let mut builder = Self::builder(&limits);
+        if let Some(tls) = &tls {
+            builder = builder
+                .tls_config(tls_config(tls))
+                .map_err(|e| std::io::Error::other(format!("TLS configuration: {e}")))?;
+        }
+        let serving = builder
+            .layer(transport::layer::LimitLayer::new(frames))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
-            .add_service(LeaseServer::new(meter::Metered(self.service)))
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+            .add_service(lease_service)
+            .serve_with_incoming_shutdown(incoming, signal);
+        // tonic waits for every connection to close, which a client can
+        // put off forever (a health Watch, a session it keeps open): after
+        // the grace, stop anyway.
+        let grace_over = async {
+            stopping.cancelled().await;
+            tokio::time::sleep(limits.shutdown_grace).await;
+        };
+        let result = tokio::select! {
+            r = serving => r,
+            () = grace_over => {
+                tracing::warn!(
+                    "connections still open after the shutdown grace ({:?}): stopping anyway",
+                    limits.shutdown_grace
+                );
+                Ok(())
+            }
+        };
         cancel.cancel();
         while tasks.join_next().await.is_some() {}
         result.map_err(std::io::Error::other)
+    }
+}
+
+/// TLS through tonic (rustls with ring). A client certificate, when a
+/// client CA is given, must chain to it; the handshake must end within
+/// 10 s (a connection that never finishes it also meets the idle timeout).
+fn tls_config(tls: &config::TlsConfig) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    // rustls needs a process-wide crypto provider when more than one is
+    // compiled in (object_store's aws-lc-rs joins ring in a workspace
+    // build); ours is ring, unless the embedding program chose already.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let mut cfg = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .timeout(std::time::Duration::from_secs(10));
+    if let Some(ca) = &tls.client_ca_pem {
+        cfg = cfg.client_ca_root(Certificate::from_pem(ca));
+    }
+    cfg
+}
+
+/// Says, at start, what the restart wait is based on; loudly when it could
+/// not read the granted-until mark.
+fn log_mark(found: &highwater::Found, cfg: &Config, started: Micros, ready_at: Micros) {
+    use highwater::Found;
+    let wait = ready_at.duration_since(started);
+    match found {
+        Found::Mark(mark) => tracing::info!(
+            %mark, %ready_at,
+            "granted-until mark found: refusing grants for {wait:?}, until the mark \
+             (or start + max TTL) plus the clock tolerance"
+        ),
+        Found::Missing(path) => tracing::warn!(
+            path = %path.display(), %ready_at,
+            "no granted-until mark: waiting the configured max TTL ({:?}) plus the clock \
+             tolerance. If a previous incarnation ran with a larger --max-ttl or a clock \
+             ahead of this one, its leases may outlive this wait",
+            cfg.max_ttl
+        ),
+        Found::Unreadable(path, reason) => tracing::error!(
+            path = %path.display(), %reason, %ready_at,
+            "granted-until mark UNREADABLE: waiting only the configured max TTL ({:?}) plus \
+             the clock tolerance. If a previous incarnation ran with a larger --max-ttl or a \
+             clock ahead of this one, its leases may outlive this wait",
+            cfg.max_ttl
+        ),
+        Found::NoFile => tracing::warn!(
+            %ready_at,
+            "no key file, so no granted-until mark: a restart waits the configured max TTL \
+             ({:?}); with a smaller --max-ttl or a clock stepped back it could overlap leases \
+             of the previous incarnation. Give --key to keep the mark beside it",
+            cfg.max_ttl
+        ),
     }
 }
 
@@ -221,21 +406,42 @@ mod background {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = cancel.cancelled() => return,
+                () = inner.stopping.cancelled() => return,
             }
         }
         let mut clock_ok = inner.time.watch_health();
         loop {
             if *clock_ok.borrow_and_update() {
-                health.set_serving::<LeaseServer>().await;
+                set_health(&health, true).await;
                 tracing::info!("ready: granting leases");
             } else {
-                health.set_not_serving::<LeaseServer>().await;
+                set_health(&health, false).await;
                 tracing::warn!("clock unhealthy: not granting leases");
             }
             tokio::select! {
                 changed = clock_ok.changed() => if changed.is_err() { return },
                 () = cancel.cancelled() => return,
+                // Stopping: health stays NOT_SERVING.
+                () = inner.stopping.cancelled() => return,
             }
+        }
+    }
+
+    /// Sets the lease service's health and the overall entry `""` alike:
+    /// load balancers probe `""`, and a server that refuses grants (restart
+    /// wait, bad clock, shutting down) must not look healthy there.
+    pub async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+        use tonic_health::ServingStatus;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        health.set_service_status("", status).await;
+        if serving {
+            health.set_serving::<LeaseServer>().await;
+        } else {
+            health.set_not_serving::<LeaseServer>().await;
         }
     }
 
@@ -267,6 +473,27 @@ mod background {
         }
     }
 
+    /// Raises the granted-until mark before grants need it, while grants
+    /// are being made (an idle server does not write every second).
+    pub async fn keep_mark_ahead(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(inner.cfg.granted_until_step / 2);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            if !inner.granting_recently() {
+                continue;
+            }
+            if let Err(e) = inner.highwater.keep_ahead(inner.time.now()).await {
+                tracing::error!("{e}");
+            } else {
+                inner.table.raise_grant_limit(inner.highwater.get());
+            }
+        }
+    }
+
     pub async fn sweep(inner: Arc<Inner>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(inner.cfg.sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -286,3 +513,6 @@ mod background {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_tests;

@@ -9,8 +9,9 @@ use tonic::{Request, Response, Status};
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec};
+use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec, Ticket};
 use crate::timekeeper::TimeKeeper;
+use crate::transport::Caller;
 use crate::validate;
 use crate::witness::WitnessSigner;
 
@@ -30,21 +31,100 @@ pub(crate) struct Inner {
     pub keys: KeyRing,
     /// What the edge counts, for `/metrics` (see `crate::meter`).
     pub meters: crate::meter::Meters,
+    pub highwater: crate::highwater::HighWater,
+    /// Cancelled when the server starts shutting down: waits end, sessions
+    /// close, grants are refused.
+    pub stopping: tokio_util::sync::CancellationToken,
+    /// Sessions open (see `--max-sessions`), and closed for not reading.
+    pub sessions: Arc<std::sync::atomic::AtomicUsize>,
+    pub sessions_dropped: Arc<std::sync::atomic::AtomicU64>,
+    /// Message framing limits and the bytes buffered (see `transport`).
+    pub frames: Arc<crate::transport::layer::FrameLimits>,
+    /// One permit per connection the server may accept.
+    pub conn_slots: Arc<tokio::sync::Semaphore>,
+    /// When a grant last asked the mark to cover it (Unix µs).
+    pub last_cover: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    /// Whether clients must show a certificate (mutual TLS).
+    pub fn client_auth(&self) -> bool {
+        self.cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some())
+    }
+
+    /// Whether this server grants now: not once it is stopping, and only
+    /// with a healthy clock. Releases need neither.
+    pub fn may_grant(&self) -> Result<(), Error> {
+        if self.stopping.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        self.time.check()
+    }
+
+    /// Whether grants were made in the last two mark steps.
+    pub fn granting_recently(&self) -> bool {
+        let last = self.last_cover.load(std::sync::atomic::Ordering::Relaxed);
+        let window = bagel_proto::duration_micros(self.cfg.granted_until_step * 2);
+        self.time.now().as_micros() < last.saturating_add(window)
+    }
+
+    /// Makes sure the granted-until mark covers `deadline` before a grant
+    /// with it is made (see [`crate::highwater`]). A deadline beyond the
+    /// max TTL is left to the table to refuse.
+    pub async fn cover(&self, deadline: Micros) -> Result<(), Error> {
+        let now = self.time.now();
+        self.last_cover
+            .store(now.as_micros(), std::sync::atomic::Ordering::Relaxed);
+        let deadline = deadline.min(now.saturating_add(self.cfg.max_ttl));
+        if deadline <= self.highwater.get() {
+            return Ok(());
+        }
+        self.highwater.cover(deadline, now).await?;
+        self.table.raise_grant_limit(self.highwater.get());
+        Ok(())
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// Who is calling: address (per-peer quotas) and, with mutual TLS, the
+/// client certificate's subject (the owner).
+pub(crate) fn caller<T>(request: &Request<T>) -> Caller {
+    let mut caller = Caller::of(request.extensions());
+    if caller.peer.is_none() {
+        caller.peer = request.remote_addr().map(|a| a.ip());
+    }
+    caller
+}
+
+/// A waiting acquire's place in its name's queue, left on drop (also when
+/// the caller goes away mid-wait and the handler future is dropped).
+struct Queued<'a> {
+    table: &'a LeaseTable,
+    ticket: Ticket,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.table.leave_queue(&mut self.ticket);
+    }
+}
 
 impl Service {
     fn now(&self) -> Micros {
         self.inner.time.now()
     }
 
-    async fn acquire_waiting(&self, req: &pb::AcquireRequest) -> Result<pb::LeaseGrant, Error> {
+    async fn acquire_waiting(
+        &self,
+        req: &pb::AcquireRequest,
+        caller: &Caller,
+    ) -> Result<pb::LeaseGrant, Error> {
         let inner = &*self.inner;
         // First, so that a server with a wrong clock says so rather than
         // judging deadlines by it.
-        inner.time.check()?;
-        let spec = self.acquire_spec(req)?;
+        inner.may_grant()?;
+        let spec = self.acquire_spec(req, caller)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
         // The deadline is absolute, so waiting eats into the lease: stop
         // waiting while the deadline is still valid, and answer with the
@@ -55,32 +135,40 @@ impl Service {
             .duration_since(self.now())
             .saturating_sub(Duration::from_micros(1));
         let give_up = tokio::time::Instant::now() + wait.min(usable);
-        let mut result = inner.table.acquire(&spec, self.now());
+        inner.cover(spec.deadline).await?;
+        if wait.is_zero() {
+            let grant = inner.table.acquire(&spec, self.now())?;
+            return self.grant_pb(&grant, pb::WitnessKind::Acquire).await;
+        }
+        // In the name's FIFO queue from the first refusal on; leaves it on
+        // every way out (grant, error, timeout, the caller going away).
+        let mut queued = Queued {
+            table: &inner.table,
+            ticket: Ticket::default(),
+        };
+        let mut result = inner
+            .table
+            .acquire_queued(&spec, self.now(), Some(&mut queued.ticket));
         loop {
             let conflict = match result {
                 Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
-                Err(Error::Conflict(c)) if !wait.is_zero() && tokio::time::Instant::now() < give_up => c,
+                Err(Error::Conflict(c)) if tokio::time::Instant::now() < give_up => c,
                 Err(e) => return Err(e),
             };
-            // Register for release wake-ups *before* retrying, so a release
-            // between the retry and the wait is not missed.
-            let guard = inner.table.wait_handle(&conflict.name);
-            let notified = guard.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let conflict = match self.retry(&spec, conflict) {
-                Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
-                Err(Error::Conflict(c)) => c,
-                Err(e) => return Err(e),
+            // Only the first waiter watches the holder's deadline (a lease
+            // that ends without a release); the others wait to be first.
+            let wake = if queued.ticket.is_first() {
+                let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
+                give_up.min(tokio::time::Instant::now() + until_expiry)
+            } else {
+                give_up
             };
-            // The holder's deadline frees the name even without a release.
-            let until_expiry = conflict.deadline.duration_since(self.now()) + Duration::from_micros(1);
-            let wake = give_up.min(tokio::time::Instant::now() + until_expiry);
             tokio::select! {
-                () = &mut notified => {}
+                () = queued.ticket.notified() => {}
                 () = tokio::time::sleep_until(wake) => {}
+                () = inner.stopping.cancelled() => return Err(Error::ShuttingDown),
             }
-            result = self.retry(&spec, conflict);
+            result = self.retry(&spec, conflict, &mut queued.ticket);
         }
     }
 
@@ -91,9 +179,10 @@ impl Service {
         &self,
         spec: &crate::table::AcquireSpec,
         conflict: Box<crate::error::Conflict>,
+        ticket: &mut Ticket,
     ) -> Result<crate::table::Grant, Error> {
-        self.inner.time.check()?;
-        match self.inner.table.acquire(spec, self.now()) {
+        self.inner.may_grant()?;
+        match self.inner.table.acquire_queued(spec, self.now(), Some(ticket)) {
             Err(Error::OutOfRange {
                 field: "deadline_us", ..
             }) => Err(Error::Conflict(conflict)),
@@ -101,21 +190,33 @@ impl Service {
         }
     }
 
-    /// Validates an acquire request.
-    fn acquire_spec(&self, req: &pb::AcquireRequest) -> Result<crate::table::AcquireSpec, Error> {
+    /// Validates an acquire request. With mutual TLS the owner is the
+    /// client certificate's subject, whatever the request says: the
+    /// witness then names an identity the server checked, and per-owner
+    /// quotas cannot be dodged by changing the owner field.
+    fn acquire_spec(
+        &self,
+        req: &pb::AcquireRequest,
+        caller: &Caller,
+    ) -> Result<crate::table::AcquireSpec, Error> {
         let limits = &self.inner.cfg.limits;
+        let owner = match &caller.subject {
+            Some(subject) if self.inner.client_auth() => Arc::clone(subject),
+            _ => validate::owner(&req.owner, limits)?,
+        };
         Ok(crate::table::AcquireSpec {
             names: validate::names("names", &req.names, limits)?,
             deadline: validate::deadline(req.deadline_us)?,
-            owner: validate::owner(&req.owner, limits)?,
+            owner,
             mode: validate::mode(req.mode)?,
+            peer: caller.peer,
         })
     }
 
     fn upgrade_op(&self, req: &pb::UpgradeRequest) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
-        self.inner.time.check()?;
+        self.inner.may_grant()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
 
@@ -124,7 +225,7 @@ impl Service {
         let token = validate::token(&req.token)?;
         let deadline = validate::deadline(req.deadline_us)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
-        self.inner.time.check()?;
+        self.inner.may_grant()?;
         self.inner
             .table
             .renew(lease, &token, deadline, metadata, self.now())
@@ -150,7 +251,11 @@ impl Service {
 
     /// Runs a batch: every operation on its own, in order; then one
     /// signature over all the grants' witnesses.
-    pub(crate) fn batch_ops(&self, ops: &[pb::BatchOp]) -> Result<Vec<pb::BatchResult>, Error> {
+    pub(crate) fn batch_ops(
+        &self,
+        ops: &[pb::BatchOp],
+        caller: &Caller,
+    ) -> Result<Vec<pb::BatchResult>, Error> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as R;
         let max = self.inner.cfg.limits.max_batch_ops;
@@ -161,7 +266,7 @@ impl Service {
             ));
         }
         // Grants need a healthy clock; releases do not.
-        let clock = self.inner.time.check();
+        let clock = self.inner.may_grant();
         enum Outcome {
             Done(R),
             Granted(crate::table::Grant, pb::WitnessKind),
@@ -177,7 +282,7 @@ impl Service {
                     )),
                     Some(Op::Acquire(a)) => clock
                         .clone()
-                        .and_then(|()| self.acquire_spec(a))
+                        .and_then(|()| self.acquire_spec(a, caller))
                         .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
@@ -300,6 +405,22 @@ impl Service {
     }
 }
 
+/// The latest deadline a batch's operations ask for (acquires, renewals),
+/// for the granted-until mark.
+pub(crate) fn batch_deadline(ops: &[pb::BatchOp]) -> Micros {
+    use pb::batch_op::Op;
+    let deadline = ops
+        .iter()
+        .filter_map(|op| match &op.op {
+            Some(Op::Acquire(a)) => Some(a.deadline_us),
+            Some(Op::Renew(r)) => Some(r.deadline_us),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    Micros::from_micros(deadline)
+}
+
 /// An operation's failure inside a batch, as the unary call's status.
 fn op_error(e: Error) -> pb::OpError {
     let conflict = match &e {
@@ -308,7 +429,7 @@ fn op_error(e: Error) -> pb::OpError {
     };
     pb::OpError {
         code: e.code() as i32,
-        message: e.to_string(),
+        message: crate::error::bounded(e.to_string()),
         conflict,
     }
 }
@@ -339,7 +460,7 @@ fn metadata_pb(m: &Metadata) -> pb::Metadata {
 /// future (the trait's, in `Metered`), not two.
 impl Service {
     pub(crate) async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let grant = self.acquire_waiting(request.get_ref()).await?;
+        let grant = self.acquire_waiting(request.get_ref(), &caller(&request)).await?;
         Ok(Response::new(pb::AcquireResponse { grant: Some(grant) }))
     }
 
@@ -351,6 +472,9 @@ impl Service {
     }
 
     pub(crate) async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+        self.inner
+            .cover(Micros::from_micros(request.get_ref().deadline_us))
+            .await?;
         let grant = self.renew_op(request.get_ref())?;
         let time = self.inner.time.signed()?;
         let witness = self
@@ -369,7 +493,8 @@ impl Service {
     }
 
     pub(crate) async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
-        let results = self.batch_ops(&request.get_ref().ops)?;
+        self.inner.cover(batch_deadline(&request.get_ref().ops)).await?;
+        let results = self.batch_ops(&request.get_ref().ops, &caller(&request))?;
         Ok(Response::new(pb::BatchResponse { results }))
     }
 
@@ -377,9 +502,21 @@ impl Service {
         &self,
         request: Request<tonic::Streaming<pb::BatchRequest>>,
     ) -> Reply<crate::session::Answers> {
-        let (answers, stream) = crate::session::channel();
-        tokio::spawn(crate::session::run(self.clone(), request.into_inner(), answers));
-        Ok(Response::new(stream))
+        let limits = &self.inner.cfg.limits;
+        let slot = crate::session::SessionSlot::take(&self.inner.sessions, limits.max_sessions)?;
+        let outbox = crate::session::Outbox::new(
+            limits.session_buffer_bytes,
+            limits.session_stall_timeout,
+            Arc::clone(&self.inner.sessions_dropped),
+        );
+        let caller = caller(&request);
+        tokio::spawn(crate::session::run(
+            self.clone(),
+            request.into_inner(),
+            Arc::clone(&outbox),
+            caller,
+        ));
+        Ok(Response::new(crate::session::Answers::new(outbox, slot)))
     }
 
     pub(crate) async fn describe(
@@ -395,7 +532,7 @@ impl Service {
                 name: v.name.to_string(),
                 holder: v.holder.map(|h| pb::Holder {
                     lease_id: h.lease.to_string(),
-                    owner: h.owner.to_string(),
+                    owner: v.owner.as_deref().unwrap_or_default().to_owned(),
                     mode: pb::Mode::from(h.mode).into(),
                     deadline_us: h.deadline.as_micros(),
                     fencing_token: v.fencing,
@@ -404,6 +541,7 @@ impl Service {
                 previous: Some(v.previous.to_pb()),
                 fencing_token: v.fencing,
                 known: v.known,
+                waiters: v.waiters as u32,
             })
             .collect();
         Ok(Response::new(pb::DescribeResponse { names }))
@@ -457,6 +595,21 @@ impl Service {
             max_metadata_bytes: cfg.limits.max_metadata_bytes as u32,
             timestamp_tolerance_us: cfg.timestamp_tolerance.as_micros() as u64,
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            limits: Some(cfg.limits_pb()),
+            tls: cfg.tls.is_some(),
+            client_auth: inner.client_auth(),
+            granted_until_us: inner.highwater.get().as_micros(),
+            load: Some(pb::ServerLoad {
+                connections: cfg
+                    .limits
+                    .max_connections
+                    .saturating_sub(inner.conn_slots.available_permits()) as u64,
+                sessions: inner.sessions.load(std::sync::atomic::Ordering::Relaxed) as u64,
+                held_names: inner.table.held() as u64,
+                waiters: inner.table.waiting() as u64,
+                inflight_bytes: inner.frames.buffered() as u64,
+                sessions_dropped: inner.sessions_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            }),
         }))
     }
 

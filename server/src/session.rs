@@ -9,26 +9,48 @@
 //!
 //! Answers go out one per request, in the order the requests came.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bagel_proto::pb;
-use tokio::sync::mpsc;
+use prost::Message as _;
+use tokio::sync::Notify;
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
+use crate::error::Error;
 use crate::service::Service;
 
-/// Answers buffered towards a slow reader before the session stops reading
-/// requests (backpressure instead of unbounded memory).
-const ANSWERS_BUFFERED: usize = 64;
-
-/// Runs one session until the client closes its side, the stream fails, or
-/// a request is refused as a whole.
+/// Runs one session until the client closes its side, the stream fails, a
+/// request is refused as a whole, the client stops reading, or the server
+/// stops.
 pub(crate) async fn run(
     service: Service,
     mut requests: Streaming<pb::BatchRequest>,
-    answers: mpsc::Sender<Answer>,
+    answers: Arc<Outbox>,
+    caller: crate::transport::Caller,
+) {
+    let inner = Arc::clone(&service.inner);
+    let stopping = inner.stopping.clone();
+    let sent = async {
+        tokio::select! {
+            () = serve(&service, &mut requests, &answers, &caller) => {}
+            // Answers already made still go out, then this status.
+            () = stopping.cancelled() => answers.push_final(Error::ShuttingDown.into()),
+        }
+    };
+    sent.await;
+    answers.finish();
+}
+
+async fn serve(
+    service: &Service,
+    requests: &mut Streaming<pb::BatchRequest>,
+    answers: &Outbox,
+    caller: &crate::transport::Caller,
 ) {
     let max_ops = service.inner.cfg.limits.max_batch_ops;
     // A request read ahead that did not fit in the previous group.
@@ -40,18 +62,19 @@ pub(crate) async fn run(
                 Ok(Some(request)) => request,
                 Ok(None) => return,
                 Err(status) => {
-                    let _ = answers.send(Err(status)).await;
+                    answers.push_final(status);
                     return;
                 }
             },
         };
-        let (group, ended) = take_ready(&mut requests, first, max_ops, &mut carried);
+        let (group, ended) = take_ready(requests, first, max_ops, &mut carried);
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
-        let mut results = match service.batch_ops(&ops) {
+        let covered = service.inner.cover(crate::service::batch_deadline(&ops)).await;
+        let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller)) {
             Ok(results) => results.into_iter(),
             Err(e) => {
-                let _ = answers.send(Err(e.into())).await;
+                answers.push_final(e.into());
                 return;
             }
         };
@@ -59,15 +82,15 @@ pub(crate) async fn run(
             let response = pb::BatchResponse {
                 results: results.by_ref().take(n).collect(),
             };
-            if answers.send(Ok(response)).await.is_err() {
-                return; // the client went away
+            if answers.send(response).await.is_err() {
+                return; // the client went away, or stopped reading
             }
         }
         match ended {
             Ended::No => {}
             Ended::Closed => return,
             Ended::Failed(status) => {
-                let _ = answers.send(Err(status)).await;
+                answers.push_final(status);
                 return;
             }
         }
@@ -77,13 +100,216 @@ pub(crate) async fn run(
 /// One answer of a session, or the status that ends it.
 type Answer = Result<pb::BatchResponse, Status>;
 
-/// The response stream of a session.
-pub(crate) type Answers = tokio_stream::wrappers::ReceiverStream<Answer>;
+/// Answers on their way to a session's reader, bounded in bytes.
+///
+/// Why bytes: the session used to buffer up to 64 answers whatever their
+/// size, and a client that sends but never reads made one session hold
+/// 1.4 GiB (four: 3.8 GiB and climbing). Now the answers waiting for the
+/// reader may take `budget` bytes (one answer larger than that may wait
+/// alone); beyond, the session stops reading requests (HTTP/2 flow control
+/// then stops the client). A reader that takes nothing for `stall` while
+/// the buffer is full is dropped: the waiting answers are discarded and
+/// the stream ends at once with RESOURCE_EXHAUSTED naming both limits.
+#[derive(Debug)]
+pub struct Outbox {
+    state: Mutex<Out>,
+    /// Woken when the reader takes an answer (or goes away).
+    space: Notify,
+    budget: usize,
+    stall: Duration,
+    /// The server's count of sessions dropped for stalling.
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
 
-/// The channel a session's answers go through, as the response stream.
-pub(crate) fn channel() -> (mpsc::Sender<Answer>, Answers) {
-    let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
-    (tx, tokio_stream::wrappers::ReceiverStream::new(rx))
+#[derive(Debug, Default)]
+struct Out {
+    queue: VecDeque<(Answer, usize)>,
+    bytes: usize,
+    /// Set when the reader stalled: sent before anything queued.
+    dropped: Option<Status>,
+    /// No more answers will come.
+    finished: bool,
+    reader_gone: bool,
+    waker: Option<Waker>,
+}
+
+/// The reader went away or stalled; the session should end.
+#[derive(Debug)]
+pub(crate) struct Gone;
+
+impl Outbox {
+    pub(crate) fn new(
+        budget: usize,
+        stall: Duration,
+        dropped: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Arc<Self> {
+        Arc::new(Outbox {
+            state: Mutex::new(Out::default()),
+            space: Notify::new(),
+            budget: budget.max(1),
+            stall,
+            dropped,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `answer`, waiting while the buffer is full; drops the reader
+    /// if it takes nothing for the stall timeout meanwhile.
+    async fn send(&self, answer: pb::BatchResponse) -> Result<(), Gone> {
+        let size = answer.encoded_len().min(self.budget);
+        let mut answer = Some(answer);
+        let give_up = tokio::time::Instant::now() + self.stall;
+        loop {
+            let space = self.space.notified();
+            tokio::pin!(space);
+            space.as_mut().enable();
+            {
+                let mut out = self.lock();
+                if out.reader_gone || out.dropped.is_some() {
+                    return Err(Gone);
+                }
+                if out.bytes == 0 || out.bytes + size <= self.budget {
+                    out.bytes += size;
+                    out.queue
+                        .push_back((Ok(answer.take().expect("queued once")), size));
+                    if let Some(w) = out.waker.take() {
+                        w.wake();
+                    }
+                    return Ok(());
+                }
+            }
+            tokio::select! {
+                () = &mut space => {}
+                () = tokio::time::sleep_until(give_up) => {
+                    self.drop_reader();
+                    return Err(Gone);
+                }
+            }
+        }
+    }
+
+    /// The reader took nothing for the stall timeout: discard what waits
+    /// and end the stream with a status saying why.
+    fn drop_reader(&self) {
+        self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut out = self.lock();
+        let waiting = out.bytes;
+        out.queue.clear();
+        out.bytes = 0;
+        out.dropped = Some(Status::resource_exhausted(format!(
+            "session closed: the client read no answer for {:?} while {waiting} bytes of answers \
+             waited (limits: {} bytes buffered, bagel-server --session-buffer-bytes; {:?}, \
+             --session-stall-timeout)",
+            self.stall, self.budget, self.stall
+        )));
+        if let Some(w) = out.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Queues the status that ends the session, after what is queued (the
+    /// budget does not apply: a status is small).
+    fn push_final(&self, status: Status) {
+        let mut out = self.lock();
+        if out.dropped.is_none() && !out.finished {
+            out.queue.push_back((Err(status), 0));
+        }
+        out.finished = true;
+        if let Some(w) = out.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// No more answers.
+    fn finish(&self) {
+        let mut out = self.lock();
+        out.finished = true;
+        if let Some(w) = out.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The response stream of a session.
+#[derive(Debug)]
+pub struct Answers {
+    outbox: Arc<Outbox>,
+    /// Counted in the server's sessions until dropped.
+    _slot: SessionSlot,
+}
+
+impl Answers {
+    pub(crate) fn new(outbox: Arc<Outbox>, slot: SessionSlot) -> Self {
+        Answers { outbox, _slot: slot }
+    }
+}
+
+impl Stream for Answers {
+    type Item = Answer;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Answer>> {
+        let mut out = self.outbox.lock();
+        if let Some(status) = out.dropped.take() {
+            out.finished = true;
+            out.queue.clear();
+            return Poll::Ready(Some(Err(status)));
+        }
+        if let Some((answer, size)) = out.queue.pop_front() {
+            out.bytes -= size;
+            drop(out);
+            self.outbox.space.notify_one();
+            return Poll::Ready(Some(answer));
+        }
+        if out.finished {
+            return Poll::Ready(None);
+        }
+        out.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for Answers {
+    fn drop(&mut self) {
+        let mut out = self.outbox.lock();
+        out.reader_gone = true;
+        out.queue.clear();
+        drop(out);
+        self.outbox.space.notify_one();
+    }
+}
+
+/// One of the server's `--max-sessions`, given back on drop.
+#[derive(Debug)]
+pub struct SessionSlot {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SessionSlot {
+    /// Takes a slot, or says the server has `max` sessions already.
+    pub(crate) fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Result<Self, Error> {
+        use std::sync::atomic::Ordering;
+        if count.fetch_add(1, Ordering::AcqRel) >= max {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::limit(
+                "sessions open on this server",
+                max,
+                "sessions",
+                "max-sessions",
+            ));
+        }
+        Ok(SessionSlot {
+            count: Arc::clone(count),
+        })
+    }
+}
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 enum Ended {

@@ -11,6 +11,21 @@ use crate::config::Limits;
 use crate::error::Error;
 use crate::table::{LeaseId, Metadata, Mode, Token};
 
+/// At most this many characters of a caller's value are quoted back in an
+/// error: enough to recognise it, never enough to turn a 4 MB field into a
+/// 4 MB (or, escaped, 30 MB) answer.
+pub const ECHO_CHARS: usize = 48;
+
+/// `raw`, quoted and escaped, cut to [`ECHO_CHARS`] characters (with its
+/// full length when cut).
+pub fn echo(raw: &str) -> String {
+    let mut chars = raw.char_indices();
+    match chars.nth(ECHO_CHARS) {
+        None => format!("{raw:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &raw[..end], raw.len()),
+    }
+}
+
 /// Checks and sorts a list of names. Duplicates are refused rather than
 /// silently merged: a caller listing a name twice has a bug worth seeing.
 pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec<Arc<str>>, Error> {
@@ -31,7 +46,10 @@ pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec
     for (i, name) in raw.iter().enumerate() {
         name_ok(name, limits).map_err(|reason| Error::invalid(field, format!("[{i}] {reason}")))?;
         if !seen.insert(name.as_str()) {
-            return Err(Error::invalid(field, format!("[{i}] duplicate name {name:?}")));
+            return Err(Error::invalid(
+                field,
+                format!("[{i}] duplicate name {}", echo(name)),
+            ));
         }
     }
     let mut names: Vec<Arc<str>> = raw.iter().map(|n| Arc::from(n.as_str())).collect();
@@ -51,7 +69,7 @@ fn name_ok(name: &str, limits: &Limits) -> Result<(), String> {
         ));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!("{name:?} contains a control character"));
+        return Err(format!("{} contains a control character", echo(name)));
     }
     Ok(())
 }
@@ -114,7 +132,7 @@ pub fn lease_id(raw: &str) -> Result<LeaseId, Error> {
     LeaseId::parse(raw).ok_or_else(|| {
         Error::invalid(
             "lease_id",
-            format!("{raw:?} is not a lease id (32 lowercase hex digits)"),
+            format!("{} is not a lease id (32 lowercase hex digits)", echo(raw)),
         )
     })
 }
@@ -179,6 +197,18 @@ mod tests {
         let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
         let err = names("names", &many, &l).unwrap_err().to_string();
         assert!(err.contains("65 names exceed the limit of 64"), "{err}");
+    }
+
+    #[test]
+    fn echoes_are_short() {
+        let huge = "x".repeat(4_000_000);
+        let err = lease_id(&huge).unwrap_err().to_string();
+        assert!(err.len() < 200, "{}", err.len());
+        assert!(err.contains("(4000000 bytes)"), "{err}");
+        // Escaping cannot blow it up either.
+        let nasty = "\u{202e}".repeat(1_000_000);
+        assert!(lease_id(&nasty).unwrap_err().to_string().len() < 600);
+        assert_eq!(echo("abc"), "\"abc\"");
     }
 
     #[test]

@@ -89,8 +89,8 @@ impl Default for ServerOptions {
 impl ServerProcess {
     /// Starts the server with `--listen 127.0.0.1:0` plus `args`, and waits
     /// until it prints its address and answers a health check (which it
-    /// does during the restart wait too; use [`ServerProcess::wait_ready`]
-    /// for grants).
+    /// does during the restart wait too, saying NOT_SERVING; use
+    /// [`ServerProcess::wait_ready`] for grants).
     pub async fn start(args: &[&str]) -> ServerProcess {
         ServerProcess::start_with(args, ServerOptions::default()).await
     }
@@ -107,6 +107,20 @@ impl ServerProcess {
 
     /// [`ServerProcess::start`] with [`ServerOptions`].
     pub async fn start_with(args: &[&str], options: ServerOptions) -> ServerProcess {
+        let server = ServerProcess::spawn_with(args, options).await;
+        server.wait_answering().await;
+        server
+    }
+
+    /// Starts the server like [`ServerProcess::start`] but returns as soon
+    /// as it prints its address, without talking to it (for servers that
+    /// speak TLS, which `url` does not).
+    pub async fn spawn(args: &[&str]) -> ServerProcess {
+        ServerProcess::spawn_with(args, ServerOptions::default()).await
+    }
+
+    /// [`ServerProcess::spawn`] with [`ServerOptions`].
+    pub async fn spawn_with(args: &[&str], options: ServerOptions) -> ServerProcess {
         let mut child = Command::new(bin("bagel-server"))
             .args(["--listen", &options.listen])
             .args(args)
@@ -145,15 +159,57 @@ impl ServerProcess {
         })
         .await
         .expect("reader task");
-        let server = ServerProcess {
+        ServerProcess {
             child,
             addr,
             url: format!("http://{addr}"),
             public_key_hex: key,
             http,
+        }
+    }
+
+    /// The server's process id (to read its memory from `/proc`, or signal it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for bagel-server")
+    }
+
+    /// Waits until the health RPC answers at all (any status: during the
+    /// restart wait it says NOT_SERVING), for at most 10 s.
+    async fn wait_answering(&self) {
+        let mut health = HealthClient::new(self.channel().await);
+        let req = tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
         };
-        server.wait_health("").await;
-        server
+        let answered = async {
+            while health.check(req.clone()).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), answered)
+            .await
+            .unwrap_or_else(|_| panic!("{} did not answer a health check within 10 s", self.url));
+    }
+
+    /// A channel to the server. It printed its address after binding, so
+    /// the first connect normally succeeds; a refused one is retried
+    /// briefly, not forever.
+    async fn channel(&self) -> tonic::transport::Channel {
+        let endpoint = tonic::transport::Endpoint::from_shared(self.url.clone()).expect("url");
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match endpoint.connect().await {
+                Ok(c) => break c,
+                Err(e) if tokio::time::Instant::now() >= give_up => {
+                    panic!("cannot connect to {} within 10 s: {e}", self.url)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
     }
 
     /// Starts a server that grants at once (restart wait skipped).
@@ -173,20 +229,7 @@ impl ServerProcess {
     /// Polls the standard health RPC until `service` is SERVING. The server
     /// pushes status changes through `Watch`, so this waits on the event.
     async fn wait_health(&self, service: &str) {
-        // The server printed its address after binding, so the first connect
-        // normally succeeds; a refused one is retried briefly, not forever.
-        let endpoint = tonic::transport::Endpoint::from_shared(self.url.clone()).expect("url");
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
-        let channel = loop {
-            match endpoint.connect().await {
-                Ok(c) => break c,
-                Err(e) if tokio::time::Instant::now() >= give_up => {
-                    panic!("cannot connect to {} within 10 s: {e}", self.url)
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        };
-        let mut health = HealthClient::new(channel);
+        let mut health = HealthClient::new(self.channel().await);
         let req = tonic_health::pb::HealthCheckRequest {
             service: service.to_owned(),
         };

@@ -200,6 +200,20 @@ fn parse_request(bytes: &[u8]) -> Result<Request, Error> {
 }
 
 fn parse_response(bytes: &[u8]) -> Result<Response, Error> {
+    // Exactly one frame: bytes after it are covered by no signature, and
+    // would let two different proofs verify as the same exchange (found
+    // by the fuzz tests).
+    let framed = bytes
+        .get(8..FRAME_OVERHEAD)
+        .map(|b| FRAME_OVERHEAD as u64 + u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))));
+    if let Some(framed) = framed
+        && (bytes.len() as u64) > framed
+    {
+        return Err(Error::Malformed {
+            what: "roughtime response",
+            reason: format!("{} bytes after its frame", bytes.len() as u64 - framed),
+        });
+    }
     let mut buf = bytes.to_vec();
     Response::from_frame(&mut ParseCursor::new(&mut buf)).map_err(|e| Error::Malformed {
         what: "roughtime response",

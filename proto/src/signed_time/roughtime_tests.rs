@@ -96,6 +96,18 @@ fn every_flipped_byte_of_the_recorded_exchange_is_caught() {
     }
 }
 
+/// Found by the fuzz tests: bytes after the response's frame are signed by
+/// nobody, and would let two different proofs verify as one exchange.
+#[test]
+fn bytes_after_the_response_frame_are_refused() {
+    let r = recorded();
+    let key = key_of(&r.proof);
+    let mut padded = r.proof.clone();
+    padded.response.push(0);
+    let err = verify_roughtime(&padded, &[key]).unwrap_err();
+    assert!(err.to_string().contains("1 bytes after its frame"), "{err}");
+}
+
 #[test]
 fn another_key_is_refused() {
     let r = recorded();

@@ -46,7 +46,9 @@ struct Args {
     clock_tolerance: Duration,
     /// ed25519 signing key file (64 hex digits of the secret seed). Created
     /// (mode 0600) if it does not exist. Without it, a fresh key is made and
-    /// its public key printed.
+    /// its public key printed. Beside it, `<KEY>.granted-until` keeps the
+    /// latest deadline this server may have granted, so a restart waits for
+    /// it even with a smaller --max-ttl or a clock stepped back.
     #[arg(long, env = "BAGEL_KEY")]
     key: Option<PathBuf>,
     /// Server id in witnesses (default: random).
@@ -59,15 +61,94 @@ struct Args {
     /// Number of lock shards.
     #[arg(long, env = "BAGEL_SHARDS", default_value_t = 256)]
     shards: usize,
-    /// Idle name records kept before the oldest are forgotten.
+    /// Name records kept (held and idle, ~300 bytes each) before idle ones
+    /// are forgotten: those of the address, then the owner, with the most
+    /// records first.
     #[arg(long, env = "BAGEL_MAX_RECORDS", default_value_t = 2_000_000)]
     max_records: usize,
+    /// Renewal/release entries (with their metadata) kept per name for
+    /// History.
+    #[arg(long, env = "BAGEL_HISTORY_PER_NAME", default_value_t = 8)]
+    history_per_name: usize,
+    /// Bytes of history kept over all names; the oldest entries go first.
+    #[arg(long, env = "BAGEL_HISTORY_BUDGET_BYTES", default_value_t = 64 << 20)]
+    history_budget_bytes: usize,
+    /// Names held at once over all clients (~300 bytes each).
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
+    max_held_names: usize,
+    /// Names one owner may hold at once (with --client-ca the owner is the
+    /// client certificate's subject; otherwise what the client says).
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_OWNER", default_value_t = Limits::default().max_held_names_per_owner)]
+    max_held_names_per_owner: usize,
+    /// Names one client address may hold at once.
+    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_PEER", default_value_t = Limits::default().max_held_names_per_peer)]
+    max_held_names_per_peer: usize,
     /// Max names in one request.
     #[arg(long, default_value_t = Limits::default().max_names_per_request)]
     max_names: usize,
     /// Max bytes of metadata on renew/release.
     #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
+    /// Max bytes of one name.
+    #[arg(long, default_value_t = Limits::default().max_name_bytes)]
+    max_name_bytes: usize,
+    /// Max bytes of an owner.
+    #[arg(long, default_value_t = Limits::default().max_owner_bytes)]
+    max_owner_bytes: usize,
+    /// Max operations in one Batch call (or one Session request).
+    #[arg(long, default_value_t = Limits::default().max_batch_ops)]
+    max_batch_ops: usize,
+    /// Largest request message, in bytes; larger ones are refused at their
+    /// 5-byte prefix with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BAGEL_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
+    max_message_bytes: usize,
+    /// HTTP/2 streams (calls, sessions) at once on one connection.
+    #[arg(long, env = "BAGEL_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Bytes of partly received request messages buffered per connection
+    /// (beyond, the stream that would pass it is refused).
+    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES_PER_CONNECTION", default_value_t = Limits::default().max_inflight_bytes_per_connection)]
+    max_inflight_bytes_per_connection: usize,
+    /// Bytes of partly received request messages buffered over all
+    /// connections.
+    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES", default_value_t = Limits::default().max_inflight_bytes)]
+    max_inflight_bytes: usize,
+    /// Connections at once; at the limit the server stops accepting until
+    /// one closes. Keep it below the file-descriptor limit (ulimit -n).
+    #[arg(long, env = "BAGEL_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    /// Close a connection with no call in flight for this long (0: never).
+    #[arg(long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// Ping each connection this often (HTTP/2 keepalive; 0: never) ...
+    #[arg(long, env = "BAGEL_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    keepalive_interval: Duration,
+    /// ... and drop it if the answer takes longer than this.
+    #[arg(long, env = "BAGEL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    keepalive_timeout: Duration,
+    /// Session streams open at once.
+    #[arg(long, env = "BAGEL_MAX_SESSIONS", default_value_t = Limits::default().max_sessions)]
+    max_sessions: usize,
+    /// Bytes of answers buffered towards one session's reader; beyond, the
+    /// session stops reading requests.
+    #[arg(long, env = "BAGEL_SESSION_BUFFER_BYTES", default_value_t = Limits::default().session_buffer_bytes)]
+    session_buffer_bytes: usize,
+    /// A session whose reader takes no answer for this long while its
+    /// buffer is full is closed (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "BAGEL_SESSION_STALL_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    session_stall_timeout: Duration,
+    /// On SIGTERM/SIGINT: stop granting at once (health NOT_SERVING first),
+    /// answer calls in flight, close sessions, and exit within this much
+    /// time even if clients keep connections open.
+    #[arg(long, env = "BAGEL_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+    /// Acquires that may wait server-side for one name (served first come,
+    /// first served). Each takes about 1 KiB while it waits.
+    #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
+    max_waiters_per_name: usize,
+    /// Acquires that may wait server-side in all.
+    #[arg(long, env = "BAGEL_MAX_WAITERS", default_value_t = Limits::default().max_waiters)]
+    max_waiters: usize,
     /// A Roughtime server (HOST:PORT) to take signed time from. Repeatable
     /// (tried in order); each needs a --roughtime-key, given in the same
     /// order. Without it this server signs its own clock (local time agent).
@@ -97,6 +178,17 @@ struct Args {
     /// Stop granting when the latest Roughtime answer is older than this.
     #[arg(long, env = "BAGEL_ROUGHTIME_MAX_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
     roughtime_max_age: Duration,
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "BAGEL_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "BAGEL_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates that chain to this CA (PEM): mutual TLS.
+    /// Each lease's owner is then the client certificate's subject (the
+    /// request's owner field is ignored), and per-owner quotas key on it.
+    #[arg(long, env = "BAGEL_CLIENT_CA", value_name = "PEM", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
     /// TESTS ONLY: pretend this host's clock is off by DUR (e.g. `20s`,
     /// `-20s`), to show that a server with a wrong clock refuses to grant.
     /// Never use it otherwise.
@@ -210,6 +302,26 @@ async fn main() -> anyhow::Result<()> {
     let mut limits = Limits::default();
     limits.max_names_per_request = args.max_names;
     limits.max_metadata_bytes = args.max_metadata_bytes;
+    limits.max_name_bytes = args.max_name_bytes;
+    limits.max_owner_bytes = args.max_owner_bytes;
+    limits.max_batch_ops = args.max_batch_ops;
+    limits.max_waiters_per_name = args.max_waiters_per_name;
+    limits.max_waiters = args.max_waiters;
+    limits.max_held_names = args.max_held_names;
+    limits.max_held_names_per_owner = args.max_held_names_per_owner;
+    limits.max_held_names_per_peer = args.max_held_names_per_peer;
+    limits.max_message_bytes = args.max_message_bytes;
+    limits.max_streams_per_connection = args.max_streams_per_connection;
+    limits.max_inflight_bytes_per_connection = args.max_inflight_bytes_per_connection;
+    limits.max_inflight_bytes = args.max_inflight_bytes;
+    limits.max_connections = args.max_connections;
+    limits.idle_timeout = args.idle_timeout;
+    limits.keepalive_interval = args.keepalive_interval;
+    limits.keepalive_timeout = args.keepalive_timeout;
+    limits.max_sessions = args.max_sessions;
+    limits.session_buffer_bytes = args.session_buffer_bytes;
+    limits.session_stall_timeout = args.session_stall_timeout;
+    limits.shutdown_grace = args.shutdown_grace;
     let mut cfg = Config::default()
         .with_listen(args.listen)
         .with_max_ttl(args.max_ttl)
@@ -219,7 +331,20 @@ async fn main() -> anyhow::Result<()> {
         .with_unsafe_skip_restart_wait(args.unsafe_skip_restart_wait)
         .with_shards(args.shards)
         .with_max_records(args.max_records)
+        .with_history(args.history_per_name, args.history_budget_bytes)
         .with_limits(limits);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let client_ca = args.client_ca.as_ref().map(read).transpose()?;
+        cfg = cfg.with_tls(Some(bagel_server::config::TlsConfig::new(
+            read(cert)?,
+            read(key)?,
+            client_ca,
+        )));
+    }
+    // The granted-until mark lives beside the key file: a server with a
+    // key of its own is the one whose restarts must not overlap.
+    cfg = cfg.with_granted_until_file(args.key.as_deref().map(bagel_server::highwater::path_for_key));
     if let Some(id) = args.server_id {
         cfg = cfg.with_server_id(id);
     }
@@ -246,6 +371,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let server_id = cfg.server_id.clone();
+    let tls = cfg.tls.as_ref().map(|t| t.client_ca_pem.is_some());
     let clock: Arc<dyn Clock> = match args.unsafe_clock_offset {
         None => Arc::new(SystemClock),
         Some(offset_us) => {
@@ -291,8 +417,13 @@ async fn main() -> anyhow::Result<()> {
         println!("http on {http}: status page http://{http}/, metrics http://{http}/metrics");
     }
     println!(
-        "bagel-server {server_id} listening on {addr}, ready at {}",
-        server.ready_at()
+        "bagel-server {server_id} listening on {addr}, ready at {}{}",
+        server.ready_at(),
+        match tls {
+            None => "",
+            Some(false) => ", TLS",
+            Some(true) => ", TLS with client certificates",
+        }
     );
     server.serve(listener, shutdown_signal()).await?;
     Ok(())

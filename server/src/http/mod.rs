@@ -5,9 +5,11 @@
 //!   small same-origin script for the restart countdown; nothing is loaded
 //!   from outside the machine, and the Content-Security-Policy says so to
 //!   the browser.
-//! * `/healthz` and `/readyz`: the gRPC health states over plain HTTP, for
-//!   load balancers that cannot speak gRPC. They ask the very health
-//!   service that gRPC clients watch, so the two never disagree.
+//! * `/healthz` and `/readyz`: liveness and readiness over plain HTTP, for
+//!   load balancers that cannot speak gRPC. `/readyz` asks the very health
+//!   service that gRPC clients watch, so the two never disagree;
+//!   `/healthz` is 200 for as long as the process serves (during the
+//!   restart wait too, when the gRPC overall entry `""` says NOT_SERVING).
 //!
 //! Why a separate port rather than the gRPC one: scrapers, load balancers
 //! and browsers speak HTTP/1.1, and an operator may want to expose them to
@@ -233,15 +235,18 @@ pub(crate) async fn sample(state: Arc<Http>, cancel: CancellationToken) {
     }
 }
 
-/// 200 while the server process serves (the overall gRPC health, "").
+/// Liveness: 200 while the process serves, restart wait included (a
+/// load balancer that restarted a server for waiting out its TTL would
+/// keep it waiting forever); 503 once it is shutting down. Whether it
+/// grants is `/readyz`.
 async fn healthz(State(state): State<Arc<Http>>) -> Response {
-    match state.health("").await {
-        ServingStatus::Serving => text(StatusCode::OK, "ok\n".to_owned()),
-        other => text(
+    if state.inner.stopping.is_cancelled() {
+        return text(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not serving: {}\n", other.as_str_name()),
-        ),
+            "not serving: shutting down\n".to_owned(),
+        );
     }
+    text(StatusCode::OK, "ok\n".to_owned())
 }
 
 /// 200 when the lease service grants (its gRPC health is SERVING), 503

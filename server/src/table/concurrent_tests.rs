@@ -121,6 +121,7 @@ fn worker(
                     deadline: Micros::from_micros(now + rng.gen_range(200..3000)),
                     owner: Arc::from("w"),
                     mode,
+                    peer: None,
                 };
                 tbl.acquire(&spec, t_now).ok().map(|grant| {
                     pool.lock().unwrap().push(Held {
@@ -444,6 +445,7 @@ fn racing_renews_never_move_a_deadline_back() {
                         deadline: Micros::from_micros(now + 5 * sec),
                         owner: Arc::from("t"),
                         mode: Mode::Full,
+                        peer: None,
                     },
                     Micros::from_micros(now),
                 )

@@ -5,7 +5,7 @@
 //! the shard go first when the budget is full, without a global lock on the
 //! release path.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bagel_proto::Micros;
@@ -61,10 +61,19 @@ pub struct NameHistory {
     pub truncated: bool,
 }
 
-/// A shard's record of which names got history entries, in order.
+/// A shard's history entries in the order they were recorded: entry
+/// sequence number → the slot of the name holding it.
+///
+/// It lists exactly the entries that still exist: an entry dropped by the
+/// per-name cap or with its forgotten name leaves the order at once. (It
+/// used to be a FIFO drained only when the shard went over its byte budget,
+/// which the per-name cap prevents: every renewal with metadata of one
+/// lease grew it forever, 3.9 M renewals took 100 MiB, and the eventual
+/// drain ran under the shard lock.) A B-tree, so removing any entry and
+/// taking the oldest are both O(log n) and nothing is ever drained in bulk.
 #[derive(Debug, Default)]
 pub struct HistoryLog {
-    order: VecDeque<(Arc<str>, u64)>,
+    order: BTreeMap<u64, u32>,
     bytes: usize,
     next_seq: u64,
 }
@@ -81,13 +90,14 @@ pub struct NewEntry {
 }
 
 impl HistoryLog {
-    /// Appends `entry` to `name`'s history (`slot`), keeping at most
-    /// `per_name` entries for the name. The caller enforces the shard's
-    /// byte budget with [`HistoryLog::pop_oldest`] and [`HistoryLog::evict`].
+    /// Appends `entry` to the history of the name in `slot` (`hist`),
+    /// keeping at most `per_name` entries for the name. The caller enforces
+    /// the shard's byte budget with [`HistoryLog::pop_oldest`] and
+    /// [`HistoryLog::evict`].
     pub fn push(
         &mut self,
-        name: &Arc<str>,
-        slot: &mut Option<Box<NameHistory>>,
+        slot: usize,
+        hist: &mut Option<Box<NameHistory>>,
         entry: NewEntry,
         per_name: usize,
     ) {
@@ -106,12 +116,13 @@ impl HistoryLog {
             seq,
         };
         self.bytes += entry.weight();
-        let hist = slot.get_or_insert_with(Default::default);
+        let hist = hist.get_or_insert_with(Default::default);
         hist.entries.push_back(entry);
-        self.order.push_back((Arc::clone(name), seq));
+        self.order.insert(seq, slot as u32);
         while hist.entries.len() > per_name {
             if let Some(old) = hist.entries.pop_front() {
                 self.bytes -= old.weight();
+                self.order.remove(&old.seq);
                 hist.truncated = true;
             }
         }
@@ -121,13 +132,14 @@ impl HistoryLog {
         self.bytes > budget
     }
 
-    /// The oldest recorded (name, entry sequence) of the shard.
-    pub fn pop_oldest(&mut self) -> Option<(Arc<str>, u64)> {
-        self.order.pop_front()
+    /// The slot of the name holding the shard's oldest entry, taken out of
+    /// the order; the caller then drops it with [`HistoryLog::evict`].
+    pub fn pop_oldest(&mut self) -> Option<(u64, usize)> {
+        self.order.pop_first().map(|(seq, slot)| (seq, slot as usize))
     }
 
-    /// Drops entry `seq` from `hist` if it is still its oldest (it may be
-    /// gone already: per-name cap).
+    /// Drops entry `seq`, the oldest of the shard, which is the oldest of
+    /// its name's history.
     pub fn evict(&mut self, hist: &mut NameHistory, seq: u64) {
         if hist.entries.front().is_some_and(|e| e.seq == seq) {
             let old = hist.entries.pop_front().expect("front exists");
@@ -138,7 +150,16 @@ impl HistoryLog {
 
     /// Accounts for a forgotten name's entries.
     pub fn forget(&mut self, hist: &NameHistory) {
-        self.bytes -= hist.entries.iter().map(HistoryEntry::weight).sum::<usize>();
+        for e in &hist.entries {
+            self.bytes -= e.weight();
+            self.order.remove(&e.seq);
+        }
+    }
+
+    /// Entries listed in the order (each also in its name's history).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.order.len()
     }
 
     /// The budgeted weight of the entries kept.

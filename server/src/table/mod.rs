@@ -19,33 +19,38 @@
 //! its first name's record, whose holder carries the token and, for
 //! multi-name leases, the other names. Renew and release of a one-name lease
 //! thus take exactly one lock and no extra memory per lease. Memory per held
-//! one-name lease is the record in the slab (~160 bytes), the map entry
+//! one-name lease is the record in the slab (~152 bytes), the map entry
 //! (~24 bytes at 50-87% load) and the name itself.
 //!
 //! Locking rules: shard mutexes are never held across `.await` (the table
 //! has no async code). A thread holding a shard lock only ever takes
 //! higher-numbered shard locks.
 
+mod accounts;
 mod history;
 mod ids;
+mod queue;
 mod record;
 mod stats;
 
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bagel_proto::{Micros, pb};
-use tokio::sync::Notify;
 
+pub use accounts::{Account, Accounts, HeldLimits, Usage};
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
 pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
+pub use queue::Ticket;
 pub use record::{Ended, Holder, Mode, Previous};
 pub use stats::{BreakEvent, ByMode, Census, Counts, Tracked};
 
 use crate::error::{Conflict, Error};
 use history::{HistoryLog, NewEntry};
+use queue::Waiter;
 use record::NameRecord;
 
 /// Limits of the table. Validation of sizes happens at the edge; these are
@@ -70,6 +75,11 @@ pub struct TableConfig {
     pub history_per_name: usize,
     /// Bytes of history kept over all names.
     pub history_budget_bytes: usize,
+    /// Acquires waiting for one name, and in all.
+    pub max_waiters_per_name: usize,
+    pub max_waiters: usize,
+    /// Names held at once: in all, per owner, per peer.
+    pub held: HeldLimits,
 }
 
 impl TableConfig {
@@ -85,6 +95,9 @@ impl TableConfig {
             max_records: 1_000_000,
             history_per_name: 8,
             history_budget_bytes: 1 << 20,
+            max_waiters_per_name: 1024,
+            max_waiters: 65_536,
+            held: HeldLimits::default(),
         }
     }
 }
@@ -96,6 +109,8 @@ pub struct AcquireSpec {
     pub deadline: Micros,
     pub owner: Arc<str>,
     pub mode: Mode,
+    /// The client's address, for the per-peer quota (`None`: not known).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 /// One name of a grant.
@@ -143,9 +158,13 @@ pub struct ReleaseSpec {
 pub struct NameView {
     pub name: Arc<str>,
     pub holder: Option<Holder>,
+    /// The holder's owner.
+    pub owner: Option<Arc<str>>,
     pub previous: Previous,
     pub fencing: u64,
     pub known: bool,
+    /// Acquires waiting for the name.
+    pub waiters: usize,
 }
 
 /// A name and its record, in a shard's slab.
@@ -207,10 +226,48 @@ struct ShardState {
     slab: Vec<Option<Entry>>,
     free: Vec<u32>,
     history: HistoryLog,
-    /// Interned owner strings (see `LeaseTable::intern_owner`).
-    owners: std::collections::HashSet<Arc<str>>,
     /// The shard's busiest names by grants, for operators.
     busiest: stats::Busiest,
+    /// Acquires waiting for a name of this shard, first come first served
+    /// (see `queue`). Only names with waiters have an entry.
+    queues: std::collections::HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
+    /// Tentative leases whose first name is in this shard and that a full
+    /// acquire broke, until their deadline (see `LeaseTable::free_broken`).
+    broken: std::collections::HashMap<LeaseId, Tombstone>,
+}
+
+/// Why a tentative lease is gone: every later call on it says so, whichever
+/// of its names was taken.
+#[derive(Clone, Debug)]
+struct Tombstone {
+    name: Arc<str>,
+    by: LeaseId,
+    deadline: Micros,
+}
+
+impl Tombstone {
+    fn error(&self, lease: LeaseId) -> Error {
+        Error::LostName {
+            lease,
+            name: Arc::clone(&self.name),
+            by: self.by,
+        }
+    }
+}
+
+/// Tombstones kept per shard; beyond, the one nearest its deadline goes
+/// (its lease then answers "unknown lease", like any forgotten one).
+const TOMBSTONES_PER_SHARD: usize = 256;
+
+/// A tentative lease a full acquire just broke on `name`.
+#[derive(Debug)]
+struct Broken {
+    lease: LeaseId,
+    deadline: Micros,
+    name: Arc<str>,
+    /// Its names, when the broken name was its first (whose holder lists
+    /// them); otherwise found from the first name's record.
+    names: Option<Vec<Arc<str>>>,
 }
 
 impl ShardState {
@@ -268,6 +325,33 @@ impl ShardState {
         Ok(slot)
     }
 
+    /// Wakes the first acquire waiting for `name`, which just became free.
+    fn wake_first(&self, name: &str) {
+        if self.queues.is_empty() {
+            return;
+        }
+        if let Some(first) = self.queues.get(name).and_then(|q| q.front()) {
+            first.wake.notify_one();
+        }
+    }
+
+    /// Takes `waiter` out of `name`'s queue; if it was first, the next one
+    /// becomes first and is woken to watch the holder itself.
+    fn dequeue(&mut self, name: &str, waiter: &Arc<Waiter>) {
+        let Some(q) = self.queues.get_mut(name) else {
+            return;
+        };
+        let Some(pos) = q.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
+            return;
+        };
+        q.remove(pos);
+        if q.is_empty() {
+            self.queues.remove(name);
+        } else if pos == 0 {
+            q[0].wake.notify_one();
+        }
+    }
+
     fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
         let entry = self.slab.get_mut(slot)?.take()?;
         self.slots.remove(&entry.name, slot);
@@ -279,9 +363,6 @@ impl ShardState {
 #[derive(Debug, Default)]
 struct Shard {
     state: Mutex<ShardState>,
-    /// Woken when a name of the shard is released, for bounded waiters.
-    released: Notify,
-    waiters: AtomicUsize,
     counters: stats::ShardCounters,
 }
 
@@ -291,12 +372,6 @@ impl Shard {
         // mutation happens after all checks), so poisoning is ignored rather
         // than taking the whole server down.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn wake_waiters(&self) {
-        if self.waiters.load(Ordering::Acquire) > 0 {
-            self.released.notify_waiters();
-        }
     }
 }
 
@@ -345,6 +420,15 @@ pub struct LeaseTable {
     /// down even if the clock is stepped back.
     fencing_floor: AtomicU64,
     stats: stats::TableStats,
+    /// No grant's deadline may pass this: what the granted-until file
+    /// durably says (see `crate::highwater`). The service raises it before
+    /// granting; the check here makes "written ahead of any grant" hold
+    /// even if a grant were to come late after its raise.
+    grant_limit: AtomicU64,
+    /// Acquires in some name's queue.
+    waiting: AtomicUsize,
+    /// Names held and records kept, per owner and per peer.
+    accounts: Accounts,
 }
 
 impl LeaseTable {
@@ -354,6 +438,9 @@ impl LeaseTable {
         LeaseTable {
             floor: AtomicU64::new(cfg.initial_floor.as_micros()),
             fencing_floor: AtomicU64::new(cfg.initial_floor.as_micros()),
+            grant_limit: AtomicU64::new(u64::MAX),
+            waiting: AtomicUsize::new(0),
+            accounts: Accounts::default(),
             cfg,
             shards,
             hasher: Default::default(),
@@ -383,17 +470,6 @@ impl LeaseTable {
         (self.hasher.hash_one(name) % self.shards.len() as u64) as usize
     }
 
-    /// One shared allocation per distinct owner string per shard, instead
-    /// of one per lease: at a million leases from a handful of owners that
-    /// is tens of MiB. Swept when no holder uses the owner any more.
-    fn intern_owner(state: &mut ShardState, owner: &Arc<str>) -> Arc<str> {
-        if let Some(known) = state.owners.get(&**owner) {
-            return Arc::clone(known);
-        }
-        state.owners.insert(Arc::clone(owner));
-        Arc::clone(owner)
-    }
-
     fn lock_shards(&self, shard_of_name: &[usize]) -> Locked<'_> {
         let mut order = shard_of_name.to_vec();
         order.sort_unstable();
@@ -402,8 +478,34 @@ impl LeaseTable {
         Locked { order, guards }
     }
 
-    /// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`.
+    /// Grants from now on may not pass `mark` (until raised again). A new
+    /// table has no limit.
+    pub fn set_grant_limit(&self, mark: Micros) {
+        self.grant_limit.store(mark.as_micros(), Ordering::Release);
+    }
+
+    /// Raises the grant limit to `mark` (never lowers it).
+    pub fn raise_grant_limit(&self, mark: Micros) {
+        self.grant_limit.fetch_max(mark.as_micros(), Ordering::AcqRel);
+    }
+
+    /// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`, or past
+    /// the grant limit.
     pub fn check_deadline(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
+        self.check_range(deadline, now)?;
+        if deadline.as_micros() > self.grant_limit.load(Ordering::Acquire) {
+            return Err(Error::Capacity {
+                detail: format!(
+                    "deadline {} passes the granted-until mark not yet written ({}); retry",
+                    deadline.as_micros(),
+                    self.grant_limit.load(Ordering::Acquire)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
         let lo = now.saturating_add(self.cfg.min_ttl);
         let hi = now.saturating_add(self.cfg.max_ttl);
         if deadline <= lo || deadline > hi {
@@ -440,6 +542,20 @@ impl LeaseTable {
     /// tentative one holds it and `spec` is tentative too; a full request
     /// breaks a tentative holder. An expired holder is broken.
     pub fn acquire(&self, spec: &AcquireSpec, now: Micros) -> Result<Grant, Error> {
+        self.acquire_queued(spec, now, None)
+    }
+
+    /// [`LeaseTable::acquire`] for an acquire that waits: on a conflict,
+    /// `ticket` joins the FIFO queue of the busy name (leaving the queue of
+    /// another of its names if it was there), under the lock of the check;
+    /// on a grant it leaves its queue. Refuses with a limit error when the
+    /// name, or the server, has as many waiters as allowed.
+    pub fn acquire_queued(
+        &self,
+        spec: &AcquireSpec,
+        now: Micros,
+        ticket: Option<&mut Ticket>,
+    ) -> Result<Grant, Error> {
         self.check_ready(now)?;
         self.check_deadline(spec.deadline, now)?;
         let shard_of_name: Vec<usize> = spec.names.iter().map(|n| self.shard_of(n)).collect();
@@ -453,54 +569,92 @@ impl LeaseTable {
             if let Some(h) = rec.live_holder(now) {
                 let breakable = h.mode == Mode::Tentative && spec.mode == Mode::Full;
                 if !breakable {
-                    return Err(Error::Conflict(Box::new(Conflict {
+                    let conflict = Error::Conflict(Box::new(Conflict {
                         name: Arc::clone(name),
                         holder: h.lease,
-                        owner: Arc::clone(&h.owner),
+                        owner: rec.owner(),
                         mode: h.mode,
                         deadline: h.deadline,
-                    })));
+                    }));
+                    if let Some(ticket) = ticket {
+                        self.enqueue(&mut locked, ticket, name, shard)?;
+                    }
+                    return Err(conflict);
                 }
             }
         }
+        if let Some(ticket) = ticket {
+            self.unqueue(&mut locked, ticket);
+        }
 
-        // 2. Find or create every record (the only step that can fail for
-        //    lack of room, so it runs before anything is granted).
+        // 2. Reserve the names in the quotas, then find or create every
+        //    record (the only steps that can fail for lack of room, so they
+        //    run before anything is granted).
+        let account = self.accounts.get(&spec.owner, spec.peer);
+        self.accounts.hold(&account, spec.names.len(), &self.cfg.held)?;
         let floor = self.forgotten_floor();
         let fencing_floor = self.fencing_floor();
         let mut slots = Vec::with_capacity(spec.names.len());
         for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            slots.push(
-                locked
-                    .state(shard)
-                    .slot_or_insert(name, floor, fencing_floor, now)?,
-            );
+            match locked
+                .state(shard)
+                .slot_or_insert(name, floor, fencing_floor, now)
+            {
+                Ok(slot) => slots.push(slot),
+                Err(e) => {
+                    self.accounts.unhold(&account, spec.names.len());
+                    return Err(e);
+                }
+            }
         }
 
         // 3. Grant.
-        let owner = Self::intern_owner(locked.state(shard_of_name[0]), &spec.owner);
         let lease = LeaseId::new(now, shard_of_name[0], slots[0]);
         let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
         let mut min_timestamp = Micros::ZERO;
+        let mut broken: Vec<Broken> = Vec::new();
         for (i, (name, &shard)) in spec.names.iter().zip(&shard_of_name).enumerate() {
             let state = locked.state(shard);
             state.busiest.observe(name);
             let rec = state.rec_mut(slots[i]);
             let counters = &self.shards[shard].counters;
-            (self.stats).replacing(counters, shard, slots[i], name, rec.holder.as_ref(), lease, now);
+            (self.stats).replacing(counters, shard, slots[i], name, rec, lease, now);
+            if let Some(h) = rec.live_holder(now) {
+                // Step 1 let us through: a live tentative holder we break.
+                debug_assert_eq!(h.mode, Mode::Tentative);
+                if let Some(b) = broken.iter_mut().find(|b| b.lease == h.lease) {
+                    b.names = b.names.take().or_else(|| h.all_names.as_deref().cloned());
+                } else {
+                    broken.push(Broken {
+                        lease: h.lease,
+                        deadline: h.deadline,
+                        name: Arc::clone(name),
+                        names: match &h.all_names {
+                            Some(all) => Some(all.to_vec()),
+                            // A one-name lease: its first name is this one.
+                            None if h.lease.shard() == shard && h.lease.slot() == slots[i] => {
+                                Some(vec![Arc::clone(name)])
+                            }
+                            None => None,
+                        },
+                    });
+                }
+            }
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
             min_timestamp = min_timestamp.max(previous.watermark);
+            self.end_holding(rec);
+            rec.charge(&account);
             rec.prev = previous.clone();
             rec.fencing = fencing;
             rec.last_change = now;
             rec.holder = Some(Holder {
                 lease,
                 token,
-                owner: Arc::clone(&owner),
                 deadline: spec.deadline,
                 mode: spec.mode,
+                counted: true,
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
             });
             names.push(NameGrant {
@@ -510,6 +664,10 @@ impl LeaseTable {
             });
         }
         self.shards[shard_of_name[0]].counters.granted(spec.mode);
+        drop(locked);
+        for b in broken {
+            self.free_broken(b, lease, now);
+        }
         Ok(Grant {
             lease,
             token,
@@ -519,6 +677,90 @@ impl LeaseTable {
             min_timestamp,
             names,
         })
+    }
+
+    /// The holder of `rec` no longer counts as holding the name (released,
+    /// replaced, broken, forgotten, or its deadline passed).
+    fn end_holding(&self, rec: &mut NameRecord) {
+        if let (Some(h), Some(account)) = (rec.holder.as_mut(), rec.account.as_ref())
+            && h.counted
+        {
+            h.counted = false;
+            self.accounts.unhold(account, 1);
+        }
+    }
+
+    /// Puts `ticket` in `name`'s queue (all of the request's shards are
+    /// locked, so its previous queue's too).
+    fn enqueue(
+        &self,
+        locked: &mut Locked<'_>,
+        ticket: &mut Ticket,
+        name: &Arc<str>,
+        shard: usize,
+    ) -> Result<(), Error> {
+        if let Some((s, n)) = &ticket.queued
+            && *s == shard
+            && n == name
+        {
+            let q = &locked.state(shard).queues[name];
+            ticket.first = q.front().is_some_and(|w| Arc::ptr_eq(w, &ticket.waiter));
+            return Ok(());
+        }
+        let queued_here = locked.state(shard).queues.get(name).map_or(0, VecDeque::len);
+        if queued_here >= self.cfg.max_waiters_per_name {
+            self.unqueue(locked, ticket);
+            return Err(Error::limit(
+                format!("acquires waiting for name {}", crate::validate::echo(name)),
+                self.cfg.max_waiters_per_name,
+                "waiting acquires per name",
+                "max-waiters-per-name",
+            ));
+        }
+        match ticket.queued.take() {
+            // Moving from another of its names: still one waiter.
+            Some((s, n)) => locked.state(s).dequeue(&n, &ticket.waiter),
+            None => {
+                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_waiters {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(Error::limit(
+                        "acquires waiting on this server",
+                        self.cfg.max_waiters,
+                        "waiting acquires",
+                        "max-waiters",
+                    ));
+                }
+            }
+        }
+        let q = locked.state(shard).queues.entry(Arc::clone(name)).or_default();
+        q.push_back(Arc::clone(&ticket.waiter));
+        ticket.first = q.len() == 1;
+        ticket.queued = Some((shard, Arc::clone(name)));
+        Ok(())
+    }
+
+    /// Takes `ticket` out of its queue, among locked shards.
+    fn unqueue(&self, locked: &mut Locked<'_>, ticket: &mut Ticket) {
+        if let Some((s, n)) = ticket.queued.take() {
+            locked.state(s).dequeue(&n, &ticket.waiter);
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        ticket.first = false;
+    }
+
+    /// Takes `ticket` out of its queue (a waiting acquire that gave up, or
+    /// went away); the next waiter becomes first.
+    pub fn leave_queue(&self, ticket: &mut Ticket) {
+        if let Some((s, n)) = ticket.queued.take() {
+            self.shards[s].lock().dequeue(&n, &ticket.waiter);
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        ticket.first = false;
+    }
+
+    /// Acquires waiting in all.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// Finds a lease by the slot its id names, checks the token, locks all
@@ -536,6 +778,9 @@ impl LeaseTable {
             return Err(Error::UnknownLease { lease });
         }
         let guard = self.shards[first_shard].lock();
+        if let Some(t) = guard.broken.get(&lease) {
+            return Err(t.error(lease));
+        }
         let entry = guard.at(lease.slot()).ok_or(Error::UnknownLease { lease })?;
         let holder = match &entry.rec.holder {
             Some(h) if h.lease == lease => h,
@@ -576,6 +821,9 @@ impl LeaseTable {
             deadline: seen_deadline,
             mode: Mode::Full,
         };
+        if let Some(t) = held.locked.state(first_shard).broken.get(&lease) {
+            return Err(t.error(lease));
+        }
         for i in 0..held.names.len() {
             let shard = held.shard_of_name[i];
             let state = held.locked.state(shard);
@@ -611,6 +859,67 @@ impl LeaseTable {
         Ok(held)
     }
 
+    /// Frees every name a broken tentative lease still holds, and leaves a
+    /// tombstone so that every later call on it (upgrade, renew, release)
+    /// answers the same FAILED_PRECONDITION "lost name", whichever of its
+    /// names was broken. Its other names would otherwise stay reserved until
+    /// its deadline although the lease can never be upgraded.
+    ///
+    /// Runs after the breaking grant released its locks (the broken lease's
+    /// names may lie in shards it did not lock); until then the lease only
+    /// keeps names it can no longer use.
+    fn free_broken(&self, b: Broken, by: LeaseId, now: Micros) {
+        let first = b.lease.shard();
+        let names = {
+            let mut state = self.shards[first].lock();
+            if state.broken.len() >= TOMBSTONES_PER_SHARD {
+                let oldest = state
+                    .broken
+                    .iter()
+                    .min_by_key(|(_, t)| t.deadline)
+                    .map(|(id, _)| *id);
+                if let Some(id) = oldest {
+                    state.broken.remove(&id);
+                }
+            }
+            state.broken.insert(
+                b.lease,
+                Tombstone {
+                    name: Arc::clone(&b.name),
+                    by,
+                    deadline: b.deadline,
+                },
+            );
+            match b.names {
+                Some(names) => names,
+                None => match state.at(b.lease.slot()) {
+                    Some(e) => match &e.rec.holder {
+                        Some(h) if h.lease == b.lease => match &h.all_names {
+                            Some(all) => all.to_vec(),
+                            None => vec![Arc::clone(&e.name)],
+                        },
+                        _ => return,
+                    },
+                    None => return,
+                },
+            }
+        };
+        let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
+        let mut locked = self.lock_shards(&shard_of_name);
+        for (name, &shard) in names.iter().zip(&shard_of_name) {
+            let state = locked.state(shard);
+            let Some(slot) = state.slot_of(name) else { continue };
+            let rec = state.rec_mut(slot);
+            if rec.holder.as_ref().is_some_and(|h| h.lease == b.lease) {
+                // A tentative holder leaves no trace in the chain.
+                self.end_holding(rec);
+                rec.holder = None;
+                rec.last_change = now;
+                state.wake_first(name);
+            }
+        }
+    }
+
     /// Why a lease no longer holds its first name, from the name's record.
     fn gone(lease: LeaseId, rec: &NameRecord) -> Error {
         match (rec.prev.lease, rec.prev.ended) {
@@ -635,7 +944,7 @@ impl LeaseTable {
             let name = Arc::clone(&held.names[i]);
             let rec = held.rec(i);
             min_timestamp = min_timestamp.max(rec.prev.watermark);
-            owner.get_or_insert_with(|| Arc::clone(&rec.holder.as_ref().expect("held").owner));
+            owner.get_or_insert_with(|| rec.owner());
             grants.push(NameGrant {
                 name,
                 fencing: rec.fencing,
@@ -679,7 +988,7 @@ impl LeaseTable {
             if let Some(metadata) = &metadata {
                 let entry = NewEntry {
                     lease,
-                    owner: Arc::clone(&holder.owner),
+                    owner: rec.owner(),
                     event: HistoryEvent::Renewed,
                     at: now,
                     watermark: rec.prev.watermark,
@@ -747,6 +1056,8 @@ impl LeaseTable {
         let mut stored = Micros::ZERO;
         for i in 0..held.names.len() {
             let rec = held.rec(i);
+            self.end_holding(rec);
+            let owner = rec.owner();
             let holder = rec.holder.take().expect("checked by lock_lease");
             if holder.mode == Mode::Full {
                 let inherited_open = rec
@@ -766,20 +1077,17 @@ impl LeaseTable {
             rec.last_change = now;
             let entry = NewEntry {
                 lease,
-                owner: holder.owner,
+                owner,
                 event: HistoryEvent::Released,
                 at: now,
                 watermark: rec.prev.watermark,
                 metadata: spec.metadata.clone(),
             };
             self.record_history(&mut held, i, entry);
+            let shard = held.shard_of_name[i];
+            held.locked.state(shard).wake_first(&held.names[i]);
         }
         self.shards[lease.shard()].counters.released(held.mode);
-        let shards = held.locked.order.clone();
-        drop(held);
-        for shard in shards {
-            self.shards[shard].wake_waiters();
-        }
         Ok(Released { watermark: stored })
     }
 
@@ -791,21 +1099,18 @@ impl LeaseTable {
         let name = &held.names[i];
         let state = held.locked.state(held.shard_of_name[i]);
         let slot = state.slot_of(name).expect("held names have records");
-        let ShardState {
-            slab, history, slots, ..
-        } = state;
+        let ShardState { slab, history, .. } = state;
         let rec = &mut slab[slot].as_mut().expect("occupied").rec;
-        history.push(name, &mut rec.history, entry, self.cfg.history_per_name);
+        history.push(slot, &mut rec.history, entry, self.cfg.history_per_name);
+        // Each step drops one entry that exists, so this loop runs about
+        // once per push (a new entry pushes out roughly its own weight).
         let budget = self.cfg.history_budget_bytes / self.shards.len();
         while history.over_budget(budget) {
-            let Some((old_name, seq)) = history.pop_oldest() else {
+            let Some((seq, old_slot)) = history.pop_oldest() else {
                 break;
             };
-            let Some(old_slot) = slots.find(&old_name, slab) else {
-                continue;
-            };
-            let old = &mut slab[old_slot].as_mut().expect("occupied").rec;
-            if let Some(hist) = old.history.as_deref_mut() {
+            let old = slab.get_mut(old_slot).and_then(Option::as_mut);
+            if let Some(hist) = old.and_then(|e| e.rec.history.as_deref_mut()) {
                 history.evict(hist, seq);
             }
         }
@@ -817,17 +1122,21 @@ impl LeaseTable {
             .iter()
             .map(|name| {
                 let shard = self.shards[self.shard_of(name)].lock();
+                let waiters = shard.queues.get(name).map_or(0, VecDeque::len);
                 match shard.get(name) {
                     None => NameView {
                         name: Arc::clone(name),
                         holder: None,
+                        owner: None,
                         previous: Previous::unknown(floor),
                         fencing: 0,
                         known: false,
+                        waiters,
                     },
                     Some(rec) => {
                         let holder = rec.live_holder(now).cloned();
                         NameView {
+                            owner: holder.as_ref().map(|_| rec.owner()),
                             name: Arc::clone(name),
                             previous: if holder.is_some() {
                                 rec.prev.clone()
@@ -837,6 +1146,7 @@ impl LeaseTable {
                             holder,
                             fencing: rec.fencing,
                             known: true,
+                            waiters,
                         }
                     }
                 }
@@ -851,15 +1161,6 @@ impl LeaseTable {
             None => (Vec::new(), false),
             Some(h) => (h.entries.iter().cloned().collect(), h.truncated),
         }
-    }
-
-    /// Something to wait on until a name of `name`'s shard is released.
-    /// Call [`WaitGuard::notified`] *before* retrying, so no release is
-    /// missed between the retry and the wait.
-    pub fn wait_handle(&self, name: &str) -> WaitGuard<'_> {
-        let shard = &self.shards[self.shard_of(name)];
-        shard.waiters.fetch_add(1, Ordering::AcqRel);
-        WaitGuard { shard }
     }
 
     /// Lease events since the table was made. Reads atomics only: cheap
@@ -895,10 +1196,7 @@ impl LeaseTable {
 
     /// Acquires waiting server-side for a busy name right now.
     pub fn waiters(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| s.waiters.load(Ordering::Relaxed) as u64)
-            .sum()
+        self.waiting.load(Ordering::Relaxed) as u64
     }
 
     /// How often forgetting idle records raised the forgotten floor.
@@ -936,15 +1234,35 @@ impl LeaseTable {
     /// beyond the record budget. Returns how many records were forgotten.
     pub fn sweep(&self, now: Micros) -> usize {
         let per_shard = self.cfg.max_records.div_ceil(self.shards.len());
-        self.shards
+        let forgotten = self
+            .shards
             .iter()
             .enumerate()
             .map(|(i, s)| self.forget_idle(i, s, per_shard, now))
-            .sum()
+            .sum();
+        self.accounts.sweep();
+        forgotten
     }
 
-    /// Forgets the least recently changed idle records of a shard beyond
-    /// `cap`, down to 90% of it (so the work is amortised).
+    /// Names held in all (counted: not released, broken or swept).
+    pub fn held(&self) -> usize {
+        self.accounts.held()
+    }
+
+    /// What `owner` holds and has records of.
+    pub fn owner_usage(&self, owner: &str) -> Option<Arc<Usage>> {
+        self.accounts.owner_usage(owner)
+    }
+
+    /// Housekeeping of one shard: holders whose deadline passed stop
+    /// counting against their account's quota, and beyond `cap` records the
+    /// idle ones are forgotten, down to 90% of it (so the work is
+    /// amortised).
+    ///
+    /// Which idle records go: those charged to the peer with the most
+    /// records first, then to the owner with the most, then the least
+    /// recently changed. So a client churning through names loses its own
+    /// records, not other clients' (it used to be the oldest, whoever's).
     ///
     /// Before a record goes, the forgotten floor is raised to the watermark
     /// its next holder would have inherited, under the shard lock: whoever
@@ -953,20 +1271,36 @@ impl LeaseTable {
     /// old holder's messages; it only loses the lease-id chain.
     fn forget_idle(&self, index: usize, shard: &Shard, cap: usize, now: Micros) -> usize {
         let mut state = shard.lock();
-        // Owners only the interner still refers to.
-        state.owners.retain(|o| Arc::strong_count(o) > 1);
+        // A broken tentative lease past its deadline would be refused as
+        // expired anyway; after one more max TTL nobody asks.
+        let keep_until = now.saturating_sub(self.cfg.max_ttl);
+        state.broken.retain(|_, t| t.deadline > keep_until);
+        for entry in state.slab.iter_mut().flatten() {
+            if entry
+                .rec
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.counted && !h.is_live(now))
+            {
+                self.end_holding(&mut entry.rec);
+            }
+        }
         if state.slots.len() <= cap {
             return 0;
         }
         let target = cap - cap / 10;
         let excess = state.slots.len() - target;
-        let mut idle: Vec<(Micros, usize)> = state
+        type Key = (std::cmp::Reverse<(usize, usize)>, Micros, usize);
+        let mut idle: Vec<Key> = state
             .slab
             .iter()
             .enumerate()
             .filter_map(|(slot, e)| e.as_ref().map(|e| (slot, &e.rec)))
             .filter(|(_, r)| r.is_idle(now))
-            .map(|(slot, r)| (r.last_change, slot))
+            .map(|(slot, r)| {
+                let weight = r.account.as_ref().map_or((0, 0), |a| a.weight());
+                (std::cmp::Reverse(weight), r.last_change, slot)
+            })
             .collect();
         let take = excess.min(idle.len());
         if take == 0 {
@@ -975,9 +1309,13 @@ impl LeaseTable {
         if take < idle.len() {
             idle.select_nth_unstable(take - 1);
         }
-        for &(_, slot) in &idle[..take] {
-            let entry = state.remove_slot(slot).expect("listed above");
+        for &(_, _, slot) in &idle[..take] {
+            let mut entry = state.remove_slot(slot).expect("listed above");
             (self.stats).forgetting(&shard.counters, index, slot, entry.rec.holder.as_ref());
+            self.end_holding(&mut entry.rec);
+            if let Some(account) = entry.rec.account.take() {
+                account.sub_record();
+            }
             let inherited = entry.rec.inherit(now).watermark.as_micros();
             if self.floor.fetch_max(inherited, Ordering::AcqRel) < inherited {
                 self.stats.floor_raises.fetch_add(1, Ordering::Relaxed);
@@ -988,24 +1326,6 @@ impl LeaseTable {
             }
         }
         take
-    }
-}
-
-/// Registration as a waiter on a shard; see [`LeaseTable::wait_handle`].
-#[derive(Debug)]
-pub struct WaitGuard<'a> {
-    shard: &'a Shard,
-}
-
-impl WaitGuard<'_> {
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.shard.released.notified()
-    }
-}
-
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        self.shard.waiters.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

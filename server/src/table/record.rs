@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use bagel_proto::{Micros, pb};
 
+use super::accounts::Account;
 use super::history::NameHistory;
 use super::ids::{LeaseId, Token};
 
@@ -108,10 +109,13 @@ pub struct Holder {
     pub lease: LeaseId,
     /// Proves the holder on renew, upgrade and release. Never printed.
     pub token: Token,
-    pub owner: Arc<str>,
     /// The holder's rights end at this instant (exclusive).
     pub deadline: Micros,
     pub mode: Mode,
+    /// Whether the name counts as held by the record's account (until it
+    /// is released, broken, or the sweep finds its deadline passed). The
+    /// owner is the record's account's.
+    pub counted: bool,
     /// Every name of the lease, sorted, when it has more than one. Only
     /// the lease's first name needs it (renew/release start there); kept
     /// out of line because most leases have one name.
@@ -124,10 +128,14 @@ impl Holder {
     }
 }
 
-/// One name's state. Kept small (144 bytes): a million held names must
+/// One name's state. Kept small (136 bytes): a million held names must
 /// fit in 300 MiB.
 #[derive(Debug)]
 pub struct NameRecord {
+    /// Who the record is charged to: its last holder's owner and peer (the
+    /// holder's owner, while held). `None` only for a record made for a
+    /// grant that did not happen.
+    pub account: Option<Arc<Account>>,
     /// The holder, possibly with a passed deadline (a broken lease is only
     /// turned into a `Previous` when the next grant comes).
     pub holder: Option<Holder>,
@@ -146,12 +154,31 @@ impl NameRecord {
     /// token.
     pub fn new(floor: Micros, fencing_floor: u64, now: Micros) -> Self {
         NameRecord {
+            account: None,
             holder: None,
             prev: Previous::unknown(floor),
             fencing: fencing_floor,
             last_change: now,
             history: None,
         }
+    }
+
+    /// The owner of the record's account: its holder's while held.
+    pub fn owner(&self) -> Arc<str> {
+        self.account
+            .as_ref()
+            .map_or_else(|| Arc::from(""), |a| Arc::clone(&a.owner))
+    }
+
+    /// Charges the record to `account` (its new holder's).
+    pub fn charge(&mut self, account: &Arc<Account>) {
+        if self.account.as_ref().is_some_and(|a| Arc::ptr_eq(a, account)) {
+            return;
+        }
+        if let Some(old) = self.account.replace(Arc::clone(account)) {
+            old.sub_record();
+        }
+        account.add_record();
     }
 
     pub fn live_holder(&self, now: Micros) -> Option<&Holder> {

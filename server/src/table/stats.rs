@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bagel_proto::Micros;
 
 use super::ids::LeaseId;
-use super::record::{Holder, Mode};
+use super::record::{Holder, Mode, NameRecord};
 
 /// Names tracked per shard by the busiest-names sketch. With 256 shards the
 /// table tracks 2048 names; any name with more than 1/8 of its shard's
@@ -223,11 +223,11 @@ impl TableStats {
         shard: usize,
         slot: usize,
         name: &Arc<str>,
-        holder: Option<&Holder>,
+        rec: &NameRecord,
         by: LeaseId,
         now: Micros,
     ) {
-        let Some(h) = holder else { return };
+        let Some(h) = rec.holder.as_ref() else { return };
         let live = h.is_live(now);
         if !live && is_first(h, shard, slot) {
             counters.lapsed.inc(h.mode);
@@ -242,7 +242,7 @@ impl TableStats {
                 ring.push_back(BreakEvent {
                     name: Arc::clone(name),
                     lease: h.lease,
-                    owner: Arc::clone(&h.owner),
+                    owner: rec.owner(),
                     deadline: h.deadline,
                     at: now,
                     by,
@@ -367,6 +367,7 @@ mod tests {
             deadline,
             owner: Arc::from("w1"),
             mode,
+            peer: None,
         }
     }
 
@@ -439,8 +440,8 @@ mod tests {
         );
 
         // A full acquire preempts the tentative holder of `c` (a break of
-        // a tentative lease); the tentative lease still holds `b` until it
-        // lapses, and is then counted as expired once.
+        // a tentative lease), which frees its other name `b` too: a broken
+        // lease neither holds names nor lapses later.
         tbl.acquire(&spec(&["c"], t(9), Mode::Full), t(4)).unwrap();
         let c = tbl.counts();
         assert_eq!(
@@ -454,14 +455,14 @@ mod tests {
             tbl.census(t(4)).held_leases,
             ByMode {
                 full: 3,
-                tentative: 1
+                tentative: 0
             }
         );
         assert_eq!(
             tbl.census(t(5)).expiries,
             ByMode {
                 full: 1,
-                tentative: 1
+                tentative: 0
             }
         );
         tbl.acquire(&spec(&["b"], t(9), Mode::Full), t(5)).unwrap();
@@ -469,7 +470,7 @@ mod tests {
             tbl.census(t(5)).expiries,
             ByMode {
                 full: 1,
-                tentative: 1
+                tentative: 0
             }
         );
         let _ = bc;

@@ -28,6 +28,7 @@ fn spec(names: &[&str], deadline: u64, mode: Mode) -> AcquireSpec {
         deadline: t(deadline),
         owner: Arc::from("test"),
         mode,
+        peer: None,
     }
 }
 
@@ -532,6 +533,56 @@ fn history_respects_the_byte_budget() {
     assert_eq!(entries.last().map(|e| e.at), Some(t(T0 + 99 * 1000 + 20)));
 }
 
+/// Item 3 of issue 13: renewals of one lease with metadata under the
+/// per-name cap used to add to the shard's order list forever (it was
+/// drained only over the byte budget, which the cap keeps it under).
+#[test]
+fn history_bookkeeping_does_not_grow_with_renewals() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.history_per_name = 8;
+    let tbl = LeaseTable::new(cfg);
+    let g = tbl.acquire(&full(&["r"], T0 + 5 * SEC), t(T0)).unwrap();
+    let meta = Some(Metadata::Data(vec![1u8; 16].into()));
+    let bytes_after_8 = {
+        for i in 1..=8u64 {
+            tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
+                .unwrap();
+        }
+        tbl.shards[0].lock().history.bytes()
+    };
+    for i in 9..100_000u64 {
+        tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
+            .unwrap();
+    }
+    let shard = tbl.shards[0].lock();
+    assert_eq!(shard.history.len(), 8, "one order entry per kept entry");
+    assert_eq!(shard.history.bytes(), bytes_after_8);
+    drop(shard);
+    let (entries, truncated) = tbl.history("r");
+    assert_eq!(entries.len(), 8);
+    assert!(truncated);
+    assert_eq!(entries.last().unwrap().at, t(T0 + 99_999));
+
+    // A forgotten name takes its entries out of the order too.
+    tbl.release(g.lease, &g.token, release_at(0), t(T0 + 100_000))
+        .unwrap();
+    let mut cfg = tbl.config().clone();
+    cfg.max_records = 0;
+    let small = LeaseTable::new(cfg);
+    let g = small.acquire(&full(&["f"], T0 + 5 * SEC), t(T0)).unwrap();
+    small
+        .renew(g.lease, &g.token, t(T0 + 6 * SEC), meta, t(T0 + 1))
+        .unwrap();
+    small
+        .release(g.lease, &g.token, release_at(0), t(T0 + 2))
+        .unwrap();
+    assert_eq!(small.shards[0].lock().history.len(), 2);
+    assert_eq!(small.sweep(t(T0 + 3)), 1);
+    let shard = small.shards[0].lock();
+    assert_eq!((shard.history.len(), shard.history.bytes()), (0, 0));
+}
+
 // ---------------------------------------------------------------------------
 // Property test against a reference model: a plain map, no sharding.
 
@@ -609,6 +660,18 @@ proptest! {
                     let got = tbl.acquire(&spec(&ns, deadline, mode), t(now));
                     prop_assert_eq!(got.is_ok(), free, "acquire {:?} at {}: {:?}", ns, now, got);
                     if let Ok(g) = got {
+                        // A tentative lease broken here loses all its names.
+                        let broken: Vec<usize> = ns.iter()
+                            .filter_map(|n| match model.get(n).and_then(|m| m.holder) {
+                                Some((l, d, Mode::Tentative)) if d > now => Some(l),
+                                _ => None,
+                            })
+                            .collect();
+                        for m in model.values_mut() {
+                            if m.holder.is_some_and(|(l, _, _)| broken.contains(&l)) {
+                                m.holder = None;
+                            }
+                        }
                         let mut want_min = 0;
                         for (n, ng) in ns.iter().zip(&g.names) {
                             let m = model.entry(n).or_default();
@@ -681,4 +744,224 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_broken_tentative_lease_frees_its_names_and_answers_alike() {
+    // Broken on its first name or on another: the same answer, and the
+    // names nobody took are free at once.
+    for (taken, other) in [("a", "b"), ("b", "a")] {
+        let tbl = table();
+        let tentative = tbl
+            .acquire(&spec(&["a", "b"], T0 + 5 * SEC, Mode::Tentative), t(T0))
+            .unwrap();
+        let breaker = tbl.acquire(&full(&[taken], T0 + 5 * SEC), t(T0 + 1)).unwrap();
+        for err in [
+            tbl.upgrade(tentative.lease, &tentative.token, t(T0 + 2))
+                .unwrap_err(),
+            tbl.renew(
+                tentative.lease,
+                &tentative.token,
+                t(T0 + 3 * SEC),
+                None,
+                t(T0 + 2),
+            )
+            .unwrap_err(),
+            tbl.release(tentative.lease, &tentative.token, release_at(0), t(T0 + 2))
+                .unwrap_err(),
+        ] {
+            assert_eq!(
+                err,
+                Error::LostName {
+                    lease: tentative.lease,
+                    name: Arc::from(taken),
+                    by: breaker.lease,
+                },
+                "{taken}"
+            );
+        }
+        let view = tbl.describe(&[Arc::from(other)], t(T0 + 2));
+        assert_eq!(view[0].holder, None, "{other} is free");
+        tbl.acquire(&full(&[other], T0 + 5 * SEC), t(T0 + 2)).unwrap();
+    }
+}
+
+/// Whether `ticket` has a wake-up waiting for it (without waiting).
+fn woken(ticket: &Ticket) -> bool {
+    use std::future::Future as _;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::pin!(ticket.notified()).poll(&mut cx).is_ready()
+}
+
+#[test]
+fn a_release_wakes_only_the_first_waiter_of_the_name() {
+    let tbl = table();
+    let holder = tbl.acquire(&full(&["q"], T0 + 5 * SEC), t(T0)).unwrap();
+    let (mut first, mut second, mut other) = (Ticket::default(), Ticket::default(), Ticket::default());
+    let want = full(&["q"], T0 + 6 * SEC);
+    assert!(tbl.acquire_queued(&want, t(T0 + 1), Some(&mut first)).is_err());
+    assert!(tbl.acquire_queued(&want, t(T0 + 2), Some(&mut second)).is_err());
+    let _busy = tbl.acquire(&full(&["r"], T0 + 5 * SEC), t(T0)).unwrap();
+    assert!(
+        tbl.acquire_queued(&full(&["r"], T0 + 6 * SEC), t(T0 + 3), Some(&mut other))
+            .is_err()
+    );
+    assert!(first.is_first() && !second.is_first());
+    assert_eq!(
+        (
+            tbl.waiting(),
+            tbl.describe(&[Arc::from("q")], t(T0 + 3))[0].waiters
+        ),
+        (3, 2)
+    );
+
+    tbl.release(holder.lease, &holder.token, release_at(0), t(T0 + 4))
+        .unwrap();
+    assert!(woken(&first));
+    assert!(!woken(&second) && !woken(&other));
+    // The first takes the name and leaves the queue: the second is first
+    // now, and woken to watch the new holder itself.
+    let got = tbl.acquire_queued(&want, t(T0 + 5), Some(&mut first)).unwrap();
+    assert!(!first.is_queued());
+    assert!(woken(&second));
+    assert!(tbl.acquire_queued(&want, t(T0 + 6), Some(&mut second)).is_err());
+    assert!(second.is_first());
+    tbl.leave_queue(&mut second);
+    tbl.leave_queue(&mut other);
+    assert_eq!(tbl.waiting(), 0);
+    assert_eq!(got.names[0].name, Arc::from("q"));
+}
+
+#[test]
+fn waiters_are_bounded_per_name_and_in_all() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.max_waiters_per_name = 2;
+    cfg.max_waiters = 3;
+    let tbl = LeaseTable::new(cfg);
+    tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
+    tbl.acquire(&full(&["b"], T0 + 5 * SEC), t(T0)).unwrap();
+    let mut tickets: Vec<Ticket> = (0..5).map(|_| Ticket::default()).collect();
+    let mut try_wait = |name: &str, i: usize| {
+        tbl.acquire_queued(&full(&[name], T0 + 6 * SEC), t(T0 + 1), Some(&mut tickets[i]))
+            .unwrap_err()
+    };
+    assert!(matches!(try_wait("a", 0), Error::Conflict(_)));
+    assert!(matches!(try_wait("a", 1), Error::Conflict(_)));
+    let per_name = try_wait("a", 2).to_string();
+    assert!(
+        per_name.contains("limit of 2") && per_name.contains("--max-waiters-per-name"),
+        "{per_name}"
+    );
+    assert!(matches!(try_wait("b", 3), Error::Conflict(_)));
+    let total = try_wait("b", 4).to_string();
+    assert!(
+        total.contains("limit of 3") && total.contains("--max-waiters)"),
+        "{total}"
+    );
+}
+
+fn owned(names: &[&str], deadline: u64, owner: &str, peer: Option<&str>) -> AcquireSpec {
+    let mut s = full(names, deadline);
+    s.owner = Arc::from(owner);
+    s.peer = peer.map(|p| p.parse().unwrap());
+    s
+}
+
+#[test]
+fn names_held_are_capped_in_all_per_owner_and_per_peer() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.held = HeldLimits {
+        total: 6,
+        per_owner: 3,
+        per_peer: 4,
+    };
+    let tbl = LeaseTable::new(cfg);
+    let d = T0 + 5 * SEC;
+    let a = tbl
+        .acquire(&owned(&["a1", "a2", "a3"], d, "a", Some("10.0.0.1")), t(T0))
+        .unwrap();
+    let err = tbl
+        .acquire(&owned(&["a4"], d, "a", Some("10.0.0.2")), t(T0))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("owner \"a\"")
+            && msg.contains("limit of 3")
+            && msg.contains("--max-held-names-per-owner"),
+        "{msg}"
+    );
+    tbl.acquire(&owned(&["b1"], d, "b", Some("10.0.0.1")), t(T0))
+        .unwrap();
+    let err = tbl
+        .acquire(&owned(&["b2"], d, "b", Some("10.0.0.1")), t(T0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("10.0.0.1") && err.contains("limit of 4") && err.contains("--max-held-names-per-peer"),
+        "{err}"
+    );
+    tbl.acquire(&owned(&["c1", "c2"], d, "c", None), t(T0)).unwrap();
+    let err = tbl
+        .acquire(&owned(&["c3"], d, "c", None), t(T0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("limit of 6") && err.contains("--max-held-names)"),
+        "{err}"
+    );
+    assert_eq!(tbl.held(), 6);
+    // A refused acquire reserved nothing; a release gives its names back.
+    tbl.release(a.lease, &a.token, release_at(0), t(T0 + 1)).unwrap();
+    assert_eq!(tbl.held(), 3);
+    assert_eq!(tbl.owner_usage("a").unwrap().held(), 0);
+    tbl.acquire(&owned(&["a4", "a5"], d, "a", Some("10.0.0.2")), t(T0 + 1))
+        .unwrap();
+    // A lease whose deadline passed stops counting at the next sweep.
+    tbl.sweep(t(d));
+    assert_eq!(tbl.held(), 0);
+    tbl.acquire(&owned(&["a6", "a7", "a8"], d + 5 * SEC, "a", None), t(d))
+        .unwrap();
+}
+
+/// Item 4 of issue 13: a client churning through names must not make the
+/// server forget another client's idle record (it forgot the oldest,
+/// whoever's), and so hand that name the raised floor.
+#[test]
+fn churn_forgets_the_churners_records_not_others() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.max_records = 100;
+    let tbl = LeaseTable::new(cfg);
+    let keep = tbl
+        .acquire(
+            &owned(&["keep"], T0 + 5 * SEC, "keeper", Some("127.0.0.1")),
+            t(T0),
+        )
+        .unwrap();
+    tbl.release(keep.lease, &keep.token, release_at(T0 + 10), t(T0 + 20))
+        .unwrap();
+    let mut now = T0 + SEC;
+    for i in 0..1_000 {
+        let name = format!("churn-{i}");
+        let g = tbl
+            .acquire(&owned(&[&name], now + SEC, "churner", Some("127.0.0.1")), t(now))
+            .unwrap();
+        tbl.release(g.lease, &g.token, release_at(now + 10), t(now + 20))
+            .unwrap();
+        now += 100;
+        if i % 50 == 0 {
+            tbl.sweep(t(now));
+        }
+    }
+    tbl.sweep(t(now));
+    assert!(tbl.record_count() <= 100);
+    assert!(
+        tbl.forgotten_floor() > t(T0 + SEC),
+        "the churner's records were forgotten"
+    );
+    let view = &tbl.describe(&[Arc::from("keep")], t(now))[0];
+    assert!(view.known, "the keeper's idle record was forgotten");
+    assert_eq!(view.previous.watermark, t(T0 + 10));
+    assert_eq!(view.previous.lease, Some(keep.lease));
 }

@@ -1,0 +1,56 @@
+//! Acquires waiting server-side for a busy name: one FIFO queue per name.
+//!
+//! Why per name and first-in-first-out: waiters used to wait on their
+//! shard, and a release woke every waiter of the shard, in no order. With
+//! 2000 waiters on one name every release cost 2000 retries (5 CPU-s in
+//! all), and early arrivals timed out while late ones were served. Now a
+//! release wakes only the first waiter of the released name; only the first
+//! also watches the holder's deadline (a lease that ends without a release);
+//! the others sleep until they become first, or give up.
+//!
+//! The queue lives in the shard state, under the shard lock: a waiter is
+//! queued under the same lock as the check that found the name busy, and a
+//! release wakes under the lock that freed the name, so no wake-up is lost
+//! between the two. A wake-up given while the waiter is not yet awaiting is
+//! kept (`Notify::notify_one` stores a permit).
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+/// One waiting acquire, as its name's queue holds it.
+#[derive(Debug, Default)]
+pub(super) struct Waiter {
+    pub(super) wake: Notify,
+}
+
+/// A waiting acquire's place in a queue; see
+/// [`super::LeaseTable::acquire_queued`]. Leave the queue with
+/// [`super::LeaseTable::leave_queue`] (the service's guard does it on drop).
+#[derive(Debug, Default)]
+pub struct Ticket {
+    pub(super) waiter: Arc<Waiter>,
+    /// The name (and its shard) whose queue holds this ticket.
+    pub(super) queued: Option<(usize, Arc<str>)>,
+    /// Whether it is first in that queue (and so watches the holder's
+    /// deadline) when last looked at.
+    pub(super) first: bool,
+}
+
+impl Ticket {
+    /// Resolves when this waiter should try again: a release of the name it
+    /// waits for (if first), or it became first.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.waiter.wake.notified()
+    }
+
+    /// Whether it was first in its queue when the last attempt failed: only
+    /// the first waiter retries at the holder's deadline.
+    pub fn is_first(&self) -> bool {
+        self.first
+    }
+
+    pub fn is_queued(&self) -> bool {
+        self.queued.is_some()
+    }
+}

@@ -1,0 +1,383 @@
+//! Connections: how many, how long idle, and what each may make the server
+//! hold before a request is decoded.
+//!
+//! * [`accept`]: the accept loop. At `max_connections` it stops accepting
+//!   (new clients wait in the kernel's backlog) rather than fail; an accept
+//!   error (EMFILE at the file-descriptor limit) is logged, at most once a
+//!   second, and backed off rather than retried at once (tonic's loop spun
+//!   on it, 9 CPU-s per 10 s, and said nothing).
+//! * [`Conn`]: one accepted connection. It closes itself once no call has
+//!   been in flight on it for `idle_timeout`: a client that connects and
+//!   goes quiet (or never says anything) no longer holds a socket forever.
+//! * [`layer`]: every request's body passes through [`layer::Framed`],
+//!   which takes each gRPC message whole before tonic sees it (tonic
+//!   reserves the length a message *announces* as soon as its 5-byte
+//!   prefix arrives: 1000 streams each sending a prefix claiming 4 MiB took
+//!   2 GiB) and charges partly received messages to a per-connection and a
+//!   global budget.
+
+pub mod layer;
+pub mod wire;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+
+/// What the server knows of a connection, shared by the connection and its
+/// requests (as the tonic connect info).
+#[derive(Debug)]
+pub struct ConnState {
+    /// Calls in flight (request received, response not yet finished).
+    active: AtomicUsize,
+    /// When the last call began or ended, in ms since [`epoch`].
+    last_active_ms: AtomicU64,
+    /// Bytes of partly received request messages buffered (see
+    /// [`layer::Framed`]).
+    pub(crate) inflight: AtomicUsize,
+    /// The client certificate's subject (mutual TLS), read on first use.
+    subject: OnceLock<Option<Arc<str>>>,
+}
+
+impl ConnState {
+    pub(crate) fn new() -> Self {
+        ConnState {
+            active: AtomicUsize::new(0),
+            last_active_ms: AtomicU64::new(now_ms()),
+            inflight: AtomicUsize::new(0),
+            subject: OnceLock::new(),
+        }
+    }
+
+    /// A call began on the connection; the returned guard ends it.
+    pub(crate) fn begin(self: &Arc<Self>) -> CallGuard {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.last_active_ms.store(now_ms(), Ordering::Release);
+        CallGuard {
+            state: Arc::clone(self),
+        }
+    }
+
+    /// When the connection went idle, if it is.
+    fn idle_since(&self) -> Option<u64> {
+        (self.active.load(Ordering::Acquire) == 0).then(|| self.last_active_ms.load(Ordering::Acquire))
+    }
+}
+
+/// One call in flight on a connection, until dropped.
+#[derive(Debug)]
+pub(crate) struct CallGuard {
+    state: Arc<ConnState>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.state.last_active_ms.store(now_ms(), Ordering::Release);
+        self.state.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Milliseconds since the first call (a monotonic clock).
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// The connect info of our connections, as requests see it (inside
+/// `TlsConnectInfo` with TLS).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    pub state: Arc<ConnState>,
+}
+
+/// An accepted TCP connection that closes itself when idle.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    info: ConnInfo,
+    idle_timeout: Duration,
+    /// Fires when the connection may have gone idle for long enough.
+    timer: Pin<Box<Sleep>>,
+    closed: bool,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    /// Whether the connection has been idle for the whole timeout; if not,
+    /// re-arms the timer for the earliest moment it could have been.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.idle_timeout.is_zero() {
+            return false;
+        }
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let timeout = self.idle_timeout.as_millis() as u64;
+            let next = match self.info.state.idle_since() {
+                Some(since) if now_ms() >= since + timeout => return true,
+                Some(since) => since + timeout - now_ms(),
+                None => timeout,
+            };
+            let at = Instant::now() + Duration::from_millis(next.max(1));
+            self.timer.as_mut().reset(at);
+        }
+        false
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.closed {
+            return Poll::Ready(Ok(()));
+        }
+        let this = &mut *self;
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Pending if this.idle_expired(cx) => {
+                // End of stream: the HTTP/2 connection (or the TLS
+                // handshake) ends, and the socket is closed.
+                tracing::debug!(peer = ?this.info.remote, "closing a connection idle for {:?}", this.idle_timeout);
+                this.closed = true;
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+/// How the accept loop behaves.
+#[derive(Clone, Debug)]
+pub struct AcceptConfig {
+    /// One permit per connection (`--max-connections`), held by the
+    /// connection until it closes.
+    pub slots: Arc<Semaphore>,
+    pub idle_timeout: Duration,
+}
+
+/// Accepts connections on `listener` until `stop` is cancelled (or the
+/// receiver goes away), as a stream for tonic.
+pub fn accept(
+    listener: TcpListener,
+    cfg: AcceptConfig,
+    stop: CancellationToken,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn>> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(accept_loop(listener, cfg, stop, tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    cfg: AcceptConfig,
+    stop: CancellationToken,
+    tx: mpsc::Sender<io::Result<Conn>>,
+) {
+    let slots = Arc::clone(&cfg.slots);
+    let mut backoff = Backoff::default();
+    let mut logged_full: Option<Instant> = None;
+    loop {
+        // A free connection slot first: at the limit, stop accepting (the
+        // kernel's backlog holds new clients) instead of accepting and
+        // dropping them.
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if logged_full.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(
+                        "connection limit reached: not accepting until a connection closes \
+                         (bagel-server --max-connections)"
+                    );
+                    logged_full = Some(Instant::now());
+                }
+                tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => slot.expect("never closed"),
+                    () = stop.cancelled() => return,
+                    () = tx.closed() => return,
+                }
+            }
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = stop.cancelled() => return,
+            () = tx.closed() => return,
+        };
+        let (stream, remote) = match accepted {
+            Ok(pair) => {
+                backoff.reset();
+                pair
+            }
+            Err(e) if is_transient(&e) => continue,
+            Err(e) => {
+                // EMFILE, ENFILE, ENOBUFS, ENOMEM: nothing to accept until
+                // something is freed. Say so (not on every attempt), and
+                // wait before trying again.
+                let wait = backoff.next();
+                backoff.log(&e, wait);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = stop.cancelled() => return,
+                }
+                continue;
+            }
+        };
+        // Without it every small response may wait ~40 ms for the peer's
+        // delayed ACK (Nagle).
+        let _ = stream.set_nodelay(true);
+        let conn = Conn {
+            stream,
+            info: ConnInfo {
+                remote: Some(remote),
+                state: Arc::new(ConnState::new()),
+            },
+            idle_timeout: cfg.idle_timeout,
+            timer: Box::pin(tokio::time::sleep(cfg.idle_timeout.max(Duration::from_millis(1)))),
+            closed: false,
+            _slot: slot,
+        };
+        if tx.send(Ok(conn)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Errors after which the next accept may well succeed at once.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// Exponential back-off after accept errors (10 ms up to 1 s), and a log
+/// line at most once a second saying how many errors there were.
+#[derive(Debug, Default)]
+struct Backoff {
+    wait: Duration,
+    errors: u64,
+    last_log: Option<Instant>,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn next(&mut self) -> Duration {
+        self.wait = (self.wait * 2).clamp(Self::FIRST, Self::MAX);
+        self.errors += 1;
+        self.wait
+    }
+
+    fn log(&mut self, e: &io::Error, wait: Duration) {
+        if self
+            .last_log
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        tracing::error!(
+            error = %e,
+            errors = self.errors,
+            "cannot accept connections (at the file-descriptor limit?); retrying in {wait:?}"
+        );
+        self.last_log = Some(Instant::now());
+        self.errors = 0;
+    }
+
+    fn reset(&mut self) {
+        self.wait = Duration::ZERO;
+    }
+}
+
+/// Who made a request: its address, and with mutual TLS the subject of
+/// its client certificate.
+#[derive(Clone, Debug, Default)]
+pub struct Caller {
+    pub peer: Option<std::net::IpAddr>,
+    pub subject: Option<Arc<str>>,
+}
+
+impl Caller {
+    pub fn of(ext: &http::Extensions) -> Caller {
+        let Some(info) = conn_info(ext) else {
+            return Caller::default();
+        };
+        let subject = info
+            .state
+            .subject
+            .get_or_init(|| {
+                let tls = ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()?;
+                let certs = tls.peer_certs()?;
+                subject_of(certs.first()?)
+            })
+            .clone();
+        Caller {
+            peer: info.remote.map(|a| a.ip()),
+            subject,
+        }
+    }
+}
+
+/// The subject of a DER certificate, as RFC 4514 text (`CN=worker-1,O=acme`).
+pub fn subject_of(der: &[u8]) -> Option<Arc<str>> {
+    use x509_cert::der::Decode as _;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    Some(Arc::from(cert.tbs_certificate.subject.to_string()))
+}
+
+/// The state of the connection a request came on, with or without TLS.
+pub fn conn_info(ext: &http::Extensions) -> Option<&ConnInfo> {
+    ext.get::<ConnInfo>().or_else(|| {
+        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+            .map(|t| t.get_ref())
+    })
+}
