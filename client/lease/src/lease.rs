@@ -427,9 +427,24 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             () = tokio::time::sleep(next) => {}
             () = cancel.cancelled() => return,
         }
+        // A renewal that hangs (a server or store that stopped answering,
+        // a client library retrying inside the call) must not push the
+        // loss past the deadline: the holder has to hear of it in time to
+        // stop. So the call is raced against the instant the lease runs
+        // out of time (the deadline itself when already inside the margin).
+        let bound = {
+            let deadline = shared.state.borrow().deadline;
+            let now = shared.backend.clock().now();
+            let lose_at = deadline.saturating_sub(shared.options.safety_margin);
+            if lose_at > now { lose_at } else { deadline }.duration_since(now)
+        };
         let outcome = tokio::select! {
+            biased;
             r = renew_once(&shared, None) => r,
             () = cancel.cancelled() => return,
+            () = tokio::time::sleep(bound) => Err(Error::Unavailable {
+                message: format!("the renewal got no answer within {bound:?}, the time left"),
+            }),
         };
         match outcome {
             Ok(_) => next = every,
