@@ -9,14 +9,17 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::{LeaseJson, WitnessJson};
 use bagel_client::{
-    Client, ClockSource, Error, HistoryEvent, LeaseBackend as _, LeaseOptions, LeaseRef, Metadata, Micros,
-    NameState, Previous, ReleaseOptions,
+    AcquireBuilder, ClockSource, Error, HistoryEvent, LeaseOptions, LeaseRef, Metadata, Micros, NameState,
+    Previous, ReleaseOptions,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use crate::store::{Leases, StoreArgs};
+use crate::time_cmds::RoughtimeArgs;
+
 /// Exit code of a refused acquire (name held by someone else).
-const EXIT_BUSY: u8 = 2;
+pub const EXIT_BUSY: u8 = 2;
 
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
@@ -74,6 +77,10 @@ pub struct TokenArgs {
     /// one).
     #[arg(long)]
     token: Option<String>,
+    /// The lease's names (repeatable): an S3 lease store finds a lease by
+    /// its names. Read from the lease file when `--lease` is one.
+    #[arg(long = "name")]
+    names: Vec<String>,
     #[arg(long)]
     json: bool,
 }
@@ -87,7 +94,7 @@ impl TokenArgs {
                 .token
                 .clone()
                 .context("--token is required when --lease is a lease id (or give the lease file)")?;
-            return Ok(LeaseRef::new(self.lease_id.clone(), token));
+            return Ok(LeaseRef::new(self.lease_id.clone(), token).with_names(self.names.clone()));
         }
         let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
             format!(
@@ -98,7 +105,12 @@ impl TokenArgs {
         let lease: LeaseJson = serde_json::from_str(&text)
             .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
         let token = self.token.clone().unwrap_or(lease.token);
-        Ok(LeaseRef::new(lease.lease_id, token).with_names(lease.names.into_iter().map(|n| n.name)))
+        let names = if self.names.is_empty() {
+            lease.names.into_iter().map(|n| n.name).collect()
+        } else {
+            self.names.clone()
+        };
+        Ok(LeaseRef::new(lease.lease_id, token).with_names(names))
     }
 }
 
@@ -155,17 +167,26 @@ pub struct VerifyArgs {
     #[arg(default_value = "-")]
     file: PathBuf,
     /// Trust this ed25519 public key (64 hex digits) instead of asking the
-    /// server. Repeatable.
+    /// server (with --lease-store: besides the store's published keys).
+    /// Repeatable.
     #[arg(long = "key")]
     keys: Vec<String>,
 }
 
-pub async fn run(cmd: LeaseCommand, server: &str) -> anyhow::Result<ExitCode> {
+/// What the lease commands need from the global flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Globals<'a> {
+    pub server: &'a str,
+    pub store: &'a StoreArgs,
+    pub roughtime: &'a RoughtimeArgs,
+}
+
+pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
-        LeaseCommand::VerifyWitness(args) => verify_witness(args, server).await,
+        LeaseCommand::VerifyWitness(args) => verify_witness(args, &g).await,
         cmd => {
-            let client = Client::connect(server).await?;
-            match run_with(cmd, &client).await {
+            let leases = g.store.connect(g.server, g.roughtime).await?;
+            match run_with(cmd, &leases).await {
                 Err(e) => match e.downcast_ref::<Error>() {
                     Some(busy @ Error::Busy { .. }) => {
                         eprintln!("bagel: {}", busy_message(busy));
@@ -179,7 +200,7 @@ pub async fn run(cmd: LeaseCommand, server: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn busy_message(e: &Error) -> String {
+pub fn busy_message(e: &Error) -> String {
     match e {
         Error::Busy {
             conflict: Some(c), ..
@@ -195,13 +216,14 @@ fn busy_message(e: &Error) -> String {
     }
 }
 
-async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode> {
+async fn run_with(cmd: LeaseCommand, leases: &Leases) -> anyhow::Result<ExitCode> {
+    let backend = leases.backend();
     match cmd {
-        LeaseCommand::Acquire(args) => acquire(args, client).await,
+        LeaseCommand::Acquire(args) => acquire(args, leases).await,
         LeaseCommand::Renew(args) => {
             let lease = args.lease.resolve()?;
-            let deadline = client.clock().now().saturating_add(args.ttl);
-            let r = client
+            let deadline = backend.clock().now().saturating_add(args.ttl);
+            let r = backend
                 .renew_lease(&lease, deadline, args.metadata.as_deref().map(metadata))
                 .await?;
             if args.lease.json {
@@ -215,8 +237,11 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Upgrade(args) => {
-            let grant = client.upgrade_lease(&args.resolve()?).await?;
-            print_grant(&LeaseJson::from_grant(&grant, Some(client.url())), args.json);
+            let grant = backend.upgrade_lease(&args.resolve()?).await?;
+            print_grant(
+                &LeaseJson::from_grant(&grant, Some(&leases.location())),
+                args.json,
+            );
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Release(args) => {
@@ -240,7 +265,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             if let Some(m) = args.metadata.as_deref().map(metadata) {
                 options = options.with_metadata(m);
             }
-            let stored = client.release_lease(&lease, options).await?;
+            let stored = backend.release_lease(&lease, options).await?;
             crate::written::forget(&lease.id);
             if args.lease.json {
                 println!("{}", json!({ "watermark_us": stored.as_micros() }));
@@ -250,7 +275,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Describe(args) => {
-            let states = client.describe(args.names).await?;
+            let states = leases.describe(args.names).await?;
             if args.json {
                 let v: Vec<_> = states.iter().map(name_state_json).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -262,7 +287,7 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::History(args) => {
-            let h = client.history(&args.name).await?;
+            let h = leases.history(&args.name).await?;
             let event = |e: HistoryEvent| match e {
                 HistoryEvent::Renewed => "renewed",
                 HistoryEvent::Released => "released",
@@ -305,6 +330,10 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::ServerInfo(args) => {
+            let client = match leases {
+                Leases::Server(c) => c,
+                Leases::S3(b) => return s3_info(b, args.json).await,
+            };
             let info = client.server_info().await?;
             let clock = &info.clock;
             let us = |d: Duration| bagel_proto::duration_micros(d);
@@ -375,8 +404,51 @@ async fn run_with(cmd: LeaseCommand, client: &Client) -> anyhow::Result<ExitCode
     }
 }
 
-async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode> {
-    let mut builder = client.acquire(args.names).owner(args.owner);
+/// What `server-info` says of an S3 lease store: there is no server, so
+/// its limits, margin and the keys published there.
+async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::Result<ExitCode> {
+    use bagel_client::LeaseBackend as _;
+    let cfg = b.config();
+    let keys = b.keys().await?;
+    let us = |d: Duration| bagel_proto::duration_micros(d);
+    let v = json!({
+        "lease_store": b.location(),
+        "key_id": b.key_id(),
+        "min_ttl_us": us(cfg.min_ttl),
+        "max_ttl_us": us(cfg.max_ttl),
+        "max_wait_us": us(cfg.max_wait),
+        "clock_margin_us": us(cfg.clock_margin),
+        "keys": keys.ids().map(|id| json!({
+            "key_id": id, "ed25519_hex": bagel_proto::hex::encode(keys.get(id).expect("listed").as_bytes())
+        })).collect::<Vec<_>>(),
+    });
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "lease store {} (no server); this client signs with key {}",
+            b.location(),
+            b.key_id()
+        );
+        println!(
+            "ttl: ({} us, {} us]; max wait {} us; clock margin {} us",
+            us(cfg.min_ttl),
+            us(cfg.max_ttl),
+            us(cfg.max_wait),
+            us(cfg.clock_margin)
+        );
+        for id in keys.ids() {
+            println!(
+                "key {id} ed25519 {}",
+                bagel_proto::hex::encode(keys.get(id).expect("listed").as_bytes())
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn acquire(args: AcquireArgs, leases: &Leases) -> anyhow::Result<ExitCode> {
+    let mut builder = AcquireBuilder::new(leases.backend(), args.names).owner(args.owner);
     if let Some(ttl) = args.ttl {
         builder = builder.ttl(ttl);
     }
@@ -391,7 +463,10 @@ async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode>
     }
     builder = builder.options(LeaseOptions::default().with_auto_renew(args.hold));
     let lease = builder.send().await?;
-    print_grant(&LeaseJson::from_lease(&lease, Some(client.url())), args.json);
+    print_grant(
+        &LeaseJson::from_lease(&lease, Some(&leases.location())),
+        args.json,
+    );
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
     }
@@ -505,7 +580,7 @@ fn print_name_state(s: &NameState) {
 }
 
 /// Reads the witness JSON, fetches or takes the keys, verifies.
-async fn verify_witness(args: VerifyArgs, server: &str) -> anyhow::Result<ExitCode> {
+async fn verify_witness(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let text = if args.file.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
@@ -519,15 +594,11 @@ async fn verify_witness(args: VerifyArgs, server: &str) -> anyhow::Result<ExitCo
         .context("expected the JSON of `bagel acquire --json` or {body_b64, signature_b64, key_id}")?;
     let witness = witness.to_pb().map_err(anyhow::Error::msg)?;
 
-    let keys = if args.keys.is_empty() {
-        Client::connect(server).await?.keys().clone()
-    } else {
-        crate::keys::key_ring(&args.keys)?
-    };
+    let keys = g.store.witness_keys(&args.keys, g.server).await?;
     match bagel_proto::verify_witness(&witness, &keys) {
         Ok(body) => {
             println!(
-                "witness OK: lease {} names {:?} deadline {} signed by key {} of server {}",
+                "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
                 body.lease_id,
                 body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
                 Micros::from_micros(body.deadline_us),

@@ -1,0 +1,200 @@
+//! Where leases live, from the flags: a bagel server (`--server`, the
+//! default) or S3 conditional writes (`--lease-store s3://bucket/prefix`).
+//! Every lease command, `bagel run` and `bagel write` go through
+//! [`Leases`], so the rest of the CLI never asks which one it is; the
+//! things only one kind can answer (a server's info, the keys to trust)
+//! are methods here too.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bagel_client::{Client, History, LeaseBackend, NameState, TimeOptions, TimeSource};
+use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::{KeyRing, SignedClock};
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig, SelfSignedClock};
+use clap::Args;
+
+use crate::time_cmds::RoughtimeArgs;
+
+/// `--lease-store` and what an S3 lease store needs.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Keep leases on S3 instead of a lease server: `s3://bucket/prefix`
+    /// (endpoint and credentials from the `AWS_*` variables). Replaces
+    /// --server for every lease command. Needs signed time: --roughtime
+    /// (or --unsafe-local-clock).
+    #[arg(long, global = true, env = "BAGEL_LEASE_STORE", value_name = "URL")]
+    pub lease_store: Option<String>,
+    /// The ed25519 key this client signs its S3 lease witnesses with,
+    /// created (mode 0600) if missing; its public key is published in the
+    /// store. Default: `<state dir>/lease-key`.
+    #[arg(long, global = true, env = "BAGEL_LEASE_KEY", value_name = "FILE")]
+    pub lease_key: Option<PathBuf>,
+    /// Others take over an S3 lease only this long after its deadline.
+    /// Safe while every client's clock is within half of it from true
+    /// time; all clients of a store must use the same value (or larger).
+    #[arg(
+        long,
+        global = true,
+        env = "BAGEL_CLOCK_MARGIN",
+        default_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    pub clock_margin: Duration,
+    /// The longest S3 lease this client grants.
+    #[arg(long, global = true, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub lease_max_ttl: Duration,
+    /// UNSAFE (development only): S3 leases and writes on this host's
+    /// clock, unchecked, self-signed with the lease key. Two holders at
+    /// once become possible when clocks disagree by more than the margin.
+    #[arg(long, global = true)]
+    pub unsafe_local_clock: bool,
+}
+
+/// The leases of this invocation.
+#[derive(Clone, Debug)]
+pub enum Leases {
+    Server(Box<Client>),
+    S3(Arc<S3LeaseBackend>),
+}
+
+impl StoreArgs {
+    /// Whether leases live on S3 (`--lease-store` given).
+    pub fn has_lease_store(&self) -> bool {
+        self.is_s3()
+    }
+
+    fn is_s3(&self) -> bool {
+        self.lease_store.as_deref().is_some_and(|s| !s.is_empty())
+    }
+
+    fn key_path(&self) -> PathBuf {
+        self.lease_key
+            .clone()
+            .unwrap_or_else(|| crate::written::state_dir().join("lease-key"))
+    }
+
+    fn signer(&self) -> anyhow::Result<bagel_proto::Signer> {
+        let path = self.key_path();
+        bagel_s3_lease::load_or_create_key(&path)
+            .with_context(|| format!("loading the lease key {}", path.display()))
+    }
+
+    fn s3_config(&self) -> S3LeaseConfig {
+        S3LeaseConfig::default()
+            .with_clock_margin(self.clock_margin)
+            .with_max_ttl(self.lease_max_ttl)
+    }
+
+    /// Connects to the server, or opens (probes) the S3 lease store.
+    pub async fn connect(&self, server: &str, rt: &RoughtimeArgs) -> anyhow::Result<Leases> {
+        let Some(url) = self.lease_store.as_deref().filter(|_| self.is_s3()) else {
+            return Ok(Leases::Server(Box::new(
+                Client::connect(server.to_owned()).await?,
+            )));
+        };
+        let cfg = self.s3_config();
+        let time = self.lease_time(rt)?;
+        let store = LeaseStore::from_url(url, cfg.op_timeout)?;
+        let backend = S3LeaseBackend::open(store, self.signer()?, time, cfg).await?;
+        Ok(Leases::S3(Arc::new(backend)))
+    }
+
+    fn lease_time(&self, rt: &RoughtimeArgs) -> anyhow::Result<LeaseTime> {
+        let servers = rt.servers()?;
+        if !servers.is_empty() {
+            return Ok(LeaseTime::Signed(TimeSource::roughtime(
+                servers,
+                TimeOptions::default(),
+            )));
+        }
+        if self.unsafe_local_clock {
+            eprintln!("bagel: UNSAFE: --unsafe-local-clock: S3 leases on this host's unchecked clock");
+            return Ok(LeaseTime::UnsafeLocalClock(Arc::new(SystemClock)));
+        }
+        bail!(
+            "S3 leases need signed time to check this host's clock: give --roughtime HOST:PORT \
+             --roughtime-key KEY (or, for development only, --unsafe-local-clock)"
+        )
+    }
+
+    /// The signed time a writer attaches to its batches: Roughtime when
+    /// configured; else the lease server's; under S3 leases with
+    /// --unsafe-local-clock, this host's clock signed with the lease key.
+    pub async fn writer_time(
+        &self,
+        server: &str,
+        rt: &RoughtimeArgs,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Arc<dyn SignedClock>> {
+        let opts = TimeOptions::default().with_clock(Arc::clone(&clock));
+        if !self.is_s3() || !rt.servers()?.is_empty() {
+            return Ok(Arc::new(rt.time_source(server, opts).await?));
+        }
+        if !self.unsafe_local_clock {
+            bail!(
+                "writing under S3 leases needs signed time: give --roughtime HOST:PORT --roughtime-key KEY \
+                 (or, for development only, --unsafe-local-clock)"
+            );
+        }
+        Ok(Arc::new(SelfSignedClock {
+            signer: self.signer()?,
+            clock,
+            who: self.lease_store.clone().unwrap_or_default(),
+            radius: self.clock_margin / 2,
+        }))
+    }
+
+    /// The keys witnesses are checked against: those given (`--key`), and
+    /// the lease store's published keys or, without a lease store and
+    /// without `--key`, the server's.
+    pub async fn witness_keys(&self, given: &[String], server: &str) -> anyhow::Result<KeyRing> {
+        let mut ring = crate::keys::key_ring(given)?;
+        if let Some(url) = self.lease_store.as_deref().filter(|_| self.is_s3()) {
+            let store = LeaseStore::from_url(url, self.s3_config().op_timeout)?;
+            let published = store
+                .keys()
+                .await
+                .with_context(|| format!("reading the published keys of {url}"))?;
+            for id in published.ids() {
+                ring.insert(*published.get(id).expect("listed"));
+            }
+        } else if given.is_empty() {
+            let client = Client::connect(server.to_owned())
+                .await
+                .with_context(|| format!("no --key given, and asking {server} for its keys failed"))?;
+            return Ok(client.keys().clone());
+        }
+        Ok(ring)
+    }
+}
+
+impl Leases {
+    pub fn backend(&self) -> Arc<dyn LeaseBackend> {
+        match self {
+            Leases::Server(c) => Arc::new((**c).clone()),
+            Leases::S3(b) => Arc::clone(b) as _,
+        }
+    }
+
+    /// For lease files and messages: the server URL or the store URL.
+    pub fn location(&self) -> String {
+        self.backend().location()
+    }
+
+    pub async fn describe(&self, names: Vec<String>) -> anyhow::Result<Vec<NameState>> {
+        Ok(match self {
+            Leases::Server(c) => c.describe(names).await?,
+            Leases::S3(b) => b.describe(&names).await?,
+        })
+    }
+
+    pub async fn history(&self, name: &str) -> anyhow::Result<History> {
+        Ok(match self {
+            Leases::Server(c) => c.history(name).await?,
+            Leases::S3(b) => b.history(name).await?,
+        })
+    }
+}
