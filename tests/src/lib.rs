@@ -7,6 +7,7 @@
 //! message saying so; it never skips.
 
 mod bag_support;
+mod lease_support;
 mod liar_store;
 mod nfs_env;
 
@@ -19,6 +20,7 @@ pub fn wire(w: &bagel_client::Witness) -> bagel_proto::pb::Witness {
 }
 
 pub use bag_support::*;
+pub use lease_support::*;
 pub use liar_store::*;
 pub use nfs_env::*;
 
