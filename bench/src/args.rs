@@ -25,13 +25,13 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "bagel,bagel-batched,bagel-session,etcd,redis,s3"
+        default_value = "bagel,bagel-batched,bagel-session,etcd,redis,s3,bagel-s3"
     )]
     pub systems: Vec<System>,
     /// Concurrent clients per point.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     pub concurrency: Vec<usize>,
-    /// Names per lease cycle (S3 takes only 1).
+    /// Names per lease cycle (the `s3` peer takes only 1).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub names: Vec<usize>,
     /// Measured time per point [default: 10s, --quick 2s].
@@ -119,6 +119,9 @@ pub enum System {
     Etcd,
     Redis,
     S3,
+    /// bagel's own S3 lease backend (`bagel-s3-lease`), on the same S3
+    /// server as the `s3` peer, in the same run.
+    BagelS3,
 }
 
 impl System {
@@ -129,6 +132,7 @@ impl System {
             System::Etcd => "etcd",
             System::Redis => "redis",
             System::S3 => "s3",
+            System::BagelS3 => "bagel-s3",
         }
     }
 
@@ -150,12 +154,15 @@ impl System {
         }
     }
 
-    /// Round trips of one successful cycle (a batched one shares its two
-    /// with the other operations of the same batches).
-    pub fn requests_per_cycle(self) -> u32 {
+    /// Round trips of one successful cycle of `names` names (a batched one
+    /// shares its two with the other operations of the same batches).
+    /// bagel-s3: the GETs of an acquire go out together, its PUTs one after
+    /// the other in name order, the release PUTs together.
+    pub fn requests_per_cycle(self, names: usize) -> u32 {
         match self {
             System::Bagel | System::BagelBatched | System::BagelSession | System::Redis => 2,
             System::Etcd | System::S3 => 3,
+            System::BagelS3 => 2 + u32::try_from(names).unwrap_or(u32::MAX),
         }
     }
 }

@@ -138,7 +138,7 @@ impl Bench {
             system.transport(),
             1,
             concurrency,
-            system.requests_per_cycle(),
+            system.requests_per_cycle(1),
             &r,
         )
         .paced_at(rate, self.args.paced_fraction);
@@ -182,7 +182,7 @@ impl Bench {
                     system.transport(),
                     names,
                     c,
-                    system.requests_per_cycle(),
+                    system.requests_per_cycle(names),
                     &r,
                 );
                 row.round = self.round;
@@ -288,15 +288,39 @@ impl Bench {
                 server.stop().await;
                 r
             }
-            System::S3 => {
+            System::S3 | System::BagelS3 => {
+                // Same store, same run: with both selected, bagel's S3
+                // backend runs right after the peer, on its server.
+                let both = [System::S3, System::BagelS3]
+                    .iter()
+                    .all(|s| self.args.systems.contains(s));
+                if both && system == System::BagelS3 {
+                    eprintln!("  (ran beside s3, on its server)");
+                    return Ok(());
+                }
                 let python = self.args.moto_python();
                 let mut server = s3::start(&self.work, &python, &self.args.s3_script).await?;
-                self.note_server(
-                    "s3",
-                    "moto 5.2.5 behind one global lock (tests/support/s3_server.py), in RAM".into(),
-                );
-                let driver = Arc::new(s3::S3Driver::new(s3::store(server.addr)?));
-                let r = self.sweep(system, driver, &mut server).await;
+                let note = "moto 5.2.5 behind one global lock (tests/support/s3_server.py), in RAM";
+                self.note_server("s3", note.into());
+                let mut r = Ok(());
+                if system == System::S3 {
+                    let driver = Arc::new(s3::S3Driver::new(s3::store(server.addr)?));
+                    r = self.sweep(system, driver, &mut server).await;
+                }
+                if system == System::BagelS3 || both {
+                    self.note_server("bagel-s3", format!("bagel-s3-lease on the same server ({note})"));
+                    if both {
+                        eprintln!("== bagel-s3 (round {}, beside s3 on its server)", self.round + 1);
+                    }
+                    let ttl = self.args.ttl;
+                    let b = match s3::BagelS3Driver::open(s3::store(server.addr)?, ttl).await {
+                        Ok(driver) => self.sweep(System::BagelS3, Arc::new(driver), &mut server).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = b {
+                        self.missing("bagel-s3 lease cycles".to_owned(), format!("{e:#}"));
+                    }
+                }
                 server.stop().await;
                 r
             }

@@ -10,6 +10,14 @@
 //! `expires_at_us = 0`, keeping the token (deleting would reset it). So a
 //! cycle is GET + PUT + PUT. Only single names: S3 has no multi-object
 //! conditional write.
+//!
+//! [`BagelS3Driver`] is bagel's own S3 lease backend (`bagel-s3-lease`),
+//! the big brother of the peer above, run on the same server: one JSON
+//! object per name with the holder, the previous holder's record and a
+//! history, fencing tokens, client-signed witnesses, multi-name
+//! all-or-nothing. Acquire: the names' GETs together, then one conditional
+//! PUT per name in name order; release: one `If-Match` PUT per name (the
+//! ETag is cached), together. One name: GET + PUT + PUT, as the peer.
 
 use std::net::SocketAddr;
 use std::path::Path as FsPath;
@@ -17,7 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use bagel_client::{AcquireSpec, Error as LeaseError, LeaseBackend as _, LeaseRef, Mode, ReleaseOptions};
 use bagel_proto::Micros;
+use bagel_proto::clock::SystemClock;
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path;
 use object_store::{ClientOptions, GetOptions, ObjectStore, PutMode, PutOptions, PutPayload, UpdateVersion};
@@ -169,6 +180,69 @@ impl LeaseDriver for S3Driver {
             version: None,
         });
         self.put(&held.path, &body, mode)
+            .await
+            .context("releasing (lease lost?)")?;
+        Ok(())
+    }
+}
+
+/// bagel's S3 lease backend as a bench peer.
+///
+/// Time: the local clock, self-signed (the bench starts no Roughtime
+/// server). With Roughtime, a client asks it about once a second, not per
+/// operation, so the lease path measured is the same.
+#[derive(Debug)]
+pub struct BagelS3Driver {
+    backend: S3LeaseBackend,
+}
+
+impl BagelS3Driver {
+    /// Opens the backend on `store` (probing it and publishing its key),
+    /// accepting TTLs up to `ttl`.
+    pub async fn open(store: Arc<dyn ObjectStore>, ttl: Duration) -> Result<Self> {
+        let cfg = S3LeaseConfig::default()
+            .with_max_ttl(ttl.max(Duration::from_secs(60)))
+            .with_op_timeout(Duration::from_secs(10))
+            .with_history_per_name(0);
+        let prefix = "bagel-s3-leases";
+        let leases = LeaseStore::new(store, prefix, format!("s3://{BUCKET}/{prefix}"), cfg.op_timeout);
+        let backend = S3LeaseBackend::open(
+            leases,
+            bagel_proto::Signer::generate(),
+            LeaseTime::UnsafeLocalClock(Arc::new(SystemClock)),
+            cfg,
+        )
+        .await
+        .context("opening the S3 lease backend")?;
+        Ok(Self { backend })
+    }
+}
+
+impl LeaseDriver for BagelS3Driver {
+    type Held = LeaseRef;
+
+    fn max_names(&self) -> usize {
+        64
+    }
+
+    async fn acquire(&self, _worker: usize, names: &[String], ttl: Duration) -> Result<Option<LeaseRef>> {
+        let spec = AcquireSpec {
+            names: names.to_vec(),
+            deadline: Micros::now().saturating_add(ttl),
+            mode: Mode::Full,
+            owner: "bench".into(),
+            wait: Duration::ZERO,
+        };
+        match self.backend.acquire_lease(spec).await {
+            Ok(grant) => Ok(Some(grant.lease_ref())),
+            Err(LeaseError::Busy { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(&self, _worker: usize, held: LeaseRef) -> Result<()> {
+        self.backend
+            .release_lease(&held, ReleaseOptions::default())
             .await
             .context("releasing (lease lost?)")?;
         Ok(())

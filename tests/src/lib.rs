@@ -7,6 +7,8 @@
 //! message saying so; it never skips.
 
 mod bag_support;
+mod lease_support;
+mod liar_store;
 mod nfs_env;
 
 /// A lease client witness in its wire form (to verify it, or to flip its
@@ -18,6 +20,8 @@ pub fn wire(w: &bagel_client::Witness) -> bagel_proto::pb::Witness {
 }
 
 pub use bag_support::*;
+pub use lease_support::*;
+pub use liar_store::*;
 pub use nfs_env::*;
 
 use std::io::{BufRead as _, BufReader};

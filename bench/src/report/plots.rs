@@ -22,6 +22,7 @@ fn color(system: &str) -> RGBColor {
         "etcd" => RGBColor(31, 119, 180),
         "redis" => RGBColor(44, 160, 44),
         "s3" => RGBColor(148, 103, 189),
+        "bagel-s3" => RGBColor(255, 127, 14),
         _ => RGBColor(90, 90, 90),
     }
 }

@@ -79,9 +79,14 @@ pub enum Error {
     },
     /// The store accepted a second create-only PUT of the same key.
     #[error(
-        "the object store {store} ignores conditional writes (a second If-None-Match: * PUT of {key} succeeded); bags cannot be closed safely on it, refusing to run"
+        "the object store {store} ignores conditional writes (a PUT of {key} with {condition}, which must be refused, succeeded); bags cannot be closed, nor leases held, safely on it: refusing to run"
     )]
-    ConditionalWritesIgnored { store: String, key: String },
+    ConditionalWritesIgnored {
+        store: String,
+        key: String,
+        /// The header the store ignored: `If-None-Match: *` or `If-Match`.
+        condition: &'static str,
+    },
     /// A lock file/object that does not parse.
     #[error("lock of bag {bucket} of log {log:?} is corrupt: {reason}")]
     CorruptLock {

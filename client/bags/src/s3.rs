@@ -92,6 +92,7 @@ impl S3Store {
             object_store::Error::NotImplemented { .. } => Error::ConditionalWritesIgnored {
                 store: self.describe.clone(),
                 key: key.to_string(),
+                condition: "If-None-Match: *",
             },
             e => Self::store_err("probe put", &key, e),
         })?;
@@ -109,6 +110,54 @@ impl S3Store {
             Ok(_) => Err(Error::ConditionalWritesIgnored {
                 store: self.describe.clone(),
                 key: key.to_string(),
+                condition: "If-None-Match: *",
+            }),
+            Err(e) => Err(Self::store_err("probe put", &key, e)),
+        }
+    }
+
+    /// Checks that a PUT with `If-Match` on an ETag the object does not
+    /// have is refused. Bags never need it (they only create), but leases
+    /// on S3 renew and take over with `If-Match`; a store that ignores it
+    /// would let two holders both "win" (refused with
+    /// [`Error::ConditionalWritesIgnored`]).
+    pub async fn probe_conditional_update(&self) -> Result<()> {
+        let key = self.key(&format!("_bagel_probe/{:016x}", rand::thread_rng().next_u64()));
+        self.store
+            .put_opts(
+                &key,
+                PutPayload::from_static(b"first"),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+            .map_err(|e| Self::store_err("probe put", &key, e))?;
+        // An ETag the object cannot have: the quoted MD5 of other bytes.
+        let stale = object_store::UpdateVersion {
+            e_tag: Some("\"00000000000000000000000000000000\"".into()),
+            version: None,
+        };
+        let update = self
+            .store
+            .put_opts(
+                &key,
+                PutPayload::from_static(b"second"),
+                PutOptions::from(PutMode::Update(stale)),
+            )
+            .await;
+        let _ = self
+            .store
+            .delete_stream(Box::pin(futures::stream::once(futures::future::ready(Ok(
+                key.clone()
+            )))))
+            .try_collect::<Vec<_>>()
+            .await;
+        match update {
+            Err(object_store::Error::Precondition { .. }) => Ok(()),
+            // A store without conditional updates says so.
+            Err(object_store::Error::NotImplemented { .. }) | Ok(_) => Err(Error::ConditionalWritesIgnored {
+                store: self.describe.clone(),
+                key: key.to_string(),
+                condition: "If-Match",
             }),
             Err(e) => Err(Self::store_err("probe put", &key, e)),
         }

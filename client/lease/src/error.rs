@@ -53,6 +53,17 @@ pub enum Error {
         "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
     )]
     WatermarkBelowWritten { given: Micros, written: Micros },
+    /// A lease store without a server (S3 conditional writes) failed or
+    /// refused: the message names the operation and the object.
+    /// `retryable` says whether the same call may succeed later (a timeout,
+    /// a store that is down) or not (a store that ignores conditional
+    /// writes, an object that does not parse).
+    #[error("lease store {location}: {message}")]
+    Store {
+        location: String,
+        message: String,
+        retryable: bool,
+    },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
     Rpc(tonic::Status),
@@ -65,6 +76,7 @@ impl Error {
             | Error::Busy { .. }
             | Error::Unavailable { .. }
             | Error::NoSignedTime { .. } => true,
+            Error::Store { retryable, .. } => *retryable,
             Error::Rpc(s) => matches!(
                 s.code(),
                 Code::Unavailable | Code::DeadlineExceeded | Code::Unknown

@@ -433,24 +433,24 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             () = tokio::time::sleep(next) => {}
             () = cancel.cancelled() => return,
         }
-        // A renewal that hangs (a stopped server, a lost packet) must not
-        // keep the lease looking valid: it gets until the deadline minus
-        // the safety margin, then counts as failed.
-        let budget = {
-            let last_safe = shared
-                .state
-                .borrow()
-                .deadline
-                .saturating_sub(shared.options.safety_margin);
-            last_safe.duration_since(shared.backend.clock().now())
+        // A renewal that hangs (a server or store that stopped answering,
+        // a client library retrying inside the call) must not push the
+        // loss past the deadline: the holder has to hear of it in time to
+        // stop. So the call is raced against the instant the lease runs
+        // out of time (the deadline itself when already inside the margin).
+        let bound = {
+            let deadline = shared.state.borrow().deadline;
+            let now = shared.backend.clock().now();
+            let lose_at = deadline.saturating_sub(shared.options.safety_margin);
+            if lose_at > now { lose_at } else { deadline }.duration_since(now)
         };
         let outcome = tokio::select! {
-            r = tokio::time::timeout(budget, renew_once(&shared, None)) => r.unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    message: format!("no answer from {} to a renewal", shared.backend.location()),
-                })
-            }),
+            biased;
+            r = renew_once(&shared, None) => r,
             () = cancel.cancelled() => return,
+            () = tokio::time::sleep(bound) => Err(Error::Unavailable {
+                message: format!("the renewal got no answer within {bound:?}, the time left"),
+            }),
         };
         match outcome {
             Ok(_) => next = every,

@@ -171,6 +171,12 @@ impl TimeSource {
         }
     }
 
+    /// The local clock this source checks, for code that must read the
+    /// very clock the check vouches for (a lease backend's TTLs).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(self.inner.monitor.clock())
+    }
+
     /// The local clock. Call [`TimeSource::check`] first to know it is right.
     pub fn now(&self) -> Micros {
         self.inner.monitor.clock().now()

@@ -14,10 +14,9 @@ use bagel_bags::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
 use bagel_bags::reader::{Message, ReadOptions};
 use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
 use bagel_cli::contract::LeaseJson;
-use bagel_client::TimeOptions;
+use bagel_proto::Micros;
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights};
-use bagel_proto::{KeyRing, Micros};
 use bytes::Bytes;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -65,7 +64,8 @@ pub struct AuditArgs {
     range: LogRange,
     /// A lease server's ed25519 public key (64 hex digits); repeatable.
     /// Without any, the keys of the servers given by --server or --servers
-    /// are used.
+    /// are used; with --lease-store, the keys published in the store are
+    /// added.
     #[arg(long = "key")]
     keys: Vec<String>,
     /// How far a timestamp may be ahead of its signed time.
@@ -146,8 +146,10 @@ pub struct ReadArgs {
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
-    /// Trusted witness key (64 hex digits, repeatable). Without one,
-    /// signatures are not checked and every message says so.
+    /// Trusted witness key (64 hex digits, repeatable). With
+    /// --lease-store, the keys published in the store are trusted too.
+    /// Without either, signatures are not checked and every message says
+    /// so.
     #[arg(long = "key")]
     keys: Vec<String>,
     #[command(flatten)]
@@ -191,22 +193,9 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The lease servers' keys: given with --key, else asked of --server (or
-/// of every server of --servers).
-async fn lease_keys(given: &[String], target: &crate::target::TargetArgs) -> anyhow::Result<KeyRing> {
-    if given.is_empty() {
-        let connected = target
-            .connect()
-            .await
-            .context("no --key given, and asking the lease servers for their keys failed")?;
-        return Ok(connected.keys());
-    }
-    crate::keys::key_ring(given)
-}
-
 async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
-    let keys = lease_keys(&a.keys, g.target).await?;
+    let keys = g.target.witness_keys(&a.keys).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
     let store = bag::open_store(&a.range.store, &cfg).await?;
     let bar = Bar::new("audit: reading", "bags", a.json);
@@ -295,13 +284,7 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     };
     // Every batch carries a recent signed time (Roughtime, else the lease
     // server's); a clock that is off refuses to write.
-    let time = g
-        .roughtime
-        .time_source(
-            &g.target.time_server()?,
-            TimeOptions::default().with_clock(Arc::clone(&clock)),
-        )
-        .await?;
+    let time = g.target.writer_time(g.roughtime, Arc::clone(&clock)).await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
     let lease_id = lease.lease_id.clone();
     let rights = Arc::new(FileRights {
@@ -314,7 +297,7 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         &writer_id,
         Arc::clone(&rights) as _,
         clock,
-        Arc::new(time),
+        time,
         cfg,
     )?;
     let result = write_all(&a, &writer).await;
@@ -408,10 +391,10 @@ fn message_json(m: &Message, verified: bool) -> serde_json::Value {
 
 async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
-    let keys = if a.keys.is_empty() {
+    let keys = if a.keys.is_empty() && !g.target.store.has_lease_store() {
         None
     } else {
-        Some(crate::keys::key_ring(&a.keys)?)
+        Some(g.target.witness_keys(&a.keys).await?)
     };
     let verified = keys.is_some();
     let store = bag::open_store(&a.range.store, &cfg).await?;

@@ -9,16 +9,17 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::{LeaseJson, WitnessJson};
 use bagel_client::{
-    AcquireBuilder, ClockSource, Error, HistoryEvent, LeaseOptions, LeaseRef, Metadata, Micros, NameState,
-    Previous, ReleaseOptions, ServerInfo,
+    AcquireBuilder, ClockSource, Error, HistoryEvent, LeaseBackend as _, LeaseOptions, LeaseRef, Metadata,
+    Micros, NameState, Previous, ReleaseOptions, ServerInfo,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::target::{Target, TargetArgs};
+use crate::time_cmds::RoughtimeArgs;
 
 /// Exit code of a refused acquire (name held by someone else).
-const EXIT_BUSY: u8 = 2;
+pub const EXIT_BUSY: u8 = 2;
 
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
@@ -80,6 +81,10 @@ pub struct TokenArgs {
     /// one).
     #[arg(long)]
     token: Option<String>,
+    /// The lease's names (repeatable): an S3 lease store finds a lease by
+    /// its names. Read from the lease file when `--lease` is one.
+    #[arg(long = "name")]
+    names: Vec<String>,
     #[arg(long)]
     json: bool,
 }
@@ -100,7 +105,7 @@ impl TokenArgs {
                 .token
                 .clone()
                 .context("--token is required when --lease is a lease id (or give the lease file)")?;
-            return Ok(LeaseRef::new(self.lease_id.clone(), token));
+            return Ok(LeaseRef::new(self.lease_id.clone(), token).with_names(self.names.clone()));
         }
         let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
             format!(
@@ -111,7 +116,12 @@ impl TokenArgs {
         let lease: LeaseJson = serde_json::from_str(&text)
             .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
         let token = self.token.clone().unwrap_or(lease.token);
-        Ok(LeaseRef::new(lease.lease_id, token).with_names(lease.names.into_iter().map(|n| n.name)))
+        let names = if self.names.is_empty() {
+            lease.names.into_iter().map(|n| n.name).collect()
+        } else {
+            self.names.clone()
+        };
+        Ok(LeaseRef::new(lease.lease_id, token).with_names(names))
     }
 }
 
@@ -176,16 +186,24 @@ pub struct VerifyArgs {
     #[arg(default_value = "-")]
     file: PathBuf,
     /// Trust this ed25519 public key (64 hex digits) instead of asking the
-    /// server. Repeatable.
+    /// server (with --lease-store: besides the store's published keys).
+    /// Repeatable.
     #[arg(long = "key")]
     keys: Vec<String>,
 }
 
-pub async fn run(cmd: LeaseCommand, target: &TargetArgs) -> anyhow::Result<ExitCode> {
+/// What the lease commands need from the global flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Globals<'a> {
+    pub target: &'a TargetArgs,
+    pub roughtime: &'a RoughtimeArgs,
+}
+
+pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
-        LeaseCommand::VerifyWitness(args) => verify_witness(args, target).await,
+        LeaseCommand::VerifyWitness(args) => verify_witness(args, &g).await,
         cmd => {
-            let target = target.connect().await?;
+            let target = g.target.connect(g.roughtime).await?;
             match run_with(cmd, &target).await {
                 Err(e) => match e.downcast_ref::<Error>() {
                     Some(busy @ Error::Busy { .. }) => {
@@ -200,7 +218,7 @@ pub async fn run(cmd: LeaseCommand, target: &TargetArgs) -> anyhow::Result<ExitC
     }
 }
 
-fn busy_message(e: &Error) -> String {
+pub fn busy_message(e: &Error) -> String {
     match e {
         Error::Busy {
             conflict: Some(c), ..
@@ -241,7 +259,10 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         }
         LeaseCommand::Upgrade(args) => {
             let grant = backend.upgrade_lease(&args.resolve()?).await?;
-            print_grant(&LeaseJson::from_grant(&grant, target.single_server()), args.json);
+            print_grant(
+                &LeaseJson::from_grant(&grant, target.single_location().as_deref()),
+                args.json,
+            );
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Release(args) => {
@@ -332,6 +353,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         LeaseCommand::ServerInfo(args) => {
             let infos = match target {
                 Target::One(c) => vec![(c.url().to_owned(), c.server_info().await?)],
+                Target::S3(b) => return s3_info(b, args.json).await,
                 Target::Many(cluster) => {
                     let mut infos = Vec::new();
                     for (url, key_id) in cluster.servers() {
@@ -347,7 +369,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                 let mut all: Vec<_> = infos.iter().map(|(_, i)| server_info_json(i)).collect();
                 let v = match target {
                     // One server: the one object, as always.
-                    Target::One(_) => all.remove(0),
+                    Target::One(_) | Target::S3(_) => all.remove(0),
                     Target::Many(_) => serde_json::Value::Array(all),
                 };
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -367,6 +389,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                 .iter()
                 .map(|name| match target {
                     Target::One(c) => json!({ "name": name, "server": c.url() }),
+                    Target::S3(b) => json!({ "name": name, "lease_store": b.location() }),
                     Target::Many(cluster) => {
                         let r = cluster.route(name);
                         let mut v = json!({ "name": name, "server": r.current.0, "key_id": r.current.1 });
@@ -398,6 +421,48 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
     }
 }
 
+/// What `server-info` says of an S3 lease store: there is no server, so
+/// its limits, margin and the keys published there.
+async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::Result<ExitCode> {
+    let cfg = b.config();
+    let keys = b.keys().await?;
+    let us = |d: Duration| bagel_proto::duration_micros(d);
+    let v = json!({
+        "lease_store": b.location(),
+        "key_id": b.key_id(),
+        "min_ttl_us": us(cfg.min_ttl),
+        "max_ttl_us": us(cfg.max_ttl),
+        "max_wait_us": us(cfg.max_wait),
+        "clock_margin_us": us(cfg.clock_margin),
+        "keys": keys.ids().map(|id| json!({
+            "key_id": id, "ed25519_hex": bagel_proto::hex::encode(keys.get(id).expect("listed").as_bytes())
+        })).collect::<Vec<_>>(),
+    });
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "lease store {} (no server); this client signs with key {}",
+            b.location(),
+            b.key_id()
+        );
+        println!(
+            "ttl: ({} us, {} us]; max wait {} us; clock margin {} us",
+            us(cfg.min_ttl),
+            us(cfg.max_ttl),
+            us(cfg.max_wait),
+            us(cfg.clock_margin)
+        );
+        for id in keys.ids() {
+            println!(
+                "key {id} ed25519 {}",
+                bagel_proto::hex::encode(keys.get(id).expect("listed").as_bytes())
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode> {
     let mut builder = AcquireBuilder::new(target.backend(), args.names).owner(args.owner);
     if let Some(ttl) = args.ttl {
@@ -414,7 +479,10 @@ async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
     }
     builder = builder.options(LeaseOptions::default().with_auto_renew(args.hold));
     let lease = builder.send().await?;
-    print_grant(&LeaseJson::from_lease(&lease, target.single_server()), args.json);
+    print_grant(
+        &LeaseJson::from_lease(&lease, target.single_location().as_deref()),
+        args.json,
+    );
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
     }
@@ -594,7 +662,7 @@ fn print_server_info(info: &ServerInfo) {
 }
 
 /// Reads the witness JSON, fetches or takes the keys, verifies.
-async fn verify_witness(args: VerifyArgs, target: &TargetArgs) -> anyhow::Result<ExitCode> {
+async fn verify_witness(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let text = if args.file.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
@@ -608,15 +676,11 @@ async fn verify_witness(args: VerifyArgs, target: &TargetArgs) -> anyhow::Result
         .context("expected the JSON of `bagel acquire --json` or {body_b64, signature_b64, key_id}")?;
     let witness = witness.to_pb().map_err(anyhow::Error::msg)?;
 
-    let keys = if args.keys.is_empty() {
-        target.connect().await?.keys()
-    } else {
-        crate::keys::key_ring(&args.keys)?
-    };
+    let keys = g.target.witness_keys(&args.keys).await?;
     match bagel_proto::verify_witness(&witness, &keys) {
         Ok(body) => {
             println!(
-                "witness OK: lease {} names {:?} deadline {} signed by key {} of server {}",
+                "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
                 body.lease_id,
                 body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
                 Micros::from_micros(body.deadline_us),

@@ -1,16 +1,24 @@
 //! `bagel`: the command-line client. Each group of commands lives in its own
-//! module (`lease_cmds`, `bag_cmds`); this file only wires them to clap.
+//! module (`lease_cmds`, `bag_cmds`, `run_cmd`); where leases live (a
+//! server, several, or S3 with `--lease-store`) is decided once, in `target`; this
+//! file only wires them to clap.
 //!
 //! Exit codes: 0 success; 1 error; 2 a name is held by someone else
-//! (the message says who and until when); 75 (`EX_TEMPFAIL`) a `bagel
-//! write` batch failed in a way that trying again may fix (the store timed
-//! out, no signed time, the clock behind the lease's start).
+//! (the message says who and until when); 3 `bagel run` fenced its child
+//! (the lease could not be renewed in time: the child got SIGTERM, then
+//! SIGKILL, before the deadline; the message says why); 75 (`EX_TEMPFAIL`)
+//! a `bagel write` batch failed in a way that trying again may fix (the
+//! store timed out, no signed time, the clock behind the lease's start).
+//! `bagel run` otherwise exits with its child's status (128 + signal
+//! number when the child was killed by a signal).
 
 mod bag_cmds;
 mod keys;
 mod lease_cmds;
 mod metronome_http;
 mod progress;
+mod run_cmd;
+mod store;
 mod target;
 mod time_cmds;
 mod written;
@@ -43,6 +51,10 @@ enum Command {
     Lease(lease_cmds::LeaseCommand),
     #[command(flatten)]
     Bag(bag_cmds::BagCommand),
+    /// Hold a lease while a command runs: start it once the lease is held,
+    /// renew in the background, fence it (SIGTERM, then SIGKILL, before the
+    /// deadline) if renewal fails, release when it exits.
+    Run(run_cmd::RunArgs),
     /// Ask the time authority (Roughtime, else the lease server) once and
     /// say how far off this host's clock is; exit 1 if it is off.
     #[command(alias = "roughtime-check")]
@@ -75,8 +87,13 @@ fn init_logging(format: LogFormat) {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    let g = lease_cmds::Globals {
+        target: &cli.target,
+        roughtime: &cli.roughtime,
+    };
     let result = match cli.command {
-        Command::Lease(cmd) => lease_cmds::run(cmd, &cli.target).await,
+        Command::Lease(cmd) => lease_cmds::run(cmd, g).await,
+        Command::Run(args) => run_cmd::run(args, g).await,
         Command::Bag(cmd) => {
             let g = bag_cmds::Globals {
                 target: &cli.target,

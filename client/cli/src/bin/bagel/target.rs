@@ -1,12 +1,21 @@
-//! Where the lease commands go: one server (`--server`), or several
-//! (`--servers`, with `--next-servers` while migrating). One URL in
-//! `--servers` is the same as `--server`: the same calls, the same JSON.
+//! Where leases live: one server (`--server`), several (`--servers`, with
+//! `--next-servers` while migrating), or no server at all
+//! (`--lease-store s3://...`, see `crate::store`). One URL in `--servers`
+//! is the same as `--server`: the same calls, the same JSON. Every lease
+//! command, `bagel run` and `bagel write` go through [`Target`], so the
+//! rest of the CLI never asks which one it is; what only one kind can
+//! answer (a server's info) is matched on its variants.
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use bagel_client::{Client, Cluster, History, LeaseBackend, NameState, ServerSpec};
-use bagel_proto::KeyRing;
+use bagel_proto::clock::Clock;
+use bagel_proto::{KeyRing, SignedClock};
+use bagel_s3_lease::S3LeaseBackend;
+
+use crate::store::StoreArgs;
+use crate::time_cmds::RoughtimeArgs;
 
 /// The lease flags, as given.
 #[derive(Clone, Debug, clap::Args)]
@@ -29,6 +38,9 @@ pub struct TargetArgs {
     /// needs a grant from its owner in --servers and in this list.
     #[arg(long, global = true, env = "BAGEL_NEXT_SERVERS", requires = "servers")]
     pub next_servers: Option<String>,
+    /// Leases with no server (`--lease-store`), which replace all of the above.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 impl TargetArgs {
@@ -44,7 +56,16 @@ impl TargetArgs {
         }
     }
 
-    pub async fn connect(&self) -> anyhow::Result<Target> {
+    /// Connects to the lease servers, or opens the S3 lease store (whose
+    /// clock check needs the Roughtime flags).
+    pub async fn connect(&self, rt: &RoughtimeArgs) -> anyhow::Result<Target> {
+        if let Some(s3) = self.store.open(rt).await? {
+            return Ok(Target::S3(s3));
+        }
+        self.connect_servers().await
+    }
+
+    async fn connect_servers(&self) -> anyhow::Result<Target> {
         let Some(list) = &self.servers else {
             return Ok(Target::One(Box::new(Client::connect(self.server.clone()).await?)));
         };
@@ -72,6 +93,38 @@ impl TargetArgs {
     }
 }
 
+impl TargetArgs {
+    /// The keys witnesses are checked against: those given (`--key`), plus
+    /// the keys published in the S3 lease store; without either, the lease
+    /// servers' own.
+    pub async fn witness_keys(&self, given: &[String]) -> anyhow::Result<KeyRing> {
+        let mut ring = crate::keys::key_ring(given)?;
+        if let Some(published) = self.store.published_keys().await? {
+            ring.merge(&published);
+            return Ok(ring);
+        }
+        if !given.is_empty() {
+            return Ok(ring);
+        }
+        let servers = self
+            .connect_servers()
+            .await
+            .context("no --key given, and asking the lease servers for their keys failed")?;
+        Ok(servers.keys())
+    }
+
+    /// The signed time a writer attaches to its batches: Roughtime when
+    /// configured; else a lease server's; under S3 leases with
+    /// --unsafe-local-clock, this host's clock signed with the lease key.
+    pub async fn writer_time(
+        &self,
+        rt: &RoughtimeArgs,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Arc<dyn SignedClock>> {
+        self.store.writer_time(&self.time_server()?, rt, clock).await
+    }
+}
+
 fn parse(list: &str, flag: &str) -> anyhow::Result<Vec<ServerSpec>> {
     ServerSpec::parse_list(list).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
 }
@@ -81,6 +134,7 @@ fn parse(list: &str, flag: &str) -> anyhow::Result<Vec<ServerSpec>> {
 pub enum Target {
     One(Box<Client>),
     Many(Cluster),
+    S3(Arc<S3LeaseBackend>),
 }
 
 impl Target {
@@ -88,36 +142,44 @@ impl Target {
         match self {
             Target::One(c) => Arc::new((**c).clone()),
             Target::Many(c) => Arc::new(c.clone()),
+            Target::S3(b) => Arc::clone(b) as _,
         }
     }
 
-    /// The server a single-server grant came from (lease files name it).
-    pub fn single_server(&self) -> Option<&str> {
+    /// Where a grant came from when it is one place (lease files name it):
+    /// the server URL or the lease store URL; none for several servers
+    /// (each part names its own).
+    pub fn single_location(&self) -> Option<String> {
         match self {
-            Target::One(c) => Some(c.url()),
+            Target::One(c) => Some(c.url().to_owned()),
             Target::Many(_) => None,
+            Target::S3(b) => Some(b.location()),
         }
     }
 
-    /// Every key a witness of these servers may be signed with.
-    pub fn keys(&self) -> KeyRing {
+    /// Every key a witness of these servers may be signed with (S3: the
+    /// keys published in the store, see [`TargetArgs::witness_keys`]).
+    fn keys(&self) -> KeyRing {
         match self {
             Target::One(c) => c.keys().clone(),
             Target::Many(c) => c.keys(),
+            Target::S3(_) => KeyRing::new(),
         }
     }
 
-    pub async fn describe(&self, names: Vec<String>) -> bagel_client::Result<Vec<NameState>> {
-        match self {
-            Target::One(c) => c.describe(names).await,
-            Target::Many(c) => c.describe(names).await,
-        }
+    pub async fn describe(&self, names: Vec<String>) -> anyhow::Result<Vec<NameState>> {
+        Ok(match self {
+            Target::One(c) => c.describe(names).await?,
+            Target::Many(c) => c.describe(names).await?,
+            Target::S3(b) => b.describe(&names).await?,
+        })
     }
 
-    pub async fn history(&self, name: &str) -> bagel_client::Result<History> {
-        match self {
-            Target::One(c) => c.history(name).await,
-            Target::Many(c) => c.history(name).await,
-        }
+    pub async fn history(&self, name: &str) -> anyhow::Result<History> {
+        Ok(match self {
+            Target::One(c) => c.history(name).await?,
+            Target::Many(c) => c.history(name).await?,
+            Target::S3(b) => b.history(name).await?,
+        })
     }
 }

@@ -18,7 +18,9 @@ use bagel_client::Micros;
 use bagel_proto::rights::WriteSummary;
 use sha2::{Digest as _, Sha256};
 
-fn state_dir() -> PathBuf {
+/// Where the CLI keeps its state (written-state files, the S3 lease key,
+/// `bagel run`'s lease files).
+pub fn state_dir() -> PathBuf {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     env("BAGEL_STATE_DIR")
         .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("bagel")))

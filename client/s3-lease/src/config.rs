@@ -1,0 +1,94 @@
+//! [`S3LeaseConfig`]: the limits and margins of the S3 lease backend.
+
+use std::time::Duration;
+
+/// Limits and margins. Defaults: TTLs in `(1 s, 60 s]`, a 1 s clock
+/// margin, waits up to 60 s, 5 s per store call, the server's size limits.
+///
+/// The TTL range is wider than the server's (10 s max): an S3 renewal
+/// costs a billed PUT and tens of milliseconds, so S3 leases are usually
+/// longer. The minimum keeps a renewal (a third of the TTL) well above the
+/// latency of a PUT.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct S3LeaseConfig {
+    /// A deadline must be later than `now + min_ttl`.
+    pub min_ttl: Duration,
+    /// A deadline may be at most `now + max_ttl`.
+    pub max_ttl: Duration,
+    /// Others treat a lease as over only after its deadline plus this.
+    /// Safe when every holder's clock is within half of it from true time
+    /// (see the README's clock-margin argument); default 1 s, twice the
+    /// default clock tolerance of a [`bagel_client::TimeSource`].
+    pub clock_margin: Duration,
+    /// The longest `wait` an acquire may ask for.
+    pub max_wait: Duration,
+    /// Each store call is given up (as retryable) after this long.
+    pub op_timeout: Duration,
+    /// How far a release's watermark may be ahead of its signed time (or
+    /// of the releaser's checked clock), as the server's
+    /// `--timestamp-tolerance`.
+    pub timestamp_tolerance: Duration,
+    pub max_names_per_request: usize,
+    pub max_name_bytes: usize,
+    pub max_owner_bytes: usize,
+    pub max_metadata_bytes: usize,
+    /// Renewals with metadata and releases kept per name, in its object.
+    pub history_per_name: usize,
+}
+
+impl Default for S3LeaseConfig {
+    fn default() -> Self {
+        S3LeaseConfig {
+            min_ttl: Duration::from_secs(1),
+            max_ttl: Duration::from_secs(60),
+            clock_margin: Duration::from_secs(1),
+            max_wait: Duration::from_secs(60),
+            op_timeout: Duration::from_secs(5),
+            timestamp_tolerance: Duration::from_secs(1),
+            max_names_per_request: 64,
+            max_name_bytes: 256,
+            max_owner_bytes: 256,
+            max_metadata_bytes: 4096,
+            history_per_name: 8,
+        }
+    }
+}
+
+impl S3LeaseConfig {
+    #[must_use]
+    pub fn with_min_ttl(mut self, d: Duration) -> Self {
+        self.min_ttl = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_ttl(mut self, d: Duration) -> Self {
+        self.max_ttl = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_clock_margin(mut self, d: Duration) -> Self {
+        self.clock_margin = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_wait(mut self, d: Duration) -> Self {
+        self.max_wait = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_op_timeout(mut self, d: Duration) -> Self {
+        self.op_timeout = d;
+        self
+    }
+
+    #[must_use]
+    pub fn with_history_per_name(mut self, n: usize) -> Self {
+        self.history_per_name = n;
+        self
+    }
+}

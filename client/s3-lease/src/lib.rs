@@ -1,0 +1,122 @@
+//! bagel leases with no server at all: the same [`bagel_client::Lease`]
+//! handle (renewal, `lost()`, `is_valid()`, `rights()` for the bag writer,
+//! release with a watermark) over S3 conditional writes.
+//!
+//! ```no_run
+//! # async fn demo(time: bagel_client::TimeSource) -> Result<(), bagel_client::Error> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
+//!
+//! let cfg = S3LeaseConfig::default();
+//! let store = LeaseStore::from_url("s3://bucket/leases", cfg.op_timeout)?;
+//! // Probes the store (refused if it ignores conditional writes) and
+//! // publishes this client's witness key under the prefix.
+//! let backend = S3LeaseBackend::open(store, bagel_proto::Signer::generate(), LeaseTime::Signed(time), cfg).await?;
+//! let lease = bagel_client::AcquireBuilder::new(Arc::new(backend), ["tenant-7"])
+//!     .ttl(Duration::from_secs(10))
+//!     .send()
+//!     .await?;
+//! lease.release(None).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! What S3 gives and what it cannot (the README's table): absolute
+//! deadlines, watermarks and the previous holder's record handed on,
+//! fencing tokens strictly increasing per name, all-or-nothing multi-name
+//! acquires in name order, metadata on renew and release, tentative leases
+//! and upgrades, polling waits. No third party signs grants: the client
+//! signs its own witnesses with a key it publishes in the store, so the
+//! audit still chains them. Trusting those keys is trusting whoever may
+//! write the prefix, which is also who may write the leases. Every holder's
+//! clock counts, so each one checks it against signed time ([`LeaseTime`])
+//! and others break a lease only after its deadline plus a clock margin.
+//!
+//! # Layout
+//! * [`backend`]: [`S3LeaseBackend`], the [`bagel_client::LeaseBackend`]
+//!   (reads, decisions, conditional writes, the per-name ETag cache,
+//!   polling waits), plus `describe` and `history` for operators.
+//! * `rules`: every lease rule as a pure function of (object, request,
+//!   `now`), tested with exact times.
+//! * [`object`]: the JSON lease object kept per name.
+//! * [`store`]: [`LeaseStore`], the layout of a prefix, bounded store calls,
+//!   the conditional-write probes, published keys.
+//! * [`time`]: [`LeaseTime`], whose clock counts and what vouches for it.
+//! * `witness`: client-signed witnesses.
+//! * `validate`: request checks with the server's limits and wording.
+//! * [`config`]: the limits and margins, [`S3LeaseConfig`].
+
+pub mod backend;
+pub mod config;
+pub mod object;
+mod rules;
+pub mod store;
+pub mod time;
+mod validate;
+mod witness;
+
+pub use backend::S3LeaseBackend;
+pub use config::S3LeaseConfig;
+pub use store::LeaseStore;
+pub use time::{LeaseTime, SelfSignedClock};
+
+/// Loads the client's witness key from `path` (64 hex digits of an
+/// ed25519 secret), creating it (mode 0600) if missing. A key per client
+/// machine, kept across runs, so the store does not fill with keys.
+pub fn load_or_create_key(path: &std::path::Path) -> std::io::Result<bagel_proto::Signer> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let parse = |text: &str| {
+        bagel_proto::hex::decode_array::<32>(text.trim())
+            .map(|secret| bagel_proto::Signer::new(ed25519_dalek::SigningKey::from_bytes(&secret)))
+            .map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: not an ed25519 secret key (64 hex digits): {e}",
+                        path.display()
+                    ),
+                )
+            })
+    };
+    match std::fs::read_to_string(path) {
+        Ok(text) => return parse(&text),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let signer = bagel_proto::Signer::generate();
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(mut f) => {
+            let hex = bagel_proto::hex::encode(signer.signing_key().as_bytes());
+            f.write_all(format!("{hex}\n").as_bytes())?;
+            f.sync_all()?;
+            Ok(signer)
+        }
+        // Another process created it first: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => parse(&std::fs::read_to_string(path)?),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_key_file_is_created_once_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/key");
+        let a = super::load_or_create_key(&path).unwrap();
+        let b = super::load_or_create_key(&path).unwrap();
+        assert_eq!(a.key_id(), b.key_id());
+        std::fs::write(&path, "nope").unwrap();
+        let err = super::load_or_create_key(&path).unwrap_err();
+        assert!(err.to_string().contains("64 hex digits"), "{err}");
+    }
+}

@@ -1,0 +1,338 @@
+//! The lease object: what S3 keeps about one name, as JSON.
+//!
+//! One object per name (`<prefix>/leases/<name>`) holds everything a bagel
+//! server keeps in RAM for it: the holder (lease id, a hash of its token,
+//! owner, mode, deadline, when it was granted, every name of its lease),
+//! the record of the lease before it (id, watermark, how and when it ended,
+//! whether its bags are unsettled), the last fencing token, and a short
+//! history of renewals and releases with their metadata. Every change is a
+//! conditional PUT of the whole object (`If-None-Match: *` to create it,
+//! `If-Match: <etag>` to change it), so two writers can never both change
+//! the version they read.
+//!
+//! The token itself is never stored: anyone who can read the bucket could
+//! then renew or release another's lease by mistake. Its SHA-256 is enough
+//! to check that a renewal comes from the holder (the store's ACLs, not the
+//! token, are what keep a malicious writer out; see the crate docs).
+//!
+//! A `version` field comes first so a future format is refused, never
+//! misread.
+
+use bagel_client::{Ended, HistoryEntry, HistoryEvent, Metadata, Micros, Mode, Previous};
+use bagel_proto::pb;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+/// The format this crate writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One name's state in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseObject {
+    pub version: u32,
+    pub name: String,
+    /// The last fencing token issued for this name.
+    pub fencing_token: u64,
+    /// When the last grant of this name was made (Unix µs). Each grant
+    /// takes a later time than this, whatever the grantor's clock says, so
+    /// grant times (and witnesses' `issued_at`) increase along the chain.
+    pub last_granted_at_us: u64,
+    /// The current holder, possibly with a passed deadline (an expired
+    /// lease becomes `previous` only when the next grant breaks it); `None`
+    /// once released.
+    pub holder: Option<HolderRecord>,
+    /// The lease before `holder` (or the last one when nobody holds it).
+    pub previous: PreviousRecord,
+    /// Recent renewals (with metadata) and releases, oldest first, bounded.
+    #[serde(default)]
+    pub history: Vec<HistoryRecord>,
+    /// Older history entries were dropped.
+    #[serde(default)]
+    pub history_truncated: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderRecord {
+    pub lease_id: String,
+    /// SHA-256 of the holder's token, hex.
+    pub token_sha256: String,
+    pub owner: String,
+    pub mode: ModeRecord,
+    /// The holder's rights end at this instant (exclusive), by its clock.
+    pub deadline_us: u64,
+    pub granted_at_us: u64,
+    /// Every name of the lease, sorted: a tool holding only one name's
+    /// object can tell what else the lease holds.
+    pub names: Vec<String>,
+    /// The client key that signs this lease's witnesses.
+    pub key_id: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeRecord {
+    Full,
+    Tentative,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndedRecord {
+    None,
+    Released,
+    Broken,
+    Unknown,
+}
+
+/// What the next holder of a name inherits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousRecord {
+    pub lease_id: Option<String>,
+    /// Every message of earlier holders is at or below this.
+    pub watermark_us: u64,
+    pub ended: EndedRecord,
+    pub ended_at_us: u64,
+    /// Some earlier holder (broken, or released with writes of unknown
+    /// outcome) may still land writes in bags at or below the watermark;
+    /// carried down the chain until a holder says it closed them. A flag,
+    /// as in the server: the bound is always the watermark.
+    pub unsettled: bool,
+    pub granted_at_us: u64,
+    /// The encoded `SignedTime` the releaser gave with its watermark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_signed_time_b64: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    pub lease_id: String,
+    pub owner: String,
+    pub event: EventRecord,
+    pub at_us: u64,
+    pub watermark_us: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataRecord>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventRecord {
+    Renewed,
+    Released,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataRecord {
+    DataB64(String),
+    Wildcard,
+}
+
+impl LeaseObject {
+    /// Parses an object's bytes; the error says what is wrong with it.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let obj: LeaseObject =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a lease object: {e}"))?;
+        if obj.version != FORMAT_VERSION {
+            return Err(format!(
+                "lease object format {} is not the format {FORMAT_VERSION} this client knows",
+                obj.version
+            ));
+        }
+        Ok(obj)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a lease object serializes")
+    }
+}
+
+/// The SHA-256 of a token, as stored.
+pub fn token_hash(token: &str) -> String {
+    bagel_proto::hex::encode(&Sha256::digest(token.as_bytes()))
+}
+
+impl From<Mode> for ModeRecord {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Full => ModeRecord::Full,
+            Mode::Tentative => ModeRecord::Tentative,
+        }
+    }
+}
+
+impl From<ModeRecord> for Mode {
+    fn from(m: ModeRecord) -> Self {
+        match m {
+            ModeRecord::Full => Mode::Full,
+            ModeRecord::Tentative => Mode::Tentative,
+        }
+    }
+}
+
+impl From<EndedRecord> for Ended {
+    fn from(e: EndedRecord) -> Self {
+        match e {
+            EndedRecord::None => Ended::None,
+            EndedRecord::Released => Ended::Released,
+            EndedRecord::Broken => Ended::Broken,
+            EndedRecord::Unknown => Ended::Unknown,
+        }
+    }
+}
+
+impl PreviousRecord {
+    /// What a name nobody ever held inherits.
+    pub fn none() -> Self {
+        PreviousRecord {
+            lease_id: None,
+            watermark_us: 0,
+            ended: EndedRecord::None,
+            ended_at_us: 0,
+            unsettled: false,
+            granted_at_us: 0,
+            watermark_signed_time_b64: None,
+        }
+    }
+
+    /// The exclusive bound of the unsettled bags, as the server states it.
+    pub fn unsettled_until_us(&self) -> u64 {
+        if self.unsettled {
+            self.watermark_us.saturating_add(1)
+        } else {
+            0
+        }
+    }
+
+    pub fn to_domain(&self) -> Previous {
+        Previous {
+            lease_id: self.lease_id.clone(),
+            watermark: Micros::from_micros(self.watermark_us),
+            ended: self.ended.into(),
+            ended_at: Micros::from_micros(self.ended_at_us),
+            unsettled_until: self
+                .unsettled
+                .then(|| Micros::from_micros(self.unsettled_until_us())),
+            granted_at: (self.granted_at_us != 0).then(|| Micros::from_micros(self.granted_at_us)),
+        }
+    }
+
+    /// The wire form a witness states. A stored signed time that does not
+    /// decode is left out rather than failing the grant: it only adds
+    /// evidence for the watermark, which stands on its own.
+    pub fn to_pb(&self) -> pb::PreviousLease {
+        let ended = match self.ended {
+            EndedRecord::None => pb::Ended::None,
+            EndedRecord::Released => pb::Ended::Released,
+            EndedRecord::Broken => pb::Ended::Broken,
+            EndedRecord::Unknown => pb::Ended::Unknown,
+        };
+        pb::PreviousLease {
+            lease_id: self.lease_id.clone().unwrap_or_default(),
+            watermark_us: self.watermark_us,
+            watermark_signed_time: self
+                .watermark_signed_time_b64
+                .as_deref()
+                .and_then(|b| B64.decode(b).ok())
+                .and_then(|bytes| pb::SignedTime::decode(bytes.as_slice()).ok()),
+            ended: ended.into(),
+            ended_at_us: self.ended_at_us,
+            unsettled_until_us: self.unsettled_until_us(),
+            granted_at_us: self.granted_at_us,
+        }
+    }
+}
+
+/// A signed time as stored beside a watermark.
+pub fn signed_time_b64(st: &pb::SignedTime) -> String {
+    B64.encode(st.encode_to_vec())
+}
+
+impl From<&Metadata> for MetadataRecord {
+    fn from(m: &Metadata) -> Self {
+        match m {
+            Metadata::Data(d) => MetadataRecord::DataB64(B64.encode(d)),
+            Metadata::Wildcard => MetadataRecord::Wildcard,
+        }
+    }
+}
+
+impl HistoryRecord {
+    pub fn to_domain(&self) -> HistoryEntry {
+        HistoryEntry {
+            lease_id: self.lease_id.clone(),
+            owner: self.owner.clone(),
+            event: match self.event {
+                EventRecord::Renewed => HistoryEvent::Renewed,
+                EventRecord::Released => HistoryEvent::Released,
+            },
+            at: Micros::from_micros(self.at_us),
+            watermark: Micros::from_micros(self.watermark_us),
+            metadata: self.metadata.as_ref().map(|m| match m {
+                // Written by this crate from bytes; a hand-edited object
+                // with bad base64 shows as empty data rather than failing.
+                MetadataRecord::DataB64(b) => Metadata::Data(B64.decode(b).unwrap_or_default()),
+                MetadataRecord::Wildcard => Metadata::Wildcard,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_round_trips_and_a_future_format_is_refused() {
+        let obj = LeaseObject {
+            version: FORMAT_VERSION,
+            name: "a/b %c".into(),
+            fencing_token: 7,
+            last_granted_at_us: 5,
+            holder: Some(HolderRecord {
+                lease_id: "00".into(),
+                token_sha256: token_hash("t"),
+                owner: "o".into(),
+                mode: ModeRecord::Tentative,
+                deadline_us: 9,
+                granted_at_us: 5,
+                names: vec!["a/b %c".into()],
+                key_id: "k".into(),
+            }),
+            previous: PreviousRecord::none(),
+            history: vec![HistoryRecord {
+                lease_id: "00".into(),
+                owner: "o".into(),
+                event: EventRecord::Renewed,
+                at_us: 6,
+                watermark_us: 0,
+                metadata: Some((&Metadata::Data(b"s3://x".to_vec())).into()),
+            }],
+            history_truncated: false,
+        };
+        let bytes = obj.encode();
+        assert_eq!(LeaseObject::decode(&bytes).unwrap(), obj);
+        assert_eq!(
+            obj.history[0].to_domain().metadata,
+            Some(Metadata::Data(b"s3://x".to_vec()))
+        );
+        let mut future = obj;
+        future.version = FORMAT_VERSION + 1;
+        let err = LeaseObject::decode(&future.encode()).unwrap_err();
+        assert!(err.contains("format 2"), "{err}");
+        assert!(
+            LeaseObject::decode(b"{}")
+                .unwrap_err()
+                .contains("not a lease object")
+        );
+    }
+
+    #[test]
+    fn tokens_are_stored_only_as_hashes() {
+        assert_eq!(token_hash("secret").len(), 64);
+        assert_ne!(token_hash("secret"), token_hash("secreT"));
+    }
+}

@@ -1,0 +1,580 @@
+//! Every lease rule of the S3 backend, as pure functions of (lease object,
+//! request, `now`): no I/O and no clock of their own, so tests drive time
+//! exactly (the shape of the server's `table`). The backend reads objects,
+//! asks these functions what the new object is, and writes it with a
+//! conditional PUT; a lost race is a failed precondition, never a mix.
+//!
+//! The rules are the server's, with one difference forced by having no
+//! single clock: **others** treat a lease as over only once their clock
+//! passes its deadline plus the clock margin, while its **holder** treats
+//! it as over at the deadline (and its `Lease::is_valid` earlier still, by
+//! its safety margin). With every clock within `margin / 2` of true time,
+//! the holder stops before anyone else may take over (README, "Leases
+//! without a server").
+
+use std::time::Duration;
+
+use bagel_client::{Conflict, Error, Metadata, Micros, Mode};
+use tonic::Code;
+
+use crate::object::{
+    EndedRecord, EventRecord, FORMAT_VERSION, HistoryRecord, HolderRecord, LeaseObject, ModeRecord,
+    PreviousRecord,
+};
+
+/// The knobs the rules need.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    /// Others may break a lease only after its deadline plus this.
+    pub margin: Duration,
+    /// History entries kept per name.
+    pub history_per_name: usize,
+}
+
+/// What acquiring one name at `now` would do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The name can be taken; the grant inherits `previous`.
+    Take { previous: PreviousRecord },
+    /// A live lease holds it.
+    Busy(Box<Conflict>),
+}
+
+/// What a release says, checked by the backend's edge.
+#[derive(Clone, Debug, Default)]
+pub struct ReleaseSpec {
+    pub watermark: Micros,
+    /// Encoded signed time for the watermark (base64), if any.
+    pub signed_time_b64: Option<String>,
+    pub metadata: Option<Metadata>,
+    pub unsettled: bool,
+    pub settled_through: Micros,
+}
+
+fn not_held(code: Code, message: String) -> Error {
+    Error::NotHeld { code, message }
+}
+
+impl Rules {
+    /// Whether `name` (its object `obj`, absent if never written) can be
+    /// taken in `mode` at `now`, and what the grant inherits.
+    ///
+    /// A live full holder refuses; a live tentative holder refuses a
+    /// tentative request and is broken by a full one (it could not write,
+    /// so it leaves no trace in the chain). A full holder past its
+    /// deadline plus the margin is *broken*: its deadline becomes the
+    /// watermark (it may have written anything below it) and its bags are
+    /// unsettled.
+    pub fn decide(&self, name: &str, obj: Option<&LeaseObject>, mode: Mode, now: Micros) -> Decision {
+        let Some(obj) = obj else {
+            return Decision::Take {
+                previous: PreviousRecord::none(),
+            };
+        };
+        let Some(h) = &obj.holder else {
+            return Decision::Take {
+                previous: obj.previous.clone(),
+            };
+        };
+        let over_for_others = Micros::from_micros(h.deadline_us).saturating_add(self.margin);
+        if now < over_for_others {
+            let breakable = h.mode == ModeRecord::Tentative && mode == Mode::Full;
+            if !breakable {
+                return Decision::Busy(Box::new(Conflict {
+                    name: name.to_owned(),
+                    holder_lease_id: h.lease_id.clone(),
+                    holder_owner: h.owner.clone(),
+                    holder_mode: h.mode.into(),
+                    holder_deadline: Micros::from_micros(h.deadline_us),
+                    server: None,
+                }));
+            }
+        }
+        let previous = match h.mode {
+            ModeRecord::Tentative => obj.previous.clone(),
+            ModeRecord::Full => PreviousRecord {
+                lease_id: Some(h.lease_id.clone()),
+                watermark_us: obj.previous.watermark_us.max(h.deadline_us),
+                ended: EndedRecord::Broken,
+                ended_at_us: now.as_micros(),
+                unsettled: true,
+                granted_at_us: h.granted_at_us,
+                watermark_signed_time_b64: None,
+            },
+        };
+        Decision::Take { previous }
+    }
+
+    /// The grant time of a lease on names whose objects are `objs`: `now`,
+    /// or just after the latest earlier grant of any of them if a clock
+    /// ahead of ours made it. Grant times thus increase along every name's
+    /// chain, as they do on one server, which the audit relies on to order
+    /// grants that left no messages.
+    pub fn grant_time<'a>(objs: impl IntoIterator<Item = Option<&'a LeaseObject>>, now: Micros) -> Micros {
+        objs.into_iter()
+            .flatten()
+            .map(|o| Micros::from_micros(o.last_granted_at_us.saturating_add(1)))
+            .fold(now, Micros::max)
+    }
+
+    /// The object after granting `holder` the name. The fencing token is
+    /// the server's rule, `max(last + 1, grant time in µs)`: strictly
+    /// increasing along the object's chain, and still increasing if an
+    /// operator deletes the object (a fresh one starts from the clock).
+    pub fn granted(
+        name: &str,
+        obj: Option<&LeaseObject>,
+        previous: PreviousRecord,
+        holder: HolderRecord,
+    ) -> LeaseObject {
+        let last = obj.map_or(0, |o| o.fencing_token);
+        LeaseObject {
+            version: FORMAT_VERSION,
+            name: name.to_owned(),
+            fencing_token: last.saturating_add(1).max(holder.granted_at_us),
+            last_granted_at_us: holder.granted_at_us,
+            holder: Some(holder),
+            previous,
+            history: obj.map(|o| o.history.clone()).unwrap_or_default(),
+            history_truncated: obj.is_some_and(|o| o.history_truncated),
+        }
+    }
+
+    /// The holder of `obj` if it is lease `lease_id` with a token hashing
+    /// to `token_hash` and its deadline is still ahead of `now` (by the
+    /// holder's clock: an expired lease can no longer be renewed, upgraded
+    /// or released, as on the server). Otherwise why not.
+    pub fn held<'a>(
+        obj: &'a LeaseObject,
+        lease_id: &str,
+        token_hash: &str,
+        now: Micros,
+    ) -> Result<&'a HolderRecord, Error> {
+        match &obj.holder {
+            Some(h) if h.lease_id == lease_id => {
+                if h.token_sha256 != token_hash {
+                    return Err(not_held(
+                        Code::PermissionDenied,
+                        format!("token: does not match lease {lease_id}"),
+                    ));
+                }
+                let deadline = Micros::from_micros(h.deadline_us);
+                if now >= deadline {
+                    return Err(not_held(
+                        Code::FailedPrecondition,
+                        format!(
+                            "lease {lease_id} expired at {deadline}; it can no longer be renewed, upgraded or \
+                             released"
+                        ),
+                    ));
+                }
+                Ok(h)
+            }
+            other => Err(Self::gone(obj, other.as_ref(), lease_id)),
+        }
+    }
+
+    /// Why lease `lease_id` no longer holds `obj`'s name.
+    fn gone(obj: &LeaseObject, holder: Option<&HolderRecord>, lease_id: &str) -> Error {
+        let name = &obj.name;
+        let prev = &obj.previous;
+        if prev.lease_id.as_deref() == Some(lease_id) {
+            return match prev.ended {
+                EndedRecord::Released => not_held(
+                    Code::NotFound,
+                    format!(
+                        "lease_id: lease {lease_id} was released at {}",
+                        Micros::from_micros(prev.ended_at_us)
+                    ),
+                ),
+                _ => not_held(
+                    Code::FailedPrecondition,
+                    format!(
+                        "lease {lease_id} expired at {} and was broken on name {name:?}; it can no longer be \
+                         renewed, upgraded or released",
+                        Micros::from_micros(prev.watermark_us)
+                    ),
+                ),
+            };
+        }
+        match holder {
+            Some(h) => not_held(
+                Code::FailedPrecondition,
+                format!(
+                    "lease {lease_id} lost name {name:?}: lease {} (owner {:?}) holds it now",
+                    h.lease_id, h.owner
+                ),
+            ),
+            None => not_held(
+                Code::NotFound,
+                format!(
+                    "lease_id: unknown lease {lease_id} on name {name:?} (released, broken, or never granted)"
+                ),
+            ),
+        }
+    }
+
+    fn push_history(&self, obj: &mut LeaseObject, entry: HistoryRecord) {
+        if self.history_per_name == 0 {
+            return;
+        }
+        obj.history.push(entry);
+        let excess = obj.history.len().saturating_sub(self.history_per_name);
+        obj.history.drain(..excess);
+        obj.history_truncated |= excess > 0;
+    }
+
+    /// The object after renewing to `max(current deadline, deadline)`: a
+    /// deadline never moves back (the holder may have written up to it).
+    pub fn renewed(
+        &self,
+        obj: &LeaseObject,
+        lease_id: &str,
+        token_hash: &str,
+        deadline: Micros,
+        metadata: Option<&Metadata>,
+        now: Micros,
+    ) -> Result<LeaseObject, Error> {
+        let h = Self::held(obj, lease_id, token_hash, now)?;
+        let owner = h.owner.clone();
+        let mut next = obj.clone();
+        let holder = next.holder.as_mut().expect("held");
+        holder.deadline_us = holder.deadline_us.max(deadline.as_micros());
+        if let Some(m) = metadata {
+            let entry = HistoryRecord {
+                lease_id: lease_id.to_owned(),
+                owner,
+                event: EventRecord::Renewed,
+                at_us: now.as_micros(),
+                watermark_us: obj.previous.watermark_us,
+                metadata: Some(m.into()),
+            };
+            self.push_history(&mut next, entry);
+        }
+        Ok(next)
+    }
+
+    /// The object after turning the lease full (a full lease stays full).
+    pub fn upgraded(
+        obj: &LeaseObject,
+        lease_id: &str,
+        token_hash: &str,
+        now: Micros,
+    ) -> Result<LeaseObject, Error> {
+        Self::held(obj, lease_id, token_hash, now)?;
+        let mut next = obj.clone();
+        next.holder.as_mut().expect("held").mode = ModeRecord::Full;
+        Ok(next)
+    }
+
+    /// The object after releasing, publishing the watermark.
+    ///
+    /// The watermark must be below the deadline, and 0 for a tentative
+    /// lease (it had no right to write; it leaves no trace in the chain).
+    /// A stored watermark never decreases. What is unsettled travels on:
+    /// the next holder must close bags through the watermark if this holder
+    /// had writes of unknown outcome, or inherited unsettled bags and did
+    /// not close them.
+    pub fn released(
+        &self,
+        obj: &LeaseObject,
+        lease_id: &str,
+        token_hash: &str,
+        spec: &ReleaseSpec,
+        now: Micros,
+    ) -> Result<LeaseObject, Error> {
+        let h = Self::held(obj, lease_id, token_hash, now)?;
+        if spec.watermark.as_micros() >= h.deadline_us {
+            return Err(Error::Rejected {
+                code: Code::OutOfRange,
+                message: format!(
+                    "watermark_us: {} must be below the lease deadline {} ({})",
+                    spec.watermark.as_micros(),
+                    h.deadline_us,
+                    Micros::from_micros(h.deadline_us)
+                ),
+            });
+        }
+        if h.mode == ModeRecord::Tentative && spec.watermark != Micros::ZERO {
+            return Err(Error::Rejected {
+                code: Code::InvalidArgument,
+                message: "watermark_us: must be 0 when releasing a tentative lease: it had no right to write"
+                    .into(),
+            });
+        }
+        let mut next = obj.clone();
+        let holder = next.holder.take().expect("held");
+        if holder.mode == ModeRecord::Full {
+            let inherited_open = obj.previous.unsettled
+                && spec.settled_through.as_micros() < obj.previous.unsettled_until_us();
+            next.previous = PreviousRecord {
+                lease_id: Some(lease_id.to_owned()),
+                watermark_us: obj.previous.watermark_us.max(spec.watermark.as_micros()),
+                ended: EndedRecord::Released,
+                ended_at_us: now.as_micros(),
+                unsettled: spec.unsettled || inherited_open,
+                granted_at_us: holder.granted_at_us,
+                watermark_signed_time_b64: spec.signed_time_b64.clone(),
+            };
+        }
+        let entry = HistoryRecord {
+            lease_id: lease_id.to_owned(),
+            owner: holder.owner,
+            event: EventRecord::Released,
+            at_us: now.as_micros(),
+            watermark_us: next.previous.watermark_us,
+            metadata: spec.metadata.as_ref().map(Into::into),
+        };
+        self.push_history(&mut next, entry);
+        Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::token_hash;
+
+    const SEC: u64 = 1_000_000;
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    fn t(us: u64) -> Micros {
+        Micros::from_micros(us)
+    }
+
+    fn rules() -> Rules {
+        Rules {
+            margin: Duration::from_secs(1),
+            history_per_name: 2,
+        }
+    }
+
+    fn holder(id: &str, mode: ModeRecord, granted: u64, deadline: u64) -> HolderRecord {
+        HolderRecord {
+            lease_id: id.into(),
+            token_sha256: token_hash(&format!("token-{id}")),
+            owner: format!("owner-{id}"),
+            mode,
+            deadline_us: deadline,
+            granted_at_us: granted,
+            names: vec!["n".into()],
+            key_id: "k".into(),
+        }
+    }
+
+    /// Grants `id` the name at `now` until `deadline`, as the backend does.
+    fn grant(
+        obj: Option<&LeaseObject>,
+        id: &str,
+        mode: Mode,
+        now: u64,
+        deadline: u64,
+    ) -> Result<LeaseObject, Conflict> {
+        match rules().decide("n", obj, mode, t(now)) {
+            Decision::Busy(c) => Err(*c),
+            Decision::Take { previous } => {
+                let at = Rules::grant_time([obj], t(now)).as_micros();
+                Ok(Rules::granted(
+                    "n",
+                    obj,
+                    previous,
+                    holder(id, mode.into(), at, deadline),
+                ))
+            }
+        }
+    }
+
+    fn release(obj: &LeaseObject, id: &str, wm: u64, now: u64) -> Result<LeaseObject, Error> {
+        let spec = ReleaseSpec {
+            watermark: t(wm),
+            ..Default::default()
+        };
+        rules().released(obj, id, &token_hash(&format!("token-{id}")), &spec, t(now))
+    }
+
+    #[test]
+    fn a_live_lease_is_busy_until_its_deadline_plus_the_margin_then_broken() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + 2 * SEC).unwrap();
+        assert_eq!(a.previous.ended, EndedRecord::None);
+        // Past the deadline by less than the margin: still the holder's,
+        // for others (its clock may be behind ours).
+        let c = grant(Some(&a), "b", Mode::Full, T0 + 3 * SEC - 1, T0 + 9 * SEC).unwrap_err();
+        assert_eq!(
+            (c.holder_lease_id.as_str(), c.holder_deadline),
+            ("a", t(T0 + 2 * SEC))
+        );
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 3 * SEC, T0 + 9 * SEC).unwrap();
+        let p = &b.previous;
+        assert_eq!(
+            (
+                p.lease_id.as_deref(),
+                p.ended,
+                p.watermark_us,
+                p.ended_at_us,
+                p.unsettled
+            ),
+            (Some("a"), EndedRecord::Broken, T0 + 2 * SEC, T0 + 3 * SEC, true)
+        );
+        assert_eq!(p.unsettled_until_us(), T0 + 2 * SEC + 1);
+        assert_eq!(p.granted_at_us, T0);
+        assert!(b.fencing_token > a.fencing_token);
+        // The holder itself cannot renew once its own clock passed the
+        // deadline, even before anyone took over.
+        let err = rules()
+            .renewed(
+                &a,
+                "a",
+                &token_hash("token-a"),
+                t(T0 + 5 * SEC),
+                None,
+                t(T0 + 2 * SEC),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::NotHeld { code: Code::FailedPrecondition, message } if message.contains("expired")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn release_hands_on_the_watermark_which_never_decreases() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
+        let a = release(&a, "a", T0 + SEC, T0 + 2 * SEC).unwrap();
+        assert!(a.holder.is_none());
+        let p = &a.previous;
+        assert_eq!(
+            (p.lease_id.as_deref(), p.ended, p.watermark_us, p.unsettled),
+            (Some("a"), EndedRecord::Released, T0 + SEC, false)
+        );
+        // Free at once for the next holder, before any deadline passes.
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 2 * SEC, T0 + 6 * SEC).unwrap();
+        assert_eq!(b.previous.watermark_us, T0 + SEC);
+        // B wrote nothing: it carries the inherited watermark forward.
+        let b = release(&b, "b", 0, T0 + 3 * SEC).unwrap();
+        assert_eq!(b.previous.watermark_us, T0 + SEC);
+        assert_eq!(b.history.len(), 2, "bounded history keeps the latest");
+        assert_eq!(b.history[1].lease_id, "b");
+    }
+
+    #[test]
+    fn a_watermark_at_the_deadline_or_from_a_tentative_lease_is_refused() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
+        let err = release(&a, "a", T0 + 5 * SEC, T0 + SEC).unwrap_err();
+        assert!(
+            matches!(&err, Error::Rejected { code: Code::OutOfRange, message } if message.starts_with("watermark_us")),
+            "{err:?}"
+        );
+        let t = grant(None, "t", Mode::Tentative, T0, T0 + 5 * SEC).unwrap();
+        let err = release(&t, "t", T0, T0 + SEC).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Rejected {
+                    code: Code::InvalidArgument,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // A tentative lease leaves no trace in the chain.
+        let after = release(&t, "t", 0, T0 + SEC).unwrap();
+        assert_eq!(after.previous, PreviousRecord::none());
+    }
+
+    #[test]
+    fn a_full_acquire_breaks_a_tentative_holder_which_can_no_longer_upgrade() {
+        let t0 = grant(None, "t", Mode::Tentative, T0, T0 + 5 * SEC).unwrap();
+        grant(Some(&t0), "u", Mode::Tentative, T0 + 1, T0 + 5 * SEC).unwrap_err();
+        let f = grant(Some(&t0), "f", Mode::Full, T0 + 1, T0 + 5 * SEC).unwrap();
+        assert_eq!(
+            f.previous,
+            PreviousRecord::none(),
+            "a tentative holder wrote nothing"
+        );
+        let err = Rules::upgraded(&f, "t", &token_hash("token-t"), t(T0 + 2)).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotHeld { message, .. } if message.contains("lost name")),
+            "{err:?}"
+        );
+        // Untouched, an upgrade succeeds.
+        let up = Rules::upgraded(&t0, "t", &token_hash("token-t"), t(T0 + 2)).unwrap();
+        assert_eq!(up.holder.unwrap().mode, ModeRecord::Full);
+    }
+
+    #[test]
+    fn renewals_never_shorten_and_need_the_token() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
+        let hash = token_hash("token-a");
+        let r = rules()
+            .renewed(&a, "a", &hash, t(T0 + 3 * SEC), None, t(T0 + SEC))
+            .unwrap();
+        assert_eq!(r.holder.as_ref().unwrap().deadline_us, T0 + 5 * SEC);
+        let r = rules()
+            .renewed(
+                &r,
+                "a",
+                &hash,
+                t(T0 + 7 * SEC),
+                Some(&Metadata::Wildcard),
+                t(T0 + SEC),
+            )
+            .unwrap();
+        assert_eq!(r.holder.as_ref().unwrap().deadline_us, T0 + 7 * SEC);
+        assert_eq!(r.history.last().unwrap().event, EventRecord::Renewed);
+        let err = rules()
+            .renewed(&r, "a", &token_hash("guess"), t(T0 + 8 * SEC), None, t(T0 + SEC))
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::NotHeld {
+                code: Code::PermissionDenied,
+                ..
+            }
+        ));
+        let err = rules()
+            .renewed(&r, "zz", &hash, t(T0 + 8 * SEC), None, t(T0 + SEC))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotHeld {
+                    code: Code::FailedPrecondition,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn grant_times_and_fencing_tokens_increase_along_the_chain_whatever_the_clocks() {
+        // B's clock is 10 s behind A's: its grant still comes after A's.
+        let a = grant(None, "a", Mode::Full, T0 + 10 * SEC, T0 + 11 * SEC).unwrap();
+        let a = release(&a, "a", 0, T0 + 10 * SEC + 1).unwrap();
+        let b = grant(Some(&a), "b", Mode::Full, T0, T0 + 2 * SEC).unwrap();
+        let hb = b.holder.as_ref().unwrap();
+        assert_eq!(hb.granted_at_us, T0 + 10 * SEC + 1);
+        assert!(b.fencing_token > a.fencing_token);
+        assert_eq!(b.previous.granted_at_us, T0 + 10 * SEC);
+    }
+
+    #[test]
+    fn unsettled_bags_travel_down_the_chain_until_someone_closes_them() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + SEC).unwrap();
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 3 * SEC, T0 + 5 * SEC).unwrap();
+        assert_eq!(b.previous.unsettled_until_us(), T0 + SEC + 1);
+        // B releases without closing: C still must close through A's deadline.
+        let b2 = release(&b, "b", 0, T0 + 4 * SEC).unwrap();
+        assert!(b2.previous.unsettled);
+        assert_eq!(b2.previous.unsettled_until_us(), T0 + SEC + 1);
+        // B closed them: nothing unsettled for the next holder.
+        let spec = ReleaseSpec {
+            settled_through: t(T0 + SEC + 1),
+            ..Default::default()
+        };
+        let b3 = rules()
+            .released(&b, "b", &token_hash("token-b"), &spec, t(T0 + 4 * SEC))
+            .unwrap();
+        assert!(!b3.previous.unsettled);
+    }
+}

@@ -1,0 +1,300 @@
+//! [`LeaseStore`]: the objects of an S3 lease prefix, and nothing else.
+//!
+//! ```text
+//! <prefix>/leases/<name>     one lease object per name (see `object`)
+//! <prefix>/keys/<key id>     a client's public key: `{"key_id", "ed25519_hex"}`
+//! <prefix>/_bagel_probe/…    the start-up probes' scratch objects
+//! ```
+//!
+//! A name becomes one path segment, percent-encoded by `object_store`
+//! (`/`, `%`, `*`, `.` and `..` …), so any name the server accepts has its
+//! own object. Every call is bounded by the configured timeout and every
+//! failure becomes a [`bagel_client::Error::Store`] naming the operation
+//! and the object, retryable or not.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_bags::s3::S3Store;
+use bagel_bags::store_url::{StoreUrl, s3_from_env};
+use bagel_client::Error;
+use bagel_proto::{KeyRing, Signer};
+use futures::TryStreamExt as _;
+use object_store::path::{Path, PathPart};
+use object_store::{GetOptions, ObjectStore, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+
+use crate::object::LeaseObject;
+
+/// An object's ETag, as the store gave it (opaque; passed back in
+/// `If-Match`).
+pub type ETag = String;
+
+/// The condition a lease object PUT is made under.
+#[derive(Clone, Debug)]
+pub enum Condition {
+    /// `If-None-Match: *`: the object must not exist.
+    Create,
+    /// `If-Match: <etag>`: the object must be exactly the version read.
+    Match(ETag),
+}
+
+/// How a conditional PUT ended.
+#[derive(Clone, Debug)]
+pub enum Put {
+    /// Written; the new ETag when the store said it.
+    Done(Option<ETag>),
+    /// The condition failed: someone else changed the object first.
+    Lost,
+}
+
+/// The public key record published under `keys/`.
+#[derive(Debug, Serialize, Deserialize)]
+struct KeyRecord {
+    key_id: String,
+    ed25519_hex: String,
+}
+
+/// The lease objects under one prefix of one bucket.
+#[derive(Clone, Debug)]
+pub struct LeaseStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    location: String,
+    op_timeout: Duration,
+}
+
+impl LeaseStore {
+    /// Over `store`, keys under `prefix`; `location` names it in messages
+    /// (`s3://bucket/prefix`).
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, location: String, op_timeout: Duration) -> Self {
+        LeaseStore {
+            store,
+            prefix: prefix.trim_matches('/').to_owned(),
+            location,
+            op_timeout,
+        }
+    }
+
+    /// The store at `s3://bucket/prefix`, with the endpoint and
+    /// credentials of the `AWS_*` environment (as the bag store reads them).
+    pub fn from_url(url: &str, op_timeout: Duration) -> Result<Self, Error> {
+        let refuse = |reason: String| Error::Rejected {
+            code: tonic::Code::InvalidArgument,
+            message: format!("lease store URL {url:?}: {reason}"),
+        };
+        match StoreUrl::parse(url).map_err(|e| refuse(e.to_string()))? {
+            StoreUrl::S3 { bucket, prefix } => {
+                let store = s3_from_env(&bucket).map_err(|e| refuse(e.to_string()))?;
+                Ok(Self::new(
+                    store,
+                    &prefix,
+                    url.trim_end_matches('/').to_owned(),
+                    op_timeout,
+                ))
+            }
+            _ => Err(refuse(
+                "leases without a server live on S3: expected s3://bucket/prefix".into(),
+            )),
+        }
+    }
+
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn path(&self, dir: &str, leaf: &str) -> Path {
+        let base = Path::from(self.prefix.as_str());
+        base.join(dir).join(PathPart::from(leaf))
+    }
+
+    fn err(&self, op: &str, path: &Path, e: &object_store::Error) -> Error {
+        use object_store::Error as E;
+        let retryable = !matches!(
+            e,
+            E::PermissionDenied { .. }
+                | E::Unauthenticated { .. }
+                | E::NotImplemented { .. }
+                | E::NotSupported { .. }
+                | E::InvalidPath { .. }
+        );
+        Error::Store {
+            location: self.location.clone(),
+            message: format!("{op} {path}: {e}"),
+            retryable,
+        }
+    }
+
+    /// Runs one store call within the timeout.
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        path: &Path,
+        call: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<object_store::Result<T>, Error> {
+        tokio::time::timeout(self.op_timeout, call)
+            .await
+            .map_err(|_| Error::Store {
+                location: self.location.clone(),
+                message: format!("{op} {path}: no answer within {:?}", self.op_timeout),
+                retryable: true,
+            })
+    }
+
+    /// A name's lease object and its ETag; `None` if it was never written.
+    pub async fn get(&self, name: &str) -> Result<Option<(LeaseObject, Option<ETag>)>, Error> {
+        let path = self.path("leases", name);
+        let read = async {
+            let got = self.store.get_opts(&path, GetOptions::default()).await?;
+            let etag = got.meta.e_tag.clone();
+            Ok((got.bytes().await?, etag))
+        };
+        let (bytes, etag) = match self.bounded("get", &path, read).await? {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("get", &path, &e)),
+        };
+        let obj = LeaseObject::decode(&bytes).map_err(|reason| Error::Store {
+            location: self.location.clone(),
+            message: format!("{path}: {reason}"),
+            retryable: false,
+        })?;
+        if obj.name != name {
+            return Err(Error::Store {
+                location: self.location.clone(),
+                message: format!(
+                    "{path} holds the lease object of name {:?}, not {name:?}",
+                    obj.name
+                ),
+                retryable: false,
+            });
+        }
+        Ok(Some((obj, etag)))
+    }
+
+    /// Writes a name's lease object under `cond`.
+    pub async fn put(&self, obj: &LeaseObject, cond: Condition) -> Result<Put, Error> {
+        let path = self.path("leases", &obj.name);
+        let mode = match cond {
+            Condition::Create => PutMode::Create,
+            Condition::Match(e_tag) => PutMode::Update(UpdateVersion {
+                e_tag: Some(e_tag),
+                version: None,
+            }),
+        };
+        let call = self
+            .store
+            .put_opts(&path, PutPayload::from(obj.encode()), PutOptions::from(mode));
+        match self.bounded("put", &path, call).await? {
+            Ok(r) => Ok(Put::Done(r.e_tag)),
+            Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => {
+                Ok(Put::Lost)
+            }
+            Err(e) => Err(self.err("put", &path, &e)),
+        }
+    }
+
+    /// Refuses a store that ignores `If-None-Match: *` or `If-Match`: the
+    /// bag store's probes, on this prefix. Every lease guarantee rests on
+    /// the store refusing a stale conditional PUT.
+    pub async fn probe(&self) -> Result<(), Error> {
+        let s3 = S3Store::new(Arc::clone(&self.store), &self.prefix, self.location.clone());
+        let probes = async {
+            s3.probe_conditional_put().await?;
+            s3.probe_conditional_update().await
+        };
+        tokio::time::timeout(self.op_timeout * 4, probes)
+            .await
+            .map_err(|_| Error::Store {
+                location: self.location.clone(),
+                message: format!(
+                    "probing for conditional writes: no answer within {:?}",
+                    self.op_timeout * 4
+                ),
+                retryable: true,
+            })?
+            .map_err(|e| Error::Store {
+                location: self.location.clone(),
+                retryable: !e.is_permanent(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Publishes `signer`'s public key under `keys/`, so readers and
+    /// auditors of this store can check the witnesses it signs. Create-only;
+    /// an existing record must hold the same key.
+    pub async fn publish_key(&self, signer: &Signer) -> Result<(), Error> {
+        let path = self.path("keys", signer.key_id());
+        let record = KeyRecord {
+            key_id: signer.key_id().to_owned(),
+            ed25519_hex: bagel_proto::hex::encode(signer.verifying_key().as_bytes()),
+        };
+        let body = serde_json::to_vec(&record).expect("a key record serializes");
+        let call = self
+            .store
+            .put_opts(&path, PutPayload::from(body), PutOptions::from(PutMode::Create));
+        match self.bounded("put", &path, call).await? {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                let ring = self.read_key(&path).await?;
+                if ring.get(signer.key_id()) == Some(&signer.verifying_key()) {
+                    Ok(())
+                } else {
+                    Err(Error::Store {
+                        location: self.location.clone(),
+                        message: format!("{path} holds another public key than {}", signer.key_id()),
+                        retryable: false,
+                    })
+                }
+            }
+            Err(e) => Err(self.err("put", &path, &e)),
+        }
+    }
+
+    async fn read_key(&self, path: &Path) -> Result<KeyRing, Error> {
+        let read = async {
+            self.store
+                .get_opts(path, GetOptions::default())
+                .await?
+                .bytes()
+                .await
+        };
+        let bytes = self
+            .bounded("get", path, read)
+            .await?
+            .map_err(|e| self.err("get", path, &e))?;
+        let bad = |reason: String| Error::Store {
+            location: self.location.clone(),
+            message: format!("{path} is not a public key record: {reason}"),
+            retryable: false,
+        };
+        let record: KeyRecord = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        let raw: [u8; 32] = bagel_proto::hex::decode_array(&record.ed25519_hex).map_err(bad)?;
+        let mut ring = KeyRing::new();
+        let id = ring.insert_bytes(&raw).map_err(|e| bad(e.to_string()))?;
+        if id != record.key_id || path.filename() != Some(id.as_str()) {
+            return Err(bad(format!("it holds key {id}, not {}", record.key_id)));
+        }
+        Ok(ring)
+    }
+
+    /// Every public key published under `keys/`: the keys whose witnesses
+    /// readers and auditors of this store trust. Trusting them is trusting
+    /// whoever may write the prefix, which is also who may write the leases.
+    pub async fn keys(&self) -> Result<KeyRing, Error> {
+        let dir = Path::from(self.prefix.as_str()).join("keys");
+        let list = self.store.list(Some(&dir)).try_collect::<Vec<_>>();
+        let metas = self
+            .bounded("list", &dir, list)
+            .await?
+            .map_err(|e| self.err("list", &dir, &e))?;
+        let mut ring = KeyRing::new();
+        for meta in metas {
+            let one = self.read_key(&meta.location).await?;
+            for id in one.ids() {
+                ring.insert(*one.get(id).expect("listed"));
+            }
+        }
+        Ok(ring)
+    }
+}

@@ -1,0 +1,224 @@
+//! Lease helpers: one lease-handle environment over either backend (the
+//! real `bagel-server`, or S3 conditional writes on the real S3 server),
+//! and a private S3 server a test may stop.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bagel_client::{AcquireBuilder, Client, History, LeaseBackend, NameState, TimeOptions, TimeSource};
+use bagel_proto::KeyRing;
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
+use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+
+use crate::{Roughtime, ServerProcess, s3_bucket, unique};
+
+/// The S3 lease settings of the tests: short TTLs allowed, and a 200 ms
+/// clock margin (every process of a test shares this host's clock) so
+/// takeovers after expiry come quickly.
+pub fn s3_test_config() -> S3LeaseConfig {
+    S3LeaseConfig::default()
+        .with_min_ttl(Duration::from_millis(10))
+        .with_clock_margin(Duration::from_millis(200))
+}
+
+/// Signed time from the test suite's Roughtime server.
+pub fn roughtime_time() -> TimeSource {
+    TimeSource::roughtime(vec![Roughtime::from_env().server()], TimeOptions::default())
+}
+
+/// An S3 lease backend on a fresh prefix of the test bucket, its time
+/// checked against the test Roughtime server.
+pub async fn s3_backend_at(prefix: &str, cfg: S3LeaseConfig) -> Arc<S3LeaseBackend> {
+    let store = LeaseStore::from_url(&s3_lease_url(prefix), cfg.op_timeout).expect("lease store URL");
+    let backend = S3LeaseBackend::open(
+        store,
+        bagel_proto::Signer::generate(),
+        LeaseTime::Signed(roughtime_time()),
+        cfg,
+    )
+    .await
+    .expect("open the S3 lease store");
+    Arc::new(backend)
+}
+
+/// `s3://<test bucket>/<prefix>`.
+pub fn s3_lease_url(prefix: &str) -> String {
+    format!("s3://{}/{prefix}", s3_bucket())
+}
+
+/// Where the leases of a conformance test live.
+#[derive(Debug)]
+pub enum LeaseEnv {
+    Server {
+        server: Box<ServerProcess>,
+        client: Client,
+    },
+    S3 {
+        backend: Arc<S3LeaseBackend>,
+        prefix: String,
+    },
+}
+
+impl LeaseEnv {
+    /// A fresh `bagel-server` (restart wait skipped).
+    pub async fn server() -> Self {
+        let server = Box::new(ServerProcess::start_ready(&[]).await);
+        let client = server.client().await;
+        LeaseEnv::Server { server, client }
+    }
+
+    /// A fresh prefix on the real S3 server.
+    pub async fn s3() -> Self {
+        let prefix = unique("leases");
+        LeaseEnv::S3 {
+            backend: s3_backend_at(&prefix, s3_test_config()).await,
+            prefix,
+        }
+    }
+
+    pub fn backend(&self) -> Arc<dyn LeaseBackend> {
+        match self {
+            LeaseEnv::Server { client, .. } => Arc::new(client.clone()),
+            LeaseEnv::S3 { backend, .. } => Arc::clone(backend) as _,
+        }
+    }
+
+    pub fn acquire<I, S>(&self, names: I) -> AcquireBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        AcquireBuilder::new(self.backend(), names)
+    }
+
+    /// The keys the witnesses of this backend verify with.
+    pub async fn keys(&self) -> KeyRing {
+        match self {
+            LeaseEnv::Server { client, .. } => client.keys().clone(),
+            LeaseEnv::S3 { backend, .. } => backend.keys().await.expect("published keys"),
+        }
+    }
+
+    pub async fn describe(&self, names: &[&str]) -> Vec<NameState> {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        match self {
+            LeaseEnv::Server { client, .. } => client.describe(names).await.unwrap(),
+            LeaseEnv::S3 { backend, .. } => backend.describe(&names).await.unwrap(),
+        }
+    }
+
+    pub async fn history(&self, name: &str) -> History {
+        match self {
+            LeaseEnv::Server { client, .. } => client.history(name).await.unwrap(),
+            LeaseEnv::S3 { backend, .. } => backend.history(name).await.unwrap(),
+        }
+    }
+}
+
+/// An S3 server of this test's own (the suite's script, moto behind one
+/// lock), on a free port with a bucket made at start, so the test can stop
+/// it. Killed on drop.
+#[derive(Debug)]
+pub struct PrivateS3 {
+    child: Child,
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+impl PrivateS3 {
+    /// Starts `$BAGEL_S3_SERVER` (set by `tests/support/s3.sh`), waiting
+    /// for its "listening" line and then for a connection to be accepted.
+    pub async fn start() -> PrivateS3 {
+        let cmd = crate::need_env(
+            "BAGEL_S3_SERVER",
+            "the S3 server command (tests/support/s3.sh sets it)",
+        );
+        let mut parts = cmd.split_whitespace();
+        let prog = parts.next().expect("BAGEL_S3_SERVER is empty");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let bucket = "private".to_owned();
+        let mut child = Command::new(prog)
+            .args(parts)
+            .args(["127.0.0.1", &port.to_string(), "--bucket", &bucket])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the S3 server");
+        let stdout = child.stdout.take().expect("piped");
+        tokio::task::spawn_blocking(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            for line in lines.by_ref() {
+                if line.expect("read S3 server stdout").contains(" listening on ") {
+                    std::thread::spawn(move || for _ in lines {});
+                    return;
+                }
+            }
+            panic!("the S3 server exited before listening");
+        })
+        .await
+        .expect("reader task");
+        // It prints before it binds: a refused connection is retried
+        // briefly, never for long.
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "S3 server not accepting within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        PrivateS3 {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket,
+        }
+    }
+
+    /// A client of it, with conditional PUTs and few retries (a stopped
+    /// server should fail calls quickly).
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        let s3 = AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(&self.bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("bagel")
+            .with_secret_access_key("bagel-secret")
+            .with_virtual_hosted_style_request(false)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .build()
+            .expect("S3 client");
+        Arc::new(s3)
+    }
+
+    /// The environment a `bagel` process needs to use it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+        ]
+    }
+
+    /// `s3://private/<prefix>`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.bucket)
+    }
+
+    /// Stops it (SIGKILL): every later request fails.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateS3 {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
