@@ -40,6 +40,21 @@ pub enum Error {
     InvalidArgument { field: &'static str, reason: String },
     #[error("{field}: {reason}")]
     OutOfRange { field: &'static str, reason: String },
+    /// A deadline outside `(now + min_ttl, now + max_ttl]`. A variant of
+    /// its own because callers act on it (a waiting acquire whose deadline
+    /// came too close answers with the conflict it waited on), which they
+    /// should not do by matching a field name.
+    #[error(
+        "deadline_us: {} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] \
+         (min_ttl {min_ttl:?}, max_ttl {max_ttl:?}, server now {now})",
+        .deadline.as_micros(), .now.saturating_add(*.min_ttl).as_micros(), .now.saturating_add(*.max_ttl).as_micros()
+    )]
+    DeadlineOutOfRange {
+        deadline: Micros,
+        now: Micros,
+        min_ttl: std::time::Duration,
+        max_ttl: std::time::Duration,
+    },
     #[error(
         "not ready: this server started at {started} and refuses grants until {ready_at}, \
          to wait out any lease a previous incarnation may have granted (max TTL + clock tolerance)"
@@ -159,7 +174,7 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::OutOfRange { .. } => Code::OutOfRange,
+            Error::OutOfRange { .. } | Error::DeadlineOutOfRange { .. } => Code::OutOfRange,
             Error::NotReady { .. } | Error::ClockUnhealthy { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,

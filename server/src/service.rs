@@ -183,9 +183,7 @@ impl Service {
     ) -> Result<crate::table::Grant, Error> {
         self.inner.may_grant()?;
         match self.inner.table.acquire_queued(spec, self.now(), Some(ticket)) {
-            Err(Error::OutOfRange {
-                field: "deadline_us", ..
-            }) => Err(Error::Conflict(conflict)),
+            Err(Error::DeadlineOutOfRange { .. }) => Err(Error::Conflict(conflict)),
             other => other,
         }
     }

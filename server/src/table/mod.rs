@@ -25,21 +25,34 @@
 //! Locking rules: shard mutexes are never held across `.await` (the table
 //! has no async code). A thread holding a shard lock only ever takes
 //! higher-numbered shard locks.
+//!
+//! # Where things are
+//! This file holds the rules that change leases (acquire, renew, upgrade,
+//! release, breaking tentative leases, waiting) and the locking they share,
+//! in one place so one lease's life reads top to bottom; it is longer than
+//! most files for that reason. Around it: `spec` (requests and answers),
+//! `shard` (one shard's index, slab, queues and the lock guards), `record`
+//! (a name's record), `ids`, `history`, `queue` (waiters), `accounts`
+//! (quotas), `views` (describe, history, counts for operators), `stats`,
+//! `sweep` (forgetting idle records).
 
 mod accounts;
 mod history;
 mod ids;
 mod queue;
 mod record;
+mod shard;
+mod spec;
 mod stats;
+mod sweep;
+mod views;
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
-use bagel_proto::{Micros, pb};
+use bagel_proto::Micros;
 
 pub use accounts::{Account, Accounts, HeldLimits, Usage};
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
@@ -49,362 +62,10 @@ pub use record::{Ended, Holder, Mode, Previous};
 pub use stats::{BreakEvent, ByMode, Census, Counts, Tracked};
 
 use crate::error::{Conflict, Error};
-use history::{HistoryLog, NewEntry};
-use queue::Waiter;
+use history::NewEntry;
 use record::NameRecord;
-
-/// Limits of the table. Validation of sizes happens at the edge; these are
-/// the rules that need the clock or the state.
-#[derive(Clone, Debug)]
-pub struct TableConfig {
-    /// Number of shards (at most [`MAX_SHARDS`]).
-    pub shards: usize,
-    /// A deadline must be later than `now + min_ttl`.
-    pub min_ttl: Duration,
-    /// A deadline may be at most `now + max_ttl`.
-    pub max_ttl: Duration,
-    /// When this incarnation started (its epoch).
-    pub started: Micros,
-    /// No grant before this instant (restart quarantine).
-    pub ready_at: Micros,
-    /// What a name with no record inherits at start.
-    pub initial_floor: Micros,
-    /// Idle name records kept before the oldest are forgotten.
-    pub max_records: usize,
-    /// History entries kept per name.
-    pub history_per_name: usize,
-    /// Bytes of history kept over all names.
-    pub history_budget_bytes: usize,
-    /// Acquires waiting for one name, and in all.
-    pub max_waiters_per_name: usize,
-    pub max_waiters: usize,
-    /// Names held at once: in all, per owner, per peer.
-    pub held: HeldLimits,
-}
-
-impl TableConfig {
-    /// A config for tests: ready at once, floor zero.
-    pub fn for_tests(max_ttl: Duration) -> Self {
-        TableConfig {
-            shards: 8,
-            min_ttl: Duration::from_millis(1),
-            max_ttl,
-            started: Micros::ZERO,
-            ready_at: Micros::ZERO,
-            initial_floor: Micros::ZERO,
-            max_records: 1_000_000,
-            history_per_name: 8,
-            history_budget_bytes: 1 << 20,
-            max_waiters_per_name: 1024,
-            max_waiters: 65_536,
-            held: HeldLimits::default(),
-        }
-    }
-}
-
-/// An acquire request, validated at the edge: names sorted and unique.
-#[derive(Clone, Debug)]
-pub struct AcquireSpec {
-    pub names: Vec<Arc<str>>,
-    pub deadline: Micros,
-    pub owner: Arc<str>,
-    pub mode: Mode,
-    /// The client's address, for the per-peer quota (`None`: not known).
-    pub peer: Option<std::net::IpAddr>,
-}
-
-/// One name of a grant.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NameGrant {
-    pub name: Arc<str>,
-    pub fencing: u64,
-    pub previous: Previous,
-}
-
-/// A lease as granted, upgraded or renewed: what the witness states.
-#[derive(Clone, Debug)]
-pub struct Grant {
-    pub lease: LeaseId,
-    pub token: Token,
-    pub owner: Arc<str>,
-    pub mode: Mode,
-    pub deadline: Micros,
-    /// Max of the names' previous watermarks; writes must be strictly later.
-    pub min_timestamp: Micros,
-    pub names: Vec<NameGrant>,
-}
-
-/// The outcome of a release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Released {
-    /// The highest watermark now stored among the lease's names.
-    pub watermark: Micros,
-}
-
-/// What a release says.
-#[derive(Clone, Debug, Default)]
-pub struct ReleaseSpec {
-    pub watermark: Micros,
-    pub signed_time: Option<Arc<pb::SignedTime>>,
-    pub metadata: Option<Metadata>,
-    /// Some write under the lease may still land (its outcome is unknown).
-    pub unsettled: bool,
-    /// The holder closed every bag that can hold a timestamp below this.
-    pub settled_through: Micros,
-}
-
-/// A name's state for operators.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NameView {
-    pub name: Arc<str>,
-    pub holder: Option<Holder>,
-    /// The holder's owner.
-    pub owner: Option<Arc<str>>,
-    pub previous: Previous,
-    pub fencing: u64,
-    pub known: bool,
-    /// Acquires waiting for the name.
-    pub waiters: usize,
-}
-
-/// A name and its record, in a shard's slab.
-#[derive(Debug)]
-struct Entry {
-    name: Arc<str>,
-    rec: NameRecord,
-}
-
-/// Name → slot, as a hash table of bare 4-byte slot numbers: the names live
-/// once, in the slab, and the table compares against them there. A hash
-/// table can be half empty right after it grows, so its buckets must be
-/// small; this keeps them at 4 bytes (a `HashMap<Arc<str>, u32>` takes 24).
-#[derive(Debug, Default)]
-struct SlotIndex {
-    table: hashbrown::HashTable<u32>,
-    /// Seeded per shard, independent of the shard-choosing hash (which
-    /// would otherwise put the same low bits on every name of a shard).
-    hasher: std::collections::hash_map::RandomState,
-}
-
-impl SlotIndex {
-    fn find(&self, name: &str, slab: &[Option<Entry>]) -> Option<usize> {
-        let hash = self.hasher.hash_one(name);
-        self.table
-            .find(hash, |&s| {
-                slab[s as usize].as_ref().is_some_and(|e| &*e.name == name)
-            })
-            .map(|&s| s as usize)
-    }
-
-    /// Indexes `slot`, whose entry is already in `slab`.
-    fn insert(&mut self, name: &str, slot: usize, slab: &[Option<Entry>]) {
-        let hasher = &self.hasher;
-        let rehash = |&s: &u32| {
-            let entry = slab[s as usize].as_ref().expect("an indexed slot is occupied");
-            hasher.hash_one(&*entry.name)
-        };
-        self.table
-            .insert_unique(hasher.hash_one(name), slot as u32, rehash);
-    }
-
-    fn remove(&mut self, name: &str, slot: usize) {
-        let hash = self.hasher.hash_one(name);
-        if let Ok(entry) = self.table.find_entry(hash, |&s| s as usize == slot) {
-            entry.remove();
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.table.len()
-    }
-}
-
-/// One shard: an index from name to slot, and the slab of records.
-#[derive(Debug, Default)]
-struct ShardState {
-    slots: SlotIndex,
-    slab: Vec<Option<Entry>>,
-    free: Vec<u32>,
-    history: HistoryLog,
-    /// The shard's busiest names by grants, for operators.
-    busiest: stats::Busiest,
-    /// Acquires waiting for a name of this shard, first come first served
-    /// (see `queue`). Only names with waiters have an entry.
-    queues: std::collections::HashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
-    /// Tentative leases whose first name is in this shard and that a full
-    /// acquire broke, until their deadline (see `LeaseTable::free_broken`).
-    broken: std::collections::HashMap<LeaseId, Tombstone>,
-}
-
-/// Why a tentative lease is gone: every later call on it says so, whichever
-/// of its names was taken.
-#[derive(Clone, Debug)]
-struct Tombstone {
-    name: Arc<str>,
-    by: LeaseId,
-    deadline: Micros,
-}
-
-impl Tombstone {
-    fn error(&self, lease: LeaseId) -> Error {
-        Error::LostName {
-            lease,
-            name: Arc::clone(&self.name),
-            by: self.by,
-        }
-    }
-}
-
-/// Tombstones kept per shard; beyond, the one nearest its deadline goes
-/// (its lease then answers "unknown lease", like any forgotten one).
-const TOMBSTONES_PER_SHARD: usize = 256;
-
-/// A tentative lease a full acquire just broke on `name`.
-#[derive(Debug)]
-struct Broken {
-    lease: LeaseId,
-    deadline: Micros,
-    name: Arc<str>,
-    /// Its names, when the broken name was its first (whose holder lists
-    /// them); otherwise found from the first name's record.
-    names: Option<Vec<Arc<str>>>,
-}
-
-impl ShardState {
-    fn slot_of(&self, name: &str) -> Option<usize> {
-        self.slots.find(name, &self.slab)
-    }
-
-    fn get(&self, name: &str) -> Option<&NameRecord> {
-        let slot = self.slot_of(name)?;
-        self.slab[slot].as_ref().map(|e| &e.rec)
-    }
-
-    fn at(&self, slot: usize) -> Option<&Entry> {
-        self.slab.get(slot)?.as_ref()
-    }
-
-    fn rec_mut(&mut self, slot: usize) -> &mut NameRecord {
-        &mut self.slab[slot].as_mut().expect("slot is occupied").rec
-    }
-
-    /// The slot of `name`, creating a fresh record (inheriting `floor` and
-    /// `fencing_floor`) if it has none.
-    fn slot_or_insert(
-        &mut self,
-        name: &Arc<str>,
-        floor: Micros,
-        fencing_floor: u64,
-        now: Micros,
-    ) -> Result<usize, Error> {
-        if let Some(slot) = self.slot_of(name) {
-            return Ok(slot);
-        }
-        let slot = match self.free.pop() {
-            Some(slot) => slot as usize,
-            None => {
-                if self.slab.len() >= MAX_SLOTS {
-                    return Err(Error::Capacity {
-                        detail: format!("a shard holds at most {MAX_SLOTS} names"),
-                    });
-                }
-                // Grow by a quarter, not double: at a million names a
-                // doubled slab would waste up to half its memory.
-                if self.slab.len() == self.slab.capacity() {
-                    self.slab.reserve_exact((self.slab.len() / 4).max(64));
-                }
-                self.slab.push(None);
-                self.slab.len() - 1
-            }
-        };
-        self.slab[slot] = Some(Entry {
-            name: Arc::clone(name),
-            rec: NameRecord::new(floor, fencing_floor, now),
-        });
-        self.slots.insert(name, slot, &self.slab);
-        Ok(slot)
-    }
-
-    /// Wakes the first acquire waiting for `name`, which just became free.
-    fn wake_first(&self, name: &str) {
-        if self.queues.is_empty() {
-            return;
-        }
-        if let Some(first) = self.queues.get(name).and_then(|q| q.front()) {
-            first.wake.notify_one();
-        }
-    }
-
-    /// Takes `waiter` out of `name`'s queue; if it was first, the next one
-    /// becomes first and is woken to watch the holder itself.
-    fn dequeue(&mut self, name: &str, waiter: &Arc<Waiter>) {
-        let Some(q) = self.queues.get_mut(name) else {
-            return;
-        };
-        let Some(pos) = q.iter().position(|w| Arc::ptr_eq(w, waiter)) else {
-            return;
-        };
-        q.remove(pos);
-        if q.is_empty() {
-            self.queues.remove(name);
-        } else if pos == 0 {
-            q[0].wake.notify_one();
-        }
-    }
-
-    fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
-        let entry = self.slab.get_mut(slot)?.take()?;
-        self.slots.remove(&entry.name, slot);
-        self.free.push(slot as u32);
-        Some(entry)
-    }
-}
-
-#[derive(Debug, Default)]
-struct Shard {
-    state: Mutex<ShardState>,
-    counters: stats::ShardCounters,
-}
-
-impl Shard {
-    fn lock(&self) -> MutexGuard<'_, ShardState> {
-        // A panic while holding a shard lock leaves consistent data (every
-        // mutation happens after all checks), so poisoning is ignored rather
-        // than taking the whole server down.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// The shards of one request, locked in ascending order.
-struct Locked<'a> {
-    order: Vec<usize>,
-    guards: Vec<MutexGuard<'a, ShardState>>,
-}
-
-impl Locked<'_> {
-    fn state(&mut self, shard: usize) -> &mut ShardState {
-        let pos = self.order.binary_search(&shard).expect("shard was locked");
-        &mut self.guards[pos]
-    }
-}
-
-/// A lease found and checked: its shards locked, names and deadline.
-struct HeldLease<'a> {
-    locked: Locked<'a>,
-    names: Vec<Arc<str>>,
-    shard_of_name: Vec<usize>,
-    deadline: Micros,
-    mode: Mode,
-}
-
-impl HeldLease<'_> {
-    fn rec(&mut self, i: usize) -> &mut NameRecord {
-        let shard = self.shard_of_name[i];
-        let state = self.locked.state(shard);
-        let slot = state.slot_of(&self.names[i]).expect("held names have records");
-        state.rec_mut(slot)
-    }
-}
+use shard::{Broken, HeldLease, Locked, Shard, ShardState, TOMBSTONES_PER_SHARD, Tombstone};
+pub use spec::{AcquireSpec, Grant, NameGrant, NameView, ReleaseSpec, Released, TableConfig};
 
 /// The in-RAM lease table. Share it behind an `Arc`.
 #[derive(Debug)]
@@ -509,19 +170,12 @@ impl LeaseTable {
         let lo = now.saturating_add(self.cfg.min_ttl);
         let hi = now.saturating_add(self.cfg.max_ttl);
         if deadline <= lo || deadline > hi {
-            return Err(Error::out_of_range(
-                "deadline_us",
-                format!(
-                    "{} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] \
-                     (min_ttl {:?}, max_ttl {:?}, server now {})",
-                    deadline.as_micros(),
-                    lo.as_micros(),
-                    hi.as_micros(),
-                    self.cfg.min_ttl,
-                    self.cfg.max_ttl,
-                    now,
-                ),
-            ));
+            return Err(Error::DeadlineOutOfRange {
+                deadline,
+                now,
+                min_ttl: self.cfg.min_ttl,
+                max_ttl: self.cfg.max_ttl,
+            });
         }
         Ok(())
     }
@@ -1114,218 +768,6 @@ impl LeaseTable {
                 history.evict(hist, seq);
             }
         }
-    }
-
-    pub fn describe(&self, names: &[Arc<str>], now: Micros) -> Vec<NameView> {
-        let floor = self.forgotten_floor();
-        names
-            .iter()
-            .map(|name| {
-                let shard = self.shards[self.shard_of(name)].lock();
-                let waiters = shard.queues.get(name).map_or(0, VecDeque::len);
-                match shard.get(name) {
-                    None => NameView {
-                        name: Arc::clone(name),
-                        holder: None,
-                        owner: None,
-                        previous: Previous::unknown(floor),
-                        fencing: 0,
-                        known: false,
-                        waiters,
-                    },
-                    Some(rec) => {
-                        let holder = rec.live_holder(now).cloned();
-                        NameView {
-                            owner: holder.as_ref().map(|_| rec.owner()),
-                            name: Arc::clone(name),
-                            previous: if holder.is_some() {
-                                rec.prev.clone()
-                            } else {
-                                rec.inherit(now)
-                            },
-                            holder,
-                            fencing: rec.fencing,
-                            known: true,
-                            waiters,
-                        }
-                    }
-                }
-            })
-            .collect()
-    }
-
-    /// The name's recent history, oldest first, and whether some was dropped.
-    pub fn history(&self, name: &str) -> (Vec<HistoryEntry>, bool) {
-        let shard = self.shards[self.shard_of(name)].lock();
-        match shard.get(name).and_then(|r| r.history.as_deref()) {
-            None => (Vec::new(), false),
-            Some(h) => (h.entries.iter().cloned().collect(), h.truncated),
-        }
-    }
-
-    /// Lease events since the table was made. Reads atomics only: cheap
-    /// enough to call every second.
-    pub fn counts(&self) -> Counts {
-        let mut c = Counts::default();
-        for s in self.shards.iter() {
-            c.add(&s.counters);
-        }
-        c
-    }
-
-    /// Scans every shard (one lock at a time, each held for a pass over
-    /// its records) for what only a scan can tell: held names and leases,
-    /// and expiries, which happen without a request. For scrapes, not for
-    /// the request path.
-    pub fn census(&self, now: Micros) -> Census {
-        let mut c = Census::default();
-        for (i, shard) in self.shards.iter().enumerate() {
-            let state = shard.lock();
-            for (slot, entry) in state.slab.iter().enumerate() {
-                if let Some(e) = entry {
-                    let holder = e.rec.holder.as_ref();
-                    let first = holder.is_some_and(|h| stats::is_first(h, i, slot));
-                    c.record(holder, first, now);
-                }
-            }
-            c.lapsed(&shard.counters);
-            c.history_bytes += state.history.bytes() as u64;
-        }
-        c
-    }
-
-    /// Acquires waiting server-side for a busy name right now.
-    pub fn waiters(&self) -> u64 {
-        self.waiting.load(Ordering::Relaxed) as u64
-    }
-
-    /// How often forgetting idle records raised the forgotten floor.
-    pub fn floor_raises(&self) -> u64 {
-        self.stats.floor_raises.load(Ordering::Relaxed)
-    }
-
-    /// The last few names whose holder missed its deadline, oldest first.
-    pub fn recent_breaks(&self) -> Vec<BreakEvent> {
-        self.stats.recent_breaks()
-    }
-
-    /// Up to `n` of the busiest names by grants (decayed, see
-    /// [`LeaseTable::decay_busiest`]), busiest first.
-    pub fn busiest(&self, n: usize) -> Vec<Tracked> {
-        let mut all: Vec<Tracked> = self
-            .shards
-            .iter()
-            .flat_map(|s| s.lock().busiest.tracked().cloned().collect::<Vec<_>>())
-            .collect();
-        all.sort_by(|a, b| b.grants.cmp(&a.grants).then_with(|| a.name.cmp(&b.name)));
-        all.truncate(n);
-        all
-    }
-
-    /// Halves the busiest-names counts, so they follow current load (call
-    /// it periodically: every minute makes a one-minute half-life).
-    pub fn decay_busiest(&self) {
-        for s in self.shards.iter() {
-            s.lock().busiest.decay();
-        }
-    }
-
-    /// Housekeeping, run periodically: forgets the oldest idle name records
-    /// beyond the record budget. Returns how many records were forgotten.
-    pub fn sweep(&self, now: Micros) -> usize {
-        let per_shard = self.cfg.max_records.div_ceil(self.shards.len());
-        let forgotten = self
-            .shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| self.forget_idle(i, s, per_shard, now))
-            .sum();
-        self.accounts.sweep();
-        forgotten
-    }
-
-    /// Names held in all (counted: not released, broken or swept).
-    pub fn held(&self) -> usize {
-        self.accounts.held()
-    }
-
-    /// What `owner` holds and has records of.
-    pub fn owner_usage(&self, owner: &str) -> Option<Arc<Usage>> {
-        self.accounts.owner_usage(owner)
-    }
-
-    /// Housekeeping of one shard: holders whose deadline passed stop
-    /// counting against their account's quota, and beyond `cap` records the
-    /// idle ones are forgotten, down to 90% of it (so the work is
-    /// amortised).
-    ///
-    /// Which idle records go: those charged to the peer with the most
-    /// records first, then to the owner with the most, then the least
-    /// recently changed. So a client churning through names loses its own
-    /// records, not other clients' (it used to be the oldest, whoever's).
-    ///
-    /// Before a record goes, the forgotten floor is raised to the watermark
-    /// its next holder would have inherited, under the shard lock: whoever
-    /// later creates the name afresh (also under this lock) inherits at
-    /// least that. Forgetting thus never lets a new holder write below an
-    /// old holder's messages; it only loses the lease-id chain.
-    fn forget_idle(&self, index: usize, shard: &Shard, cap: usize, now: Micros) -> usize {
-        let mut state = shard.lock();
-        // A broken tentative lease past its deadline would be refused as
-        // expired anyway; after one more max TTL nobody asks.
-        let keep_until = now.saturating_sub(self.cfg.max_ttl);
-        state.broken.retain(|_, t| t.deadline > keep_until);
-        for entry in state.slab.iter_mut().flatten() {
-            if entry
-                .rec
-                .holder
-                .as_ref()
-                .is_some_and(|h| h.counted && !h.is_live(now))
-            {
-                self.end_holding(&mut entry.rec);
-            }
-        }
-        if state.slots.len() <= cap {
-            return 0;
-        }
-        let target = cap - cap / 10;
-        let excess = state.slots.len() - target;
-        type Key = (std::cmp::Reverse<(usize, usize)>, Micros, usize);
-        let mut idle: Vec<Key> = state
-            .slab
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, e)| e.as_ref().map(|e| (slot, &e.rec)))
-            .filter(|(_, r)| r.is_idle(now))
-            .map(|(slot, r)| {
-                let weight = r.account.as_ref().map_or((0, 0), |a| a.weight());
-                (std::cmp::Reverse(weight), r.last_change, slot)
-            })
-            .collect();
-        let take = excess.min(idle.len());
-        if take == 0 {
-            return 0;
-        }
-        if take < idle.len() {
-            idle.select_nth_unstable(take - 1);
-        }
-        for &(_, _, slot) in &idle[..take] {
-            let mut entry = state.remove_slot(slot).expect("listed above");
-            (self.stats).forgetting(&shard.counters, index, slot, entry.rec.holder.as_ref());
-            self.end_holding(&mut entry.rec);
-            if let Some(account) = entry.rec.account.take() {
-                account.sub_record();
-            }
-            let inherited = entry.rec.inherit(now).watermark.as_micros();
-            if self.floor.fetch_max(inherited, Ordering::AcqRel) < inherited {
-                self.stats.floor_raises.fetch_add(1, Ordering::Relaxed);
-            }
-            self.fencing_floor.fetch_max(entry.rec.fencing, Ordering::AcqRel);
-            if let Some(h) = &entry.rec.history {
-                state.history.forget(h);
-            }
-        }
-        take
     }
 }
 
