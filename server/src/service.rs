@@ -1,5 +1,9 @@
 //! The gRPC handlers: thin conversions between the wire and the lease
 //! table. All rules live in [`crate::table`].
+//!
+//! Longer than most files because it is every RPC's edge in one place:
+//! request validation into table specs, the acquire wait loop, and the
+//! conversion of each answer to its protobuf, each a few lines.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,6 +11,10 @@
 //! and object of the last read or write are cached per name, so no GET).
 //! A cache miss (a renewal from another process holding only the lease
 //! file) or a lost race adds a GET per name.
+//!
+//! Longer than most files: acquire, renew, upgrade and release each read,
+//! decide and write with the same cache and race handling, and reading
+//! them side by side is how one checks they agree.
 
 use std::sync::Arc;
 use std::time::Duration;

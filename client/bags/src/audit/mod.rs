@@ -25,6 +25,10 @@
 //! * and every message a reader rejected is reported with its reason.
 //!
 //! The input is plain data, so the same audit runs on any store.
+//!
+//! Longer than most files: the checks above share one pass over the
+//! messages and one index of witnesses, and split apart they would each
+//! need both; the tests are in `tests.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;

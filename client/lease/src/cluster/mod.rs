@@ -31,6 +31,11 @@
 //! a step-3 client take a name from its `next` owner while a step-1 holder
 //! still writes under its `current` owner's grant: two writers, and the
 //! audit reports the overlap.
+//!
+//! Longer than most files: routing, the tentative-then-upgrade acquire,
+//! its unwinding and the migration rule are one protocol; `parts` (how
+//! the per-server leases combine) and `rendezvous` (the hash) stand
+//! apart.
 
 pub mod parts;
 pub mod rendezvous;
