@@ -20,6 +20,8 @@
 //!   and the ledger of what it wrote (the one interface between the lease
 //!   client and the bag engine).
 //! * [`hex`]: the hex forms of keys and ids.
+//! * [`names`]: characters a lease name may not contain (control,
+//!   bidirectional and zero-width characters), for every side alike.
 
 pub mod authority;
 pub mod clock;
@@ -27,6 +29,7 @@ pub mod codec;
 pub mod hex;
 pub mod keys;
 pub mod merkle;
+pub mod names;
 pub mod rights;
 pub mod signed_time;
 mod time;

@@ -68,8 +68,8 @@ fn name_ok(name: &str, limits: &Limits) -> Result<(), String> {
             limits.max_name_bytes
         ));
     }
-    if name.chars().any(char::is_control) {
-        return Err(format!("{} contains a control character", echo(name)));
+    if let Some(bad) = bagel_proto::names::forbidden_char(name) {
+        return Err(format!("{} contains {bad}", echo(name)));
     }
     Ok(())
 }
@@ -183,6 +183,11 @@ mod tests {
             (&[""], "[0] is empty"),
             (&["a", "a"], "[1] duplicate"),
             (&["a\n"], "control"),
+            (&["a\u{202e}b"], "U+202E (a bidirectional override)"),
+            (
+                &["x", "a\u{200b}"],
+                "[1] \"a\\u{200b}\" contains U+200B (a zero-width character)",
+            ),
         ];
         for (input, want) in cases {
             let err = names("names", &s(input), &l).unwrap_err().to_string();

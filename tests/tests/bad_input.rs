@@ -349,3 +349,50 @@ async fn describe_and_history_validate_names() {
         &["name", "empty"],
     );
 }
+
+/// Names that display as something else (bidirectional overrides and
+/// isolates) or hide characters (zero-width ones) are refused like control
+/// characters, naming the field and the code point; the name is quoted
+/// escaped, never raw.
+#[tokio::test]
+async fn names_with_bidi_or_zero_width_characters_are_refused() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let mut c = raw(&server).await;
+    let d = now() + 5 * SEC;
+    let bad = [
+        ("tenant-\u{202E}7", "U+202E"),
+        ("\u{202A}x", "U+202A"),
+        ("x\u{2066}y\u{2069}", "U+2066"),
+        ("x\u{2069}", "U+2069"),
+        ("ten\u{200B}ant", "U+200B"),
+        ("a\u{200D}", "U+200D"),
+        ("a\u{2060}", "U+2060"),
+        ("\u{FEFF}a", "U+FEFF"),
+    ];
+    for (name, code_point) in bad {
+        for r in [
+            c.acquire(acquire(&["fine", name], d)).await.map(|_| ()),
+            c.describe(pb::DescribeRequest {
+                names: vec![name.to_owned()],
+            })
+            .await
+            .map(|_| ()),
+            c.history(pb::HistoryRequest {
+                name: name.to_owned(),
+            })
+            .await
+            .map(|_| ()),
+        ] {
+            let status = r.expect_err(name);
+            assert_eq!(status.code(), Code::InvalidArgument, "{name:?}: {status:?}");
+            let m = status.message();
+            assert!(m.starts_with("name"), "{name:?}: {m}");
+            assert!(m.contains(code_point), "{name:?}: {m}");
+            let bad_char = name.chars().find(|ch| !ch.is_ascii()).unwrap();
+            assert!(!m.contains(bad_char), "{name:?} echoed raw: {m}");
+        }
+    }
+    // Nothing was taken: "fine" is free.
+    let ok = c.acquire(acquire(&["fine"], d)).await.unwrap();
+    assert_eq!(ok.into_inner().grant.unwrap().names.len(), 1);
+}

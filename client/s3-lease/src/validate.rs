@@ -44,10 +44,8 @@ pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> 
                 cfg.max_name_bytes
             )));
         }
-        if name.chars().any(char::is_control) {
-            return Err(invalid(format!(
-                "names: [{i}] {name:?} contains a control character"
-            )));
+        if let Some(bad) = bagel_proto::names::forbidden_char(name) {
+            return Err(invalid(format!("names: [{i}] {name:?} contains {bad}")));
         }
         if !seen.insert(name.as_str()) {
             return Err(invalid(format!("names: [{i}] duplicate name {name:?}")));
