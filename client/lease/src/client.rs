@@ -1,5 +1,6 @@
 //! [`Client`]: a connection to one lease server, and its lease backend.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::error::{Error, Result};
+use crate::options::{ClientOptions, check_server_url};
 use crate::types::{Grant, History, LeaseRef, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo};
 use crate::verify;
 
@@ -21,45 +23,96 @@ use crate::verify;
 #[derive(Clone, Debug)]
 pub struct Client {
     rpc: LeaseServiceClient<Channel>,
-    url: Arc<str>,
+    /// The URL, and what else is fixed per connection (one pointer, so a
+    /// `Client` stays small to clone and to hold).
+    remote: Arc<Remote>,
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
     max_ttl: Duration,
 }
 
+#[derive(Debug)]
+struct Remote {
+    url: String,
+    /// Bound on each unary call ([`ClientOptions::call_timeout`]).
+    call_timeout: Option<Duration>,
+}
+
 impl Client {
     /// Connects and learns the server's public keys and max TTL from
     /// `ServerInfo`. Use [`Client::connect_pinned`] to trust only keys you
-    /// already know.
+    /// already know, [`Client::connect_with`] for TLS or time bounds.
     pub async fn connect(url: impl Into<String>) -> Result<Self> {
-        Self::open(url.into(), None).await
+        Self::open(url.into(), None, &ClientOptions::default()).await
     }
 
     /// Connects trusting only `keys` for witnesses.
     pub async fn connect_pinned(url: impl Into<String>, keys: KeyRing) -> Result<Self> {
-        Self::open(url.into(), Some(keys)).await
+        Self::open(url.into(), Some(keys), &ClientOptions::default()).await
     }
 
-    async fn open(url: String, pinned: Option<KeyRing>) -> Result<Self> {
+    /// [`Client::connect`] with [`ClientOptions`]: TLS (`https://` URLs
+    /// need it), and bounds on connecting and on each call.
+    pub async fn connect_with(url: impl Into<String>, options: &ClientOptions) -> Result<Self> {
+        Self::open(url.into(), None, options).await
+    }
+
+    /// [`Client::connect_pinned`] with [`ClientOptions`].
+    pub async fn connect_pinned_with(
+        url: impl Into<String>,
+        keys: KeyRing,
+        options: &ClientOptions,
+    ) -> Result<Self> {
+        Self::open(url.into(), Some(keys), options).await
+    }
+
+    async fn open(url: String, pinned: Option<KeyRing>, options: &ClientOptions) -> Result<Self> {
+        check_server_url(&url).map_err(|message| Error::Config {
+            message: format!("server URL {message}"),
+        })?;
         let connect_error = |source| Error::Connect {
             url: url.clone(),
             source,
         };
-        let channel = Endpoint::from_shared(url.clone())
+        let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(connect_error)?
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
+            .connect_timeout(options.connect_timeout);
+        let url_is_https = url.starts_with("https://");
+        if url_is_https {
+            let tls = options.tls.as_ref().ok_or_else(|| Error::Config {
+                message: format!(
+                    "server {url} is https:// but no TLS configuration was given (the CA to trust)"
+                ),
+            })?;
+            endpoint = endpoint
+                .tls_config(tls.to_tonic(options.connect_timeout)?)
+                .map_err(connect_error)?;
+        }
+        // The endpoint's own bound covers the TCP connect only; this one
+        // also covers the TLS and HTTP/2 handshakes.
+        let channel = tokio::time::timeout(options.connect_timeout, endpoint.connect())
             .await
+            .map_err(|_| Error::Timeout {
+                url: url.clone(),
+                call: "connect",
+                after: options.connect_timeout,
+            })?
             .map_err(connect_error)?;
         let mut client = Client {
             rpc: LeaseServiceClient::new(channel),
-            url: Arc::from(url),
+            remote: Arc::new(Remote {
+                url,
+                call_timeout: options.call_timeout,
+            }),
             keys: Arc::new(KeyRing::new()),
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
         };
-        let info = client.server_info().await?;
+        let info = client.server_info().await.map_err(|e| match &options.tls {
+            Some(tls) if url_is_https => hint_client_certificate(e, tls.has_identity()),
+            _ => e,
+        })?;
         client.max_ttl = info.max_ttl;
         client.keys = Arc::new(match pinned {
             Some(keys) => keys,
@@ -76,6 +129,28 @@ impl Client {
         Ok(client)
     }
 
+    /// Runs one unary call, bounded by the call timeout (plus `extra`, the
+    /// time the server was allowed to wait).
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        extra: Duration,
+        rpc: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        let Some(limit) = self.remote.call_timeout else {
+            return Ok(rpc.await?.into_inner());
+        };
+        let after = limit.saturating_add(extra);
+        match tokio::time::timeout(after, rpc).await {
+            Ok(answer) => Ok(answer?.into_inner()),
+            Err(_) => Err(Error::Timeout {
+                url: self.remote.url.clone(),
+                call,
+                after,
+            }),
+        }
+    }
+
     /// Uses `clock` for TTL arithmetic and local validity checks.
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -84,7 +159,7 @@ impl Client {
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        &self.remote.url
     }
 
     /// The keys witnesses are verified against.
@@ -116,10 +191,12 @@ impl Client {
 
     pub async fn server_info(&self) -> Result<ServerInfo> {
         let info = self
-            .rpc()
-            .server_info(pb::ServerInfoRequest {})
-            .await?
-            .into_inner();
+            .call(
+                "ServerInfo",
+                Duration::ZERO,
+                self.rpc().server_info(pb::ServerInfoRequest {}),
+            )
+            .await?;
         ServerInfo::from_pb(info).map_err(|reason| Error::Witness { reason })
     }
 
@@ -131,23 +208,59 @@ impl Client {
         let req = pb::DescribeRequest {
             names: names.into_iter().map(Into::into).collect(),
         };
-        let names = self.rpc().describe(req).await?.into_inner().names;
+        let names = self
+            .call("Describe", Duration::ZERO, self.rpc().describe(req))
+            .await?
+            .names;
         Ok(names.into_iter().map(NameState::from).collect())
     }
 
     pub async fn history(&self, name: impl Into<String>) -> Result<History> {
         let req = pb::HistoryRequest { name: name.into() };
-        Ok(self.rpc().history(req).await?.into_inner().into())
+        Ok(self
+            .call("History", Duration::ZERO, self.rpc().history(req))
+            .await?
+            .into())
     }
 
     /// A recent signed time from the server, checked against its keys (for
     /// writers without their own time authority: see
     /// [`crate::TimeSource::lease_server`]).
     pub(crate) async fn signed_now(&self) -> Result<pb::SignedTime> {
-        let resp = self.rpc().signed_now(pb::SignedNowRequest {}).await?.into_inner();
+        let resp = self
+            .call(
+                "SignedNow",
+                Duration::ZERO,
+                self.rpc().signed_now(pb::SignedNowRequest {}),
+            )
+            .await?;
         resp.signed_time.ok_or_else(|| Error::NoSignedTime {
-            detail: format!("lease server {} sent no signed time", self.url),
+            detail: format!("lease server {} sent no signed time", self.remote.url),
         })
+    }
+}
+
+/// A server that refuses the client's certificate (none presented, one
+/// from another CA, an expired one) completes the TLS 1.3 handshake, then
+/// closes the connection with an alert that the HTTP/2 layer reports only
+/// as "connection closed" or "broken pipe": say what the likely reason is.
+fn hint_client_certificate(e: Error, presented: bool) -> Error {
+    let hint = if presented {
+        "the server closed the connection after the TLS handshake, as a server requiring client \
+         certificates (mutual TLS) does with one it does not trust (another CA, expired)"
+    } else {
+        "the server closed the connection after the TLS handshake, as a server requiring client \
+         certificates (mutual TLS) does when none is presented"
+    };
+    match e {
+        Error::Rpc(s) if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown) => {
+            let message = crate::error::status_message(&s);
+            Error::Rpc(tonic::Status::new(s.code(), format!("{message}: {hint}")))
+        }
+        Error::Unavailable { message } => Error::Unavailable {
+            message: format!("{message}: {hint}"),
+        },
+        other => other,
     }
 }
 
@@ -156,7 +269,7 @@ impl Client {
 #[async_trait]
 impl LeaseBackend for Client {
     fn location(&self) -> String {
-        self.url.to_string()
+        self.remote.url.clone()
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
@@ -168,7 +281,10 @@ impl LeaseBackend for Client {
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
-        let resp = self.rpc().acquire(acquire_request(spec)).await?.into_inner();
+        let wait = spec.wait;
+        let resp = self
+            .call("Acquire", wait, self.rpc().acquire(acquire_request(spec)))
+            .await?;
         let grant = resp.grant.ok_or_else(|| Error::Witness {
             reason: "acquire response has no grant".into(),
         })?;
@@ -182,12 +298,18 @@ impl LeaseBackend for Client {
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
         let req = renew_request(lease, deadline, metadata);
-        let resp = self.rpc().renew(req).await?.into_inner();
+        let resp = self.call("Renew", Duration::ZERO, self.rpc().renew(req)).await?;
         verify::renewal(resp, &lease.id, Some(&self.keys), &mut None)
     }
 
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
-        let resp = self.rpc().upgrade(upgrade_request(lease)).await?.into_inner();
+        let resp = self
+            .call(
+                "Upgrade",
+                Duration::ZERO,
+                self.rpc().upgrade(upgrade_request(lease)),
+            )
+            .await?;
         let grant = resp.grant.ok_or_else(|| Error::Witness {
             reason: "upgrade response has no grant".into(),
         })?;
@@ -196,10 +318,12 @@ impl LeaseBackend for Client {
 
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
         let resp = self
-            .rpc()
-            .release(release_request(lease, options))
-            .await?
-            .into_inner();
+            .call(
+                "Release",
+                Duration::ZERO,
+                self.rpc().release(release_request(lease, options)),
+            )
+            .await?;
         Ok(Micros::from_micros(resp.watermark_us))
     }
 }

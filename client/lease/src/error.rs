@@ -64,8 +64,20 @@ pub enum Error {
         message: String,
         retryable: bool,
     },
+    /// No answer within the time bound of [`crate::ClientOptions`]:
+    /// `call` is `connect` or the RPC's name.
+    #[error("no answer from {url} to {call} within {after:?} (the client's timeout)")]
+    Timeout {
+        url: String,
+        call: &'static str,
+        after: std::time::Duration,
+    },
+    /// The client's own configuration is wrong (a URL that is not http or
+    /// https, TLS files without what they should hold, https without TLS).
+    #[error("{message}")]
+    Config { message: String },
     /// Any other gRPC failure.
-    #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = .0.message())]
+    #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = status_message(.0))]
     Rpc(tonic::Status),
 }
 
@@ -73,6 +85,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Connect { .. }
+            | Error::Timeout { .. }
             | Error::Busy { .. }
             | Error::Unavailable { .. }
             | Error::NoSignedTime { .. } => true,
@@ -132,9 +145,26 @@ impl Error {
     }
 }
 
+/// A status's message, followed by its source chain when it has one (a
+/// status made on this side from a transport failure: a refused TLS
+/// handshake, a reset connection), each step said once.
+pub(crate) fn status_message(s: &tonic::Status) -> String {
+    let mut message = s.message().to_owned();
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !text.is_empty() && message != text && !message.ends_with(&format!(": {text}")) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = e.source();
+    }
+    message
+}
+
 impl From<tonic::Status> for Error {
     fn from(s: tonic::Status) -> Self {
-        let message = s.message().to_owned();
+        let message = status_message(&s);
         match s.code() {
             Code::Aborted => Error::Busy {
                 conflict: pb::LeaseConflict::decode(s.details())

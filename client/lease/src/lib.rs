@@ -34,6 +34,9 @@
 //!   backend.
 //! * [`client`]: [`Client`], a connection to one lease server (a backend),
 //!   and what else the server answers (describe, history, server info).
+//! * [`options`]: [`ClientOptions`], how to connect: [`TlsConfig`] for
+//!   `https://` servers (a CA, and a client certificate for mutual TLS),
+//!   bounds on connecting and on each call.
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
 //! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
@@ -54,6 +57,7 @@ pub mod cluster;
 pub mod coalesce;
 pub mod error;
 pub mod lease;
+pub mod options;
 pub mod time_source;
 pub mod types;
 mod verify;
@@ -66,6 +70,7 @@ pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
+pub use options::{ClientOptions, TlsConfig};
 pub use time_source::{TimeOptions, TimeSource};
 pub use types::{
     ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, LeaseRef,

@@ -56,6 +56,7 @@ use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::options::ClientOptions;
 use crate::types::{Grant, History, LeaseRef, Metadata, Mode, NameState, ReleaseOptions, Renewal};
 use parts::Part;
 
@@ -97,6 +98,7 @@ impl FromStr for ServerSpec {
         if url.is_empty() {
             return Err(format!("server {s:?}: no URL"));
         }
+        crate::options::check_server_url(url).map_err(|e| format!("server {e}"))?;
         Ok(ServerSpec {
             url: url.to_owned(),
             key,
@@ -123,6 +125,7 @@ struct Member {
     key_id: String,
     pinned: Option<KeyRing>,
     client: OnceCell<Client>,
+    options: Arc<ClientOptions>,
 }
 
 impl Member {
@@ -133,7 +136,7 @@ impl Member {
                     .pinned
                     .clone()
                     .expect("an unpinned member is connected at start");
-                let client = Client::connect_pinned(&self.url, pinned).await?;
+                let client = Client::connect_pinned_with(&self.url, pinned, &self.options).await?;
                 let info = client.server_info().await?;
                 if !info.keys.iter().any(|(id, _)| *id == self.key_id) {
                     let has: Vec<&str> = info.keys.iter().map(|(id, _)| id.as_str()).collect();
@@ -183,20 +186,40 @@ impl Cluster {
     /// Connects to every server of `servers` (those with a pinned key on
     /// first use) and learns their keys.
     pub async fn connect(servers: &[ServerSpec]) -> Result<Self> {
-        Self::open(servers, None).await
+        Self::open(servers, None, ClientOptions::default()).await
     }
 
     /// A cluster moving from `current` to `next`: every name needs a grant
     /// from its owner in each (see the module docs for the recipe).
     pub async fn migrating(current: &[ServerSpec], next: &[ServerSpec]) -> Result<Self> {
-        Self::open(current, Some(next)).await
+        Self::open(current, Some(next), ClientOptions::default()).await
     }
 
-    async fn open(current: &[ServerSpec], next: Option<&[ServerSpec]>) -> Result<Self> {
+    /// [`Cluster::connect`], each server connected with `options` (TLS,
+    /// time bounds).
+    pub async fn connect_with(servers: &[ServerSpec], options: &ClientOptions) -> Result<Self> {
+        Self::open(servers, None, options.clone()).await
+    }
+
+    /// [`Cluster::migrating`], each server connected with `options`.
+    pub async fn migrating_with(
+        current: &[ServerSpec],
+        next: &[ServerSpec],
+        options: &ClientOptions,
+    ) -> Result<Self> {
+        Self::open(current, Some(next), options.clone()).await
+    }
+
+    async fn open(
+        current: &[ServerSpec],
+        next: Option<&[ServerSpec]>,
+        options: ClientOptions,
+    ) -> Result<Self> {
+        let options = Arc::new(options);
         let mut members = BTreeMap::new();
-        let current_ids = Self::join(current, "servers", &mut members).await?;
+        let current_ids = Self::join(current, "servers", &options, &mut members).await?;
         let next_ids = match next {
-            Some(next) => Some(Self::join(next, "next servers", &mut members).await?),
+            Some(next) => Some(Self::join(next, "next servers", &options, &mut members).await?),
             None => None,
         };
         let max_ttl = members
@@ -220,6 +243,7 @@ impl Cluster {
     async fn join(
         list: &[ServerSpec],
         what: &str,
+        options: &Arc<ClientOptions>,
         members: &mut BTreeMap<String, Arc<Member>>,
     ) -> Result<Vec<String>> {
         let refuse = |message: String| Error::Rejected {
@@ -239,7 +263,7 @@ impl Cluster {
                     Ok((id, Some(ring), None))
                 }
                 None => {
-                    let client = Client::connect(&spec.url)
+                    let client = Client::connect_with(&spec.url, options)
                         .await
                         .map_err(|e| e.at_server(&spec.url))?;
                     let info = client.server_info().await.map_err(|e| e.at_server(&spec.url))?;
@@ -279,6 +303,7 @@ impl Cluster {
                         key_id: key_id.clone(),
                         pinned,
                         client: cell,
+                        options: Arc::clone(options),
                     }),
                 );
             }
