@@ -638,6 +638,8 @@ async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lease.json");
     std::fs::write(&file, lease.to_string()).unwrap();
+    // A store's root must exist (bagel creates only the logs inside).
+    std::fs::create_dir(dir.path().join("bags")).unwrap();
     let store = format!("file://{}", dir.path().join("bags").display());
     let file = file.display().to_string();
     let log = unique("cli-cluster");

@@ -532,6 +532,8 @@ impl RunBackend {
 /// what was written.
 async fn bagel_run_end_to_end(backend: RunBackend) {
     let dir = tempfile::tempdir().unwrap();
+    // A store's root must exist (bagel creates only the logs inside).
+    std::fs::create_dir(dir.path().join("bags")).unwrap();
     let bags = format!("file://{}", dir.path().join("bags").display());
     let state = dir.path().join("state");
     let flags = backend.flags();

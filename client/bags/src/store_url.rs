@@ -100,7 +100,7 @@ pub fn s3_from_env(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
 pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>> {
     let store: Arc<dyn BagStore> = match StoreUrl::parse(url)? {
         StoreUrl::File { root } => {
-            std::fs::create_dir_all(&root).map_err(|e| Error::io("mkdir", root.display().to_string(), e))?;
+            check_root(url, &root)?;
             Arc::new(DirectoryStore::local(root, cfg.sync))
         }
         StoreUrl::S3 { bucket, prefix } => {
@@ -121,6 +121,30 @@ pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>>
         }
     };
     Ok(Arc::new(TimeoutStore::new(store, cfg.op_timeout)))
+}
+
+/// A directory store's root must exist: a mistyped path would otherwise
+/// grow a whole tree somewhere no reader or metronome looks. Logs and
+/// bags inside it are created as they are written.
+fn check_root(url: &str, root: &std::path::Path) -> Result<()> {
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::invalid(
+            "store URL",
+            url,
+            format!("{} is not a directory", root.display()),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::invalid(
+            "store URL",
+            url,
+            format!(
+                "the directory {} does not exist; create it first (only the logs inside a store are \
+                 created as they are written)",
+                root.display()
+            ),
+        )),
+        Err(e) => Err(Error::io("stat", root.display().to_string(), e)),
+    }
 }
 
 #[cfg(test)]
@@ -156,5 +180,30 @@ mod tests {
         ));
         assert!(StoreUrl::parse("nfs://h/x?version=9").is_err());
         assert!(StoreUrl::parse("ftp://h/x").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_directory_store_root_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no/such/dir");
+        let url = format!("file://{}", missing.display());
+        let e = open_store(&url, &BagConfig::default())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not exist") && e.contains(&missing.display().to_string()),
+            "{e}"
+        );
+        assert!(!dir.path().join("no").exists(), "the tree was created");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = open_store(&format!("file://{}", file.display()), &BagConfig::default())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        open_store(&format!("file://{}", dir.path().display()), &BagConfig::default())
+            .await
+            .unwrap();
     }
 }
