@@ -1,15 +1,16 @@
-//! TLS and mutual TLS on the server (issue 13), with certificates made at
-//! test time: the client certificate's subject is the lease owner (and
-//! the per-owner quota keys on it); a certificate from another CA, an
-//! expired one, none at all, and plaintext are refused. A raw tonic client
-//! is used, not the bagel client library.
+//! TLS and mutual TLS (issue 13), with certificates made at test time:
+//! the client certificate's subject is the lease owner (and the per-owner
+//! quota keys on it); a certificate from another CA, an expired one, none
+//! at all, and plaintext are refused. The server's side is tested with a
+//! raw tonic client; then the `bagel` CLI (`--ca`, `--cert`, `--cert-key`)
+//! and the client library's `TlsConfig` (one server, and a cluster).
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use bagel_client::Micros;
+use bagel_client::{ClientOptions, Cluster, Micros, ServerSpec, TlsConfig};
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
-use bagel_tests::ServerProcess;
+use bagel_tests::{ServerProcess, describe_output};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -279,4 +280,219 @@ async fn tls_without_client_certificates_keeps_the_requested_owner() {
                 .is_err()
         );
     }
+}
+
+// --- The `bagel` CLI and the client library over TLS -----------------
+
+/// `bagel --server https://… --ca …` plus `args`.
+fn cli_tls(server: &ServerProcess, tls: &[&str], args: &[&str]) -> std::process::Output {
+    let url = format!("https://{}", server.addr);
+    let mut all = vec!["--server", url.as_str()];
+    all.extend_from_slice(tls);
+    all.extend_from_slice(args);
+    bagel_tests::cli_no_server(&all)
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", describe_output(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe_output(out)))
+}
+
+#[tokio::test]
+async fn the_cli_and_the_library_take_leases_over_tls_trusting_the_given_ca() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    let (cert, key) = ca.leaf("lease-server", true, false);
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("server.pem", &cert),
+        "--tls-key",
+        &files.write("server.key", &key),
+    ];
+    let server = ServerProcess::spawn(&args).await;
+    ready(&server, &ca.pem, None).await;
+    let ca_file = files.write("ca.pem", &ca.pem);
+
+    let lease = json_of(&cli_tls(
+        &server,
+        &["--ca", &ca_file],
+        &["acquire", "tls-a", "--owner", "alice", "--ttl", "5s", "--json"],
+    ));
+    let described = json_of(&cli_tls(
+        &server,
+        &["--ca", &ca_file],
+        &["describe", "tls-a", "--json"],
+    ));
+    assert_eq!(described[0]["holder"]["lease_id"], lease["lease_id"]);
+    assert_eq!(described[0]["holder"]["owner"], "alice");
+    // BAGEL_CA works as --ca does; the lease file's release over TLS.
+    let lease_file = files.write("lease.json", &lease.to_string());
+    let out = std::process::Command::new(bagel_tests::bin("bagel"))
+        .args(["--server", &format!("https://{}", server.addr)])
+        .args(["release", "--lease", &lease_file, "--json"])
+        .env("BAGEL_CA", &ca_file)
+        .output()
+        .unwrap();
+    json_of(&out);
+
+    // A CA that did not sign the server's certificate: refused, saying so.
+    let other = files.write("other.pem", &Ca::new("someone else's CA").pem);
+    let out = cli_tls(&server, &["--ca", &other], &["describe", "tls-a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid peer certificate"),
+        "{}",
+        describe_output(&out)
+    );
+    // https without a CA, and a CA with plain http: refused before connecting.
+    let out = cli_tls(&server, &[], &["describe", "tls-a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--ca"),
+        "{}",
+        describe_output(&out)
+    );
+    let out = bagel_tests::cli_no_server(&[
+        "--server",
+        &format!("http://{}", server.addr),
+        "--ca",
+        &ca_file,
+        "describe",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("https://"),
+        "{}",
+        describe_output(&out)
+    );
+    // A file that holds no certificate.
+    let junk = files.write("junk.pem", "not a certificate");
+    let out = cli_tls(&server, &["--ca", &junk], &["describe", "x"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no PEM certificate") && err.contains(&junk),
+        "{}",
+        describe_output(&out)
+    );
+
+    // The library: a cluster of two TLS servers, one TlsConfig.
+    let second = ServerProcess::spawn(&args).await;
+    ready(&second, &ca.pem, None).await;
+    let options = ClientOptions::default().with_tls(TlsConfig::new(ca.pem.clone()));
+    let specs: Vec<ServerSpec> = [&server, &second]
+        .iter()
+        .map(|s| format!("https://{}", s.addr).parse().unwrap())
+        .collect();
+    let cluster = Cluster::connect_with(&specs, &options).await.unwrap();
+    let names: Vec<String> = (0..8).map(|i| format!("spread-{i}")).collect();
+    let lease = cluster.acquire(names.clone()).send().await.unwrap();
+    assert_eq!(lease.names().len(), 8);
+    lease.release(None).await.unwrap();
+    // Without TLS configured, an https server is refused with a clear error.
+    let err = bagel_client::Client::connect(format!("https://{}", server.addr))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no TLS configuration"), "{err}");
+}
+
+#[tokio::test]
+async fn with_mutual_tls_the_cli_gets_a_lease_owned_by_its_certificate_subject() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    let (cert, key) = ca.leaf("lease-server", true, false);
+    let ca_file = files.write("ca.pem", &ca.pem);
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("server.pem", &cert),
+        "--tls-key",
+        &files.write("server.key", &key),
+        "--client-ca",
+        &ca_file,
+    ];
+    let server = ServerProcess::spawn(&args).await;
+    let (worker_cert, worker_key) = ca.leaf("worker-7", false, false);
+    ready(&server, &ca.pem, Some(&(worker_cert.clone(), worker_key.clone()))).await;
+    let cert_file = files.write("worker.pem", &worker_cert);
+    let key_file = files.write("worker.key", &worker_key);
+    let identity = [
+        "--ca",
+        ca_file.as_str(),
+        "--cert",
+        &cert_file,
+        "--cert-key",
+        &key_file,
+    ];
+
+    let lease = json_of(&cli_tls(
+        &server,
+        &identity,
+        &[
+            "acquire", "mtls-a", "--owner", "pretends", "--ttl", "5s", "--json",
+        ],
+    ));
+    let described = json_of(&cli_tls(&server, &identity, &["describe", "mtls-a", "--json"]));
+    let owner = described[0]["holder"]["owner"].as_str().unwrap().to_owned();
+    assert!(
+        owner.contains("CN=worker-7") && owner.contains("O=bagel tests"),
+        "{owner:?}"
+    );
+    assert_eq!(described[0]["holder"]["lease_id"], lease["lease_id"]);
+    // The witness names the same owner, and verifies.
+    let out = std::process::Command::new(bagel_tests::bin("bagel"))
+        .args(["--server", &format!("https://{}", server.addr)])
+        .args(identity)
+        .arg("verify-witness")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().unwrap().write_all(lease.to_string().as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "{}", describe_output(&out));
+
+    // Without a client certificate: refused, and the error says why.
+    let out = cli_tls(&server, &["--ca", &ca_file], &["describe", "mtls-a"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("client certificates") && err.contains("none is presented"),
+        "{}",
+        describe_output(&out)
+    );
+    // A certificate from another CA: refused too.
+    let stranger = Ca::new("someone else's CA").leaf("worker-8", false, false);
+    let out = cli_tls(
+        &server,
+        &[
+            "--ca",
+            &ca_file,
+            "--cert",
+            &files.write("stranger.pem", &stranger.0),
+            "--cert-key",
+            &files.write("stranger.key", &stranger.1),
+        ],
+        &["describe", "mtls-a"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not trust"),
+        "{}",
+        describe_output(&out)
+    );
+    // --cert without --cert-key is a usage error.
+    let out = cli_tls(
+        &server,
+        &["--ca", &ca_file, "--cert", &cert_file],
+        &["describe", "x"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
 }

@@ -259,6 +259,7 @@ fn parse_time(s: &str) -> Result<Micros, String> {
 }
 
 async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    crate::names::path_not_json("--lease", &a.lease.to_string_lossy())?;
     let text =
         std::fs::read_to_string(&a.lease).with_context(|| format!("reading lease {}", a.lease.display()))?;
     let lease: LeaseJson =
@@ -398,6 +399,18 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     };
     let verified = keys.is_some();
     let store = bag::open_store(&a.range.store, &cfg).await?;
+    // A log nobody ever wrote or closed has no entry at all (a mistyped
+    // --log or --store); an empty one has its start mark or closed bags.
+    // Asked before reading, which may close (create) past bags.
+    let log = &a.range.log;
+    bag::validate_log(log)?;
+    if store.list_level(log, &[]).await?.is_empty() {
+        anyhow::bail!(
+            "log {log:?} does not exist in {}: nothing was ever written or closed there (check --log and \
+             --store)",
+            store.describe()
+        );
+    }
     let opts = a
         .range
         .read_options()

@@ -107,9 +107,10 @@ impl TokenArgs {
                 .context("--token is required when --lease is a lease id (or give the lease file)")?;
             return Ok(LeaseRef::new(self.lease_id.clone(), token).with_names(self.names.clone()));
         }
+        crate::names::path_not_json("--lease", &self.lease_id)?;
         let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
             format!(
-                "--lease is neither a lease id (32 hex digits) nor a readable lease file: {:?}",
+                "--lease is neither a lease id (32 hex digits) nor the path of a readable lease file: {:?}",
                 self.lease_id
             )
         })?;
@@ -203,6 +204,7 @@ pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> 
     match cmd {
         LeaseCommand::VerifyWitness(args) => verify_witness(args, &g).await,
         cmd => {
+            cmd.check_names()?;
             let target = g.target.connect(g.roughtime).await?;
             match run_with(cmd, &target).await {
                 Err(e) => match e.downcast_ref::<Error>() {
@@ -214,6 +216,23 @@ pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> 
                 },
                 ok => ok,
             }
+        }
+    }
+}
+
+impl LeaseCommand {
+    /// Refuses names the servers would refuse, before connecting.
+    fn check_names(&self) -> anyhow::Result<()> {
+        use crate::names::check;
+        match self {
+            LeaseCommand::Acquire(a) => check("name", &a.names),
+            LeaseCommand::Describe(a) => check("name", &a.names),
+            LeaseCommand::History(a) => check("name", [&a.name]),
+            LeaseCommand::Route(a) => check("name", &a.names),
+            LeaseCommand::Renew(a) => check("--name", &a.lease.names),
+            LeaseCommand::Upgrade(a) => check("--name", &a.names),
+            LeaseCommand::Release(a) => check("--name", &a.lease.names),
+            LeaseCommand::ServerInfo(_) | LeaseCommand::VerifyWitness(_) => Ok(()),
         }
     }
 }
@@ -344,7 +363,9 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                         e.lease_id,
                         e.owner,
                         e.watermark.as_micros(),
-                        e.metadata.as_ref().map_or("-".into(), metadata_text)
+                        e.metadata
+                            .as_ref()
+                            .map_or("-".into(), |m| crate::names::shown(&metadata_text(m)))
                     );
                 }
             }
@@ -410,7 +431,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                         .map_or(String::new(), |n| format!(" (next: {n})"));
                     println!(
                         "{}\t{}{next}",
-                        r["name"].as_str().unwrap_or(""),
+                        crate::names::shown(r["name"].as_str().unwrap_or("")),
                         r["server"].as_str().unwrap_or("")
                     );
                 }
@@ -520,7 +541,7 @@ fn print_grant(l: &LeaseJson, as_json: bool) {
     for n in &l.names {
         println!(
             "  {}  fencing {}  previous: {} lease {:?} watermark {} ended at {}",
-            n.name,
+            crate::names::shown(&n.name),
             n.fencing_token,
             n.previous.ended,
             n.previous.lease_id,
@@ -576,14 +597,18 @@ fn print_name_state(s: &NameState) {
     match &s.holder {
         Some(h) => println!(
             "{}: held by lease {} (owner {:?}, {}) until {}; fencing {}",
-            s.name,
+            crate::names::shown(&s.name),
             h.lease_id,
             h.owner,
             h.mode.as_str(),
             h.deadline,
             h.fencing_token
         ),
-        None => println!("{}: free{}", s.name, if s.known { "" } else { " (no record)" }),
+        None => println!(
+            "{}: free{}",
+            crate::names::shown(&s.name),
+            if s.known { "" } else { " (no record)" }
+        ),
     }
     let p = &s.previous;
     println!(

@@ -16,6 +16,7 @@ mod bag_cmds;
 mod keys;
 mod lease_cmds;
 mod metronome_http;
+mod names;
 mod progress;
 mod run_cmd;
 mod store;
@@ -101,16 +102,65 @@ async fn main() -> ExitCode {
             };
             bag_cmds::run(cmd, g).await
         }
-        Command::TimeCheck(args) => match cli.target.time_server() {
-            Ok(server) => time_cmds::time_check(args, &cli.roughtime, &server).await,
-            Err(e) => Err(e),
+        Command::TimeCheck(args) => match (cli.target.time_server(), cli.target.client_options()) {
+            (Ok(server), Ok(options)) => time_cmds::time_check(args, &cli.roughtime, &server, &options).await,
+            (Err(e), _) | (_, Err(e)) => Err(e),
         },
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("bagel: {e:#}");
+            eprintln!("bagel: {}", chain_text(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+/// An error and its causes, `: `-separated like anyhow's `{:#}`, but each
+/// step said once: a step whose text is the previous one's (a wrapper
+/// that displays its source, e.g. "tcp connect error: tcp connect error")
+/// or its tail (an error that prints its cause and also reports it as its
+/// source) is left out. A timeout says which flag raises it.
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for step in e.chain() {
+        let text = step.to_string();
+        if text.is_empty() || out == text || out.ends_with(&format!(": {text}")) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    if e.chain()
+        .any(|s| matches!(s.downcast_ref(), Some(bagel_client::Error::Timeout { .. })))
+    {
+        out.push_str(" (--timeout / BAGEL_TIMEOUT)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn chains_say_each_step_once() {
+        #[derive(Debug)]
+        struct Wrap(std::io::Error);
+        impl std::fmt::Display for Wrap {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+        impl std::error::Error for Wrap {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::other("tcp connect error");
+        let e = anyhow::Error::new(Wrap(io)).context("cannot connect to x: tcp connect error");
+        assert_eq!(super::chain_text(&e), "cannot connect to x: tcp connect error");
+        let e = anyhow::anyhow!("root").context("middle").context("top");
+        assert_eq!(super::chain_text(&e), "top: middle: root");
     }
 }

@@ -100,6 +100,7 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
             args.ttl
         );
     }
+    crate::names::check("--name", &args.names)?;
     let target = g.target.connect(g.roughtime).await?;
     let backend = target.backend();
     let clock = backend.clock();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bagel_client::{TimeOptions, TimeSource};
+use bagel_client::{ClientOptions, TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, SignedClock};
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig, SelfSignedClock};
@@ -115,12 +115,13 @@ impl StoreArgs {
     pub async fn writer_time(
         &self,
         server: &str,
+        client_options: &ClientOptions,
         rt: &RoughtimeArgs,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Arc<dyn SignedClock>> {
         let opts = TimeOptions::default().with_clock(Arc::clone(&clock));
         if !self.is_s3() || !rt.servers()?.is_empty() {
-            return Ok(Arc::new(rt.time_source(server, opts).await?));
+            return Ok(Arc::new(rt.time_source(server, client_options, opts).await?));
         }
         if !self.unsafe_local_clock {
             bail!(

@@ -6,10 +6,12 @@
 //! rest of the CLI never asks which one it is; what only one kind can
 //! answer (a server's info) is matched on its variants.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context as _;
-use bagel_client::{Client, Cluster, History, LeaseBackend, NameState, ServerSpec};
+use anyhow::{Context as _, bail};
+use bagel_client::{Client, ClientOptions, Cluster, History, LeaseBackend, NameState, ServerSpec, TlsConfig};
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, SignedClock};
 use bagel_s3_lease::S3LeaseBackend;
@@ -38,6 +40,35 @@ pub struct TargetArgs {
     /// needs a grant from its owner in --servers and in this list.
     #[arg(long, global = true, env = "BAGEL_NEXT_SERVERS", requires = "servers")]
     pub next_servers: Option<String>,
+    /// Bound on connecting to a lease server and on each call to it (an
+    /// acquire with --wait gets its wait on top).
+    #[arg(
+        long,
+        global = true,
+        env = "BAGEL_TIMEOUT",
+        default_value = "30s",
+        value_parser = humantime::parse_duration,
+        value_name = "DURATION"
+    )]
+    pub timeout: Duration,
+    /// For https:// servers: the CA certificate (PEM) their certificates
+    /// must chain to. There are no default roots.
+    #[arg(long, global = true, env = "BAGEL_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// For servers that require client certificates (mutual TLS): this
+    /// client's certificate (PEM). Its subject becomes the owner of every
+    /// lease taken.
+    #[arg(long, global = true, env = "BAGEL_CERT", value_name = "FILE", requires_all = ["ca", "cert_key"])]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(
+        long,
+        global = true,
+        env = "BAGEL_CERT_KEY",
+        value_name = "FILE",
+        requires = "cert"
+    )]
+    pub cert_key: Option<PathBuf>,
     /// Leases with no server (`--lease-store`), which replace all of the above.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -48,12 +79,49 @@ impl TargetArgs {
     /// --server, or the first of --servers.
     pub fn time_server(&self) -> anyhow::Result<String> {
         match &self.servers {
-            None => Ok(self.server.clone()),
+            None => {
+                bagel_client::options::check_server_url(&self.server)
+                    .map_err(|e| anyhow::anyhow!("--server {e}"))?;
+                Ok(self.server.clone())
+            }
             Some(list) => Ok(parse(list, "--servers")?
                 .first()
                 .map(|s| s.url.clone())
                 .context("--servers: the list is empty")?),
         }
+    }
+
+    /// How to connect to the lease servers: --timeout, and TLS from --ca
+    /// (with --cert and --cert-key for mutual TLS).
+    pub fn client_options(&self) -> anyhow::Result<ClientOptions> {
+        let mut options = ClientOptions::default().with_timeout(self.timeout);
+        if let Some(ca) = &self.ca {
+            let read = |flag: &str, path: &PathBuf| {
+                std::fs::read(path).with_context(|| format!("{flag} {}: cannot read it", path.display()))
+            };
+            let mut tls = TlsConfig::new(read("--ca", ca)?);
+            let mut files = format!("--ca {}", ca.display());
+            if let (Some(cert), Some(key)) = (&self.cert, &self.cert_key) {
+                tls = tls.with_identity(read("--cert", cert)?, read("--cert-key", key)?);
+                files += &format!(", --cert {}, --cert-key {}", cert.display(), key.display());
+            }
+            tls.validate().with_context(|| files)?;
+            options = options.with_tls(tls);
+        }
+        Ok(options)
+    }
+
+    /// A server URL must be http:// or https://; with TLS flags given, a
+    /// plaintext URL is refused rather than silently used in the clear.
+    fn check_url(&self, flag: &str, url: &str) -> anyhow::Result<()> {
+        bagel_client::options::check_server_url(url).map_err(|e| anyhow::anyhow!("{flag} {e}"))?;
+        if self.ca.is_some() && url.starts_with("http://") {
+            bail!("{flag} {url:?} is plaintext http:// but --ca was given: use https:// to connect over TLS");
+        }
+        if self.ca.is_none() && url.starts_with("https://") {
+            bail!("{flag} {url:?} is https://: give --ca FILE, the CA certificate (PEM) to trust");
+        }
+        Ok(())
     }
 
     /// Connects to the lease servers, or opens the S3 lease store (whose
@@ -66,8 +134,12 @@ impl TargetArgs {
     }
 
     async fn connect_servers(&self) -> anyhow::Result<Target> {
+        let options = self.client_options()?;
         let Some(list) = &self.servers else {
-            return Ok(Target::One(Box::new(Client::connect(self.server.clone()).await?)));
+            self.check_url("--server", &self.server)?;
+            return Ok(Target::One(Box::new(
+                Client::connect_with(self.server.clone(), &options).await?,
+            )));
         };
         let current = parse(list, "--servers")?;
         let next = self
@@ -75,20 +147,25 @@ impl TargetArgs {
             .as_deref()
             .map(|n| parse(n, "--next-servers"))
             .transpose()?;
+        for (flag, list) in [("--servers", Some(&current)), ("--next-servers", next.as_ref())] {
+            for spec in list.into_iter().flatten() {
+                self.check_url(flag, &spec.url)?;
+            }
+        }
         Ok(match (current.as_slice(), next) {
             ([one], None) => {
                 let client = match one.key {
-                    None => Client::connect(one.url.clone()).await?,
+                    None => Client::connect_with(one.url.clone(), &options).await?,
                     Some(key) => {
                         let mut ring = KeyRing::new();
                         ring.insert_bytes(&key)?;
-                        Client::connect_pinned(one.url.clone(), ring).await?
+                        Client::connect_pinned_with(one.url.clone(), ring, &options).await?
                     }
                 };
                 Target::One(Box::new(client))
             }
-            (_, None) => Target::Many(Cluster::connect(&current).await?),
-            (_, Some(next)) => Target::Many(Cluster::migrating(&current, &next).await?),
+            (_, None) => Target::Many(Cluster::connect_with(&current, &options).await?),
+            (_, Some(next)) => Target::Many(Cluster::migrating_with(&current, &next, &options).await?),
         })
     }
 }
@@ -121,7 +198,10 @@ impl TargetArgs {
         rt: &RoughtimeArgs,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Arc<dyn SignedClock>> {
-        self.store.writer_time(&self.time_server()?, rt, clock).await
+        let options = self.client_options()?;
+        self.store
+            .writer_time(&self.time_server()?, &options, rt, clock)
+            .await
     }
 }
 

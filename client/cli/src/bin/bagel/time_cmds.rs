@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bagel_client::Client;
-use bagel_client::{TimeOptions, TimeSource};
+use bagel_client::{Client, ClientOptions, TimeOptions, TimeSource};
 use bagel_proto::hex::encode as hex;
 use bagel_proto::pb;
 use bagel_proto::signed_time::roughtime::RoughtimeServer;
@@ -47,10 +46,15 @@ impl RoughtimeArgs {
 
     /// The writer's time source: Roughtime if configured, else the lease
     /// server at `server_url`.
-    pub async fn time_source(&self, server_url: &str, opts: TimeOptions) -> anyhow::Result<TimeSource> {
+    pub async fn time_source(
+        &self,
+        server_url: &str,
+        client_options: &ClientOptions,
+        opts: TimeOptions,
+    ) -> anyhow::Result<TimeSource> {
         let servers = self.servers()?;
         let client = if servers.is_empty() {
-            Some(Client::connect(server_url.to_owned()).await?)
+            Some(Client::connect_with(server_url.to_owned(), client_options).await?)
         } else {
             None
         };
@@ -74,9 +78,10 @@ pub async fn time_check(
     args: TimeCheckArgs,
     rt: &RoughtimeArgs,
     server_url: &str,
+    client_options: &ClientOptions,
 ) -> anyhow::Result<ExitCode> {
     let opts = TimeOptions::default().with_tolerance(args.clock_tolerance);
-    let time = rt.time_source(server_url, opts).await?;
+    let time = rt.time_source(server_url, client_options, opts).await?;
     let signed = time.check().await?;
     let m = time.latest().context("checked, so measured")?;
     let v = time.verdict();
