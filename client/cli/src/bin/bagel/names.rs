@@ -61,6 +61,6 @@ mod tests {
         let secret = r#"{"lease_id":"ab","token":"s3cr3t"}"#;
         let e = path_not_json("--lease", secret).unwrap_err().to_string();
         assert!(!e.contains("s3cr3t") && e.contains("path"), "{e}");
-        assert!(path_not_json("--lease", "/tmp/lease.json").is_ok());
+        assert!(path_not_json("--lease", "leases/lease.json").is_ok());
     }
 }
