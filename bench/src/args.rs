@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::cpus::Cpus;
 use crate::report;
 
 #[derive(Debug, Parser)]
@@ -52,9 +53,11 @@ pub struct Args {
     /// Upper bound on measured cycles per point.
     #[arg(long, default_value_t = 20_000_000)]
     pub max_cycles: u64,
-    /// Held-lease memory: numbers of concurrently held leases
+    /// Held-lease memory: numbers of concurrently held leases, each measured
+    /// on a fresh bagel-server and a fresh Redis in the same run (RSS
+    /// before, RSS filled, bytes per lease = difference / N)
     /// [default: 100000,1000000, --quick 100000]; 0 to skip.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', visible_alias = "memory-leases")]
     pub held: Option<Vec<u64>>,
     /// Restart-to-ready: max TTLs to start bagel-server with
     /// [default: 2s,5s,10s, --quick 2s].
@@ -90,6 +93,31 @@ pub struct Args {
     /// [default: 3s and 10s, --quick 1s and 3s].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub bag_duration: Option<Duration>,
+    /// Pin every server the harness starts (bagel-server, redis-server,
+    /// etcd, moto) to these CPUs, e.g. `0-7` or `0,2,4`; a pinned
+    /// bagel-server runs as many tokio workers as CPUs. Default: unpinned.
+    #[arg(long, value_parser = Cpus::parse)]
+    pub server_cpus: Option<Cpus>,
+    /// Pin the load generator (this process: its tokio workers, which it
+    /// then sizes to this many) to these CPUs. Default: unpinned.
+    #[arg(long, value_parser = Cpus::parse)]
+    pub client_cpus: Option<Cpus>,
+    /// Scaling sweep: server core counts, e.g. `1,2,4,8`. For each count N
+    /// and each selected system (not s3/bagel-s3), a fresh server pinned to
+    /// the first N CPUs (of --server-cpus, else of the machine) and the peak
+    /// single-name cycles/s over --scaling-concurrency; the clients run on
+    /// the CPUs left (or --client-cpus), sharing the server's when none are
+    /// left. Counts above the CPUs available are skipped with a note.
+    /// Writes scaling.png and the `scaling` table/key. Default: no sweep.
+    #[arg(long, value_delimiter = ',')]
+    pub scaling: Vec<usize>,
+    /// Client counts tried at each scaling point; the best is the peak.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024")]
+    pub scaling_concurrency: Vec<usize>,
+    /// Measured time per scaling point [default: 5s, --quick 1s]; each has
+    /// a warm-up of a fifth of it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub scaling_duration: Option<Duration>,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     pub bagel_server: Option<PathBuf>,

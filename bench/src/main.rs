@@ -11,6 +11,8 @@
 //!   CPU and RSS from /proc.
 //! * [`rss`]: memory with many concurrently held leases.
 //! * [`cluster`]: the cluster client against 1, 2 and 4 servers.
+//! * [`cpus`]: `--server-cpus` / `--client-cpus` pinning (sched_setaffinity).
+//! * [`scaling`]: peak cycles/s against server cores (`--scaling`).
 //! * [`bags`]: bagel-client's bag writer (POSIX writes/s, S3 PUTs per
 //!   batch) and metronome (close lag).
 //! * [`report`]: `results.md`, `results.json`, `summary.json`, PNG plots.
@@ -22,6 +24,7 @@ mod args;
 mod bagel;
 mod bags;
 mod cluster;
+mod cpus;
 mod driver;
 mod etcd;
 mod floor;
@@ -30,6 +33,7 @@ mod redis;
 mod report;
 mod rss;
 mod s3;
+mod scaling;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,6 +44,7 @@ use bagel_client::Transport;
 use clap::Parser;
 
 use crate::args::{Args, Settings, System};
+use crate::cpus::Cpus;
 use crate::driver::{LeaseDriver, LoadSpec, run_load};
 use crate::floor::FloorRow;
 use crate::procs::{Server, WorkDir};
@@ -390,7 +395,11 @@ impl Bench {
                 // holds the same records either way.
                 let driver =
                     Arc::new(bagel::BagelBatchedDriver::connect(server.addr, Transport::Batch).await?);
-                let row = rss::held_lease_memory("bagel", driver, server.pid, n, conc * 4, hold_ttl).await;
+                let mut row =
+                    rss::held_lease_memory("bagel", driver, server.pid, n, conc * 4, hold_ttl).await;
+                if let Ok(r) = &mut row {
+                    r.server_cpus = server.cpus.as_ref().map(ToString::to_string);
+                }
                 server.stop().await;
                 row
             }
@@ -411,7 +420,10 @@ impl Bench {
             let r = async {
                 let server = redis::start(&self.work, &self.args.redis_bin).await?;
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, self.args.connections).await?);
-                let row = rss::held_lease_memory("redis", driver, server.pid, n, conc, hold_ttl).await;
+                let mut row = rss::held_lease_memory("redis", driver, server.pid, n, conc, hold_ttl).await;
+                if let Ok(r) = &mut row {
+                    r.server_cpus = server.cpus.as_ref().map(ToString::to_string);
+                }
                 server.stop().await;
                 row
             }
@@ -570,9 +582,33 @@ impl Bench {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// Parses the arguments, checks and applies `--client-cpus` to this thread
+/// *before* the runtime exists (so every worker inherits the mask and the
+/// runtime has as many workers as client CPUs), then runs the benchmark.
+fn main() -> Result<()> {
     let args = Args::parse();
+    let machine = cpus::allowed().context("reading this process's CPUs")?;
+    for (flag, list) in [
+        ("--server-cpus", &args.server_cpus),
+        ("--client-cpus", &args.client_cpus),
+    ] {
+        if let Some(list) = list {
+            list.check_within(&machine, flag)?;
+        }
+    }
+    if let Some(c) = &args.client_cpus {
+        cpus::pin_thread(c)?;
+    }
+    let threads = args.client_cpus.as_ref().map_or(machine.len(), Cpus::len).max(1);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .context("building the runtime")?
+        .block_on(run(args, machine, threads))
+}
+
+async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
     let settings = args.settings();
     anyhow::ensure!(
         !args.concurrency.is_empty() && !args.names.is_empty(),
@@ -603,11 +639,20 @@ async fn main() -> Result<()> {
             "concurrency": args.concurrency,
             "names_per_cycle": args.names,
             "rounds": settings.rounds,
+            "scaling": args.scaling,
+            "scaling_concurrency": args.scaling_concurrency,
         }),
+        pinning: report::Pinning {
+            server_cpus: args.server_cpus.as_ref().map(ToString::to_string),
+            client_cpus: args.client_cpus.as_ref().map(ToString::to_string),
+            client_threads,
+        },
         ..Default::default()
     };
+    let work = WorkDir::new()?;
+    work.set_server_cpus(args.server_cpus.clone());
     let mut bench = Bench {
-        work: WorkDir::new()?,
+        work,
         args,
         settings,
         round: 0,
@@ -627,6 +672,16 @@ async fn main() -> Result<()> {
     let rows = std::mem::take(&mut bench.report.rows);
     bench.report.rows = report::median_of_rounds(rows);
     report::fill_ratios(&mut bench.report.rows);
+
+    if !bench.args.scaling.is_empty() {
+        let (work, args) = (&bench.work, &bench.args);
+        let s = tokio::task::block_in_place(|| scaling::run(work, args, &machine));
+        bench.report.scaling = s.rows;
+        bench.report.scaling_notes = s.notes;
+        for (what, why) in s.failed {
+            bench.missing(what, why);
+        }
+    }
 
     if !bench.args.no_extras {
         for n in bench.settings.held.clone() {

@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use crate::cpus::{self, Cpus};
+
 /// How often a readiness probe asks again (the probe answering is the event).
 const POLL_EVERY: Duration = Duration::from_millis(10);
 
@@ -61,13 +63,34 @@ pub fn free_port() -> Result<u16> {
 #[derive(Debug)]
 pub struct WorkDir {
     pub path: PathBuf,
+    /// CPUs every server spawned from now on is pinned to (`--server-cpus`,
+    /// or the scaling sweep's first N); `None`: wherever the OS likes.
+    server_cpus: std::sync::Mutex<Option<Cpus>>,
 }
 
 impl WorkDir {
     pub fn new() -> Result<Self> {
         let path = std::env::temp_dir().join(format!("bagel-bench-{}", std::process::id()));
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Self { path })
+        Ok(Self {
+            path,
+            server_cpus: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Pins the servers spawned from now on (see [`Server::spawn`]).
+    pub fn set_server_cpus(&self, cpus: Option<Cpus>) {
+        *self
+            .server_cpus
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = cpus;
+    }
+
+    pub fn server_cpus(&self) -> Option<Cpus> {
+        self.server_cpus
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// A data directory for `name`, on a fresh tmpfs when we may mount one
@@ -135,11 +158,18 @@ pub struct Server {
     pub data: Option<DataDir>,
     /// How long the server took from spawn to answering its probe.
     pub startup: Duration,
+    /// The CPUs it was pinned to (read back from the process), if any.
+    pub cpus: Option<Cpus>,
     child: Child,
 }
 
 impl Server {
-    /// Spawns `cmd` with stdout/stderr to a log file in `work`.
+    /// Spawns `cmd` with stdout/stderr to a log file in `work`, pinned to
+    /// the work dir's server CPUs if any. A pinned bagel-server also gets
+    /// `TOKIO_WORKER_THREADS` = that many CPUs: it has no worker-count flag,
+    /// and its `#[tokio::main]` runtime would size itself from the affinity
+    /// mask anyway (tokio uses `available_parallelism`, which honours
+    /// `sched_getaffinity` on Linux); the variable says so explicitly.
     pub fn spawn(
         system: &'static str,
         work: &WorkDir,
@@ -152,10 +182,15 @@ impl Server {
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {system}: {cmd:?}"))?;
+        let pin = work.server_cpus();
+        if let (Some(cpus), "bagel") = (&pin, system) {
+            cmd.env("TOKIO_WORKER_THREADS", cpus.len().to_string());
+        }
+        let child = cpus::spawn_pinned(pin.as_ref(), || {
+            cmd.spawn().with_context(|| format!("starting {system}: {cmd:?}"))
+        })?;
         let pid = child.id().context("child has no pid")?;
+        let cpus = pin.and_then(|_| cpus::of_pid(pid));
         Ok(Self {
             system,
             addr,
@@ -163,6 +198,7 @@ impl Server {
             log,
             data,
             startup: Duration::ZERO,
+            cpus,
             child,
         })
     }

@@ -21,6 +21,9 @@ pub struct MemRow {
     /// How long taking them all took, with `concurrency` clients.
     pub fill_s: f64,
     pub concurrency: usize,
+    /// The CPUs the server was pinned to (`--server-cpus`), if any: its
+    /// baseline grows with its worker threads (per-thread allocator heaps).
+    pub server_cpus: Option<String>,
 }
 
 impl MemRow {
@@ -63,6 +66,7 @@ pub async fn held_lease_memory<D: LeaseDriver>(
         bytes_per_lease: after.saturating_sub(before) as f64 / held.len().max(1) as f64,
         fill_s: fill.as_secs_f64(),
         concurrency,
+        server_cpus: None,
     };
     // The holds are dropped without release; the caller stops the server.
     drop(held);

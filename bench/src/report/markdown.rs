@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::row::TRUSTED_LAG_P99_US;
 use super::{Report, Row};
 
 fn fmt_opt(x: Option<f64>, digits: usize) -> String {
@@ -108,13 +109,22 @@ impl Report {
             let _ = writeln!(md, "\n## Paced below the peak (open loop)\n");
             let _ = writeln!(
                 md,
-                "| system | names | clients | of peak | offered/s | achieved/s | acquire p50 µs | acquire p99 µs | acquire p99.9 µs | cycle p99 µs | start lag p50/p99 µs |"
+                "Cycles start on a fixed schedule at the offered rate; latencies count from each \
+                 cycle's scheduled start (coordinated omission corrected). *Generator lag* is how \
+                 late the load generator itself started them (actual − scheduled start); a point \
+                 whose lag p99 exceeds {TRUSTED_LAG_P99_US} µs is marked **not trustworthy**: its \
+                 tail is partly the generator's.\n"
             );
-            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            let _ = writeln!(
+                md,
+                "| system | names | clients | of peak | offered/s | achieved/s | acquire p50 µs | acquire p99 µs | acquire p99.9 µs | cycle p99 µs | generator lag p50/p99/max µs | trustworthy |"
+            );
+            let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|");
             for r in paced {
+                let lag = |v: Option<u64>| fmt_opt(v.map(|v| v as f64), 0);
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
                     system_label(r),
                     r.names_per_cycle,
                     r.concurrency,
@@ -125,8 +135,14 @@ impl Report {
                     r.acquire_p99_us,
                     r.acquire_p999_us,
                     r.p99_us,
-                    fmt_opt(r.start_lag_p50_us.map(|v| v as f64), 0),
-                    fmt_opt(r.start_lag_p99_us.map(|v| v as f64), 0)
+                    lag(r.start_lag_p50_us),
+                    lag(r.start_lag_p99_us),
+                    lag(r.start_lag_max_us),
+                    match r.generator_lag_ok {
+                        Some(true) => "yes",
+                        Some(false) => "**no** (generator lag)",
+                        None => "–",
+                    }
                 );
             }
         }
@@ -177,6 +193,7 @@ impl Report {
                 );
             }
         }
+        self.scaling_markdown(&mut md);
         crate::cluster::markdown(&self.cluster, &mut md);
         self.bags_markdown(&mut md);
         if !self.missing.is_empty() {
@@ -188,7 +205,68 @@ impl Report {
         let _ = writeln!(md, "\n## Plots\n");
         let _ = writeln!(md, "![throughput vs clients](throughput.png)\n");
         let _ = writeln!(md, "![latency CDF](latency_cdf.png)");
+        if !self.scaling.is_empty() {
+            let _ = writeln!(md, "\n![peak cycles/s vs server cores](scaling.png)");
+        }
         md
+    }
+
+    fn scaling_markdown(&self, md: &mut String) {
+        if self.scaling.is_empty() && self.scaling_notes.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "\n## Scaling: peak single-name cycles/s vs server cores\n");
+        let _ = writeln!(
+            md,
+            "Each point a fresh server pinned to the first N CPUs, driven closed-loop at each \
+             client count tried (the best is the peak), the load generator on a runtime of its \
+             own pinned to the client CPUs (as many worker threads).\n"
+        );
+        for n in &self.scaling_notes {
+            let _ = writeln!(md, "* {n}");
+        }
+        if self.scaling.iter().any(|r| r.clients_share_server_cpus) {
+            let _ = writeln!(
+                md,
+                "* rows marked *shared*: no CPU was left for the clients, which ran on the server's CPUs"
+            );
+        }
+        if self.scaling.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "\n| system | server cores | server CPUs | client CPUs | clients | peak cycles/s | × fewest cores | p99 µs | server CPU (cores) | client CPU (cores) | tried (clients: cycles/s) | errors |"
+        );
+        let _ = writeln!(md, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|---|--:|");
+        for r in &self.scaling {
+            let tried: Vec<String> = r
+                .tried
+                .iter()
+                .map(|(c, v)| format!("{c}: {}", fmt_rate(*v)))
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.label,
+                r.server_cores,
+                r.server_cpus,
+                r.client_cpus,
+                if r.clients_share_server_cpus {
+                    " (shared)"
+                } else {
+                    ""
+                },
+                r.concurrency,
+                fmt_rate(r.cycles_per_s),
+                fmt_opt(r.over_fewest_cores, 2),
+                r.p99_us,
+                fmt_opt(r.server_cpu_cores, 2),
+                fmt_opt(r.client_cpu_cores, 2),
+                tried.join(", "),
+                r.errors
+            );
+        }
     }
 
     fn bags_markdown(&self, md: &mut String) {

@@ -35,6 +35,15 @@ pub struct Missing {
     pub why: String,
 }
 
+/// Where the main sweep's servers and load generator ran.
+#[derive(Debug, Default, Serialize)]
+pub struct Pinning {
+    pub server_cpus: Option<String>,
+    pub client_cpus: Option<String>,
+    /// Worker threads of the load generator's runtime.
+    pub client_threads: usize,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
     pub command: String,
@@ -50,6 +59,14 @@ pub struct Report {
     pub bags: BagResults,
     /// Cycles/s through the cluster client against several servers.
     pub cluster: Vec<crate::cluster::ClusterRow>,
+    /// Peak single-name cycles/s per system against server cores
+    /// (`--scaling`); empty without the sweep.
+    pub scaling: Vec<crate::scaling::ScalingRow>,
+    /// What the scaling sweep skipped, and where clients shared CPUs.
+    pub scaling_notes: Vec<String>,
+    /// `--server-cpus` / `--client-cpus` of the main sweep (`null`:
+    /// unpinned).
+    pub pinning: Pinning,
     pub missing: Vec<Missing>,
     /// System → how its server ran (version, data on tmpfs or not).
     pub servers: Vec<(String, String)>,
@@ -83,6 +100,13 @@ impl Report {
                     match draw(&self.rows, &path) {
                         Ok(()) => written.push(path),
                         Err(e) => eprintln!("warning: could not draw {name}: {e:#}"),
+                    }
+                }
+                if !self.scaling.is_empty() {
+                    let path = dir.join("scaling.png");
+                    match plots::plot_scaling(&self.scaling, &path) {
+                        Ok(()) => written.push(path),
+                        Err(e) => eprintln!("warning: could not draw scaling.png: {e:#}"),
                     }
                 }
             }
@@ -261,8 +285,27 @@ mod tests {
             section.contains("| redis | 1 | 256 | 0.50 | 250 | 250 |"),
             "{section}"
         );
-        assert!(section.contains("| 100 / 900 |"), "{section}");
-        assert!(section.contains("| 100 / 1000 |"), "{section}");
+        // p50 / p99 / max of the generator's lag, and the flag: p99 above
+        // 100 µs makes the point untrustworthy.
+        assert!(
+            section.contains("| 100 / 900 / 900 | **no** (generator lag) |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| 100 / 1000 / 1000 | **no** (generator lag) |"),
+            "{section}"
+        );
+        assert_eq!(report.rows[3].generator_lag_ok, Some(false));
+        assert_eq!(report.rows[0].generator_lag_ok, None);
+        let mut calm = load(100);
+        calm.start_lag_us.record_n(20, 99).unwrap();
+        calm.start_lag_us.record(300).unwrap();
+        let calm = Row::from_load("redis", Transport::Unary, 1, 8, 2, &calm).paced_at(50.0, 0.5);
+        assert_eq!(
+            (calm.start_lag_p99_us, calm.start_lag_max_us),
+            (Some(20), Some(300))
+        );
+        assert_eq!(calm.generator_lag_ok, Some(true));
     }
 
     #[test]

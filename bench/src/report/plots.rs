@@ -185,3 +185,54 @@ pub(super) fn plot_cdf(rows: &[Row], path: &Path) -> Result<()> {
     root.present()?;
     Ok(())
 }
+
+/// Peak cycles/s against server cores, one line per system (bagel's
+/// variants apart), linear axes from 0 so "flat" and "linear" read as such.
+pub(super) fn plot_scaling(rows: &[crate::scaling::ScalingRow], path: &Path) -> Result<()> {
+    anyhow::ensure!(!rows.is_empty(), "no data");
+    let xmax = rows.iter().map(|r| r.server_cores).max().unwrap_or(1) as f64;
+    let ymax = rows.iter().map(|r| r.cycles_per_s).fold(1.0, f64::max);
+    let root = BitMapBackend::new(path, (1000, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Peak single-name cycles/s vs server cores", ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(75)
+        .build_cartesian_2d(0f64..xmax + 1.0, 0f64..ymax * 1.3)?;
+    chart
+        .configure_mesh()
+        .x_desc("server cores (pinned CPUs)")
+        .y_desc("peak cycles/s")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    let labels: BTreeSet<(String, Transport, String)> = rows
+        .iter()
+        .map(|r| (r.system.clone(), r.transport, r.label.clone()))
+        .collect();
+    for (sys, transport, label) in labels {
+        let mut line: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.label == label)
+            .map(|r| (r.server_cores as f64, r.cycles_per_s))
+            .collect();
+        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = series_color(&sys, transport);
+        chart
+            .draw_series(LineSeries::new(line.clone(), c.stroke_width(3)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+        chart.draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

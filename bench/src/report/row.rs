@@ -54,6 +54,11 @@ pub struct Row {
     /// latencies above; the part that is not the system's).
     pub start_lag_p50_us: Option<u64>,
     pub start_lag_p99_us: Option<u64>,
+    pub start_lag_max_us: Option<u64>,
+    /// Open-loop rows only: whether the generator kept its schedule well
+    /// enough for the latencies to be the system's: start lag p99 at most
+    /// [`TRUSTED_LAG_P99_US`]. A `false` point is flagged in the table.
+    pub generator_lag_ok: Option<bool>,
     /// How many rounds measured this point (`--rounds`); the row is the
     /// median round's (see `median_of_rounds`).
     pub rounds: usize,
@@ -68,6 +73,10 @@ pub struct Row {
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
 }
+
+/// The largest generator start-lag p99 (µs) at which a paced point's
+/// latencies are taken as the system's, not the load generator's.
+pub const TRUSTED_LAG_P99_US: u64 = 100;
 
 /// How a lease cycle reaches the server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -156,6 +165,8 @@ impl Row {
             fraction_of_peak: None,
             start_lag_p50_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.5)),
             start_lag_p99_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.99)),
+            start_lag_max_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.max()),
+            generator_lag_ok: None,
             rounds: 1,
             cycles_per_s_min: cycles_per_s,
             cycles_per_s_max: cycles_per_s,
@@ -174,6 +185,8 @@ impl Row {
         self.workload = workload_name(self.names_per_cycle, self.transport, true);
         self.target_per_s = Some(target);
         self.fraction_of_peak = Some(fraction);
+        // No lag recorded at all (no slot in the window) is no evidence.
+        self.generator_lag_ok = Some(self.start_lag_p99_us.is_some_and(|p99| p99 <= TRUSTED_LAG_P99_US));
         self
     }
 }
