@@ -364,6 +364,24 @@ impl Bench {
         }
     }
 
+    /// Writes the tables so far (`results.md`, `results.json`,
+    /// `summary.json`; no plots) into `--out`, so that a run stopped from
+    /// outside (a time limit on a lent machine) still leaves what it
+    /// measured. `merged`: the rows are already one per point.
+    fn checkpoint(&mut self, merged: bool) {
+        let raw = (!merged).then(|| self.report.rows.clone());
+        if let Some(rows) = &raw {
+            self.report.rows = report::median_of_rounds(rows.clone());
+            report::fill_ratios(&mut self.report.rows);
+        }
+        if let Err(e) = self.report.write_tables(&self.args.out) {
+            eprintln!("warning: could not write the results so far: {e:#}");
+        }
+        if let Some(rows) = raw {
+            self.report.rows = rows;
+        }
+    }
+
     fn missing(&mut self, what: impl Into<String>, why: impl Into<String>) {
         let (what, why) = (what.into(), why.into());
         eprintln!("  not measured: {what}: {why}");
@@ -667,11 +685,13 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
             if let Err(e) = bench.run_system(system).await {
                 bench.missing(format!("{} lease cycles", system.label()), format!("{e:#}"));
             }
+            bench.checkpoint(false);
         }
     }
     let rows = std::mem::take(&mut bench.report.rows);
     bench.report.rows = report::median_of_rounds(rows);
     report::fill_ratios(&mut bench.report.rows);
+    bench.checkpoint(true);
 
     if !bench.args.scaling.is_empty() {
         let (work, args) = (&bench.work, &bench.args);
@@ -681,6 +701,7 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
         for (what, why) in s.failed {
             bench.missing(what, why);
         }
+        bench.checkpoint(true);
     }
 
     if !bench.args.no_extras {
@@ -707,6 +728,7 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
             }
         }
     }
+    bench.checkpoint(true);
     if !bench.args.no_cluster && bench.args.systems.contains(&System::Bagel) {
         bench.cluster().await;
     }

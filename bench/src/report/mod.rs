@@ -73,9 +73,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// Writes every output file into `dir`; a plot that cannot be drawn is
-    /// reported, not fatal.
-    pub fn write(&self, dir: &Path, font: Option<&Path>) -> Result<Vec<PathBuf>> {
+    /// Writes `results.md`, `results.json` and `summary.json` into `dir`.
+    pub fn write_tables(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut written = Vec::new();
         let md = dir.join("results.md");
@@ -87,6 +86,13 @@ impl Report {
         let summary = dir.join("summary.json");
         std::fs::write(&summary, serde_json::to_string_pretty(self)?)?;
         written.push(summary);
+        Ok(written)
+    }
+
+    /// Writes every output file into `dir`; a plot that cannot be drawn is
+    /// reported, not fatal.
+    pub fn write(&self, dir: &Path, font: Option<&Path>) -> Result<Vec<PathBuf>> {
+        let mut written = self.write_tables(dir)?;
         match font.map(plots::load_font).transpose() {
             Ok(Some(())) => {
                 for (name, draw) in [
