@@ -10,6 +10,7 @@ mod bag_support;
 mod lease_support;
 mod liar_store;
 mod nfs_env;
+pub mod raw;
 
 /// A lease client witness in its wire form (to verify it, or to flip its
 /// bytes), as the CLI's JSON contract converts it.

@@ -6,10 +6,9 @@ use bagel_client::Micros;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::ServerProcess;
-use bytes::{Buf as _, BufMut as _, Bytes};
+use bagel_tests::raw::raw_call;
 use prost::Message as _;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -34,56 +33,6 @@ fn acquire(names: &[&str], ttl_us: u64, mode: pb::Mode) -> pb::AcquireRequest {
         owner: "t".into(),
         mode: mode.into(),
         wait_us: 0,
-    }
-}
-
-/// Sends `body` as the whole request message of `method`, bypassing any
-/// protobuf encoding, and returns the status (or the raw answer).
-async fn raw_call(server: &ServerProcess, method: &str, body: Vec<u8>) -> Result<Bytes, tonic::Status> {
-    let channel = Channel::from_shared(server.url.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let path = format!("/bagel.v1.LeaseService/{method}").parse().unwrap();
-    grpc.unary(tonic::Request::new(Bytes::from(body)), path, RawCodec)
-        .await
-        .map(tonic::Response::into_inner)
-}
-
-/// Bytes in, bytes out: lets a test send what no protobuf encoder would.
-#[derive(Debug, Clone, Copy)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
     }
 }
 

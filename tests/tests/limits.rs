@@ -9,33 +9,14 @@ use bagel_client::Micros;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::ServerProcess;
-use bytes::{Buf as _, BufMut as _, Bytes};
+use bagel_tests::raw::raw_call;
+use bytes::Bytes;
 use futures::FutureExt as _;
 use tokio::io::AsyncReadExt as _;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
-
-/// The server's resident set, from its own `/proc/<pid>/status`.
-fn rss(server: &ServerProcess) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
-/// User + system CPU time of the server so far, in clock ticks (1/100 s).
-fn cpu_ticks(server: &ServerProcess) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
 
 /// An HTTP/2 connection without a gRPC client on top, and its ping.
 async fn h2_connect(server: &ServerProcess) -> (h2::client::SendRequest<Bytes>, h2::PingPong) {
@@ -117,7 +98,7 @@ fn percent_decode(s: &str) -> String {
 #[tokio::test]
 async fn announced_lengths_reserve_nothing_and_streams_are_capped() {
     let server = ServerProcess::start_ready(&[]).await;
-    let before = rss(&server);
+    let before = server.rss();
     let mut held = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..4 {
@@ -138,7 +119,7 @@ async fn announced_lengths_reserve_nothing_and_streams_are_capped() {
     // A call through the server, so the streams' handlers have run.
     let mut c = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
     c.server_info(pb::ServerInfoRequest {}).await.unwrap();
-    let after = rss(&server);
+    let after = server.rss();
     assert!(
         after < before + 64 * MIB,
         "4 x 1000 streams announcing 4 MiB each: RSS {} -> {} MiB",
@@ -163,7 +144,7 @@ async fn announced_lengths_reserve_nothing_and_streams_are_capped() {
 #[tokio::test]
 async fn partly_received_messages_are_bounded_per_connection() {
     let server = ServerProcess::start_ready(&["--max-inflight-bytes-per-connection", "8388608"]).await;
-    let before = rss(&server);
+    let before = server.rss();
     let (mut client, _ping) = h2_connect(&server).await;
     let mut responses = Vec::new();
     let mut senders = Vec::new();
@@ -188,7 +169,7 @@ async fn partly_received_messages_are_bounded_per_connection() {
     ] {
         assert!(message.contains(needle), "{message:?} lacks {needle}");
     }
-    let after = rss(&server);
+    let after = server.rss();
     assert!(
         after < before + 48 * MIB,
         "RSS {} -> {} MiB",
@@ -196,54 +177,6 @@ async fn partly_received_messages_are_bounded_per_connection() {
         after / MIB
     );
     drop(senders);
-}
-
-/// Bytes in, bytes out: sends what no protobuf encoder would.
-#[derive(Debug, Clone, Copy)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
-
-async fn raw_call(server: &ServerProcess, method: &str, body: Vec<u8>) -> Result<Bytes, tonic::Status> {
-    let channel = Channel::from_shared(server.url.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let path = format!("/bagel.v1.LeaseService/{method}").parse().unwrap();
-    grpc.unary(tonic::Request::new(Bytes::from(body)), path, RawCodec)
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 /// Items 1 and 10: a message over the size limit is RESOURCE_EXHAUSTED
@@ -255,7 +188,7 @@ async fn raw_call(server: &ServerProcess, method: &str, body: Vec<u8>) -> Result
 async fn oversized_and_overfull_messages_are_refused_before_decoding() {
     let server = ServerProcess::start_ready(&[]).await;
     let mut c = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
-    let before = rss(&server);
+    let before = server.rss();
     let empty_ops: Vec<u8> = [0x0a, 0x00].repeat(2_000_000);
     let status = raw_call(&server, "Batch", empty_ops).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -274,7 +207,7 @@ async fn oversized_and_overfull_messages_are_refused_before_decoding() {
             .contains("names: 2000000 names exceed the limit of 64"),
         "{status:?}"
     );
-    let after = rss(&server);
+    let after = server.rss();
     assert!(
         after < before + 64 * MIB,
         "RSS {} -> {} MiB",
@@ -375,10 +308,10 @@ async fn the_accept_loop_backs_off_at_the_descriptor_limit() {
     for _ in 0..64 {
         conns.push(tokio::net::TcpStream::connect(server.addr).await.unwrap());
     }
-    let start = cpu_ticks(&server);
+    let start = server.cpu_ticks();
     // A window of wall time to measure CPU use in (not a synchronisation).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let used = cpu_ticks(&server) - start;
+    let used = server.cpu_ticks() - start;
     assert!(
         used < 50,
         "the server used {used} ticks of CPU in 2 s at the descriptor limit"

@@ -14,17 +14,6 @@ use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 
-fn rss(server: &ServerProcess) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
 async fn load(c: &mut LeaseServiceClient<Channel>) -> pb::ServerLoad {
     c.server_info(pb::ServerInfoRequest {})
         .await
@@ -67,7 +56,7 @@ async fn a_session_that_is_never_read_is_backpressured_then_dropped() {
         ServerProcess::start_ready(&["--session-buffer-bytes", "65536", "--session-stall-timeout", "1s"])
             .await;
     let mut info = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
-    let before = rss(&server);
+    let before = server.rss();
 
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.unwrap();
@@ -94,7 +83,7 @@ async fn a_session_that_is_never_read_is_backpressured_then_dropped() {
         );
         tokio::task::yield_now().await;
     }
-    let after = rss(&server);
+    let after = server.rss();
     assert!(
         after < before + 32 * MIB,
         "RSS {} -> {} MiB",
