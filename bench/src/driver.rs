@@ -247,10 +247,14 @@ pub async fn run_load<D: LeaseDriver>(
 
     let mut tasks = Vec::new();
     if let Some(rate) = spec.rate {
-        // One scheduler per runtime worker thread (never more than clients).
+        // One scheduler per runtime worker thread, but no more than one per
+        // PACED_RATE_PER_SCHEDULER starts/s (each spins before its starts:
+        // idle cores are better left to the server) nor than clients.
+        let wanted = (rate / PACED_RATE_PER_SCHEDULER).ceil().max(1.0) as usize;
         let schedulers = tokio::runtime::Handle::current()
             .metrics()
             .num_workers()
+            .min(wanted)
             .clamp(1, spec.concurrency);
         let plan = PacedPlan {
             start,
@@ -358,6 +362,12 @@ impl PacedPlan {
     }
 }
 
+/// Starts per second one paced scheduler is given before another is added
+/// (up to one per runtime worker): a slot every 100 µs leaves a scheduler
+/// time to issue its cycles and handle their answers, while fewer
+/// schedulers spin on fewer cores at low rates.
+const PACED_RATE_PER_SCHEDULER: f64 = 10_000.0;
+
 /// How long before a start its scheduler stops sleeping on tokio's timer
 /// and spins: the timer fires on whole milliseconds (a deadline is rounded
 /// up to the next tick), so a sleep to `due - SPIN` ends before `due`.
@@ -374,7 +384,8 @@ const SPIN: Duration = Duration::from_millis(1);
 /// as `start_lag_us`, for every slot due in the window.
 ///
 /// Why this shape, and why cheap:
-/// * **One scheduler per runtime worker, running its cycles itself** (a
+/// * **One scheduler per runtime worker** (fewer at low rates, see
+///   [`PACED_RATE_PER_SCHEDULER`]), **running its cycles itself** (a
 ///   `FuturesUnordered` polled by the scheduler task): a start is never
 ///   handed to another task or thread. The previous generator released
 ///   permits from an OS thread to a pool of client tasks; every start paid
@@ -408,6 +419,7 @@ async fn paced_scheduler<D: LeaseDriver>(
     let mut stop = false;
     let step = plan.schedulers as u64;
     let most = plan.in_flight(index).max(1);
+    let mut behind: u32 = 0;
     let mut slot = index as u64;
     // Books a finished cycle: (scheduled start, outcome).
     let book = |out: &mut TaskOut, (t0, outcome): (Instant, Outcome), stop: &mut bool| {
@@ -461,9 +473,15 @@ async fn paced_scheduler<D: LeaseDriver>(
         }
         slot += step;
         if plan.due(slot) <= Instant::now() {
-            // Behind: let the connection tasks on this worker send what was
-            // just started before starting more.
-            tokio::task::yield_now().await;
+            // Behind: now and then let the connection tasks on this worker
+            // send what was started (a yield polls tokio's I/O driver, a
+            // syscall: once per slot would cost more than the slot).
+            behind += 1;
+            if behind.is_multiple_of(16) {
+                tokio::task::yield_now().await;
+            }
+        } else {
+            behind = 0;
         }
     }
     while let Some(done) = in_flight.next().await {
