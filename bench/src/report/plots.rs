@@ -190,7 +190,8 @@ pub(super) fn plot_cdf(rows: &[Row], path: &Path) -> Result<()> {
 /// variants apart), linear axes from 0 so "flat" and "linear" read as such.
 pub(super) fn plot_scaling(rows: &[crate::scaling::ScalingRow], path: &Path) -> Result<()> {
     anyhow::ensure!(!rows.is_empty(), "no data");
-    let xmax = rows.iter().map(|r| r.server_cores).max().unwrap_or(1) as f64;
+    // Whole cores on the x axis (no fractional tick labels).
+    let xmax = u32::try_from(rows.iter().map(|r| r.server_cores).max().unwrap_or(1)).unwrap_or(u32::MAX - 1);
     let ymax = rows.iter().map(|r| r.cycles_per_s).fold(1.0, f64::max);
     let root = BitMapBackend::new(path, (1000, 650)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -199,12 +200,12 @@ pub(super) fn plot_scaling(rows: &[crate::scaling::ScalingRow], path: &Path) -> 
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(75)
-        .build_cartesian_2d(0f64..xmax + 1.0, 0f64..ymax * 1.3)?;
+        .build_cartesian_2d(0u32..xmax + 1, 0f64..ymax * 1.3)?;
     chart
         .configure_mesh()
         .x_desc("server cores (pinned CPUs)")
         .y_desc("peak cycles/s")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels(xmax as usize + 2)
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
@@ -213,12 +214,12 @@ pub(super) fn plot_scaling(rows: &[crate::scaling::ScalingRow], path: &Path) -> 
         .map(|r| (r.system.clone(), r.transport, r.label.clone()))
         .collect();
     for (sys, transport, label) in labels {
-        let mut line: Vec<(f64, f64)> = rows
+        let mut line: Vec<(u32, f64)> = rows
             .iter()
             .filter(|r| r.label == label)
-            .map(|r| (r.server_cores as f64, r.cycles_per_s))
+            .map(|r| (u32::try_from(r.server_cores).unwrap_or(u32::MAX), r.cycles_per_s))
             .collect();
-        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        line.sort_by_key(|p| p.0);
         let c = series_color(&sys, transport);
         chart
             .draw_series(LineSeries::new(line.clone(), c.stroke_width(3)))?
