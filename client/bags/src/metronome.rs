@@ -69,6 +69,14 @@ async fn wait_for(clock: &dyn Clock, t: Micros, bucket: Bucket, slack: Duration)
 /// predecessor, with `until` = that predecessor's deadline, before reading
 /// the predecessor's state: afterwards every message the predecessor can
 /// ever get into a bag is visible.
+///
+/// `clock` must be one that signed time vouches for (check it first, as a
+/// writer does before it writes, e.g. `TimeSource::check`): a closer whose
+/// clock is ahead closes bags early, and a writer that finishes before its
+/// safe point (`BagConfig::safe_point`) does not look for a close, so its
+/// acknowledged batch would land in a bag already closed without it. The
+/// clock tolerance bounds the sum of the two errors (writer behind plus
+/// closer ahead).
 pub async fn close_through(
     store: &dyn BagStore,
     log: &str,
