@@ -254,15 +254,23 @@ impl LeaseDriver for BagelBatchedDriver {
             .via(&self.coalescer)
             .send()
             .await;
-        match acquired {
-            Ok(lease) => Ok(Some(lease)),
-            Err(bagel_client::Error::Busy { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        held_or_busy(acquired)
     }
 
     async fn release(&self, _worker: usize, held: Self::Held) -> Result<()> {
         held.release(None).await?;
         Ok(())
+    }
+}
+
+/// A lease-handle acquire as a driver's answer: the lease, `None` when a
+/// name is busy (a conflict, counted), or the error.
+pub fn held_or_busy(
+    acquired: bagel_client::Result<bagel_client::Lease>,
+) -> Result<Option<bagel_client::Lease>> {
+    match acquired {
+        Ok(lease) => Ok(Some(lease)),
+        Err(bagel_client::Error::Busy { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }

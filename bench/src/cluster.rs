@@ -60,11 +60,7 @@ impl LeaseDriver for ClusterDriver {
             .options(LeaseOptions::default().with_auto_renew(false))
             .send()
             .await;
-        match acquired {
-            Ok(lease) => Ok(Some(lease)),
-            Err(bagel_client::Error::Busy { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        crate::bagel::held_or_busy(acquired)
     }
 
     async fn release(&self, _worker: usize, held: Self::Held) -> Result<()> {

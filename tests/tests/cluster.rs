@@ -484,7 +484,11 @@ async fn migrating_from_two_servers_to_three_with_clients_at_every_step_audits_c
     // Every client is on step 2 now. The recipe's wait: every lease taken
     // under step 1 has ended (its deadline passed) before step 3 starts.
     let wait = step1_latest.duration_since(SystemClock.now());
-    tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    tokio::time::sleep(wait).await;
+    assert!(
+        SystemClock.now() >= step1_latest,
+        "every step-1 deadline has passed"
+    );
     // Steps 2 and 3 side by side.
     let s2b = spawn(&step2, "s2b", 12);
     let s3 = [spawn(&step3, "s3a", 12), spawn(&step3, "s3b", 12)];
