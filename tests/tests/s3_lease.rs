@@ -255,7 +255,7 @@ async fn bagel_run_kills_its_command_before_the_deadline_when_the_store_stops() 
             "--lease-store",
             &url,
             "--clock-margin",
-            "200ms",
+            "14s",
             "run",
             "--name",
             "leader",
@@ -401,7 +401,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
     let acquire =
         |b: &Arc<S3LeaseBackend>| AcquireBuilder::new(Arc::clone(b) as _, ["acct"]).options(no_renew());
 
-    let a = acquire(&ka).ttl(Duration::from_secs(10)).send().await.unwrap();
+    let a = acquire(&ka).ttl(Duration::from_secs(40)).send().await.unwrap();
     let wa = write(&bags, &log, &cfg, "writer-a", a.rights(), 4).await;
     let a_deadline = a.deadline();
     let a_witness = bagel_tests::wire(&a.witness());
@@ -415,7 +415,8 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
         .unwrap();
     write(&bags, &log, &cfg, "writer-b", b.rights(), 3).await;
 
-    let c = acquire(&kc).wait(Duration::from_secs(10)).send().await.unwrap();
+    // B is broken 14 s (the clock margin) after its deadline.
+    let c = acquire(&kc).wait(Duration::from_secs(30)).send().await.unwrap();
     assert_eq!(c.names()[0].previous.ended, Ended::Broken);
     let until = c
         .close_before_reading()
@@ -468,7 +469,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
         min: Micros::from_micros(body.min_timestamp_us),
         deadline: a_deadline,
     };
-    // Both write inside A's deadline (10 s, A released early).
+    // Both write inside A's deadline (40 s, A released early; C took over B 14 s after its deadline).
     write(&bags, &log, &cfg, "forger-1", Arc::new(overlapping), 1).await;
     write(&bags, &log, &cfg, "forger-2", Arc::new(unpublished), 1).await;
     close_all(&bags, &log, &cfg).await;
@@ -519,7 +520,7 @@ impl RunBackend {
                 "--lease-store".into(),
                 url.clone(),
                 "--clock-margin".into(),
-                "200ms".into(),
+                "14s".into(),
             ],
         }
     }
@@ -620,7 +621,7 @@ async fn lease_commands_work_on_an_s3_lease_store() {
     let dir = tempfile::tempdir().unwrap();
     let state = [("BAGEL_STATE_DIR", dir.path().display().to_string())];
     let run = |args: &[&str]| {
-        let mut all = vec!["--lease-store", url.as_str(), "--clock-margin", "200ms"];
+        let mut all = vec!["--lease-store", url.as_str(), "--clock-margin", "14s"];
         all.extend_from_slice(args);
         bagel(&all, &state).output().unwrap()
     };

@@ -32,6 +32,7 @@ use tonic::Code;
 
 use crate::config::S3LeaseConfig;
 use crate::object::{FORMAT_VERSION, HolderRecord, LeaseObject, PreviousRecord, signed_time_b64, token_hash};
+use crate::plausible;
 use crate::rules::{Decision, ReleaseSpec, Rules};
 use crate::store::{Condition, ETag, LeaseStore, Put};
 use crate::time::{LeaseTime, Stamp};
@@ -118,10 +119,52 @@ impl S3LeaseBackend {
         self.store.keys().await
     }
 
+    /// Checks the clock, and refuses to act on it when its error bound is
+    /// more than half the clock margin: every client of the store assumes
+    /// the margin covers a holder's bound plus a taker's, and the stored
+    /// bounds cover only holders and takers that keep to it.
     async fn stamp(&self) -> Result<Stamp> {
-        self.time
+        let stamp = self
+            .time
             .stamp(&self.signer, self.store.location(), self.cfg.clock_margin / 2)
-            .await
+            .await?;
+        let margin = self.cfg.clock_margin;
+        if stamp.bound > margin / 2 {
+            return Err(Error::ClockOff {
+                detail: format!(
+                    "this clock's error bound {:.3} s (|offset| + radius + RTT/2 from the time authority) makes                      the clock margin {:.3} s unsafe: the margin must cover a holder's bound plus a taker's, so                      each may be at most half of it; raise --clock-margin (S3LeaseConfig::clock_margin) to at                      least {:.3} s on every client of {}, or use a time authority with a smaller radius",
+                    stamp.bound.as_secs_f64(),
+                    margin.as_secs_f64(),
+                    (stamp.bound * 2).as_secs_f64(),
+                    self.store.location()
+                ),
+            });
+        }
+        Ok(stamp)
+    }
+
+    /// Refuses an object no honest client could have written (see
+    /// `plausible`), naming it and the field; judged at `now` on a clock
+    /// whose error bound is `bound`.
+    fn plausible(&self, obj: &LeaseObject, now: Micros, bound: Duration) -> Result<()> {
+        let limits = plausible::Limits {
+            now,
+            max_ttl: self.cfg.max_ttl,
+            slack: self.cfg.clock_margin + bound,
+        };
+        plausible::check(obj, &limits).map_err(|why| self.corrupt(&obj.name, &why))
+    }
+
+    /// The error for a lease object that breaks the store's rules.
+    fn corrupt(&self, name: &str, why: &str) -> Error {
+        Error::Store {
+            location: self.store.location().to_owned(),
+            message: format!(
+                "lease object {}: {why}; it breaks the lease rules (corrupt, or written by something other                  than a bagel client): nothing is granted on it until an operator repairs or deletes it",
+                self.store.object_url(name)
+            ),
+            retryable: false,
+        }
     }
 
     /// A lease's names, checked and sorted; the S3 store finds leases by
@@ -197,17 +240,23 @@ impl S3LeaseBackend {
     /// Changes `name`'s object with `change` (given the object and the
     /// current time) for a lease that holds it. A lost race rereads and
     /// asks `change` again, which refuses once the lease no longer holds
-    /// the name (a takeover is a loss).
+    /// the name (a takeover is a loss). A PUT whose answer was lost (an
+    /// error, or a 412 on the client's own retry of a PUT that had landed)
+    /// is recognised on the reread: the object is exactly what was written.
     async fn change_held(
         &self,
         name: &str,
         lease_id: &str,
+        bound: Duration,
         change: impl Fn(&LeaseObject, Micros) -> Result<LeaseObject>,
     ) -> Result<LeaseObject> {
         let clock = self.time.clock();
         let mut fresh = false;
         for _ in 0..MAX_RACES {
             let (obj, etag, cached) = self.current(name, lease_id, fresh).await?;
+            if !cached {
+                self.plausible(&obj, clock.now(), bound)?;
+            }
             let next = match change(&obj, clock.now()) {
                 Ok(next) => next,
                 // A cached version may be stale (another process renewed
@@ -221,13 +270,19 @@ impl S3LeaseBackend {
                     return Err(e);
                 }
             };
-            match self.store.put(&next, Condition::Match(etag)).await? {
-                Put::Done(etag) => {
+            let put = self.store.put(&next, Condition::Match(etag)).await;
+            match put {
+                Ok(Put::Done(etag)) => {
                     self.remember(lease_id, etag, next.clone());
                     return Ok(next);
                 }
-                Put::Lost => {
+                Ok(Put::Lost) | Err(_) => {
                     self.forget(name, lease_id);
+                    if let Some(etag) = self.landed(&next, |o| o == &next).await {
+                        self.remember(lease_id, Some(etag), next.clone());
+                        return Ok(next);
+                    }
+                    put?;
                     fresh = true;
                 }
             }
@@ -239,12 +294,26 @@ impl S3LeaseBackend {
         })
     }
 
-    fn busy(&self, c: Conflict) -> Error {
-        let free_from = c.holder_deadline.saturating_add(self.cfg.clock_margin);
+    /// After a PUT of `next` whose answer was an error or a failed
+    /// precondition: the object's ETag if the store holds what `mine`
+    /// recognises as this client's write (the PUT landed and only its
+    /// answer was lost). `None` if it did not land or cannot be read.
+    async fn landed(&self, next: &LeaseObject, mine: impl Fn(&LeaseObject) -> bool) -> Option<ETag> {
+        match self.store.get(&next.name).await {
+            Ok(Some((obj, Some(etag)))) if mine(&obj) => {
+                tracing::debug!(name = %next.name, "a PUT whose answer was lost had landed");
+                Some(etag)
+            }
+            _ => None,
+        }
+    }
+
+    fn busy(&self, c: Conflict, free_from: Micros) -> Error {
         Error::Busy {
             message: format!(
                 "name {:?} is held by lease {} (owner {:?}, {}) until {} ({} us); others may take it over from \
-                 {free_from} (deadline + clock margin {:?})",
+                 {free_from} (deadline + the larger of the clock margin {:?} and the holder's clock bound plus \
+                 this client's)",
                 c.name,
                 c.holder_lease_id,
                 c.holder_owner,
@@ -266,12 +335,36 @@ impl S3LeaseBackend {
         let now = stamp.now;
         let mut inherited = Vec::with_capacity(names.len());
         for (name, read) in names.iter().zip(&reads) {
+            if let Some((obj, _)) = read {
+                self.plausible(obj, now, stamp.bound).map_err(Attempt::Failed)?;
+            }
             match self
                 .rules
-                .decide(name, read.as_ref().map(|(o, _)| o), spec.mode, now)
+                .decide(name, read.as_ref().map(|(o, _)| o), spec.mode, now, stamp.bound)
             {
                 Decision::Take { previous } => inherited.push(previous),
-                Decision::Busy(c) => return Err(Attempt::Busy(self.busy(*c))),
+                Decision::Busy { conflict, free_from } => {
+                    return Err(Attempt::Busy(self.busy(*conflict, free_from), free_from));
+                }
+            }
+        }
+        // Every message of the new holder must be above every inherited
+        // watermark and below the deadline: a watermark at or past the
+        // deadline asked for would grant a lease nothing can be written
+        // under (an honest one is at most the release's signed time).
+        for (name, previous) in names.iter().zip(&inherited) {
+            if previous.watermark_us >= spec.deadline.as_micros() {
+                return Err(Attempt::Failed(self.corrupt(
+                    name,
+                    &format!(
+                        "previous.watermark_us = {} ({}): not below this grant's deadline {} ({}), so nothing \
+                         could be written under it",
+                        previous.watermark_us,
+                        Micros::from_micros(previous.watermark_us),
+                        spec.deadline.as_micros(),
+                        spec.deadline
+                    ),
+                )));
             }
         }
         let granted_at = Rules::grant_time(reads.iter().map(|r| r.as_ref().map(|(o, _)| o)), now);
@@ -304,11 +397,18 @@ impl S3LeaseBackend {
             granted_at_us: granted_at.as_micros(),
             names: names.to_vec(),
             key_id: self.signer.key_id().to_owned(),
+            clock_bound_us: Some(bagel_proto::duration_micros(stamp.bound)),
         };
         let mut written: Vec<(LeaseObject, Option<ETag>)> = Vec::with_capacity(names.len());
         for ((name, read), previous) in names.iter().zip(&reads).zip(inherited) {
             let before = read.as_ref().map(|(o, _)| o);
-            let next = Rules::granted(name, before, previous, holder.clone());
+            let next = match Rules::granted(name, before, previous, holder.clone()) {
+                Ok(next) => next,
+                Err(why) => {
+                    self.undo(&written, &reads, &lease_id).await;
+                    return Err(Attempt::Failed(self.corrupt(name, &why)));
+                }
+            };
             let cond = match read {
                 None => Condition::Create,
                 Some((_, Some(etag))) => Condition::Match(etag.clone()),
@@ -317,17 +417,24 @@ impl S3LeaseBackend {
                     return Err(Attempt::Failed(self.no_etag(name)));
                 }
             };
-            match self.store.put(&next, cond).await {
-                Ok(Put::Done(etag)) => written.push((next, etag)),
-                Ok(Put::Lost) => {
-                    self.undo(&written, &reads, &lease_id).await;
-                    return Err(Attempt::Raced);
-                }
-                Err(e) => {
-                    self.undo(&written, &reads, &lease_id).await;
-                    return Err(Attempt::Failed(e));
-                }
+            let put = self.store.put(&next, cond).await;
+            if let Ok(Put::Done(etag)) = put {
+                written.push((next, etag));
+                continue;
             }
+            // A lost answer (an error, or a 412 on a retry of a PUT that
+            // had landed) looks like a lost race; the lease id, random and
+            // this attempt's own, says whether the write is ours.
+            let ours = |o: &LeaseObject| o.holder.as_ref().is_some_and(|h| h.lease_id == lease_id);
+            if let Some(etag) = self.landed(&next, ours).await {
+                written.push((next, Some(etag)));
+                continue;
+            }
+            self.undo(&written, &reads, &lease_id).await;
+            return Err(match put {
+                Err(e) => Attempt::Failed(e),
+                _ => Attempt::Raced,
+            });
         }
         let mut grants = Vec::with_capacity(names.len());
         let mut wnames = Vec::with_capacity(names.len());
@@ -421,6 +528,13 @@ impl S3LeaseBackend {
         validate::names(names, &self.cfg)?;
         let reads = futures::future::try_join_all(names.iter().map(|n| self.store.get(n))).await?;
         let now = self.time.clock().now();
+        let bound = self
+            .time
+            .bound_hint(self.cfg.clock_margin / 2)
+            .unwrap_or(self.cfg.clock_margin / 2);
+        for (obj, _) in reads.iter().flatten() {
+            self.plausible(obj, now, bound)?;
+        }
         Ok(names
             .iter()
             .zip(reads)
@@ -433,12 +547,13 @@ impl S3LeaseBackend {
                     known: false,
                 },
                 Some((obj, _)) => {
-                    let live = obj.holder.as_ref().filter(|h| {
-                        now < Micros::from_micros(h.deadline_us).saturating_add(self.cfg.clock_margin)
-                    });
-                    let previous = match self.rules.decide(name, Some(&obj), Mode::Full, now) {
+                    let live = obj
+                        .holder
+                        .as_ref()
+                        .filter(|h| now < self.rules.free_from(h, bound));
+                    let previous = match self.rules.decide(name, Some(&obj), Mode::Full, now, bound) {
                         Decision::Take { previous } => previous,
-                        Decision::Busy(_) => obj.previous.clone(),
+                        Decision::Busy { .. } => obj.previous.clone(),
                     };
                     NameState {
                         name: name.clone(),
@@ -535,8 +650,9 @@ impl S3LeaseBackend {
 /// How one acquire attempt failed.
 #[derive(Debug)]
 enum Attempt {
-    /// A live lease holds a name (the error says which).
-    Busy(Error),
+    /// A live lease holds a name (the error says which) until the instant
+    /// given, by this client's clock.
+    Busy(Error, Micros),
     /// A name changed between reading and writing: look again.
     Raced,
     Failed(Error),
@@ -611,18 +727,15 @@ impl LeaseBackend for S3LeaseBackend {
                         conflict: None,
                     });
                 }
-                Err(Attempt::Busy(busy)) => {
+                Err(Attempt::Busy(busy, free_from)) => {
                     let now = tokio::time::Instant::now();
                     if now >= give_up {
                         return Err(busy);
                     }
                     let mut pause = backoff.pause().min(give_up - now);
-                    if let Some(until) = busy.retry_after() {
-                        let free_from = until.saturating_add(self.cfg.clock_margin).next();
-                        let free_in = free_from.duration_since(clock.now());
-                        if free_in > Duration::ZERO {
-                            pause = pause.min(free_in);
-                        }
+                    let free_in = free_from.next().duration_since(clock.now());
+                    if free_in > Duration::ZERO {
+                        pause = pause.min(free_in);
                     }
                     tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
                 }
@@ -643,9 +756,16 @@ impl LeaseBackend for S3LeaseBackend {
         validate::deadline(deadline, stamp.now, &self.cfg)?;
         let hash = token_hash(&lease.token);
         let objs = futures::future::try_join_all(names.iter().map(|n| {
-            self.change_held(n, &lease.id, |obj, now| {
-                self.rules
-                    .renewed(obj, &lease.id, &hash, deadline, metadata.as_ref(), now)
+            self.change_held(n, &lease.id, stamp.bound, |obj, now| {
+                self.rules.renewed(
+                    obj,
+                    &lease.id,
+                    &hash,
+                    deadline,
+                    metadata.as_ref(),
+                    now,
+                    stamp.bound,
+                )
             })
         }))
         .await?;
@@ -663,8 +783,8 @@ impl LeaseBackend for S3LeaseBackend {
         let stamp = self.stamp().await?;
         let hash = token_hash(&lease.token);
         let objs = futures::future::try_join_all(names.iter().map(|n| {
-            self.change_held(n, &lease.id, |obj, now| {
-                Rules::upgraded(obj, &lease.id, &hash, now)
+            self.change_held(n, &lease.id, stamp.bound, |obj, now| {
+                Rules::upgraded(obj, &lease.id, &hash, now, stamp.bound)
             })
         }))
         .await?;
@@ -728,7 +848,7 @@ impl LeaseBackend for S3LeaseBackend {
         };
         let hash = token_hash(&lease.token);
         let objs = futures::future::try_join_all(names.iter().map(|n| {
-            self.change_held(n, &lease.id, |obj, now| {
+            self.change_held(n, &lease.id, stamp.bound, |obj, now| {
                 self.rules.released(obj, &lease.id, &hash, &spec, now)
             })
         }))

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Limits and margins. Defaults: TTLs in `(1 s, 60 s]`, a 1 s clock
+/// Limits and margins. Defaults: TTLs in `(1 s, 60 s]`, a 14 s clock
 /// margin, waits up to 60 s, 5 s per store call, the server's size limits.
 ///
 /// The TTL range is wider than the server's (10 s max): an S3 renewal
@@ -16,10 +16,12 @@ pub struct S3LeaseConfig {
     pub min_ttl: Duration,
     /// A deadline may be at most `now + max_ttl`.
     pub max_ttl: Duration,
-    /// Others treat a lease as over only after its deadline plus this.
-    /// Safe when every holder's clock is within half of it from true time
-    /// (see the README's clock-margin argument); default 1 s, twice the
-    /// default clock tolerance of a [`bagel_client::TimeSource`].
+    /// Others treat a lease as over no earlier than its deadline plus
+    /// this, and later when the holder's stored clock error bound plus
+    /// their own is more. A client refuses to act when its own bound is
+    /// over half of it, so any two clients of one margin are covered (see
+    /// the README's clock-margin argument). Default 14 s: twice the 5 s
+    /// radius of a roughenough 2.2 server plus 2 s of offset and RTT.
     pub clock_margin: Duration,
     /// The longest `wait` an acquire may ask for.
     pub max_wait: Duration,
@@ -42,7 +44,7 @@ impl Default for S3LeaseConfig {
         S3LeaseConfig {
             min_ttl: Duration::from_secs(1),
             max_ttl: Duration::from_secs(60),
-            clock_margin: Duration::from_secs(1),
+            clock_margin: Duration::from_secs(14),
             max_wait: Duration::from_secs(60),
             op_timeout: Duration::from_secs(5),
             timestamp_tolerance: Duration::from_secs(1),

@@ -29,15 +29,20 @@
 //! signs its own witnesses with a key it publishes in the store, so the
 //! audit still chains them. Trusting those keys is trusting whoever may
 //! write the prefix, which is also who may write the leases. Every holder's
-//! clock counts, so each one checks it against signed time ([`LeaseTime`])
-//! and others break a lease only after its deadline plus a clock margin.
+//! clock counts, so each one checks it against signed time ([`LeaseTime`]),
+//! stores its clock's error bound in the lease object, and others break a
+//! lease only after its deadline plus the holder's bound plus their own
+//! (at least the clock margin). Objects are untrusted input: each is
+//! size-capped and checked against the lease rules before it counts.
 //!
 //! # Layout
 //! * [`backend`]: [`S3LeaseBackend`], the [`bagel_client::LeaseBackend`]
 //!   (reads, decisions, conditional writes, the per-name ETag cache,
 //!   polling waits), plus `describe` and `history` for operators.
 //! * `rules`: every lease rule as a pure function of (object, request,
-//!   `now`), tested with exact times.
+//!   `now`, clock bounds), tested with exact times.
+//! * `plausible`: whether an object read is one an honest client could
+//!   have written (times, watermarks, bounds), naming the field if not.
 //! * [`object`]: the JSON lease object kept per name.
 //! * [`store`]: [`LeaseStore`], the layout of a prefix, bounded store calls,
 //!   the conditional-write probes, published keys.
@@ -49,6 +54,7 @@
 pub mod backend;
 pub mod config;
 pub mod object;
+mod plausible;
 mod rules;
 pub mod store;
 pub mod time;

@@ -69,6 +69,12 @@ pub struct HolderRecord {
     pub names: Vec<String>,
     /// The client key that signs this lease's witnesses.
     pub key_id: String,
+    /// How far the holder's clock may be from true time (µs), measured
+    /// when it last acquired, renewed or upgraded: others take over only
+    /// after the deadline plus this plus their own bound. Absent in
+    /// objects from older clients (then the clock margin alone counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_bound_us: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -301,6 +307,7 @@ mod tests {
                 granted_at_us: 5,
                 names: vec!["a/b %c".into()],
                 key_id: "k".into(),
+                clock_bound_us: Some(5_000_000),
             }),
             previous: PreviousRecord::none(),
             history: vec![HistoryRecord {

@@ -6,11 +6,13 @@
 //!
 //! The rules are the server's, with one difference forced by having no
 //! single clock: **others** treat a lease as over only once their clock
-//! passes its deadline plus the clock margin, while its **holder** treats
-//! it as over at the deadline (and its `Lease::is_valid` earlier still, by
-//! its safety margin). With every clock within `margin / 2` of true time,
-//! the holder stops before anyone else may take over (README, "Leases
-//! without a server").
+//! passes its deadline plus the holder's clock error bound (stored in the
+//! object) plus their own (and never before the clock margin), while its
+//! **holder** treats it as over at the deadline (and its `Lease::is_valid`
+//! earlier still, by its safety margin). The holder's clock reads at most
+//! its bound behind true time and the taker's at most its bound ahead, so
+//! the holder's deadline has passed in true time before anyone may take
+//! over, whatever the bounds (README, "The clock margin").
 
 use std::time::Duration;
 
@@ -25,7 +27,9 @@ use crate::object::{
 /// The knobs the rules need.
 #[derive(Clone, Debug)]
 pub struct Rules {
-    /// Others may break a lease only after its deadline plus this.
+    /// Others may break a lease no earlier than its deadline plus this
+    /// (longer when the holder's and their own clock bounds add up to
+    /// more).
     pub margin: Duration,
     /// History entries kept per name.
     pub history_per_name: usize,
@@ -36,8 +40,12 @@ pub struct Rules {
 pub enum Decision {
     /// The name can be taken; the grant inherits `previous`.
     Take { previous: PreviousRecord },
-    /// A live lease holds it.
-    Busy(Box<Conflict>),
+    /// A live lease holds it; others may take it over from `free_from`
+    /// (by the asker's clock).
+    Busy {
+        conflict: Box<Conflict>,
+        free_from: Micros,
+    },
 }
 
 /// What a release says, checked by the backend's edge.
@@ -65,7 +73,23 @@ impl Rules {
     /// deadline plus the margin is *broken*: its deadline becomes the
     /// watermark (it may have written anything below it) and its bags are
     /// unsettled.
-    pub fn decide(&self, name: &str, obj: Option<&LeaseObject>, mode: Mode, now: Micros) -> Decision {
+    /// When others (whose clock errs by at most `own_bound`) may treat
+    /// `h`'s lease as over: `deadline + max(margin, holder's bound +
+    /// own_bound)`. A holder from an older client, with no bound stored,
+    /// counts as within half the margin (what the margin alone assumed).
+    pub fn free_from(&self, h: &HolderRecord, own_bound: Duration) -> Micros {
+        let holder_bound = h.clock_bound_us.map_or(self.margin / 2, Duration::from_micros);
+        Micros::from_micros(h.deadline_us).saturating_add(self.margin.max(holder_bound + own_bound))
+    }
+
+    pub fn decide(
+        &self,
+        name: &str,
+        obj: Option<&LeaseObject>,
+        mode: Mode,
+        now: Micros,
+        own_bound: Duration,
+    ) -> Decision {
         let Some(obj) = obj else {
             return Decision::Take {
                 previous: PreviousRecord::none(),
@@ -76,18 +100,21 @@ impl Rules {
                 previous: obj.previous.clone(),
             };
         };
-        let over_for_others = Micros::from_micros(h.deadline_us).saturating_add(self.margin);
-        if now < over_for_others {
+        let free_from = self.free_from(h, own_bound);
+        if now < free_from {
             let breakable = h.mode == ModeRecord::Tentative && mode == Mode::Full;
             if !breakable {
-                return Decision::Busy(Box::new(Conflict {
-                    name: name.to_owned(),
-                    holder_lease_id: h.lease_id.clone(),
-                    holder_owner: h.owner.clone(),
-                    holder_mode: h.mode.into(),
-                    holder_deadline: Micros::from_micros(h.deadline_us),
-                    server: None,
-                }));
+                return Decision::Busy {
+                    conflict: Box::new(Conflict {
+                        name: name.to_owned(),
+                        holder_lease_id: h.lease_id.clone(),
+                        holder_owner: h.owner.clone(),
+                        holder_mode: h.mode.into(),
+                        holder_deadline: Micros::from_micros(h.deadline_us),
+                        server: None,
+                    }),
+                    free_from,
+                };
             }
         }
         let previous = match h.mode {
@@ -121,23 +148,30 @@ impl Rules {
     /// the server's rule, `max(last + 1, grant time in µs)`: strictly
     /// increasing along the object's chain, and still increasing if an
     /// operator deletes the object (a fresh one starts from the clock).
+    /// A token that cannot grow (`u64::MAX`, only ever written by hand) is
+    /// refused, naming the field: two grants never share a token.
     pub fn granted(
         name: &str,
         obj: Option<&LeaseObject>,
         previous: PreviousRecord,
         holder: HolderRecord,
-    ) -> LeaseObject {
+    ) -> Result<LeaseObject, String> {
         let last = obj.map_or(0, |o| o.fencing_token);
-        LeaseObject {
+        let next = last.checked_add(1).ok_or_else(|| {
+            format!(
+                "fencing_token = {last}: the largest token there is; no later grant could have a greater one"
+            )
+        })?;
+        Ok(LeaseObject {
             version: FORMAT_VERSION,
             name: name.to_owned(),
-            fencing_token: last.saturating_add(1).max(holder.granted_at_us),
+            fencing_token: next.max(holder.granted_at_us),
             last_granted_at_us: holder.granted_at_us,
             holder: Some(holder),
             previous,
             history: obj.map(|o| o.history.clone()).unwrap_or_default(),
             history_truncated: obj.is_some_and(|o| o.history_truncated),
-        }
+        })
     }
 
     /// The holder of `obj` if it is lease `lease_id` with a token hashing
@@ -226,6 +260,8 @@ impl Rules {
 
     /// The object after renewing to `max(current deadline, deadline)`: a
     /// deadline never moves back (the holder may have written up to it).
+    /// The holder's clock bound becomes `bound`, just measured.
+    #[allow(clippy::too_many_arguments)]
     pub fn renewed(
         &self,
         obj: &LeaseObject,
@@ -234,12 +270,14 @@ impl Rules {
         deadline: Micros,
         metadata: Option<&Metadata>,
         now: Micros,
+        bound: Duration,
     ) -> Result<LeaseObject, Error> {
         let h = Self::held(obj, lease_id, token_hash, now)?;
         let owner = h.owner.clone();
         let mut next = obj.clone();
         let holder = next.holder.as_mut().expect("held");
         holder.deadline_us = holder.deadline_us.max(deadline.as_micros());
+        holder.clock_bound_us = Some(bagel_proto::duration_micros(bound));
         if let Some(m) = metadata {
             let entry = HistoryRecord {
                 lease_id: lease_id.to_owned(),
@@ -254,16 +292,20 @@ impl Rules {
         Ok(next)
     }
 
-    /// The object after turning the lease full (a full lease stays full).
+    /// The object after turning the lease full (a full lease stays full),
+    /// with the holder's clock bound just measured.
     pub fn upgraded(
         obj: &LeaseObject,
         lease_id: &str,
         token_hash: &str,
         now: Micros,
+        bound: Duration,
     ) -> Result<LeaseObject, Error> {
         Self::held(obj, lease_id, token_hash, now)?;
         let mut next = obj.clone();
-        next.holder.as_mut().expect("held").mode = ModeRecord::Full;
+        let holder = next.holder.as_mut().expect("held");
+        holder.mode = ModeRecord::Full;
+        holder.clock_bound_us = Some(bagel_proto::duration_micros(bound));
         Ok(next)
     }
 
@@ -359,6 +401,7 @@ mod tests {
             granted_at_us: granted,
             names: vec!["n".into()],
             key_id: "k".into(),
+            clock_bound_us: None,
         }
     }
 
@@ -370,16 +413,11 @@ mod tests {
         now: u64,
         deadline: u64,
     ) -> Result<LeaseObject, Conflict> {
-        match rules().decide("n", obj, mode, t(now)) {
-            Decision::Busy(c) => Err(*c),
+        match rules().decide("n", obj, mode, t(now), Duration::ZERO) {
+            Decision::Busy { conflict, .. } => Err(*conflict),
             Decision::Take { previous } => {
                 let at = Rules::grant_time([obj], t(now)).as_micros();
-                Ok(Rules::granted(
-                    "n",
-                    obj,
-                    previous,
-                    holder(id, mode.into(), at, deadline),
-                ))
+                Ok(Rules::granted("n", obj, previous, holder(id, mode.into(), at, deadline)).unwrap())
             }
         }
     }
@@ -428,6 +466,7 @@ mod tests {
                 t(T0 + 5 * SEC),
                 None,
                 t(T0 + 2 * SEC),
+                Duration::ZERO,
             )
             .unwrap_err();
         assert!(
@@ -491,13 +530,13 @@ mod tests {
             PreviousRecord::none(),
             "a tentative holder wrote nothing"
         );
-        let err = Rules::upgraded(&f, "t", &token_hash("token-t"), t(T0 + 2)).unwrap_err();
+        let err = Rules::upgraded(&f, "t", &token_hash("token-t"), t(T0 + 2), Duration::ZERO).unwrap_err();
         assert!(
             matches!(&err, Error::NotHeld { message, .. } if message.contains("lost name")),
             "{err:?}"
         );
         // Untouched, an upgrade succeeds.
-        let up = Rules::upgraded(&t0, "t", &token_hash("token-t"), t(T0 + 2)).unwrap();
+        let up = Rules::upgraded(&t0, "t", &token_hash("token-t"), t(T0 + 2), Duration::ZERO).unwrap();
         assert_eq!(up.holder.unwrap().mode, ModeRecord::Full);
     }
 
@@ -506,7 +545,7 @@ mod tests {
         let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
         let hash = token_hash("token-a");
         let r = rules()
-            .renewed(&a, "a", &hash, t(T0 + 3 * SEC), None, t(T0 + SEC))
+            .renewed(&a, "a", &hash, t(T0 + 3 * SEC), None, t(T0 + SEC), Duration::ZERO)
             .unwrap();
         assert_eq!(r.holder.as_ref().unwrap().deadline_us, T0 + 5 * SEC);
         let r = rules()
@@ -517,12 +556,21 @@ mod tests {
                 t(T0 + 7 * SEC),
                 Some(&Metadata::Wildcard),
                 t(T0 + SEC),
+                Duration::ZERO,
             )
             .unwrap();
         assert_eq!(r.holder.as_ref().unwrap().deadline_us, T0 + 7 * SEC);
         assert_eq!(r.history.last().unwrap().event, EventRecord::Renewed);
         let err = rules()
-            .renewed(&r, "a", &token_hash("guess"), t(T0 + 8 * SEC), None, t(T0 + SEC))
+            .renewed(
+                &r,
+                "a",
+                &token_hash("guess"),
+                t(T0 + 8 * SEC),
+                None,
+                t(T0 + SEC),
+                Duration::ZERO,
+            )
             .unwrap_err();
         assert!(matches!(
             err,
@@ -532,7 +580,15 @@ mod tests {
             }
         ));
         let err = rules()
-            .renewed(&r, "zz", &hash, t(T0 + 8 * SEC), None, t(T0 + SEC))
+            .renewed(
+                &r,
+                "zz",
+                &hash,
+                t(T0 + 8 * SEC),
+                None,
+                t(T0 + SEC),
+                Duration::ZERO,
+            )
             .unwrap_err();
         assert!(
             matches!(
@@ -576,5 +632,79 @@ mod tests {
             .released(&b, "b", &token_hash("token-b"), &spec, t(T0 + 4 * SEC))
             .unwrap();
         assert!(!b3.previous.unsettled);
+    }
+
+    /// Issue 23.6: the takeover waits for both clocks' bounds. A holder
+    /// whose clock errs by up to 6 s and a taker whose clock errs by up
+    /// to 5 s: with a 1 s margin the old rule let the taker in 1 s after
+    /// the deadline, while the holder's clock (6 s behind) still showed
+    /// 5 s of lease left. Now the taker waits deadline + 6 s + 5 s.
+    #[test]
+    fn a_takeover_waits_for_the_holders_bound_plus_its_own() {
+        let r = rules();
+        let mut a = grant(None, "a", Mode::Full, T0, T0 + 2 * SEC).unwrap();
+        a.holder.as_mut().unwrap().clock_bound_us = Some(6 * SEC);
+        let own = Duration::from_secs(5);
+        let deadline = T0 + 2 * SEC;
+        let free = deadline + 11 * SEC;
+        for (now, busy) in [(deadline + SEC, true), (free - 1, true), (free, false)] {
+            match r.decide("n", Some(&a), Mode::Full, t(now), own) {
+                Decision::Busy { free_from, .. } => {
+                    assert!(busy, "busy at {now}");
+                    assert_eq!(free_from, t(free));
+                }
+                Decision::Take { previous } => {
+                    assert!(!busy, "taken at {now}");
+                    assert_eq!(previous.ended, EndedRecord::Broken);
+                }
+            }
+        }
+        // The margin stays the least wait when the bounds are small; a
+        // holder from an older client (no bound) counts as half of it.
+        a.holder.as_mut().unwrap().clock_bound_us = Some(100_000);
+        let h = a.holder.as_ref().unwrap();
+        assert_eq!(r.free_from(h, Duration::from_millis(100)), t(deadline + SEC));
+        a.holder.as_mut().unwrap().clock_bound_us = None;
+        let h = a.holder.as_ref().unwrap();
+        assert_eq!(
+            r.free_from(h, Duration::from_millis(800)),
+            t(deadline + 1_300_000)
+        );
+    }
+
+    #[test]
+    fn renewals_and_upgrades_store_the_bound_just_measured() {
+        let a = grant(None, "a", Mode::Tentative, T0, T0 + 5 * SEC).unwrap();
+        let hash = token_hash("token-a");
+        let up = Rules::upgraded(&a, "a", &hash, t(T0 + 1), Duration::from_millis(700)).unwrap();
+        assert_eq!(up.holder.as_ref().unwrap().clock_bound_us, Some(700_000));
+        let r = rules()
+            .renewed(
+                &up,
+                "a",
+                &hash,
+                t(T0 + 6 * SEC),
+                None,
+                t(T0 + SEC),
+                Duration::from_secs(3),
+            )
+            .unwrap();
+        assert_eq!(r.holder.as_ref().unwrap().clock_bound_us, Some(3_000_000));
+    }
+
+    /// Issue 24.6: a token of u64::MAX - 1 gives one more grant (u64::MAX)
+    /// and then refuses, naming the field, instead of handing u64::MAX to
+    /// every later grant.
+    #[test]
+    fn a_fencing_token_that_cannot_grow_is_refused_not_saturated() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + SEC).unwrap();
+        let mut a = release(&a, "a", 0, T0 + 1).unwrap();
+        a.fencing_token = u64::MAX - 1;
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 2, T0 + SEC).unwrap();
+        assert_eq!(b.fencing_token, u64::MAX);
+        let b = release(&b, "b", 0, T0 + 3).unwrap();
+        let h = holder("c", ModeRecord::Full, T0 + 4, T0 + SEC);
+        let err = Rules::granted("n", Some(&b), b.previous.clone(), h).unwrap_err();
+        assert!(err.starts_with("fencing_token = 18446744073709551615"), "{err}");
     }
 }

@@ -11,6 +11,14 @@
 //! own object. Every call is bounded by the configured timeout and every
 //! failure becomes a [`bagel_client::Error::Store`] naming the operation
 //! and the object, retryable or not.
+//!
+//! Whoever may write the prefix may leave anything there, so reads are
+//! bounded too: a lease object over [`LeaseStore::max_object_bytes`] is
+//! refused from its announced size (and never read past the limit), a key
+//! record over [`MAX_KEY_RECORD_BYTES`] likewise, and at most
+//! [`MAX_KEY_RECORDS`] key records are read. A key record that is not one
+//! is skipped and reported ([`LeaseStore::keys_report`]), so one bad
+//! object does not stop every reader that trusts the store's keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +56,17 @@ pub enum Put {
     Lost,
 }
 
+/// The largest lease object read, by default: an honest one holds at most
+/// 64 names of 256 bytes, 8 history entries of 4 KiB metadata and a signed
+/// time, well under 100 KiB.
+pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 1 << 20;
+
+/// The largest public key record read (an honest one is ~130 bytes).
+pub const MAX_KEY_RECORD_BYTES: u64 = 4096;
+
+/// The most key records [`LeaseStore::keys`] reads (one GET each).
+pub const MAX_KEY_RECORDS: usize = 10_000;
+
 /// The public key record published under `keys/`.
 #[derive(Debug, Serialize, Deserialize)]
 struct KeyRecord {
@@ -62,6 +81,7 @@ pub struct LeaseStore {
     prefix: String,
     location: String,
     op_timeout: Duration,
+    max_object_bytes: u64,
 }
 
 impl LeaseStore {
@@ -73,7 +93,30 @@ impl LeaseStore {
             prefix: prefix.trim_matches('/').to_owned(),
             location,
             op_timeout,
+            max_object_bytes: DEFAULT_MAX_OBJECT_BYTES,
         }
+    }
+
+    /// Refuses lease objects larger than `max` bytes.
+    #[must_use]
+    pub fn with_max_object_bytes(mut self, max: u64) -> Self {
+        self.max_object_bytes = max;
+        self
+    }
+
+    pub fn max_object_bytes(&self) -> u64 {
+        self.max_object_bytes
+    }
+
+    /// Where `name`'s lease object lives, for messages:
+    /// `s3://bucket/prefix/leases/<name>`.
+    pub fn object_url(&self, name: &str) -> String {
+        let path = self.path("leases", name);
+        let rel = path
+            .as_ref()
+            .strip_prefix(self.prefix.as_str())
+            .unwrap_or(path.as_ref());
+        format!("{}/{}", self.location, rel.trim_start_matches('/'))
     }
 
     /// The store at `s3://bucket/prefix`, with the endpoint and
@@ -141,18 +184,44 @@ impl LeaseStore {
             })
     }
 
+    /// Reads `path` whole if it is at most `max` bytes: refused from the
+    /// size the store announces, and never buffered past `max` whatever
+    /// arrives. `None` if it does not exist.
+    async fn get_bounded(&self, path: &Path, max: u64) -> Result<Option<(Vec<u8>, Option<ETag>)>, Error> {
+        let too_big = |size: u64| Error::Store {
+            location: self.location.clone(),
+            message: format!("{path}: {size} bytes, over the limit of {max} bytes for this kind of object"),
+            retryable: false,
+        };
+        let read = async {
+            let got = self.store.get_opts(path, GetOptions::default()).await?;
+            let etag = got.meta.e_tag.clone();
+            if got.meta.size > max {
+                return Ok(Err(too_big(got.meta.size)));
+            }
+            let mut body = Vec::new();
+            let mut stream = got.into_stream();
+            while let Some(chunk) = stream.try_next().await? {
+                body.extend_from_slice(&chunk);
+                if body.len() as u64 > max {
+                    return Ok(Err(too_big(body.len() as u64)));
+                }
+            }
+            Ok(Ok((body, etag)))
+        };
+        match self.bounded("get", path, read).await? {
+            Ok(Ok(r)) => Ok(Some(r)),
+            Ok(Err(e)) => Err(e),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err("get", path, &e)),
+        }
+    }
+
     /// A name's lease object and its ETag; `None` if it was never written.
     pub async fn get(&self, name: &str) -> Result<Option<(LeaseObject, Option<ETag>)>, Error> {
         let path = self.path("leases", name);
-        let read = async {
-            let got = self.store.get_opts(&path, GetOptions::default()).await?;
-            let etag = got.meta.e_tag.clone();
-            Ok((got.bytes().await?, etag))
-        };
-        let (bytes, etag) = match self.bounded("get", &path, read).await? {
-            Ok(r) => r,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.err("get", &path, &e)),
+        let Some((bytes, etag)) = self.get_bounded(&path, self.max_object_bytes).await? else {
+            return Ok(None);
         };
         let obj = LeaseObject::decode(&bytes).map_err(|reason| Error::Store {
             location: self.location.clone(),
@@ -252,17 +321,13 @@ impl LeaseStore {
     }
 
     async fn read_key(&self, path: &Path) -> Result<KeyRing, Error> {
-        let read = async {
-            self.store
-                .get_opts(path, GetOptions::default())
-                .await?
-                .bytes()
-                .await
+        let Some((bytes, _)) = self.get_bounded(path, MAX_KEY_RECORD_BYTES).await? else {
+            return Err(Error::Store {
+                location: self.location.clone(),
+                message: format!("{path}: listed but gone when read"),
+                retryable: true,
+            });
         };
-        let bytes = self
-            .bounded("get", path, read)
-            .await?
-            .map_err(|e| self.err("get", path, &e))?;
         let bad = |reason: String| Error::Store {
             location: self.location.clone(),
             message: format!("{path} is not a public key record: {reason}"),
@@ -281,7 +346,22 @@ impl LeaseStore {
     /// Every public key published under `keys/`: the keys whose witnesses
     /// readers and auditors of this store trust. Trusting them is trusting
     /// whoever may write the prefix, which is also who may write the leases.
+    /// A record that is not a key is skipped (logged); see
+    /// [`LeaseStore::keys_report`] to show them.
     pub async fn keys(&self) -> Result<KeyRing, Error> {
+        let (ring, skipped) = self.keys_report().await?;
+        for why in &skipped {
+            tracing::warn!(store = %self.location, "skipped a key record: {why}");
+        }
+        Ok(ring)
+    }
+
+    /// The published keys, and why each record that was not read as a key
+    /// was skipped (a garbage object under `keys/`, one too large, records
+    /// beyond [`MAX_KEY_RECORDS`]). A witness signed by a skipped key then
+    /// fails as signed by an unknown key, naming it; everything else reads
+    /// as before. Only failing to list the prefix is an error.
+    pub async fn keys_report(&self) -> Result<(KeyRing, Vec<String>), Error> {
         let dir = Path::from(self.prefix.as_str()).join("keys");
         let list = self.store.list(Some(&dir)).try_collect::<Vec<_>>();
         let metas = self
@@ -289,12 +369,28 @@ impl LeaseStore {
             .await?
             .map_err(|e| self.err("list", &dir, &e))?;
         let mut ring = KeyRing::new();
-        for meta in metas {
-            let one = self.read_key(&meta.location).await?;
-            for id in one.ids() {
-                ring.insert(*one.get(id).expect("listed"));
+        let mut skipped = Vec::new();
+        if metas.len() > MAX_KEY_RECORDS {
+            skipped.push(format!(
+                "{dir}: {} key records, over the limit of {MAX_KEY_RECORDS}; the rest were not read",
+                metas.len()
+            ));
+        }
+        for meta in metas.into_iter().take(MAX_KEY_RECORDS) {
+            match self.read_key(&meta.location).await {
+                Ok(one) => {
+                    for id in one.ids() {
+                        ring.insert(*one.get(id).expect("listed"));
+                    }
+                }
+                Err(Error::Store {
+                    retryable: false,
+                    message,
+                    ..
+                }) => skipped.push(message),
+                Err(e) => return Err(e),
             }
         }
-        Ok(ring)
+        Ok((ring, skipped))
     }
 }

@@ -31,12 +31,16 @@ pub enum LeaseTime {
     UnsafeLocalClock(Arc<dyn Clock>),
 }
 
-/// A checked instant and the signed time that vouches for it.
+/// A checked instant, the signed time that vouches for it, and how far
+/// the clock may be from true time.
 #[derive(Clone, Debug)]
 pub struct Stamp {
     pub now: Micros,
     pub signed: pb::SignedTime,
     pub self_timed: bool,
+    /// The clock's error bound: `|offset| + radius + RTT/2` from the
+    /// authority's latest answer, or the radius an unchecked clock claims.
+    pub bound: Duration,
 }
 
 impl LeaseTime {
@@ -57,10 +61,15 @@ impl LeaseTime {
         match self {
             LeaseTime::Signed(ts) => {
                 let signed = ts.check().await?;
+                let verdict = ts.verdict();
+                let bound = verdict.error_bound().ok_or_else(|| Error::NoSignedTime {
+                    detail: verdict.to_string(),
+                })?;
                 Ok(Stamp {
                     now: ts.now(),
                     signed: signed.signed,
                     self_timed: false,
+                    bound,
                 })
             }
             LeaseTime::UnsafeLocalClock(clock) => {
@@ -69,8 +78,19 @@ impl LeaseTime {
                     now,
                     signed: sign_local_time(signer, who, now, bagel_proto::duration_micros(radius)),
                     self_timed: true,
+                    bound: radius,
                 })
             }
+        }
+    }
+
+    /// The clock's latest known error bound without asking the authority
+    /// (for `describe`, which acts on nothing); `radius` for an unchecked
+    /// clock, `None` before any answer.
+    pub fn bound_hint(&self, radius: Duration) -> Option<Duration> {
+        match self {
+            LeaseTime::Signed(ts) => ts.verdict().error_bound(),
+            LeaseTime::UnsafeLocalClock(_) => Some(radius),
         }
     }
 }

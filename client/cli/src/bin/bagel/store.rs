@@ -30,14 +30,18 @@ pub struct StoreArgs {
     /// store. Default: `<state dir>/lease-key`.
     #[arg(long, global = true, env = "BAGEL_LEASE_KEY", value_name = "FILE")]
     pub lease_key: Option<PathBuf>,
-    /// Others take over an S3 lease only this long after its deadline.
-    /// Safe while every client's clock is within half of it from true
-    /// time; all clients of a store must use the same value (or larger).
+    /// Others take over an S3 lease at least this long after its
+    /// deadline, longer when the holder's clock error bound (stored in
+    /// the lease object) plus their own is more. A client whose error
+    /// bound (|offset| + radius + RTT/2 from Roughtime) is over half of it
+    /// refuses to acquire, renew or release. The default fits the 5 s
+    /// radius of roughenough 2.2 with up to 2 s of offset; all clients of
+    /// a store should use the same value.
     #[arg(
         long,
         global = true,
         env = "BAGEL_CLOCK_MARGIN",
-        default_value = "1s",
+        default_value = "14s",
         value_parser = humantime::parse_duration
     )]
     pub clock_margin: Duration,
@@ -138,16 +142,22 @@ impl StoreArgs {
     }
 
     /// The keys published in the S3 lease store (every client's that
-    /// ever took a lease there), when one is given.
+    /// ever took a lease there), when one is given. A record there that is
+    /// not a key is skipped with a warning naming it: a witness it would
+    /// have verified then fails as signed by an unknown key, and nothing
+    /// else is affected.
     pub async fn published_keys(&self) -> anyhow::Result<Option<KeyRing>> {
         let Some(url) = self.lease_store.as_deref().filter(|_| self.is_s3()) else {
             return Ok(None);
         };
         let store = LeaseStore::from_url(url, self.s3_config().op_timeout)?;
-        let published = store
-            .keys()
+        let (published, skipped) = store
+            .keys_report()
             .await
             .with_context(|| format!("reading the published keys of {url}"))?;
+        for why in skipped {
+            eprintln!("bagel: warning: skipped a key record of {url}: {why}");
+        }
         Ok(Some(published))
     }
 }
