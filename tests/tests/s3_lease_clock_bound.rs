@@ -14,7 +14,7 @@ use bagel_proto::Signer;
 use bagel_proto::clock::SystemClock;
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend};
 use bagel_tests::{roughtime_time, s3_bucket, s3_lease_url, s3_test_config, unique};
-use object_store::ObjectStore as _;
+use object_store::ObjectStoreExt as _;
 use object_store::path::{Path, PathPart};
 
 const RADIUS: Duration = Duration::from_secs(5);
@@ -100,8 +100,9 @@ async fn a_takeover_waits_for_the_stored_bound_of_the_holder_plus_its_own() {
         taker_margin,
     )
     .await;
+    // The deadline asked for is absolute: long enough to outlast the wait.
     let b = AcquireBuilder::new(taker as _, ["n"])
-        .ttl(Duration::from_secs(5))
+        .ttl(Duration::from_secs(40))
         .wait(Duration::from_secs(30))
         .send()
         .await

@@ -153,12 +153,13 @@ async fn every_operation_survives_a_lost_answer(how: Lost) {
             .await
             .unwrap_or_else(|e| panic!("{how:?} round {round}: renew: {e}"));
         armed.store(1, Ordering::SeqCst);
+        let id = lease.id().to_owned();
         lease
             .release(None)
             .await
             .unwrap_or_else(|e| panic!("{how:?} round {round}: release: {e}"));
         assert_eq!(armed.load(Ordering::SeqCst), 0);
-        previous = Some(lease.id().to_owned());
+        previous = Some(id);
     }
 }
 
