@@ -252,8 +252,14 @@ impl S3LeaseBackend {
     ) -> Result<LeaseObject> {
         let clock = self.time.clock();
         let mut fresh = false;
+        // The version read after a lost race, used as the next current one
+        // (no second GET).
+        let mut reread: Option<(LeaseObject, ETag)> = None;
         for _ in 0..MAX_RACES {
-            let (obj, etag, cached) = self.current(name, lease_id, fresh).await?;
+            let (obj, etag, cached) = match reread.take() {
+                Some((obj, etag)) => (obj, etag, false),
+                None => self.current(name, lease_id, fresh).await?,
+            };
             if !cached {
                 self.plausible(&obj, clock.now(), bound)?;
             }
@@ -271,17 +277,21 @@ impl S3LeaseBackend {
                 }
             };
             let put = self.store.put(&next, Condition::Match(etag)).await;
-            match put {
-                Ok(Put::Done(etag)) => {
-                    self.remember(lease_id, etag, next.clone());
+            if let Ok(Put::Done(etag)) = put {
+                self.remember(lease_id, etag, next.clone());
+                return Ok(next);
+            }
+            self.forget(name, lease_id);
+            // A failed precondition or an error: the answer may have been
+            // lost after the PUT landed; the object then is exactly `next`.
+            match self.store.get(name).await {
+                Ok(Some((now_there, Some(etag)))) if now_there == next => {
+                    tracing::debug!(name, "a PUT whose answer was lost had landed");
+                    self.remember(lease_id, Some(etag), next.clone());
                     return Ok(next);
                 }
-                Ok(Put::Lost) | Err(_) => {
-                    self.forget(name, lease_id);
-                    if let Some(etag) = self.landed(&next, |o| o == &next).await {
-                        self.remember(lease_id, Some(etag), next.clone());
-                        return Ok(next);
-                    }
+                Ok(Some((now_there, Some(etag)))) if put.is_ok() => reread = Some((now_there, etag)),
+                _ => {
                     put?;
                     fresh = true;
                 }
