@@ -118,6 +118,14 @@ pub struct Args {
     /// a warm-up of a fifth of it.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub scaling_duration: Option<Duration>,
+    /// bagel-batched / bagel-session: the `Coalescer`'s batches in flight
+    /// (per stream for sessions) [default: the library's].
+    #[arg(long)]
+    pub coalesce_in_flight: Option<usize>,
+    /// bagel-session: the `Coalescer`'s `Session` streams [default: the
+    /// library's].
+    #[arg(long)]
+    pub coalesce_streams: Option<usize>,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     pub bagel_server: Option<PathBuf>,
@@ -208,6 +216,19 @@ pub struct Settings {
 }
 
 impl Args {
+    /// The `Coalescer` options of the bagel-batched and bagel-session
+    /// drivers: the library's defaults, with `--coalesce-*` applied.
+    pub fn coalesce(&self, transport: bagel_client::Transport) -> bagel_client::CoalesceOptions {
+        let mut o = bagel_client::CoalesceOptions::default().with_transport(transport);
+        if let Some(n) = self.coalesce_in_flight {
+            o = o.with_in_flight(n);
+        }
+        if let Some(n) = self.coalesce_streams {
+            o = o.with_streams(n);
+        }
+        o
+    }
+
     pub fn settings(&self) -> Settings {
         let (duration, warmup, held, restart) = if self.quick {
             (

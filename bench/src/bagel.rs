@@ -220,14 +220,16 @@ pub struct BagelBatchedDriver {
 
 impl BagelBatchedDriver {
     pub async fn connect(addr: SocketAddr, transport: Transport) -> Result<Self> {
+        Self::connect_with(addr, CoalesceOptions::default().with_transport(transport)).await
+    }
+
+    /// With the coalescer's options spelled out (`--coalesce-*`).
+    pub async fn connect_with(addr: SocketAddr, options: CoalesceOptions) -> Result<Self> {
         let client = bagel_client::Client::connect(format!("http://{addr}"))
             .await
             .context("connecting bagel-client")?;
         Ok(Self {
-            coalescer: Coalescer::new(
-                client.clone(),
-                CoalesceOptions::default().with_transport(transport),
-            ),
+            coalescer: Coalescer::new(client.clone(), options),
             client,
             owner: format!("bench-{}", std::process::id()),
         })

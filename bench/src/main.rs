@@ -192,13 +192,15 @@ impl Bench {
                 );
                 row.round = self.round;
                 eprintln!(
-                    "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {}  conflicts {} errors {}{}",
+                    "  {:13} names={names} clients={c:3}: {:>9.0} cycles/s  p50 {:>6} µs  p99 {:>7} µs  p99.9 {:>7} µs  server CPU {} ({} µs/cycle, client {} µs/cycle)  conflicts {} errors {}{}",
                     system.label(),
                     row.cycles_per_s,
                     row.p50_us,
                     row.p99_us,
                     row.p999_us,
                     row.server_cpu_cores.map_or("?".into(), |v| format!("{v:.2}")),
+                    row.server_us_per_cycle.map_or("?".into(), |v| format!("{v:.1}")),
+                    row.client_us_per_cycle.map_or("?".into(), |v| format!("{v:.1}")),
                     row.conflicts,
                     row.errors,
                     row.first_error
@@ -247,8 +249,9 @@ impl Bench {
                         } else {
                             Transport::Batch
                         };
+                        let options = self.args.coalesce(transport);
                         let driver =
-                            Arc::new(bagel::BagelBatchedDriver::connect(server.addr, transport).await?);
+                            Arc::new(bagel::BagelBatchedDriver::connect_with(server.addr, options).await?);
                         self.sweep_then_pace(system, driver, &mut server).await
                     }
                 };

@@ -267,7 +267,8 @@ async fn one_system(
                     } else {
                         ClientTransport::Batch
                     };
-                    match bagel::BagelBatchedDriver::connect(server.addr, transport).await {
+                    match bagel::BagelBatchedDriver::connect_with(server.addr, args.coalesce(transport)).await
+                    {
                         Ok(d) => sweep(Arc::new(d), &mut server, spec, concs).await,
                         Err(e) => Err(e),
                     }

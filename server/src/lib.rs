@@ -6,7 +6,7 @@
 //! * [`table`]: the pure lease table. Every lease rule lives here; methods
 //!   take `now` as an argument, so tests drive time exactly.
 //! * `service`: thin gRPC handlers converting the wire to the table
-//!   (`validate`) and grants to signed witnesses (`witness`).
+//!   (`validate`) and grants to signed witnesses ([`witness`]).
 //! * [`timekeeper`]: the server clock, its health (Roughtime) and its
 //!   signed readings.
 //! * [`config`]: settings and defaults.
@@ -31,7 +31,7 @@ pub mod table;
 pub mod timekeeper;
 pub mod transport;
 mod validate;
-mod witness;
+pub mod witness;
 
 use std::future::Future;
 use std::sync::Arc;

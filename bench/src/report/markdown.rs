@@ -56,13 +56,16 @@ impl Report {
         let _ = writeln!(md, "\n## Lease cycles (acquire + release)\n");
         let _ = writeln!(
             md,
-            "| system | names | clients | cycles/s | min–max of rounds | p50 µs | p99 µs | p99.9 µs | acquire p99 µs | RTT/cycle | server CPU (cores) | client CPU (cores) | conflicts | errors |"
+            "| system | names | clients | cycles/s | min–max of rounds | p50 µs | p99 µs | p99.9 µs | acquire p99 µs | RTT/cycle | server CPU (cores) | client CPU (cores) | server µs/cycle | client µs/cycle | conflicts | errors |"
         );
-        let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(
+            md,
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        );
         for r in self.rows.iter().filter(|r| !r.paced) {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 system_label(r),
                 r.names_per_cycle,
                 r.concurrency,
@@ -75,6 +78,8 @@ impl Report {
                 r.requests_per_cycle,
                 fmt_opt(r.server_cpu_cores, 2),
                 fmt_opt(r.client_cpu_cores, 2),
+                fmt_opt(r.server_us_per_cycle, 1),
+                fmt_opt(r.client_us_per_cycle, 1),
                 r.conflicts,
                 r.errors
             );

@@ -182,6 +182,10 @@ mod tests {
         let p50 = bagel["p50_us"].as_u64().unwrap();
         assert!((4990..=5010).contains(&p50), "{p50}");
         assert_eq!(arr[0]["server_cpu_cores"], 0.5);
+        // 1 s of server CPU over 1000 cycles; no client figure, no ratio.
+        assert_eq!(arr[0]["server_us_per_cycle"], 1000.0);
+        assert_eq!(arr[2]["server_us_per_cycle"], 100.0);
+        assert!(arr[0]["client_us_per_cycle"].is_null());
     }
 
     #[test]
@@ -206,6 +210,8 @@ mod tests {
         });
         let md = report.markdown();
         assert!(md.contains("| redis | 4 | 64 | 50.0 |"), "{md}");
+        // CPU per cycle: 1 s of server CPU over 100 cycles.
+        assert!(md.contains("| 0.50 | – | 10000.0 | – | 0 | 0 |"), "{md}");
         assert!(md.contains("| redis | PING | 1000 | 140 | 300 |"), "{md}");
         assert!(md.contains("`bench/run.sh --quick`"));
         assert!(md.contains("**metronome lag**"));

@@ -39,6 +39,15 @@ pub struct Row {
     pub server_cpu_cores: Option<f64>,
     /// CPU used by the load generator (this process), in cores.
     pub client_cpu_cores: Option<f64>,
+    /// Server CPU microseconds per measured cycle: the server process's
+    /// user + system time over the measured window (/proc/PID/stat) divided
+    /// by the cycles completed in it. Unlike cycles/s this does not depend
+    /// on how fast the machine is or on how busy the other core was, so it
+    /// is the figure to compare systems by (issue 25).
+    pub server_us_per_cycle: Option<f64>,
+    /// The same for the load generator (this process: the driver tasks and
+    /// each system's client library), from its own CPU accounting.
+    pub client_us_per_cycle: Option<f64>,
     /// On bagel rows: bagel cycles/s over etcd's at the same names and
     /// concurrency, from this run.
     pub bagel_over_etcd: Option<f64>,
@@ -136,6 +145,8 @@ impl Row {
         let secs = r.elapsed.as_secs_f64();
         let per_s = |x: Option<f64>| x.filter(|_| secs > 0.0).map(|v| v / secs);
         let cycles_per_s = if secs > 0.0 { r.cycles as f64 / secs } else { 0.0 };
+        let per_cycle =
+            |cpu_s: Option<f64>| cpu_s.filter(|_| r.cycles > 0).map(|v| v * 1e6 / r.cycles as f64);
         Row {
             system: system.to_string(),
             workload: workload_name(names, transport, false),
@@ -159,6 +170,8 @@ impl Row {
             duration_s: secs,
             server_cpu_cores: per_s(r.server_cpu_s),
             client_cpu_cores: per_s(r.client_cpu_s),
+            server_us_per_cycle: per_cycle(r.server_cpu_s),
+            client_us_per_cycle: per_cycle(r.client_cpu_s),
             bagel_over_etcd: None,
             bagel_over_redis: None,
             target_per_s: None,

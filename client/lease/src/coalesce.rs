@@ -394,6 +394,15 @@ struct Waiting {
 /// `Transport::Session`: sends batches on one `Session` stream as they
 /// form, up to `in_flight` ahead of their answers; a failed stream fails
 /// the batches it had not answered, and the next batch opens a new one.
+///
+/// A batch is formed only once it may be sent (its in-flight permit is
+/// held): a batch formed first and then kept waiting for a permit would go
+/// out with the one or two operations that were queued when it formed,
+/// while everything that queued during the wait went in the batch after.
+/// Forming it late makes each batch take all that waited, so the pipeline
+/// carries as many operations as the callers have ready (issue 25: with the
+/// old order a session at 256 callers sent batches of a few operations
+/// and left both the server's core and the client's idle).
 async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: CancellationToken) {
     let gather = || async {
         let mut rx = tokio::select! {
@@ -403,14 +412,25 @@ async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: C
         gather(&mut rx, options.max_batch, &cancel).await
     };
     let in_flight = Arc::new(Semaphore::new(options.in_flight));
+    // Room for one more batch in flight (`None` once cancelled).
+    let room = || async {
+        tokio::select! {
+            p = Arc::clone(&in_flight).acquire_owned() => p.ok(), // never closed
+            () = cancel.cancelled() => None,
+        }
+    };
+    // A batch (with its permit) that a stream which ended could not take.
     let mut pending = None;
     loop {
         // Open a stream only when there is something to send.
-        let batch = match pending.take() {
-            Some(batch) => Some(batch),
-            None => gather().await,
+        let next = match pending.take() {
+            Some(next) => Some(next),
+            None => match room().await {
+                Some(p) => gather().await.map(|batch| (batch, p)),
+                None => None,
+            },
         };
-        let Some(mut batch) = batch else { return };
+        let Some(mut next) = next else { return };
         let (requests, outgoing) = mpsc::channel::<pb::BatchRequest>(options.in_flight);
         let waiting = Arc::new(Mutex::new(Waiting {
             open: true,
@@ -423,15 +443,12 @@ async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: C
             options,
         ));
         loop {
-            let (ops, replies) = batch;
-            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                return; // never closed
-            };
+            let ((ops, replies), permit) = next;
             {
                 let mut w = waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 if !w.open {
                     // The stream ended: this batch goes on the next one.
-                    pending = Some((ops, replies));
+                    pending = Some(((ops, replies), permit));
                     break;
                 }
                 w.batches.push_back((replies, permit));
@@ -440,8 +457,9 @@ async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: C
                 // The stream is gone; its reader fails what it left unanswered.
                 break;
             }
+            let Some(p) = room().await else { return };
             match gather().await {
-                Some(next) => batch = next,
+                Some(batch) => next = (batch, p),
                 None => return,
             }
         }
