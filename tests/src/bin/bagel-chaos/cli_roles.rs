@@ -204,7 +204,7 @@ impl OneRun<'_> {
 
     fn run_cmd(&self, script: &str) -> Command {
         let mut c = self.bagel();
-        c.args(["run", "--name", &self.name, "--ttl", "2s", "--grace", "500ms", "--"])
+        c.args(["run", "--name", &self.name, "--ttl", "2s", "--kill-grace", "500ms", "--"])
             .args(["sh", "-c", script]);
         c
     }
