@@ -2,7 +2,8 @@
 //! interrupted the ways processes are in production:
 //!
 //! * `fork`: `bagel run` whose command starts a background `bagel write`
-//!   and exits at once; the supervisor must kill the whole tree before it
+//!   (half of the time in a new session, out of its process group) and
+//!   exits at once; the supervisor must kill the whole tree before it
 //!   releases, or the writer goes on under a released lease;
 //! * `sigterm`: `bagel run` itself gets SIGTERM while its command writes;
 //! * `sigkill_writer`: the `bagel write` under `bagel run` is SIGKILLed
@@ -211,11 +212,15 @@ impl OneRun<'_> {
 
     /// `bagel run` whose command leaves a writer behind and exits.
     async fn fork(&self, rng: &mut StdRng) -> anyhow::Result<Outcome> {
-        let script = format!(
-            "( {} ) & sleep 0.{}; exit 0",
-            self.writer_script("$BAGEL_LEASE_FILE", 200),
-            rng.gen_range(2..8)
-        );
+        // Half of the time the writer leaves the process group too (a
+        // daemon's `setsid`): only a subreaper finds it.
+        let writer = self.writer_script("$BAGEL_LEASE_FILE", 200);
+        let background = if rng.gen_bool(0.5) {
+            format!("setsid sh -c '{}' &", writer.replace('\'', r"'\''"))
+        } else {
+            format!("( {writer} ) &")
+        };
+        let script = format!("{background} sleep 0.{}; exit 0", rng.gen_range(2..8));
         let status = tokio::time::timeout(Duration::from_secs(30), self.run_cmd(&script).status())
             .await
             .context("bagel run did not return within 30 s")??;
