@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,12 +13,14 @@ use anyhow::{Context as _, bail};
 use bagel_bags::Bucket;
 use bagel_client::Micros;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::RunArgs;
+use crate::cli_roles::{self, CliSetup, RunFences};
 use bagel_tests::sub_url;
 
 use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
@@ -30,6 +33,10 @@ const GRACE: Duration = Duration::from_secs(2);
 const CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
 /// The worker whose clock is this far ahead must have every write refused.
 const BEYOND_MS: i64 = 20_000;
+/// Offsets (ms) a metronome or a mid-run reader may run with: inside the
+/// clock tolerance it must work, beyond it it must refuse to close (never
+/// close a bag early under a writer).
+const SKEWS_MS: [i64; 6] = [0, 300, -300, 2_500, -2_500, 10_000];
 
 /// What `chaos.json` says.
 #[derive(Debug, Default, Serialize)]
@@ -50,6 +57,22 @@ struct Report {
     messages_read: Vec<u64>,
     readers_agree: bool,
     violations: Vec<String>,
+    /// Clock offsets (ms, libfaketime) each kind of process ran with, one
+    /// entry a start: `metronome`, `reader`, `audit`, `writer`.
+    clock_skews: BTreeMap<String, Vec<i64>>,
+    /// Kills of one member of the lease cluster (`server_kills` counts them
+    /// all), restarted with its key file or without it (a new key).
+    cluster_kills: ClusterKills,
+    /// Moves of the workers from one server list to another.
+    migrations: u64,
+    /// `bagel run` / `--hold` supervisors interrupted (see cli_roles.rs).
+    run_fences: RunFences,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct ClusterKills {
+    with_key: u64,
+    without_key: u64,
 }
 
 /// Acknowledged messages, per store: (timestamp, payload).
@@ -61,7 +84,47 @@ struct WorkerProc {
     child: Child,
     stdin: Option<ChildStdin>,
     done: Arc<Mutex<Option<[u64; 4]>>>,
+    /// The latest server-list generation it has moved to.
+    moved: Arc<AtomicU64>,
     reader: tokio::task::JoinHandle<()>,
+}
+
+/// One step of a migration: every client moves to new server lists; the
+/// step is done when each has started a lease cycle on them (so no lease
+/// from the lists before is still held by it).
+struct Migration<'a> {
+    workers: &'a mut Vec<WorkerProc>,
+    cli_lists: &'a cli_roles::Lists,
+    cli_in_use: &'a AtomicU64,
+    violations: &'a mut Vec<String>,
+}
+
+impl Migration<'_> {
+    async fn step(&mut self, generation: u64, current: &str, next: Option<&str>) -> anyhow::Result<()> {
+        let line = format!("SERVERS {generation} {current} {}\n", next.unwrap_or(""));
+        for w in self.workers.iter_mut() {
+            if let Some(stdin) = &mut w.stdin {
+                stdin.write_all(line.as_bytes()).await?;
+                stdin.flush().await?;
+            }
+        }
+        *self.cli_lists.lock().expect("lists") = (generation, current.to_owned(), next.map(str::to_owned));
+        let moved = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let workers_moved = self.workers.iter().all(|w| w.moved.load(Ordering::SeqCst) >= generation);
+                if workers_moved && self.cli_in_use.load(Ordering::SeqCst) >= generation {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if moved.is_err() {
+            self.violations
+                .push(format!("migration step {generation}: not every client moved within 60 s"));
+        }
+        Ok(())
+    }
 }
 
 fn need(var: &str) -> anyhow::Result<String> {
@@ -132,49 +195,64 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         sub_url(&nfs, &format!("chaos-{seed}-{:08x}", rand::random::<u32>())),
     ];
 
-    // The lease server: the same port and key across restarts.
-    let port = free_port()?;
-    let server_url = format!("http://127.0.0.1:{port}");
-    let mut server = Service::new(
-        "bagel-server",
-        sibling("bagel-server")?,
-        vec![
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--max-ttl".into(),
-            humantime::format_duration(a.max_ttl).to_string(),
-            "--clock-tolerance".into(),
-            "200ms".into(),
-            "--key".into(),
-            run_dir.join("server.key").display().to_string(),
-        ],
-        Vec::new(),
-    );
-    let key_line = start_server(&mut server).await?;
-    let server_key = key_line
-        .split_whitespace()
-        .nth(2)
-        .context("public key line")?
-        .to_owned();
+    // The lease servers: a cluster, each member on the same port across
+    // restarts, with its key file or (a member restarted on a fresh disk)
+    // without it. Every key any member ever had is trusted by the readers.
+    let mut servers = Vec::new();
+    let mut urls = Vec::new();
+    let mut keys: BTreeSet<String> = BTreeSet::new();
+    // One more than the cluster: the member a migration moves to.
+    for i in 0..=a.servers {
+        let port = free_port()?;
+        let key_file = run_dir.join(format!("server-{i}.key"));
+        let mut server = Service::new(
+            "bagel-server",
+            sibling("bagel-server")?,
+            vec![
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--max-ttl".into(),
+                humantime::format_duration(a.max_ttl).to_string(),
+                "--clock-tolerance".into(),
+                "200ms".into(),
+                "--key".into(),
+                key_file.display().to_string(),
+            ],
+            Vec::new(),
+        );
+        keys.insert(start_server(&mut server).await?);
+        servers.push((server, key_file));
+        urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    let server_url = urls[..a.servers].join(",");
+    // After the migration: the last member replaced by the spare.
+    let migrated_url = urls[..a.servers - 1]
+        .iter()
+        .chain(urls.last())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
 
     let bagel = sibling("bagel")?;
+    if which("faketime").is_none() {
+        bail!("faketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it");
+    }
+    let roughtime = (rt_addr.clone(), rt_key.clone());
+    let mut report = Report {
+        seed,
+        stores: stores.clone(),
+        workers: a.workers,
+        ..Default::default()
+    };
+    // Two metronomes a store: the first on true time, the second on a
+    // clock drawn again at every restart (inside the tolerance it closes;
+    // beyond it, it must refuse to).
     let mut metronomes: Vec<Service> = Vec::new();
     for url in &stores {
-        for _ in 0..2 {
-            let mut m = Service::new(
-                "metronome",
-                &bagel,
-                vec![
-                    "metronome".into(),
-                    "--store".into(),
-                    url.clone(),
-                    "--log".into(),
-                    LOG.into(),
-                    "--lookback".into(),
-                    "30s".into(),
-                ],
-                env.clone(),
-            );
+        for j in 0..2 {
+            let skew = if j == 0 { 0 } else { *SKEWS_MS.choose(&mut rng).expect("skews") };
+            let mut m = metronome(&bagel, url, &roughtime, skew, &env);
+            report.clock_skews.entry("metronome".into()).or_default().push(skew);
             drain(m.start()?);
             metronomes.push(m);
         }
@@ -183,68 +261,146 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     let acks: Arc<Mutex<Acks>> = Arc::new(Mutex::new(vec![BTreeSet::new(); stores.len()]));
     let mut workers = Vec::new();
     for id in 0..a.workers {
-        let role: &[&str] = match id {
-            0 => &["--clock-offset-ms", "300"],
-            1 => &["--clock-offset-ms", "-300"],
-            2 => &["--delay-appends"],
-            3 => &["--clock-offset-ms", "20000"],
-            _ => &[],
+        // Workers 0 and 1 run whole (lease client, writer, closer) on a
+        // clock a little ahead and behind; worker 3's writer is far ahead
+        // (its lease client is not, so it gets leases to refuse writing
+        // under).
+        let (skew, role): (i64, &[&str]) = match id {
+            0 => (300, &[]),
+            1 => (-300, &[]),
+            2 => (0, &["--delay-appends"]),
+            3 => (0, &["--clock-offset-ms", "20000"]),
+            _ => (0, &[]),
         };
+        report.clock_skews.entry("worker".into()).or_default().push(skew);
         workers.push(start_worker(
             id,
             &server_url,
             &stores,
             &a,
             rng.r#gen(),
+            skew,
             role,
             &env,
             &acks,
         )?);
     }
+    // The CLI roles (`bagel run` fenced, writers killed, holders
+    // interrupted) write to the directory and S3 stores.
+    let violations = Arc::new(Mutex::new(Vec::new()));
+    std::fs::create_dir_all(run_dir.join("cli/state"))?;
+    let (stop_cli, stop_rx) = tokio::sync::watch::channel(false);
+    let cli_lists: cli_roles::Lists = Arc::new(Mutex::new((0, server_url.clone(), None)));
+    let cli_in_use = Arc::new(AtomicU64::new(0));
+    let cli = tokio::spawn(cli_roles::run(
+        CliSetup {
+            bagel: bagel.clone(),
+            lists: Arc::clone(&cli_lists),
+            in_use: Arc::clone(&cli_in_use),
+            roughtime: roughtime.clone(),
+            env: env.clone(),
+            dir: run_dir.join("cli"),
+            log: LOG.into(),
+            stores: stores.iter().cloned().enumerate().take(2).collect(),
+            names: a.names,
+        },
+        rng.r#gen(),
+        Arc::clone(&acks),
+        stop_rx,
+        Arc::clone(&violations),
+    ));
+    let mut side_runs = tokio::task::JoinSet::new();
     println!(
         "bagel-chaos: {} workers on {} names, stores {stores:?}, lease server {server_url} (max TTL {:?})",
         a.workers, a.names, a.max_ttl
     );
 
     // Faults.
-    let mut report = Report {
-        seed,
-        stores: stores.clone(),
-        workers: a.workers,
-        ..Default::default()
-    };
     let started = Instant::now();
+    let at = || started.elapsed().as_secs_f64();
     let mut next = Duration::from_secs(3);
+    let migrate_at = a.duration / 3;
     while started.elapsed() + next < a.duration {
         tokio::time::sleep(next).await;
-        match rng.gen_range(0..4) {
+        if report.migrations == 0 && started.elapsed() >= migrate_at {
+            let mut m = Migration {
+                workers: &mut workers,
+                cli_lists: &cli_lists,
+                cli_in_use: &cli_in_use,
+                violations: &mut report.violations,
+            };
+            m.step(1, &server_url, Some(&migrated_url)).await?;
+            println!("[{:>5.1}s] migration step 1: every grant from {server_url} and {migrated_url}", at());
+            // Every lease granted under the old list alone is gone by now:
+            // its holder moved (released) and its deadline has passed.
+            tokio::time::sleep(a.max_ttl + Duration::from_millis(500)).await;
+            m.step(2, &migrated_url, None).await?;
+            println!("[{:>5.1}s] migration step 2: {migrated_url} only", at());
+            report.migrations += 1;
+        }
+        match rng.gen_range(0..7) {
             0 => {
+                let i = rng.gen_range(0..servers.len());
+                let keep_key = rng.gen_bool(0.5);
+                let (server, key_file) = &mut servers[i];
                 server.kill().await;
-                start_server(&mut server).await?;
+                if !keep_key {
+                    // A fresh disk: no key, no granted-until mark.
+                    let _ = std::fs::remove_file(&*key_file);
+                    let _ = std::fs::remove_file(key_file.with_extension("key.granted-until"));
+                }
+                keys.insert(start_server(server).await?);
                 report.server_kills += 1;
+                if keep_key {
+                    report.cluster_kills.with_key += 1;
+                } else {
+                    report.cluster_kills.without_key += 1;
+                }
                 println!(
-                    "[{:>5.1}s] kill -9 lease server; restarted (waits out its TTL)",
-                    started.elapsed().as_secs_f64()
+                    "[{:>5.1}s] kill -9 lease server {i}; restarted {} its key (waits out its TTL)",
+                    at(),
+                    if keep_key { "with" } else { "without" }
                 );
             }
             1 => {
                 s3.kill().await;
                 start_s3(&mut s3, s3_port).await?;
                 report.store_kills += 1;
-                println!(
-                    "[{:>5.1}s] kill -9 S3 server; restarted from its journal",
-                    started.elapsed().as_secs_f64()
-                );
+                println!("[{:>5.1}s] kill -9 S3 server; restarted from its journal", at());
             }
-            _ => {
+            2 | 3 => {
                 let i = rng.gen_range(0..metronomes.len());
                 metronomes[i].kill().await;
+                if i % 2 == 1 {
+                    let skew = *SKEWS_MS.choose(&mut rng).expect("skews");
+                    metronomes[i] = metronome(&bagel, &stores[i / 2], &roughtime, skew, &env);
+                    report.clock_skews.entry("metronome".into()).or_default().push(skew);
+                }
                 drain(metronomes[i].start()?);
                 report.closer_kills += 1;
-                println!(
-                    "[{:>5.1}s] kill -9 metronome {i}; restarted",
-                    started.elapsed().as_secs_f64()
-                );
+                println!("[{:>5.1}s] kill -9 metronome {i}; restarted", at());
+            }
+            k => {
+                // An operator's `bagel read` or `bagel audit` on a skewed
+                // clock, mid-run: it may refuse, never close bags early.
+                let verb = if k == 6 { "audit" } else { "read" };
+                let skew = *SKEWS_MS[1..].choose(&mut rng).expect("skews");
+                report.clock_skews.entry(verb.into()).or_default().push(skew);
+                let url = stores[rng.gen_range(0..stores.len())].clone();
+                let mut c = skewed(&bagel, skew);
+                c.args(["--roughtime", &roughtime.0, "--roughtime-key", &roughtime.1])
+                    .args([verb, "--store", &url, "--log", LOG, "--json"])
+                    .args(keys.iter().flat_map(|k| ["--key".to_owned(), k.clone()]))
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .env("RUST_LOG", "error")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .kill_on_drop(true);
+                side_runs.spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(30), c.status()).await;
+                });
+                println!("[{:>5.1}s] bagel {verb} of {url} on a clock {skew} ms off", at());
             }
         }
         next = Duration::from_millis(rng.gen_range(1500..5000));
@@ -253,6 +409,10 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     report.duration_s = started.elapsed().as_secs_f64();
 
     // Stop: workers finish their cycle and release; closers stop.
+    let _ = stop_cli.send(true);
+    report.run_fences = cli.await?;
+    report.violations.extend(violations.lock().expect("violations").drain(..));
+    while side_runs.join_next().await.is_some() {}
     for w in &mut workers {
         w.stdin.take();
     }
@@ -288,6 +448,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.failed_writes += d[2];
         report.refused_acquires += d[3];
     }
+    report.acked_writes += report.run_fences.acked;
     if let Some(d) = done.get(&3)
         && d[1] > 0
     {
@@ -307,7 +468,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     let flags = Flags {
         bagel: bagel.clone(),
         env: env.clone(),
-        server_key: server_key.clone(),
+        keys: keys.iter().cloned().collect(),
         server_url: server_url.clone(),
     };
     let mut agree = true;
@@ -349,13 +510,16 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         ));
     }
     s3.kill().await;
-    server.kill().await;
+    for (server, _) in &mut servers {
+        server.kill().await;
+    }
 
     let ok = report.violations.is_empty() && report.read_back == report.acked_writes && report.readers_agree;
     std::fs::write(out.join("chaos.json"), serde_json::to_vec_pretty(&report)?)?;
     println!(
         "bagel-chaos: seed {seed}: {:.0} s, {} cycles, {} acked = {} read back ({} failed writes, {} refused acquires); \
-         kills: {} lease server, {} S3 server, {} closers; readers agree: {}; {} violations; {}",
+         kills: {} lease server ({} without its key), {} S3 server, {} closers; CLI runs interrupted: {} fork, \
+         {} SIGTERM, {} writer SIGKILL, {} --hold SIGINT; skewed starts: {}; readers agree: {}; {} violations; {}",
         report.duration_s,
         report.cycles,
         report.acked_writes,
@@ -363,8 +527,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.failed_writes,
         report.refused_acquires,
         report.server_kills,
+        report.cluster_kills.without_key,
         report.store_kills,
         report.closer_kills,
+        report.run_fences.fork,
+        report.run_fences.sigterm,
+        report.run_fences.sigkill_writer,
+        report.run_fences.hold_interrupt,
+        report.clock_skews.values().flatten().filter(|&&s| s != 0).count(),
         report.readers_agree,
         report.violations.len(),
         out.join("chaos.json").display()
@@ -381,7 +551,7 @@ async fn start_s3(s3: &mut Service, port: u16) -> anyhow::Result<()> {
     wait_http_ok(port, "/moto-api/", Duration::from_secs(120)).await
 }
 
-/// Starts the lease server; returns its `public key` line.
+/// Starts a lease server; returns its public key (hex).
 async fn start_server(server: &mut Service) -> anyhow::Result<String> {
     let out = server.start()?;
     let mut lines = BufReader::new(out).lines();
@@ -402,7 +572,12 @@ async fn start_server(server: &mut Service) -> anyhow::Result<String> {
         bail!("bagel-server did not start: {found:?}");
     }
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    key.context("bagel-server printed no public key")
+    let line = key.context("bagel-server printed no public key")?;
+    Ok(line
+        .split_whitespace()
+        .nth(2)
+        .with_context(|| format!("no key in {line:?}"))?
+        .to_owned())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -412,11 +587,20 @@ fn start_worker(
     stores: &[String],
     a: &RunArgs,
     seed: u64,
+    skew_ms: i64,
     role: &[&str],
     env: &[(String, String)],
     acks: &Arc<Mutex<Acks>>,
 ) -> anyhow::Result<WorkerProc> {
-    let mut child = Command::new(std::env::current_exe()?)
+    let exe = std::env::current_exe()?;
+    let mut command = if skew_ms == 0 {
+        Command::new(&exe)
+    } else {
+        let mut c = Command::new("faketime");
+        c.args(["-f", &faketime_offset(skew_ms)]).arg(&exe);
+        c
+    };
+    let mut child = command
         .args([
             "worker",
             "--server",
@@ -446,8 +630,9 @@ fn start_worker(
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("piped");
     let done = Arc::new(Mutex::new(None));
+    let moved = Arc::new(AtomicU64::new(0));
     let reader = tokio::spawn({
-        let (acks, done) = (Arc::clone(acks), Arc::clone(&done));
+        let (acks, done, moved) = (Arc::clone(acks), Arc::clone(&done), Arc::clone(&moved));
         async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -456,6 +641,11 @@ fn start_worker(
                     (Some("ACK"), Some(si), Some(ts), Some(payload)) => {
                         if let (Ok(si), Ok(ts)) = (si.parse::<usize>(), ts.parse::<u64>()) {
                             acks.lock().expect("acks")[si].insert((ts, payload.to_owned()));
+                        }
+                    }
+                    (Some("MOVED"), Some(generation), ..) => {
+                        if let Ok(g) = generation.parse() {
+                            moved.fetch_max(g, Ordering::SeqCst);
                         }
                     }
                     (Some("DONE"), ..) => {
@@ -474,6 +664,7 @@ fn start_worker(
         child,
         stdin,
         done,
+        moved,
         reader,
     })
 }
@@ -482,7 +673,8 @@ fn start_worker(
 struct Flags {
     bagel: PathBuf,
     env: Vec<(String, String)>,
-    server_key: String,
+    /// Every key any lease server had during the run.
+    keys: Vec<String>,
     server_url: String,
 }
 
@@ -500,7 +692,7 @@ impl Flags {
         let rt_key = self.env("BAGEL_ROUGHTIME_KEY");
         let mut c = Command::new(&self.bagel);
         c.args([
-            "--server",
+            "--servers",
             &self.server_url,
             "--roughtime",
             &rt_addr,
@@ -523,7 +715,7 @@ impl Flags {
             .unwrap_or_default()
     }
 
-    /// `bagel <verb> --store URL --log chaos --key KEY --json`.
+    /// `bagel <verb> --store URL --log chaos --json --key KEY...`.
     async fn on_log(&self, verb: &str, url: &str) -> anyhow::Result<std::process::Output> {
         Ok(self
             .command(&[
@@ -532,19 +724,22 @@ impl Flags {
                 url,
                 "--log",
                 LOG,
-                "--key",
-                &self.server_key,
                 "--json",
             ])
+            .args(self.keys.iter().flat_map(|k| ["--key", k.as_str()]))
             .output()
             .await?)
     }
 
     async fn read(&self, url: &str) -> anyhow::Result<Read> {
         let out = self.on_log("read", url).await?;
-        if !out.status.success() {
+        // A read that rejected messages exits non-zero with its report;
+        // one that failed has no summary line.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !stdout.contains(r#""kind":"summary""#) {
             bail!(
-                "bagel read {url} failed: {}",
+                "bagel read {url} failed ({}): {}",
+                out.status,
                 String::from_utf8_lossy(&out.stderr)
             );
         }
@@ -587,4 +782,63 @@ impl Flags {
         }
         Ok(violations)
     }
+}
+
+/// A metronome on `url`, on a clock `skew_ms` off (libfaketime), closing
+/// on the signed time Roughtime gives it.
+fn metronome(
+    bagel: &std::path::Path,
+    url: &str,
+    roughtime: &(String, String),
+    skew_ms: i64,
+    env: &[(String, String)],
+) -> Service {
+    let mut args: Vec<String> = Vec::new();
+    let program = if skew_ms == 0 {
+        bagel.to_path_buf()
+    } else {
+        args.extend(["-f".into(), faketime_offset(skew_ms), bagel.display().to_string()]);
+        PathBuf::from("faketime")
+    };
+    args.extend(
+        [
+            "--roughtime",
+            &roughtime.0,
+            "--roughtime-key",
+            &roughtime.1,
+            "metronome",
+            "--store",
+            url,
+            "--log",
+            LOG,
+            "--lookback",
+            "30s",
+        ]
+        .map(str::to_owned),
+    );
+    Service::new("metronome", program, args, env.to_vec())
+}
+
+/// `bagel` run on a clock `skew_ms` off.
+fn skewed(bagel: &std::path::Path, skew_ms: i64) -> Command {
+    if skew_ms == 0 {
+        return Command::new(bagel);
+    }
+    let mut c = Command::new("faketime");
+    c.args(["-f", &faketime_offset(skew_ms)]).arg(bagel);
+    c
+}
+
+/// libfaketime's relative offset: `+2.5s`, `-0.3s`.
+fn faketime_offset(ms: i64) -> String {
+    format!("{}{}s", if ms < 0 { "-" } else { "+" }, ms.unsigned_abs() as f64 / 1000.0)
+}
+
+/// The path of `program` on `PATH`.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
 }

@@ -1,16 +1,19 @@
 //! `bagel-chaos`: a randomized fault run against real processes.
 //!
-//! Worker processes take leases on random sets of names and write batches
-//! under them to a directory, to S3 (moto) and to NFS (nfs-ganesha) at
-//! once, while the driver, at random times drawn from a printed seed,
-//! kill -9s and restarts the lease server (which then waits out its TTL),
-//! kills and restarts the S3 server, and kills the metronomes (closers)
-//! wherever they are in their protocol (two run per store). One worker's
-//! clock is ahead by less than the tolerance (it must work), one is 20 s
+//! Worker processes take leases on random sets of names from a cluster of
+//! lease servers and write batches under them to a directory, to S3 (moto)
+//! and to NFS (nfs-ganesha) at once, while CLI roles run `bagel run`,
+//! `bagel write` and `bagel acquire --hold` and interrupt them (see
+//! `cli_roles.rs`). At random times drawn from a printed seed, the driver
+//! kill -9s and restarts a lease server (with or without its key file),
+//! the S3 server and the metronomes (closers), restarts metronomes on
+//! skewed clocks (libfaketime), runs operators' reads and audits on skewed
+//! clocks, and once migrates every client to another server list. Two
+//! workers run 300 ms ahead and behind (they must work), one writer 20 s
 //! ahead (every write must be refused), and one delays appends past its
 //! leases' deadlines. At the end two independent readers read every log
-//! and must agree, every acknowledged write must be read back, and
-//! `bagel audit` must find no violation.
+//! and must agree, every acknowledged write must be read back, and `bagel
+//! audit` must find no violation.
 //!
 //! ```text
 //! bagel-chaos --duration 60s --seed N --out DIR
@@ -19,6 +22,7 @@
 //! needs the services `tests/run.sh` starts (S3 server command, NFS server,
 //! Roughtime server), from the environment it exports.
 
+mod cli_roles;
 mod driver;
 mod services;
 mod worker;
@@ -67,7 +71,10 @@ pub struct RunArgs {
     /// Names the workers lease.
     #[arg(long, default_value_t = 8)]
     pub names: usize,
-    /// The lease server's max TTL (its restart wait).
+    /// Lease servers in the cluster the workers route names over.
+    #[arg(long, default_value_t = 3)]
+    pub servers: usize,
+    /// The lease servers' max TTL (their restart wait).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub max_ttl: Duration,
 }

@@ -2,8 +2,9 @@
 //! one of the stores under each lease, until its standard input closes.
 //!
 //! Every acknowledged message is printed as `ACK <store> <timestamp>
-//! <payload>`, so the driver can check that each one is read back; the
-//! last line is `DONE <lease cycles> <acked> <failed writes> <refused
+//! <payload>`, so the driver can check that each one is read back; a move
+//! to new server lists as `MOVED <generation>` once no lease of the old
+//! lists is held; the last line is `DONE <lease cycles> <acked> <failed writes> <refused
 //! acquires>`.
 
 use std::io::Write as _;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bagel_bags::faults::AppendsThrough;
 use bagel_bags::{self as bag, BagConfig, BagStore, Writer};
-use bagel_client::{Client, LeaseOptions};
+use bagel_client::{AcquireBuilder, Client, Cluster, LeaseOptions, ServerSpec};
 use bagel_client::{TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
 use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
@@ -26,6 +27,8 @@ use rand::{Rng as _, SeedableRng as _};
 /// How one worker behaves.
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
+    /// The lease servers, comma-separated: one is a plain client, several
+    /// a cluster routing names over them.
     #[arg(long)]
     server: String,
     /// Store URLs, comma-separated; each cycle writes to one of them.
@@ -53,10 +56,22 @@ pub struct WorkerArgs {
 pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(a.seed);
     let stop = Arc::new(AtomicBool::new(false));
+    // Standard input: `SERVERS <generation> <current> [<next>]` moves the
+    // worker to other server lists (a migration step); its end means stop.
+    let lists: Arc<std::sync::Mutex<Option<(u64, String, Option<String>)>>> = Arc::default();
     std::thread::spawn({
-        let stop = Arc::clone(&stop);
+        let (stop, lists) = (Arc::clone(&stop), Arc::clone(&lists));
         move || {
-            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            for line in std::io::stdin().lines() {
+                let Ok(line) = line else { break };
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if let ["SERVERS", generation, current, rest @ ..] = &f[..]
+                    && let Ok(generation) = generation.parse()
+                {
+                    let next = rest.first().map(|n| (*n).to_string());
+                    *lists.lock().expect("lists") = Some((generation, (*current).to_string(), next));
+                }
+            }
             stop.store(true, Ordering::SeqCst);
         }
     });
@@ -81,11 +96,18 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             store
         });
     }
-    let client = retry(&stop, || Client::connect(a.server.clone())).await?;
+    let mut client = retry(&stop, || Leases::connect(&a.server, None)).await?;
     let names: Vec<String> = (0..a.names).map(|i| format!("n{i}")).collect();
     let (mut cycles, mut acked, mut failed, mut refused) = (0u64, 0u64, 0u64, 0u64);
     let mut out = std::io::stdout();
     while !stop.load(Ordering::SeqCst) {
+        // Between cycles (no lease held), move to new server lists.
+        let moved = lists.lock().expect("lists").take();
+        if let Some((generation, current, next)) = moved {
+            client = retry(&stop, || Leases::connect(&current, next.as_deref())).await?;
+            writeln!(out, "MOVED {generation}")?;
+            out.flush()?;
+        }
         let k = rng.gen_range(1..=4.min(names.len()));
         let chosen: Vec<String> = names.choose_multiple(&mut rng, k).cloned().collect();
         let lease = match client
@@ -175,6 +197,32 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
     writeln!(out, "DONE {cycles} {acked} {failed} {refused}")?;
     out.flush()?;
     Ok(())
+}
+
+/// Where the worker takes its leases: one server or a cluster of them.
+enum Leases {
+    One(Client),
+    Many(Cluster),
+}
+
+impl Leases {
+    /// `list`, or while migrating, `list` and `next` (a grant needs both).
+    async fn connect(list: &str, next: Option<&str>) -> anyhow::Result<Self> {
+        let parse = |l: &str| ServerSpec::parse_list(l).map_err(anyhow::Error::msg);
+        let specs = parse(list)?;
+        Ok(match (&specs[..], next) {
+            (_, Some(next)) => Leases::Many(Cluster::migrating(&specs, &parse(next)?).await?),
+            ([one], None) => Leases::One(Client::connect(one.url.clone()).await?),
+            (_, None) => Leases::Many(Cluster::connect(&specs).await?),
+        })
+    }
+
+    fn acquire(&self, names: Vec<String>) -> AcquireBuilder {
+        match self {
+            Leases::One(c) => c.acquire(names),
+            Leases::Many(c) => c.acquire(names),
+        }
+    }
 }
 
 /// Tries `f` until it works or the worker is told to stop.
