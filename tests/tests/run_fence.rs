@@ -71,9 +71,11 @@ struct Scene {
 
 impl Scene {
     async fn new() -> Scene {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("store")).expect("the store's root");
         Scene {
             server: ServerProcess::start_ready(&[]).await,
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
         }
     }
 
@@ -136,7 +138,10 @@ async fn a_background_child_is_dead_before_another_client_gets_the_name() {
     let worker = pid_in(&s.path("pid"));
     // A second client waits for the name; it gets it once `bagel run`
     // releases.
-    let waiter = s.bagel(&["acquire", "bg", "--ttl", "5s", "--wait", "20s", "--json"]).spawn().unwrap();
+    let waiter = s
+        .bagel(&["acquire", "bg", "--ttl", "5s", "--wait", "10s", "--json"])
+        .spawn()
+        .unwrap();
     std::fs::write(s.path("go"), "").unwrap();
     let got = waiter.wait_with_output().unwrap();
     let worker_alive_at_grant = alive(worker);
@@ -159,7 +164,10 @@ async fn a_setsid_grandchild_is_killed_when_run_is_told_to_stop() {
     let escaped = pid_in(&s.path("pid"));
     kill(Pid::from_raw(i32::try_from(run.id()).unwrap()), Signal::SIGTERM).unwrap();
     await_exit(&mut run);
-    assert!(!alive(escaped), "the setsid grandchild {escaped} outlived bagel run");
+    assert!(
+        !alive(escaped),
+        "the setsid grandchild {escaped} outlived bagel run"
+    );
     // Released only once the tree was gone: the name is free.
     json_of(&s.output(&["acquire", "sid", "--ttl", "5s", "--json"]));
 }
@@ -204,7 +212,10 @@ async fn a_supervisor_error_kills_the_whole_tree() {
     let mut err = String::new();
     std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(1), "{err}");
-    assert!(err.contains("json.tmp"), "names the file it could not write: {err}");
+    assert!(
+        err.contains("json.tmp"),
+        "names the file it could not write: {err}"
+    );
     assert!(!alive(worker), "the worker {worker} outlived bagel run's error");
 }
 
@@ -229,7 +240,10 @@ async fn a_fenced_run_kills_a_setsid_grandchild() {
     let status = await_exit(&mut run);
     s.server.resume();
     assert_eq!(status.code(), Some(3), "fenced");
-    assert!(!alive(escaped), "the setsid grandchild {escaped} outlived the fence");
+    assert!(
+        !alive(escaped),
+        "the setsid grandchild {escaped} outlived the fence"
+    );
 }
 
 #[tokio::test]
@@ -262,7 +276,10 @@ async fn hold_released_by_ctrl_c_publishes_what_was_written() {
     let status = await_exit(&mut hold);
     assert!(status.success(), "--hold released");
     let min = s.next_min_timestamp("held");
-    assert!(min >= top, "next holder may write after {min}, below the acknowledged {top}");
+    assert!(
+        min >= top,
+        "next holder may write after {min}, below the acknowledged {top}"
+    );
 }
 
 /// `bagel write` under `bagel run`, acknowledging batch by batch, stopped
@@ -274,7 +291,17 @@ async fn a_write_stopped_mid_way_is_published(signal: Signal, via_run: bool) {
         s.store()
     );
     let mut run = s
-        .bagel(&["run", "--name", "w", "--kill-grace", "1s", "--", "sh", "-c", &script])
+        .bagel(&[
+            "run",
+            "--name",
+            "w",
+            "--kill-grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
@@ -297,7 +324,10 @@ async fn a_write_stopped_mid_way_is_published(signal: Signal, via_run: bool) {
     drop(input);
     let top = top_acked(&std::fs::read_to_string(&acked).unwrap()).expect("acknowledged");
     let min = s.next_min_timestamp("w");
-    assert!(min >= top, "next holder may write after {min}, below the acknowledged {top}");
+    assert!(
+        min >= top,
+        "next holder may write after {min}, below the acknowledged {top}"
+    );
 }
 
 #[tokio::test]
