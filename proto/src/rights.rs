@@ -42,6 +42,15 @@ pub trait WriteRights: Send + Sync {
     fn ledger(&self) -> Option<Arc<WriteLedger>> {
         None
     }
+
+    /// Called with a batch's highest timestamp just before any of it is
+    /// handed to the store; an error refuses the batch. A holder whose
+    /// process may be killed at any instant (the CLI's `bagel write`)
+    /// records it durably here, so that its release covers whatever lands.
+    fn before_write(&self, up_to: Micros) -> Result<(), String> {
+        let _ = up_to;
+        Ok(())
+    }
 }
 
 /// What a release needs to know about the writes under a lease.

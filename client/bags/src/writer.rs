@@ -204,6 +204,9 @@ impl Writer {
                 })?;
         }
         let ledger = self.rights.ledger();
+        self.rights
+            .before_write(last)
+            .map_err(|reason| Error::NoRights { reason })?;
 
         let stamps: Vec<Micros> = (0..n)
             .map(|i| Micros::from_micros(first.as_micros() + i))

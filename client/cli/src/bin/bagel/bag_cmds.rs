@@ -269,6 +269,8 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     lease
         .snapshot()
         .map_err(|e| anyhow::anyhow!("lease {}: {e}", a.lease.display()))?;
+    // Held until this run ends: a release of the lease waits for it.
+    let record = Arc::new(crate::written::WriteRecord::open(&lease.lease_id, !a.no_sync)?);
     let cfg = a
         .timing
         .config()
@@ -287,10 +289,10 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     // server's); a clock that is off refuses to write.
     let time = g.target.writer_time(g.roughtime, Arc::clone(&clock)).await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
-    let lease_id = lease.lease_id.clone();
     let rights = Arc::new(FileRights {
         lease,
         ledger: Arc::default(),
+        record: Arc::clone(&record),
     });
     let writer = Writer::new(
         store,
@@ -302,15 +304,19 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         cfg,
     )?;
     let result = write_all(&a, &writer).await;
-    // Whatever happened, `bagel release` must publish what was written.
-    crate::written::record(&lease_id, rights.ledger.summary())?;
+    // Whatever happened, the release must publish what was written (each
+    // batch was recorded before it went to the store; this says how the
+    // run ended).
+    record.finish(rights.ledger.summary())?;
     result
 }
 
-/// A lease file's rights, with a ledger of what this run wrote.
+/// A lease file's rights, with a ledger of what this run wrote and its
+/// durable record for the release.
 struct FileRights {
     lease: LeaseJson,
     ledger: Arc<WriteLedger>,
+    record: Arc<crate::written::WriteRecord>,
 }
 
 impl WriteRights for FileRights {
@@ -320,6 +326,10 @@ impl WriteRights for FileRights {
 
     fn ledger(&self) -> Option<Arc<WriteLedger>> {
         Some(Arc::clone(&self.ledger))
+    }
+
+    fn before_write(&self, up_to: Micros) -> Result<(), String> {
+        self.record.before_write(up_to).map_err(|e| format!("{e:#}"))
     }
 }
 

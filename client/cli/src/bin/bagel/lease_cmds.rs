@@ -286,7 +286,8 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         }
         LeaseCommand::Release(args) => {
             let lease = args.lease.resolve()?;
-            let written = crate::written::load(&lease.id)?;
+            let lock = crate::written::lock_for_release(&lease.id).await?;
+            let written = lock.written()?;
             if let (Some(given), Some(up_to)) = (args.watermark, written.max_written)
                 && given < up_to.as_micros()
             {
@@ -306,7 +307,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                 options = options.with_metadata(m);
             }
             let stored = backend.release_lease(&lease, options).await?;
-            crate::written::forget(&lease.id);
+            lock.released();
             if args.lease.json {
                 println!("{}", json!({ "watermark_us": stored.as_micros() }));
             } else {
@@ -512,7 +513,12 @@ async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
         r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
         reason = lease.lost() => bail!("lease lost while holding: {reason}"),
     }
-    let wm = lease.release(None).await?;
+    // Still renewed while the release waits for `bagel write` runs of it.
+    let lock = tokio::select! {
+        lock = crate::written::lock_for_release(lease.id()) => lock?,
+        reason = lease.lost() => bail!("lease lost while waiting for its writers to end: {reason}"),
+    };
+    let wm = crate::run_cmd::release_locked(lease, lock).await?;
     eprintln!("released; stored watermark {wm}");
     Ok(ExitCode::SUCCESS)
 }

@@ -17,6 +17,7 @@ mod keys;
 mod lease_cmds;
 mod metronome_http;
 mod names;
+mod process_tree;
 mod progress;
 mod run_cmd;
 mod store;

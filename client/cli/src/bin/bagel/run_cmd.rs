@@ -7,28 +7,33 @@
 //!    `BAGEL_FENCING_TOKEN` (of the first name; `BAGEL_FENCING_TOKENS` has
 //!    `name=token` for each), `BAGEL_DEADLINE_US` (the first deadline),
 //!    `BAGEL_LEASE_NAMES` and `BAGEL_LEASE_FILE`: the lease file for
-//!    `bagel write --lease`, rewritten (atomically) after every renewal.
+//!    `bagel write --lease`, rewritten (atomically, off the supervising
+//!    loop) after every renewal.
 //! 3. Renew every third of the TTL. **Self-fencing**: if the lease is lost,
 //!    or no renewal has landed by `deadline - fence margin - kill grace`,
-//!    the command's group gets SIGTERM, and SIGKILL at `deadline - fence
-//!    margin` if still alive, so nothing of it runs once the lease can be
-//!    taken over; `bagel run` then exits 3 with the reason. The lease is
-//!    not released then: it ends broken at its deadline, which is what the
-//!    next holder must be told (the command was cut off mid-work).
-//! 4. SIGTERM, SIGINT and SIGHUP sent to `bagel run` are passed to the
-//!    command's group. When the command exits, the lease is released,
-//!    publishing at least what `bagel write` wrote under it, and `bagel
-//!    run` exits with the command's status (128 + signal if it was
-//!    killed).
+//!    `bagel run` exits 3 with the reason. The lease is not released then:
+//!    it ends broken at its deadline, which is what the next holder must
+//!    be told (the command was cut off mid-work).
+//! 4. SIGTERM, SIGINT and SIGHUP sent to `bagel run` are passed to every
+//!    process of the command's tree; SIGKILL follows after the kill grace.
+//!    When the command exits, the lease is released, publishing at least
+//!    what `bagel write` wrote under it, and `bagel run` exits with the
+//!    command's status (128 + signal if it was killed).
 //!
-//! Limits: a `bagel run` killed with SIGKILL cannot fence its command;
-//! run it where its group is killed with it (a systemd unit, a container)
-//! and the next holder still waits out the deadline. A long-running
-//! `bagel write` reads the lease file once; start one per batch of work,
-//! or re-read.
+//! On every way out (the command exited, fenced, an error here) the whole
+//! process tree ([`ProcessTree`]: `bagel run` is a child subreaper, so a
+//! background child or a `setsid` grandchild stays below it) gets SIGTERM,
+//! then SIGKILL after the grace and no later than `deadline - fence
+//! margin`, and is reaped before the lease is released or left to expire.
+//!
+//! Limits: a `bagel run` killed with SIGKILL cannot fence its command, and
+//! no supervisor can recall a request already sent; run it where its tree
+//! is killed with it (a systemd unit, a container), and let storage check
+//! the fencing token. A long-running `bagel write` reads the lease file
+//! once; start one per batch of work, or re-read.
 
 use std::os::unix::fs::OpenOptionsExt as _;
-use std::os::unix::process::ExitStatusExt as _;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
@@ -38,12 +43,13 @@ use bagel_cli::contract::LeaseJson;
 use bagel_client::{AcquireBuilder, Error, Lease, LeaseOptions, Micros, ReleaseOptions};
 use bagel_proto::clock::Clock;
 use clap::Args;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::lease_cmds::{EXIT_BUSY, Globals, busy_message};
+use crate::process_tree::ProcessTree;
 
 /// Exit code when the command was fenced (lease lost or not renewed in
 /// time).
@@ -85,10 +91,7 @@ pub struct RunArgs {
 /// How supervising the command ended.
 enum Outcome {
     Exited(ExitStatus),
-    Fenced {
-        reason: String,
-        status: Option<ExitStatus>,
-    },
+    Fenced { reason: String },
 }
 
 pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
@@ -130,21 +133,29 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     };
     write_lease_file(&file, &LeaseJson::from_lease(&lease, location.as_deref()))?;
 
-    let mut child = spawn(&args, &lease, &file, &g)?;
+    let mut tree = ProcessTree::spawn(command(&args, &lease, &file, &g))
+        .with_context(|| format!("starting {:?}", args.command[0]))?;
     let outcome = supervise(
         &lease,
-        &mut child,
+        &mut tree,
         &args,
         &file,
         location.as_deref(),
         clock.as_ref(),
     )
     .await;
+    // On every way out (the command exited, fenced, a supervisor error),
+    // nothing of the command runs on: the whole tree is stopped and
+    // reaped before the lease is released or left to expire.
+    let kill_at = lease.deadline().saturating_sub(args.fence_margin);
+    tree.stop(args.kill_grace.min(kill_at.duration_since(clock.now())))
+        .await;
+    let status = tree.main_status();
     if own_file {
         let _ = std::fs::remove_file(&file);
     }
     match outcome? {
-        Outcome::Fenced { reason, status } => {
+        Outcome::Fenced { reason } => {
             eprintln!(
                 "bagel run: fenced: {reason}; the command was stopped ({}) before the deadline {}; the lease \
                  is left to expire (the next holder sees it broken)",
@@ -177,14 +188,15 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn spawn(args: &RunArgs, lease: &Lease, file: &Path, g: &Globals<'_>) -> anyhow::Result<Child> {
+/// The command, with the lease in its environment.
+fn command(args: &RunArgs, lease: &Lease, file: &Path, g: &Globals<'_>) -> std::process::Command {
     let first = &lease.names()[0];
     let tokens: Vec<String> = lease
         .names()
         .iter()
         .map(|n| format!("{}={}", n.name, n.fencing_token))
         .collect();
-    let mut cmd = Command::new(&args.command[0]);
+    let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("BAGEL_LEASE_ID", lease.id())
         .env("BAGEL_FENCING_TOKEN", first.fencing_token.to_string())
@@ -204,9 +216,9 @@ fn spawn(args: &RunArgs, lease: &Lease, file: &Path, g: &Globals<'_>) -> anyhow:
         // leases as this run, whether they came from flags or the
         // environment.
         .env("BAGEL_SERVER", &g.target.server)
-        // Its own group, so fencing reaches everything it started.
-        .process_group(0)
-        .kill_on_drop(true);
+        // Its own group, so that a terminal's Ctrl-C reaches it only
+        // through `bagel run` (which forwards it to the whole tree).
+        .process_group(0);
     if let Some(servers) = &g.target.servers {
         cmd.env("BAGEL_SERVERS", servers);
     }
@@ -220,97 +232,115 @@ fn spawn(args: &RunArgs, lease: &Lease, file: &Path, g: &Globals<'_>) -> anyhow:
         cmd.env("BAGEL_ROUGHTIME", g.roughtime.roughtime.join(","))
             .env("BAGEL_ROUGHTIME_KEYS", g.roughtime.roughtime_key.join(","));
     }
-    cmd.spawn()
-        .with_context(|| format!("starting {:?}", args.command[0]))
+    cmd
 }
 
 /// Waits for the command to exit, fencing it if the lease is lost or not
-/// renewed in time, passing on signals, and keeping the lease file fresh.
+/// renewed in time, passing on signals to the whole tree, and keeping the
+/// lease file fresh. Returns with the tree still to be stopped.
+///
+/// Nothing here waits on blocking I/O: the lease file is rewritten (with
+/// its fsync) on a blocking thread, so the fencing timers always fire.
 async fn supervise(
     lease: &Lease,
-    child: &mut Child,
+    tree: &mut ProcessTree,
     args: &RunArgs,
     file: &Path,
     location: Option<&str>,
     clock: &dyn Clock,
 ) -> anyhow::Result<Outcome> {
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw)
-        .context("the command has no process id")?;
     let mut state = lease.subscribe();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let margin = args.fence_margin + args.kill_grace;
+    // A signal was passed on: SIGKILL to the tree once the grace is over.
+    let mut kill_at: Option<Instant> = None;
+    let mut rewriting: Option<JoinHandle<anyhow::Result<()>>> = None;
+    let mut stale = false;
     loop {
+        if let Some(status) = tree.main_status() {
+            return Ok(Outcome::Exited(status));
+        }
         let deadline = lease.deadline();
         let term_at = deadline.saturating_sub(margin);
         let term_in = term_at.duration_since(clock.now());
         let forward = tokio::select! {
-            status = child.wait() => return Ok(Outcome::Exited(status.context("waiting for the command")?)),
-            reason = lease.lost() => {
-                return Ok(fence(child, group, format!("lease lost: {reason}"), deadline, args, clock).await);
-            }
+            () = tree.changed() => continue,
+            reason = lease.lost() => return Ok(Outcome::Fenced { reason: format!("lease lost: {reason}") }),
             () = tokio::time::sleep(term_in) => {
                 if lease.deadline() > deadline {
                     continue;
                 }
                 let reason = format!("no renewal landed by {term_at} (deadline {deadline} minus {margin:?})");
-                return Ok(fence(child, group, reason, deadline, args, clock).await);
+                return Ok(Outcome::Fenced { reason });
             }
             changed = state.changed() => {
                 if changed.is_ok() && lease.is_valid() {
-                    write_lease_file(file, &LeaseJson::from_lease(lease, location))?;
+                    if rewriting.is_some() {
+                        stale = true;
+                    } else {
+                        rewriting = Some(rewrite(file, lease, location));
+                    }
                 }
+                continue;
+            }
+            done = async { rewriting.as_mut().expect("guarded").await }, if rewriting.is_some() => {
+                rewriting = None;
+                done.context("rewriting the lease file")??;
+                if std::mem::take(&mut stale) && lease.is_valid() {
+                    rewriting = Some(rewrite(file, lease, location));
+                }
+                continue;
+            }
+            () = sleep_until_or_never(kill_at), if kill_at.is_some() => {
+                tracing::warn!(grace = ?args.kill_grace, "the command outlived the grace after a signal: SIGKILL");
+                tree.signal_all(Signal::SIGKILL, &[]);
+                kill_at = None;
                 continue;
             }
             _ = term.recv() => Signal::SIGTERM,
             _ = int.recv() => Signal::SIGINT,
             _ = hup.recv() => Signal::SIGHUP,
         };
-        let _ = killpg(group, forward);
+        tree.signal_all(forward, &[]);
+        kill_at.get_or_insert_with(|| Instant::now() + args.kill_grace);
     }
 }
 
-/// SIGTERM to the command's group; SIGKILL after the grace or at the
-/// deadline minus the fence margin, whichever comes first; then SIGKILL to
-/// whatever is left of the group.
-async fn fence(
-    child: &mut Child,
-    group: Pid,
-    reason: String,
-    deadline: Micros,
-    args: &RunArgs,
-    clock: &dyn Clock,
-) -> Outcome {
-    tracing::warn!(%reason, "fencing the command");
-    let kill_at = deadline.saturating_sub(args.fence_margin);
-    let _ = killpg(group, Signal::SIGTERM);
-    let grace = args.kill_grace.min(kill_at.duration_since(clock.now()));
-    let status = match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status.ok(),
-        Err(_) => {
-            let _ = killpg(group, Signal::SIGKILL);
-            child.wait().await.ok()
-        }
-    };
-    let _ = killpg(group, Signal::SIGKILL);
-    Outcome::Fenced { reason, status }
+/// Rewrites the lease file on a blocking thread.
+fn rewrite(file: &Path, lease: &Lease, location: Option<&str>) -> JoinHandle<anyhow::Result<()>> {
+    let json = LeaseJson::from_lease(lease, location);
+    let file = file.to_owned();
+    tokio::task::spawn_blocking(move || write_lease_file(&file, &json))
 }
 
-/// Releases, publishing at least what `bagel write` recorded under the
-/// lease on this machine.
+async fn sleep_until_or_never(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Releases a lease handle, publishing at least what `bagel write`
+/// recorded under the lease on this machine, once no `bagel write` of it
+/// runs (waiting for them, and saying so).
 async fn release(lease: Lease) -> anyhow::Result<Micros> {
-    let id = lease.id().to_owned();
-    let written = crate::written::load(&id)?;
+    let lock = crate::written::lock_for_release(lease.id()).await?;
+    release_locked(lease, lock).await
+}
+
+/// Releases a lease handle whose writers are known to be done (`lock`),
+/// publishing at least what they recorded. Also `bagel acquire --hold`'s
+/// release.
+pub async fn release_locked(lease: Lease, lock: crate::written::ReleaseLock) -> anyhow::Result<Micros> {
+    let written = lock.written()?;
     let mut options = ReleaseOptions::default().with_unsettled(written.uncertain);
     if let Some(wm) = written.max_written {
         options = options.with_watermark(wm);
     }
     let wm = lease.release_with(options).await?;
-    crate::written::forget(&id);
+    lock.released();
     Ok(wm)
 }
 
