@@ -69,6 +69,10 @@ pub struct HolderRecord {
     pub names: Vec<String>,
     /// The client key that signs this lease's witnesses.
     pub key_id: String,
+    /// The holder's own public key for this lease (ed25519, hex), stated
+    /// in every witness of it; empty for a lease acquired without one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holder_key: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -301,6 +305,7 @@ mod tests {
                 granted_at_us: 5,
                 names: vec!["a/b %c".into()],
                 key_id: "k".into(),
+                holder_key: String::new(),
             }),
             previous: PreviousRecord::none(),
             history: vec![HistoryRecord {

@@ -359,6 +359,7 @@ mod tests {
             granted_at_us: granted,
             names: vec!["n".into()],
             key_id: "k".into(),
+            holder_key: String::new(),
         }
     }
 
