@@ -382,7 +382,8 @@ fn read_item(
                             ..problem(
                                 Some(offset),
                                 format!(
-                                    "duplicate batch: writer {:?} sequence {}..{} was already read from {first};                                      its {} messages are counted once",
+                                    "duplicate batch: writer {:?} sequence {}..{} was already read from {first}; \
+                                     its {} messages are counted once",
                                     batch.writer_id,
                                     batch.first_sequence,
                                     batch.first_sequence + batch.entries.len() as u64,

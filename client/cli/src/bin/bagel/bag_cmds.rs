@@ -470,6 +470,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         if a.json {
             let mut v = message_json(&r.message, keys_given);
             v["kind"] = json!("rejected");
+            v["verified"] = json!(false);
             v["reason"] = json!(r.reason);
             writeln!(out, "{v}")?;
         } else {
