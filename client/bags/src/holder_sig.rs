@@ -243,7 +243,8 @@ mod tests {
     fn every_covered_field_changes_the_message() {
         let base = batch(vec![witness("l1", None), witness("l2", None)]);
         let m = signing_message(&base);
-        let changes: Vec<(&str, Box<dyn Fn(&mut pb::Batch)>)> = vec![
+        type Change = Box<dyn Fn(&mut pb::Batch)>;
+        let changes: Vec<(&str, Change)> = vec![
             ("log", Box::new(|b| b.log = "ledger2".into())),
             ("bucket", Box::new(|b| b.bucket_secs += 1)),
             ("writer", Box::new(|b| b.writer_id = "w2".into())),
