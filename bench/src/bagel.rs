@@ -128,6 +128,7 @@ fn acquire_request(owner: &str, names: &[String], ttl: Duration) -> pb::AcquireR
         owner: owner.to_owned(),
         mode: pb::Mode::Full as i32,
         wait_us: 0,
+        ..Default::default()
     }
 }
 

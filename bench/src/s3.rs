@@ -232,6 +232,7 @@ impl LeaseDriver for BagelS3Driver {
             mode: Mode::Full,
             owner: "bench".into(),
             wait: Duration::ZERO,
+            holder_key: None,
         };
         match self.backend.acquire_lease(spec).await {
             Ok(grant) => Ok(Some(grant.lease_ref())),

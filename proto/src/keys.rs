@@ -43,6 +43,12 @@ impl Signer {
         Signer { key, id }
     }
 
+    /// The key of a 32-byte ed25519 secret (a holder key read back from a
+    /// lease file).
+    pub fn from_secret(secret: &[u8; 32]) -> Self {
+        Self::new(SigningKey::from_bytes(secret))
+    }
+
     /// A fresh random key from the OS-seeded thread RNG.
     pub fn generate() -> Self {
         let mut secret = [0u8; 32];

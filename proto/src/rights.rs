@@ -18,7 +18,7 @@ use crate::{Micros, pb};
 use tokio::sync::Notify;
 
 /// The rights to write at one instant, as one consistent view.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct RightsSnapshot {
     /// Every message must be strictly later than this.
     pub min_timestamp: Micros,
@@ -27,6 +27,12 @@ pub struct RightsSnapshot {
     pub deadline: Micros,
     /// The witnesses stating those bounds, stored with every batch.
     pub witnesses: Vec<pb::Witness>,
+    /// The holder's secret keys of the leases behind `witnesses` (one per
+    /// lease handle, whatever its number of servers): the writer signs
+    /// each batch with the key each witness names, so that a copy of the
+    /// witness cannot vouch for other bytes. Empty for rights of leases
+    /// acquired without a holder key.
+    pub holder_keys: Vec<crate::Signer>,
 }
 
 /// What a writer needs from the leases it writes under. The lease client's

@@ -36,6 +36,7 @@ fn main() {
             owner: Arc::clone(&owner),
             mode: Mode::Full,
             peer: None,
+            holder_key: None,
         };
         table.acquire(&spec, now).expect("free name");
     }

@@ -212,6 +212,7 @@ impl Service {
             owner,
             mode: validate::mode(req.mode)?,
             peer: caller.peer,
+            holder_key: validate::holder_key(&req.holder_key)?,
         })
     }
 

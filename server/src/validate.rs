@@ -26,6 +26,24 @@ pub fn echo(raw: &str) -> String {
     }
 }
 
+/// A holder's public key: none (an old client), or 32 bytes that are an
+/// ed25519 point, which the witness then states (a key nobody can verify
+/// with would make every batch of the lease unreadable).
+pub fn holder_key(raw: &[u8]) -> Result<Option<Arc<[u8; 32]>>, Error> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let key: [u8; 32] = raw.try_into().map_err(|_| {
+        Error::invalid(
+            "holder_key",
+            format!("{} bytes; an ed25519 public key is 32 (or send none)", raw.len()),
+        )
+    })?;
+    ed25519_dalek::VerifyingKey::from_bytes(&key)
+        .map_err(|_| Error::invalid("holder_key", "32 bytes that are not an ed25519 public key"))?;
+    Ok(Some(Arc::new(key)))
+}
+
 /// Checks and sorts a list of names. Duplicates are refused rather than
 /// silently merged: a caller listing a name twice has a bug worth seeing.
 pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec<Arc<str>>, Error> {

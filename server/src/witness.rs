@@ -163,6 +163,7 @@ impl WitnessSigner {
             server_id: self.server_id.clone(),
             epoch_us: self.epoch.as_micros(),
             self_timed: time.source == TimeProofKind::Local,
+            holder_key: grant.holder_key.as_deref().map_or_else(Vec::new, |k| k.to_vec()),
         }
     }
 

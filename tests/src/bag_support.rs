@@ -156,6 +156,10 @@ pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
         witnesses: Vec::new(),
         server: None,
         servers: Vec::new(),
+        holder_secret: l
+            .holder
+            .as_ref()
+            .map(|h| bagel_proto::hex::encode(&h.signing_key().to_bytes())),
     }
 }
 

@@ -320,6 +320,7 @@ impl WriteRights for Forged {
             min_timestamp: self.min,
             deadline: self.deadline,
             witnesses: vec![self.witness.clone()],
+            holder_keys: Vec::new(),
         })
     }
 }
@@ -451,6 +452,8 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
     .await
     .unwrap();
     let mut body = pb::WitnessBody::decode(a_witness.body.as_slice()).unwrap();
+    // The forger states no holder key (it could state its own as well).
+    body.holder_key.clear();
     body.lease_id = format!("{:032x}", 0xf0f0_u64);
     body.names[0].fencing_token = a_fencing + 1;
     body.names[0].previous = Some(pb::PreviousLease::default());
@@ -462,6 +465,8 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
     };
     // Forgery 2: a key nobody published signs a lease of its own.
     let mut body = pb::WitnessBody::decode(a_witness.body.as_slice()).unwrap();
+    // The forger states no holder key (it could state its own as well).
+    body.holder_key.clear();
     body.lease_id = format!("{:032x}", 0xabcd_u64);
     body.names[0].name = "other".into();
     let unpublished = Forged {

@@ -37,6 +37,8 @@
 //! * [`names`]: log names and writer ids.
 //! * [`error`]: the one error type.
 //! * [`frame`]: record framing (length + CRC-32C) in files and objects.
+//! * [`holder_sig`]: the holder's signature binding a batch to its leases,
+//!   log, bag, writer and sequence numbers.
 //! * [`fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
 //! * [`nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
 //!   (`nfs://host[:port]/export/dir`); see `NFS.md` beside it.
@@ -66,6 +68,7 @@ pub mod error;
 pub mod faults;
 pub mod frame;
 pub mod fsops;
+pub mod holder_sig;
 pub mod listing;
 pub mod metronome;
 pub mod names;
@@ -85,7 +88,7 @@ pub use error::{Error, Result};
 pub use listing::{ListedItem, Listing, Receipt};
 pub use metronome::{CloseObserver, CloseReport, Metronome, close_logs_through, close_through};
 pub use names::{validate_log, validate_writer_id};
-pub use reader::{Progress, ReadOptions, ReadReport, read};
+pub use reader::{Problem, ProblemKind, Progress, ReadOptions, ReadReport, read};
 pub use store::{BagState, BagStore, list_buckets};
 pub use store_url::open_store;
 pub use timeout::TimeoutStore;

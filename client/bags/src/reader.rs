@@ -13,17 +13,25 @@
 //! is refused. So any two readers of a past range read the same messages.
 //!
 //! Every message is checked: the signatures of the witnesses it cites, that
-//! its timestamp lies strictly between each lease's `min_timestamp` and
-//! `deadline`, and that it is near its batch's signed time. A message that
-//! fails goes to [`ReadReport::rejected`] with the reason; damaged records go
-//! to [`ReadReport::problems`]. Nothing is dropped silently. Without a key
-//! ring, signatures are not checked and each message says so in its notes.
+//! its batch is signed by the holder key each of those witnesses names
+//! ([`crate::holder_sig`]), that its timestamp lies strictly between each
+//! lease's `min_timestamp` and `deadline`, and that it is near its batch's
+//! signed time. A message that fails goes to [`ReadReport::rejected`] with
+//! the reason; damaged records, a batch found in another log or bag than
+//! it names, and a second copy of a batch already read (a file listed
+//! twice, or copied under another name) go to [`ReadReport::problems`].
+//! Nothing is dropped silently. Whatever could not be checked (no key ring,
+//! a lease acquired without a holder key, a signed time without its key)
+//! is in the message's notes: [`Message::verified`] means there are none.
 
 use bagel_proto::{KeyRing, Micros, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
 
 use crate::frame::{self, Frame};
 use crate::{BagConfig, BagState, BagStore, Bucket, ListedItem, Result, list_buckets, validate_log};
@@ -142,6 +150,20 @@ pub struct Message {
     pub witnesses: Arc<[pb::Witness]>,
     /// The signed time of its batch, as stored.
     pub signed_time: Option<Arc<pb::SignedTime>>,
+    /// What its batch's holder signatures show (for the audit).
+    pub holder: crate::holder_sig::HolderCheck,
+}
+
+impl Message {
+    /// Everything was checked and held: the witness signatures against
+    /// the given keys, the batch's holder signature against the holder key
+    /// in every cited witness (so its bytes, log, bag, writer and sequence
+    /// are what that lease's holder wrote), its signed time, and its
+    /// timestamp against every bound. False whenever a note says what was
+    /// not checked.
+    pub fn verified(&self) -> bool {
+        self.notes.is_empty()
+    }
 }
 
 /// A message that failed a check.
@@ -151,9 +173,24 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// Damage found in a bag: a corrupt record, a torn tail, a short file.
+/// What kind of [`Problem`] a bag has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProblemKind {
+    /// A corrupt record, a torn tail, a short or changed item.
+    Damaged,
+    /// A batch read before, found again (an item listed twice, a copy of
+    /// a data file under another name or in another bag); its messages
+    /// are counted once.
+    Duplicate,
+    /// A batch that names another log or bag than the one it was found in;
+    /// its messages are rejected.
+    Misplaced,
+}
+
+/// Something wrong in a bag: damage, a duplicated or a misplaced batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    pub kind: ProblemKind,
     pub bucket: Bucket,
     pub item: String,
     pub offset: Option<u64>,
@@ -174,6 +211,11 @@ pub struct ReadReport {
     /// Missing past-due bags this read closed empty.
     pub sealed: u64,
 }
+
+/// Where each batch read so far was found, by (writer, first sequence,
+/// SHA-256 of the record): a second copy is a duplicate. Two writers given
+/// one id (two processes) write different records, which are not.
+type Seen = HashMap<(String, u64, [u8; 32]), String>;
 
 /// Reads `[from, to)` of `log`; see the module docs.
 pub async fn read(
@@ -202,6 +244,7 @@ pub async fn read(
         buckets.sort_unstable();
     }
     let total = buckets.len() as u64;
+    let mut seen = Seen::new();
     for (done, bucket) in buckets.into_iter().enumerate() {
         if let Some(p) = &opts.progress {
             p.report(done as u64, total);
@@ -223,8 +266,17 @@ pub async fn read(
         for item in items {
             let limit = (!open).then_some(item.size);
             match store.read_item(log, bucket, &item, limit).await {
-                Ok(bytes) => read_item(&mut report, opts, cfg, bucket, &item, bytes, open),
+                Ok(bytes) => {
+                    let at = Place {
+                        log,
+                        bucket,
+                        item: &item,
+                        open,
+                    };
+                    read_item(&mut report, &mut seen, opts, cfg, &at, bytes);
+                }
                 Err(e @ crate::Error::ItemChanged { .. }) => report.problems.push(Problem {
+                    kind: ProblemKind::Damaged,
                     bucket,
                     item: item.name.clone(),
                     offset: None,
@@ -279,16 +331,25 @@ impl SubUs for Micros {
     }
 }
 
+/// Where bytes were read from.
+struct Place<'a> {
+    log: &'a str,
+    bucket: Bucket,
+    item: &'a ListedItem,
+    open: bool,
+}
+
 fn read_item(
     report: &mut ReadReport,
+    seen: &mut Seen,
     opts: &ReadOptions,
     cfg: &BagConfig,
-    bucket: Bucket,
-    item: &ListedItem,
+    at: &Place<'_>,
     bytes: Bytes,
-    open: bool,
 ) {
+    let (bucket, item, open) = (at.bucket, at.item, at.open);
     let problem = |offset, what: String| Problem {
+        kind: ProblemKind::Damaged,
         bucket,
         item: item.name.clone(),
         offset,
@@ -307,8 +368,50 @@ fn read_item(
     }
     for f in frame::decode(&bytes) {
         match f {
-            Frame::Record { offset, body } => match pb::Batch::decode(body) {
-                Ok(batch) => check_batch(report, opts, cfg, bucket, batch, open),
+            Frame::Record { offset, body } => match pb::Batch::decode(body.clone()) {
+                Ok(batch) => {
+                    let key = (
+                        batch.writer_id.clone(),
+                        batch.first_sequence,
+                        Sha256::digest(&body).into(),
+                    );
+                    let here = format!("bag {bucket} item {} offset {offset}", item.name);
+                    if let Some(first) = seen.get(&key) {
+                        report.problems.push(Problem {
+                            kind: ProblemKind::Duplicate,
+                            ..problem(
+                                Some(offset),
+                                format!(
+                                    "duplicate batch: writer {:?} sequence {}..{} was already read from {first}; \
+                                     its {} messages are counted once",
+                                    batch.writer_id,
+                                    batch.first_sequence,
+                                    batch.first_sequence + batch.entries.len() as u64,
+                                    batch.entries.len()
+                                ),
+                            )
+                        });
+                        continue;
+                    }
+                    seen.insert(key, here);
+                    if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
+                        report.problems.push(Problem {
+                            kind: ProblemKind::Misplaced,
+                            ..problem(
+                                Some(offset),
+                                format!(
+                                    "misplaced batch: it names log {:?} bag {}, but was found in log {:?} bag \
+                                     {bucket}; its {} messages are rejected",
+                                    batch.log,
+                                    Bucket::from_secs(batch.bucket_secs),
+                                    at.log,
+                                    batch.entries.len()
+                                ),
+                            )
+                        });
+                    }
+                    check_batch(report, opts, cfg, at, batch);
+                }
                 Err(e) => report.problems.push(problem(
                     Some(offset),
                     format!("record does not decode as a batch: {e}"),
@@ -344,15 +447,24 @@ fn check_batch(
     report: &mut ReadReport,
     opts: &ReadOptions,
     cfg: &BagConfig,
-    bucket: Bucket,
+    at: &Place<'_>,
     batch: pb::Batch,
-    open: bool,
 ) {
+    let (bucket, open) = (at.bucket, at.open);
     let mut batch_notes = Vec::new();
     let mut batch_error: Option<String> = None;
     let mut leases = Vec::new();
+    let mut bodies = Vec::with_capacity(batch.witnesses.len());
     if batch.witnesses.is_empty() {
         batch_error = Some("cites no lease witness".into());
+    }
+    if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
+        batch_error = Some(format!(
+            "its batch names log {:?} bag {}, not log {:?} bag {bucket} where it was found (moved or copied)",
+            batch.log,
+            Bucket::from_secs(batch.bucket_secs),
+            at.log
+        ));
     }
     for w in &batch.witnesses {
         let body = match &opts.keys {
@@ -370,11 +482,14 @@ fn check_batch(
                     b.lease_id
                 ));
             }
-            Ok(b) => leases.push(Lease {
-                id: b.lease_id,
-                min: Micros::from_micros(b.min_timestamp_us),
-                deadline: Micros::from_micros(b.deadline_us),
-            }),
+            Ok(b) => {
+                leases.push(Lease {
+                    id: b.lease_id.clone(),
+                    min: Micros::from_micros(b.min_timestamp_us),
+                    deadline: Micros::from_micros(b.deadline_us),
+                });
+                bodies.push(b);
+            }
             Err(e) => {
                 batch_error.get_or_insert(e);
             }
@@ -382,6 +497,26 @@ fn check_batch(
     }
     if opts.keys.is_none() {
         batch_notes.push("witness signatures NOT verified (no key given)".to_owned());
+    }
+    // The holder's signature: checked against the key inside each witness,
+    // so it needs no trusted key of its own (the witness's does).
+    let holder = if bodies.len() == batch.witnesses.len() && !bodies.is_empty() {
+        crate::holder_sig::check(&batch, &bodies)
+    } else {
+        crate::holder_sig::HolderCheck::Bad {
+            reason: "its witnesses could not all be read, so its holder signatures were not checked".into(),
+        }
+    };
+    match &holder {
+        crate::holder_sig::HolderCheck::Bound => {}
+        crate::holder_sig::HolderCheck::Unbound { lease_ids } => batch_notes.push(format!(
+            "NOT bound to its writer: lease(s) {} were acquired without a holder key, so anyone with a \
+             copy of their witness could have written this batch",
+            lease_ids.join(", ")
+        )),
+        crate::holder_sig::HolderCheck::Bad { reason } => {
+            batch_error.get_or_insert(reason.clone());
+        }
     }
     // The signed time: a local proof with the same keys, a Roughtime
     // proof with the Roughtime keys (plus its one-second resolution).
@@ -427,6 +562,7 @@ fn check_batch(
             notes: batch_notes.clone(),
             witnesses: Arc::clone(&witnesses),
             signed_time: signed_time.clone(),
+            holder: holder.clone(),
         };
         let reason = batch_error.clone().or_else(|| {
             if Bucket::of(ts) != bucket {

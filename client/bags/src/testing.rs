@@ -34,8 +34,21 @@ impl TestLeases {
         bagel_proto::hex::encode(self.signer.verifying_key().as_bytes())
     }
 
-    /// The witness of a full one-name lease valid in `(min, deadline)`.
+    /// The witness of a full one-name lease valid in `(min, deadline)`,
+    /// acquired without a holder key (as an old client would).
     pub fn witness(&self, lease_id: &str, min: Micros, deadline: Micros) -> pb::Witness {
+        self.witness_held_by(lease_id, min, deadline, None)
+    }
+
+    /// [`TestLeases::witness`] naming `holder`'s public key as the lease's
+    /// holder key.
+    pub fn witness_held_by(
+        &self,
+        lease_id: &str,
+        min: Micros,
+        deadline: Micros,
+        holder: Option<&Signer>,
+    ) -> pb::Witness {
         let body = pb::WitnessBody {
             lease_id: lease_id.to_owned(),
             names: vec![pb::WitnessName {
@@ -50,18 +63,22 @@ impl TestLeases {
             min_timestamp_us: min.as_micros(),
             issued_at_us: min.as_micros(),
             server_id: "test-server".into(),
+            holder_key: holder.map_or_else(Vec::new, |h| h.verifying_key().to_bytes().to_vec()),
             ..Default::default()
         };
         bagel_proto::sign_witness(&self.signer, &body)
     }
 
-    /// A full lease valid in `(min, deadline)`, as a writer sees it.
+    /// A full lease valid in `(min, deadline)`, as a writer sees it, with
+    /// a fresh holder key of its own.
     pub fn lease(&self, lease_id: &str, min: Micros, deadline: Micros) -> TestLease {
+        let holder = Signer::generate();
         TestLease {
             lease_id: lease_id.to_owned(),
             min_timestamp: min,
             deadline,
-            witness: self.witness(lease_id, min, deadline),
+            witness: self.witness_held_by(lease_id, min, deadline, Some(&holder)),
+            holder: Some(holder),
         }
     }
 
@@ -94,6 +111,8 @@ pub struct TestLease {
     pub min_timestamp: Micros,
     pub deadline: Micros,
     pub witness: pb::Witness,
+    /// The lease's holder key (`None`: acquired without one).
+    pub holder: Option<Signer>,
 }
 
 impl WriteRights for TestLease {
@@ -102,6 +121,7 @@ impl WriteRights for TestLease {
             min_timestamp: self.min_timestamp,
             deadline: self.deadline,
             witnesses: vec![self.witness.clone()],
+            holder_keys: self.holder.iter().cloned().collect(),
         })
     }
 }

@@ -10,7 +10,9 @@
 //! A batch is written only if every reader would accept it: the rights
 //! (witnesses and bounds, one snapshot taken after the timestamps are
 //! chosen) allow every timestamp, every cited witness is of a full lease,
-//! and the batch's signed time is congruent with its timestamps.
+//! and the batch's signed time is congruent with its timestamps. Each batch
+//! names its log and bag and is signed with the holder key of every lease
+//! it cites ([`crate::holder_sig`]).
 //!
 //! Before its first write to a log, a writer makes sure the log's start
 //! mark is at or before the bags it writes, and writes only bags whose
@@ -228,13 +230,21 @@ impl Writer {
                 })
                 .collect();
             let seq = st.next_seq;
-            let batch = pb::Batch {
+            let mut batch = pb::Batch {
                 writer_id: self.writer_id.clone(),
                 first_sequence: seq,
                 signed_time: Some(time.signed.clone()),
                 witnesses: rights.witnesses.clone(),
                 entries,
+                log: self.log.clone(),
+                bucket_secs: bucket.secs(),
+                holder_signatures: Vec::new(),
             };
+            // Signed with each cited lease's holder key, before any
+            // sequence number is spent: a writer without the key writes
+            // nothing rather than batches every reader rejects.
+            crate::holder_sig::sign(&mut batch, &rights.holder_keys)
+                .map_err(|reason| Error::NoRights { reason })?;
             let ticket = match &ledger {
                 Some(l) => Some(l.begin(stamps[j - 1]).ok_or(Error::WritesClosed)?),
                 None => None,

@@ -144,6 +144,14 @@ pub struct LeaseJson {
     /// under which of its lease ids (a name appears twice while migrating).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers: Vec<ServerNameJson>,
+    /// The lease's holder key (ed25519 secret, 64 hex digits), whose public
+    /// half every witness of the lease states: `bagel write` signs each
+    /// batch with it, so a copy of the witness cannot vouch for other
+    /// bytes. A secret like `token`. Absent from a grant printed without
+    /// it (`bagel lease upgrade`) and in files of older versions: such a
+    /// file cannot write under a lease whose witness names a holder key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_secret: Option<String>,
 }
 
 /// One name's grant by one server of a lease over several.
@@ -201,6 +209,7 @@ impl LeaseJson {
             witnesses: all_if_many(&g.witnesses),
             server: server.map(str::to_owned),
             servers: servers_json(&g.servers),
+            holder_secret: None,
         }
     }
 
@@ -218,6 +227,7 @@ impl LeaseJson {
             witnesses: all_if_many(&s.witnesses),
             server: server.map(str::to_owned),
             servers: servers_json(l.servers()),
+            holder_secret: Some(bagel_proto::hex::encode(&l.holder_key().signing_key().to_bytes())),
         }
     }
 }
@@ -249,6 +259,14 @@ impl WriteRights for LeaseJson {
                     .iter()
                     .map(WitnessJson::to_pb)
                     .collect::<Result<_, _>>()?
+            },
+            holder_keys: match &self.holder_secret {
+                None => Vec::new(),
+                Some(hex) => {
+                    let secret: [u8; 32] = bagel_proto::hex::decode_array(hex)
+                        .map_err(|e| format!("holder_secret of lease {}: {e}", self.lease_id))?;
+                    vec![bagel_proto::Signer::from_secret(&secret)]
+                }
             },
         })
     }

@@ -101,14 +101,18 @@ impl AcquireBuilder {
             DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl),
             DeadlineSpec::At(at) => (at, at.duration_since(now)),
         };
+        // A fresh key per lease (the same one for every server of a lease
+        // over several): it signs the batches written under this lease.
+        let holder = bagel_proto::Signer::generate();
         let spec = AcquireSpec {
             names: self.names,
             deadline,
             mode: self.mode,
             owner: self.owner,
             wait: self.wait,
+            holder_key: Some(holder.verifying_key().to_bytes()),
         };
         let grant = self.backend.acquire_lease(spec).await?;
-        Ok(Lease::start(self.backend, grant, ttl, self.options))
+        Ok(Lease::start(self.backend, grant, ttl, self.options, holder))
     }
 }

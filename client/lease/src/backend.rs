@@ -32,6 +32,11 @@ pub struct AcquireSpec {
     pub owner: String,
     /// How long the backend may wait for busy names (zero: refuse at once).
     pub wait: Duration,
+    /// The holder's public key for this lease (ed25519, raw), to be stated
+    /// in every witness of it: the holder signs its batches with the secret
+    /// half, so a copy of a witness cannot vouch for other bytes. `None`:
+    /// the witnesses say nothing of the holder (as from an old client).
+    pub holder_key: Option<[u8; 32]>,
 }
 
 /// The operations a lease handle needs from where leases live.

@@ -337,6 +337,7 @@ pub(crate) fn acquire_request(spec: AcquireSpec) -> pb::AcquireRequest {
         owner: spec.owner,
         mode: pb::Mode::from(spec.mode).into(),
         wait_us: u64::try_from(spec.wait.as_micros()).unwrap_or(u64::MAX),
+        holder_key: spec.holder_key.map_or_else(Vec::new, |k| k.to_vec()),
     }
 }
 

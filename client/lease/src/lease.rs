@@ -124,6 +124,8 @@ struct Shared {
     /// This holder closed every bag below this (µs), having found its
     /// predecessors unsettled; the release says so.
     settled_through: AtomicU64,
+    /// The lease's own key, named in its witnesses: signs its batches.
+    holder: bagel_proto::Signer,
 }
 
 /// A held lease. Renews itself in the background (unless told not to) and
@@ -151,6 +153,7 @@ impl Lease {
         grant: Grant,
         ttl: Duration,
         options: LeaseOptions,
+        holder: bagel_proto::Signer,
     ) -> Self {
         let (state, _) = watch::channel(LeaseState {
             deadline: grant.deadline,
@@ -168,6 +171,7 @@ impl Lease {
             state,
             ledger: Arc::new(WriteLedger::default()),
             settled_through: AtomicU64::new(0),
+            holder,
         });
         let cancel = CancellationToken::new();
         let renewer = shared
@@ -188,6 +192,13 @@ impl Lease {
     /// The secret proving this holder. Keep it out of logs.
     pub fn token(&self) -> &str {
         &self.shared.lease.token
+    }
+
+    /// The lease's holder key: its public half is in every witness of the
+    /// lease, and it signs every batch written under it. A secret like the
+    /// token; hand it only to a process that is to write under the lease.
+    pub fn holder_key(&self) -> &bagel_proto::Signer {
+        &self.shared.holder
     }
 
     /// The lease by id and token, for handing to another process.
@@ -300,6 +311,7 @@ impl Lease {
             min_timestamp: self.min_timestamp(),
             state: self.subscribe(),
             ledger: Arc::clone(&self.shared.ledger),
+            holder: self.shared.holder.clone(),
         })
     }
 
@@ -378,6 +390,7 @@ struct LeaseRights {
     min_timestamp: Micros,
     state: watch::Receiver<LeaseState>,
     ledger: Arc<WriteLedger>,
+    holder: bagel_proto::Signer,
 }
 
 impl WriteRights for LeaseRights {
@@ -396,6 +409,7 @@ impl WriteRights for LeaseRights {
             min_timestamp: self.min_timestamp,
             deadline: s.deadline,
             witnesses: s.witnesses.iter().map(|w| w.0.clone()).collect(),
+            holder_keys: vec![self.holder.clone()],
         })
     }
 

@@ -408,6 +408,9 @@ impl S3LeaseBackend {
             names: names.to_vec(),
             key_id: self.signer.key_id().to_owned(),
             clock_bound_us: Some(bagel_proto::duration_micros(stamp.bound)),
+            holder_key: spec
+                .holder_key
+                .map_or_else(String::new, |k| bagel_proto::hex::encode(&k)),
         };
         let mut written: Vec<(LeaseObject, Option<ETag>)> = Vec::with_capacity(names.len());
         for ((name, read), previous) in names.iter().zip(&reads).zip(inherited) {
@@ -476,6 +479,7 @@ impl S3LeaseBackend {
                 min_timestamp,
                 names: wnames,
                 issued_at: granted_at,
+                holder_key: spec.holder_key.map_or_else(Vec::new, |k| k.to_vec()),
             },
         );
         Ok(Grant {
@@ -651,6 +655,9 @@ impl S3LeaseBackend {
                     })
                     .collect(),
                 issued_at: stamp.now,
+                // As the grant stated it: a renewer cannot swap in a key.
+                holder_key: bagel_proto::hex::decode_array::<32>(&holders[0].holder_key)
+                    .map_or_else(|_| Vec::new(), |k| k.to_vec()),
             },
         );
         (deadline, mode, min_timestamp, grants, witness)

@@ -75,6 +75,10 @@ pub struct HolderRecord {
     /// objects from older clients (then the clock margin alone counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_bound_us: Option<u64>,
+    /// The holder's own public key for this lease (ed25519, hex), stated
+    /// in every witness of it; empty for a lease acquired without one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holder_key: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,6 +312,7 @@ mod tests {
                 names: vec!["a/b %c".into()],
                 key_id: "k".into(),
                 clock_bound_us: Some(5_000_000),
+                holder_key: String::new(),
             }),
             previous: PreviousRecord::none(),
             history: vec![HistoryRecord {

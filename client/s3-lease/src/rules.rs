@@ -402,6 +402,7 @@ mod tests {
             names: vec!["n".into()],
             key_id: "k".into(),
             clock_bound_us: None,
+            holder_key: String::new(),
         }
     }
 

@@ -35,6 +35,8 @@ pub struct Statement<'a> {
     pub names: Vec<WitnessName>,
     /// When the statement was made: the grant time for an acquire.
     pub issued_at: Micros,
+    /// The holder's public key for the lease (32 bytes), or empty.
+    pub holder_key: Vec<u8>,
 }
 
 /// Signs `s` with `signer`, stamped by `stamp`, as issued by `store`.
@@ -60,6 +62,7 @@ pub fn sign(signer: &Signer, store: &str, stamp: &Stamp, s: Statement<'_>) -> Wi
         server_id: store.to_owned(),
         epoch_us: 0,
         self_timed: stamp.self_timed,
+        holder_key: s.holder_key,
     };
     let w = sign_witness(signer, &body);
     Witness::from_parts(w.body, w.signature, w.key_id, None)

@@ -122,6 +122,7 @@ fn worker(
                     owner: Arc::from("w"),
                     mode,
                     peer: None,
+                    holder_key: None,
                 };
                 tbl.acquire(&spec, t_now).ok().map(|grant| {
                     pool.lock().unwrap().push(Held {
@@ -446,6 +447,7 @@ fn racing_renews_never_move_a_deadline_back() {
                         owner: Arc::from("t"),
                         mode: Mode::Full,
                         peer: None,
+                        holder_key: None,
                     },
                     Micros::from_micros(now),
                 )

@@ -310,6 +310,7 @@ impl LeaseTable {
                 mode: spec.mode,
                 counted: true,
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
+                holder_key: spec.holder_key.clone(),
             });
             names.push(NameGrant {
                 name: Arc::clone(name),
@@ -330,6 +331,7 @@ impl LeaseTable {
             deadline: spec.deadline,
             min_timestamp,
             names,
+            holder_key: spec.holder_key.clone(),
         })
     }
 
@@ -594,11 +596,15 @@ impl LeaseTable {
         let mut grants = Vec::with_capacity(held.names.len());
         let mut min_timestamp = Micros::ZERO;
         let mut owner = None;
+        let mut holder_key = None;
         for i in 0..held.names.len() {
             let name = Arc::clone(&held.names[i]);
             let rec = held.rec(i);
             min_timestamp = min_timestamp.max(rec.prev.watermark);
             owner.get_or_insert_with(|| rec.owner());
+            if i == 0 {
+                holder_key = rec.holder.as_ref().and_then(|h| h.holder_key.clone());
+            }
             grants.push(NameGrant {
                 name,
                 fencing: rec.fencing,
@@ -613,6 +619,7 @@ impl LeaseTable {
             deadline: held.deadline,
             min_timestamp,
             names: grants,
+            holder_key,
         }
     }
 

@@ -120,6 +120,9 @@ pub struct Holder {
     /// the lease's first name needs it (renew/release start there); kept
     /// out of line because most leases have one name.
     pub all_names: Option<Box<Vec<Arc<str>>>>,
+    /// The holder's public key from its acquire: renewals and upgrades
+    /// state the same key (a thief of the token cannot swap in its own).
+    pub holder_key: Option<Arc<[u8; 32]>>,
 }
 
 impl Holder {

@@ -67,6 +67,8 @@ pub struct AcquireSpec {
     pub mode: Mode,
     /// The client's address, for the per-peer quota (`None`: not known).
     pub peer: Option<std::net::IpAddr>,
+    /// The holder's public key, stated in every witness of the lease.
+    pub holder_key: Option<Arc<[u8; 32]>>,
 }
 
 /// One name of a grant.
@@ -88,6 +90,8 @@ pub struct Grant {
     /// Max of the names' previous watermarks; writes must be strictly later.
     pub min_timestamp: Micros,
     pub names: Vec<NameGrant>,
+    /// The holder's public key, as it asked at acquire.
+    pub holder_key: Option<Arc<[u8; 32]>>,
 }
 
 /// The outcome of a release.

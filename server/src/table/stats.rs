@@ -368,6 +368,7 @@ mod tests {
             owner: Arc::from("w1"),
             mode,
             peer: None,
+            holder_key: None,
         }
     }
 

@@ -29,6 +29,7 @@ fn spec(names: &[&str], deadline: u64, mode: Mode) -> AcquireSpec {
         owner: Arc::from("test"),
         mode,
         peer: None,
+        holder_key: None,
     }
 }
 

@@ -22,6 +22,12 @@
 //!   client routing differently) are found as an overlap like any other;
 //! * a released lease's watermark (stated by its successor's witness) is at
 //!   least every timestamp written under it;
+//! * every batch is signed by the holder key each witness it cites names
+//!   ([`crate::holder_sig`]): a copied witness cannot vouch for other
+//!   bytes. Messages of leases acquired without a holder key are counted
+//!   ([`AuditReport::unbound_messages`]): nothing binds them to a writer;
+//! * a batch found twice, or in another log or bag than it names, is a
+//!   violation ([`problem_violations`], from the reader's problems);
 //! * and every message a reader rejected is reported with its reason.
 //!
 //! The input is plain data, so the same audit runs on any store.
@@ -56,6 +62,8 @@ pub struct AuditMessage {
     pub bucket: Bucket,
     /// Why the reader rejected it, if it did.
     pub rejected: Option<String>,
+    /// What its batch's holder signatures show.
+    pub holder: crate::holder_sig::HolderCheck,
 }
 
 /// Verifies a signed time: what it proves, or why not.
@@ -84,6 +92,7 @@ impl AuditMessage {
                 signed_time: m.signed_time.clone(),
                 bucket: m.bucket,
                 rejected,
+                holder: m.holder.clone(),
             })
             .collect()
     }
@@ -155,6 +164,13 @@ pub enum ViolationKind {
     WatermarkBelowMessage,
     /// A record in a closed bag failed its checksum or was cut short.
     CorruptRecord,
+    /// Its batch is not signed by the holder key of a lease it cites:
+    /// forged, altered, or moved (a stolen witness vouches for nothing).
+    NotSignedByHolder,
+    /// A batch found a second time (an item listed twice, a copied file).
+    DuplicateBatch,
+    /// A batch found in another log or bag than the one it names.
+    MisplacedBatch,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -180,6 +196,10 @@ pub struct AuditReport {
     /// lies outside the range read): not violations, but the chain is
     /// checked by time there.
     pub chain_gaps: usize,
+    /// Messages citing a lease acquired without a holder key: their
+    /// witnesses are checked, but nothing binds their bytes to the lease's
+    /// holder (anyone with a copy of the witness could have written them).
+    pub unbound_messages: usize,
     pub violations: Vec<Violation>,
 }
 
@@ -205,6 +225,7 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
         messages: messages.len(),
         ..Default::default()
     };
+    let mut unbound = 0;
     let mut v = |kind, detail: String| report.violations.push(Violation { kind, detail });
     let mut leases: HashMap<String, LeaseFacts> = HashMap::new();
     // Each distinct witness is verified once.
@@ -228,6 +249,13 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
         }
         if m.witnesses.is_empty() {
             v(ViolationKind::NoWitness, format!("{at} cites no lease witness"));
+        }
+        match &m.holder {
+            crate::holder_sig::HolderCheck::Bound => {}
+            crate::holder_sig::HolderCheck::Unbound { .. } => unbound += 1,
+            crate::holder_sig::HolderCheck::Bad { reason } => {
+                v(ViolationKind::NotSignedByHolder, format!("{at}: {reason}"))
+            }
         }
         if Bucket::of(m.timestamp) != m.bucket {
             v(
@@ -388,6 +416,7 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
             h.parts.push((facts, n.previous.clone().unwrap_or_default()));
         }
     }
+    report.unbound_messages = unbound;
     report.leases = leases.len();
     report.names = by_name.len();
     for (name, holders) in by_name {
@@ -488,6 +517,27 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
         report.longest_chain = report.longest_chain.max(chain);
     }
     report
+}
+
+/// The reader's problems that are violations: damage in a closed bag
+/// (a torn tail in an open bag may be a write in progress), and wherever it
+/// is found, a duplicated or misplaced batch.
+pub fn problem_violations(problems: &[crate::Problem], log: &str) -> Vec<Violation> {
+    problems
+        .iter()
+        .filter_map(|p| {
+            let kind = match p.kind {
+                crate::ProblemKind::Damaged if p.in_open_bag => return None,
+                crate::ProblemKind::Damaged => ViolationKind::CorruptRecord,
+                crate::ProblemKind::Duplicate => ViolationKind::DuplicateBatch,
+                crate::ProblemKind::Misplaced => ViolationKind::MisplacedBatch,
+            };
+            Some(Violation {
+                kind,
+                detail: format!("{log}/{} {}: {}", p.bucket.path(), p.item, p.what),
+            })
+        })
+        .collect()
 }
 
 /// One holder of a name: its leases on the name (one per server it holds

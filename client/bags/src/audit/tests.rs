@@ -95,6 +95,7 @@ impl World {
             signed_time: Some(Arc::new(self.time(ts))),
             bucket: Bucket::of(Micros::from_micros(ts)),
             rejected: None,
+            holder: crate::holder_sig::HolderCheck::Bound,
         }
     }
 

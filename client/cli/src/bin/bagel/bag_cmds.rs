@@ -10,7 +10,7 @@ use crate::metronome_http::MetronomeStatus;
 use crate::progress::Bar;
 use crate::time_cmds::RoughtimeArgs;
 use anyhow::Context as _;
-use bagel_bags::audit::{AuditConfig, AuditMessage, Violation, ViolationKind};
+use bagel_bags::audit::{AuditConfig, AuditMessage};
 use bagel_bags::reader::{Message, ReadOptions};
 use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
 use bagel_cli::contract::LeaseJson;
@@ -217,14 +217,9 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         bagel_proto::verify_signed_time(st, &local, &roughtime_keys).map_err(|e| e.to_string())
     });
     let mut result = bagel_bags::audit::audit(&messages, &acfg);
-    for p in &report.problems {
-        if !p.in_open_bag {
-            result.violations.push(Violation {
-                kind: ViolationKind::CorruptRecord,
-                detail: format!("{log}/{} {}: {}", p.bucket.path(), p.item, p.what),
-            });
-        }
-    }
+    result
+        .violations
+        .extend(bagel_bags::audit::problem_violations(&report.problems, log));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -237,6 +232,13 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             result.chain_gaps,
             result.violations.len()
         );
+        if result.unbound_messages > 0 {
+            println!(
+                "UNBOUND {} messages cite leases acquired without a holder key: their witnesses verify, but \
+                 nothing binds their bytes to the lease's holder",
+                result.unbound_messages
+            );
+        }
         for v in &result.violations {
             println!("VIOLATION {v}");
         }
@@ -384,7 +386,10 @@ async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn message_json(m: &Message, verified: bool) -> serde_json::Value {
+/// `verified`: every check of [`Message::verified`] was made and held
+/// (never without keys).
+fn message_json(m: &Message, keys_given: bool) -> serde_json::Value {
+    let verified = keys_given && m.verified();
     json!({
         "kind": "message",
         "timestamp_us": m.timestamp.as_micros(),
@@ -407,7 +412,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     } else {
         Some(g.target.witness_keys(&a.keys).await?)
     };
-    let verified = keys.is_some();
+    let keys_given = keys.is_some();
     let store = bag::open_store(&a.range.store, &cfg).await?;
     // A log nobody ever wrote or closed has no entry at all (a mistyped
     // --log or --store); an empty one has its start mark or closed bags.
@@ -434,7 +439,17 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     bar.finish();
     let report = report?;
     let mut out = std::io::stdout().lock();
-    if !verified && !a.json {
+    // Verified: keys were given, and every accepted message passed every
+    // check (witness, holder and time signatures, bounds), and nothing in
+    // the bags was rejected, damaged, duplicated or misplaced.
+    let verified = keys_given
+        && report.messages.iter().all(Message::verified)
+        && report.rejected.is_empty()
+        && report
+            .problems
+            .iter()
+            .all(|p| p.in_open_bag && p.kind == bag::ProblemKind::Damaged);
+    if !keys_given && !a.json {
         writeln!(
             out,
             "# UNVERIFIED: no --key given; witness and time signatures were not checked"
@@ -442,24 +457,30 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     }
     for m in &report.messages {
         if a.json {
-            writeln!(out, "{}", message_json(m, verified))?;
+            writeln!(out, "{}", message_json(m, keys_given))?;
         } else {
             writeln!(
                 out,
-                "{} {} {} {} {}{}",
+                "{} {} {} {} {}{}{}",
                 m.timestamp.as_micros(),
                 m.timestamp,
                 m.writer_id,
                 m.sequence,
                 String::from_utf8_lossy(&m.payload),
-                if m.from_open_bag { "  [open bag]" } else { "" }
+                if m.from_open_bag { "  [open bag]" } else { "" },
+                if keys_given && !m.verified() {
+                    format!("  [not verified: {}]", m.notes.join("; "))
+                } else {
+                    String::new()
+                }
             )?;
         }
     }
     for r in &report.rejected {
         if a.json {
-            let mut v = message_json(&r.message, verified);
+            let mut v = message_json(&r.message, keys_given);
             v["kind"] = json!("rejected");
+            v["verified"] = json!(false);
             v["reason"] = json!(r.reason);
             writeln!(out, "{v}")?;
         } else {
@@ -506,13 +527,18 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         writeln!(out, "{summary}")?;
     } else {
         eprintln!(
-            "bagel: {} messages, {} rejected, {} problems, {} closed bags read, {} open bags skipped{}",
+            "bagel: {} messages, {} rejected, {} problems, {} closed bags read, {} open bags skipped{}{}",
             report.messages.len(),
             report.rejected.len(),
             report.problems.len(),
             report.closed_bags_read,
             report.skipped_open.len(),
-            if verified { "" } else { " (UNVERIFIED: no --key)" }
+            if keys_given { "" } else { " (UNVERIFIED: no --key)" },
+            if keys_given && !verified {
+                " (NOT verified: see the lines above)"
+            } else {
+                ""
+            }
         );
     }
     Ok(ExitCode::SUCCESS)

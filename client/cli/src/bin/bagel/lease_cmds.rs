@@ -124,6 +124,13 @@ impl TokenArgs {
         };
         Ok(LeaseRef::new(lease.lease_id, token).with_names(names))
     }
+
+    /// The holder key of the lease file `--lease` names, if it is one that
+    /// has it: an upgrade's lease file keeps it, so `bagel write` can sign.
+    fn holder_secret(&self) -> Option<String> {
+        let text = std::fs::read_to_string(&self.lease_id).ok()?;
+        serde_json::from_str::<LeaseJson>(&text).ok()?.holder_secret
+    }
 }
 
 #[derive(Debug, Args)]
@@ -278,10 +285,9 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         }
         LeaseCommand::Upgrade(args) => {
             let grant = backend.upgrade_lease(&args.resolve()?).await?;
-            print_grant(
-                &LeaseJson::from_grant(&grant, target.single_location().as_deref()),
-                args.json,
-            );
+            let mut json = LeaseJson::from_grant(&grant, target.single_location().as_deref());
+            json.holder_secret = args.holder_secret();
+            print_grant(&json, args.json);
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Release(args) => {

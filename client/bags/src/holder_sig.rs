@@ -1,0 +1,342 @@
+//! The batch signature: a batch's bytes bound to the leases that allowed
+//! them and to where they belong.
+//!
+//! A witness alone is transferable: anyone who copies it from a bag could
+//! cite it for bytes of their own. So each lease has its own key: the
+//! holder makes a fresh ed25519 key per lease, the lease server signs its
+//! public key into the witness (`WitnessBody.holder_key`), and the writer
+//! signs every batch with the secret key. A reader checks that signature
+//! against the key *inside* the witness the batch cites, so a batch verifies
+//! only if the holder of that very lease wrote exactly these bytes, for this
+//! log, this bag, this writer and these sequence numbers.
+//!
+//! # The signing message
+//! What each signature covers, byte for byte (integers big-endian,
+//! `lp(x)` = `u32(len(x)) ‖ x`, `H` = SHA-256):
+//!
+//! ```text
+//! "bagel.v1 holder batch\0"
+//! lp(log) ‖ u64(bucket_secs) ‖ lp(writer_id) ‖ u64(first_sequence)
+//! ‖ u32(#witnesses) ‖ H(witness.body) for each cited witness, in order
+//! ‖ u32(#entries)   ‖ u64(timestamp_us) ‖ H(payload) for each entry, in order
+//! ```
+//!
+//! The prefix keeps the signature from ever passing as another kind of
+//! statement; the length prefixes and counts make the encoding injective
+//! (no two batches share a message). A cited witness is named by the hash
+//! of its exact body bytes, which holds the lease id, kind and deadline, so
+//! a signature cannot be moved to another grant or renewal of the lease.
+//! Not covered: the batch's signed time (it is signed by its own authority
+//! and checked against the timestamps) and the witnesses' server
+//! signatures (checked on their own).
+
+use bagel_proto::{Signer, pb};
+use ed25519_dalek::{Signature, Signer as _, VerifyingKey};
+use sha2::{Digest as _, Sha256};
+
+/// The prefix of every batch signing message.
+pub const DOMAIN: &[u8] = b"bagel.v1 holder batch\0";
+
+fn put_lp(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u32::try_from(bytes.len()).expect("a field of a framed record fits in u32");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_count(out: &mut Vec<u8>, n: usize) {
+    let n = u32::try_from(n).expect("a count of a framed record fits in u32");
+    out.extend_from_slice(&n.to_be_bytes());
+}
+
+/// The exact bytes a batch's holder signatures are over (see the module
+/// docs). Reads every field but `signed_time` and `holder_signatures`.
+pub fn signing_message(batch: &pb::Batch) -> Vec<u8> {
+    let mut m = Vec::with_capacity(
+        DOMAIN.len()
+            + 64
+            + batch.log.len()
+            + batch.writer_id.len()
+            + 32 * batch.witnesses.len()
+            + 40 * batch.entries.len(),
+    );
+    m.extend_from_slice(DOMAIN);
+    put_lp(&mut m, batch.log.as_bytes());
+    m.extend_from_slice(&batch.bucket_secs.to_be_bytes());
+    put_lp(&mut m, batch.writer_id.as_bytes());
+    m.extend_from_slice(&batch.first_sequence.to_be_bytes());
+    put_count(&mut m, batch.witnesses.len());
+    for w in &batch.witnesses {
+        m.extend_from_slice(&Sha256::digest(&w.body));
+    }
+    put_count(&mut m, batch.entries.len());
+    for e in &batch.entries {
+        m.extend_from_slice(&e.timestamp_us.to_be_bytes());
+        m.extend_from_slice(&Sha256::digest(&e.payload));
+    }
+    m
+}
+
+/// Fills `batch.holder_signatures`: for each cited witness whose body
+/// names a holder key, the signature by the matching key of `holders`;
+/// empty for a witness without one. Fails if a witness names a key none of
+/// `holders` has (the writer does not hold that lease's key: it must not
+/// write under it), or does not decode.
+pub fn sign(batch: &mut pb::Batch, holders: &[Signer]) -> Result<(), String> {
+    let message = signing_message(batch);
+    let mut made: Vec<([u8; 32], Vec<u8>)> = Vec::new();
+    let mut sigs = Vec::with_capacity(batch.witnesses.len());
+    for w in &batch.witnesses {
+        let body = bagel_proto::witness::decode_unverified(w)?;
+        if body.holder_key.is_empty() {
+            sigs.push(Vec::new());
+            continue;
+        }
+        let signer = holders
+            .iter()
+            .find(|s| s.verifying_key().as_bytes().as_slice() == body.holder_key.as_slice())
+            .ok_or_else(|| {
+                format!(
+                    "lease {}'s witness names a holder key this writer does not have: only the process \
+                     that acquired the lease (or one given its lease file) can sign batches under it",
+                    body.lease_id
+                )
+            })?;
+        let key = signer.verifying_key().to_bytes();
+        // One signature per distinct key (a lease over several servers
+        // has one key in all of its witnesses).
+        let sig = match made.iter().find(|(k, _)| *k == key) {
+            Some((_, sig)) => sig.clone(),
+            None => {
+                let sig = signer.signing_key().sign(&message).to_bytes().to_vec();
+                made.push((key, sig.clone()));
+                sig
+            }
+        };
+        sigs.push(sig);
+    }
+    batch.holder_signatures = sigs;
+    Ok(())
+}
+
+/// What the holder signatures of a batch show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderCheck {
+    /// Every cited witness names a holder key and its signature verifies.
+    Bound,
+    /// These leases were acquired without a holder key: their witnesses
+    /// cannot vouch for the batch (anyone holding a copy of the witness
+    /// could have written it). The other witnesses' signatures verify.
+    Unbound { lease_ids: Vec<String> },
+    /// A signature is missing or does not verify: the batch is not what the
+    /// holder of that lease wrote (forged, altered, or moved).
+    Bad { reason: String },
+}
+
+/// Checks `batch`'s holder signatures against the holder keys in
+/// `bodies`, the decoded bodies of its witnesses in order (their server
+/// signatures are checked apart from this).
+pub fn check(batch: &pb::Batch, bodies: &[pb::WitnessBody]) -> HolderCheck {
+    let message = signing_message(batch);
+    let mut unbound = Vec::new();
+    for (i, body) in bodies.iter().enumerate() {
+        if body.holder_key.is_empty() {
+            unbound.push(body.lease_id.clone());
+            continue;
+        }
+        let bad = |why: &str| HolderCheck::Bad {
+            reason: format!(
+                "holder signature for lease {} {why}: the batch is not what that lease's holder wrote \
+                 (forged, altered, or moved from another log or bag)",
+                body.lease_id
+            ),
+        };
+        let Ok(raw) = <[u8; 32]>::try_from(body.holder_key.as_slice()) else {
+            return bad("cannot be checked (the witness's holder key is not 32 bytes)");
+        };
+        let Ok(key) = VerifyingKey::from_bytes(&raw) else {
+            return bad("cannot be checked (the witness's holder key is not a valid ed25519 key)");
+        };
+        let Some(sig) = batch.holder_signatures.get(i).filter(|s| !s.is_empty()) else {
+            return bad("is missing");
+        };
+        let Ok(sig) = Signature::from_slice(sig) else {
+            return bad("is malformed");
+        };
+        if key.verify_strict(&message, &sig).is_err() {
+            return bad("does not verify");
+        }
+    }
+    if unbound.is_empty() {
+        HolderCheck::Bound
+    } else {
+        HolderCheck::Unbound { lease_ids: unbound }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    fn witness(lease_id: &str, holder: Option<&Signer>) -> pb::Witness {
+        let body = pb::WitnessBody {
+            lease_id: lease_id.into(),
+            holder_key: holder.map_or_else(Vec::new, |h| h.verifying_key().to_bytes().to_vec()),
+            ..Default::default()
+        };
+        pb::Witness {
+            body: body.encode_to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn batch(witnesses: Vec<pb::Witness>) -> pb::Batch {
+        pb::Batch {
+            writer_id: "w1".into(),
+            first_sequence: 7,
+            witnesses,
+            entries: vec![
+                pb::Entry {
+                    timestamp_us: 1_700_000_000_000_001,
+                    payload: b"deposit 10".to_vec(),
+                },
+                pb::Entry {
+                    timestamp_us: 1_700_000_000_000_002,
+                    payload: b"withdraw 3".to_vec(),
+                },
+            ],
+            log: "ledger".into(),
+            bucket_secs: 1_700_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn bodies(b: &pb::Batch) -> Vec<pb::WitnessBody> {
+        b.witnesses
+            .iter()
+            .map(|w| bagel_proto::witness::decode_unverified(w).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_signing_message_is_the_documented_encoding() {
+        let w = witness("l1", None);
+        let b = batch(vec![w.clone()]);
+        let mut want = b"bagel.v1 holder batch\0".to_vec();
+        want.extend_from_slice(&6u32.to_be_bytes());
+        want.extend_from_slice(b"ledger");
+        want.extend_from_slice(&1_700_000_000u64.to_be_bytes());
+        want.extend_from_slice(&2u32.to_be_bytes());
+        want.extend_from_slice(b"w1");
+        want.extend_from_slice(&7u64.to_be_bytes());
+        want.extend_from_slice(&1u32.to_be_bytes());
+        want.extend_from_slice(&Sha256::digest(&w.body));
+        want.extend_from_slice(&2u32.to_be_bytes());
+        want.extend_from_slice(&1_700_000_000_000_001u64.to_be_bytes());
+        want.extend_from_slice(&Sha256::digest(b"deposit 10"));
+        want.extend_from_slice(&1_700_000_000_000_002u64.to_be_bytes());
+        want.extend_from_slice(&Sha256::digest(b"withdraw 3"));
+        assert_eq!(signing_message(&b), want);
+    }
+
+    #[test]
+    fn every_covered_field_changes_the_message() {
+        let base = batch(vec![witness("l1", None), witness("l2", None)]);
+        let m = signing_message(&base);
+        type Change = Box<dyn Fn(&mut pb::Batch)>;
+        let changes: Vec<(&str, Change)> = vec![
+            ("log", Box::new(|b| b.log = "ledger2".into())),
+            ("bucket", Box::new(|b| b.bucket_secs += 1)),
+            ("writer", Box::new(|b| b.writer_id = "w2".into())),
+            ("sequence", Box::new(|b| b.first_sequence += 1)),
+            (
+                "payload",
+                Box::new(|b| b.entries[1].payload = b"withdraw 1000000".to_vec()),
+            ),
+            ("timestamp", Box::new(|b| b.entries[0].timestamp_us += 1)),
+            ("entry dropped", Box::new(|b| drop(b.entries.pop()))),
+            ("witness", Box::new(|b| b.witnesses[1] = witness("l3", None))),
+            ("witness order", Box::new(|b| b.witnesses.swap(0, 1))),
+            // Length prefixes: moving a byte between log and writer.
+            (
+                "field boundary",
+                Box::new(|b| {
+                    b.log = "ledgerw".into();
+                    b.writer_id = "1".into();
+                }),
+            ),
+        ];
+        for (what, change) in changes {
+            let mut b = base.clone();
+            change(&mut b);
+            assert_ne!(signing_message(&b), m, "{what} is not covered");
+        }
+        // The signed time and the signatures themselves are not covered.
+        let mut b = base.clone();
+        b.holder_signatures = vec![vec![1; 64]];
+        b.signed_time = Some(pb::SignedTime::default());
+        assert_eq!(signing_message(&b), m);
+    }
+
+    #[test]
+    fn a_signed_batch_verifies_and_any_change_does_not() {
+        let holder = Signer::generate();
+        let mut b = batch(vec![witness("l1", Some(&holder)), witness("l2", Some(&holder))]);
+        sign(&mut b, std::slice::from_ref(&holder)).unwrap();
+        assert_eq!(b.holder_signatures.len(), 2);
+        assert_eq!(check(&b, &bodies(&b)), HolderCheck::Bound);
+
+        let mut forged = b.clone();
+        forged.entries[1].payload = b"withdraw 1000000".to_vec();
+        assert!(matches!(
+            check(&forged, &bodies(&forged)),
+            HolderCheck::Bad { .. }
+        ));
+        let mut moved = b.clone();
+        moved.log = "other".into();
+        assert!(matches!(check(&moved, &bodies(&moved)), HolderCheck::Bad { .. }));
+        let mut renamed = b.clone();
+        renamed.writer_id = "mallory".into();
+        assert!(matches!(
+            check(&renamed, &bodies(&renamed)),
+            HolderCheck::Bad { .. }
+        ));
+        let mut stripped = b.clone();
+        stripped.holder_signatures.clear();
+        match check(&stripped, &bodies(&stripped)) {
+            HolderCheck::Bad { reason } => assert!(reason.contains("is missing"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // Re-signed with another key: the witness names the holder's.
+        let thief = Signer::generate();
+        let mut resigned = forged.clone();
+        let err = sign(&mut resigned, std::slice::from_ref(&thief)).unwrap_err();
+        assert!(err.contains("does not have"), "{err}");
+        resigned.holder_signatures = vec![
+            thief
+                .signing_key()
+                .sign(&signing_message(&forged))
+                .to_bytes()
+                .to_vec();
+            2
+        ];
+        assert!(matches!(
+            check(&resigned, &bodies(&resigned)),
+            HolderCheck::Bad { .. }
+        ));
+    }
+
+    #[test]
+    fn a_witness_without_a_holder_key_is_unbound_not_bad() {
+        let holder = Signer::generate();
+        let mut b = batch(vec![witness("old", None), witness("new", Some(&holder))]);
+        sign(&mut b, std::slice::from_ref(&holder)).unwrap();
+        assert!(b.holder_signatures[0].is_empty());
+        assert_eq!(
+            check(&b, &bodies(&b)),
+            HolderCheck::Unbound {
+                lease_ids: vec!["old".into()]
+            }
+        );
+    }
+}
