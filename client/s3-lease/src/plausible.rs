@@ -146,6 +146,7 @@ mod tests {
                 names: vec!["n".into()],
                 key_id: "k".into(),
                 clock_bound_us: Some(5 * SEC),
+                holder_key: String::new(),
             }),
             previous: PreviousRecord {
                 watermark_us: NOW - SEC,
