@@ -274,7 +274,7 @@ impl Metronome {
         let loops = self.per_log().into_iter().map(|m| {
             m.run_one(shutdown.clone(), |r| {
                 let mut f = on_tick.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                (&mut *f)(r);
+                (*f)(r);
             })
         });
         futures::future::join_all(loops).await;
