@@ -41,6 +41,13 @@ pub const LOCK: &str = "lock";
 /// Data files end with this; everything else in a bag directory is ignored.
 pub const DATA_SUFFIX: &str = ".log";
 
+/// A lock is one short line per writer file of one second: this many bytes
+/// is ~80,000 writers. A bigger `lock` is not one a closer wrote, and is not
+/// read whole.
+pub const MAX_LOCK_BYTES: u64 = 8 << 20;
+/// The longest file name most file systems store (`NAME_MAX`).
+const MAX_NAME_BYTES: usize = 255;
+
 const READ_ONLY_FILE: u32 = 0o444;
 const READ_ONLY_DIR: u32 = 0o555;
 
@@ -67,16 +74,22 @@ impl DirectoryStore {
 
     async fn read_lock(&self, log: &str, bucket: Bucket, dir: &str) -> Result<Listing> {
         let path = format!("{dir}/{LOCK}");
-        let bytes = self
-            .fs
-            .read(&path, None)
-            .await
-            .map_err(|e| Error::io("read", &path, e))?;
-        Listing::decode(&bytes).map_err(|reason| Error::CorruptLock {
+        let corrupt = |reason: String| Error::CorruptLock {
             log: log.to_owned(),
             bucket,
             reason,
-        })
+        };
+        let bytes = match self.fs.read(&path, Some(MAX_LOCK_BYTES + 1)).await {
+            Ok(b) => b,
+            Err(e) if crate::fsops::is_not_plain(&e) => return Err(corrupt(format!("`lock` is {e}"))),
+            Err(e) => return Err(Error::io("read", &path, e)),
+        };
+        if bytes.len() as u64 > MAX_LOCK_BYTES {
+            return Err(corrupt(format!(
+                "over {MAX_LOCK_BYTES} bytes: not a lock a closer wrote"
+            )));
+        }
+        Listing::decode(&bytes).map_err(corrupt)
     }
 
     async fn list(&self, dir: &str) -> Result<Option<Vec<crate::fsops::DirEntry>>> {
@@ -220,6 +233,30 @@ impl DirectoryStore {
     }
 }
 
+/// Why `name` cannot be one of a bag's data files, if it cannot: the
+/// writer's naming rule (`<writer id>.<instance>.<generation>.log`, from
+/// `[A-Za-z0-9._-]`, not starting with `.` or `_`). So a lock can only name
+/// files inside its own bag directory: no separator, no `..`, no absolute
+/// path, nothing of the protocol's own (`lock`, `prelock`, `.lock.*`).
+pub fn data_file_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Some("not 1 to 255 bytes");
+    }
+    if name.starts_with('.') || name.starts_with('_') {
+        return Some("starts with '.' or '_'");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Some("not a plain file name: only [A-Za-z0-9._-] (no '/')");
+    }
+    if !name.ends_with(DATA_SUFFIX) || name.len() == DATA_SUFFIX.len() {
+        return Some("not a data file name (<writer>.<instance>.<generation>.log)");
+    }
+    None
+}
+
 fn is_data_file(e: &crate::fsops::DirEntry) -> bool {
     !e.is_dir && e.name.ends_with(DATA_SUFFIX) && !e.name.starts_with('.')
 }
@@ -269,11 +306,21 @@ impl BagStore for DirectoryStore {
         item: &ListedItem,
         limit: Option<u64>,
     ) -> Result<Bytes> {
+        let refused = |reason: String| Error::ItemRefused {
+            log: log.to_owned(),
+            bucket,
+            item: item.name.clone(),
+            reason,
+        };
+        if let Some(why) = data_file_name_problem(&item.name) {
+            return Err(refused(why.to_owned()));
+        }
         let path = format!("{}/{}", Self::dir(log, bucket), item.name);
-        self.fs
-            .read(&path, limit)
-            .await
-            .map_err(|e| Error::io("read", &path, e))
+        match self.fs.read(&path, limit).await {
+            Ok(b) => Ok(b),
+            Err(e) if crate::fsops::is_not_plain(&e) => Err(refused(e.to_string())),
+            Err(e) => Err(Error::io("read", &path, e)),
+        }
     }
 
     async fn log_start(&self, log: &str) -> Result<Option<Bucket>> {
@@ -310,5 +357,31 @@ impl BagStore for DirectoryStore {
             .filter(|e| e.is_dir)
             .map(|e| e.name)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::data_file_name_problem;
+
+    #[test]
+    fn only_data_file_names_of_the_bag_itself_pass() {
+        assert_eq!(data_file_name_problem("host-1.pid-7.0badcafe.0.log"), None);
+        for bad in [
+            "../../../outside/evil.log",
+            "/dev/zero",
+            "..",
+            ".lock.0123.log",
+            "_x.log",
+            "lock",
+            "prelock",
+            "a/b.log",
+            ".log",
+            "x.log\n",
+            "",
+        ] {
+            assert!(data_file_name_problem(bad).is_some(), "{bad:?} passed");
+        }
+        assert!(data_file_name_problem(&format!("{}.log", "a".repeat(252))).is_some());
     }
 }

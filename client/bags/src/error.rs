@@ -61,6 +61,30 @@ pub enum Error {
     /// An item no longer is what the bag's lock lists (its ETag differs).
     #[error("item {item} of bag {bucket} changed since the bag was closed")]
     ItemChanged { bucket: Bucket, item: String },
+    /// An item of a bag that the store will not read: a name that is not
+    /// one of that bag's data files, a symbolic link, not a regular file,
+    /// or a listed size over the reader's per-item limit.
+    #[error("item {item:?} of bag {bucket} of log {log:?} refused: {reason}")]
+    ItemRefused {
+        log: String,
+        bucket: Bucket,
+        item: String,
+        reason: String,
+    },
+    /// A read would seal (close empty) missing bags further back than the
+    /// reader's seal lookback allows: most likely a stray start mark or a
+    /// `from` far before the log began.
+    #[error(
+        "reading log {log:?} would seal {missing} missing past bags from {first} on, further back than \
+         the seal lookback {limit:?} allows (a reader closes missing past bags empty so that later \
+         readers agree); read from a later time, or raise the lookback"
+    )]
+    SealTooFar {
+        log: String,
+        first: Bucket,
+        missing: u64,
+        limit: Duration,
+    },
     #[error("storage operation {op} timed out after {after:?}")]
     Timeout { op: String, after: Duration },
     #[error("{op} {path}: {source}")]
@@ -127,6 +151,8 @@ impl Error {
             Error::NoSignedTime { .. } => "no_signed_time",
             Error::SignedTimeOff { .. } => "signed_time_off",
             Error::ItemChanged { .. } => "item_changed",
+            Error::ItemRefused { .. } => "item_refused",
+            Error::SealTooFar { .. } => "seal_too_far",
             Error::Timeout { .. } => "timeout",
             Error::Io { .. } => "io",
             Error::Store { .. } => "store",
@@ -162,6 +188,8 @@ impl Error {
             | Error::NoRights { .. }
             | Error::WritesClosed
             | Error::ItemChanged { .. }
+            | Error::ItemRefused { .. }
+            | Error::SealTooFar { .. }
             | Error::Injected(_) => false,
         }
     }

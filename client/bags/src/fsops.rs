@@ -64,9 +64,12 @@ pub trait FsOps: Send + Sync + fmt::Debug {
     /// returns its stat as opened, so the caller can check size and mode
     /// before writing.
     async fn open_append(&self, path: &str) -> io::Result<(Box<dyn AppendFile>, FileStat)>;
-    /// open + fstat.
+    /// open + fstat. Like `read` and `chmod`, never follows a symbolic link
+    /// and refuses what is not a regular file or directory, with an error
+    /// [`is_not_plain`] recognises.
     async fn stat(&self, path: &str) -> io::Result<FileStat>;
-    /// open + read up to `limit` bytes (all when `None`).
+    /// open + read up to `limit` bytes (all when `None`) of a regular file,
+    /// never more than it holds when opened.
     async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes>;
     /// chmod: the "closed" signal on data files and bag directories.
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()>;
@@ -119,6 +122,11 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 
 /// It also refreshes the cached size that later reads on this open file are
 /// bounded by. On a local file system it is a plain `fstat`.
 fn fresh_stat(f: &std::fs::File) -> io::Result<FileStat> {
+    fresh_stat_typed(f).map(|(st, _)| st)
+}
+
+/// [`fresh_stat`], with the file's type.
+fn fresh_stat_typed(f: &std::fs::File) -> io::Result<(FileStat, rustix::fs::FileType)> {
     use rustix::fs::{AtFlags, FileType, StatxFlags};
     let st = rustix::fs::statx(
         f,
@@ -127,11 +135,60 @@ fn fresh_stat(f: &std::fs::File) -> io::Result<FileStat> {
         StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::SIZE,
     )?;
     let mode = u32::from(st.stx_mode);
-    Ok(FileStat {
-        len: st.stx_size,
-        mode: mode & 0o7777,
-        is_dir: FileType::from_raw_mode(mode) == FileType::Directory,
-    })
+    let kind = FileType::from_raw_mode(mode);
+    Ok((
+        FileStat {
+            len: st.stx_size,
+            mode: mode & 0o7777,
+            is_dir: kind == FileType::Directory,
+        },
+        kind,
+    ))
+}
+
+/// The error for a path that is not a plain file of the store: a symbolic
+/// link, a FIFO, a device, a socket. Kind `InvalidData`, so callers can
+/// tell it from a failure of the storage itself.
+fn not_plain(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_owned())
+}
+
+/// Whether `e` says a path is not a plain file of the store (see
+/// [`FsOps::stat`]): the item is refused, rather than the storage failing.
+pub fn is_not_plain(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData
+}
+
+/// Opens `p` read-only without following a symbolic link in its last
+/// component (`O_NOFOLLOW`) and without waiting for a writer on a FIFO
+/// (`O_NONBLOCK`), then accepts only a regular file (or a directory when
+/// `dir_ok`). Whoever can write to the store must not make a reader follow
+/// a link out of the root, read `/dev/zero`, chmod a file elsewhere, or
+/// wait forever on a pipe.
+fn open_plain(p: &Path, dir_ok: bool) -> io::Result<(std::fs::File, FileStat)> {
+    use rustix::fs::{FileType, OFlags};
+    let flags = (OFlags::NOFOLLOW | OFlags::NONBLOCK).bits();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(i32::try_from(flags).unwrap_or(i32::MAX))
+        .open(p)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                not_plain("a symbolic link (links are not followed)")
+            } else {
+                e
+            }
+        })?;
+    let (st, kind) = fresh_stat_typed(&f)?;
+    match kind {
+        FileType::RegularFile => Ok((f, st)),
+        FileType::Directory if dir_ok => Ok((f, st)),
+        FileType::Directory => Err(not_plain("a directory, not a regular file")),
+        FileType::Fifo => Err(not_plain("a FIFO, not a regular file")),
+        FileType::CharacterDevice | FileType::BlockDevice => Err(not_plain("a device, not a regular file")),
+        FileType::Socket => Err(not_plain("a socket, not a regular file")),
+        _ => Err(not_plain("not a regular file")),
+    }
 }
 
 #[async_trait]
@@ -219,24 +276,19 @@ impl FsOps for StdFs {
 
     async fn stat(&self, path: &str) -> io::Result<FileStat> {
         let p = self.full(path);
-        blocking(move || {
-            let f = std::fs::File::open(&p)?;
-            fresh_stat(&f)
-        })
-        .await
+        blocking(move || open_plain(&p, true).map(|(_, st)| st)).await
     }
 
     async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes> {
         let p = self.full(path);
         blocking(move || {
-            let f = std::fs::File::open(&p)?;
-            // Reads stop at the size the kernel believes; make it current.
-            fresh_stat(&f)?;
-            let mut buf = Vec::new();
-            match limit {
-                Some(n) => f.take(n).read_to_end(&mut buf)?,
-                None => (&f).read_to_end(&mut buf)?,
-            };
+            // Reads stop at the size the kernel believes; the fresh stat in
+            // `open_plain` makes it current, and bounds the buffer: never
+            // more than the file holds, nor than the caller's limit.
+            let (f, st) = open_plain(&p, false)?;
+            let n = limit.map_or(st.len, |l| l.min(st.len));
+            let mut buf = Vec::with_capacity(usize::try_from(n).unwrap_or(usize::MAX));
+            f.take(n).read_to_end(&mut buf)?;
             Ok(Bytes::from(buf))
         })
         .await
@@ -244,7 +296,13 @@ impl FsOps for StdFs {
 
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
         let p = self.full(path);
-        blocking(move || std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))).await
+        // Through the opened file (fchmod), so a symbolic link planted in a
+        // bag cannot point a closer's chmod at a file outside the store.
+        blocking(move || {
+            let (f, _) = open_plain(&p, true)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+        })
+        .await
     }
 
     async fn remove_private(&self, path: &str) -> io::Result<()> {

@@ -213,11 +213,14 @@ impl Metronome {
     }
 
     /// Closes every bag whose close time has passed. On an error the
-    /// cursor stays at the failed bag, so the next tick retries it.
+    /// cursor stays at the failed bag, so the next tick retries it; the
+    /// other logs are closed all the same (one bad log stalls only itself),
+    /// and the first error is returned once they are.
     pub async fn tick(&mut self) -> Result<CloseReport> {
         let mut report = CloseReport::default();
+        let mut first_error = None;
         for (log, next) in self.logs.iter().zip(self.next.iter_mut()) {
-            loop {
+            'log: loop {
                 let close_at = next.close_time(self.cfg.grace);
                 if self.clock.now() < close_at {
                     break;
@@ -228,7 +231,8 @@ impl Metronome {
                         if let Some(o) = &self.observer {
                             o.failed(log, *next, &e);
                         }
-                        return Err(e);
+                        first_error.get_or_insert(e);
+                        break 'log;
                     }
                 };
                 let lag = self.clock.now().duration_since(close_at);
@@ -239,16 +243,44 @@ impl Metronome {
                 *next = next.next();
             }
         }
-        Ok(report)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// One metronome per log, sharing store, settings and observer.
+    fn per_log(self) -> Vec<Metronome> {
+        self.logs
+            .into_iter()
+            .zip(self.next)
+            .map(|(log, next)| Metronome {
+                store: Arc::clone(&self.store),
+                logs: vec![log],
+                next: vec![next],
+                cfg: self.cfg.clone(),
+                clock: Arc::clone(&self.clock),
+                observer: self.observer.clone(),
+            })
+            .collect()
     }
 
     /// Ticks at every close time until `shutdown`, handing each round's
     /// result (including errors, which do not stop the loop) to `on_tick`.
-    pub async fn run(
-        mut self,
-        shutdown: CancellationToken,
-        mut on_tick: impl FnMut(&Result<CloseReport>) + Send,
-    ) {
+    /// Each log has its own loop: a log whose storage calls hang until
+    /// they time out delays no other log's closes.
+    pub async fn run(self, shutdown: CancellationToken, on_tick: impl FnMut(&Result<CloseReport>) + Send) {
+        let on_tick = std::sync::Mutex::new(on_tick);
+        let loops = self.per_log().into_iter().map(|m| {
+            m.run_one(shutdown.clone(), |r| {
+                let mut f = on_tick.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                (*f)(r);
+            })
+        });
+        futures::future::join_all(loops).await;
+    }
+
+    async fn run_one(mut self, shutdown: CancellationToken, mut on_tick: impl FnMut(&Result<CloseReport>)) {
         loop {
             let r = self.tick().await;
             let failed = r.is_err();

@@ -59,7 +59,20 @@ pub struct ReadOptions {
     pub roughtime_keys: Vec<bagel_proto::signed_time::roughtime::RoughtimeKey>,
     /// Told (bags read, bags to read) as the read goes (a progress bar).
     pub progress: Option<Progress>,
+    /// An item listed (or found, in an open bag) bigger than this is not
+    /// read but reported as a problem: whoever can write to the store must
+    /// not make a reader hold more than this per item.
+    pub max_item_bytes: u64,
+    /// Missing bags are sealed at most this far back from now; a read that
+    /// would seal older ones is refused ([`crate::Error::SealTooFar`]), so
+    /// a stray start mark cannot make a reader create bags back to 1970.
+    pub max_seal_lookback: std::time::Duration,
 }
+
+/// [`ReadOptions::max_item_bytes`] by default: 1 GiB.
+pub const DEFAULT_MAX_ITEM_BYTES: u64 = 1 << 30;
+/// [`ReadOptions::max_seal_lookback`] by default: one hour.
+pub const DEFAULT_MAX_SEAL_LOOKBACK: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A callback told `(done, total)` as long work advances.
 #[derive(Clone)]
@@ -91,6 +104,8 @@ impl Default for ReadOptions {
             keys: None,
             roughtime_keys: Vec::new(),
             progress: None,
+            max_item_bytes: DEFAULT_MAX_ITEM_BYTES,
+            max_seal_lookback: DEFAULT_MAX_SEAL_LOOKBACK,
         }
     }
 }
@@ -105,6 +120,16 @@ impl ReadOptions {
     pub fn with_range(mut self, from: Micros, to: Micros) -> Self {
         self.from = from;
         self.to = to;
+        self
+    }
+    #[must_use]
+    pub fn with_max_item_bytes(mut self, bytes: u64) -> Self {
+        self.max_item_bytes = bytes;
+        self
+    }
+    #[must_use]
+    pub fn with_max_seal_lookback(mut self, d: std::time::Duration) -> Self {
+        self.max_seal_lookback = d;
         self
     }
     #[must_use]
@@ -238,6 +263,7 @@ pub async fn read(
     if opts.close_past_due
         && let Some(start) = store.log_start(log).await?
     {
+        check_seal_lookback(log, &buckets, start.max(first), last, opts, cfg, clock)?;
         let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, clock).await?;
         report.sealed = sealed.len() as u64;
         buckets.extend(sealed);
@@ -264,8 +290,23 @@ pub async fn read(
             report.closed_bags_read += 1;
         }
         for item in items {
-            let limit = (!open).then_some(item.size);
-            match store.read_item(log, bucket, &item, limit).await {
+            if item.size > opts.max_item_bytes {
+                report.problems.push(Problem {
+                    kind: ProblemKind::Damaged,
+                    bucket,
+                    item: item.name.clone(),
+                    offset: None,
+                    what: format!(
+                        "not read: its size {} is over the per-item limit of {} bytes",
+                        item.size, opts.max_item_bytes
+                    ),
+                    in_open_bag: open,
+                });
+                continue;
+            }
+            // An open item may have grown since it was listed: still bounded.
+            let limit = if open { opts.max_item_bytes } else { item.size };
+            match store.read_item(log, bucket, &item, Some(limit)).await {
                 Ok(bytes) => {
                     let at = Place {
                         log,
@@ -275,14 +316,16 @@ pub async fn read(
                     };
                     read_item(&mut report, &mut seen, opts, cfg, &at, bytes);
                 }
-                Err(e @ crate::Error::ItemChanged { .. }) => report.problems.push(Problem {
-                    kind: ProblemKind::Damaged,
-                    bucket,
-                    item: item.name.clone(),
-                    offset: None,
-                    what: e.to_string(),
-                    in_open_bag: open,
-                }),
+                Err(e @ (crate::Error::ItemChanged { .. } | crate::Error::ItemRefused { .. })) => {
+                    report.problems.push(Problem {
+                        kind: ProblemKind::Damaged,
+                        bucket,
+                        item: item.name.clone(),
+                        offset: None,
+                        what: e.to_string(),
+                        in_open_bag: open,
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -294,6 +337,59 @@ pub async fn read(
     report.messages.sort_by_key(key);
     report.rejected.sort_by_key(|r| key(&r.message));
     Ok(report)
+}
+
+/// Refuses a seal of `[from, to]` that would close missing bags older than
+/// `now - max_seal_lookback`; bags that exist cost nothing, so an old range
+/// the metronome closed reads as before. Counts from the existing bags,
+/// never by walking the seconds.
+fn check_seal_lookback(
+    log: &str,
+    existing: &[Bucket],
+    from: Bucket,
+    to: Bucket,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+    clock: &dyn Clock,
+) -> Result<()> {
+    let now = clock.now();
+    let horizon = Bucket::of(now.saturating_sub(opts.max_seal_lookback));
+    // The last bag of the old part that a seal would reach: before the
+    // horizon, within the range, and past due.
+    let mut old_end = to.secs().min(horizon.secs().saturating_sub(1));
+    while old_end >= from.secs() && now < Bucket::from_secs(old_end).close_time(cfg.grace) {
+        let Some(earlier) = old_end.checked_sub(1) else {
+            return Ok(());
+        };
+        old_end = earlier;
+    }
+    if from.secs() >= horizon.secs() || old_end < from.secs() {
+        return Ok(());
+    }
+    let mut present: Vec<u64> = existing
+        .iter()
+        .map(|b| b.secs())
+        .filter(|s| (from.secs()..=old_end).contains(s))
+        .collect();
+    present.sort_unstable();
+    present.dedup();
+    let span = old_end - from.secs() + 1;
+    let missing = span - present.len() as u64;
+    if missing == 0 {
+        return Ok(());
+    }
+    // The first gap: the first second not matched by its position.
+    let first = present
+        .iter()
+        .zip(from.secs()..)
+        .find(|(have, want)| **have != *want)
+        .map_or(from.secs() + present.len() as u64, |(_, want)| want);
+    Err(crate::Error::SealTooFar {
+        log: log.to_owned(),
+        first: Bucket::from_secs(first),
+        missing,
+        limit: opts.max_seal_lookback,
+    })
 }
 
 /// Closes, empty, every past-due bag of `[from, to]` that is not among
@@ -596,5 +692,61 @@ fn check_batch(
             Some(reason) => report.rejected.push(Rejected { message, reason }),
             None => report.messages.push(message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bagel_proto::Micros;
+    use bagel_proto::clock::ManualClock;
+
+    use super::*;
+    use crate::directory::DirectoryStore;
+
+    fn secs(s: u64) -> Micros {
+        Micros::from_micros(s * 1_000_000)
+    }
+
+    #[tokio::test]
+    async fn sealing_reaches_back_only_as_far_as_the_lookback() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirectoryStore::local(dir.path(), false);
+        let cfg = BagConfig::default();
+        let now = 2_000_000_000;
+        let clock = ManualClock::new(secs(now));
+        // A start mark 100 s ago, and the metronome closed 100..40 s ago
+        // except one bag (70 s ago).
+        store
+            .mark_log_start("log", Bucket::from_secs(now - 100))
+            .await
+            .unwrap();
+        for s in (now - 100)..(now - 40) {
+            if s != now - 70 {
+                store.close("log", Bucket::from_secs(s)).await.unwrap();
+            }
+        }
+        let opts = ReadOptions::default().with_max_seal_lookback(Duration::from_secs(60));
+        // The gap at -70 s is beyond the 60 s lookback: refused, nothing sealed.
+        let err = read(&store, "log", &opts, &cfg, &clock).await.unwrap_err();
+        match err {
+            crate::Error::SealTooFar { first, missing, .. } => {
+                assert_eq!((first, missing), (Bucket::from_secs(now - 70), 1));
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(
+            store.state("log", Bucket::from_secs(now - 70)).await.unwrap(),
+            BagState::Open(vec![])
+        );
+        // From after the gap: the rest (within the lookback) is sealed.
+        let later = opts.clone().with_range(secs(now - 69), Micros::MAX);
+        let r = read(&store, "log", &later, &cfg, &clock).await.unwrap();
+        assert_eq!(r.sealed, 38, "-40 s ..= -3 s (a bag closes 2 s after its end)");
+        // A longer lookback seals the old gap too.
+        let wide = opts.with_max_seal_lookback(Duration::from_secs(120));
+        let r = read(&store, "log", &wide, &cfg, &clock).await.unwrap();
+        assert_eq!(r.sealed, 1);
     }
 }

@@ -100,7 +100,24 @@ pub fn s3_from_env(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
 pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>> {
     let store: Arc<dyn BagStore> = match StoreUrl::parse(url)? {
         StoreUrl::File { root } => {
-            check_root(url, &root)?;
+            // On the blocking pool and bounded like every later call: a
+            // hung mount must fail the command, not hang it.
+            let (u, r) = (url.to_owned(), root.clone());
+            match tokio::time::timeout(
+                cfg.op_timeout,
+                tokio::task::spawn_blocking(move || check_root(&u, &r)),
+            )
+            .await
+            {
+                Ok(Ok(checked)) => checked?,
+                Ok(Err(e)) => return Err(Error::io("stat", url, std::io::Error::other(e))),
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        op: format!("look for the store root of {url}"),
+                        after: cfg.op_timeout,
+                    });
+                }
+            }
             Arc::new(DirectoryStore::local(root, cfg.sync))
         }
         StoreUrl::S3 { bucket, prefix } => {

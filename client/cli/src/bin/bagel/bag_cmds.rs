@@ -49,13 +49,54 @@ pub struct LogRange {
     /// First timestamp excluded: Unix microseconds or RFC 3339.
     #[arg(long, value_parser = parse_time)]
     to: Option<Micros>,
+    /// Items (data files, batch objects) listed bigger than this are not
+    /// read but reported as a problem (bytes, or with KiB, MiB, GiB).
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    max_item_bytes: u64,
+    /// A read closes missing past bags empty (so later readers agree) at
+    /// most this far back from now; one that would reach further back is
+    /// refused (a stray start mark, or --from long before the log began).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    max_seal_lookback: Duration,
 }
 
 impl LogRange {
     /// Read options covering this range.
     fn read_options(&self) -> ReadOptions {
-        ReadOptions::default().with_range(self.from.unwrap_or(Micros::ZERO), self.to.unwrap_or(Micros::MAX))
+        ReadOptions::default()
+            .with_range(self.from.unwrap_or(Micros::ZERO), self.to.unwrap_or(Micros::MAX))
+            .with_max_item_bytes(self.max_item_bytes)
+            .with_max_seal_lookback(self.max_seal_lookback)
     }
+}
+
+/// A read's error, with the flags that change the outcome where some do.
+fn read_error(e: bag::Error) -> anyhow::Error {
+    let hint = matches!(e, bag::Error::SealTooFar { .. })
+        .then_some(" (give a later --from, or --max-seal-lookback to allow it)");
+    let e = anyhow::Error::new(e);
+    match hint {
+        Some(h) => anyhow::anyhow!("{e}{h}"),
+        None => e,
+    }
+}
+
+/// Bytes: a number, optionally followed by KiB, MiB or GiB (or K, M, G).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 1048576, 512MiB, 1GiB)"))?;
+    let mul: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mul).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[derive(clap::Args, Debug)]
@@ -208,7 +249,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let log = &a.range.log;
     let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await;
     bar.finish();
-    let report = report?;
+    let report = report.map_err(read_error)?;
     let messages = AuditMessage::from_report(&report, log);
     let mut acfg = AuditConfig::new(keys.clone());
     acfg.tolerance = a.tolerance;
@@ -437,7 +478,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let opts = opts.with_progress(bar.for_reader());
     let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await;
     bar.finish();
-    let report = report?;
+    let report = report.map_err(read_error)?;
     let mut out = std::io::stdout().lock();
     // Verified: keys were given, and every accepted message passed every
     // check (witness, holder and time signatures, bounds), and nothing in
@@ -541,8 +582,20 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    Ok(ExitCode::SUCCESS)
+    // A script must not take a read with rejected messages or damaged
+    // closed bags for a clean one. (A torn tail in an open bag is a write
+    // in progress, not damage.)
+    let damaged = report.problems.iter().any(|p| !p.in_open_bag);
+    Ok(if report.rejected.is_empty() && !damaged {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_NOT_CLEAN)
+    })
 }
+
+/// `bagel read`'s exit code when a message was rejected or a closed bag
+/// has a problem (everything readable was still printed).
+const EXIT_NOT_CLEAN: u8 = 4;
 
 async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config().with_lookback(a.lookback);

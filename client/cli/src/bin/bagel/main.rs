@@ -10,7 +10,8 @@
 //! a `bagel write` batch failed in a way that trying again may fix (the
 //! store timed out, no signed time, the clock behind the lease's start).
 //! `bagel run` otherwise exits with its child's status (128 + signal
-//! number when the child was killed by a signal).
+//! number when the child was killed by a signal); 4 `bagel read` rejected a
+//! message or found a closed bag damaged (what it could read was printed).
 
 mod bag_cmds;
 mod keys;
@@ -85,8 +86,25 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long the exit waits for storage calls still running on blocking
+/// threads: a call the command gave up on (a hung NFS mount, a FIFO) must
+/// not keep the process alive; its outcome was already reported unknown.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+fn main() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bagel: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = rt.block_on(run());
+    rt.shutdown_timeout(EXIT_GRACE);
+    code
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let g = lease_cmds::Globals {

@@ -167,20 +167,26 @@ impl MetronomeStatus {
         }
     }
 
-    /// Why the metronome is not ready, if it is not: a log whose last close
-    /// failed, or that is more than a second (one tick) plus the grace
-    /// behind.
+    /// Why the metronome is not ready, if it is not: every log whose last
+    /// close failed, or that is more than a second (one tick) plus the
+    /// grace behind, `; `-separated (an operator sees all stuck logs at
+    /// once, not the first).
     fn not_ready(&self) -> Option<String> {
         let now = self.clock.now();
         let limit = self.grace + Duration::from_secs(1);
-        self.logs().iter().find_map(|(log, s)| {
-            if s.failing {
-                let why = s.last_error.as_ref().map_or("", |(_, e)| e.as_str());
-                return Some(format!("log {log:?}: closing fails: {why}"));
-            }
-            let behind = self.behind(s, now);
-            (behind > limit).then(|| format!("log {log:?} is {behind:?} behind (limit {limit:?})"))
-        })
+        let why: Vec<String> = self
+            .logs()
+            .iter()
+            .filter_map(|(log, s)| {
+                if s.failing {
+                    let why = s.last_error.as_ref().map_or("", |(_, e)| e.as_str());
+                    return Some(format!("log {log:?}: closing fails: {why}"));
+                }
+                let behind = self.behind(s, now);
+                (behind > limit).then(|| format!("log {log:?} is {behind:?} behind (limit {limit:?})"))
+            })
+            .collect();
+        (!why.is_empty()).then(|| why.join("; "))
     }
 
     fn scrape(&self) -> String {
@@ -245,9 +251,11 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     let app = Router::new()
         .route("/", get(page))
+        .route("/metronome.css", get(css))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::map_response(security_headers))
         .with_state(status);
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -258,6 +266,41 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+/// What the browser may load for the status page: its own stylesheet,
+/// nothing else (no script at all), as the server's side port says.
+const CSP: &str =
+    "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+const CSS: &str = "body{font:15px system-ui,sans-serif;margin:1em;max-width:60em}\
+table{border-collapse:collapse;width:100%}td,th{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:left}\
+.ok{color:#176c2c}.bad{color:#a4161a}\n";
+
+/// On every answer: the CSP, and no content-type sniffing (a log name or
+/// an error text must never be taken for HTML or script).
+async fn security_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+async fn css() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        CSS,
+    )
+        .into_response()
 }
 
 async fn metrics(State(s): State<Arc<MetronomeStatus>>) -> Response {
@@ -286,7 +329,8 @@ fn escape(text: &str) -> String {
 }
 
 /// The status page: one table row per log. Plain HTML, no script, nothing
-/// loaded from elsewhere; the browser reloads it every 5 s.
+/// loaded from elsewhere (its stylesheet is `/metronome.css`, as the CSP
+/// allows); the browser reloads it every 5 s.
 async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
     let now = s.clock.now();
     let ready = s.not_ready();
@@ -296,9 +340,7 @@ async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
         "<!doctype html><html lang=en><head><meta charset=utf-8>\
          <meta name=viewport content=\"width=device-width,initial-scale=1\">\
          <meta http-equiv=refresh content=5><title>bagel metronome</title>\
-         <style>body{{font:15px system-ui,sans-serif;margin:1em;max-width:60em}}\
-         table{{border-collapse:collapse;width:100%}}td,th{{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:left}}\
-         .ok{{color:#176c2c}}.bad{{color:#a4161a}}</style></head><body>\
+         <link rel=stylesheet href=metronome.css></head><body>\
          <h1>bagel metronome</h1><p>store <code>{}</code>; grace {:?}; up {}s; <span id=ready class={}>{}</span></p>",
         escape(&s.store),
         s.grace,
