@@ -108,7 +108,8 @@ impl AcquireBuilder {
             owner: self.owner,
             wait: self.wait,
         };
+        let sent = tokio::time::Instant::now();
         let grant = self.backend.acquire_lease(spec).await?;
-        Ok(Lease::start(self.backend, grant, ttl, self.options))
+        Ok(Lease::start(self.backend, grant, sent, ttl, self.options))
     }
 }
