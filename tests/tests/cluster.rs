@@ -19,10 +19,7 @@ use bagel_tests::{ServerProcess, cli_servers, describe_output, unique, wire};
 use bytes::Bytes;
 
 fn spec(s: &ServerProcess) -> ServerSpec {
-    ServerSpec {
-        url: s.url.clone(),
-        key: None,
-    }
+    ServerSpec::url(s.url.clone())
 }
 
 fn specs(servers: &[&ServerProcess]) -> Vec<ServerSpec> {
@@ -220,20 +217,31 @@ async fn a_server_down_fails_only_its_names_and_leaves_nothing_held() {
     assert_eq!(lease.witnesses().len(), 2);
     lease.release(None).await.unwrap();
 
-    // A client starting now cannot route without the dead server's id...
-    let err = Cluster::connect(
+    // A client starting now, with no key pinned, routes as the first one
+    // (by the list, not by keys it cannot learn from the dead server):
+    // the live servers' names work, the dead one's fail naming it.
+    let late = Cluster::connect(
         &all_urls
             .iter()
-            .map(|(url, _)| ServerSpec {
-                url: url.clone(),
-                key: None,
-            })
+            .map(|(url, _)| ServerSpec::url(url.clone()))
             .collect::<Vec<_>>(),
     )
     .await
-    .unwrap_err();
+    .expect("a client starts while one server is down");
+    for n in names.concat() {
+        assert_eq!(late.route(&n).current.0, cluster.route(&n).current.0, "{n}");
+    }
+    let lease = late
+        .acquire([names[0][1].clone(), names[1][1].clone()])
+        .options(no_renew())
+        .send()
+        .await
+        .expect("the live servers' names work");
+    lease.release(None).await.unwrap();
+    let err = late.acquire([names[2][0].clone()]).send().await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
     assert!(err.to_string().contains(&down_url), "{err}");
-    // ...unless the keys are pinned (`URL#KEY`): then it routes as before.
+    // With the keys pinned (`URL#KEY`) too.
     let pinned: Vec<String> = all_urls.iter().map(|(url, key)| format!("{url}#{key}")).collect();
     let out = bagel_tests::cli_no_server(&["--servers", &pinned.join(","), "route", &names[2][0], "--json"]);
     assert!(out.status.success(), "{}", describe_output(&out));
@@ -687,4 +695,170 @@ async fn one_url_in_servers_is_exactly_one_server() {
     assert_eq!(keys(&via_servers), keys(&via_server));
     assert_eq!(via_servers["server"], server.url.as_str());
     assert!(via_servers.get("servers").is_none() && via_servers.get("witnesses").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_with_a_new_key_moves_no_name() {
+    let args = ["--max-ttl", "1500ms", "--clock-tolerance", "100ms"];
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("k").display().to_string();
+    let mut keyed_args = vec!["--key", key_file.as_str()];
+    keyed_args.extend(args);
+    let keyed = ServerProcess::start_ready(&keyed_args).await;
+    let mut keyless = ServerProcess::start_ready(&args).await;
+    let list = specs(&[&keyed, &keyless]);
+    let first = Cluster::connect(&list).await.unwrap();
+    let names: Vec<String> = (0..18).map(|i| format!("held-{i}")).collect();
+    let mut held = Vec::new();
+    for n in &names {
+        held.push(first.acquire([n.clone()]).send().await.unwrap());
+    }
+    let on_keyed: Vec<&String> = names
+        .iter()
+        .filter(|n| first.route(n).current.0 == keyed.url)
+        .collect();
+    assert!(
+        !on_keyed.is_empty() && on_keyed.len() < names.len(),
+        "names on both servers"
+    );
+
+    // The keyless member restarts at its address with a new key, and
+    // waits out its max TTL: every lease it granted has ended.
+    let addr = keyless.addr.to_string();
+    let old_key = keyless.public_key_hex.clone();
+    keyless.kill();
+    let keyless = ServerProcess::start_at(&addr, &args).await;
+    assert_ne!(keyless.public_key_hex, old_key, "a new key");
+    keyless.wait_ready().await;
+
+    // A client started now routes every name as the first one does, so
+    // it gets none of the names the first still holds on the keyed
+    // member.
+    let second = Cluster::connect(&list).await.unwrap();
+    for (n, lease) in names.iter().zip(&held) {
+        assert_eq!(second.route(n).current.0, first.route(n).current.0, "{n}");
+        match second.acquire([n.clone()]).options(no_renew()).send().await {
+            Ok(l) => {
+                assert!(
+                    !lease.is_valid(),
+                    "{n} granted to a second client while the first holds it"
+                );
+                assert_eq!(second.route(n).current.0, keyless.url, "{n}");
+                l.release(None).await.unwrap();
+            }
+            Err(Error::Busy { .. }) => assert!(on_keyed.contains(&n), "{n}"),
+            Err(e) => panic!("{n}: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn what_a_broken_step_1_holder_left_unsettled_reaches_step_3() {
+    let servers = start_ready(3, &[]).await;
+    let current = specs(&[&servers[0], &servers[1]]);
+    let next = specs(&[&servers[0], &servers[1], &servers[2]]);
+    let step1 = Cluster::connect(&current).await.unwrap();
+    let step2 = Cluster::migrating(&current, &next).await.unwrap();
+    let step3 = Cluster::connect(&next).await.unwrap();
+    let n = (0..)
+        .map(|i| format!("mv-{i}"))
+        .find(|n| step2.route(n).next.map(|r| r.0) == Some(servers[2].url.clone()))
+        .unwrap();
+
+    // Step 1 holds n and breaks (never released).
+    let one = step1
+        .acquire([n.clone()])
+        .ttl(Duration::from_secs(1))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    let broken_deadline = one.deadline();
+    drop(one);
+    // Step 2 waits for it on n's current owner, which says it broke.
+    let two = step2
+        .acquire([n.clone()])
+        .wait(Duration::from_secs(5))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    let unsettled = Micros::from_micros(broken_deadline.as_micros() + 1);
+    assert_eq!(two.close_before_reading(), Some(unsettled));
+    assert!(two.min_timestamp() >= broken_deadline);
+    // It releases without closing the step-1 holder's bags.
+    two.release(None).await.unwrap();
+
+    // Step 3 asks n's next owner only, which never saw step 1.
+    let three = step3
+        .acquire([n.clone()])
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        three.close_before_reading() >= Some(unsettled),
+        "step 3 must close through the broken step-1 deadline: {:?}",
+        three.names()
+    );
+    assert!(
+        three.min_timestamp() >= broken_deadline,
+        "step 3 writes above the broken step-1 holder's deadline: {} < {broken_deadline}",
+        three.min_timestamp()
+    );
+}
+
+#[tokio::test]
+async fn verify_witness_checks_every_witness_of_a_lease_over_several_servers() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let names: Vec<String> = names_on(&cluster, &refs, 1).concat();
+    let mut args = vec!["acquire", "--ttl", "10s", "--json"];
+    args.extend(names.iter().map(String::as_str));
+    let lease = json(&cli_servers(&refs, &args));
+    let dir = tempfile::tempdir().unwrap();
+    let verify = |v: &serde_json::Value| {
+        let file = dir.path().join("lease.json");
+        std::fs::write(&file, v.to_string()).unwrap();
+        cli_servers(&refs, &["verify-witness", file.to_str().unwrap()])
+    };
+
+    let ok = verify(&lease);
+    assert!(ok.status.success(), "{}", describe_output(&ok));
+    let said = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(said.matches("witness OK").count(), 3, "{said}");
+
+    // The second witness's body altered (its signature no longer covers it).
+    let mut forged = lease.clone();
+    let body = forged["witnesses"][1]["body_b64"].as_str().unwrap().to_owned();
+    let flipped = if body.starts_with('A') { "B" } else { "A" };
+    forged["witnesses"][1]["body_b64"] = serde_json::Value::String(format!("{flipped}{}", &body[1..]));
+    let bad = verify(&forged);
+    assert_eq!(bad.status.code(), Some(1), "{}", describe_output(&bad));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("witness 1"),
+        "{}",
+        describe_output(&bad)
+    );
+
+    // The second witness replaced by the first (valid, but another
+    // server's part): the second server's part has no witness.
+    let mut swapped = lease.clone();
+    swapped["witnesses"][1] = swapped["witnesses"][0].clone();
+    let bad = verify(&swapped);
+    assert_eq!(bad.status.code(), Some(1), "{}", describe_output(&bad));
+    let second = lease["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["lease_id"].as_str().unwrap())
+        .find(|id| *id != lease["servers"][0]["lease_id"].as_str().unwrap())
+        .unwrap()
+        .to_owned();
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains(&second),
+        "{}",
+        describe_output(&bad)
+    );
 }

@@ -112,7 +112,8 @@ impl AcquireBuilder {
             wait: self.wait,
             holder_key: Some(holder.verifying_key().to_bytes()),
         };
+        let sent = tokio::time::Instant::now();
         let grant = self.backend.acquire_lease(spec).await?;
-        Ok(Lease::start(self.backend, grant, ttl, self.options, holder))
+        Ok(Lease::start(self.backend, grant, sent, ttl, self.options, holder))
     }
 }

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use bagel_proto::Micros;
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights, WriteSummary};
+use prost::Message as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::LeaseBackend;
@@ -90,6 +92,14 @@ pub struct LeaseState {
     /// The witnesses that state `deadline` and `mode`: always from the
     /// one answer, so a writer citing it never writes past what it says.
     pub witnesses: Vec<Witness>,
+    /// The lease counts as expired from this instant on, whatever the
+    /// local wall clock says: the instant the answer's request was sent
+    /// plus the time its witnesses say was left when they were issued
+    /// (`deadline - issued_at`, the shortest of them). The server issued
+    /// them after the request left, so this is never later than the true
+    /// deadline, and it needs no clock but the monotonic one. `None` when
+    /// no witness states when it was issued.
+    pub valid_until: Option<Instant>,
     /// Set once the lease is lost; never cleared.
     pub lost: Option<LossReason>,
     /// Set when the release starts: no more writes under the lease.
@@ -101,14 +111,42 @@ impl LeaseState {
     /// what is held: full before tentative, then the later deadline.
     /// Answers arrive in any order (a renewal in flight while another one
     /// or an upgrade lands); an older, lesser one never replaces a newer.
-    fn adopt(&mut self, deadline: Micros, mode: Mode, witnesses: Vec<Witness>) {
+    fn adopt(&mut self, deadline: Micros, mode: Mode, witnesses: Vec<Witness>, sent: Instant) {
         let rank = |mode: Mode, deadline: Micros| (mode == Mode::Full, deadline);
         if rank(mode, deadline) > rank(self.mode, self.deadline) {
             self.deadline = deadline;
             self.mode = mode;
+            self.valid_until = valid_until(&witnesses, sent);
             self.witnesses = witnesses;
         }
     }
+
+    /// How long the lease still counts as held, measured conservatively:
+    /// until the deadline on `wall_now` (the local wall clock) and until
+    /// [`LeaseState::valid_until`] on the monotonic clock, whichever comes
+    /// first. A wall clock that is behind therefore cannot stretch the
+    /// lease past what the server granted.
+    pub fn time_left(&self, wall_now: Micros) -> Duration {
+        let wall = self.deadline.duration_since(wall_now);
+        match self.valid_until {
+            Some(until) => wall.min(until.saturating_duration_since(Instant::now())),
+            None => wall,
+        }
+    }
+}
+
+/// `sent` plus the shortest time the witnesses say was left when they
+/// were issued (see [`LeaseState::valid_until`]).
+fn valid_until(witnesses: &[Witness], sent: Instant) -> Option<Instant> {
+    witnesses
+        .iter()
+        .filter_map(|w| {
+            let body = bagel_proto::pb::WitnessBody::decode(w.body()).ok()?;
+            (body.issued_at_us != 0)
+                .then(|| Duration::from_micros(body.deadline_us.saturating_sub(body.issued_at_us)))
+        })
+        .min()
+        .map(|left| sent + left)
 }
 
 #[derive(Debug)]
@@ -148,9 +186,11 @@ impl Drop for Lease {
 }
 
 impl Lease {
+    /// A handle on `grant`, whose request was sent at `sent`.
     pub(crate) fn start(
         backend: Arc<dyn LeaseBackend>,
         grant: Grant,
+        sent: Instant,
         ttl: Duration,
         options: LeaseOptions,
         holder: bagel_proto::Signer,
@@ -158,6 +198,7 @@ impl Lease {
         let (state, _) = watch::channel(LeaseState {
             deadline: grant.deadline,
             mode: grant.mode,
+            valid_until: valid_until(&grant.witnesses, sent),
             witnesses: grant.witnesses.clone(),
             lost: None,
             released: false,
@@ -253,15 +294,27 @@ impl Lease {
         self.shared.state.borrow().clone()
     }
 
-    /// A local check, no RPC: not lost, not released, full, and the
-    /// deadline minus the safety margin is still ahead of the local clock.
+    /// A local check, no RPC: not lost, not released, full, and more than
+    /// the safety margin left by [`Lease::time_left`]: on the local wall
+    /// clock *and* on the monotonic clock since the request was sent (so
+    /// a local clock that is behind cannot keep a lease valid past the
+    /// deadline the server meant).
     pub fn is_valid(&self) -> bool {
         let s = self.shared.state.borrow();
-        let now = self.shared.backend.clock().now();
         s.lost.is_none()
             && !s.released
             && s.mode == Mode::Full
-            && now.saturating_add(self.shared.options.safety_margin) < s.deadline
+            && s.time_left(self.shared.backend.clock().now()) > self.shared.options.safety_margin
+    }
+
+    /// How long the lease still counts as held (zero once it does not),
+    /// measured conservatively: see [`LeaseState::time_left`]. What a
+    /// fence or a holder should stop by, minus its own margins.
+    pub fn time_left(&self) -> Duration {
+        self.shared
+            .state
+            .borrow()
+            .time_left(self.shared.backend.clock().now())
     }
 
     /// Watches the lease's state (deadline, witness, loss).
@@ -333,9 +386,10 @@ impl Lease {
     /// Turns a tentative lease full; fails if a name was broken meanwhile.
     pub async fn upgrade(&self) -> Result<()> {
         let s = &self.shared;
+        let sent = Instant::now();
         let grant = s.backend.upgrade_lease(&s.lease).await?;
         s.state
-            .send_modify(|st| st.adopt(grant.deadline, Mode::Full, grant.witnesses));
+            .send_modify(|st| st.adopt(grant.deadline, Mode::Full, grant.witnesses, sent));
         Ok(())
     }
 
@@ -379,6 +433,12 @@ impl Lease {
         options.settled_through = options
             .settled_through
             .max((settled > 0).then(|| Micros::from_micros(settled)));
+        if full {
+            options.inherited = Some(crate::types::Inherited {
+                watermark: self.min_timestamp(),
+                unsettled_until: self.close_before_reading(),
+            });
+        }
         let s = &self.shared;
         s.backend.release_lease(&s.lease, options).await
     }
@@ -405,6 +465,13 @@ impl WriteRights for LeaseRights {
         if s.mode != Mode::Full {
             return Err("the lease is tentative: upgrade it first".into());
         }
+        if s.valid_until.is_some_and(|until| Instant::now() >= until) {
+            return Err(format!(
+                "the lease ran out of time: its deadline {} has passed by the monotonic clock since \
+                 the request was sent, whatever the local wall clock says",
+                s.deadline
+            ));
+        }
         Ok(RightsSnapshot {
             min_timestamp: self.min_timestamp,
             deadline: s.deadline,
@@ -420,6 +487,7 @@ impl WriteRights for LeaseRights {
 
 async fn renew_once(shared: &Shared, metadata: Option<Metadata>) -> Result<Micros> {
     let deadline = shared.backend.clock().now().saturating_add(shared.ttl);
+    let sent = Instant::now();
     let r = shared
         .backend
         .renew_lease(&shared.lease, deadline, metadata)
@@ -427,7 +495,7 @@ async fn renew_once(shared: &Shared, metadata: Option<Metadata>) -> Result<Micro
     let deadline = r.deadline;
     shared
         .state
-        .send_modify(|s| s.adopt(r.deadline, r.mode, r.witnesses));
+        .send_modify(|s| s.adopt(r.deadline, r.mode, r.witnesses, sent));
     Ok(deadline)
 }
 
@@ -453,10 +521,9 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
         // stop. So the call is raced against the instant the lease runs
         // out of time (the deadline itself when already inside the margin).
         let bound = {
-            let deadline = shared.state.borrow().deadline;
-            let now = shared.backend.clock().now();
-            let lose_at = deadline.saturating_sub(shared.options.safety_margin);
-            if lose_at > now { lose_at } else { deadline }.duration_since(now)
+            let left = shared.state.borrow().time_left(shared.backend.clock().now());
+            let margin = shared.options.safety_margin;
+            if left > margin { left - margin } else { left }
         };
         let outcome = tokio::select! {
             biased;
@@ -469,9 +536,11 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
         match outcome {
             Ok(_) => next = every,
             Err(e) => {
-                let deadline = shared.state.borrow().deadline;
-                let now = shared.backend.clock().now();
-                let out_of_time = now.saturating_add(shared.options.safety_margin) >= deadline;
+                let (deadline, left) = {
+                    let s = shared.state.borrow();
+                    (s.deadline, s.time_left(shared.backend.clock().now()))
+                };
+                let out_of_time = left <= shared.options.safety_margin;
                 if !e.is_retryable() || out_of_time {
                     let reason = if e.is_retryable() {
                         LossReason::OutOfTime {
@@ -501,6 +570,7 @@ mod tests {
             deadline: Micros::from_micros(deadline),
             mode,
             witnesses: witness(tag),
+            valid_until: None,
             lost: None,
             released: false,
         }
@@ -510,12 +580,131 @@ mod tests {
         vec![Witness::from_parts(vec![tag], Vec::new(), String::new(), None)]
     }
 
+    /// A backend that only answers with a clock (the handle under test
+    /// never calls it: no renewal).
+    #[derive(Debug)]
+    struct ClockOnly(Arc<dyn bagel_proto::clock::Clock>);
+
+    #[async_trait::async_trait]
+    impl LeaseBackend for ClockOnly {
+        fn location(&self) -> String {
+            "test".into()
+        }
+        fn clock(&self) -> Arc<dyn bagel_proto::clock::Clock> {
+            Arc::clone(&self.0)
+        }
+        fn max_ttl(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+        async fn acquire_lease(&self, _: crate::backend::AcquireSpec) -> Result<Grant> {
+            unreachable!()
+        }
+        async fn renew_lease(
+            &self,
+            _: &LeaseRef,
+            _: Micros,
+            _: Option<Metadata>,
+        ) -> Result<crate::types::Renewal> {
+            unreachable!()
+        }
+        async fn upgrade_lease(&self, _: &LeaseRef) -> Result<Grant> {
+            unreachable!()
+        }
+        async fn release_lease(&self, _: &LeaseRef, _: ReleaseOptions) -> Result<Micros> {
+            unreachable!()
+        }
+    }
+
+    const SERVER_NOW: u64 = 1_800_000_000_000_000;
+
+    /// A lease granted at `SERVER_NOW` (the witness's issue time) for 5 s,
+    /// its request sent `ago`, held by a client whose wall clock is 2 s
+    /// behind the server's.
+    fn granted_to_a_slow_clock(ago: Duration) -> Lease {
+        let deadline = SERVER_NOW + 5_000_000;
+        let body = bagel_proto::pb::WitnessBody {
+            lease_id: "l".into(),
+            deadline_us: deadline,
+            issued_at_us: SERVER_NOW,
+            ..Default::default()
+        };
+        let grant = Grant {
+            lease_id: "l".into(),
+            token: "t".into(),
+            deadline: Micros::from_micros(deadline),
+            min_timestamp: Micros::ZERO,
+            names: Vec::new(),
+            mode: Mode::Full,
+            witnesses: vec![Witness::from_parts(
+                body.encode_to_vec(),
+                Vec::new(),
+                String::new(),
+                None,
+            )],
+            servers: Vec::new(),
+        };
+        // The true time now is the server's issue time plus `ago` (the
+        // answer came back at once); the local clock reads 2 s less.
+        let local = Micros::from_micros(SERVER_NOW)
+            .saturating_add(ago)
+            .saturating_sub(Duration::from_secs(2));
+        let clock = Arc::new(bagel_proto::clock::ManualClock::new(local));
+        let sent = Instant::now()
+            .checked_sub(ago)
+            .expect("the monotonic clock runs that long");
+        Lease::start(
+            Arc::new(ClockOnly(clock)),
+            grant,
+            sent,
+            Duration::from_secs(5),
+            LeaseOptions::default().with_auto_renew(false),
+        )
+    }
+
+    #[test]
+    fn a_wall_clock_behind_does_not_stretch_validity_past_what_the_monotonic_clock_measured() {
+        // 4.6 s after the request left, 0.4 s of the 5 s are left: below
+        // the 0.5 s margin. The slow wall clock still sees 2.4 s.
+        let lease = granted_to_a_slow_clock(Duration::from_millis(4600));
+        let wall_left = lease
+            .deadline()
+            .duration_since(lease.shared.backend.clock().now());
+        assert_eq!(
+            wall_left,
+            Duration::from_millis(2400),
+            "the wall clock alone would say valid"
+        );
+        assert!(!lease.is_valid(), "invalid by the monotonic measure");
+        assert!(
+            lease.time_left() <= Duration::from_millis(400),
+            "{:?}",
+            lease.time_left()
+        );
+        // Writers may still write until the monotonic deadline itself.
+        assert!(lease.rights().snapshot().is_ok());
+
+        // 1 s after the request: valid on both clocks.
+        let lease = granted_to_a_slow_clock(Duration::from_secs(1));
+        assert!(lease.is_valid());
+        assert!(lease.time_left() <= Duration::from_secs(4));
+    }
+
+    #[test]
+    fn past_the_monotonic_deadline_a_writer_gets_no_rights() {
+        // 5.5 s after the request: the server's deadline has passed, the
+        // slow wall clock sees 1.5 s left.
+        let lease = granted_to_a_slow_clock(Duration::from_millis(5500));
+        assert_eq!(lease.time_left(), Duration::ZERO);
+        let e = lease.rights().snapshot().unwrap_err();
+        assert!(e.contains("ran out of time"), "{e}");
+    }
+
     #[test]
     fn a_late_lesser_answer_never_replaces_the_witness_of_a_greater_one() {
         let mut s = state(100, Mode::Full, 0);
         // Two renewals in flight: the later deadline's answer lands first.
-        s.adopt(Micros::from_micros(300), Mode::Full, witness(3));
-        s.adopt(Micros::from_micros(200), Mode::Full, witness(2));
+        s.adopt(Micros::from_micros(300), Mode::Full, witness(3), Instant::now());
+        s.adopt(Micros::from_micros(200), Mode::Full, witness(2), Instant::now());
         assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (300, 3));
     }
 
@@ -525,11 +714,16 @@ mod tests {
         // A renewal of the tentative lease and the upgrade race; the
         // server signs the upgrade with the current deadline, so the
         // tentative answer can say at most as much.
-        s.adopt(Micros::from_micros(200), Mode::Full, witness(1));
-        s.adopt(Micros::from_micros(200), Mode::Tentative, witness(2));
+        s.adopt(Micros::from_micros(200), Mode::Full, witness(1), Instant::now());
+        s.adopt(
+            Micros::from_micros(200),
+            Mode::Tentative,
+            witness(2),
+            Instant::now(),
+        );
         assert_eq!((s.mode, s.witnesses[0].body()[0]), (Mode::Full, 1));
         // A full renewal with a later deadline moves on, in one piece.
-        s.adopt(Micros::from_micros(250), Mode::Full, witness(3));
+        s.adopt(Micros::from_micros(250), Mode::Full, witness(3), Instant::now());
         assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (250, 3));
     }
 }

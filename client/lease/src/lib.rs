@@ -40,7 +40,7 @@
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
 //! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
-//!   rendezvous hashing, multi-server grants taken tentatively in key-id
+//!   rendezvous hashing over the configured members, multi-server grants taken tentatively in member-id
 //!   order then upgraded, migration from one server list to another.
 //! * [`coalesce`]: [`Coalescer`], batching of many tasks' operations over
 //!   `Batch` calls or `Session` streams (a backend too).
@@ -73,6 +73,7 @@ pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use options::{ClientOptions, TlsConfig};
 pub use time_source::{TimeOptions, TimeSource};
 pub use types::{
-    ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, LeaseRef,
-    Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal, ServerInfo, ServerPart, Witness,
+    ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, Inherited,
+    LeaseRef, Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal, ServerInfo,
+    ServerPart, Witness,
 };

@@ -161,7 +161,8 @@ pub struct Grant {
 pub struct ServerPart {
     /// The server's URL.
     pub server: String,
-    /// The server's key id (what names are routed by).
+    /// The id of the key the server signed this part's witness with (names
+    /// are routed by the server's configured identity, not by its key).
     pub key_id: String,
     /// The server's lease id.
     pub lease_id: String,
@@ -263,6 +264,41 @@ pub struct ReleaseOptions {
     pub unsettled: bool,
     /// The holder closed every bag below this.
     pub settled_through: Option<Micros>,
+    /// What the whole lease inherited, over every server it is held on.
+    /// A server carries its own chain forward by itself; a lease over
+    /// several servers (a cluster while migrating) may have inherited on
+    /// one server what another never heard of, so each part's release
+    /// carries this on. A [`crate::Lease`] fills it in.
+    pub inherited: Option<Inherited>,
+}
+
+/// What a lease inherited from the holders before it (see
+/// [`ReleaseOptions::inherited`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inherited {
+    /// The highest watermark any part inherited (the lease's
+    /// `min_timestamp`).
+    pub watermark: Micros,
+    /// Bags below this were unsettled when the lease was granted.
+    pub unsettled_until: Option<Micros>,
+}
+
+impl ReleaseOptions {
+    /// These options for one part of a lease held on several servers:
+    /// the watermark raised to what the whole lease inherited, and the
+    /// release marked unsettled if the lease inherited unsettled bags it
+    /// did not close. So the next holder on this server inherits what a
+    /// predecessor on another server left, as it would on that server.
+    pub(crate) fn carrying_inherited(&self) -> ReleaseOptions {
+        let mut o = self.clone();
+        if let Some(inh) = self.inherited {
+            o.watermark = o.watermark.max(Some(inh.watermark)).filter(|w| *w > Micros::ZERO);
+            o.unsettled |= inh
+                .unsettled_until
+                .is_some_and(|until| o.settled_through.is_none_or(|s| s < until));
+        }
+        o
+    }
 }
 
 impl ReleaseOptions {

@@ -12,7 +12,10 @@
 //!   tolerance of its signed time (neither ahead nor back-dated);
 //! * per name, the chain of holders ordered by fencing token: each
 //!   holder's grant names the grant before it on its server, and a broken
-//!   predecessor hands on at least its deadline; if the chain has a gap (a
+//!   predecessor hands on at least its deadline; a grant comes after its
+//!   predecessor ended, by what its own witness states (a broken one's
+//!   watermark, a released one's `ended_at`), not only by the deadlines
+//!   the bags happen to show; if the chain has a gap (a
 //!   lease that wrote nothing is not in the bags), the later grant must
 //!   come after the earlier one's deadline, unless the lease it names as
 //!   predecessor was granted by the same server after the earlier one (so
@@ -597,7 +600,19 @@ fn check_link(
 ) {
     let (a_id, b_id) = (&a.first.lease_id, &b.first.lease_id);
     let ended = prev.ended();
+    let issued = b.first.issued_at_us;
     if ended == pb::Ended::Released {
+        // The release time `b`'s own witness states: `b` was granted
+        // while `a` still held the name if it came first.
+        if issued < prev.ended_at_us {
+            v(
+                ViolationKind::OverlappingGrants,
+                format!(
+                    "{name}: lease {b_id} was granted at {issued}, before lease {a_id} was released at {}",
+                    prev.ended_at_us
+                ),
+            );
+        }
         if let Some(max) = a.max_message_ts
             && prev.watermark_us < max
         {
@@ -610,13 +625,14 @@ fn check_link(
             );
         }
     } else if ended == pb::Ended::Broken {
-        if b.first.issued_at_us < a.deadline {
+        // A broken lease's watermark is its last deadline, as `b`'s
+        // server knew it; the deadlines the bags show may be earlier (a
+        // renewal under which `a` wrote nothing is cited by no message).
+        let deadline = a.deadline.max(prev.watermark_us);
+        if issued < deadline {
             v(
                 ViolationKind::OverlappingGrants,
-                format!(
-                    "{name}: lease {b_id} broke {a_id} at {} before its deadline {}",
-                    b.first.issued_at_us, a.deadline
-                ),
+                format!("{name}: lease {b_id} broke {a_id} at {issued} before its deadline {deadline}"),
             );
         }
         if prev.watermark_us < a.deadline {

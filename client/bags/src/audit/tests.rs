@@ -391,3 +391,73 @@ fn the_two_ends_of_a_migration_are_ordered_by_what_they_wrote() {
         bad.violations
     );
 }
+
+/// B's witness, naming `prev` as its predecessor on "n" with `watermark`,
+/// ended `ended` at `ended_at`.
+fn successor(
+    w: &World,
+    issued: u64,
+    prev: &str,
+    watermark: u64,
+    ended: pb::Ended,
+    ended_at: u64,
+) -> pb::Witness {
+    let mut body = pb::WitnessBody::decode(
+        w.grant(
+            "B",
+            "n",
+            2,
+            issued,
+            issued + 5 * S,
+            watermark,
+            Some((prev, watermark, ended)),
+        )
+        .body
+        .as_slice(),
+    )
+    .unwrap();
+    body.names[0].previous.as_mut().unwrap().ended_at_us = ended_at;
+    w.sign(&body)
+}
+
+#[test]
+fn breaking_a_predecessor_before_the_deadline_its_successor_states_is_an_overlap() {
+    // A was renewed (to T0 + 8 s) but wrote nothing under the renewal,
+    // so the bags show only its first deadline, T0 + 5 s. B's own
+    // witness says A was broken with watermark (= deadline) T0 + 8 s,
+    // yet B was granted at T0 + 6 s: B took the name while A held it.
+    let w = World::new();
+    let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
+    let b = successor(&w, T0 + 6 * S, "A", T0 + 8 * S, pb::Ended::Broken, T0 + 6 * S);
+    let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 8 * S + 1, &b)], &w.cfg);
+    assert_eq!(
+        kinds(&r),
+        [ViolationKind::OverlappingGrants],
+        "{:?}",
+        r.violations
+    );
+    // Granted after the deadline it states: clean.
+    let b = successor(&w, T0 + 8 * S, "A", T0 + 8 * S, pb::Ended::Broken, T0 + 8 * S);
+    let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 8 * S + 1, &b)], &w.cfg);
+    assert!(r.is_clean(), "{:?}", r.violations);
+}
+
+#[test]
+fn a_grant_before_its_predecessor_was_released_is_an_overlap() {
+    // B's witness says A was released at T0 + 3 s, but B was granted at
+    // T0 + 2 s: both held the name for a second.
+    let w = World::new();
+    let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
+    let b = successor(&w, T0 + 2 * S, "A", T0 + S, pb::Ended::Released, T0 + 3 * S);
+    let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 2 * S + 1, &b)], &w.cfg);
+    assert_eq!(
+        kinds(&r),
+        [ViolationKind::OverlappingGrants],
+        "{:?}",
+        r.violations
+    );
+    // Granted after the release: clean.
+    let b = successor(&w, T0 + 3 * S, "A", T0 + S, pb::Ended::Released, T0 + 3 * S);
+    let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 3 * S + 1, &b)], &w.cfg);
+    assert!(r.is_clean(), "{:?}", r.violations);
+}

@@ -3,13 +3,18 @@
 //!
 //! Names are independent, so the name space is split over servers with no
 //! consensus and no state transfer: each name belongs to one server by
-//! [`rendezvous`] hashing over the servers' key ids, and every client with
-//! the same server list routes it the same way. A lease on names that one
+//! [`rendezvous`] hashing over the members' configured identities (the
+//! `ID=` of `ID=URL`, else the URL as written), and every client with the
+//! same server list routes it the same way. Routing never depends on what
+//! a server says (its key changes if it restarts without `--key`), so a
+//! restart cannot move names behind the clients' backs, and a member that
+//! is down fails only its own names. Keys are still learned (or pinned) to
+//! check witnesses; they play no part in routing. A lease on names that one
 //! server owns is today's single call; a lease on names spread over several
-//! servers is taken tentatively on each, in ascending key-id order (so two
-//! acquirers of overlapping sets meet at the same first server instead of
-//! each holding half), then upgraded on each; any failure releases what was
-//! taken. The result is one [`crate::Lease`] handle (see [`parts`] for how
+//! servers is taken tentatively on each, in ascending member-id order (so
+//! two acquirers of overlapping sets meet at the same first server instead
+//! of each holding half), then upgraded on each; any failure releases what
+//! was taken. The result is one [`crate::Lease`] handle (see [`parts`] for how
 //! the per-server leases combine).
 //!
 //! # Migration
@@ -21,7 +26,9 @@
 //!
 //! 1. all clients on `current`;
 //! 2. all clients on `current` + `next`; then wait the max TTL, so that
-//!    every lease taken under step 1 has ended;
+//!    every lease taken under step 1 has ended (a long-running holder
+//!    started under step 1 keeps its list until it releases or is
+//!    restarted: count step 2 from when the last of them was restarted);
 //! 3. all clients on `next`.
 //!
 //! A step-1 and a step-2 client never both hold a name: both need its
@@ -31,6 +38,12 @@
 //! a step-3 client take a name from its `next` owner while a step-1 holder
 //! still writes under its `current` owner's grant: two writers, and the
 //! audit reports the overlap.
+//!
+//! What a step-1 holder left unsettled (it was broken, or released with
+//! writes of unknown outcome) is known to the `current` owner only. A
+//! step-2 lease inherits it from there, and its release carries it to
+//! every part ([`ReleaseOptions::inherited`]), so the `next` owner hands
+//! it on to step 3.
 //!
 //! Longer than most files: routing, the tentative-then-upgrade acquire,
 //! its unwinding and the migration rule are one protocol; `parts` (how
@@ -60,20 +73,28 @@ use crate::options::ClientOptions;
 use crate::types::{Grant, History, LeaseRef, Metadata, Mode, NameState, ReleaseOptions, Renewal};
 use parts::Part;
 
-/// One server of a list: its URL, and optionally the public key it must
-/// sign with. Written `URL` or `URL#KEY` (KEY: 64 hex digits, the raw
-/// ed25519 public key `bagel-server` prints at start).
+/// One server of a list: optionally an identity, its URL, and optionally
+/// the public key it must sign with. Written `[ID=]URL[#KEY]` (ID:
+/// letters, digits, `.`, `_`, `-`; KEY: 64 hex digits, the raw ed25519
+/// public key `bagel-server` prints at start).
 ///
-/// A pinned key is trusted without asking the server, and lets a client
-/// route names while that server is down (names are routed by key id).
+/// Names are routed by the identity: the ID when given, else the URL
+/// exactly as written. Give IDs to move a server to another address
+/// without moving its names. A pinned key is trusted without asking the
+/// server; an unpinned one is learned when the server is first reached.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServerSpec {
+    /// The identity names are routed by, when not the URL.
+    pub id: Option<String>,
     pub url: String,
     pub key: Option<[u8; 32]>,
 }
 
 impl fmt::Debug for ServerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(id) = &self.id {
+            write!(f, "{id}=")?;
+        }
         f.write_str(&self.url)?;
         if let Some(key) = &self.key {
             write!(f, "#{}", bagel_proto::hex::encode(key))?;
@@ -86,7 +107,20 @@ impl FromStr for ServerSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (url, key) = match s.split_once('#') {
+        // `ID=` only before the URL's scheme: an `=` later is the URL's.
+        let (id, rest) = match s.split_once('=') {
+            Some((id, rest)) if !id.contains("://") => (Some(id), rest),
+            _ => (None, s),
+        };
+        if let Some(id) = id {
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            if id.is_empty() || id.len() > 64 || !id.chars().all(ok) {
+                return Err(format!(
+                    "server {s:?}: the identity before '=' must be 1 to 64 letters, digits, '.', '_' or '-'"
+                ));
+            }
+        }
+        let (url, key) = match rest.split_once('#') {
             None => (s, None),
             Some((url, key)) => {
                 let key = bagel_proto::hex::decode_array::<32>(key).map_err(|e| {
@@ -100,6 +134,7 @@ impl FromStr for ServerSpec {
         }
         crate::options::check_server_url(url).map_err(|e| format!("server {e}"))?;
         Ok(ServerSpec {
+            id: id.map(str::to_owned),
             url: url.to_owned(),
             key,
         })
@@ -107,6 +142,33 @@ impl FromStr for ServerSpec {
 }
 
 impl ServerSpec {
+    /// A server known by its URL alone.
+    pub fn url(url: impl Into<String>) -> Self {
+        ServerSpec {
+            id: None,
+            url: url.into(),
+            key: None,
+        }
+    }
+
+    /// What names are routed by: the ID, else the URL as written.
+    pub fn identity(&self) -> &str {
+        self.id.as_deref().unwrap_or(&self.url)
+    }
+
+    /// The member id that names this server in lease ids over several
+    /// servers (`MEMBERID:LEASEID,...`): 16 hex digits of
+    /// SHA-256(`"bagel.v1 member\0"` ‖ identity), so it contains neither
+    /// `:` nor `,` whatever the identity.
+    pub fn member_id(&self) -> String {
+        use sha2::{Digest as _, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"bagel.v1 member\0")
+            .chain_update(self.identity().as_bytes())
+            .finalize();
+        bagel_proto::hex::encode(&digest[..8])
+    }
+
     /// A comma-separated list (`--servers`).
     pub fn parse_list(list: &str) -> Result<Vec<ServerSpec>, String> {
         list.split(',')
@@ -117,13 +179,16 @@ impl ServerSpec {
     }
 }
 
-/// One server of the cluster. Connected at start unless its key is pinned,
-/// then on first use (so a pinned server may be down at start).
+/// One server of the cluster. Tried at start unless its key is pinned;
+/// connected on first use if that failed or was not tried, so a member
+/// that is down fails only its own names.
 #[derive(Debug)]
 struct Member {
+    /// What names are routed by (see [`ServerSpec::identity`]).
+    identity: String,
     url: String,
-    key_id: String,
-    pinned: Option<KeyRing>,
+    /// The pinned key, and its id.
+    pinned: Option<(KeyRing, String)>,
     client: OnceCell<Client>,
     options: Arc<ClientOptions>,
 }
@@ -131,27 +196,39 @@ struct Member {
 impl Member {
     async fn client(&self) -> Result<&Client> {
         self.client
-            .get_or_try_init(|| async {
-                let pinned = self
-                    .pinned
-                    .clone()
-                    .expect("an unpinned member is connected at start");
-                let client = Client::connect_pinned_with(&self.url, pinned, &self.options).await?;
-                let info = client.server_info().await?;
-                if !info.keys.iter().any(|(id, _)| *id == self.key_id) {
-                    let has: Vec<&str> = info.keys.iter().map(|(id, _)| id.as_str()).collect();
-                    return Err(Error::Rejected {
-                        code: tonic::Code::FailedPrecondition,
-                        message: format!(
-                            "server {} signs with key {has:?}, not the pinned key {}",
-                            self.url, self.key_id
-                        ),
-                    });
-                }
-                Ok(client)
-            })
+            .get_or_try_init(|| self.connect())
             .await
             .map_err(|e| e.at_server(&self.url))
+    }
+
+    /// Connects, trusting the pinned key (and checking the server signs
+    /// with it), else the keys the server publishes.
+    async fn connect(&self) -> Result<Client> {
+        let Some((ring, key_id)) = &self.pinned else {
+            return Client::connect_with(&self.url, &self.options).await;
+        };
+        let client = Client::connect_pinned_with(&self.url, ring.clone(), &self.options).await?;
+        let info = client.server_info().await?;
+        if !info.keys.iter().any(|(id, _)| id == key_id) {
+            let has: Vec<&str> = info.keys.iter().map(|(id, _)| id.as_str()).collect();
+            return Err(Error::Rejected {
+                code: tonic::Code::FailedPrecondition,
+                message: format!(
+                    "server {} signs with key {has:?}, not the pinned key {key_id}",
+                    self.url
+                ),
+            });
+        }
+        Ok(client)
+    }
+
+    /// The id of the key it signs with, when known (pinned, or learned).
+    fn key_id(&self) -> Option<String> {
+        match (&self.pinned, self.client.get()) {
+            (Some((_, id)), _) => Some(id.clone()),
+            (None, Some(c)) => c.keys().ids().next().map(str::to_owned),
+            (None, None) => None,
+        }
     }
 }
 
@@ -159,10 +236,15 @@ impl Member {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
     pub name: String,
-    /// The owner in the current list: (URL, key id).
+    /// The owner in the current list: (URL, key id, empty while not
+    /// known: names are routed by identity, not by key).
     pub current: (String, String),
     /// The owner in the next list, while migrating.
     pub next: Option<(String, String)>,
+    /// The identity of the current owner (what the name is routed by).
+    pub current_identity: String,
+    /// The identity of the next owner, while migrating.
+    pub next_identity: Option<String>,
 }
 
 /// Leases over several servers. Cheap to clone.
@@ -173,18 +255,34 @@ pub struct Cluster {
 
 #[derive(Debug)]
 struct Inner {
-    /// Every server of both lists, by key id.
+    /// Every server of both lists, by member id.
     members: BTreeMap<String, Arc<Member>>,
-    /// Key ids of the current list, and of the next one while migrating.
-    current: Vec<String>,
-    next: Option<Vec<String>>,
+    /// The current list and, while migrating, the next one: each as the
+    /// members' identities (what the hash ranks) and member ids, in the
+    /// same order.
+    current: List,
+    next: Option<List>,
     clock: Arc<dyn Clock>,
-    max_ttl: Duration,
+}
+
+#[derive(Clone, Debug)]
+struct List {
+    identities: Vec<String>,
+    ids: Vec<String>,
+}
+
+impl List {
+    /// The member id of `name`'s owner.
+    fn owner(&self, name: &str) -> &String {
+        &self.ids[rendezvous::owner(&self.identities, name).expect("server lists are never empty")]
+    }
 }
 
 impl Cluster {
-    /// Connects to every server of `servers` (those with a pinned key on
-    /// first use) and learns their keys.
+    /// Connects to every server of `servers` and learns their keys (those
+    /// with a pinned key, and those that cannot be reached now: on first
+    /// use). Fails only for a bad list, or when no server can be reached
+    /// and none is pinned.
     pub async fn connect(servers: &[ServerSpec]) -> Result<Self> {
         Self::open(servers, None, ClientOptions::default()).await
     }
@@ -217,35 +315,52 @@ impl Cluster {
     ) -> Result<Self> {
         let options = Arc::new(options);
         let mut members = BTreeMap::new();
-        let current_ids = Self::join(current, "servers", &options, &mut members).await?;
-        let next_ids = match next {
-            Some(next) => Some(Self::join(next, "next servers", &options, &mut members).await?),
+        let current = Self::join(current, "servers", &options, &mut members)?;
+        let next = match next {
+            Some(next) => Some(Self::join(next, "next servers", &options, &mut members)?),
             None => None,
         };
-        let max_ttl = members
+        // Reach every unpinned member now, to learn its keys and max TTL;
+        // one that is down is tried again when one of its names is used.
+        let tried = join_all(
+            members
+                .values()
+                .filter(|m| m.pinned.is_none())
+                .map(|m| async move { (m, m.client().await.map(|_| ())) }),
+        )
+        .await;
+        let mut first_error = None;
+        for (m, outcome) in tried {
+            if let Err(e) = outcome {
+                tracing::warn!(server = %m.url, error = %e,
+                    "lease server unreachable; only its names fail until it answers");
+                first_error = first_error.or(Some(e));
+            }
+        }
+        let reached = members
             .values()
-            .filter_map(|m| m.client.get().map(Client::max_ttl))
-            .min()
-            .unwrap_or(Duration::from_secs(10));
+            .any(|m| m.pinned.is_some() || m.client.get().is_some());
+        if let (false, Some(e)) = (reached, first_error) {
+            return Err(e);
+        }
         Ok(Cluster {
             inner: Arc::new(Inner {
                 members,
-                current: current_ids,
-                next: next_ids,
+                current,
+                next,
                 clock: Arc::new(SystemClock),
-                max_ttl,
             }),
         })
     }
 
-    /// Connects the servers of one list (each once, whichever lists name
-    /// it) and returns their key ids.
-    async fn join(
+    /// The members of one list (each once, whichever lists name it).
+    /// Nothing is asked of the servers: a list is checked by what it says.
+    fn join(
         list: &[ServerSpec],
         what: &str,
         options: &Arc<ClientOptions>,
         members: &mut BTreeMap<String, Arc<Member>>,
-    ) -> Result<Vec<String>> {
+    ) -> Result<List> {
         let refuse = |message: String| Error::Rejected {
             code: tonic::Code::InvalidArgument,
             message,
@@ -253,63 +368,69 @@ impl Cluster {
         if list.is_empty() {
             return Err(refuse(format!("{what}: the list is empty")));
         }
-        let connected = join_all(list.iter().map(|spec| async move {
-            match spec.key {
-                Some(key) => {
-                    let mut ring = KeyRing::new();
-                    let id = ring
-                        .insert_bytes(&key)
-                        .map_err(|e| refuse(format!("{what}: {spec:?}: {e}")))?;
-                    Ok((id, Some(ring), None))
-                }
-                None => {
-                    let client = Client::connect_with(&spec.url, options)
-                        .await
-                        .map_err(|e| e.at_server(&spec.url))?;
-                    let info = client.server_info().await.map_err(|e| e.at_server(&spec.url))?;
-                    let (id, _) = info.keys.first().cloned().ok_or_else(|| Error::Witness {
-                        reason: format!("server {} publishes no key", spec.url),
-                    })?;
-                    Ok::<_, Error>((id, None, Some(client)))
-                }
-            }
-        }))
-        .await;
-        let mut ids = Vec::with_capacity(list.len());
-        for (spec, c) in list.iter().zip(connected) {
-            let (key_id, pinned, client) = c?;
-            if ids.contains(&key_id) {
+        let mut out = List {
+            identities: Vec::with_capacity(list.len()),
+            ids: Vec::with_capacity(list.len()),
+        };
+        for spec in list {
+            let identity = spec.identity().to_owned();
+            if out.identities.contains(&identity) {
                 return Err(refuse(format!(
-                    "{what}: {} names server {key_id} a second time",
-                    spec.url
+                    "{what}: {spec:?} names server {identity} a second time"
                 )));
             }
-            if let Some(m) = members.get(&key_id) {
-                if m.url != spec.url {
+            let id = spec.member_id();
+            let pinned = match spec.key {
+                Some(key) => {
+                    let mut ring = KeyRing::new();
+                    let key_id = ring
+                        .insert_bytes(&key)
+                        .map_err(|e| refuse(format!("{what}: {spec:?}: {e}")))?;
+                    Some((ring, key_id))
+                }
+                None => None,
+            };
+            // One server, one member: the same URL under two identities
+            // would own names twice.
+            if let Some(m) = members
+                .values()
+                .find(|m| m.url == spec.url && m.identity != identity)
+            {
+                return Err(refuse(format!(
+                    "{what}: {} is given both as {} and as {identity}",
+                    spec.url, m.identity
+                )));
+            }
+            match members.get(&id) {
+                Some(m) if m.url != spec.url => {
                     return Err(refuse(format!(
-                        "{what}: server {key_id} is given as both {} and {}",
+                        "{what}: server {identity} is given as both {} and {}",
                         m.url, spec.url
                     )));
                 }
-            } else {
-                let cell = OnceCell::new();
-                if let Some(client) = client {
-                    cell.set(client).expect("a new cell");
+                Some(m) if pinned.as_ref().map(|p| &p.1) != m.pinned.as_ref().map(|p| &p.1) => {
+                    return Err(refuse(format!(
+                        "{what}: server {identity} is given with two different keys (or pinned in one list only)"
+                    )));
                 }
-                members.insert(
-                    key_id.clone(),
-                    Arc::new(Member {
-                        url: spec.url.clone(),
-                        key_id: key_id.clone(),
-                        pinned,
-                        client: cell,
-                        options: Arc::clone(options),
-                    }),
-                );
+                Some(_) => {}
+                None => {
+                    members.insert(
+                        id.clone(),
+                        Arc::new(Member {
+                            identity: identity.clone(),
+                            url: spec.url.clone(),
+                            pinned,
+                            client: OnceCell::new(),
+                            options: Arc::clone(options),
+                        }),
+                    );
+                }
             }
-            ids.push(key_id);
+            out.identities.push(identity);
+            out.ids.push(id);
         }
-        Ok(ids)
+        Ok(out)
     }
 
     /// Uses `clock` for TTL arithmetic and local validity checks.
@@ -320,7 +441,6 @@ impl Cluster {
             current: self.inner.current.clone(),
             next: self.inner.next.clone(),
             clock,
-            max_ttl: self.inner.max_ttl,
         };
         Cluster {
             inner: Arc::new(inner),
@@ -338,11 +458,16 @@ impl Cluster {
 
     /// Who owns each name.
     pub fn route(&self, name: &str) -> Route {
-        let at = |id: &String| (self.inner.members[id].url.clone(), id.clone());
+        let member = |list: &List| &self.inner.members[list.owner(name)];
+        let at = |m: &Member| (m.url.clone(), m.key_id().unwrap_or_default());
+        let current = member(&self.inner.current);
+        let next = self.inner.next.as_ref().map(member);
         Route {
             name: name.to_owned(),
-            current: at(owner_in(&self.inner.current, name)),
-            next: self.inner.next.as_ref().map(|next| at(owner_in(next, name))),
+            current: at(current),
+            next: next.map(|m| at(m)),
+            current_identity: current.identity.clone(),
+            next_identity: next.map(|m| m.identity.clone()),
         }
     }
 
@@ -353,30 +478,31 @@ impl Cluster {
         for m in self.inner.members.values() {
             match (m.client.get(), &m.pinned) {
                 (Some(c), _) => ring.merge(c.keys()),
-                (None, Some(pinned)) => ring.merge(pinned),
+                (None, Some((pinned, _))) => ring.merge(pinned),
                 (None, None) => {}
             }
         }
         ring
     }
 
-    /// Every server of both lists: (URL, key id), by key id.
+    /// Every server of both lists: (URL, member id), by member id (the
+    /// order a multi-server acquire visits them).
     pub fn servers(&self) -> Vec<(String, String)> {
         self.inner
             .members
-            .values()
-            .map(|m| (m.url.clone(), m.key_id.clone()))
+            .iter()
+            .map(|(id, m)| (m.url.clone(), id.clone()))
             .collect()
     }
 
-    /// A connection to the server with key id `key_id`.
-    pub async fn client_of(&self, key_id: &str) -> Result<&Client> {
-        self.member(key_id)?.client().await
+    /// A connection to the server with member id `member_id`.
+    pub async fn client_of(&self, member_id: &str) -> Result<&Client> {
+        self.member(member_id)?.client().await
     }
 
     /// A connection to the current owner of `name` (for describe, history).
     pub async fn owner_client(&self, name: &str) -> Result<&Client> {
-        let id = owner_in(&self.inner.current, name);
+        let id = self.inner.current.owner(name);
         self.inner.members[id].client().await
     }
 
@@ -390,7 +516,7 @@ impl Cluster {
         let mut by_owner: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for n in &names {
             by_owner
-                .entry(owner_in(&self.inner.current, n))
+                .entry(self.inner.current.owner(n))
                 .or_default()
                 .push(n.clone());
         }
@@ -415,7 +541,7 @@ impl Cluster {
     /// A name's history, asked of its current owner.
     pub async fn history(&self, name: impl Into<String>) -> Result<History> {
         let name = name.into();
-        let m = &self.inner.members[owner_in(&self.inner.current, &name)];
+        let m = &self.inner.members[self.inner.current.owner(&name)];
         m.client()
             .await?
             .history(name)
@@ -424,13 +550,13 @@ impl Cluster {
     }
 
     /// The servers each name needs a grant from: its owner in the current
-    /// list and, while migrating, in the next; by key id, ascending.
+    /// list and, while migrating, in the next; by member id, ascending.
     fn plan(&self, names: &[String]) -> BTreeMap<&str, Vec<String>> {
         let mut plan: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for name in names {
-            let mut owners = vec![owner_in(&self.inner.current, name)];
+            let mut owners = vec![self.inner.current.owner(name)];
             if let Some(next) = &self.inner.next {
-                owners.push(owner_in(next, name));
+                owners.push(next.owner(name));
             }
             owners.dedup();
             for id in owners {
@@ -440,11 +566,12 @@ impl Cluster {
         plan
     }
 
-    fn member(&self, key_id: &str) -> Result<&Arc<Member>> {
-        self.inner.members.get(key_id).ok_or_else(|| Error::Rejected {
+    fn member(&self, member_id: &str) -> Result<&Arc<Member>> {
+        self.inner.members.get(member_id).ok_or_else(|| Error::Rejected {
             code: tonic::Code::InvalidArgument,
             message: format!(
-                "lease_id: a part of this lease is held on server {key_id}, which is in neither server list"
+                "lease_id: a part of this lease is held on server {member_id} (a member id), which is in \
+                 neither server list"
             ),
         })
     }
@@ -453,9 +580,9 @@ impl Cluster {
     /// cannot be released expires at its deadline; the caller gets the
     /// error that made the acquire fail.
     async fn abandon(&self, taken: &[(String, String, Grant)]) {
-        join_all(taken.iter().map(|(key_id, url, g)| async move {
+        join_all(taken.iter().map(|(member_id, url, g)| async move {
             let released = async {
-                let client = self.member(key_id)?.client().await?;
+                let client = self.member(member_id)?.client().await?;
                 client
                     .release_lease(&g.lease_ref(), ReleaseOptions::default())
                     .await
@@ -469,15 +596,12 @@ impl Cluster {
     }
 }
 
-fn owner_in<'a>(ids: &'a [String], name: &str) -> &'a String {
-    &ids[rendezvous::owner(ids, name).expect("server lists are never empty")]
-}
-
 #[async_trait]
 impl LeaseBackend for Cluster {
     fn location(&self) -> String {
-        let urls = |ids: &[String]| {
-            ids.iter()
+        let urls = |list: &List| {
+            list.ids
+                .iter()
                 .map(|id| self.inner.members[id].url.as_str())
                 .collect::<Vec<_>>()
                 .join(",")
@@ -492,18 +616,25 @@ impl LeaseBackend for Cluster {
         Arc::clone(&self.inner.clock)
     }
 
+    /// The smallest max TTL of the servers reached so far (10 s before
+    /// any is).
     fn max_ttl(&self) -> Duration {
-        self.inner.max_ttl
+        self.inner
+            .members
+            .values()
+            .filter_map(|m| m.client.get().map(Client::max_ttl))
+            .min()
+            .unwrap_or(Duration::from_secs(10))
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         let plan = self.plan(&spec.names);
         let single = plan.len() == 1;
         let mut taken: Vec<(String, String, Grant)> = Vec::with_capacity(plan.len());
-        // One server at a time, in key-id order: tentatively when there are
+        // One server at a time, in member-id order: tentatively when there are
         // several, so that holding some parts never breaks anyone's writes.
-        for (key_id, names) in &plan {
-            let m = self.member(key_id)?;
+        for (member_id, names) in &plan {
+            let m = self.member(member_id)?;
             let part = AcquireSpec {
                 names: names.clone(),
                 mode: if single { spec.mode } else { Mode::Tentative },
@@ -511,7 +642,7 @@ impl LeaseBackend for Cluster {
             };
             let got = async { m.client().await?.acquire_lease(part).await }.await;
             match got {
-                Ok(g) => taken.push(((*key_id).to_owned(), m.url.clone(), g)),
+                Ok(g) => taken.push(((*member_id).to_owned(), m.url.clone(), g)),
                 Err(e) => {
                     self.abandon(&taken).await;
                     return Err(e.at_server(&m.url));
@@ -519,8 +650,8 @@ impl LeaseBackend for Cluster {
             }
         }
         if !single && spec.mode == Mode::Full {
-            let upgraded = join_all(taken.iter().map(|(key_id, url, g)| async move {
-                let client = self.member(key_id)?.client().await?;
+            let upgraded = join_all(taken.iter().map(|(member_id, url, g)| async move {
+                let client = self.member(member_id)?.client().await?;
                 client
                     .upgrade_lease(&g.lease_ref())
                     .await
@@ -580,8 +711,8 @@ impl LeaseBackend for Cluster {
             .into_iter()
             .zip(grants)
             .map(|(p, g)| {
-                let url = self.inner.members[&p.key_id].url.clone();
-                (p.key_id, url, g)
+                let url = self.inner.members[&p.member_id].url.clone();
+                (p.member_id, url, g)
             })
             .collect();
         let names: Vec<String> = if lease.names.is_empty() {
@@ -599,6 +730,10 @@ impl LeaseBackend for Cluster {
     }
 
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
+        // Every part carries on what any part inherited: while migrating,
+        // the next list's owner of a name never heard of a predecessor
+        // on the current list's owner.
+        let options = options.carrying_inherited();
         let stored = self
             .each_part(lease, |client, part| {
                 let options = options.clone();
@@ -621,7 +756,7 @@ impl Cluster {
         let split = parts::split(lease)?;
         let mut calls = Vec::with_capacity(split.len());
         for part in split {
-            let m = self.member(&part.key_id)?;
+            let m = self.member(&part.member_id)?;
             let op = &op;
             calls.push(async move {
                 let client = m.client().await?;

@@ -1,5 +1,6 @@
 //! A lease over several servers is a set of parts, one lease per server
-//! (named by the server's key id). This module turns parts into the one
+//! (named by its server's member id: see [`super::ServerSpec::member_id`]).
+//! This module turns parts into the one
 //! [`Grant`] or [`Renewal`] the handle holds, and back.
 //!
 //! The combined lease is as strong as its weakest part: its deadline is the
@@ -8,9 +9,10 @@
 //! witness is kept: a message cites them all, and a reader or the audit
 //! checks each against its own server's key.
 //!
-//! The combined id and token list the parts in ascending key-id order:
-//! `KEYID:LEASEID,KEYID:LEASEID` and `TOKEN,TOKEN`. Server lease ids are 32
-//! hex digits and tokens hex, so neither contains `:` or `,`.
+//! The combined id and token list the parts in ascending member-id order:
+//! `MEMBERID:LEASEID,MEMBERID:LEASEID` and `TOKEN,TOKEN`. Member ids are 16
+//! hex digits, server lease ids 32 and tokens hex, so none contains `:` or
+//! `,`.
 
 use bagel_proto::Micros;
 
@@ -20,8 +22,8 @@ use crate::types::{Grant, LeaseRef, Mode, NameGrant, Previous, Renewal, ServerPa
 /// One server's lease of a combined lease.
 #[derive(Clone, Debug)]
 pub(crate) struct Part {
-    /// The key id of the server that holds it.
-    pub key_id: String,
+    /// The member id of the server that holds it.
+    pub member_id: String,
     pub lease: LeaseRef,
 }
 
@@ -30,7 +32,7 @@ fn bad_ref(lease: &LeaseRef, why: &str) -> Error {
         code: tonic::Code::InvalidArgument,
         message: format!(
             "lease_id: {:?} is not a lease over several servers ({why}); expected \
-             KEYID:LEASEID,... as the cluster client wrote it",
+             MEMBERID:LEASEID,... as the cluster client wrote it",
             lease.id
         ),
     }
@@ -46,37 +48,37 @@ pub(crate) fn split(lease: &LeaseRef) -> Result<Vec<Part>> {
     ids.into_iter()
         .zip(tokens)
         .map(|(id, token)| {
-            let (key_id, lease_id) = id
+            let (member_id, lease_id) = id
                 .split_once(':')
-                .ok_or_else(|| bad_ref(lease, "a part has no key id"))?;
-            if key_id.is_empty() || lease_id.is_empty() {
+                .ok_or_else(|| bad_ref(lease, "a part has no member id"))?;
+            if member_id.is_empty() || lease_id.is_empty() {
                 return Err(bad_ref(lease, "a part is empty"));
             }
             Ok(Part {
-                key_id: key_id.to_owned(),
+                member_id: member_id.to_owned(),
                 lease: LeaseRef::new(lease_id, token).with_names(lease.names.iter().cloned()),
             })
         })
         .collect()
 }
 
-/// The combined id and token of `parts` (in the order given: ascending key
+/// The combined id and token of `parts` (in the order given: ascending member
 /// id).
 pub(crate) fn join<'a>(parts: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> (String, String) {
     let (ids, tokens): (Vec<String>, Vec<&str>) = parts
         .into_iter()
-        .map(|(key_id, lease_id, token)| (format!("{key_id}:{lease_id}"), token))
+        .map(|(member_id, lease_id, token)| (format!("{member_id}:{lease_id}"), token))
         .unzip();
     (ids.join(","), tokens.join(","))
 }
 
-/// The combined grant of per-server grants (`(key id, url, grant)`, in
-/// ascending key-id order), for the names asked, in the order asked.
+/// The combined grant of per-server grants (`(member id, url, grant)`, in
+/// ascending member-id order), for the names asked, in the order asked.
 pub(crate) fn combine_grants(names: &[String], parts: &[(String, String, Grant)]) -> Grant {
     let (lease_id, token) = join(
         parts
             .iter()
-            .map(|(key_id, _, g)| (key_id.as_str(), g.lease_id.as_str(), g.token.as_str())),
+            .map(|(member_id, _, g)| (member_id.as_str(), g.lease_id.as_str(), g.token.as_str())),
     );
     let grants = || parts.iter().map(|(_, _, g)| g);
     let names = names
@@ -98,9 +100,9 @@ pub(crate) fn combine_grants(names: &[String], parts: &[(String, String, Grant)]
         witnesses: grants().flat_map(|g| g.witnesses.iter().cloned()).collect(),
         servers: parts
             .iter()
-            .map(|(key_id, url, g)| ServerPart {
+            .map(|(_, url, g)| ServerPart {
                 server: url.clone(),
-                key_id: key_id.clone(),
+                key_id: g.witness().key_id().to_owned(),
                 lease_id: g.lease_id.clone(),
                 names: g.names.iter().map(|n| n.name.clone()).collect(),
             })
@@ -174,7 +176,7 @@ mod tests {
         let parts = split(&LeaseRef::new(id, token).with_names(["a"])).unwrap();
         let got: Vec<_> = parts
             .iter()
-            .map(|p| (p.key_id.as_str(), p.lease.id.as_str(), p.lease.token.as_str()))
+            .map(|p| (p.member_id.as_str(), p.lease.id.as_str(), p.lease.token.as_str()))
             .collect();
         assert_eq!(got, [("k1", "id1", "t1"), ("k2", "id2", "t2")]);
     }

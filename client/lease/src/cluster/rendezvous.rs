@@ -7,16 +7,17 @@
 //! with the same server list routes every name the same way.
 //!
 //! The weight is the first 8 bytes (big-endian) of
-//! SHA-256(`"bagel.v1 route\0"` ‖ server key id ‖ `0x00` ‖ name), so
-//! clients in any language can route alike. Servers are named by the id of
-//! their signing key (16 hex digits), which survives restarts and address
-//! changes.
+//! SHA-256(`"bagel.v1 route\0"` ‖ server identity ‖ `0x00` ‖ name), so
+//! clients in any language can route alike. A server's identity is what
+//! the client's list says of it (the `ID` of `ID=URL`, else the URL as
+//! written), never something the server reports: a restart, even with a
+//! new key, cannot move a name.
 
 use sha2::{Digest as _, Sha256};
 
 const DOMAIN: &[u8] = b"bagel.v1 route\0";
 
-/// The weight of `name` on the server with key id `server`.
+/// The weight of `name` on the server with identity `server`.
 pub fn weight(server: &str, name: &str) -> u64 {
     let digest = Sha256::new()
         .chain_update(DOMAIN)
@@ -29,7 +30,7 @@ pub fn weight(server: &str, name: &str) -> u64 {
     u64::from_be_bytes(first)
 }
 
-/// The index in `servers` (key ids) of the owner of `name`: the highest
+/// The index in `servers` (identities) of the owner of `name`: the highest
 /// weight, ties (never seen in practice) to the smaller id. `None` only
 /// for an empty list.
 pub fn owner<S: AsRef<str>>(servers: &[S], name: &str) -> Option<usize> {

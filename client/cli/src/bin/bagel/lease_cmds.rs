@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bagel_cli::contract::{LeaseJson, WitnessJson};
+use bagel_cli::contract::{LeaseJson, ModeJson, ServerNameJson, WitnessJson};
 use bagel_client::{
-    AcquireBuilder, ClockSource, Error, HistoryEvent, LeaseBackend as _, LeaseOptions, LeaseRef, Metadata,
-    Micros, NameState, Previous, ReleaseOptions, ServerInfo,
+    AcquireBuilder, ClockSource, Error, HistoryEvent, Inherited, LeaseBackend as _, LeaseOptions, LeaseRef,
+    Metadata, Micros, NameState, Previous, ReleaseOptions, ServerInfo,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -130,6 +130,26 @@ impl TokenArgs {
     fn holder_secret(&self) -> Option<String> {
         let text = std::fs::read_to_string(&self.lease_id).ok()?;
         serde_json::from_str::<LeaseJson>(&text).ok()?.holder_secret
+    }
+
+    /// What a full lease inherited, from its lease file (none for a bare
+    /// lease id, whose server carries its own chain on): a lease over
+    /// several servers passes it to each part on release.
+    fn inherited(&self) -> anyhow::Result<Option<Inherited>> {
+        let Ok(text) = std::fs::read_to_string(&self.lease_id) else {
+            return Ok(None);
+        };
+        let lease: LeaseJson = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
+        Ok((lease.mode == ModeJson::Full).then(|| Inherited {
+            watermark: Micros::from_micros(lease.min_timestamp_us),
+            unsettled_until: lease
+                .names
+                .iter()
+                .filter_map(|n| n.previous.unsettled_until_us)
+                .max()
+                .map(Micros::from_micros),
+        }))
     }
 }
 
@@ -312,6 +332,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
             if let Some(m) = args.metadata.as_deref().map(metadata) {
                 options = options.with_metadata(m);
             }
+            options.inherited = args.lease.inherited()?;
             let stored = backend.release_lease(&lease, options).await?;
             lock.released();
             if args.lease.json {
@@ -419,11 +440,18 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
                     Target::One(c) => json!({ "name": name, "server": c.url() }),
                     Target::S3(b) => json!({ "name": name, "lease_store": b.location() }),
                     Target::Many(cluster) => {
+                        // Routed by `member` (the configured identity);
+                        // `key_id` is the key it signs with, when known.
                         let r = cluster.route(name);
-                        let mut v = json!({ "name": name, "server": r.current.0, "key_id": r.current.1 });
-                        if let Some((url, key_id)) = r.next {
+                        let key = |id: String| (!id.is_empty()).then_some(id);
+                        let mut v = json!({
+                            "name": name, "server": r.current.0, "key_id": key(r.current.1),
+                            "member": r.current_identity,
+                        });
+                        if let (Some((url, key_id)), Some(member)) = (r.next, r.next_identity) {
                             v["next_server"] = json!(url);
-                            v["next_key_id"] = json!(key_id);
+                            v["next_key_id"] = json!(key(key_id));
+                            v["next_member"] = json!(member);
                         }
                         v
                     }
@@ -698,7 +726,9 @@ fn print_server_info(info: &ServerInfo) {
     );
 }
 
-/// Reads the witness JSON, fetches or takes the keys, verifies.
+/// Reads the witness JSON, fetches or takes the keys, verifies every
+/// witness in it: a lease over several servers carries one per server,
+/// and each must verify against the key of the server its part names.
 async fn verify_witness(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let text = if args.file.as_os_str() == "-" {
         let mut s = String::new();
@@ -708,27 +738,81 @@ async fn verify_witness(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<Exi
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
     };
     let value: serde_json::Value = serde_json::from_str(&text).context("input is not JSON")?;
-    let witness_value = value.get("witness").cloned().unwrap_or(value);
-    let witness: WitnessJson = serde_json::from_value(witness_value)
-        .context("expected the JSON of `bagel acquire --json` or {body_b64, signature_b64, key_id}")?;
-    let witness = witness.to_pb().map_err(anyhow::Error::msg)?;
+    let expected = "expected the JSON of `bagel acquire --json` or {body_b64, signature_b64, key_id}";
+    // `witnesses` (several servers) lists every witness, `witness` the
+    // first; a bare witness is the whole input.
+    let listed: Vec<serde_json::Value> = match value.get("witnesses").and_then(|w| w.as_array()) {
+        Some(all) if !all.is_empty() => all.clone(),
+        _ => vec![value.get("witness").cloned().unwrap_or_else(|| value.clone())],
+    };
+    let witnesses = listed
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let w: WitnessJson =
+                serde_json::from_value(w).with_context(|| format!("witness {i}: {expected}"))?;
+            w.to_pb().map_err(|e| anyhow::anyhow!("witness {i}: {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Which key each server's part must be signed with (lease id -> key
+    // id), from a lease file over several servers.
+    let parts: Vec<ServerNameJson> = match value.get("servers") {
+        Some(v) => {
+            serde_json::from_value(v.clone()).context("servers: not the list `acquire --json` writes")?
+        }
+        None => Vec::new(),
+    };
 
     let keys = g.target.witness_keys(&args.keys).await?;
-    match bagel_proto::verify_witness(&witness, &keys) {
-        Ok(body) => {
-            println!(
-                "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
-                body.lease_id,
-                body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
-                Micros::from_micros(body.deadline_us),
-                witness.key_id,
-                body.server_id
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            eprintln!("bagel: witness does NOT verify: {e}");
-            Ok(ExitCode::from(1))
+    let mut failed = 0;
+    let mut covered = std::collections::BTreeSet::new();
+    for (i, witness) in witnesses.iter().enumerate() {
+        let checked = bagel_proto::verify_witness(witness, &keys)
+            .map_err(|e| e.to_string())
+            .and_then(|body| {
+                let part = parts.iter().find(|p| p.lease_id == body.lease_id);
+                match part {
+                    Some(p) if p.key_id != witness.key_id => Err(format!(
+                        "it states lease {} of server {}, whose key is {}, but is signed by key {}",
+                        body.lease_id, p.server, p.key_id, witness.key_id
+                    )),
+                    None if !parts.is_empty() => Err(format!(
+                        "it states lease {}, which is no part of this lease",
+                        body.lease_id
+                    )),
+                    _ => Ok(body),
+                }
+            });
+        match checked {
+            Ok(body) => {
+                covered.insert(body.lease_id.clone());
+                println!(
+                    "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
+                    body.lease_id,
+                    body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+                    Micros::from_micros(body.deadline_us),
+                    witness.key_id,
+                    body.server_id
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("bagel: witness {i} (key {}) does NOT verify: {e}", witness.key_id);
+            }
         }
     }
+    for p in &parts {
+        if !covered.contains(&p.lease_id) {
+            failed += 1;
+            eprintln!(
+                "bagel: no verified witness states lease {} of server {} (name {})",
+                p.lease_id, p.server, p.name
+            );
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

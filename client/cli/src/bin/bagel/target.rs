@@ -30,10 +30,12 @@ pub struct TargetArgs {
         default_value = "http://127.0.0.1:7420"
     )]
     pub server: String,
-    /// Several lease servers, comma-separated (`URL` or `URL#KEY`, KEY the
-    /// server's public key in hex, which lets names be routed while it is
-    /// down). Names are routed over them by rendezvous hashing. Overrides
-    /// --server.
+    /// Several lease servers, comma-separated, each `[ID=]URL[#KEY]`.
+    /// Names are routed over them by rendezvous hashing on each server's
+    /// identity (ID, else the URL as written), never on its key, so a
+    /// restart moves no name and a server that is down fails only its
+    /// names. KEY (the server's public key in hex) pins the key its
+    /// witnesses must carry. Overrides --server.
     #[arg(long, global = true, env = "BAGEL_SERVERS")]
     pub servers: Option<String>,
     /// While migrating: the server list being moved to. Every name then
