@@ -31,6 +31,8 @@ pub mod keys;
 pub mod merkle;
 pub mod names;
 pub mod rights;
+#[cfg(feature = "side-port")]
+pub mod side_port;
 pub mod signed_time;
 mod time;
 pub mod witness;

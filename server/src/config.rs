@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bagel_proto::authority::querier::QueryConfig;
+pub use bagel_proto::side_port::SidePortLimits;
 use bagel_proto::signed_time::roughtime::RoughtimeServer;
 
 /// Everything a lease server can be told. Build it from [`Config::default`]
@@ -59,6 +60,11 @@ pub struct Config {
     pub granted_until_step: Duration,
     /// Serve TLS (and with a client CA, require client certificates).
     pub tls: Option<TlsConfig>,
+    /// What the HTTP side port (`--http`) may hold.
+    pub http: SidePortLimits,
+    /// The status page's table census (a scan of every record) is reused
+    /// for this long, whatever the number of viewers.
+    pub status_interval: Duration,
 }
 
 /// TLS for the server, as PEM: its certificate chain and key, and the CA
@@ -70,14 +76,29 @@ pub struct TlsConfig {
     pub cert_pem: Vec<u8>,
     pub key_pem: Vec<u8>,
     pub client_ca_pem: Option<Vec<u8>>,
+    /// The certificates of `client_ca_pem` (DER): the only issuers a client
+    /// certificate may have (see `transport::Caller::untrusted_issuer`).
+    pub client_ca_der: Vec<Vec<u8>>,
 }
 
 impl TlsConfig {
     pub fn new(cert_pem: Vec<u8>, key_pem: Vec<u8>, client_ca_pem: Option<Vec<u8>>) -> Self {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        let client_ca_der = client_ca_pem
+            .as_deref()
+            .map(|pem| {
+                CertificateDer::pem_slice_iter(pem)
+                    .filter_map(Result::ok)
+                    .map(|c| c.to_vec())
+                    .collect()
+            })
+            .unwrap_or_default();
         TlsConfig {
             cert_pem,
             key_pem,
             client_ca_pem,
+            client_ca_der,
         }
     }
 }
@@ -118,6 +139,12 @@ pub struct Limits {
     pub max_inflight_bytes: usize,
     /// Connections at once; beyond, the server stops accepting.
     pub max_connections: usize,
+    /// Connections at once from one address; beyond, new ones from it are
+    /// closed at accept (so one address cannot fill `max_connections`).
+    pub max_connections_per_address: usize,
+    /// A connection that has not begun a call this long after it was
+    /// accepted is closed (silent connections free their slot early).
+    pub first_request_timeout: Duration,
     /// A connection with no call in flight for this long is closed.
     pub idle_timeout: Duration,
     /// HTTP/2 pings to each connection, and how long to wait for the
@@ -153,6 +180,8 @@ impl Default for Limits {
             max_inflight_bytes_per_connection: 8 << 20,
             max_inflight_bytes: 256 << 20,
             max_connections: 1000,
+            max_connections_per_address: 100,
+            first_request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
@@ -191,6 +220,8 @@ impl Default for Config {
             granted_until_file: None,
             granted_until_step: Duration::from_secs(1),
             tls: None,
+            http: SidePortLimits::default(),
+            status_interval: Duration::from_secs(1),
         }
     }
 }
@@ -297,6 +328,20 @@ impl Config {
     #[must_use]
     pub fn with_tls(mut self, tls: Option<TlsConfig>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Bounds the HTTP side port.
+    #[must_use]
+    pub fn with_http_limits(mut self, limits: SidePortLimits) -> Self {
+        self.http = limits;
+        self
+    }
+
+    /// How long the status page reuses one census of the table.
+    #[must_use]
+    pub fn with_status_interval(mut self, every: Duration) -> Self {
+        self.status_interval = every;
         self
     }
 

@@ -71,6 +71,26 @@ pub enum Error {
     Released { lease: LeaseId, at: Micros },
     #[error("token: does not match lease {lease}")]
     WrongToken { lease: LeaseId },
+    /// With mutual TLS, a lease is renewed, upgraded and released only
+    /// under the certificate it was granted to: a token that leaked to
+    /// another client is no use to it.
+    #[error(
+        "lease {lease} was granted to {owner:?}; this client certificate is {caller:?}: only the \
+         certificate a lease was granted to may renew, upgrade or release it"
+    )]
+    NotOwner {
+        lease: LeaseId,
+        owner: Arc<str>,
+        caller: Arc<str>,
+    },
+    /// With mutual TLS, a client certificate issued by anything but a
+    /// `--client-ca` certificate (through a chain the client sent).
+    #[error(
+        "client certificate {subject:?} was issued through {issuer:?}, which is not a --client-ca \
+         certificate: client certificates must be issued directly by a CA in --client-ca (a \
+         client certificate that is itself a CA cannot vouch for others)"
+    )]
+    UntrustedIssuer { subject: Arc<str>, issuer: Arc<str> },
     #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
     Expired { lease: LeaseId, deadline: Micros },
     #[error("lease {lease} lost name {name:?}: a full acquire by lease {by} broke it")]
@@ -179,7 +199,9 @@ impl Error {
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
             Error::Capacity { .. } | Error::Limit { .. } => Code::ResourceExhausted,
-            Error::WrongToken { .. } => Code::PermissionDenied,
+            Error::WrongToken { .. } | Error::NotOwner { .. } | Error::UntrustedIssuer { .. } => {
+                Code::PermissionDenied
+            }
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
         }
     }

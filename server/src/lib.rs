@@ -264,7 +264,9 @@ impl Server {
             listener,
             transport::AcceptConfig {
                 slots: Arc::clone(&self.service.inner.conn_slots),
+                per_address: transport::PerAddress::new(limits.max_connections_per_address),
                 idle_timeout: limits.idle_timeout,
+                first_request_timeout: limits.first_request_timeout,
             },
             cancel.clone(),
         );

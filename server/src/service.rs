@@ -202,9 +202,9 @@ impl Service {
         caller: &Caller,
     ) -> Result<crate::table::AcquireSpec, Error> {
         let limits = &self.inner.cfg.limits;
-        let owner = match &caller.subject {
-            Some(subject) if self.inner.client_auth() => Arc::clone(subject),
-            _ => validate::owner(&req.owner, limits)?,
+        let owner = match self.identity(caller)? {
+            Some(subject) => subject,
+            None => validate::owner(&req.owner, limits)?,
         };
         Ok(crate::table::AcquireSpec {
             names: validate::names("names", &req.names, limits)?,
@@ -216,16 +216,49 @@ impl Service {
         })
     }
 
-    fn upgrade_op(&self, req: &pb::UpgradeRequest) -> Result<crate::table::Grant, Error> {
+    /// With mutual TLS, the caller's certificate subject, the owner of
+    /// what it does; refused when the certificate was not issued directly
+    /// by a `--client-ca` certificate. `None` without mutual TLS.
+    fn identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
+        let Some(tls) = self.inner.cfg.tls.as_ref().filter(|t| t.client_ca_pem.is_some()) else {
+            return Ok(None);
+        };
+        let subject = caller.subject.clone().unwrap_or_else(|| Arc::from(""));
+        if let Some(issuer) = caller.untrusted_issuer(&tls.client_ca_der) {
+            return Err(Error::UntrustedIssuer { subject, issuer });
+        }
+        Ok(Some(subject))
+    }
+
+    /// With mutual TLS: refuses `caller` unless `lease` was granted to its
+    /// certificate (a lease no longer held falls through to the operation,
+    /// which says why).
+    fn check_owner(&self, lease: crate::table::LeaseId, caller: &Caller) -> Result<(), Error> {
+        let Some(caller) = self.identity(caller)? else {
+            return Ok(());
+        };
+        let Some(owner) = self.inner.table.lease_owner(lease) else {
+            return Ok(());
+        };
+        if owner == caller {
+            Ok(())
+        } else {
+            Err(Error::NotOwner { lease, owner, caller })
+        }
+    }
+
+    fn upgrade_op(&self, req: &pb::UpgradeRequest, caller: &Caller) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
+        self.check_owner(lease, caller)?;
         self.inner.may_grant()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
 
-    fn renew_op(&self, req: &pb::RenewRequest) -> Result<crate::table::Grant, Error> {
+    fn renew_op(&self, req: &pb::RenewRequest, caller: &Caller) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
+        self.check_owner(lease, caller)?;
         let deadline = validate::deadline(req.deadline_us)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
         self.inner.may_grant()?;
@@ -234,9 +267,10 @@ impl Service {
             .renew(lease, &token, deadline, metadata, self.now())
     }
 
-    fn release_op(&self, req: &pb::ReleaseRequest) -> Result<pb::ReleaseResponse, Error> {
+    fn release_op(&self, req: &pb::ReleaseRequest, caller: &Caller) -> Result<pb::ReleaseResponse, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
+        self.check_owner(lease, caller)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
         self.check_watermark_time(req)?;
         let spec = ReleaseSpec {
@@ -289,12 +323,12 @@ impl Service {
                         .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
-                        .renew_op(r)
+                        .renew_op(r, caller)
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Renew)),
                     Some(Op::Upgrade(u)) => self
-                        .upgrade_op(u)
+                        .upgrade_op(u, caller)
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Upgrade)),
-                    Some(Op::Release(r)) => self.release_op(r).map(|r| Outcome::Done(R::Released(r))),
+                    Some(Op::Release(r)) => self.release_op(r, caller).map(|r| Outcome::Done(R::Released(r))),
                 };
                 result.unwrap_or_else(|e| Outcome::Done(R::Error(op_error(e))))
             })
@@ -468,7 +502,7 @@ impl Service {
     }
 
     pub(crate) async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
-        let grant = self.upgrade_op(request.get_ref())?;
+        let grant = self.upgrade_op(request.get_ref(), &caller(&request))?;
         Ok(Response::new(pb::UpgradeResponse {
             grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade).await?),
         }))
@@ -478,7 +512,7 @@ impl Service {
         self.inner
             .cover(Micros::from_micros(request.get_ref().deadline_us))
             .await?;
-        let grant = self.renew_op(request.get_ref())?;
+        let grant = self.renew_op(request.get_ref(), &caller(&request))?;
         let time = self.inner.time.signed()?;
         let witness = self
             .inner
@@ -492,7 +526,9 @@ impl Service {
     }
 
     pub(crate) async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
-        Ok(Response::new(self.release_op(request.get_ref())?))
+        Ok(Response::new(
+            self.release_op(request.get_ref(), &caller(&request))?,
+        ))
     }
 
     pub(crate) async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {

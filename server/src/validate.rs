@@ -108,8 +108,10 @@ pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
             ),
         ));
     }
-    if raw.chars().any(char::is_control) {
-        return Err(Error::invalid("owner", "contains a control character"));
+    // Owners are shown where names are (conflicts, describe, the status
+    // page, witnesses): the same characters are refused.
+    if let Some(bad) = bagel_proto::names::forbidden_char(raw) {
+        return Err(Error::invalid("owner", format!("{} contains {bad}", echo(raw))));
     }
     Ok(Arc::from(raw))
 }

@@ -496,3 +496,162 @@ async fn with_mutual_tls_the_cli_gets_a_lease_owned_by_its_certificate_subject()
     );
     assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
 }
+
+/// Issue 24, item 7: under mutual TLS a lease is bound to the certificate
+/// it was granted to. Another certificate of the same CA that learns the
+/// token (a log, a core dump) can neither renew, upgrade nor release it.
+#[tokio::test]
+async fn under_mutual_tls_only_the_granted_certificate_renews_upgrades_or_releases() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    let (cert, key) = ca.leaf("lease-server", true, false);
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("server.pem", &cert),
+        "--tls-key",
+        &files.write("server.key", &key),
+        "--client-ca",
+        &files.write("ca.pem", &ca.pem),
+    ];
+    let server = ServerProcess::spawn(&args).await;
+    let worker = ca.leaf("worker-1", false, false);
+    let thief = ca.leaf("worker-2", false, false);
+    let mut owner = ready(&server, &ca.pem, Some(&worker)).await;
+    let mut other = ready(&server, &ca.pem, Some(&thief)).await;
+    let mut tentative = acquire("bound", "x");
+    tentative.mode = pb::Mode::Tentative.into();
+    let grant = owner
+        .acquire(tentative)
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    let (lease_id, token) = (grant.lease_id.clone(), grant.token.clone());
+
+    let renew = pb::RenewRequest {
+        lease_id: lease_id.clone(),
+        token: token.clone(),
+        deadline_us: Micros::now().as_micros() + 9 * SEC,
+        metadata: None,
+    };
+    let upgrade = pb::UpgradeRequest {
+        lease_id: lease_id.clone(),
+        token: token.clone(),
+    };
+    let release = pb::ReleaseRequest {
+        lease_id: lease_id.clone(),
+        token: token.clone(),
+        ..Default::default()
+    };
+    let refusals = [
+        other.renew(renew.clone()).await.map(drop),
+        other.upgrade(upgrade.clone()).await.map(drop),
+        other.release(release.clone()).await.map(drop),
+    ];
+    for refused in refusals {
+        let status = refused.expect_err("another certificate used the lease");
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(status.message().contains("CN=worker-1"), "{status:?}");
+        assert!(status.message().contains("CN=worker-2"), "{status:?}");
+    }
+    // In a batch too.
+    let batch = other
+        .batch(pb::BatchRequest {
+            ops: vec![pb::BatchOp {
+                op: Some(pb::batch_op::Op::Release(release.clone())),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    match &batch.results[0].result {
+        Some(pb::batch_result::Result::Error(e)) => {
+            assert!(e.message.contains("CN=worker-2"), "{e:?}")
+        }
+        other => panic!("a batch release by another certificate: {other:?}"),
+    }
+    // The lease is untouched, and its own certificate uses it.
+    owner.renew(renew).await.unwrap();
+    owner.upgrade(upgrade).await.unwrap();
+    owner.release(release).await.unwrap();
+}
+
+/// Issue 24, item 7: a client certificate marked CA:TRUE under
+/// `--client-ca` could sign leaves for any subject (the handshake follows
+/// the chain the client sends) and so be anyone. Client certificates must
+/// be issued directly by a `--client-ca` certificate: such a chain is
+/// refused, naming the certificate that is not one; a CA certificate used
+/// as a client certificate itself is refused at the handshake.
+#[tokio::test]
+async fn a_client_certificate_that_is_a_ca_cannot_vouch_for_others() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    let (cert, key) = ca.leaf("lease-server", true, false);
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("server.pem", &cert),
+        "--tls-key",
+        &files.write("server.key", &key),
+        "--client-ca",
+        &files.write("ca.pem", &ca.pem),
+    ];
+    let server = ServerProcess::spawn(&args).await;
+    let worker = ca.leaf("worker-1", false, false);
+    let mut honest = ready(&server, &ca.pem, Some(&worker)).await;
+    honest.acquire(acquire("mine", "x")).await.unwrap();
+
+    // A client certificate of the CA, itself a CA.
+    let rogue_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, "rogue");
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let rogue_cert = params.signed_by(&rogue_key, &ca.issuer).unwrap();
+    let rogue = Ca {
+        pem: rogue_cert.pem(),
+        issuer: Issuer::new(params, rogue_key),
+    };
+    // It signs a leaf claiming worker-1's subject, sent with itself as
+    // the chain.
+    let (forged, forged_key) = rogue.leaf("worker-1", false, false);
+    let chain = (format!("{forged}{}", rogue.pem), forged_key);
+    let mut c = ready(&server, &ca.pem, Some(&chain)).await;
+    let refused = c.acquire(acquire("theirs", "x")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("CN=rogue"), "{refused:?}");
+    assert!(refused.message().contains("--client-ca"), "{refused:?}");
+    let described = honest
+        .describe(pb::DescribeRequest {
+            names: vec!["theirs".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(described.names[0].holder, None);
+}
+
+/// Issue 24, item 7: plaintext to a TLS port answered `operation was
+/// canceled: connection closed`; the CLI now says what is wrong.
+#[tokio::test]
+async fn plaintext_to_a_tls_server_says_it_speaks_tls() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    let (cert, key) = ca.leaf("lease-server", true, false);
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("server.pem", &cert),
+        "--tls-key",
+        &files.write("server.key", &key),
+    ];
+    let server = ServerProcess::spawn(&args).await;
+    ready(&server, &ca.pem, None).await;
+    let out = server.cli(&["server-info"]);
+    let text = describe_output(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("speaks TLS: use https:// and --ca"), "{text}");
+}

@@ -109,10 +109,18 @@ impl Client {
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
         };
-        let info = client.server_info().await.map_err(|e| match &options.tls {
-            Some(tls) if url_is_https => hint_client_certificate(e, tls.has_identity()),
-            _ => e,
-        })?;
+        let info = match client.server_info().await {
+            Ok(info) => info,
+            Err(e) => {
+                return Err(match &options.tls {
+                    Some(tls) if url_is_https => hint_client_certificate(e, tls.has_identity()),
+                    _ if !url_is_https => {
+                        hint_tls_server(e, &client.remote.url, options.connect_timeout).await
+                    }
+                    _ => e,
+                });
+            }
+        };
         client.max_ttl = info.max_ttl;
         client.keys = Arc::new(match pinned {
             Some(keys) => keys,
@@ -262,6 +270,51 @@ fn hint_client_certificate(e: Error, presented: bool) -> Error {
         },
         other => other,
     }
+}
+
+/// A plaintext client of a TLS server only hears that the connection
+/// closed (`operation was canceled: connection closed`) or that the TLS
+/// alert was a bad HTTP/2 frame (`frame with invalid size`). When a call over
+/// `http://` fails that way, ask the server once more, as a TLS client
+/// would be answered: a TLS alert record (type 21, version 3.x) to our
+/// plaintext says it speaks TLS, and the error says what to do.
+async fn hint_tls_server(e: Error, url: &str, timeout: Duration) -> Error {
+    let closed = match &e {
+        // The alert read as an HTTP/2 frame: `frame with invalid size`
+        // (INTERNAL); or the closed connection (CANCELLED, UNKNOWN).
+        Error::Rpc(s) => matches!(
+            s.code(),
+            tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Internal
+        ),
+        Error::Unavailable { .. } => true,
+        _ => false,
+    };
+    if !closed || !speaks_tls(url, timeout).await {
+        return e;
+    }
+    Error::Config {
+        message: format!("the server at {url} speaks TLS: use https:// and --ca (the CA to trust)"),
+    }
+}
+
+/// Whether the server at `http://HOST:PORT` answers plaintext with a TLS
+/// alert.
+async fn speaks_tls(url: &str, timeout: Duration) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Some(authority) = url
+        .strip_prefix("http://")
+        .map(|rest| rest.split('/').next().unwrap_or(rest))
+    else {
+        return false;
+    };
+    let probe = async {
+        let mut tcp = tokio::net::TcpStream::connect(authority).await.ok()?;
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+        let mut head = [0u8; 2];
+        tcp.read_exact(&mut head).await.ok()?;
+        Some(head == [21, 3])
+    };
+    matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(true)))
 }
 
 /// One lease server, unary calls: every answer's witness checked against

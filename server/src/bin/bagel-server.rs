@@ -11,6 +11,7 @@ use bagel_proto::Signer;
 use bagel_proto::authority::querier::QueryConfig;
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
 use bagel_proto::signed_time::roughtime::RoughtimeServer;
+use bagel_server::config::SidePortLimits;
 use bagel_server::{Config, Limits, Server};
 use clap::Parser;
 
@@ -27,6 +28,33 @@ struct Args {
     /// given. Port 0 picks a free port; the bound address is printed.
     #[arg(long, env = "BAGEL_HTTP", value_name = "ADDR")]
     http: Option<SocketAddr>,
+    /// HTTP side port: connections at once; one more is answered 503 and
+    /// closed.
+    #[arg(long, env = "BAGEL_HTTP_MAX_CONNECTIONS", default_value_t = SidePortLimits::default().max_connections)]
+    http_max_connections: usize,
+    /// HTTP side port: time to send a request's head (and to begin the
+    /// next one on a kept-alive connection).
+    #[arg(long, env = "BAGEL_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    http_header_timeout: Duration,
+    /// HTTP side port: close a connection on which no byte moved either
+    /// way for this long (0: never).
+    #[arg(long, env = "BAGEL_HTTP_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    http_idle_timeout: Duration,
+    /// HTTP side port: largest request head (request line and headers), at
+    /// least 8192.
+    #[arg(long, env = "BAGEL_HTTP_MAX_HEADER_BYTES", default_value_t = SidePortLimits::default().max_header_bytes as u64,
+          value_parser = clap::value_parser!(u64).range(bagel_proto::side_port::MIN_HEADER_BYTES as u64..))]
+    http_max_header_bytes: u64,
+    /// HTTP side port: file descriptors kept free for the lease port; a
+    /// side-port connection that would leave fewer is answered 503.
+    #[arg(long, env = "BAGEL_HTTP_RESERVED_FDS", default_value_t = SidePortLimits::default().reserved_fds)]
+    http_reserved_fds: u64,
+    /// The status page's census of the table (a scan of every record) is
+    /// computed at most once per this interval, whatever the number of
+    /// viewers (/metrics scrapes always take a fresh one, shared by
+    /// concurrent scrapes).
+    #[arg(long, env = "BAGEL_STATUS_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    status_interval: Duration,
     /// Log format on stderr: `text` for people, `json` (one object per
     /// line) for log collectors. RUST_LOG sets the level (refusals are
     /// logged at debug).
@@ -117,6 +145,14 @@ struct Args {
     /// one closes. Keep it below the file-descriptor limit (ulimit -n).
     #[arg(long, env = "BAGEL_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
     max_connections: usize,
+    /// Connections at once from one client address; beyond, its new
+    /// connections are closed at accept.
+    #[arg(long, env = "BAGEL_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = Limits::default().max_connections_per_address)]
+    max_connections_per_address: usize,
+    /// Close a connection that has not begun a call (nor finished its TLS
+    /// handshake) this long after it was accepted (0: only --idle-timeout).
+    #[arg(long, env = "BAGEL_FIRST_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    first_request_timeout: Duration,
     /// Close a connection with no call in flight for this long (0: never).
     #[arg(long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -315,6 +351,8 @@ async fn main() -> anyhow::Result<()> {
     limits.max_inflight_bytes_per_connection = args.max_inflight_bytes_per_connection;
     limits.max_inflight_bytes = args.max_inflight_bytes;
     limits.max_connections = args.max_connections;
+    limits.max_connections_per_address = args.max_connections_per_address;
+    limits.first_request_timeout = args.first_request_timeout;
     limits.idle_timeout = args.idle_timeout;
     limits.keepalive_interval = args.keepalive_interval;
     limits.keepalive_timeout = args.keepalive_timeout;
@@ -332,7 +370,17 @@ async fn main() -> anyhow::Result<()> {
         .with_shards(args.shards)
         .with_max_records(args.max_records)
         .with_history(args.history_per_name, args.history_budget_bytes)
-        .with_limits(limits);
+        .with_limits(limits)
+        .with_http_limits(
+            SidePortLimits::default()
+                .with_max_connections(args.http_max_connections)
+                .with_header_timeout(args.http_header_timeout)
+                .with_idle_timeout(args.http_idle_timeout)
+                .with_max_header_bytes(usize::try_from(args.http_max_header_bytes).unwrap_or(usize::MAX))
+                .with_reserved_fds(args.http_reserved_fds)
+                .with_shutdown_grace(args.shutdown_grace),
+        )
+        .with_status_interval(args.status_interval);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
         let client_ca = args.client_ca.as_ref().map(read).transpose()?;

@@ -35,7 +35,7 @@ use crate::table::ByMode;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub(super) async fn scrape(State(state): State<Arc<Http>>) -> Response {
-    let Some(snapshot) = state.snapshot().await else {
+    let Some(snapshot) = state.snapshot(super::Reuse::Fresh).await else {
         return super::shutting_down();
     };
     let mut registry = Registry::default();
@@ -211,6 +211,14 @@ impl Collector for Exposition {
             "Name records kept in memory (held or idle); idle ones beyond --max-records are forgotten.",
             None,
             i64::try_from(s.census.names).unwrap_or(i64::MAX),
+        )?;
+        counter(
+            e,
+            "bagel_status_census_scans",
+            "Scans of the whole table for the status page and scrapes (the status page \
+             reuses one for --status-interval, whatever the number of viewers).",
+            None,
+            self.state.census_scans.load(std::sync::atomic::Ordering::Relaxed),
         )?;
         gauge(
             e,

@@ -34,7 +34,8 @@ const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-
                    base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub(super) async fn page(State(state): State<Arc<Http>>) -> Response {
-    let Some(snapshot) = state.snapshot().await else {
+    let interval = state.inner.cfg.status_interval;
+    let Some(snapshot) = state.snapshot(super::Reuse::Within(interval)).await else {
         return super::shutting_down();
     };
     let me = Arc::clone(&state);

@@ -13,6 +13,22 @@ use super::stats::{self, BreakEvent, Census, Counts, Tracked};
 use super::{HistoryEntry, LeaseTable, NameView, Previous};
 
 impl LeaseTable {
+    /// The owner lease `lease` was granted to, while it is the live holder
+    /// of its first name (`None` otherwise: the operation itself then says
+    /// why). With mutual TLS, renew, upgrade and release check it against
+    /// the caller's certificate.
+    pub fn lease_owner(&self, lease: super::LeaseId) -> Option<Arc<str>> {
+        let shard = self.shards.get(lease.shard())?;
+        let state = shard.lock();
+        let entry = state.at(lease.slot())?;
+        entry
+            .rec
+            .holder
+            .as_ref()
+            .filter(|h| h.lease == lease)
+            .map(|_| entry.rec.owner())
+    }
+
     pub fn describe(&self, names: &[Arc<str>], now: Micros) -> Vec<NameView> {
         let floor = self.forgotten_floor();
         names

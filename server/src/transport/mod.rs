@@ -6,9 +6,14 @@
 //!   error (EMFILE at the file-descriptor limit) is logged, at most once a
 //!   second, and backed off rather than retried at once (tonic's loop spun
 //!   on it, 9 CPU-s per 10 s, and said nothing).
+//!   One address may hold at most `max_connections_per_address` of the
+//!   slots: beyond, its new connections are closed at accept (1,000 silent
+//!   connections from one address used to lock every other client out).
 //! * [`Conn`]: one accepted connection. It closes itself once no call has
-//!   been in flight on it for `idle_timeout`: a client that connects and
-//!   goes quiet (or never says anything) no longer holds a socket forever.
+//!   been in flight on it for `idle_timeout`, or, if it never began one,
+//!   `first_request_timeout` after it was accepted: a client that connects
+//!   and goes quiet (or never finishes its TLS handshake) no longer holds a
+//!   socket forever, and a silent one gives its slot back early.
 //! * [`layer`]: every request's body passes through [`layer::Framed`],
 //!   which takes each gRPC message whole before tonic sees it (tonic
 //!   reserves the length a message *announces* as soon as its 5-byte
@@ -45,8 +50,11 @@ pub struct ConnState {
     /// Bytes of partly received request messages buffered (see
     /// [`layer::Framed`]).
     pub(crate) inflight: AtomicUsize,
-    /// The client certificate's subject (mutual TLS), read on first use.
-    subject: OnceLock<Option<Arc<str>>>,
+    /// The client certificate's subject (mutual TLS) and the certificates
+    /// the client sent after it, read on first use.
+    subject: OnceLock<Option<(Arc<str>, Chain)>>,
+    /// Whether a call ever began on the connection.
+    began: std::sync::atomic::AtomicBool,
 }
 
 impl ConnState {
@@ -56,6 +64,7 @@ impl ConnState {
             last_active_ms: AtomicU64::new(now_ms()),
             inflight: AtomicUsize::new(0),
             subject: OnceLock::new(),
+            began: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -63,6 +72,7 @@ impl ConnState {
     pub(crate) fn begin(self: &Arc<Self>) -> CallGuard {
         self.active.fetch_add(1, Ordering::AcqRel);
         self.last_active_ms.store(now_ms(), Ordering::Release);
+        self.began.store(true, Ordering::Release);
         CallGuard {
             state: Arc::clone(self),
         }
@@ -107,21 +117,29 @@ pub struct Conn {
     stream: TcpStream,
     info: ConnInfo,
     idle_timeout: Duration,
+    /// Idle limit until the first call begins (never above `idle_timeout`).
+    first_request_timeout: Duration,
     /// Fires when the connection may have gone idle for long enough.
     timer: Pin<Box<Sleep>>,
     closed: bool,
     _slot: OwnedSemaphorePermit,
+    _address_slot: AddressSlot,
 }
 
 impl Conn {
     /// Whether the connection has been idle for the whole timeout; if not,
     /// re-arms the timer for the earliest moment it could have been.
     fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.idle_timeout.is_zero() {
+        let timeout = if self.info.state.began.load(Ordering::Acquire) {
+            self.idle_timeout
+        } else {
+            self.first_request_timeout
+        };
+        if timeout.is_zero() {
             return false;
         }
         while self.timer.as_mut().poll(cx).is_ready() {
-            let timeout = self.idle_timeout.as_millis() as u64;
+            let timeout = timeout.as_millis() as u64;
             let next = match self.info.state.idle_since() {
                 Some(since) if now_ms() >= since + timeout => return true,
                 Some(since) => since + timeout - now_ms(),
@@ -148,7 +166,7 @@ impl AsyncRead for Conn {
             Poll::Pending if this.idle_expired(cx) => {
                 // End of stream: the HTTP/2 connection (or the TLS
                 // handshake) ends, and the socket is closed.
-                tracing::debug!(peer = ?this.info.remote, "closing a connection idle for {:?}", this.idle_timeout);
+                tracing::debug!(peer = ?this.info.remote, "closing an idle connection");
                 this.closed = true;
                 Poll::Ready(Ok(()))
             }
@@ -197,7 +215,76 @@ pub struct AcceptConfig {
     /// One permit per connection (`--max-connections`), held by the
     /// connection until it closes.
     pub slots: Arc<Semaphore>,
+    /// Connections per client address (`--max-connections-per-address`).
+    pub per_address: Arc<PerAddress>,
     pub idle_timeout: Duration,
+    /// `--first-request-timeout`; zero: only `idle_timeout` applies.
+    pub first_request_timeout: Duration,
+}
+
+/// How many connections each client address holds, against a cap.
+#[derive(Debug)]
+pub struct PerAddress {
+    max: usize,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerAddress {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(PerAddress {
+            max: max.max(1),
+            held: Default::default(),
+        })
+    }
+
+    /// One more connection from `ip`, unless it holds `max` already.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<AddressSlot> {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot {
+            of: Arc::clone(self),
+            ip,
+        })
+    }
+
+    /// Connections held by `ip` now.
+    pub fn held(&self, ip: std::net::IpAddr) -> usize {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One connection counted against its address, until dropped.
+#[derive(Debug)]
+struct AddressSlot {
+    of: Arc<PerAddress>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .of
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Accepts connections on `listener` until `stop` is cancelled (or the
@@ -221,6 +308,7 @@ async fn accept_loop(
     let slots = Arc::clone(&cfg.slots);
     let mut backoff = Backoff::default();
     let mut logged_full: Option<Instant> = None;
+    let mut logged_address: Option<Instant> = None;
     loop {
         // A free connection slot first: at the limit, stop accepting (the
         // kernel's backlog holds new clients) instead of accepting and
@@ -266,9 +354,27 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Some(address_slot) = cfg.per_address.take(remote.ip()) else {
+            if logged_address.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                tracing::warn!(
+                    peer = %remote.ip(),
+                    "closing new connections from an address holding {} already \
+                     (bagel-server --max-connections-per-address)",
+                    cfg.per_address.max
+                );
+                logged_address = Some(Instant::now());
+            }
+            drop(stream);
+            continue;
+        };
         // Without it every small response may wait ~40 ms for the peer's
         // delayed ACK (Nagle).
         let _ = stream.set_nodelay(true);
+        let first_request_timeout = match cfg.first_request_timeout {
+            d if d.is_zero() => cfg.idle_timeout,
+            d if cfg.idle_timeout.is_zero() => d,
+            d => d.min(cfg.idle_timeout),
+        };
         let conn = Conn {
             stream,
             info: ConnInfo {
@@ -276,9 +382,13 @@ async fn accept_loop(
                 state: Arc::new(ConnState::new()),
             },
             idle_timeout: cfg.idle_timeout,
-            timer: Box::pin(tokio::time::sleep(cfg.idle_timeout.max(Duration::from_millis(1)))),
+            first_request_timeout,
+            timer: Box::pin(tokio::time::sleep(
+                first_request_timeout.max(Duration::from_millis(1)),
+            )),
             closed: false,
             _slot: slot,
+            _address_slot: address_slot,
         };
         if tx.send(Ok(conn)).await.is_err() {
             return;
@@ -338,12 +448,34 @@ impl Backoff {
     }
 }
 
+/// The certificates a client sent after its own (DER), if any.
+pub type Chain = Arc<[Vec<u8>]>;
+
 /// Who made a request: its address, and with mutual TLS the subject of
 /// its client certificate.
 #[derive(Clone, Debug, Default)]
 pub struct Caller {
     pub peer: Option<std::net::IpAddr>,
     pub subject: Option<Arc<str>>,
+    /// The certificates the client sent after its own: whatever chain the
+    /// handshake verified its certificate through.
+    pub chain: Option<Chain>,
+}
+
+impl Caller {
+    /// The first certificate of the client's chain that is not one of
+    /// `trusted` (DER), as its subject. A client certificate must be issued
+    /// directly by a `--client-ca` certificate: the handshake follows any
+    /// chain the client sends, so a client certificate that is itself a CA
+    /// (CA:TRUE) could otherwise sign a leaf for any subject, and be
+    /// anyone.
+    pub fn untrusted_issuer(&self, trusted: &[Vec<u8>]) -> Option<Arc<str>> {
+        self.chain
+            .iter()
+            .flat_map(|chain| chain.iter())
+            .find(|der| !trusted.iter().any(|t| t == *der))
+            .map(|der| subject_of(der).unwrap_or_else(|| Arc::from("(unreadable certificate)")))
+    }
 }
 
 impl Caller {
@@ -351,18 +483,22 @@ impl Caller {
         let Some(info) = conn_info(ext) else {
             return Caller::default();
         };
-        let subject = info
+        let identity = info
             .state
             .subject
             .get_or_init(|| {
                 let tls = ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()?;
                 let certs = tls.peer_certs()?;
-                subject_of(certs.first()?)
+                let subject = subject_of(certs.first()?)?;
+                let chain: Chain = certs.iter().skip(1).map(|c| c.to_vec()).collect();
+                Some((subject, chain))
             })
             .clone();
+        let (subject, chain) = identity.unzip();
         Caller {
             peer: info.remote.map(|a| a.ip()),
             subject,
+            chain,
         }
     }
 }

@@ -257,14 +257,11 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(status);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(%bound, error = %e, "metronome HTTP port failed");
-        }
-    });
+    // The same bounds as bagel-server's side port: a connection cap,
+    // header and idle timeouts, a bounded request head, descriptors kept
+    // for the closer's own storage calls.
+    let limits = bagel_proto::side_port::SidePortLimits::default();
+    tokio::spawn(bagel_proto::side_port::serve(listener, app, limits, cancel));
     Ok(bound)
 }
 
