@@ -58,7 +58,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     // Standard input: `SERVERS <generation> <current> [<next>]` moves the
     // worker to other server lists (a migration step); its end means stop.
-    let lists: Arc<std::sync::Mutex<Option<(u64, String, Option<String>)>>> = Arc::default();
+    let lists: Arc<std::sync::Mutex<Option<Move>>> = Arc::default();
     std::thread::spawn({
         let (stop, lists) = (Arc::clone(&stop), Arc::clone(&lists));
         move || {
@@ -199,9 +199,12 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A move to other server lists: (generation, current, next).
+type Move = (u64, String, Option<String>);
+
 /// Where the worker takes its leases: one server or a cluster of them.
 enum Leases {
-    One(Client),
+    One(Box<Client>),
     Many(Cluster),
 }
 
@@ -212,7 +215,7 @@ impl Leases {
         let specs = parse(list)?;
         Ok(match (&specs[..], next) {
             (_, Some(next)) => Leases::Many(Cluster::migrating(&specs, &parse(next)?).await?),
-            ([one], None) => Leases::One(Client::connect(one.url.clone()).await?),
+            ([one], None) => Leases::One(Box::new(Client::connect(one.url.clone()).await?)),
             (_, None) => Leases::Many(Cluster::connect(&specs).await?),
         })
     }
