@@ -32,6 +32,7 @@ fn acquire_req(name: &str, deadline_us: u64) -> pb::AcquireRequest {
         owner: "roughtime-test".into(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 
