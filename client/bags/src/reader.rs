@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::frame::{self, Frame};
 use crate::{BagConfig, BagState, BagStore, Bucket, ListedItem, Result, list_buckets, validate_log};
-use bagel_proto::clock::Clock;
+use bagel_proto::clock::CheckedClock;
 
 /// What to read.
 #[derive(Clone, Debug)]
@@ -173,6 +173,11 @@ pub struct ReadReport {
     pub closed_bags_read: u64,
     /// Missing past-due bags this read closed empty.
     pub sealed: u64,
+    /// Why this read closed nothing although asked to close past-due bags:
+    /// its clock could not be vouched for (the text of
+    /// [`crate::Error::ClockUnvouched`]). The open bags it met are in
+    /// `skipped_open`, waiting for a closer whose clock is vouched for.
+    pub close_refused: Option<String>,
 }
 
 /// Reads `[from, to)` of `log`; see the module docs.
@@ -181,22 +186,37 @@ pub async fn read(
     log: &str,
     opts: &ReadOptions,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    clock: &dyn CheckedClock,
 ) -> Result<ReadReport> {
     validate_log(log)?;
     let mut report = ReadReport::default();
     if opts.to <= opts.from {
         return Ok(report);
     }
+    // Closing acts on the instant true time has surely reached, checked
+    // once: a reader whose clock is ahead must not seal the next seconds.
+    // Refused, it closes nothing and says why (see `crate::vouched`).
+    let closer_now = if opts.close_past_due {
+        match crate::closer_now(clock).await {
+            Ok(now) => Some(now),
+            Err(e @ crate::Error::ClockUnvouched { .. }) => {
+                report.close_refused = Some(e.to_string());
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
     // Year 9999 is as far as the tree goes.
     let to = opts.to.min(Micros::from_micros(253_402_300_800_000_000));
     let first = Bucket::of(opts.from);
     let last = Bucket::of(to.saturating_sub_us(1));
     let mut buckets = list_buckets(store, log, first, last).await?;
-    if opts.close_past_due
+    if let Some(now) = closer_now
         && let Some(start) = store.log_start(log).await?
     {
-        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, clock).await?;
+        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, now).await?;
         report.sealed = sealed.len() as u64;
         buckets.extend(sealed);
         buckets.sort_unstable();
@@ -208,7 +228,7 @@ pub async fn read(
         }
         let (items, open) = match store.state(log, bucket).await? {
             BagState::Closed(l) => (l.items, false),
-            BagState::Open(_) if opts.close_past_due && clock.now() >= bucket.close_time(cfg.grace) => {
+            BagState::Open(_) if closer_now.is_some_and(|now| now >= bucket.close_time(cfg.grace)) => {
                 (store.close(log, bucket).await?.items, false)
             }
             BagState::Open(items) if opts.include_open => (items, true),
@@ -245,7 +265,8 @@ pub async fn read(
 }
 
 /// Closes, empty, every past-due bag of `[from, to]` that is not among
-/// `existing`; returns them.
+/// `existing`; returns them. `now`: the instant true time has surely
+/// reached.
 async fn seal_missing(
     store: &dyn BagStore,
     log: &str,
@@ -253,10 +274,9 @@ async fn seal_missing(
     from: Bucket,
     to: Bucket,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    now: Micros,
 ) -> Result<Vec<Bucket>> {
     let existing: std::collections::HashSet<Bucket> = existing.iter().copied().collect();
-    let now = clock.now();
     let mut sealed = Vec::new();
     let mut b = from;
     while b <= to && now >= b.close_time(cfg.grace) {

@@ -165,6 +165,10 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 "metronome",
                 &bagel,
                 vec![
+                    // Signed time from the lease server: a metronome
+                    // closes only on a clock it vouches for.
+                    "--server".into(),
+                    server_url.clone(),
                     "metronome".into(),
                     "--store".into(),
                     url.clone(),

@@ -13,6 +13,7 @@
 //! number when the child was killed by a signal).
 
 mod bag_cmds;
+mod closer_clock;
 mod keys;
 mod lease_cmds;
 mod metronome_http;
