@@ -25,14 +25,23 @@ use tokio::process::Command;
 /// `offset` off, as on a host whose clock is wrong.
 fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Command {
     let mut c = Command::new("faketime");
-    c.args([offset])
+    c.args(["-f", offset])
         .arg(bin("bagel"))
         .args(["--server", server])
         .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
+        // `faketime` forks the program and waits: stopping the group
+        // stops both (see `stop`).
+        .process_group(0)
         .kill_on_drop(true);
     c
+}
+
+/// Stops a process started by [`bagel_skewed`] and its `faketime` parent.
+fn stop(child: &tokio::process::Child) {
+    let pgid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
 }
 
 fn bagel(server: &str, args: &[&str]) -> Command {
@@ -163,7 +172,7 @@ async fn a_fast_metronome_loses_no_acknowledged_write(store: String) {
         // Pacing only: spreads the batches over every part of each second.
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
-    metronome.start_kill().unwrap();
+    stop(&metronome);
     let out = metronome.wait_with_output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(
@@ -381,7 +390,7 @@ async fn a_metronome_without_its_time_authority_closes_nothing_and_says_why() {
 fn steppable_clock(file: &std::path::Path) -> ServerOptions {
     std::fs::write(file, "+0s\n").unwrap();
     ServerOptions {
-        wrap: vec!["faketime".into(), "+0s".into()],
+        wrap: vec!["faketime".into(), "-f".into(), "+0s".into()],
         env: vec![
             ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
             ("FAKETIME_NO_CACHE".into(), "1".into()),
