@@ -20,7 +20,7 @@ use bagel_bags::faults::{KillSwitch, RequestCounts, TestObjectStore};
 use bagel_bags::s3::S3Store;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Metronome, Writer};
-use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
 use bytes::Bytes;
 use object_store::ObjectStore;
 use serde::Serialize;
@@ -324,7 +324,12 @@ pub async fn metronome_lag(
             (msgs, errors, first_error)
         })
     };
-    let mut m = Metronome::new(store, vec![log.into()], cfg, clock.clone())?;
+    let mut m = Metronome::new(
+        store,
+        vec![log.into()],
+        cfg,
+        Arc::new(AssumedExact(clock.clone())),
+    )?;
     let (mut lags, mut bags, mut errors, mut first_error) = (Vec::new(), 0u64, 0u64, None::<String>);
     // The catch-up round: bags of the lookback window, long past due.
     if let Err(e) = m.tick().await {

@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+
+use async_trait::async_trait;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -11,6 +13,20 @@ use crate::Micros;
 /// [`ManualClock`] to move time by exact amounts.
 pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Micros;
+}
+
+/// A shared clock is a clock (so wrappers such as [`AssumedExact`] take
+/// an `Arc<dyn Clock>`).
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Micros {
+        (**self).now()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> Micros {
+        (**self).now()
+    }
 }
 
 /// The host's wall clock.
@@ -64,5 +80,62 @@ impl<C: Clock> Clock for OffsetClock<C> {
     fn now(&self) -> Micros {
         let t = self.inner.now().as_micros();
         Micros::from_micros(t.saturating_add_signed(self.offset_us))
+    }
+}
+
+/// A clock reading that signed time vouches for, and how far from true
+/// time it may be: true time lies in `[now - bound, now + bound]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundedNow {
+    pub now: Micros,
+    pub bound: Duration,
+}
+
+impl BoundedNow {
+    /// An instant true time has surely reached: `now - bound`. A closer
+    /// compares close times with this, never with `now`, so a clock ahead
+    /// by up to its bound never closes a bag before its time.
+    pub fn surely_reached(&self) -> Micros {
+        self.now.saturating_sub(self.bound)
+    }
+}
+
+/// A clock checked against a time authority: what every process that
+/// closes bags acts on (DESIGN section 1: every process that acts on time
+/// is a writer of time). `checked_now` refuses, saying why, when the clock
+/// cannot be vouched for right now (no answer from the authority, an old
+/// answer, a clock that is off or stepped since the last answer).
+#[async_trait]
+pub trait CheckedClock: Send + Sync + fmt::Debug {
+    async fn checked_now(&self) -> Result<BoundedNow, String>;
+}
+
+/// A clock *assumed* exact (bound 0) without asking any authority: for
+/// tests whose processes share one host clock, and for tools run with an
+/// explicit "unsafe: trust this host's clock" flag. Never what a closer
+/// gets by default.
+#[derive(Clone, Debug, Default)]
+pub struct AssumedExact<C>(pub C);
+
+#[async_trait]
+impl<C: Clock> CheckedClock for AssumedExact<C> {
+    async fn checked_now(&self) -> Result<BoundedNow, String> {
+        Ok(BoundedNow {
+            now: self.0.now(),
+            bound: Duration::ZERO,
+        })
+    }
+}
+
+/// A clock that refuses every check with a fixed reason: what a closer is
+/// given when no time authority could even be set up, so it says why it
+/// does not close instead of closing on an unchecked clock.
+#[derive(Clone, Debug)]
+pub struct Unvouched(pub String);
+
+#[async_trait]
+impl CheckedClock for Unvouched {
+    async fn checked_now(&self) -> Result<BoundedNow, String> {
+        Err(self.0.clone())
     }
 }

@@ -221,7 +221,9 @@ pub async fn read_clean(
     clock: &dyn bagel_proto::clock::Clock,
 ) -> bag::ReadReport {
     let opts = bag::ReadOptions::default().with_keys(Some(leases.keys()));
-    let r = bag::read(store, log, &opts, cfg, clock).await.unwrap();
+    let r = bag::read(store, log, &opts, cfg, &bagel_proto::clock::AssumedExact(clock))
+        .await
+        .unwrap();
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     assert!(r.rejected.is_empty(), "{:?}", r.rejected);
     r

@@ -79,6 +79,10 @@ pub struct ServerOptions {
     /// Where it listens (default `127.0.0.1:0`; a fixed address restarts a
     /// server where its clients know it).
     pub listen: String,
+    /// A command to run the server under (e.g. `faketime +0s`), empty for
+    /// none, and environment variables to add (e.g. libfaketime's).
+    pub wrap: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for ServerOptions {
@@ -87,6 +91,8 @@ impl Default for ServerOptions {
             rust_log: "warn".to_owned(),
             capture_stderr: false,
             listen: "127.0.0.1:0".to_owned(),
+            wrap: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -126,9 +132,19 @@ impl ServerProcess {
 
     /// [`ServerProcess::spawn`] with [`ServerOptions`].
     pub async fn spawn_with(args: &[&str], options: ServerOptions) -> ServerProcess {
-        let mut child = Command::new(bin("bagel-server"))
+        let server = bin("bagel-server");
+        let mut command = match options.wrap.split_first() {
+            None => Command::new(&server),
+            Some((program, wrap_args)) => {
+                let mut c = Command::new(program);
+                c.args(wrap_args).arg(&server);
+                c
+            }
+        };
+        let mut child = command
             .args(["--listen", &options.listen])
             .args(args)
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", &options.rust_log)
             .stdout(Stdio::piped())
             .stderr(if options.capture_stderr {

@@ -9,7 +9,7 @@ use bagel_bags::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
 use bagel_bags::{self as bag, BagConfig, Writer};
 use bagel_client::{Client, Lease, LeaseBackend as _, LeaseOptions, Micros, ReleaseOptions};
 use bagel_client::{Ended, TimeOptions, TimeSource};
-use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
 use bagel_proto::{KeyRing, Signer, sign_local_time};
 use bagel_tests::{ServerProcess, describe_output, unique};
 use bytes::Bytes;
@@ -65,9 +65,15 @@ impl Setup {
         // Writers may run up to `max_ahead` ahead of the clock (further
         // for a first write with this short grace: see the writer).
         let until = Micros::now().saturating_add(Duration::from_secs(1));
-        bag::close_through(store.as_ref(), &self.log, until, &self.cfg, &SystemClock)
-            .await
-            .unwrap();
+        bag::close_through(
+            store.as_ref(),
+            &self.log,
+            until,
+            &self.cfg,
+            &AssumedExact(SystemClock),
+        )
+        .await
+        .unwrap();
     }
 
     fn audit_cli(&self, server: &ServerProcess, extra_keys: &[&str]) -> std::process::Output {
@@ -87,9 +93,15 @@ impl Setup {
     async fn stored(&self, keys: &KeyRing) -> Vec<AuditMessage> {
         let store = bag::open_store(&self.url, &self.cfg).await.unwrap();
         let opts = bag::reader::ReadOptions::default().with_keys(Some(keys.clone()));
-        let report = bag::read(store.as_ref(), &self.log, &opts, &self.cfg, &SystemClock)
-            .await
-            .unwrap();
+        let report = bag::read(
+            store.as_ref(),
+            &self.log,
+            &opts,
+            &self.cfg,
+            &AssumedExact(SystemClock),
+        )
+        .await
+        .unwrap();
         AuditMessage::from_report(&report, &self.log)
     }
 }
@@ -150,7 +162,7 @@ async fn a_clean_history_with_released_and_broken_leases_audits_clean() {
         std::slice::from_ref(&s.log),
         until,
         &s.cfg,
-        &SystemClock,
+        &AssumedExact(SystemClock),
     )
     .await
     .unwrap();

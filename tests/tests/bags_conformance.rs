@@ -11,7 +11,7 @@ use bagel_bags::reader::ReadReport;
 use bagel_bags::{
     self as bag, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,
 };
-use bagel_proto::clock::{Clock, ManualClock};
+use bagel_proto::clock::{AssumedExact, Clock, ManualClock};
 use bagel_proto::{KeyRing, Micros, pb};
 use bagel_tests::{Backend, HookStore, TestLeases, payloads, t0, unique};
 use bytes::Bytes;
@@ -120,7 +120,7 @@ impl Env {
             &self.log,
             &ReadOptions::default().with_keys(keys),
             &cfg(),
-            &self.clock,
+            &AssumedExact(self.clock.clone()),
         )
         .await
         .unwrap()
@@ -162,7 +162,7 @@ async fn writes_are_read_back_in_order(backend: Backend) {
         &e.log,
         &ReadOptions::default().with_include_open(true),
         &cfg(),
-        &e.clock,
+        &AssumedExact(e.clock.clone()),
     )
     .await
     .unwrap();
@@ -199,7 +199,7 @@ async fn writes_are_read_back_in_order(backend: Backend) {
         &e.log,
         &ReadOptions::default().with_range(mid, Micros::MAX),
         &cfg(),
-        &e.clock,
+        &AssumedExact(e.clock.clone()),
     )
     .await
     .unwrap();
@@ -273,7 +273,7 @@ async fn metronome_closes_empty_bags_so_late_writers_cannot_slip_in(backend: Bac
         e.store.clone(),
         vec![e.log.clone()],
         cfg().with_lookback(Duration::from_secs(2)),
-        Arc::new(e.clock.clone()),
+        Arc::new(AssumedExact(Arc::new(e.clock.clone()))),
     )
     .unwrap();
     let b = Bucket::of(t0());
@@ -558,7 +558,7 @@ async fn close_through_closes_everything_up_to_a_deadline(backend: Backend) {
         &e.log,
         deadline,
         &cfg().with_lookback(Duration::from_secs(3)),
-        &e.clock,
+        &AssumedExact(e.clock.clone()),
     )
     .await
     .unwrap();
@@ -578,7 +578,7 @@ async fn close_through_closes_everything_up_to_a_deadline(backend: Backend) {
             .with_close_past_due(false)
             .with_keys(Some(e.leases.keys())),
         &cfg(),
-        &e.clock,
+        &AssumedExact(e.clock.clone()),
     )
     .await
     .unwrap();
@@ -608,7 +608,7 @@ async fn readers_of_a_past_range_agree_even_on_bags_nobody_made(backend: Backend
         Box::pin(async move {
             clock.set(b1.close_time(cfg().grace).saturating_add(Duration::from_secs(5)));
             let opts = ReadOptions::default().with_keys(Some(keys));
-            let r = bag::read(store.as_ref(), &log, &opts, &cfg(), &clock)
+            let r = bag::read(store.as_ref(), &log, &opts, &cfg(), &AssumedExact(clock))
                 .await
                 .unwrap();
             assert!(r.sealed >= 1, "the missing past-due bag is sealed");

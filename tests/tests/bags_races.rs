@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bagel_bags::{self as bag, BagConfig};
 use bagel_proto::Micros;
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{AssumedExact, SystemClock};
 use bagel_tests::{Backend, Roughtime, TestLeases, bagel_bin, lease_json, unique};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -45,6 +45,8 @@ async fn race_round(backend: &Backend, round: &Round) {
         .map(|_| {
             Command::new(bagel_bin())
                 .args([
+                    // Every process of the test shares this host's clock.
+                    "--unsafe-local-clock",
                     "metronome",
                     "--store",
                     &url,
@@ -169,9 +171,15 @@ async fn race_round(backend: &Backend, round: &Round) {
         .with_grace(Duration::ZERO)
         .with_lookback(Duration::from_secs(60));
     let store = bag::open_store(&url, &cfg).await.unwrap();
-    bag::close_through(store.as_ref(), &log, Micros::now(), &cfg, &SystemClock)
-        .await
-        .unwrap();
+    bag::close_through(
+        store.as_ref(),
+        &log,
+        Micros::now(),
+        &cfg,
+        &AssumedExact(SystemClock),
+    )
+    .await
+    .unwrap();
     let out = Command::new(bagel_bin())
         .args([
             "read",

@@ -14,7 +14,7 @@ use bagel_bags::directory::DirectoryStore;
 use bagel_bags::fsops::{FsOps, StdFs};
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{self as bag, BagConfig, BagStore, Error, Metronome, ReadOptions, Writer};
-use bagel_proto::clock::{OffsetClock, SystemClock};
+use bagel_proto::clock::{AssumedExact, OffsetClock, SystemClock};
 use bagel_tests::{need_env, payloads, read_clean, unique};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
@@ -92,7 +92,7 @@ async fn a_reader_that_tailed_the_open_bag_reads_the_closed_bag_whole() {
                 .with_include_open(include_open)
                 .with_close_past_due(false)
                 .with_keys(Some(keys));
-            bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock)
+            bag::read(store.as_ref(), log, &opts, &cfg, &AssumedExact(SystemClock))
                 .await
                 .unwrap()
         }
@@ -157,7 +157,7 @@ async fn race_round(round: usize) {
             store_b.clone(),
             vec![log.to_owned()],
             cfg.clone(),
-            Arc::new(SystemClock),
+            Arc::new(AssumedExact(Arc::new(SystemClock))),
         )
         .unwrap();
         let stop = stop.clone();
@@ -189,7 +189,7 @@ async fn race_round(round: usize) {
                     .with_range(from, bagel_proto::Micros::MAX)
                     .with_include_open(true)
                     .with_close_past_due(false);
-                if bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock)
+                if bag::read(store.as_ref(), log, &opts, &cfg, &AssumedExact(SystemClock))
                     .await
                     .is_ok()
                 {
@@ -263,7 +263,7 @@ async fn race_round(round: usize) {
             log,
             bagel_proto::Micros::now(),
             &cfg.clone().with_lookback(Duration::from_secs(60)),
-            &SystemClock,
+            &AssumedExact(SystemClock),
         )
         .await
         {

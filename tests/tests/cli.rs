@@ -260,6 +260,7 @@ fn long_work_shows_progress_on_a_terminal_and_nowhere_else() {
     let bagel = bagel_tests::bin("bagel");
     let args = |log: &str| {
         vec![
+            "--unsafe-local-clock".to_owned(),
             "metronome".to_owned(),
             "--store".to_owned(),
             store.clone(),

@@ -288,6 +288,7 @@ fn read_of_a_log_that_does_not_exist_fails_and_of_an_empty_one_succeeds() {
     // A log that exists but holds no message: its past bags closed by a
     // metronome, nothing ever written. Reading it is fine.
     let out = cli_no_server(&[
+        "--unsafe-local-clock",
         "metronome",
         "--store",
         &store,

@@ -13,7 +13,7 @@ use bagel_client::{
     Client, Cluster, Ended, Error, Lease, LeaseOptions, LossReason, Micros, ServerSpec, TimeOptions,
     TimeSource,
 };
-use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
 use bagel_proto::{KeyRing, verify_witness};
 use bagel_tests::{ServerProcess, cli_servers, describe_output, unique, wire};
 use bytes::Bytes;
@@ -416,13 +416,25 @@ impl Bags {
     async fn audit(&self, keys: &KeyRing) -> (usize, bagel_bags::audit::AuditReport) {
         let store = bag::open_store(&self.url, &self.cfg).await.unwrap();
         let until = Micros::now().saturating_add(Duration::from_secs(1));
-        bag::close_through(store.as_ref(), &self.log, until, &self.cfg, &SystemClock)
-            .await
-            .unwrap();
+        bag::close_through(
+            store.as_ref(),
+            &self.log,
+            until,
+            &self.cfg,
+            &AssumedExact(SystemClock),
+        )
+        .await
+        .unwrap();
         let opts = bag::reader::ReadOptions::default().with_keys(Some(keys.clone()));
-        let report = bag::read(store.as_ref(), &self.log, &opts, &self.cfg, &SystemClock)
-            .await
-            .unwrap();
+        let report = bag::read(
+            store.as_ref(),
+            &self.log,
+            &opts,
+            &self.cfg,
+            &AssumedExact(SystemClock),
+        )
+        .await
+        .unwrap();
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
         let messages = AuditMessage::from_report(&report, &self.log);
         (
@@ -668,7 +680,7 @@ async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
     let cfg = BagConfig::default().with_grace(Duration::from_millis(200));
     let bags = bag::open_store(&store, &cfg).await.unwrap();
     let until = Micros::now().saturating_add(Duration::from_secs(1));
-    bag::close_through(bags.as_ref(), &log, until, &cfg, &SystemClock)
+    bag::close_through(bags.as_ref(), &log, until, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
     let audit = cli_servers(

@@ -18,7 +18,9 @@ impl Metronome {
     fn start(root: &std::path::Path, logs: &[&str]) -> Metronome {
         let store = format!("file://{}", root.display());
         let mut cmd = Command::new(bin("bagel"));
+        // One host, one clock: these tests are about the HTTP side.
         cmd.args([
+            "--unsafe-local-clock",
             "metronome",
             "--store",
             &store,

@@ -11,7 +11,7 @@ use bagel_bags::fsops::FsOps;
 use bagel_bags::nfs::NfsFs;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{self as bag, BagConfig, BagState, Bucket, Writer};
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{AssumedExact, SystemClock};
 use bagel_tests::{nfs_url, payloads, read_clean, sub_url, unique};
 use bytes::Bytes;
 
@@ -155,7 +155,7 @@ async fn store_round_trip(version: u8) {
         log,
         last_written.next(),
         &cfg.clone().with_lookback(Duration::from_secs(30)),
-        &SystemClock,
+        &AssumedExact(SystemClock),
     )
     .await
     .unwrap();

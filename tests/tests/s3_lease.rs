@@ -15,7 +15,7 @@ use bagel_cli::contract::LeaseJson;
 use bagel_client::{
     AcquireBuilder, Ended, Error, Lease, LeaseBackend as _, LeaseOptions, LossReason, Micros,
 };
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{AssumedExact, SystemClock};
 use bagel_proto::rights::{RightsSnapshot, WriteRights};
 use bagel_proto::{Signer, pb, sign_witness};
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend};
@@ -428,7 +428,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
         std::slice::from_ref(&log),
         until,
         &cfg,
-        &SystemClock,
+        &AssumedExact(SystemClock),
     )
     .await
     .unwrap();
@@ -506,7 +506,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
 async fn close_all(bags: &str, log: &str, cfg: &BagConfig) {
     let store = bag::open_store(bags, cfg).await.unwrap();
     let until = Micros::now().saturating_add(Duration::from_secs(1));
-    bag::close_through(store.as_ref(), log, until, cfg, &SystemClock)
+    bag::close_through(store.as_ref(), log, until, cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
 }

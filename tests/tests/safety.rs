@@ -10,7 +10,7 @@ use std::time::Duration;
 use bagel_bags::faults::AppendsThrough;
 use bagel_bags::{self as bag, BagConfig, BagStore, ReadOptions, Writer};
 use bagel_client::{Client, Ended, Error, Lease, LeaseOptions, Micros, TimeOptions, TimeSource};
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{AssumedExact, SystemClock};
 use bagel_tests::{ServerProcess, unique};
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -81,11 +81,17 @@ async fn renewals_racing_writes_never_pair_a_witness_with_another_deadline() {
     renewer.await.unwrap();
     assert!(acked > 0, "nothing was written: {first_error:?}");
     let store = posix_store(dir.path());
-    bag::close_through(store.as_ref(), &log, Micros::now(), &cfg, &SystemClock)
-        .await
-        .unwrap();
+    bag::close_through(
+        store.as_ref(),
+        &log,
+        Micros::now(),
+        &cfg,
+        &AssumedExact(SystemClock),
+    )
+    .await
+    .unwrap();
     let opts = ReadOptions::default().with_keys(Some(client.keys().clone()));
-    let r = bag::read(store.as_ref(), &log, &opts, &cfg, &SystemClock)
+    let r = bag::read(store.as_ref(), &log, &opts, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
     assert!(
@@ -142,9 +148,15 @@ async fn a_broken_lease_behind_a_released_one_still_unsettles_the_next_holder() 
     let cfg = BagConfig::default().with_grace(Duration::from_millis(100));
     let store = posix_store(dir.path());
     let until = c.close_before_reading().unwrap();
-    bag::close_logs_through(store.as_ref(), &["l".to_owned()], until, &cfg, &SystemClock)
-        .await
-        .unwrap();
+    bag::close_logs_through(
+        store.as_ref(),
+        &["l".to_owned()],
+        until,
+        &cfg,
+        &AssumedExact(SystemClock),
+    )
+    .await
+    .unwrap();
     c.settled_through(until);
     c.release(None).await.unwrap();
     let d = client.acquire(["chain"]).options(no_renew).send().await.unwrap();
@@ -251,15 +263,21 @@ async fn a_write_of_unknown_outcome_makes_the_next_holder_close_first() {
     go.send(()).unwrap();
     landed.await.unwrap();
     let store = posix_store(dir.path());
-    bag::close_logs_through(store.as_ref(), &[log.to_owned()], until, &cfg, &SystemClock)
-        .await
-        .unwrap();
+    bag::close_logs_through(
+        store.as_ref(),
+        &[log.to_owned()],
+        until,
+        &cfg,
+        &AssumedExact(SystemClock),
+    )
+    .await
+    .unwrap();
     b.settled_through(until);
     let opts = ReadOptions::default().with_keys(Some(client.keys().clone()));
-    let first = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock)
+    let first = bag::read(store.as_ref(), log, &opts, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
-    let second = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock)
+    let second = bag::read(store.as_ref(), log, &opts, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
     assert_eq!(first.messages, second.messages);

@@ -132,6 +132,12 @@ pub enum Error {
         close_at: Micros,
         now: Micros,
     },
+    /// This process's clock is not vouched for by signed time right now
+    /// (no time authority, no recent answer, a clock that is off or was
+    /// stepped): it does not close bags, since a clock ahead would close
+    /// them under writers that are on time.
+    #[error("not closing bags: this process's clock is not vouched for by signed time: {reason}")]
+    ClockUnvouched { reason: String },
     /// Injected by the fault wrappers in tests.
     #[error("injected fault: {0}")]
     Injected(String),
@@ -160,6 +166,7 @@ impl Error {
             Error::CorruptLock { .. } => "corrupt_lock",
             Error::Invalid { .. } => "invalid",
             Error::TooEarly { .. } => "too_early",
+            Error::ClockUnvouched { .. } => "clock_unvouched",
             Error::Injected(_) => "injected",
         }
     }
@@ -172,6 +179,7 @@ impl Error {
             Error::Timeout { .. }
             | Error::TooFarAhead { .. }
             | Error::TooEarly { .. }
+            | Error::ClockUnvouched { .. }
             | Error::NoSignedTime { .. }
             | Error::SignedTimeOff { .. } => true,
             Error::Io { source, .. } => !matches!(

@@ -52,6 +52,7 @@
 //! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
 //! * [`writer`]: timestamps, batches, commit protocol.
 //! * [`metronome`]: closes past bags; [`close_through`].
+//! * [`vouched`]: the time closers act on: a checked clock less its bound.
 //! * [`reader`]: ordered, checked reads of a time range.
 //! * [`audit`]: from stored messages and witnesses alone, no two writers
 //!   of a name overlapped.
@@ -80,6 +81,7 @@ pub mod store_url;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timeout;
+pub mod vouched;
 pub mod writer;
 
 pub use bucket::Bucket;
@@ -92,4 +94,5 @@ pub use reader::{Problem, ProblemKind, Progress, ReadOptions, ReadReport, read};
 pub use store::{BagState, BagStore, list_buckets};
 pub use store_url::open_store;
 pub use timeout::TimeoutStore;
+pub use vouched::closer_now;
 pub use writer::Writer;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use bagel_proto::Micros;
 use tokio_util::sync::CancellationToken;
 
-use crate::{BagConfig, BagStore, Bucket, Error, Result, validate_log};
-use bagel_proto::clock::Clock;
+use crate::{BagConfig, BagStore, Bucket, Error, Result, closer_now, validate_log};
+use bagel_proto::clock::CheckedClock;
 
 /// What one round of closing did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,14 +38,16 @@ impl CloseReport {
     }
 }
 
-/// Waits (polling `clock`, sleeping on the real one) until `clock` reads at
-/// least `t`. Gives up with [`Error::TooEarly`] if the clock has not got
-/// there after the expected wait plus `slack` of real time.
-async fn wait_for(clock: &dyn Clock, t: Micros, bucket: Bucket, slack: Duration) -> Result<()> {
+/// Waits (polling `clock`, sleeping on the real one) until true time has
+/// surely reached `t` per `clock` ([`closer_now`]). Gives up with
+/// [`Error::TooEarly`] if it has not got there after the expected wait
+/// plus `slack` of real time, and at once when the clock cannot be
+/// vouched for.
+async fn wait_for(clock: &dyn CheckedClock, t: Micros, bucket: Bucket, slack: Duration) -> Result<()> {
     let start = Instant::now();
-    let budget = t.duration_since(clock.now()) + slack;
+    let budget = t.duration_since(closer_now(clock).await?) + slack;
     loop {
-        let now = clock.now();
+        let now = closer_now(clock).await?;
         if now >= t {
             return Ok(());
         }
@@ -70,19 +72,20 @@ async fn wait_for(clock: &dyn Clock, t: Micros, bucket: Bucket, slack: Duration)
 /// the predecessor's state: afterwards every message the predecessor can
 /// ever get into a bag is visible.
 ///
-/// `clock` must be one that signed time vouches for (check it first, as a
-/// writer does before it writes, e.g. `TimeSource::check`): a closer whose
-/// clock is ahead closes bags early, and a writer that finishes before its
-/// safe point (`BagConfig::safe_point`) does not look for a close, so its
-/// acknowledged batch would land in a bag already closed without it. The
-/// clock tolerance bounds the sum of the two errors (writer behind plus
-/// closer ahead).
+/// `clock` is one that signed time vouches for (e.g. the lease client's
+/// `TimeSource`), with its error bound: a closer whose clock is ahead would
+/// close bags early, and a writer that finishes before its safe point
+/// (`BagConfig::safe_point`) does not look for a close, so its acknowledged
+/// batch would land in a bag already closed without it. So a bag is closed
+/// only once the clock less its bound has passed the close time, and not
+/// at all when the clock cannot be vouched for ([`Error::ClockUnvouched`]);
+/// see [`crate::vouched`].
 pub async fn close_through(
     store: &dyn BagStore,
     log: &str,
     until: Micros,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    clock: &dyn CheckedClock,
 ) -> Result<CloseReport> {
     validate_log(log)?;
     let mut report = CloseReport::default();
@@ -95,7 +98,8 @@ pub async fn close_through(
     let mut b = first;
     while b <= last {
         store.close(log, b).await?;
-        report.add(b, clock.now().duration_since(b.close_time(cfg.grace)));
+        let now = closer_now(clock).await.unwrap_or(Micros::ZERO);
+        report.add(b, now.duration_since(b.close_time(cfg.grace)));
         b = b.next();
     }
     Ok(report)
@@ -111,7 +115,7 @@ pub async fn close_logs_through(
     logs: &[String],
     until: Micros,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    clock: &dyn CheckedClock,
 ) -> Result<()> {
     for log in logs {
         close_through(store, log, until, cfg, clock).await?;
@@ -123,10 +127,16 @@ pub async fn close_logs_through(
 pub struct Metronome {
     store: Arc<dyn BagStore>,
     logs: Vec<String>,
-    /// Per log (same order): the next bag not yet closed by this metronome.
+    /// Per log (same order): the next bag not yet closed by this metronome;
+    /// empty until the clock is first vouched for (it starts at that
+    /// instant less the lookback).
     next: Vec<Bucket>,
     cfg: BagConfig,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn CheckedClock>,
+    /// The latest vouched instant (see [`closer_now`]) and when, on the
+    /// monotonic clock, it was had: what `due` and the loop's sleeps
+    /// estimate from between checks.
+    vouched: Option<(Micros, Instant)>,
     observer: Option<Arc<dyn CloseObserver>>,
 }
 
@@ -139,6 +149,12 @@ pub trait CloseObserver: Send + Sync {
     fn closed(&self, log: &str, bucket: Bucket, lag: Duration, items: usize);
     /// Closing `bucket` of `log` failed; the next tick retries it.
     fn failed(&self, log: &str, bucket: Bucket, error: &Error);
+    /// The clock check of a tick: `None` when the clock is vouched for,
+    /// else why this metronome closes nothing until it is (what a
+    /// readiness probe reports).
+    fn clock_checked(&self, refused: Option<&Error>) {
+        let _ = refused;
+    }
 }
 
 impl std::fmt::Debug for Metronome {
@@ -152,25 +168,50 @@ impl std::fmt::Debug for Metronome {
 }
 
 impl Metronome {
-    /// Starts at `now - lookback` for every log.
+    /// Starts at `now - lookback` for every log, `now` being the first
+    /// instant `clock` vouches for. Closes nothing while `clock` cannot be
+    /// vouched for (see [`crate::vouched`]).
     pub fn new(
         store: Arc<dyn BagStore>,
         logs: Vec<String>,
         cfg: BagConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn CheckedClock>,
     ) -> Result<Self> {
         for log in &logs {
             validate_log(log)?;
         }
-        let start = Bucket::of(clock.now().saturating_sub(cfg.lookback));
         Ok(Metronome {
             store,
-            next: vec![start; logs.len()],
+            next: Vec::new(),
             logs,
             cfg,
             clock,
+            vouched: None,
             observer: None,
         })
+    }
+
+    /// Checks the clock now and returns the vouched instant; remembers it
+    /// (and, the first time, sets where closing starts). Tells the
+    /// observer either way.
+    pub async fn check_clock(&mut self) -> Result<Micros> {
+        let checked = closer_now(self.clock.as_ref()).await;
+        if let Some(o) = &self.observer {
+            o.clock_checked(checked.as_ref().err());
+        }
+        let now = checked?;
+        self.vouched = Some((now, Instant::now()));
+        if self.next.is_empty() {
+            let start = Bucket::of(now.saturating_sub(self.cfg.lookback));
+            self.next = vec![start; self.logs.len()];
+        }
+        Ok(now)
+    }
+
+    /// The vouched instant estimated now: the latest one plus the time
+    /// elapsed since (none before the first successful check).
+    fn estimated_now(&self) -> Option<Micros> {
+        self.vouched.map(|(t, at)| t.saturating_add(at.elapsed()))
     }
 
     /// Tells `observer` of every close and every failed one.
@@ -187,8 +228,11 @@ impl Metronome {
 
     /// How many bags (over every log) are past their close time and not
     /// yet closed by this metronome: the work the next tick has.
+    /// Zero until the clock has been vouched for ([`Metronome::check_clock`]).
     pub fn due(&self) -> u64 {
-        let now = self.clock.now();
+        let Some(now) = self.estimated_now() else {
+            return 0;
+        };
         self.next
             .iter()
             .map(|b| {
@@ -212,17 +256,20 @@ impl Metronome {
             .unwrap_or(Micros::MAX)
     }
 
-    /// Closes every bag whose close time has passed. On an error the
-    /// cursor stays at the failed bag, so the next tick retries it; the
-    /// other logs are closed all the same (one bad log stalls only itself),
-    /// and the first error is returned once they are.
+    /// Closes every bag whose close time has surely passed, on a clock
+    /// checked at the start of the tick; closes nothing when the check
+    /// fails (the error says why). On an error the cursor stays at the
+    /// failed bag, so the next tick retries it; the other logs are closed
+    /// all the same (one bad log stalls only itself), and the first error
+    /// is returned once they are.
     pub async fn tick(&mut self) -> Result<CloseReport> {
+        let now = self.check_clock().await?;
         let mut report = CloseReport::default();
         let mut first_error = None;
         for (log, next) in self.logs.iter().zip(self.next.iter_mut()) {
             'log: loop {
                 let close_at = next.close_time(self.cfg.grace);
-                if self.clock.now() < close_at {
+                if now < close_at {
                     break;
                 }
                 let listing = match self.store.close(log, *next).await {
@@ -235,7 +282,10 @@ impl Metronome {
                         break 'log;
                     }
                 };
-                let lag = self.clock.now().duration_since(close_at);
+                let lag = self
+                    .vouched
+                    .map_or(now, |(t, at)| t.saturating_add(at.elapsed()))
+                    .duration_since(close_at);
                 if let Some(o) = &self.observer {
                     o.closed(log, *next, lag, listing.items.len());
                 }
@@ -251,15 +301,18 @@ impl Metronome {
 
     /// One metronome per log, sharing store, settings and observer.
     fn per_log(self) -> Vec<Metronome> {
+        // Before the first vouched instant no log has a cursor yet: each
+        // sets its own at its first check.
         self.logs
             .into_iter()
-            .zip(self.next)
-            .map(|(log, next)| Metronome {
+            .enumerate()
+            .map(|(i, log)| Metronome {
                 store: Arc::clone(&self.store),
                 logs: vec![log],
-                next: vec![next],
+                next: self.next.get(i).map(|b| vec![*b]).unwrap_or_default(),
                 cfg: self.cfg.clone(),
                 clock: Arc::clone(&self.clock),
+                vouched: self.vouched,
                 observer: self.observer.clone(),
             })
             .collect()
@@ -285,12 +338,12 @@ impl Metronome {
             let r = self.tick().await;
             let failed = r.is_err();
             on_tick(&r);
-            let wait = if failed {
-                Duration::from_millis(200)
-            } else {
-                self.next_close_time()
-                    .duration_since(self.clock.now())
-                    .min(Duration::from_secs(1))
+            let wait = match (failed, self.estimated_now()) {
+                (false, Some(now)) => self
+                    .next_close_time()
+                    .duration_since(now)
+                    .min(Duration::from_secs(1)),
+                _ => Duration::from_millis(200),
             };
             tokio::select! {
                 () = shutdown.cancelled() => return,

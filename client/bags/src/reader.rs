@@ -35,7 +35,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::frame::{self, Frame};
 use crate::{BagConfig, BagState, BagStore, Bucket, ListedItem, Result, list_buckets, validate_log};
-use bagel_proto::clock::Clock;
+use bagel_proto::clock::CheckedClock;
 
 /// What to read.
 #[derive(Clone, Debug)]
@@ -235,6 +235,11 @@ pub struct ReadReport {
     pub closed_bags_read: u64,
     /// Missing past-due bags this read closed empty.
     pub sealed: u64,
+    /// Why this read closed nothing although asked to close past-due bags:
+    /// its clock could not be vouched for (the text of
+    /// [`crate::Error::ClockUnvouched`]). The open bags it met are in
+    /// `skipped_open`, waiting for a closer whose clock is vouched for.
+    pub close_refused: Option<String>,
 }
 
 /// Where each batch read so far was found, by (writer, first sequence,
@@ -248,23 +253,38 @@ pub async fn read(
     log: &str,
     opts: &ReadOptions,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    clock: &dyn CheckedClock,
 ) -> Result<ReadReport> {
     validate_log(log)?;
     let mut report = ReadReport::default();
     if opts.to <= opts.from {
         return Ok(report);
     }
+    // Closing acts on the instant true time has surely reached, checked
+    // once: a reader whose clock is ahead must not seal the next seconds.
+    // Refused, it closes nothing and says why (see `crate::vouched`).
+    let closer_now = if opts.close_past_due {
+        match crate::closer_now(clock).await {
+            Ok(now) => Some(now),
+            Err(e @ crate::Error::ClockUnvouched { .. }) => {
+                report.close_refused = Some(e.to_string());
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
     // Year 9999 is as far as the tree goes.
     let to = opts.to.min(Micros::from_micros(253_402_300_800_000_000));
     let first = Bucket::of(opts.from);
     let last = Bucket::of(to.saturating_sub_us(1));
     let mut buckets = list_buckets(store, log, first, last).await?;
-    if opts.close_past_due
+    if let Some(now) = closer_now
         && let Some(start) = store.log_start(log).await?
     {
-        check_seal_lookback(log, &buckets, start.max(first), last, opts, cfg, clock)?;
-        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, clock).await?;
+        check_seal_lookback(log, &buckets, start.max(first), last, opts, cfg, now)?;
+        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, now).await?;
         report.sealed = sealed.len() as u64;
         buckets.extend(sealed);
         buckets.sort_unstable();
@@ -277,7 +297,7 @@ pub async fn read(
         }
         let (items, open) = match store.state(log, bucket).await? {
             BagState::Closed(l) => (l.items, false),
-            BagState::Open(_) if opts.close_past_due && clock.now() >= bucket.close_time(cfg.grace) => {
+            BagState::Open(_) if closer_now.is_some_and(|now| now >= bucket.close_time(cfg.grace)) => {
                 (store.close(log, bucket).await?.items, false)
             }
             BagState::Open(items) if opts.include_open => (items, true),
@@ -350,9 +370,8 @@ fn check_seal_lookback(
     to: Bucket,
     opts: &ReadOptions,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    now: Micros,
 ) -> Result<()> {
-    let now = clock.now();
     let horizon = Bucket::of(now.saturating_sub(opts.max_seal_lookback));
     // The last bag of the old part that a seal would reach: before the
     // horizon, within the range, and past due.
@@ -393,7 +412,8 @@ fn check_seal_lookback(
 }
 
 /// Closes, empty, every past-due bag of `[from, to]` that is not among
-/// `existing`; returns them.
+/// `existing`; returns them. `now`: the instant true time has surely
+/// reached.
 async fn seal_missing(
     store: &dyn BagStore,
     log: &str,
@@ -401,10 +421,9 @@ async fn seal_missing(
     from: Bucket,
     to: Bucket,
     cfg: &BagConfig,
-    clock: &dyn Clock,
+    now: Micros,
 ) -> Result<Vec<Bucket>> {
     let existing: std::collections::HashSet<Bucket> = existing.iter().copied().collect();
-    let now = clock.now();
     let mut sealed = Vec::new();
     let mut b = from;
     while b <= to && now >= b.close_time(cfg.grace) {
@@ -715,7 +734,7 @@ mod tests {
         let store = DirectoryStore::local(dir.path(), false);
         let cfg = BagConfig::default();
         let now = 2_000_000_000;
-        let clock = ManualClock::new(secs(now));
+        let clock = bagel_proto::clock::AssumedExact(ManualClock::new(secs(now)));
         // A start mark 100 s ago, and the metronome closed 100..40 s ago
         // except one bag (70 s ago).
         store

@@ -347,14 +347,24 @@ impl Writer {
         }
     }
 
-    /// The late-write check; see the module docs.
+    /// The late-write check; see the module docs and [`crate::vouched`].
+    /// The safe point trusts this clock to within the tolerance; a time
+    /// source that measured a wider error bound (a Roughtime radius of
+    /// 5 s) moves it back by that bound, so such a writer looks for a
+    /// close after more of its writes instead of acknowledging one that a
+    /// closer on true time may already have sealed out. A writer helping
+    /// to close is a closer: it closes only once its clock less its bound
+    /// (the tolerance, when its time source measures none) is past the
+    /// close time; before that it only looks for a close.
     async fn confirm(&self, bucket: Bucket, receipt: &crate::Receipt) -> Result<()> {
         let now = self.clock.now();
-        if now < self.cfg.safe_point(bucket) {
+        let bound = self.time.error_bound().unwrap_or(self.cfg.clock_tolerance);
+        let close_at = bucket.close_time(self.cfg.grace);
+        if now < self.cfg.safe_point(bucket).min(close_at.saturating_sub(bound)) {
             return Ok(());
         }
         let must_close =
-            now >= bucket.close_time(self.cfg.grace) || self.store.closing_started(&self.log, bucket).await?;
+            now.saturating_sub(bound) >= close_at || self.store.closing_started(&self.log, bucket).await?;
         if !must_close {
             // No close has started, so any closer lists this record.
             return Ok(());

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use bagel_proto::authority::monitor::{ClockMonitor, Measurement, Verdict};
 use bagel_proto::authority::querier::{Querier, QueryConfig};
-use bagel_proto::clock::{Clock, SystemClock};
+use bagel_proto::clock::{BoundedNow, CheckedClock, Clock, SystemClock};
 use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
 use bagel_proto::{Micros, SignedClock, SignedReading, pb, verify_signed_time};
 
@@ -303,5 +303,28 @@ impl TimeSource {
 impl SignedClock for TimeSource {
     async fn signed_now(&self) -> std::result::Result<SignedReading, String> {
         self.check().await.map_err(|e| e.to_string())
+    }
+
+    fn error_bound(&self) -> Option<Duration> {
+        let v = self.verdict();
+        v.is_healthy().then(|| v.error_bound()).flatten()
+    }
+}
+
+/// Closers (metronomes, readers, audits, new holders settling a broken
+/// predecessor) act on a [`TimeSource`] too: the local clock, once checked,
+/// with its measured error bound; refused when the check fails.
+#[async_trait::async_trait]
+impl CheckedClock for TimeSource {
+    async fn checked_now(&self) -> std::result::Result<BoundedNow, String> {
+        self.check().await.map_err(|e| e.to_string())?;
+        let now = self.now();
+        match self.verdict() {
+            v @ Verdict::Healthy { .. } => Ok(BoundedNow {
+                now,
+                bound: v.error_bound().expect("a healthy verdict has a measurement"),
+            }),
+            v => Err(v.to_string()),
+        }
     }
 }

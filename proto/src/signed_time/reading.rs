@@ -59,4 +59,13 @@ pub enum TimeProofKind {
 #[async_trait]
 pub trait SignedClock: Send + Sync + std::fmt::Debug {
     async fn signed_now(&self) -> Result<SignedReading, String>;
+
+    /// How far the local clock may be from true time, as measured at the
+    /// latest check (`|offset| + radius + RTT/2`); `None` when this source
+    /// does not measure it. A writer whose bound is wider than its bags'
+    /// clock tolerance refuses to write; one that does not know its bound
+    /// assumes the tolerance.
+    fn error_bound(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

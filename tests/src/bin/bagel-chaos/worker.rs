@@ -150,7 +150,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
                     std::slice::from_ref(&a.log),
                     until,
                     &cfg,
-                    clock.as_ref(),
+                    time.as_ref(),
                 )
                 .await
                 .is_ok();

@@ -15,7 +15,7 @@ use bagel_bags::reader::{Message, ReadOptions};
 use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
 use bagel_cli::contract::LeaseJson;
 use bagel_proto::Micros;
-use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
+use bagel_proto::clock::{CheckedClock, Clock, OffsetClock, SystemClock, Unvouched};
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights};
 use bytes::Bytes;
 use serde_json::json;
@@ -229,7 +229,7 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
         BagCommand::Write(a) => write(a, &g).await,
         BagCommand::Read(a) => read(a, &g).await,
-        BagCommand::Metronome(a) => metronome(a).await,
+        BagCommand::Metronome(a) => metronome(a, &g).await,
         BagCommand::Audit(a) => audit(a, &g).await,
     }
 }
@@ -247,9 +247,11 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_roughtime_keys(roughtime_keys.clone())
         .with_progress(bar.for_reader());
     let log = &a.range.log;
-    let report = bag::read(store.as_ref(), log, &opts, &cfg, &SystemClock).await;
+    let clock = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
+    let report = bag::read(store.as_ref(), log, &opts, &cfg, clock.as_ref()).await;
     bar.finish();
     let report = report.map_err(read_error)?;
+    say_close_refused(&report);
     let messages = AuditMessage::from_report(&report, log);
     let mut acfg = AuditConfig::new(keys.clone());
     acfg.tolerance = a.tolerance;
@@ -476,9 +478,15 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
     let bar = Bar::new("read", "bags", a.json);
     let opts = opts.with_progress(bar.for_reader());
-    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, &SystemClock).await;
+    let clock: Arc<dyn CheckedClock> = if a.no_close {
+        Arc::new(Unvouched("--no-close".into()))
+    } else {
+        crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?
+    };
+    let report = bag::read(store.as_ref(), &a.range.log, &opts, &cfg, clock.as_ref()).await;
     bar.finish();
     let report = report.map_err(read_error)?;
+    say_close_refused(&report);
     let mut out = std::io::stdout().lock();
     // Verified: keys were given, and every accepted message passed every
     // check (witness, holder and time signatures, bounds), and nothing in
@@ -562,6 +570,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         "problems": report.problems.len(),
         "closed_bags_read": report.closed_bags_read,
         "open_bags_skipped": report.skipped_open.len(),
+        "close_refused": report.close_refused,
         "verified": verified,
     });
     if a.json {
@@ -597,11 +606,27 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
 /// has a problem (everything readable was still printed).
 const EXIT_NOT_CLEAN: u8 = 4;
 
-async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
+/// A read that was asked to close past-due bags but could not vouch for
+/// its clock says so on stderr: which bags it left open, and what they
+/// wait for.
+fn say_close_refused(report: &bag::ReadReport) {
+    if let Some(why) = &report.close_refused {
+        eprintln!(
+            "bagel: closed nothing ({} open bags skipped; they wait for a closer whose clock signed time \
+             vouches for): {why}",
+            report.skipped_open.len()
+        );
+    }
+}
+
+async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config().with_lookback(a.lookback);
+    // Closes on a clock signed time vouches for, never the host's alone.
+    let checked = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
+    // Only for the status page's display of uptime and lag.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = bag::open_store(&a.store, &cfg).await?;
-    let mut m = Metronome::new(store, a.log.clone(), cfg.clone(), Arc::clone(&clock))?;
+    let mut m = Metronome::new(store, a.log.clone(), cfg.clone(), checked)?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = &a.http {
         let status = Arc::new(MetronomeStatus::new(
@@ -616,8 +641,19 @@ async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
         let _ = std::io::stdout().flush();
         m = m.with_observer(status);
     }
-    let print = |r: &bag::Result<bag::CloseReport>| match r {
+    // A refusal repeats at every tick until the clock is vouched for:
+    // said once, and again when it changes.
+    let mut last_refusal: Option<String> = None;
+    let mut print = move |r: &bag::Result<bag::CloseReport>| match r {
+        Err(e @ bag::Error::ClockUnvouched { .. }) => {
+            let text = e.to_string();
+            if last_refusal.as_ref() != Some(&text) {
+                eprintln!("bagel metronome: {text}");
+                last_refusal = Some(text);
+            }
+        }
         Ok(r) if r.closed > 0 => {
+            last_refusal = None;
             println!(
                 "closed {} bags through {}; lag {} ms",
                 r.closed,
@@ -625,13 +661,12 @@ async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
                 r.max_lag.unwrap_or_default().as_millis()
             );
         }
-        Ok(_) => {}
+        Ok(_) => last_refusal = None,
         Err(e) => eprintln!("bagel metronome: {e}"),
     };
     if a.once {
         // Catching up (a long lookback) shows progress on a terminal.
         let bar = Bar::new("metronome: closing", "bags", false);
-        bar.set(0, m.due());
         let bar_for = bar.clone();
         struct Ticks(Bar);
         impl bag::CloseObserver for Ticks {
@@ -643,7 +678,13 @@ async fn metronome(a: MetronomeArgs) -> anyhow::Result<ExitCode> {
         if a.http.is_none() {
             m = m.with_observer(Arc::new(Ticks(bar_for)));
         }
-        let r = m.tick().await;
+        let r = match m.check_clock().await {
+            Ok(_) => {
+                bar.set(0, m.due());
+                m.tick().await
+            }
+            Err(e) => Err(e),
+        };
         bar.finish();
         print(&r);
         r?;

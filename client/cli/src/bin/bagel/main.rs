@@ -14,6 +14,7 @@
 //! message or found a closed bag damaged (what it could read was printed).
 
 mod bag_cmds;
+mod closer_clock;
 mod keys;
 mod lease_cmds;
 mod metronome_http;

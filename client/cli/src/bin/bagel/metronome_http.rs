@@ -71,6 +71,8 @@ pub struct MetronomeStatus {
     behind: Family<LogLabel, Gauge<f64, AtomicU64>>,
     lag_seconds: Histogram,
     logs: Mutex<BTreeMap<String, LogState>>,
+    /// Why the last tick closed nothing: its clock was not vouched for.
+    clock_refused: Mutex<Option<String>>,
     grace: Duration,
     clock: Arc<dyn Clock>,
     started: Micros,
@@ -135,6 +137,7 @@ impl MetronomeStatus {
             behind,
             lag_seconds,
             logs: Mutex::new(logs.iter().map(|l| (l.clone(), LogState::default())).collect()),
+            clock_refused: Mutex::new(None),
             grace,
             clock,
             started: now,
@@ -167,11 +170,14 @@ impl MetronomeStatus {
         }
     }
 
-    /// Why the metronome is not ready, if it is not: every log whose last
-    /// close failed, or that is more than a second (one tick) plus the
-    /// grace behind, `; `-separated (an operator sees all stuck logs at
-    /// once, not the first).
+    /// Why the metronome is not ready, if it is not: its clock is not
+    /// vouched for (it closes nothing), or every log whose last close
+    /// failed or that is more than a second (one tick) plus the grace
+    /// behind, `; `-separated (an operator sees all stuck logs at once).
     fn not_ready(&self) -> Option<String> {
+        if let Some(why) = &*self.clock_refused.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Some(format!("closing nothing until the clock is vouched for: {why}"));
+        }
         let now = self.clock.now();
         let limit = self.grace + Duration::from_secs(1);
         let why: Vec<String> = self
@@ -236,6 +242,10 @@ impl CloseObserver for MetronomeStatus {
         s.errors += 1;
         s.failing = true;
         s.last_error = Some((self.clock.now(), format!("bag {bucket}: {error}")));
+    }
+
+    fn clock_checked(&self, refused: Option<&bagel_bags::Error>) {
+        *self.clock_refused.lock().unwrap_or_else(PoisonError::into_inner) = refused.map(ToString::to_string);
     }
 }
 

@@ -49,8 +49,10 @@ pub struct StoreArgs {
     #[arg(long, global = true, default_value = "60s", value_parser = humantime::parse_duration)]
     pub lease_max_ttl: Duration,
     /// UNSAFE (development only): S3 leases and writes on this host's
-    /// clock, unchecked, self-signed with the lease key. Two holders at
-    /// once become possible when clocks disagree by more than the margin.
+    /// clock, unchecked, self-signed with the lease key; and `metronome`,
+    /// `read` and `audit` close bags on it. Two holders at once become
+    /// possible when clocks disagree by more than the margin, and a clock
+    /// ahead closes bags under writers that are on time.
     #[arg(long, global = true)]
     pub unsafe_local_clock: bool,
 }
