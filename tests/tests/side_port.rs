@@ -29,6 +29,7 @@ fn acquire(name: &str) -> pb::AcquireRequest {
         owner: "side-port-test".to_owned(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 
