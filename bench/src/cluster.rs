@@ -91,6 +91,7 @@ pub async fn measure(b: &ClusterBench<'_>, servers: usize, names: &[usize]) -> R
         let specs: Vec<ServerSpec> = started
             .iter()
             .map(|s| ServerSpec {
+                id: None,
                 url: format!("http://{}", s.addr),
                 key: None,
             })
