@@ -36,6 +36,7 @@ fn spec(name: &str) -> AcquireSpec {
         owner: Arc::from("bench-owner"),
         mode: Mode::Full,
         peer: None,
+        holder_key: Some(Arc::new([9; 32])),
     }
 }
 
