@@ -25,6 +25,7 @@ fn acquire(names: &[&str], deadline_us: u64) -> pb::AcquireRequest {
         owner: "t".into(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

@@ -20,6 +20,7 @@ fn acquire(name: &str, wait_us: u64) -> pb::BatchOp {
             owner: "batch".into(),
             mode: pb::Mode::Full.into(),
             wait_us,
+            ..Default::default()
         })),
     }
 }

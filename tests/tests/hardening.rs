@@ -33,6 +33,7 @@ fn acquire(names: &[&str], ttl_us: u64, mode: pb::Mode) -> pb::AcquireRequest {
         owner: "t".into(),
         mode: mode.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

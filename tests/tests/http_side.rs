@@ -39,6 +39,7 @@ fn acquire(names: &[&str], ttl: Duration, owner: &str) -> pb::AcquireRequest {
         owner: owner.to_owned(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

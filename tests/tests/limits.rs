@@ -262,6 +262,7 @@ async fn idle_connections_are_closed_but_long_calls_are_not() {
         owner: "h".into(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -272,6 +273,7 @@ async fn idle_connections_are_closed_but_long_calls_are_not() {
             owner: "w".into(),
             mode: pb::Mode::Full.into(),
             wait_us: 5_000_000,
+            ..Default::default()
         })
         .await;
     assert!(waited.is_ok(), "a 2 s wait was cut: {waited:?}");

@@ -22,6 +22,7 @@ fn acquire(names: &[String], owner: &str) -> pb::AcquireRequest {
         owner: owner.into(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

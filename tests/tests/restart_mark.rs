@@ -29,6 +29,7 @@ fn acquire(name: &str, deadline_us: u64) -> pb::AcquireRequest {
         owner: "t".into(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

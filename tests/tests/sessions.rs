@@ -44,6 +44,7 @@ fn acquires(round: usize) -> pb::BatchRequest {
                     owner: "reader-who-never-reads".into(),
                     mode: pb::Mode::Full.into(),
                     wait_us: 0,
+                    ..Default::default()
                 })),
             })
             .collect(),

@@ -33,6 +33,7 @@ fn acquire(name: &str, wait_us: u64) -> pb::AcquireRequest {
         owner: "s".into(),
         mode: pb::Mode::Full.into(),
         wait_us,
+        ..Default::default()
     }
 }
 

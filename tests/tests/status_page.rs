@@ -142,6 +142,7 @@ fn acquire(name: &str, ttl: Duration, owner: &str, mode: pb::Mode, wait: Duratio
         owner: owner.to_owned(),
         mode: mode.into(),
         wait_us: wait.as_micros() as u64,
+        ..Default::default()
     }
 }
 

@@ -132,6 +132,7 @@ fn acquire(name: &str, owner: &str) -> pb::AcquireRequest {
         owner: owner.to_owned(),
         mode: pb::Mode::Full.into(),
         wait_us: 0,
+        ..Default::default()
     }
 }
 

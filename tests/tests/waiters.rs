@@ -24,6 +24,7 @@ fn acquire(name: &str, ttl_us: u64, wait_us: u64) -> pb::AcquireRequest {
         owner: "w".into(),
         mode: pb::Mode::Full.into(),
         wait_us,
+        ..Default::default()
     }
 }
 

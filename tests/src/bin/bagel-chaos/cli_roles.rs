@@ -172,8 +172,7 @@ impl OneRun<'_> {
         if let Some(next) = &self.next {
             c.args(["--next-servers", next]);
         }
-        c
-            .args(["--roughtime", &s.roughtime.0, "--roughtime-key", &s.roughtime.1])
+        c.args(["--roughtime", &s.roughtime.0, "--roughtime-key", &s.roughtime.1])
             .envs(s.env.iter().map(|(k, v)| (k, v)))
             .env("BAGEL_STATE_DIR", s.dir.join("state"))
             .env("RUST_LOG", "error")
@@ -205,8 +204,17 @@ impl OneRun<'_> {
 
     fn run_cmd(&self, script: &str) -> Command {
         let mut c = self.bagel();
-        c.args(["run", "--name", &self.name, "--ttl", "2s", "--kill-grace", "500ms", "--"])
-            .args(["sh", "-c", script]);
+        c.args([
+            "run",
+            "--name",
+            &self.name,
+            "--ttl",
+            "2s",
+            "--kill-grace",
+            "500ms",
+            "--",
+        ])
+        .args(["sh", "-c", script]);
         c
     }
 
@@ -369,7 +377,10 @@ fn cmdline(pid: u32) -> Option<Vec<String>> {
 fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
         .unwrap_or(true)
 }
 

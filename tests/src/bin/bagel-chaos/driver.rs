@@ -111,7 +111,10 @@ impl Migration<'_> {
         *self.cli_lists.lock().expect("lists") = (generation, current.to_owned(), next.map(str::to_owned));
         let moved = tokio::time::timeout(Duration::from_secs(60), async {
             loop {
-                let workers_moved = self.workers.iter().all(|w| w.moved.load(Ordering::SeqCst) >= generation);
+                let workers_moved = self
+                    .workers
+                    .iter()
+                    .all(|w| w.moved.load(Ordering::SeqCst) >= generation);
                 if workers_moved && self.cli_in_use.load(Ordering::SeqCst) >= generation {
                     return;
                 }
@@ -120,8 +123,9 @@ impl Migration<'_> {
         })
         .await;
         if moved.is_err() {
-            self.violations
-                .push(format!("migration step {generation}: not every client moved within 60 s"));
+            self.violations.push(format!(
+                "migration step {generation}: not every client moved within 60 s"
+            ));
         }
         Ok(())
     }
@@ -235,7 +239,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
 
     let bagel = sibling("bagel")?;
     if which("faketime").is_none() {
-        bail!("faketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it");
+        bail!(
+            "faketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it"
+        );
     }
     let roughtime = (rt_addr.clone(), rt_key.clone());
     let mut report = Report {
@@ -250,9 +256,17 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     let mut metronomes: Vec<Service> = Vec::new();
     for url in &stores {
         for j in 0..2 {
-            let skew = if j == 0 { 0 } else { *SKEWS_MS.choose(&mut rng).expect("skews") };
+            let skew = if j == 0 {
+                0
+            } else {
+                *SKEWS_MS.choose(&mut rng).expect("skews")
+            };
             let mut m = metronome(&bagel, url, &roughtime, skew, &env);
-            report.clock_skews.entry("metronome".into()).or_default().push(skew);
+            report
+                .clock_skews
+                .entry("metronome".into())
+                .or_default()
+                .push(skew);
             drain(m.start()?);
             metronomes.push(m);
         }
@@ -330,7 +344,10 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 violations: &mut report.violations,
             };
             m.step(1, &server_url, Some(&migrated_url)).await?;
-            println!("[{:>5.1}s] migration step 1: every grant from {server_url} and {migrated_url}", at());
+            println!(
+                "[{:>5.1}s] migration step 1: every grant from {server_url} and {migrated_url}",
+                at()
+            );
             // Every lease granted under the old list alone is gone by now:
             // its holder moved (released) and its deadline has passed.
             tokio::time::sleep(a.max_ttl + Duration::from_millis(500)).await;
@@ -374,7 +391,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 if i % 2 == 1 {
                     let skew = *SKEWS_MS.choose(&mut rng).expect("skews");
                     metronomes[i] = metronome(&bagel, &stores[i / 2], &roughtime, skew, &env);
-                    report.clock_skews.entry("metronome".into()).or_default().push(skew);
+                    report
+                        .clock_skews
+                        .entry("metronome".into())
+                        .or_default()
+                        .push(skew);
                 }
                 drain(metronomes[i].start()?);
                 report.closer_kills += 1;
@@ -411,7 +432,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     // Stop: workers finish their cycle and release; closers stop.
     let _ = stop_cli.send(true);
     report.run_fences = cli.await?;
-    report.violations.extend(violations.lock().expect("violations").drain(..));
+    report
+        .violations
+        .extend(violations.lock().expect("violations").drain(..));
     while side_runs.join_next().await.is_some() {}
     for w in &mut workers {
         w.stdin.take();
@@ -718,14 +741,7 @@ impl Flags {
     /// `bagel <verb> --store URL --log chaos --json --key KEY...`.
     async fn on_log(&self, verb: &str, url: &str) -> anyhow::Result<std::process::Output> {
         Ok(self
-            .command(&[
-                verb,
-                "--store",
-                url,
-                "--log",
-                LOG,
-                "--json",
-            ])
+            .command(&[verb, "--store", url, "--log", LOG, "--json"])
             .args(self.keys.iter().flat_map(|k| ["--key", k.as_str()]))
             .output()
             .await?)
@@ -831,7 +847,11 @@ fn skewed(bagel: &std::path::Path, skew_ms: i64) -> Command {
 
 /// libfaketime's relative offset: `+2.5s`, `-0.3s`.
 fn faketime_offset(ms: i64) -> String {
-    format!("{}{}s", if ms < 0 { "-" } else { "+" }, ms.unsigned_abs() as f64 / 1000.0)
+    format!(
+        "{}{}s",
+        if ms < 0 { "-" } else { "+" },
+        ms.unsigned_abs() as f64 / 1000.0
+    )
 }
 
 /// The path of `program` on `PATH`.
