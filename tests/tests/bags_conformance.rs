@@ -338,6 +338,7 @@ fn raw_batch(e: &Env, writer: &str, ts: Micros, witness: Option<pb::Witness>) ->
             timestamp_us: ts.as_micros(),
             payload: format!("{writer}-raw").into_bytes(),
         }],
+        ..Default::default()
     };
     frame::encode(&batch.encode_to_vec())
 }

@@ -34,7 +34,7 @@ fn writer(store: Arc<dyn BagStore>, clock: &ManualClock, leases: &TestLeases) ->
 /// Reads all of "log", checking signatures with the test leases' keys.
 async fn read_all(store: &dyn BagStore, leases: &TestLeases, clock: &ManualClock) -> bag::ReadReport {
     let opts = ReadOptions::default().with_keys(Some(leases.keys()));
-    bag::read(store, "log", &opts, &BagConfig::default(), &AssumedExact(clock))
+    bag::read(store, "log", &opts, &BagConfig::default(), &AssumedExact(&clock))
         .await
         .unwrap()
 }
@@ -77,7 +77,7 @@ async fn torn_tail_is_reported_in_open_and_closed_bags() {
             .with_include_open(true)
             .with_keys(keys.clone()),
         &BagConfig::default(),
-        &AssumedExact(clock),
+        &AssumedExact(&clock),
     )
     .await
     .unwrap();
@@ -91,7 +91,7 @@ async fn torn_tail_is_reported_in_open_and_closed_bags() {
         "log",
         &ReadOptions::default().with_keys(keys),
         &BagConfig::default(),
-        &AssumedExact(clock),
+        &AssumedExact(&clock),
     )
     .await
     .unwrap();

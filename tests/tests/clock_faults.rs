@@ -141,7 +141,7 @@ async fn a_fast_metronome_loses_no_acknowledged_write(store: String) {
     let server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
     let log = unique("fast-metronome");
-    let mut metronome = bagel_skewed(
+    let metronome = bagel_skewed(
         "+2.5s",
         &server.url,
         &["metronome", "--store", &store, "--log", &log, "--lookback", "20s"],

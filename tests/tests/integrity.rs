@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bagel_bags::{self as bag, BagConfig, ListedItem, Listing, frame};
 use bagel_client::Micros;
-use bagel_proto::clock::SystemClock;
+use bagel_proto::clock::{AssumedExact, SystemClock};
 use bagel_proto::pb;
 use bagel_tests::{ServerProcess, describe_output, unique};
 use bytes::Bytes;
@@ -77,7 +77,7 @@ impl Setup {
         assert!(out.status.success(), "{}", describe_output(&out));
         let store = bag::open_store(&self.url, &self.cfg).await.unwrap();
         let until = Micros::now().saturating_add(Duration::from_secs(1));
-        bag::close_through(store.as_ref(), log, until, &self.cfg, &SystemClock)
+        bag::close_through(store.as_ref(), log, until, &self.cfg, &AssumedExact(SystemClock))
             .await
             .unwrap();
     }

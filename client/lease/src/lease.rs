@@ -658,6 +658,7 @@ mod tests {
             sent,
             Duration::from_secs(5),
             LeaseOptions::default().with_auto_renew(false),
+            bagel_proto::Signer::generate(),
         )
     }
 
