@@ -238,9 +238,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         .join(",");
 
     let bagel = sibling("bagel")?;
-    if which("faketime").is_none() {
+    if libfaketime().is_none() {
         bail!(
-            "faketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it"
+            "libfaketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it"
         );
     }
     let roughtime = (rt_addr.clone(), rt_key.clone());
@@ -616,13 +616,8 @@ fn start_worker(
     acks: &Arc<Mutex<Acks>>,
 ) -> anyhow::Result<WorkerProc> {
     let exe = std::env::current_exe()?;
-    let mut command = if skew_ms == 0 {
-        Command::new(&exe)
-    } else {
-        let mut c = Command::new("faketime");
-        c.args(["-f", &faketime_offset(skew_ms)]).arg(&exe);
-        c
-    };
+    let mut command = Command::new(&exe);
+    command.envs(skew_env(skew_ms));
     let mut child = command
         .args([
             "worker",
@@ -809,56 +804,61 @@ fn metronome(
     skew_ms: i64,
     env: &[(String, String)],
 ) -> Service {
-    let mut args: Vec<String> = Vec::new();
-    let program = if skew_ms == 0 {
-        bagel.to_path_buf()
-    } else {
-        args.extend(["-f".into(), faketime_offset(skew_ms), bagel.display().to_string()]);
-        PathBuf::from("faketime")
-    };
-    args.extend(
-        [
-            "--roughtime",
-            &roughtime.0,
-            "--roughtime-key",
-            &roughtime.1,
-            "metronome",
-            "--store",
-            url,
-            "--log",
-            LOG,
-            "--lookback",
-            "30s",
-        ]
-        .map(str::to_owned),
-    );
-    Service::new("metronome", program, args, env.to_vec())
+    let args = [
+        "--roughtime",
+        &roughtime.0,
+        "--roughtime-key",
+        &roughtime.1,
+        "metronome",
+        "--store",
+        url,
+        "--log",
+        LOG,
+        "--lookback",
+        "30s",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut env = env.to_vec();
+    env.extend(skew_env(skew_ms));
+    Service::new("metronome", bagel, args, env)
 }
 
 /// `bagel` run on a clock `skew_ms` off.
 fn skewed(bagel: &std::path::Path, skew_ms: i64) -> Command {
-    if skew_ms == 0 {
-        return Command::new(bagel);
-    }
-    let mut c = Command::new("faketime");
-    c.args(["-f", &faketime_offset(skew_ms)]).arg(bagel);
+    let mut c = Command::new(bagel);
+    c.envs(skew_env(skew_ms));
     c
 }
 
-/// libfaketime's relative offset: `+2.5s`, `-0.3s`.
-fn faketime_offset(ms: i64) -> String {
-    format!(
+/// The environment that runs a process on a clock `skew_ms` off: libfaketime
+/// preloaded into the process itself (no wrapper process, so a kill reaches
+/// the process that acts), with a relative offset such as `+2.5s`.
+fn skew_env(skew_ms: i64) -> Vec<(String, String)> {
+    if skew_ms == 0 {
+        return Vec::new();
+    }
+    let lib = libfaketime().expect("checked at start");
+    let offset = format!(
         "{}{}s",
-        if ms < 0 { "-" } else { "+" },
-        ms.unsigned_abs() as f64 / 1000.0
-    )
+        if skew_ms < 0 { "-" } else { "+" },
+        skew_ms.unsigned_abs() as f64 / 1000.0
+    );
+    vec![
+        ("LD_PRELOAD".to_owned(), lib.display().to_string()),
+        ("FAKETIME".to_owned(), offset),
+    ]
 }
 
-/// The path of `program` on `PATH`.
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
-    })
+/// Debian's libfaketime, wherever its architecture puts it.
+fn libfaketime() -> Option<PathBuf> {
+    let lib = std::path::Path::new("/usr/lib");
+    let arch_dirs = std::fs::read_dir(lib)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path());
+    std::iter::once(lib.to_path_buf())
+        .chain(arch_dirs)
+        .map(|d| d.join("faketime/libfaketime.so.1"))
+        .find(|p| p.is_file())
 }
