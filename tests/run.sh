@@ -21,6 +21,9 @@ trap cleanup EXIT
 s3_start
 # Headless Chromium for the status page test.
 browser_install
+# Real per-process clock skew (libfaketime) for the clock-fault tests and
+# the fault run.
+apt_install faketime
 
 log "building binaries"
 cargo build --workspace --bins --locked
@@ -47,8 +50,6 @@ python_tests
 # back by two readers and audited. Its seed is printed; BAGEL_CHAOS_SEED
 # repeats a run, BAGEL_CHAOS_DURATION makes it longer.
 log "fault-injection run (bagel-chaos)"
-# Real per-process clock skew for the fault run (libfaketime).
-apt_install faketime
 chaos_out=$(mktemp -d -t bagel-chaos.XXXXXX)
 cargo run -q --locked -p bagel-tests --bin bagel-chaos -- \
   --duration "${BAGEL_CHAOS_DURATION:-60s}" ${BAGEL_CHAOS_SEED:+--seed "$BAGEL_CHAOS_SEED"} --out "$chaos_out"

@@ -91,6 +91,16 @@ impl LeaseEnv {
         }
     }
 
+    /// How long a test waits to take over an expired lease: within the
+    /// server's max wait (10 s); on S3, past the clock margin and both
+    /// clock bounds (14 s or more, see `s3_test_config`).
+    pub fn takeover_wait(&self) -> Duration {
+        match self {
+            LeaseEnv::Server { .. } => Duration::from_secs(10),
+            LeaseEnv::S3 { .. } => Duration::from_secs(30),
+        }
+    }
+
     pub fn acquire<I, S>(&self, names: I) -> AcquireBuilder
     where
         I: IntoIterator<Item = S>,

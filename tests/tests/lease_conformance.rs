@@ -143,7 +143,7 @@ async fn an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark(env: 
         .unwrap();
     let b = env
         .acquire(["job"])
-        .wait(Duration::from_secs(30))
+        .wait(env.takeover_wait())
         .options(no_renew())
         .send()
         .await
@@ -307,7 +307,7 @@ async fn a_taken_over_lease_reports_loss_and_cannot_renew_or_release(env: LeaseE
         .unwrap();
     let b = env
         .acquire(["lost"])
-        .wait(Duration::from_secs(30))
+        .wait(env.takeover_wait())
         .options(no_renew())
         .send()
         .await
@@ -462,7 +462,7 @@ async fn unsettled_bags_of_a_broken_lease_travel_down_the_chain(env: LeaseEnv) {
         .unwrap();
     let b = env
         .acquire(["u"])
-        .wait(Duration::from_secs(30))
+        .wait(env.takeover_wait())
         .options(no_renew())
         .send()
         .await
