@@ -31,6 +31,10 @@ const BUCKET: &str = "bagel-chaos";
 /// second, and clocks may differ by 1 s.
 const GRACE: Duration = Duration::from_secs(2);
 const CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
+/// How much later than its close time a closer on Roughtime's signed time
+/// closes a bag: its bound (the 2.2 server's fixed 5 s radius, plus the
+/// offset and half the round trip).
+const CLOSER_BOUND: Duration = Duration::from_secs(7);
 /// The worker whose clock is this far ahead must have every write refused.
 const BEYOND_MS: i64 = 20_000;
 /// Offsets (ms) a metronome or a mid-run reader may run with: inside the
@@ -483,8 +487,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
 
     // Every bag that can hold a write is past its close time (clocks may be
     // a tolerance apart); readers close or seal whatever is still open.
+    // A closer acts on its clock less its error bound, and a bound from
+    // Roughtime is at least its radius (5 s from roughenough 2.2): the
+    // readers close the last bags only that much later.
     let last = Bucket::of(stopped.saturating_add(Duration::from_millis(500)));
-    let all_due = last.close_time(GRACE).saturating_add(CLOCK_TOLERANCE);
+    let all_due = last
+        .close_time(GRACE)
+        .saturating_add(CLOCK_TOLERANCE)
+        .saturating_add(CLOSER_BOUND);
     tokio::time::sleep(all_due.duration_since(Micros::now())).await;
 
     let acks = acks.lock().expect("acks").clone();
