@@ -41,7 +41,6 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::LeaseJson;
 use bagel_client::{AcquireBuilder, Error, Lease, LeaseOptions, Micros, ReleaseOptions};
-use bagel_proto::clock::Clock;
 use clap::Args;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
@@ -106,7 +105,6 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     crate::names::check("--name", &args.names)?;
     let target = g.target.connect(g.roughtime).await?;
     let backend = target.backend();
-    let clock = backend.clock();
     let mut acquire = AcquireBuilder::new(backend, args.names.clone())
         .ttl(args.ttl)
         .owner(args.owner.clone())
@@ -135,21 +133,15 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
 
     let mut tree = ProcessTree::spawn(command(&args, &lease, &file, &g))
         .with_context(|| format!("starting {:?}", args.command[0]))?;
-    let outcome = supervise(
-        &lease,
-        &mut tree,
-        &args,
-        &file,
-        location.as_deref(),
-        clock.as_ref(),
-    )
-    .await;
+    let outcome = supervise(&lease, &mut tree, &args, &file, location.as_deref()).await;
     // On every way out (the command exited, fenced, a supervisor error),
     // nothing of the command runs on: the whole tree is stopped and
     // reaped before the lease is released or left to expire.
-    let kill_at = lease.deadline().saturating_sub(args.fence_margin);
-    tree.stop(args.kill_grace.min(kill_at.duration_since(clock.now())))
-        .await;
+    tree.stop(
+        args.kill_grace
+            .min(lease.time_left().saturating_sub(args.fence_margin)),
+    )
+    .await;
     let status = tree.main_status();
     if own_file {
         let _ = std::fs::remove_file(&file);
@@ -247,7 +239,6 @@ async fn supervise(
     args: &RunArgs,
     file: &Path,
     location: Option<&str>,
-    clock: &dyn Clock,
 ) -> anyhow::Result<Outcome> {
     let mut state = lease.subscribe();
     let mut term = signal(SignalKind::terminate())?;
@@ -264,7 +255,10 @@ async fn supervise(
         }
         let deadline = lease.deadline();
         let term_at = deadline.saturating_sub(margin);
-        let term_in = term_at.duration_since(clock.now());
+        // Measured conservatively: the lease handle's time left (monotonic
+        // time since the grant's request was sent, never past the wall
+        // clock's view), so a clock running behind cannot stretch it.
+        let term_in = lease.time_left().saturating_sub(margin);
         let forward = tokio::select! {
             () = tree.changed() => continue,
             reason = lease.lost() => return Ok(Outcome::Fenced { reason: format!("lease lost: {reason}") }),
