@@ -56,6 +56,21 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Debian's libfaketime (package faketime), wherever its architecture puts
+/// it: preloaded (`LD_PRELOAD`) into a process, it runs that process on a
+/// skewed clock with no wrapper process in between.
+pub fn libfaketime() -> Option<PathBuf> {
+    let lib = std::path::Path::new("/usr/lib");
+    let arch_dirs = std::fs::read_dir(lib)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path());
+    std::iter::once(lib.to_path_buf())
+        .chain(arch_dirs)
+        .map(|d| d.join("faketime/libfaketime.so.1"))
+        .find(|p| p.is_file())
+}
+
 /// A running `bagel-server` process, killed on drop.
 #[derive(Debug)]
 pub struct ServerProcess {

@@ -394,29 +394,19 @@ fn steppable_clock(file: &std::path::Path) -> ServerOptions {
     // from the file at every call, so a test can step the clock.
     ServerOptions {
         env: vec![
-            ("LD_PRELOAD".into(), libfaketime().display().to_string()),
+            (
+                "LD_PRELOAD".into(),
+                bagel_tests::libfaketime()
+                    .expect("libfaketime is not installed (Debian package faketime)")
+                    .display()
+                    .to_string(),
+            ),
             ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
             ("FAKETIME_NO_CACHE".into(), "1".into()),
             ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
         ],
         ..ServerOptions::default()
     }
-}
-
-/// Debian's libfaketime (package faketime), wherever its architecture
-/// puts it; the test fails loudly when it is missing.
-fn libfaketime() -> std::path::PathBuf {
-    let lib = std::path::Path::new("/usr/lib");
-    std::iter::once(lib.to_path_buf())
-        .chain(
-            std::fs::read_dir(lib)
-                .unwrap()
-                .filter_map(|e| e.ok())
-                .map(|e| e.path()),
-        )
-        .map(|d| d.join("faketime/libfaketime.so.1"))
-        .find(|p| p.is_file())
-        .expect("libfaketime is not installed (Debian package faketime)")
 }
 
 /// A lease server acting as the local time agent whose wall clock is

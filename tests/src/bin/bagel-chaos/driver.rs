@@ -242,7 +242,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         .join(",");
 
     let bagel = sibling("bagel")?;
-    if libfaketime().is_none() {
+    if bagel_tests::libfaketime().is_none() {
         bail!(
             "libfaketime (Debian package faketime) is not installed: bagel-chaos skews real processes' clocks with it"
         );
@@ -848,7 +848,7 @@ fn skew_env(skew_ms: i64) -> Vec<(String, String)> {
     if skew_ms == 0 {
         return Vec::new();
     }
-    let lib = libfaketime().expect("checked at start");
+    let lib = bagel_tests::libfaketime().expect("checked at start");
     let offset = format!(
         "{}{}s",
         if skew_ms < 0 { "-" } else { "+" },
@@ -858,17 +858,4 @@ fn skew_env(skew_ms: i64) -> Vec<(String, String)> {
         ("LD_PRELOAD".to_owned(), lib.display().to_string()),
         ("FAKETIME".to_owned(), offset),
     ]
-}
-
-/// Debian's libfaketime, wherever its architecture puts it.
-fn libfaketime() -> Option<PathBuf> {
-    let lib = std::path::Path::new("/usr/lib");
-    let arch_dirs = std::fs::read_dir(lib)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path());
-    std::iter::once(lib.to_path_buf())
-        .chain(arch_dirs)
-        .map(|d| d.join("faketime/libfaketime.so.1"))
-        .find(|p| p.is_file())
 }
