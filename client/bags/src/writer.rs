@@ -283,11 +283,12 @@ impl Writer {
 
     /// Makes sure the log's start mark is at or before every bag this
     /// writer will write, and returns the first bag it may write: the
-    /// first whose safe point is after the instant the mark was seen. A
-    /// reader that found that bag (or a later one) missing and past due
-    /// must have listed the marks after this one existed, so it sealed the
-    /// bag. (With a grace shorter than the clock tolerance that can be the
-    /// next second, and the first write waits for it.)
+    /// first whose safe point ([`Self::safe_point`], so allowing for this
+    /// writer's measured clock bound) is after the instant the mark was
+    /// seen. A reader that found that bag (or a later one) missing and past
+    /// due must have listed the marks after this one existed, so it sealed
+    /// the bag. (With a grace shorter than the clock margin that can be a
+    /// later second, and the first write waits for it.)
     async fn ensure_opened(&self, st: &mut State) -> Result<Bucket> {
         if let Some(from) = st.opened_from {
             return Ok(from);
@@ -299,19 +300,38 @@ impl Writer {
         }
         let seen = self.clock.now();
         let mut from = want;
-        while self.cfg.safe_point(from) <= seen {
+        while self.safe_point(from) <= seen {
             from = from.next();
         }
         st.opened_from = Some(from);
         Ok(from)
     }
 
-    /// With a grace shorter than the clock tolerance, the first bag a writer
-    /// may write can lie up to the tolerance ahead of its clock; its first
+    /// How far this writer's clock may be off: its time source's measured
+    /// error bound, but never less than the configured tolerance (the
+    /// closers' rule assumes at least that much).
+    fn clock_margin(&self) -> Duration {
+        self.time.error_bound().map_or(self.cfg.clock_tolerance, |bound| {
+            bound.max(self.cfg.clock_tolerance)
+        })
+    }
+
+    /// The last instant, on this writer's clock, at which it may trust that
+    /// no closer has started closing `bucket`: its close time less
+    /// [`Self::clock_margin`]. The configured safe point when the time
+    /// source measures no bound wider than the tolerance.
+    fn safe_point(&self, bucket: Bucket) -> Micros {
+        bucket
+            .close_time(self.cfg.grace)
+            .saturating_sub(self.clock_margin())
+    }
+
+    /// With a grace shorter than the clock margin, the first bag a writer
+    /// may write can lie up to the margin ahead of its clock; its first
     /// write waits for the clock to get there (only then, and bounded by the
-    /// tolerance and a second).
+    /// margin and a second).
     async fn wait_for_opening(&self, opened: Bucket) {
-        let cap = self.cfg.clock_tolerance + Duration::from_secs(1);
+        let cap = self.clock_margin() + Duration::from_secs(1);
         let started = Instant::now();
         loop {
             let ahead = opened
@@ -360,7 +380,7 @@ impl Writer {
         let now = self.clock.now();
         let bound = self.time.error_bound().unwrap_or(self.cfg.clock_tolerance);
         let close_at = bucket.close_time(self.cfg.grace);
-        if now < self.cfg.safe_point(bucket).min(close_at.saturating_sub(bound)) {
+        if now < self.safe_point(bucket) {
             return Ok(());
         }
         let must_close =
@@ -556,6 +576,76 @@ mod tests {
                 .clone()
                 .ok_or_else(|| "no answer from the time authority".to_owned())
         }
+    }
+
+    /// A signed clock that measured a wide error bound (a Roughtime
+    /// radius), its readings those of `inner`.
+    #[derive(Debug)]
+    struct Bounded {
+        inner: Arc<dyn SignedClock>,
+        bound: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl SignedClock for Bounded {
+        async fn signed_now(&self) -> std::result::Result<bagel_proto::SignedReading, String> {
+            self.inner.signed_now().await
+        }
+        fn error_bound(&self) -> Option<Duration> {
+            Some(self.bound)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_writer_with_a_wide_clock_bound_opens_its_log_past_that_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Micros::from_micros(T));
+        let leases = TestLeases::default();
+        let lease = leases.lease(
+            "l",
+            Micros::from_micros(T - 1_000_000),
+            Micros::from_micros(T + 60_000_000),
+        );
+        let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), false));
+        let cfg = BagConfig::default();
+        let opened_with = |bound: Option<Duration>| {
+            let plain = leases.time(Arc::new(clock.clone()));
+            let time: Arc<dyn SignedClock> = match bound {
+                Some(bound) => Arc::new(Bounded { inner: plain, bound }),
+                None => plain,
+            };
+            let w = Writer::new(
+                store.clone(),
+                "log",
+                "w",
+                Arc::new(lease.clone()),
+                Arc::new(clock.clone()),
+                time,
+                cfg.clone(),
+            )
+            .unwrap();
+            async move {
+                let mut st = w.state.lock().await;
+                w.ensure_opened(&mut st).await.unwrap()
+            }
+        };
+        // Within the tolerance: the current second (it closes 3 s on, 2 s
+        // after the safe point).
+        assert_eq!(opened_with(None).await, Bucket::of(clock.now()));
+        assert_eq!(
+            opened_with(Some(Duration::from_millis(300))).await,
+            Bucket::of(clock.now())
+        );
+        // A 5 s bound: a closer on true time may seal any bag closing within
+        // 5 s of this clock without seeing the mark, so the first bag the
+        // writer may write closes more than 5 s on.
+        let bound = Duration::from_secs(5);
+        let from = opened_with(Some(bound)).await;
+        assert!(
+            from.close_time(cfg.grace).saturating_sub(bound) > clock.now(),
+            "{from:?}"
+        );
+        assert_eq!(from.secs(), Bucket::of(clock.now()).secs() + 3);
     }
 
     #[tokio::test]
