@@ -132,7 +132,10 @@ impl S3LeaseBackend {
         if stamp.bound > margin / 2 {
             return Err(Error::ClockOff {
                 detail: format!(
-                    "this clock's error bound {:.3} s (|offset| + radius + RTT/2 from the time authority) makes                      the clock margin {:.3} s unsafe: the margin must cover a holder's bound plus a taker's, so                      each may be at most half of it; raise --clock-margin (S3LeaseConfig::clock_margin) to at                      least {:.3} s on every client of {}, or use a time authority with a smaller radius",
+                    "this clock's error bound {:.3} s (|offset| + radius + RTT/2 from the time authority) makes \
+                     the clock margin {:.3} s unsafe: the margin must cover a holder's bound plus a taker's, so \
+                     each may be at most half of it; raise --clock-margin (S3LeaseConfig::clock_margin) to at \
+                     least {:.3} s on every client of {}, or use a time authority with a smaller radius",
                     stamp.bound.as_secs_f64(),
                     margin.as_secs_f64(),
                     (stamp.bound * 2).as_secs_f64(),

@@ -26,6 +26,14 @@ use bagel_tests::sub_url;
 use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
 
 const LOG: &str = "chaos";
+/// The log written under leases from the S3 lease backend (its names are
+/// a namespace of their own, so its writers never share a log with the
+/// servers' holders).
+const S3_LEASE_LOG: &str = "chaos-s3lease";
+/// Clock offsets (ms) of the S3-lease workers: inside the margin they must
+/// work; the last one's measured bound (offset + the 5 s Roughtime radius)
+/// is over half the 14 s clock margin, so it must be refused every lease.
+const S3_LEASE_SKEWS_MS: [i64; 3] = [300, -300, 4_000];
 const BUCKET: &str = "bagel-chaos";
 /// The workers' bag timing (the defaults): a bag closes 2 s after its
 /// second, and clocks may differ by 1 s.
@@ -69,8 +77,22 @@ struct Report {
     cluster_kills: ClusterKills,
     /// Moves of the workers from one server list to another.
     migrations: u64,
+    /// The workers leasing from the S3 lease backend (no server), on their
+    /// own log.
+    s3_lease: S3LeaseReport,
     /// `bagel run` / `--hold` supervisors interrupted (see cli_roles.rs).
     run_fences: RunFences,
+}
+
+/// What the workers on the S3 lease backend did (their cycles and writes
+/// are also in the run's totals).
+#[derive(Debug, Default, Serialize)]
+struct S3LeaseReport {
+    workers: usize,
+    cycles: u64,
+    acked_writes: u64,
+    read_back: u64,
+    refused_acquires: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -79,12 +101,15 @@ struct ClusterKills {
     without_key: u64,
 }
 
-/// Acknowledged messages, per store: (timestamp, payload).
+/// Acknowledged messages, per (log, store): the servers' log on each
+/// store, then the S3-lease log on each store; (timestamp, payload).
 type Acks = Vec<BTreeSet<(u64, String)>>;
 
 /// One worker process and what it has said.
 struct WorkerProc {
     id: usize,
+    /// Leases from the S3 lease backend (not moved by a migration).
+    s3_lease: bool,
     child: Child,
     stdin: Option<ChildStdin>,
     done: Arc<Mutex<Option<[u64; 4]>>>,
@@ -106,7 +131,7 @@ struct Migration<'a> {
 impl Migration<'_> {
     async fn step(&mut self, generation: u64, current: &str, next: Option<&str>) -> anyhow::Result<()> {
         let line = format!("SERVERS {generation} {current} {}\n", next.unwrap_or(""));
-        for w in self.workers.iter_mut() {
+        for w in self.workers.iter_mut().filter(|w| !w.s3_lease) {
             if let Some(stdin) = &mut w.stdin {
                 stdin.write_all(line.as_bytes()).await?;
                 stdin.flush().await?;
@@ -118,6 +143,7 @@ impl Migration<'_> {
                 let workers_moved = self
                     .workers
                     .iter()
+                    .filter(|w| !w.s3_lease)
                     .all(|w| w.moved.load(Ordering::SeqCst) >= generation);
                 if workers_moved && self.cli_in_use.load(Ordering::SeqCst) >= generation {
                     return;
@@ -276,7 +302,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         }
     }
 
-    let acks: Arc<Mutex<Acks>> = Arc::new(Mutex::new(vec![BTreeSet::new(); stores.len()]));
+    let acks: Arc<Mutex<Acks>> = Arc::new(Mutex::new(vec![BTreeSet::new(); 2 * stores.len()]));
     let mut workers = Vec::new();
     for id in 0..a.workers {
         // Workers 0 and 1 run whole (lease client, writer, closer) on a
@@ -293,7 +319,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.clock_skews.entry("worker".into()).or_default().push(skew);
         workers.push(start_worker(
             id,
-            &server_url,
+            Leases::Servers(&server_url),
             &stores,
             &a,
             rng.r#gen(),
@@ -303,6 +329,30 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             &acks,
         )?);
     }
+    // The S3 lease backend as a second lease target: its own workers, names
+    // and log, on the same S3 server (killed with it) and the same stores.
+    let lease_store = format!("s3://{BUCKET}/run-{seed}-leases");
+    for (i, &skew) in S3_LEASE_SKEWS_MS.iter().take(a.s3_lease_workers).enumerate() {
+        report
+            .clock_skews
+            .entry("s3_lease_worker".into())
+            .or_default()
+            .push(skew);
+        workers.push(start_worker(
+            a.workers + i,
+            Leases::Store(&lease_store),
+            &stores,
+            &a,
+            rng.r#gen(),
+            skew,
+            // Over the S3 backend's 1 s minimum TTL, counted from its own
+            // checked clock after the request is built.
+            &["--ttl", "3s"],
+            &env,
+            &acks,
+        )?);
+    }
+    report.s3_lease.workers = a.s3_lease_workers.min(S3_LEASE_SKEWS_MS.len());
     // The CLI roles (`bagel run` fenced, writers killed, holders
     // interrupted) write to the directory and S3 stores.
     let violations = Arc::new(Mutex::new(Vec::new()));
@@ -469,11 +519,26 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     for m in &mut metronomes {
         m.kill().await;
     }
-    for d in done.values() {
+    for (id, d) in &done {
         report.cycles += d[0];
         report.acked_writes += d[1];
         report.failed_writes += d[2];
         report.refused_acquires += d[3];
+        if *id >= a.workers {
+            report.s3_lease.cycles += d[0];
+            report.s3_lease.acked_writes += d[1];
+            report.s3_lease.refused_acquires += d[3];
+        }
+    }
+    let beyond = a.workers + S3_LEASE_SKEWS_MS.len() - 1;
+    if let Some(d) = done.get(&beyond)
+        && d[0] > 0
+    {
+        report.violations.push(format!(
+            "the S3-lease worker {} ms ahead was granted {} leases (its clock bound is over half the margin)",
+            S3_LEASE_SKEWS_MS[S3_LEASE_SKEWS_MS.len() - 1],
+            d[0]
+        ));
     }
     report.acked_writes += report.run_fences.acked;
     if let Some(d) = done.get(&3)
@@ -503,35 +568,47 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         env: env.clone(),
         keys: keys.iter().cloned().collect(),
         server_url: server_url.clone(),
+        lease_store: lease_store.clone(),
     };
     let mut agree = true;
-    for (si, url) in stores.iter().enumerate() {
-        let first = flags.read(url).await?;
-        let second = flags.read(url).await?;
-        report.messages_read.push(first.messages.len() as u64);
+    let logs = [LOG, S3_LEASE_LOG];
+    let per_log = stores.len();
+    for (si, (log, url)) in logs
+        .iter()
+        .flat_map(|log| stores.iter().map(move |url| (*log, url)))
+        .enumerate()
+    {
+        let first = flags.read(log, url).await?;
+        let second = flags.read(log, url).await?;
+        if log == LOG {
+            report.messages_read.push(first.messages.len() as u64);
+        }
         if first.messages != second.messages {
             agree = false;
             report.violations.push(format!(
-                "{url}: two readers disagree ({} vs {} messages)",
+                "{url} {log}: two readers disagree ({} vs {} messages)",
                 first.messages.len(),
                 second.messages.len()
             ));
         }
         for bad in first.rejected.iter().chain(&first.problems) {
-            report.violations.push(format!("{url}: {bad}"));
+            report.violations.push(format!("{url} {log}: {bad}"));
         }
         let got: BTreeSet<(u64, String)> = first.messages.iter().map(|m| (m.0, m.3.clone())).collect();
         for ack in &acks[si] {
             if got.contains(ack) {
                 report.read_back += 1;
+                if si >= per_log {
+                    report.s3_lease.read_back += 1;
+                }
             } else {
                 report
                     .violations
-                    .push(format!("{url}: acknowledged write not read back: {ack:?}"));
+                    .push(format!("{url} {log}: acknowledged write not read back: {ack:?}"));
             }
         }
-        for v in flags.audit(url).await? {
-            report.violations.push(format!("{url}: audit: {v}"));
+        for v in flags.audit(log, url).await? {
+            report.violations.push(format!("{url} {log}: audit: {v}"));
         }
     }
     report.readers_agree = agree;
@@ -552,7 +629,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     println!(
         "bagel-chaos: seed {seed}: {:.0} s, {} cycles, {} acked = {} read back ({} failed writes, {} refused acquires); \
          kills: {} lease server ({} without its key), {} S3 server, {} closers; CLI runs interrupted: {} fork, \
-         {} SIGTERM, {} writer SIGKILL, {} --hold SIGINT; skewed starts: {}; readers agree: {}; {} violations; {}",
+         {} SIGTERM, {} writer SIGKILL, {} --hold SIGINT; S3-lease workers: {} cycles, {} acked = {} read back; \
+         skewed starts: {}; readers agree: {}; {} violations; {}",
         report.duration_s,
         report.cycles,
         report.acked_writes,
@@ -567,6 +645,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.run_fences.sigterm,
         report.run_fences.sigkill_writer,
         report.run_fences.hold_interrupt,
+        report.s3_lease.cycles,
+        report.s3_lease.acked_writes,
+        report.s3_lease.read_back,
         report.clock_skews.values().flatten().filter(|&&s| s != 0).count(),
         report.readers_agree,
         report.violations.len(),
@@ -613,10 +694,19 @@ async fn start_server(server: &mut Service) -> anyhow::Result<String> {
         .to_owned())
 }
 
+/// Where a worker takes its leases.
+#[derive(Clone, Copy)]
+enum Leases<'a> {
+    /// The lease servers (a comma-separated list).
+    Servers(&'a str),
+    /// The S3 lease backend at this URL; the worker writes [`S3_LEASE_LOG`].
+    Store(&'a str),
+}
+
 #[allow(clippy::too_many_arguments)]
 fn start_worker(
     id: usize,
-    server: &str,
+    leases: Leases<'_>,
     stores: &[String],
     a: &RunArgs,
     seed: u64,
@@ -628,16 +718,14 @@ fn start_worker(
     let exe = std::env::current_exe()?;
     let mut command = Command::new(&exe);
     command.envs(skew_env(skew_ms));
+    let (source, log, ack_base) = match leases {
+        Leases::Servers(list) => (["--server", list], LOG, 0),
+        Leases::Store(url) => (["--lease-store", url], S3_LEASE_LOG, stores.len()),
+    };
     let mut child = command
-        .args([
-            "worker",
-            "--server",
-            server,
-            "--stores",
-            &stores.join(","),
-            "--log",
-            LOG,
-        ])
+        .arg("worker")
+        .args(source)
+        .args(["--stores", &stores.join(","), "--log", log])
         .args([
             "--names",
             &a.names.to_string(),
@@ -668,7 +756,7 @@ fn start_worker(
                 match (f.next(), f.next(), f.next(), f.next()) {
                     (Some("ACK"), Some(si), Some(ts), Some(payload)) => {
                         if let (Ok(si), Ok(ts)) = (si.parse::<usize>(), ts.parse::<u64>()) {
-                            acks.lock().expect("acks")[si].insert((ts, payload.to_owned()));
+                            acks.lock().expect("acks")[ack_base + si].insert((ts, payload.to_owned()));
                         }
                     }
                     (Some("MOVED"), Some(generation), ..) => {
@@ -689,6 +777,7 @@ fn start_worker(
     });
     Ok(WorkerProc {
         id,
+        s3_lease: matches!(leases, Leases::Store(_)),
         child,
         stdin,
         done,
@@ -704,6 +793,8 @@ struct Flags {
     /// Every key any lease server had during the run.
     keys: Vec<String>,
     server_url: String,
+    /// The S3 lease store, whose published keys vouch for [`S3_LEASE_LOG`].
+    lease_store: String,
 }
 
 /// One `bagel read --json`: messages (timestamp, writer, sequence,
@@ -743,17 +834,21 @@ impl Flags {
             .unwrap_or_default()
     }
 
-    /// `bagel <verb> --store URL --log chaos --json --key KEY...`.
-    async fn on_log(&self, verb: &str, url: &str) -> anyhow::Result<std::process::Output> {
-        Ok(self
-            .command(&[verb, "--store", url, "--log", LOG, "--json"])
-            .args(self.keys.iter().flat_map(|k| ["--key", k.as_str()]))
-            .output()
-            .await?)
+    /// `bagel <verb> --store URL --log LOG --json`, trusting every server
+    /// key (`--key KEY...`) for the servers' log and the keys published in
+    /// the S3 lease store (`--lease-store`) for its log.
+    async fn on_log(&self, verb: &str, log: &str, url: &str) -> anyhow::Result<std::process::Output> {
+        let mut c = self.command(&[verb, "--store", url, "--log", log, "--json"]);
+        if log == S3_LEASE_LOG {
+            c.args(["--lease-store", &self.lease_store]);
+        } else {
+            c.args(self.keys.iter().flat_map(|k| ["--key", k.as_str()]));
+        }
+        Ok(c.output().await?)
     }
 
-    async fn read(&self, url: &str) -> anyhow::Result<Read> {
-        let out = self.on_log("read", url).await?;
+    async fn read(&self, log: &str, url: &str) -> anyhow::Result<Read> {
+        let out = self.on_log("read", log, url).await?;
         // A read that rejected messages exits non-zero with its report;
         // one that failed has no summary line.
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -787,8 +882,8 @@ impl Flags {
     }
 
     /// `bagel audit`'s violations (none when it exits 0).
-    async fn audit(&self, url: &str) -> anyhow::Result<Vec<String>> {
-        let out = self.on_log("audit", url).await?;
+    async fn audit(&self, log: &str, url: &str) -> anyhow::Result<Vec<String>> {
+        let out = self.on_log("audit", log, url).await?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)
             .with_context(|| format!("bagel audit {url}: {}", String::from_utf8_lossy(&out.stderr)))?;
         let violations: Vec<String> = v["violations"]
@@ -824,6 +919,7 @@ fn metronome(
         url,
         "--log",
         LOG,
+        S3_LEASE_LOG,
         "--lookback",
         "30s",
     ]

@@ -11,7 +11,10 @@
 //! clocks, and once migrates every client to another server list. Two
 //! workers run 300 ms ahead and behind (they must work), one writer 20 s
 //! ahead (every write must be refused), and one delays appends past its
-//! leases' deadlines. At the end two independent readers read every log
+//! leases' deadlines. Three more workers take their leases from the S3
+//! lease backend (no server) on a log of their own: two 300 ms off, one
+//! 4 s ahead whose every acquire must be refused. At the end two
+//! independent readers read every log
 //! and must agree, every acknowledged write must be read back, and `bagel
 //! audit` must find no violation.
 //!
@@ -74,6 +77,11 @@ pub struct RunArgs {
     /// Lease servers in the cluster the workers route names over.
     #[arg(long, default_value_t = 3)]
     pub servers: usize,
+    /// Workers leasing from the S3 lease backend instead of the servers
+    /// (at most 3: 300 ms ahead, 300 ms behind, and one 4 s ahead that must
+    /// be refused every lease).
+    #[arg(long, default_value_t = 3)]
+    pub s3_lease_workers: usize,
     /// The lease servers' max TTL (their restart wait).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub max_ttl: Duration,

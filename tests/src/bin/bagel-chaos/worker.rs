@@ -1,5 +1,7 @@
 //! A worker process: lease cycles on random name sets, writing batches to
 //! one of the stores under each lease, until its standard input closes.
+//! Its leases come from the lease servers, or (`--lease-store`) from the
+//! S3 lease backend, with no server at all.
 //!
 //! Every acknowledged message is printed as `ACK <store> <timestamp>
 //! <payload>`, so the driver can check that each one is read back; a move
@@ -15,10 +17,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bagel_bags::faults::AppendsThrough;
 use bagel_bags::{self as bag, BagConfig, BagStore, Writer};
-use bagel_client::{AcquireBuilder, Client, Cluster, LeaseOptions, ServerSpec};
+use bagel_client::{AcquireBuilder, Client, Cluster, LeaseBackend, LeaseOptions, ServerSpec};
 use bagel_client::{TimeOptions, TimeSource};
+use bagel_proto::Signer;
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
 use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
@@ -29,8 +33,13 @@ use rand::{Rng as _, SeedableRng as _};
 pub struct WorkerArgs {
     /// The lease servers, comma-separated: one is a plain client, several
     /// a cluster routing names over them.
-    #[arg(long)]
-    server: String,
+    #[arg(long, required_unless_present = "lease_store")]
+    server: Option<String>,
+    /// Leases from this S3 lease store instead of servers (the client's
+    /// clock checked against Roughtime, as `bagel --lease-store` does). Such
+    /// a worker takes no part in a migration: it answers `MOVED` at once.
+    #[arg(long, conflicts_with = "server")]
+    lease_store: Option<String>,
     /// Store URLs, comma-separated; each cycle writes to one of them.
     #[arg(long, value_delimiter = ',')]
     stores: Vec<String>,
@@ -96,7 +105,11 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             store
         });
     }
-    let mut client = retry(&stop, || Leases::connect(&a.server, None)).await?;
+    let mut client = match (&a.server, &a.lease_store) {
+        (_, Some(url)) => retry(&stop, || Leases::s3(url, (*time).clone())).await?,
+        (Some(list), None) => retry(&stop, || Leases::connect(list, None)).await?,
+        (None, None) => anyhow::bail!("--server or --lease-store"),
+    };
     let names: Vec<String> = (0..a.names).map(|i| format!("n{i}")).collect();
     let (mut cycles, mut acked, mut failed, mut refused) = (0u64, 0u64, 0u64, 0u64);
     let mut out = std::io::stdout();
@@ -104,7 +117,9 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
         // Between cycles (no lease held), move to new server lists.
         let moved = lists.lock().expect("lists").take();
         if let Some((generation, current, next)) = moved {
-            client = retry(&stop, || Leases::connect(&current, next.as_deref())).await?;
+            if !matches!(client, Leases::S3(_)) {
+                client = retry(&stop, || Leases::connect(&current, next.as_deref())).await?;
+            }
             writeln!(out, "MOVED {generation}")?;
             out.flush()?;
         }
@@ -121,6 +136,10 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
         {
             Ok(lease) => lease,
             Err(e) => {
+                if refused == 0 {
+                    // The first refusal's reason, for whoever reads the run.
+                    eprintln!("worker {}: first acquire refused: {e}", a.id);
+                }
                 refused += 1;
                 // Busy: try other names soon. Down or in its restart wait:
                 // back off longer.
@@ -202,10 +221,12 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
 /// A move to other server lists: (generation, current, next).
 type Move = (u64, String, Option<String>);
 
-/// Where the worker takes its leases: one server or a cluster of them.
+/// Where the worker takes its leases: one server, a cluster of them, or
+/// the S3 lease backend.
 enum Leases {
     One(Box<Client>),
     Many(Cluster),
+    S3(Arc<S3LeaseBackend>),
 }
 
 impl Leases {
@@ -220,10 +241,21 @@ impl Leases {
         })
     }
 
+    /// The S3 lease store at `url`, this process's clock checked against
+    /// `time` before every grant, renewal and release; a fresh witness key
+    /// published under the store's prefix.
+    async fn s3(url: &str, time: TimeSource) -> anyhow::Result<Self> {
+        let cfg = S3LeaseConfig::default();
+        let store = LeaseStore::from_url(url, cfg.op_timeout)?;
+        let backend = S3LeaseBackend::open(store, Signer::generate(), LeaseTime::Signed(time), cfg).await?;
+        Ok(Leases::S3(Arc::new(backend)))
+    }
+
     fn acquire(&self, names: Vec<String>) -> AcquireBuilder {
         match self {
             Leases::One(c) => c.acquire(names),
             Leases::Many(c) => c.acquire(names),
+            Leases::S3(b) => AcquireBuilder::new(Arc::clone(b) as Arc<dyn LeaseBackend>, names),
         }
     }
 }
