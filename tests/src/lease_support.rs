@@ -112,7 +112,7 @@ impl LeaseEnv {
     /// The keys the witnesses of this backend verify with.
     pub async fn keys(&self) -> KeyRing {
         match self {
-            LeaseEnv::Server { client, .. } => client.keys().clone(),
+            LeaseEnv::Server { client, .. } => (*client.keys()).clone(),
             LeaseEnv::S3 { backend, .. } => backend.keys().await.expect("published keys"),
         }
     }

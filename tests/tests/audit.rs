@@ -237,8 +237,8 @@ async fn tampered_witnesses_out_of_lease_timestamps_and_bad_signed_times_are_nam
     let a = client.acquire(["acct"]).options(no_renew()).send().await.unwrap();
     s.write(&client, &a, "writer-a", 1).await;
     s.close_all().await;
-    let cfg = AuditConfig::new(client.keys().clone());
-    let stored = s.stored(client.keys()).await;
+    let cfg = AuditConfig::new((*client.keys()).clone());
+    let stored = s.stored(&client.keys()).await;
     assert_eq!(stored.len(), 1);
     assert!(audit(&stored, &cfg).is_clean());
     let real = &stored[0];

@@ -87,11 +87,11 @@ async fn a_batch_answers_every_operation_in_order() {
     assert!(wa.batched && wb.batched);
     assert_eq!(wa.signature, wb.signature);
     assert_ne!(wa.leaf_index, wb.leaf_index);
-    assert_eq!(verify_witness(&wa, client.keys()).unwrap().lease_id, a.lease_id);
-    assert_eq!(verify_witness(&wb, client.keys()).unwrap().lease_id, b.lease_id);
+    assert_eq!(verify_witness(&wa, &client.keys()).unwrap().lease_id, a.lease_id);
+    assert_eq!(verify_witness(&wb, &client.keys()).unwrap().lease_id, b.lease_id);
     let mut bad = wb.clone();
     bad.body[5] ^= 0x01;
-    assert!(verify_witness(&bad, client.keys()).is_err());
+    assert!(verify_witness(&bad, &client.keys()).is_err());
 
     // The CLI verifies a batched witness from its JSON form.
     let json = serde_json::json!({ "witness": WitnessJson {
@@ -172,7 +172,7 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
                     .await
                     .unwrap();
                 assert!(lease.is_valid());
-                let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
+                let body = verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
                 assert_eq!(body.names[0].name, name);
                 let inherited = lease.min_timestamp();
                 assert_eq!(lease.release(None).await.unwrap(), inherited);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use bagel_bags::audit::{AuditConfig, AuditMessage, ViolationKind, audit};
 use bagel_bags::{self as bag, BagConfig, Writer};
 use bagel_client::{
-    Client, Cluster, Ended, Error, Lease, LeaseOptions, LossReason, Micros, ServerSpec, TimeOptions,
-    TimeSource,
+    Client, Cluster, CoalesceOptions, Coalescer, Ended, Error, Lease, LeaseOptions, LossReason, Micros,
+    ServerSpec, TimeOptions, TimeSource, Transport,
 };
 use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
 use bagel_proto::{KeyRing, verify_witness};
@@ -116,7 +116,7 @@ async fn a_lease_across_three_servers_has_a_witness_from_each_and_conflicts_name
             .iter()
             .find(|w| w.key_id() == part.key_id)
             .expect("a witness signed by each server's key");
-        let body = verify_witness(&wire(w), client.keys()).expect("verifies against its own server's key");
+        let body = verify_witness(&wire(w), &client.keys()).expect("verifies against its own server's key");
         assert_eq!(body.lease_id, part.lease_id);
         assert!(
             body.deadline_us >= lease.deadline().as_micros(),
@@ -761,6 +761,70 @@ async fn a_member_restarted_with_a_new_key_moves_no_name() {
             Err(Error::Busy { .. }) => assert!(on_keyed.contains(&n), "{n}"),
             Err(e) => panic!("{n}: {e}"),
         }
+    }
+}
+
+/// A client that learned a member's key (trust on first use) keeps working
+/// when the member restarts without its key file: the first witness under
+/// the new key makes it learn the member's keys again, on every path (the
+/// cluster, a unary client, a session). A client that pinned the old key
+/// refuses the new one.
+#[tokio::test]
+async fn a_long_running_client_learns_the_new_key_of_a_member_restarted_without_one() {
+    let args = ["--max-ttl", "1500ms", "--clock-tolerance", "100ms"];
+    let mut keyless = ServerProcess::start_ready(&args).await;
+    let other = ServerProcess::start_ready(&args).await;
+    let list = specs(&[&keyless, &other]);
+    let cluster = Cluster::connect(&list).await.unwrap();
+    let unary = Client::connect(keyless.url.clone()).await.unwrap();
+    let session = Coalescer::new(
+        unary.clone(),
+        CoalesceOptions::default().with_transport(Transport::Session),
+    );
+    let pinned_ring = KeyRing::clone(&unary.keys());
+    let pinned = Client::connect_pinned(keyless.url.clone(), pinned_ring)
+        .await
+        .unwrap();
+    let name = (0..)
+        .map(|i| format!("relearn-{i}"))
+        .find(|n| cluster.route(n).current.0 == keyless.url)
+        .unwrap();
+    let one = |lease: Lease| async move { lease.release(None).await.unwrap() };
+    one(cluster
+        .acquire([name.clone()])
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap())
+    .await;
+    let via_session = || unary.acquire([name.clone()]).options(no_renew()).via(&session);
+    one(via_session().send().await.unwrap()).await;
+
+    let addr = keyless.addr.to_string();
+    let old_key = keyless.public_key_hex.clone();
+    keyless.kill();
+    let keyless = ServerProcess::start_at(&addr, &args).await;
+    assert_ne!(keyless.public_key_hex, old_key, "a new key");
+    keyless.wait_ready().await;
+
+    // Each witness verifies against the key the restarted member prints.
+    let mut new_key = KeyRing::new();
+    new_key
+        .insert_bytes(&bagel_proto::hex::decode_array::<32>(&keyless.public_key_hex).unwrap())
+        .unwrap();
+    for path in ["cluster", "unary client", "session"] {
+        let got = match path {
+            "cluster" => cluster.acquire([name.clone()]).options(no_renew()).send().await,
+            "unary client" => unary.acquire([name.clone()]).options(no_renew()).send().await,
+            _ => via_session().send().await,
+        };
+        let lease = got.unwrap_or_else(|e| panic!("{path}: {e}"));
+        verify_witness(&wire(&lease.witness()), &new_key).unwrap_or_else(|e| panic!("{path}: {e}"));
+        lease.release(None).await.unwrap();
+    }
+    match pinned.acquire([name.clone()]).options(no_renew()).send().await {
+        Err(Error::Witness { reason }) => assert!(reason.contains("key"), "{reason}"),
+        other => panic!("a pinned client trusted a key it was not given: {other:?}"),
     }
 }
 

@@ -82,7 +82,7 @@ async fn racing_acquires_never_overlap() {
     let mut by_name: HashMap<String, Vec<(u64, pb::WitnessBody, pb::PreviousLease)>> = HashMap::new();
     let mut deadline_of: HashMap<String, u64> = HashMap::new();
     for w in witnesses.iter() {
-        let body = verify_witness(w, client.keys()).expect("every witness verifies");
+        let body = verify_witness(w, &client.keys()).expect("every witness verifies");
         deadline_of.insert(body.lease_id.clone(), body.deadline_us);
         for n in &body.names {
             by_name.entry(n.name.clone()).or_default().push((

@@ -64,7 +64,7 @@ async fn background_renewal_keeps_the_lease_and_loss_is_reported() {
         held[0].holder.as_ref().unwrap().deadline.as_micros(),
         lease.deadline().as_micros()
     );
-    let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
+    let body = verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
     assert_eq!(body.kind(), pb::WitnessKind::Renew);
     assert_eq!(body.deadline_us, lease.deadline().as_micros());
 

@@ -81,7 +81,7 @@ async fn a_server_with_roughtime_grants_and_its_witnesses_carry_verifiable_rough
         .send()
         .await
         .unwrap();
-    let body = verify_witness(&wire(&lease.witness()), client.keys()).unwrap();
+    let body = verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
     assert!(
         !body.self_timed,
         "a Roughtime-timed witness says it is not self-timed"
@@ -258,7 +258,7 @@ async fn the_time_source_falls_back_to_the_lease_server() {
     let client = server.client().await;
     let time = TimeSource::lease_server(client.clone(), TimeOptions::default());
     let signed = time.check().await.unwrap();
-    let reading = verify_signed_time(&signed.signed, client.keys(), &[]).unwrap();
+    let reading = verify_signed_time(&signed.signed, &client.keys(), &[]).unwrap();
     assert_eq!(reading.source, TimeProofKind::Local);
 
     let off = TimeSource::lease_server(

@@ -90,7 +90,7 @@ async fn renewals_racing_writes_never_pair_a_witness_with_another_deadline() {
     )
     .await
     .unwrap();
-    let opts = ReadOptions::default().with_keys(Some(client.keys().clone()));
+    let opts = ReadOptions::default().with_keys(Some((*client.keys()).clone()));
     let r = bag::read(store.as_ref(), &log, &opts, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();
@@ -273,7 +273,7 @@ async fn a_write_of_unknown_outcome_makes_the_next_holder_close_first() {
     .await
     .unwrap();
     b.settled_through(until);
-    let opts = ReadOptions::default().with_keys(Some(client.keys().clone()));
+    let opts = ReadOptions::default().with_keys(Some((*client.keys()).clone()));
     let first = bag::read(store.as_ref(), log, &opts, &cfg, &AssumedExact(SystemClock))
         .await
         .unwrap();

@@ -15,6 +15,7 @@ use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::error::{Error, Result};
 use crate::options::{ClientOptions, check_server_url};
+use crate::server_keys::ServerKeys;
 use crate::types::{Grant, History, LeaseRef, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo};
 use crate::verify;
 
@@ -26,7 +27,9 @@ pub struct Client {
     /// The URL, and what else is fixed per connection (one pointer, so a
     /// `Client` stays small to clone and to hold).
     remote: Arc<Remote>,
-    keys: Arc<KeyRing>,
+    /// Pinned, or learned from the server (and learned again when it signs
+    /// with a key not seen yet: see [`ServerKeys`]).
+    keys: Arc<ServerKeys>,
     clock: Arc<dyn Clock>,
     max_ttl: Duration,
 }
@@ -105,7 +108,7 @@ impl Client {
                 url,
                 call_timeout: options.call_timeout,
             }),
-            keys: Arc::new(KeyRing::new()),
+            keys: Arc::new(ServerKeys::learned(KeyRing::new(), None)),
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
         };
@@ -123,18 +126,50 @@ impl Client {
         };
         client.max_ttl = info.max_ttl;
         client.keys = Arc::new(match pinned {
-            Some(keys) => keys,
-            None => {
-                let mut ring = KeyRing::new();
-                for (id, raw) in &info.keys {
-                    ring.insert_bytes(raw).map_err(|e| Error::Witness {
-                        reason: format!("server published a bad key {id}: {e}"),
-                    })?;
-                }
-                ring
-            }
+            Some(keys) => ServerKeys::pinned(keys),
+            None => ServerKeys::learned(
+                published_keys(&info)?,
+                info.keys.first().map(|(id, _)| id.clone()),
+            ),
         });
         Ok(client)
+    }
+
+    /// Learns the server's keys again when a witness it sent names a key
+    /// not trusted yet and the keys were learned, not pinned (a server
+    /// restarted without its key file). A failure here leaves the keys as
+    /// they were: the witness then fails verification, as it would have.
+    pub(crate) async fn learn_key_of(&self, witness: Option<&pb::Witness>) {
+        if let Some(w) = witness
+            && self.keys.should_learn(&w.key_id)
+        {
+            self.learn_keys().await;
+        }
+    }
+
+    /// Asks the server for its keys and trusts them beside those learned
+    /// before (never for pinned keys).
+    pub(crate) async fn learn_keys(&self) -> bool {
+        if self.keys.is_pinned() {
+            return false;
+        }
+        let learned = async {
+            let info = self.server_info().await?;
+            let ring = published_keys(&info)?;
+            self.keys
+                .learn(&ring, info.keys.first().map(|(id, _)| id.clone()));
+            Ok::<_, Error>(())
+        };
+        match learned.await {
+            Ok(()) => {
+                tracing::info!(server = %self.remote.url, "learned the server's keys again (it signs with a key not seen before)");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(server = %self.remote.url, error = %e, "could not learn the server's keys again");
+                false
+            }
+        }
     }
 
     /// Runs one unary call, bounded by the call timeout (plus `extra`, the
@@ -170,9 +205,16 @@ impl Client {
         &self.remote.url
     }
 
-    /// The keys witnesses are verified against.
-    pub fn keys(&self) -> &KeyRing {
-        &self.keys
+    /// The keys witnesses are verified against now (a snapshot: learned
+    /// keys grow when the server signs with a new one).
+    pub fn keys(&self) -> Arc<KeyRing> {
+        self.keys.ring()
+    }
+
+    /// The id of the key the server signs with, as last learned (the
+    /// pinned key's when pinned).
+    pub(crate) fn signing_key_id(&self) -> Option<String> {
+        self.keys.signing()
     }
 
     /// The server's max TTL, as it said at connect.
@@ -246,6 +288,17 @@ impl Client {
             detail: format!("lease server {} sent no signed time", self.remote.url),
         })
     }
+}
+
+/// The keys `info` publishes, each checked to be a key.
+fn published_keys(info: &ServerInfo) -> Result<KeyRing> {
+    let mut ring = KeyRing::new();
+    for (id, raw) in &info.keys {
+        ring.insert_bytes(raw).map_err(|e| Error::Witness {
+            reason: format!("server published a bad key {id}: {e}"),
+        })?;
+    }
+    Ok(ring)
 }
 
 /// A server that refuses the client's certificate (none presented, one
@@ -341,7 +394,8 @@ impl LeaseBackend for Client {
         let grant = resp.grant.ok_or_else(|| Error::Witness {
             reason: "acquire response has no grant".into(),
         })?;
-        verify::grant(grant, Some(&self.keys), &mut None)
+        self.learn_key_of(grant.witness.as_ref()).await;
+        verify::grant(grant, Some(&self.keys()), &mut None)
     }
 
     async fn renew_lease(
@@ -352,7 +406,8 @@ impl LeaseBackend for Client {
     ) -> Result<Renewal> {
         let req = renew_request(lease, deadline, metadata);
         let resp = self.call("Renew", Duration::ZERO, self.rpc().renew(req)).await?;
-        verify::renewal(resp, &lease.id, Some(&self.keys), &mut None)
+        self.learn_key_of(resp.witness.as_ref()).await;
+        verify::renewal(resp, &lease.id, Some(&self.keys()), &mut None)
     }
 
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
@@ -366,7 +421,8 @@ impl LeaseBackend for Client {
         let grant = resp.grant.ok_or_else(|| Error::Witness {
             reason: "upgrade response has no grant".into(),
         })?;
-        verify::grant(grant, Some(&self.keys), &mut None)
+        self.learn_key_of(grant.witness.as_ref()).await;
+        verify::grant(grant, Some(&self.keys()), &mut None)
     }
 
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {

@@ -308,6 +308,23 @@ async fn gather(
 /// Who waits for one operation's answer (and the lease, for a renewal).
 type Waiter = (Option<String>, Reply);
 
+/// A server restarted without its key file signs with a new key: learns
+/// it (when the client's keys are learned, not pinned) before the answers
+/// are checked. One batch is signed by one key, so the first witness says
+/// which; the check is a map lookup when the key is known.
+async fn learn_new_keys(client: &Client, results: &[pb::BatchResult], options: &CoalesceOptions) {
+    use pb::batch_result::Result as R;
+    if !options.verify_witnesses {
+        return;
+    }
+    let witness = results.iter().find_map(|r| match &r.result {
+        Some(R::Grant(g)) => g.witness.as_ref(),
+        Some(R::Renewed(r)) => r.witness.as_ref(),
+        _ => None,
+    });
+    client.learn_key_of(witness).await;
+}
+
 /// Hands each caller its result, checked (see [`crate::verify`]; the
 /// grants of a batch, and of the batches a session's server ran together,
 /// share their signature, so `verified` carries the last one checked).
@@ -326,7 +343,8 @@ fn answer(
         };
         return fail(replies, &e);
     }
-    let keys = options.verify_witnesses.then(|| client.keys());
+    let ring = options.verify_witnesses.then(|| client.keys());
+    let keys = ring.as_deref();
     for ((renewing, reply), result) in replies.into_iter().zip(results) {
         let r = match (result.result, renewing) {
             (None, _) => Err(Error::Witness {
@@ -376,7 +394,11 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
         };
         let Some((ops, replies)) = batch else { return };
         match client.rpc().batch(pb::BatchRequest { ops }).await {
-            Ok(r) => answer(replies, r.into_inner().results, &options, &client, &mut None),
+            Ok(r) => {
+                let results = r.into_inner().results;
+                learn_new_keys(&client, &results, &options).await;
+                answer(replies, results, &options, &client, &mut None);
+            }
             Err(status) => fail(replies, &Error::from(status)),
         }
     }
@@ -504,6 +526,7 @@ async fn read_answers(
                 match answers.message().await {
                     Ok(Some(response)) => match next_waiting() {
                         Some((replies, _in_flight)) => {
+                            learn_new_keys(&client, &response.results, &options).await;
                             answer(replies, response.results, &options, &client, &mut verified);
                         }
                         None => {

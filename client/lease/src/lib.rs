@@ -58,6 +58,7 @@ pub mod coalesce;
 pub mod error;
 pub mod lease;
 pub mod options;
+mod server_keys;
 pub mod time_source;
 pub mod types;
 mod verify;

@@ -280,10 +280,15 @@ impl TimeSource {
             }
             _ => Vec::new(),
         };
-        let reading =
-            verify_signed_time(&signed, client.keys(), &relayed).map_err(|e| Error::NoSignedTime {
-                detail: format!("lease server {}: signed time does not verify: {e}", client.url()),
-            })?;
+        // A server restarted without its key file signs with a new one:
+        // learned keys are learned again once (pinned keys never are).
+        let reading = match verify_signed_time(&signed, &client.keys(), &relayed) {
+            Err(_) if client.learn_keys().await => verify_signed_time(&signed, &client.keys(), &relayed),
+            checked => checked,
+        }
+        .map_err(|e| Error::NoSignedTime {
+            detail: format!("lease server {}: signed time does not verify: {e}", client.url()),
+        })?;
         Ok(Measurement {
             source: format!("lease server {}", client.url()),
             reading,

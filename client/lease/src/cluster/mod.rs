@@ -226,7 +226,7 @@ impl Member {
     fn key_id(&self) -> Option<String> {
         match (&self.pinned, self.client.get()) {
             (Some((_, id)), _) => Some(id.clone()),
-            (None, Some(c)) => c.keys().ids().next().map(str::to_owned),
+            (None, Some(c)) => c.signing_key_id(),
             (None, None) => None,
         }
     }
@@ -477,7 +477,7 @@ impl Cluster {
         let mut ring = KeyRing::new();
         for m in self.inner.members.values() {
             match (m.client.get(), &m.pinned) {
-                (Some(c), _) => ring.merge(c.keys()),
+                (Some(c), _) => ring.merge(&c.keys()),
                 (None, Some((pinned, _))) => ring.merge(pinned),
                 (None, None) => {}
             }

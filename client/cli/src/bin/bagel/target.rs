@@ -243,7 +243,7 @@ impl Target {
     /// keys published in the store, see [`TargetArgs::witness_keys`]).
     fn keys(&self) -> KeyRing {
         match self {
-            Target::One(c) => c.keys().clone(),
+            Target::One(c) => (*c.keys()).clone(),
             Target::Many(c) => c.keys(),
             Target::S3(_) => KeyRing::new(),
         }
