@@ -29,6 +29,8 @@ pub struct Client {
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
     max_ttl: Duration,
+    /// The server's max wait per acquire, as it said at connect.
+    max_wait: Duration,
 }
 
 #[derive(Debug)]
@@ -108,6 +110,7 @@ impl Client {
             keys: Arc::new(KeyRing::new()),
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
+            max_wait: Duration::from_secs(10),
         };
         let info = match client.server_info().await {
             Ok(info) => info,
@@ -122,6 +125,7 @@ impl Client {
             }
         };
         client.max_ttl = info.max_ttl;
+        client.max_wait = info.max_wait;
         client.keys = Arc::new(match pinned {
             Some(keys) => keys,
             None => {
@@ -331,6 +335,10 @@ impl LeaseBackend for Client {
 
     fn max_ttl(&self) -> Duration {
         self.max_ttl
+    }
+
+    fn max_wait(&self) -> Option<Duration> {
+        Some(self.max_wait)
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
