@@ -139,7 +139,7 @@ async fn upgrade_and_renew_keep_the_lease_file_current() {
         state.path(),
         &["acquire", "ledger", "--ttl", "3s", "--tentative", "--json"],
     );
-    std::fs::write(&file, &json_of(&out).to_string()).unwrap();
+    std::fs::write(&file, json_of(&out).to_string()).unwrap();
 
     let out = bagel(&server, state.path(), &["upgrade", "--lease", path]);
     assert!(out.status.success(), "{}", describe_output(&out));

@@ -29,8 +29,6 @@ pub struct Client {
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
     max_ttl: Duration,
-    /// The server's max wait per acquire, as it said at connect.
-    max_wait: Duration,
 }
 
 #[derive(Debug)]
@@ -38,6 +36,9 @@ struct Remote {
     url: String,
     /// Bound on each unary call ([`ClientOptions::call_timeout`]).
     call_timeout: Option<Duration>,
+    /// The server's max wait per acquire, as it said at connect (longer
+    /// waits are made of several, see [`crate::long_wait`]).
+    max_wait: Duration,
 }
 
 impl Client {
@@ -106,11 +107,11 @@ impl Client {
             remote: Arc::new(Remote {
                 url,
                 call_timeout: options.call_timeout,
+                max_wait: Duration::from_secs(10),
             }),
             keys: Arc::new(KeyRing::new()),
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
-            max_wait: Duration::from_secs(10),
         };
         let info = match client.server_info().await {
             Ok(info) => info,
@@ -125,7 +126,11 @@ impl Client {
             }
         };
         client.max_ttl = info.max_ttl;
-        client.max_wait = info.max_wait;
+        client.remote = Arc::new(Remote {
+            url: client.remote.url.clone(),
+            call_timeout: client.remote.call_timeout,
+            max_wait: info.max_wait,
+        });
         client.keys = Arc::new(match pinned {
             Some(keys) => keys,
             None => {
@@ -338,7 +343,7 @@ impl LeaseBackend for Client {
     }
 
     fn max_wait(&self) -> Option<Duration> {
-        Some(self.max_wait)
+        Some(self.remote.max_wait)
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
