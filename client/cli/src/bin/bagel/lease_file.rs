@@ -22,11 +22,9 @@ pub fn write(path: &Path, lease: &LeaseJson) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let file_name = path.file_name().context("the lease file path names no file")?;
-    // One temporary name per process: two commands rewriting the same file
-    // never write into each other's temporary file.
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    // `FILE.tmp`, as `bagel run` has always used (and its tests expect).
+    let mut tmp_name = file_name.to_owned();
+    tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
     let written = (|| {
         let mut f = OpenOptions::new()
@@ -43,7 +41,11 @@ pub fn write(path: &Path, lease: &LeaseJson) -> anyhow::Result<()> {
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e.context(format!("rewriting the lease file {}", path.display())));
+        return Err(e.context(format!(
+            "rewriting the lease file {} (through {})",
+            path.display(),
+            tmp.display()
+        )));
     }
     // The rename is durable once the directory is.
     if let Ok(d) = std::fs::File::open(dir) {
