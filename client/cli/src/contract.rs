@@ -2,7 +2,7 @@
 //! `bagel write --lease FILE`, `bagel verify-witness`). The key names are a
 //! contract with scripts: add keys freely, never rename one.
 
-use bagel_client::{Grant, Lease, Mode, NameGrant, ServerPart, Witness};
+use bagel_client::{Grant, Lease, Mode, NameGrant, Previous, Renewal, ServerPart, Witness};
 use bagel_proto::rights::{RightsSnapshot, WriteRights};
 use bagel_proto::{Micros, pb};
 use base64::Engine as _;
@@ -181,17 +181,20 @@ fn servers_json(parts: &[ServerPart]) -> Vec<ServerNameJson> {
 }
 
 fn name_json(n: &NameGrant) -> NameJson {
-    let p = &n.previous;
     NameJson {
         name: n.name.clone(),
         fencing_token: n.fencing_token,
-        previous: PreviousJson {
-            lease_id: p.lease_id.clone().unwrap_or_default(),
-            watermark_us: p.watermark.as_micros(),
-            ended: p.ended.as_str().to_owned(),
-            ended_at_us: p.ended_at.as_micros(),
-            unsettled_until_us: p.unsettled_until.map(Micros::as_micros),
-        },
+        previous: previous_json(&n.previous),
+    }
+}
+
+fn previous_json(p: &Previous) -> PreviousJson {
+    PreviousJson {
+        lease_id: p.lease_id.clone().unwrap_or_default(),
+        watermark_us: p.watermark.as_micros(),
+        ended: p.ended.as_str().to_owned(),
+        ended_at_us: p.ended_at.as_micros(),
+        unsettled_until_us: p.unsettled_until.map(Micros::as_micros),
     }
 }
 
@@ -229,6 +232,54 @@ impl LeaseJson {
             servers: servers_json(l.servers()),
             holder_secret: Some(bagel_proto::hex::encode(&l.holder_key().signing_key().to_bytes())),
         }
+    }
+}
+
+impl LeaseJson {
+    /// This lease file after `renewal`: its deadline, mode and witnesses;
+    /// the rest (names, token, holder key) as it was.
+    pub fn renewed(&mut self, renewal: &Renewal) {
+        self.deadline_us = renewal.deadline.as_micros();
+        self.mode = renewal.mode.into();
+        self.witness = WitnessJson::from(renewal.witness());
+        self.witnesses = all_if_many(&renewal.witnesses);
+    }
+
+    /// A lease file rebuilt from a (checked) witness of the lease and its
+    /// token, for a lease named by id and token alone: everything but the
+    /// holder key, which only the holder had, is stated in the witness.
+    /// A lease over several servers needs its lease file (each server's
+    /// part is in none of the witnesses alone).
+    pub fn from_witness(token: &str, witnesses: &[Witness], server: Option<&str>) -> Result<Self, String> {
+        if witnesses.len() != 1 {
+            return Err(format!(
+                "a lease over {} servers is rebuilt only from its lease file (give --lease FILE)",
+                witnesses.len()
+            ));
+        }
+        let w = &witnesses[0];
+        let body = bagel_proto::witness::decode_unverified(&WitnessJson::from(w).to_pb()?)?;
+        Ok(LeaseJson {
+            lease_id: body.lease_id.clone(),
+            token: token.to_owned(),
+            deadline_us: body.deadline_us,
+            min_timestamp_us: body.min_timestamp_us,
+            mode: Mode::from(body.mode()).into(),
+            names: body
+                .names
+                .iter()
+                .map(|n| NameJson {
+                    name: n.name.clone(),
+                    fencing_token: n.fencing_token,
+                    previous: previous_json(&Previous::from(&n.previous.clone().unwrap_or_default())),
+                })
+                .collect(),
+            witness: WitnessJson::from(w),
+            witnesses: Vec::new(),
+            server: server.map(str::to_owned),
+            servers: Vec::new(),
+            holder_secret: None,
+        })
     }
 }
 

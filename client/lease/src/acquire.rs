@@ -73,11 +73,20 @@ impl AcquireBuilder {
         self
     }
 
-    /// Wait up to `wait` for busy names (not with [`AcquireBuilder::via`]:
-    /// batched acquires cannot wait).
+    /// Wait up to `wait` for busy names, however long: the wait is
+    /// re-issued in rounds of at most the backend's max wait, and a
+    /// server that cannot serve for now (its restart wait, a reconnect) is
+    /// asked again within it (see [`crate::long_wait`]). With
+    /// [`AcquireBuilder::via`] (batched acquires cannot wait server-side)
+    /// the names are polled instead.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
+    }
+
+    /// Wait until the names are had, however long that takes.
+    pub fn wait_forever(self) -> Self {
+        self.wait(crate::long_wait::FOREVER)
     }
 
     /// Renewal interval, safety margin, whether to renew at all.
@@ -96,24 +105,39 @@ impl AcquireBuilder {
     }
 
     pub async fn send(self) -> Result<Lease> {
-        let now = self.backend.clock().now();
-        let (deadline, ttl) = match self.deadline {
-            DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl),
-            DeadlineSpec::At(at) => (at, at.duration_since(now)),
-        };
+        let clock = self.backend.clock();
         // A fresh key per lease (the same one for every server of a lease
         // over several): it signs the batches written under this lease.
         let holder = bagel_proto::Signer::generate();
-        let spec = AcquireSpec {
-            names: self.names,
-            deadline,
-            mode: self.mode,
-            owner: self.owner,
-            wait: self.wait,
-            holder_key: Some(holder.verifying_key().to_bytes()),
+        let holder_key = Some(holder.verifying_key().to_bytes());
+        // Each round's request: a TTL counts from the round's start (a
+        // long wait must not eat the lease), and the lease's renewals
+        // count from when the granting round was sent.
+        let mut sent = tokio::time::Instant::now();
+        let mut ttl = Duration::ZERO;
+        let spec_at = |wait: Duration| {
+            sent = tokio::time::Instant::now();
+            let now = clock.now();
+            let deadline = match self.deadline {
+                DeadlineSpec::Ttl(t) => {
+                    ttl = t;
+                    now.saturating_add(t)
+                }
+                DeadlineSpec::At(at) => {
+                    ttl = at.duration_since(now);
+                    at
+                }
+            };
+            AcquireSpec {
+                names: self.names.clone(),
+                deadline,
+                mode: self.mode,
+                owner: self.owner.clone(),
+                wait,
+                holder_key,
+            }
         };
-        let sent = tokio::time::Instant::now();
-        let grant = self.backend.acquire_lease(spec).await?;
+        let grant = crate::long_wait::acquire(&*self.backend, self.wait, spec_at).await?;
         Ok(Lease::start(self.backend, grant, sent, ttl, self.options, holder))
     }
 }

@@ -55,6 +55,13 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
     /// The longest lease this backend grants.
     fn max_ttl(&self) -> Duration;
 
+    /// The longest wait one acquire may ask for, when known: longer waits
+    /// are made of several ([`crate::long_wait`]). `None`: unknown (a
+    /// refusal naming it is then learnt from).
+    fn max_wait(&self) -> Option<Duration> {
+        None
+    }
+
     /// Takes every name of `spec`, or none.
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant>;
 
@@ -85,6 +92,9 @@ impl<B: LeaseBackend + ?Sized> LeaseBackend for Arc<B> {
     }
     fn max_ttl(&self) -> Duration {
         (**self).max_ttl()
+    }
+    fn max_wait(&self) -> Option<Duration> {
+        (**self).max_wait()
     }
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         (**self).acquire_lease(spec).await

@@ -39,6 +39,9 @@ struct Remote {
     url: String,
     /// Bound on each unary call ([`ClientOptions::call_timeout`]).
     call_timeout: Option<Duration>,
+    /// The server's max wait per acquire, as it said at connect (longer
+    /// waits are made of several, see [`crate::long_wait`]).
+    max_wait: Duration,
 }
 
 impl Client {
@@ -107,6 +110,7 @@ impl Client {
             remote: Arc::new(Remote {
                 url,
                 call_timeout: options.call_timeout,
+                max_wait: Duration::from_secs(10),
             }),
             keys: Arc::new(ServerKeys::learned(KeyRing::new(), None)),
             clock: Arc::new(SystemClock),
@@ -125,6 +129,11 @@ impl Client {
             }
         };
         client.max_ttl = info.max_ttl;
+        client.remote = Arc::new(Remote {
+            url: client.remote.url.clone(),
+            call_timeout: client.remote.call_timeout,
+            max_wait: info.max_wait,
+        });
         client.keys = Arc::new(match pinned {
             Some(keys) => ServerKeys::pinned(keys),
             None => ServerKeys::learned(
@@ -384,6 +393,10 @@ impl LeaseBackend for Client {
 
     fn max_ttl(&self) -> Duration {
         self.max_ttl
+    }
+
+    fn max_wait(&self) -> Option<Duration> {
+        Some(self.remote.max_wait)
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {

@@ -204,6 +204,11 @@ impl LeaseBackend for Coalescer {
         self.inner.client.max_ttl()
     }
 
+    /// Batched acquires cannot wait: a long wait polls instead.
+    fn max_wait(&self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+
     /// Acquires without waiting (batched acquires cannot wait).
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         if !spec.wait.is_zero() {

@@ -37,6 +37,9 @@
 //! * [`options`]: [`ClientOptions`], how to connect: [`TlsConfig`] for
 //!   `https://` servers (a CA, and a client certificate for mutual TLS),
 //!   bounds on connecting and on each call.
+//! * [`long_wait`]: waits of any length (or forever) for busy names, in
+//!   rounds of at most the backend's max wait, riding through restart
+//!   waits and reconnects.
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
 //! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
@@ -57,6 +60,7 @@ pub mod cluster;
 pub mod coalesce;
 pub mod error;
 pub mod lease;
+pub mod long_wait;
 pub mod options;
 mod server_keys;
 pub mod time_source;

@@ -715,6 +715,10 @@ impl LeaseBackend for S3LeaseBackend {
         self.cfg.max_ttl
     }
 
+    fn max_wait(&self) -> Option<Duration> {
+        Some(self.cfg.max_wait)
+    }
+
     /// Takes every name or none, in name order. With `wait`, polls a busy
     /// name with backoff and jitter (S3 cannot tell us when it frees up),
     /// waking no later than the holder's deadline plus the clock margin,

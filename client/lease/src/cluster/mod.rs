@@ -627,6 +627,16 @@ impl LeaseBackend for Cluster {
             .unwrap_or(Duration::from_secs(10))
     }
 
+    /// The smallest max wait of the servers reached so far (unknown
+    /// before any is).
+    fn max_wait(&self) -> Option<Duration> {
+        self.inner
+            .members
+            .values()
+            .filter_map(|m| m.client.get().and_then(LeaseBackend::max_wait))
+            .min()
+    }
+
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         let plan = self.plan(&spec.names);
         let single = plan.len() == 1;

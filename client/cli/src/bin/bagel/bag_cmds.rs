@@ -39,8 +39,10 @@ pub enum BagCommand {
 /// Which log to read, and which part of it (`read` and `audit`).
 #[derive(clap::Args, Debug)]
 pub struct LogRange {
+    /// `file:///abs/dir` or `s3://bucket/prefix`.
     #[arg(long, env = "BAGEL_STORE")]
     store: String,
+    /// The log (a stream of bags) in the store.
     #[arg(long)]
     log: String,
     /// First timestamp included: Unix microseconds or RFC 3339.
@@ -112,6 +114,7 @@ pub struct AuditArgs {
     /// How far a timestamp may be ahead of its signed time.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     tolerance: Duration,
+    /// Print JSON; errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -144,6 +147,7 @@ pub struct WriteArgs {
     /// `file:///abs/dir` or `s3://bucket/prefix`.
     #[arg(long, env = "BAGEL_STORE")]
     store: String,
+    /// The log (a stream of bags) in the store.
     #[arg(long)]
     log: String,
     /// The lease as printed by `bagel acquire --json`.
@@ -199,6 +203,7 @@ pub struct ReadArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct MetronomeArgs {
+    /// `file:///abs/dir` or `s3://bucket/prefix`.
     #[arg(long, env = "BAGEL_STORE")]
     store: String,
     /// Logs to close (repeatable, or several after one --log).

@@ -2,7 +2,7 @@
 //! server-info, verify-witness.
 
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use bagel_client::{
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use crate::failure::echo;
 use crate::target::{Target, TargetArgs};
 use crate::time_cmds::RoughtimeArgs;
 
@@ -47,6 +48,7 @@ pub enum LeaseCommand {
 
 #[derive(Debug, Args)]
 pub struct AcquireArgs {
+    /// The names (all or none).
     #[arg(required = true)]
     names: Vec<String>,
     /// Lease length (default: the server's max TTL).
@@ -58,12 +60,14 @@ pub struct AcquireArgs {
     /// Reserve only; upgrade before writing.
     #[arg(long)]
     tentative: bool,
-    /// Who is holding it (free text for operators).
-    #[arg(long, default_value = "")]
-    owner: String,
-    /// Let the server wait up to this long for busy names.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Who is holding it (free text for operators; default `host:pid`).
+    #[arg(long, env = "BAGEL_OWNER")]
+    owner: Option<String>,
+    /// Wait up to this long for busy names (any length: re-asked in rounds
+    /// of the server's max wait, through its restarts), or `forever`.
+    #[arg(long, value_parser = crate::names::parse_wait)]
     wait: Option<Duration>,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
     /// Keep renewing until Ctrl-C, then release.
@@ -85,22 +89,26 @@ pub struct TokenArgs {
     /// its names. Read from the lease file when `--lease` is one.
     #[arg(long = "name")]
     names: Vec<String>,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }
 
 impl TokenArgs {
-    /// The lease id and token, from the flags or from the lease file.
-    fn resolve(&self) -> anyhow::Result<LeaseRef> {
-        // One server's id (32 hex digits), or a lease over several
-        // (KEYID:LEASEID,...).
-        let is_id = (self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit()))
+    /// Whether `--lease` is a lease id: one server's (32 hex digits), or
+    /// a lease over several (KEYID:LEASEID,...).
+    fn is_id(&self) -> bool {
+        (self.lease_id.len() == 32 && self.lease_id.bytes().all(|b| b.is_ascii_hexdigit()))
             || (self.lease_id.contains(':')
                 && self
                     .lease_id
                     .bytes()
-                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b','));
-        if is_id {
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b','))
+    }
+
+    /// The lease id and token, from the flags or from the lease file.
+    fn resolve(&self) -> anyhow::Result<LeaseRef> {
+        if self.is_id() {
             let token = self
                 .token
                 .clone()
@@ -110,12 +118,12 @@ impl TokenArgs {
         crate::names::path_not_json("--lease", &self.lease_id)?;
         let text = std::fs::read_to_string(&self.lease_id).with_context(|| {
             format!(
-                "--lease is neither a lease id (32 hex digits) nor the path of a readable lease file: {:?}",
-                self.lease_id
+                "--lease is neither a lease id (32 hex digits) nor the path of a readable lease file: {}",
+                echo(&self.lease_id)
             )
         })?;
         let lease: LeaseJson = serde_json::from_str(&text)
-            .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
+            .with_context(|| format!("parsing the lease file {}", echo(&self.lease_id)))?;
         let token = self.token.clone().unwrap_or(lease.token);
         let names = if self.names.is_empty() {
             lease.names.into_iter().map(|n| n.name).collect()
@@ -125,11 +133,17 @@ impl TokenArgs {
         Ok(LeaseRef::new(lease.lease_id, token).with_names(names))
     }
 
-    /// The holder key of the lease file `--lease` names, if it is one that
-    /// has it: an upgrade's lease file keeps it, so `bagel write` can sign.
-    fn holder_secret(&self) -> Option<String> {
-        let text = std::fs::read_to_string(&self.lease_id).ok()?;
-        serde_json::from_str::<LeaseJson>(&text).ok()?.holder_secret
+    /// The lease file `--lease` names, when it is one (not a bare lease
+    /// id): the commands that change the lease rewrite it.
+    fn file(&self) -> anyhow::Result<Option<LeaseJson>> {
+        if self.is_id() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&self.lease_id)
+            .with_context(|| format!("reading the lease file {}", echo(&self.lease_id)))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .with_context(|| format!("parsing the lease file {}", echo(&self.lease_id)))
     }
 
     /// What a full lease inherited, from its lease file (none for a bare
@@ -140,7 +154,7 @@ impl TokenArgs {
             return Ok(None);
         };
         let lease: LeaseJson = serde_json::from_str(&text)
-            .with_context(|| format!("parsing the lease file {:?}", self.lease_id))?;
+            .with_context(|| format!("parsing the lease file {}", echo(&self.lease_id)))?;
         Ok((lease.mode == ModeJson::Full).then(|| Inherited {
             watermark: Micros::from_micros(lease.min_timestamp_us),
             unsettled_until: lease
@@ -157,6 +171,7 @@ impl TokenArgs {
 pub struct RenewArgs {
     #[command(flatten)]
     lease: TokenArgs,
+    /// The new deadline: now + this.
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Where the holder stored its updates (free text).
@@ -181,29 +196,36 @@ pub struct ReleaseArgs {
 
 #[derive(Debug, Args)]
 pub struct DescribeArgs {
+    /// The names (all or none).
     #[arg(required = true)]
     names: Vec<String>,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
+    /// The name.
     name: String,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct RouteArgs {
+    /// The names (all or none).
     #[arg(required = true)]
     names: Vec<String>,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct JsonFlag {
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -236,8 +258,7 @@ pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> 
             match run_with(cmd, &target).await {
                 Err(e) => match e.downcast_ref::<Error>() {
                     Some(busy @ Error::Busy { .. }) => {
-                        eprintln!("bagel: {}", busy_message(busy));
-                        Ok(ExitCode::from(EXIT_BUSY))
+                        Ok(crate::failure::report("held", EXIT_BUSY, &busy_message(busy)))
                     }
                     _ => Err(e),
                 },
@@ -248,9 +269,18 @@ pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> 
 }
 
 impl LeaseCommand {
-    /// Refuses names the servers would refuse, before connecting.
+    /// Refuses names the servers would refuse, and a `--lease` that is
+    /// neither a lease id nor a readable lease file, before connecting.
     fn check_names(&self) -> anyhow::Result<()> {
         use crate::names::check;
+        match self {
+            LeaseCommand::Renew(RenewArgs { lease, .. })
+            | LeaseCommand::Upgrade(lease)
+            | LeaseCommand::Release(ReleaseArgs { lease, .. }) => {
+                lease.resolve()?;
+            }
+            _ => {}
+        }
         match self {
             LeaseCommand::Acquire(a) => check("name", &a.names),
             LeaseCommand::Describe(a) => check("name", &a.names),
@@ -289,15 +319,26 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         LeaseCommand::Acquire(args) => acquire(args, target).await,
         LeaseCommand::Renew(args) => {
             let lease = args.lease.resolve()?;
+            let file = args.lease.file()?;
             let deadline = backend.clock().now().saturating_add(args.ttl);
             let r = backend
                 .renew_lease(&lease, deadline, args.metadata.as_deref().map(metadata))
                 .await?;
+            let json = match file {
+                Some(mut json) => {
+                    json.renewed(&r);
+                    crate::lease_file::write(Path::new(&args.lease.lease_id), &json)?;
+                    json
+                }
+                None => {
+                    LeaseJson::from_witness(&lease.token, &r.witnesses, target.single_location().as_deref())
+                        .map_err(|e| {
+                        anyhow::anyhow!("renewed, but cannot state the lease as a lease file: {e}")
+                    })?
+                }
+            };
             if args.lease.json {
-                println!(
-                    "{}",
-                    json!({ "deadline_us": r.deadline.as_micros(), "witness": WitnessJson::from(r.witness()) })
-                );
+                println!("{}", serde_json::to_string(&json)?);
             } else {
                 println!("renewed until {} ({} us)", r.deadline, r.deadline.as_micros());
             }
@@ -306,7 +347,11 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
         LeaseCommand::Upgrade(args) => {
             let grant = backend.upgrade_lease(&args.resolve()?).await?;
             let mut json = LeaseJson::from_grant(&grant, target.single_location().as_deref());
-            json.holder_secret = args.holder_secret();
+            if let Some(file) = args.file()? {
+                json.holder_secret = file.holder_secret;
+                json.server = json.server.or(file.server);
+                crate::lease_file::write(Path::new(&args.lease_id), &json)?;
+            }
             print_grant(&json, args.json);
             Ok(ExitCode::SUCCESS)
         }
@@ -520,7 +565,8 @@ async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::R
 }
 
 async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let mut builder = AcquireBuilder::new(target.backend(), args.names).owner(args.owner);
+    let mut builder = AcquireBuilder::new(target.backend(), args.names)
+        .owner(crate::owner::owner_or_default(args.owner.as_deref()));
     if let Some(ttl) = args.ttl {
         builder = builder.ttl(ttl);
     }

@@ -11,14 +11,18 @@
 //! store timed out, no signed time, the clock behind the lease's start).
 //! `bagel run` otherwise exits with its child's status (128 + signal
 //! number when the child was killed by a signal); 4 `bagel read` rejected a
-//! message or found a closed bag damaged (what it could read was printed).
+//! message or found a closed bag damaged (what it could read was printed);
+//! 64 (`EX_USAGE`) a command line clap refuses (see `failure`).
 
 mod bag_cmds;
 mod closer_clock;
+mod failure;
 mod keys;
 mod lease_cmds;
+mod lease_file;
 mod metronome_http;
 mod names;
+mod owner;
 mod process_tree;
 mod progress;
 mod run_cmd;
@@ -43,7 +47,7 @@ struct Cli {
     #[command(flatten)]
     roughtime: time_cmds::RoughtimeArgs,
     /// Log lines on stderr as text or as one JSON object per line.
-    #[arg(long, global = true, env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, help_heading = "Output", env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -63,6 +67,23 @@ enum Command {
     /// say how far off this host's clock is; exit 1 if it is off.
     #[command(alias = "roughtime-check")]
     TimeCheck(time_cmds::TimeCheckArgs),
+    /// Print a shell completion script: `bagel completions bash >
+    /// /etc/bash_completion.d/bagel` (zsh, fish alike).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    shell: Shell,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -106,8 +127,21 @@ fn main() -> ExitCode {
 }
 
 async fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return failure::clap_failure(&e),
+    };
     init_logging(cli.log_format);
+    if let Command::Completions(args) = &cli.command {
+        let shell = match args.shell {
+            Shell::Bash => clap_complete::Shell::Bash,
+            Shell::Zsh => clap_complete::Shell::Zsh,
+            Shell::Fish => clap_complete::Shell::Fish,
+        };
+        let mut command = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut command, "bagel", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let g = lease_cmds::Globals {
         target: &cli.target,
         roughtime: &cli.roughtime,
@@ -122,6 +156,7 @@ async fn run() -> ExitCode {
             };
             bag_cmds::run(cmd, g).await
         }
+        Command::Completions(_) => unreachable!("answered above"),
         Command::TimeCheck(args) => match (cli.target.time_server(), cli.target.client_options()) {
             (Ok(server), Ok(options)) => time_cmds::time_check(args, &cli.roughtime, &server, &options).await,
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -129,10 +164,7 @@ async fn run() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("bagel: {}", chain_text(&e));
-            ExitCode::from(1)
-        }
+        Err(e) => failure::report("error", 1, &chain_text(&e)),
     }
 }
 

@@ -41,6 +41,14 @@ pub fn path_not_json(flag: &str, value: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--wait`: a duration (`10s`, `5m`) or `forever`.
+pub fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    if text == "forever" {
+        return Ok(bagel_client::long_wait::FOREVER);
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{e} (a duration such as 5m, or `forever`)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

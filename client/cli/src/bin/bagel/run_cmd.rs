@@ -32,7 +32,6 @@
 //! the fencing token. A long-running `bagel write` reads the lease file
 //! once; start one per batch of work, or re-read.
 
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus};
@@ -62,12 +61,14 @@ pub struct RunArgs {
     /// Lease length; renewed every third of it.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// Who holds it (free text for operators).
-    #[arg(long, default_value = "")]
-    owner: String,
-    /// Wait up to this long for busy names (the server waits; on S3, polls
-    /// with backoff and jitter). Without it a held name exits 2 at once.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Who holds it (free text for operators; default `host:pid`).
+    #[arg(long, env = "BAGEL_OWNER")]
+    owner: Option<String>,
+    /// Wait up to this long for busy names, or `forever` (the server
+    /// waits, re-asked in rounds of its max wait and through its restarts;
+    /// on S3, polls with backoff and jitter). Without it a held name exits
+    /// 2 at once.
+    #[arg(long, value_parser = crate::names::parse_wait)]
     wait: Option<Duration>,
     /// The command must be gone this long before the deadline when the
     /// lease cannot be renewed (room for clock error and for the kill to
@@ -107,7 +108,7 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     let backend = target.backend();
     let mut acquire = AcquireBuilder::new(backend, args.names.clone())
         .ttl(args.ttl)
-        .owner(args.owner.clone())
+        .owner(crate::owner::owner_or_default(args.owner.as_deref()))
         // The lease says "lost" exactly when fencing starts.
         .options(LeaseOptions::default().with_safety_margin(fence_at));
     if let Some(w) = args.wait {
@@ -129,7 +130,7 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
             .join("run")
             .join(format!("{}.json", lease.id())),
     };
-    write_lease_file(&file, &LeaseJson::from_lease(&lease, location.as_deref()))?;
+    crate::lease_file::write(&file, &LeaseJson::from_lease(&lease, location.as_deref()))?;
 
     let mut tree = ProcessTree::spawn(command(&args, &lease, &file, &g))
         .with_context(|| format!("starting {:?}", args.command[0]))?;
@@ -306,7 +307,7 @@ async fn supervise(
 fn rewrite(file: &Path, lease: &Lease, location: Option<&str>) -> JoinHandle<anyhow::Result<()>> {
     let json = LeaseJson::from_lease(lease, location);
     let file = file.to_owned();
-    tokio::task::spawn_blocking(move || write_lease_file(&file, &json))
+    tokio::task::spawn_blocking(move || crate::lease_file::write(&file, &json))
 }
 
 async fn sleep_until_or_never(at: Option<Instant>) {
@@ -336,25 +337,6 @@ pub async fn release_locked(lease: Lease, lock: crate::written::ReleaseLock) -> 
     let wm = lease.release_with(options).await?;
     lock.released();
     Ok(wm)
-}
-
-/// Writes the lease file atomically (a reader never sees half of it), mode
-/// 0600: it holds the token.
-fn write_lease_file(path: &Path, lease: &LeaseJson) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    serde_json::to_writer(&mut f, lease)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 fn exit_code(status: ExitStatus) -> u8 {

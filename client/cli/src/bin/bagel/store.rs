@@ -18,6 +18,7 @@ use crate::time_cmds::RoughtimeArgs;
 
 /// `--lease-store` and what an S3 lease store needs.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "S3 lease store (instead of a server)")]
 pub struct StoreArgs {
     /// Keep leases on S3 instead of a lease server: `s3://bucket/prefix`
     /// (endpoint and credentials from the `AWS_*` variables). Replaces
@@ -48,6 +49,10 @@ pub struct StoreArgs {
     /// The longest S3 lease this client grants.
     #[arg(long, global = true, default_value = "60s", value_parser = humantime::parse_duration)]
     pub lease_max_ttl: Duration,
+    /// The longest one S3 acquire polls a busy name for; a longer `--wait`
+    /// is made of several such rounds.
+    #[arg(long, global = true, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub lease_max_wait: Duration,
     /// UNSAFE (development only): S3 leases and writes on this host's
     /// clock, unchecked, self-signed with the lease key; and `metronome`,
     /// `read` and `audit` close bags on it. Two holders at once become
@@ -83,6 +88,7 @@ impl StoreArgs {
         S3LeaseConfig::default()
             .with_clock_margin(self.clock_margin)
             .with_max_ttl(self.lease_max_ttl)
+            .with_max_wait(self.lease_max_wait)
     }
 
     /// Opens (probes) the S3 lease store, when one is given.

@@ -21,6 +21,7 @@ use crate::time_cmds::RoughtimeArgs;
 
 /// The lease flags, as given.
 #[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Lease servers")]
 pub struct TargetArgs {
     /// The lease server.
     #[arg(

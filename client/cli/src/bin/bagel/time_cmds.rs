@@ -15,6 +15,7 @@ use serde_json::json;
 
 /// `--roughtime HOST:PORT --roughtime-key KEY`, global and repeatable.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Signed time")]
 pub struct RoughtimeArgs {
     /// A Roughtime server (HOST:PORT) to take signed time from; repeatable,
     /// tried in order, each with a --roughtime-key in the same order.
@@ -68,6 +69,7 @@ pub struct TimeCheckArgs {
     /// and half the round trip.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     clock_tolerance: Duration,
+    /// Print JSON; errors then go to stderr as one JSON object.
     #[arg(long)]
     json: bool,
 }

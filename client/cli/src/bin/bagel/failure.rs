@@ -1,0 +1,134 @@
+//! How the CLI says it failed: the exit codes, and the one place an error
+//! reaches stderr, as a `bagel: ...` line or, under `--json`, as one JSON
+//! object (`{"error", "kind", "exit_code"}`) that a script can parse
+//! without scraping text.
+//!
+//! Usage errors get their own exit code (64, `EX_USAGE`) because 2 means
+//! "held by someone else": a retry-on-2 loop must not spin on a typo.
+
+use std::process::ExitCode;
+use std::sync::OnceLock;
+
+/// A command line clap refuses (unknown flag, missing argument, bad value).
+pub const EXIT_USAGE: u8 = 64;
+
+/// The longest argument value an error echoes whole; longer ones are cut,
+/// saying how long they were (a 100 kB `--lease` must not make a 500 kB
+/// error).
+pub const MAX_ECHO: usize = 200;
+
+/// The longest error text printed: a backstop for messages that echo
+/// values this module never saw (clap's, a server's).
+const MAX_MESSAGE: usize = 4096;
+
+static JSON_ERRORS: OnceLock<bool> = OnceLock::new();
+
+/// Whether errors go out as JSON: `--json` anywhere on the command line
+/// (decided from the raw arguments, so that even a command line clap
+/// refuses gets a JSON error).
+pub fn json_errors() -> bool {
+    *JSON_ERRORS.get_or_init(|| std::env::args_os().skip(1).any(|a| a == "--json"))
+}
+
+/// Prints an error (`kind` is a stable word scripts may match: `usage`,
+/// `held`, `error`) and returns the exit code to exit with.
+pub fn report(kind: &str, exit_code: u8, message: &str) -> ExitCode {
+    let message = bounded(message.trim_end());
+    if json_errors() {
+        eprintln!(
+            "{}",
+            serde_json::json!({ "error": message, "kind": kind, "exit_code": exit_code })
+        );
+    } else {
+        eprintln!("bagel: {message}");
+    }
+    ExitCode::from(exit_code)
+}
+
+/// A value from the command line for an error message: quoted and
+/// escaped as `{:?}` does, and cut to [`MAX_ECHO`] bytes, saying how long
+/// it was.
+pub fn echo(value: &str) -> String {
+    if value.len() <= MAX_ECHO {
+        return format!("{value:?}");
+    }
+    let mut end = MAX_ECHO;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes, cut)", &value[..end], value.len())
+}
+
+/// `message`, cut in the middle when it is over [`MAX_MESSAGE`] bytes.
+fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_owned();
+    }
+    let floor = |mut i: usize| {
+        while !message.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(MAX_MESSAGE / 2);
+    let tail = floor(message.len() - MAX_MESSAGE / 4);
+    format!(
+        "{} ... ({} bytes of the message cut) ... {}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
+}
+
+/// `text` with every command-line argument over [`MAX_ECHO`] bytes that
+/// it quotes cut, saying how long it was (clap echoes a refused value
+/// whole).
+fn without_long_args(text: &str) -> String {
+    let mut text = text.to_owned();
+    for arg in std::env::args().skip(1).filter(|a| a.len() > MAX_ECHO) {
+        let mut end = MAX_ECHO;
+        while !arg.is_char_boundary(end) {
+            end -= 1;
+        }
+        text = text.replace(&arg, &format!("{}... ({} bytes, cut)", &arg[..end], arg.len()));
+    }
+    text
+}
+
+/// Handles what clap refuses or answers itself: help and version are
+/// printed on stdout with exit 0; anything else is a usage error.
+pub fn clap_failure(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        _ if json_errors() => {
+            let text = without_long_args(&e.render().to_string());
+            // clap's first line is the error; the rest is usage and a hint.
+            let first = text.lines().next().unwrap_or_default();
+            report("usage", EXIT_USAGE, first.trim_start_matches("error: "))
+        }
+        _ => {
+            let text = without_long_args(&e.render().to_string());
+            eprint!("{}", bounded(&text));
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_values_are_cut_saying_how_long() {
+        assert_eq!(echo("lease.json"), "\"lease.json\"");
+        let long = "x".repeat(100_000);
+        let e = echo(&long);
+        assert!(e.len() < MAX_ECHO + 40 && e.contains("100000 bytes"), "{e}");
+        let m = bounded(&"é".repeat(10_000));
+        assert!(m.len() < MAX_MESSAGE + 100 && m.contains("cut"), "{m}");
+    }
+}

@@ -1,0 +1,112 @@
+//! Waits of any length for busy names, up to "until I get it", over
+//! backends that each wait only a bounded time per call (a server's
+//! `--max-wait`, an S3 lease store's `max_wait`).
+//!
+//! The wait is cut into rounds, each at most the backend's max wait
+//! ([`crate::LeaseBackend::max_wait`], or learnt from the refusal naming
+//! it): a round that ends busy is re-issued at once, so a waiter is back
+//! in the server's queue straight away (FIFO fairness as far as one
+//! server's queue goes: a waiter re-queues behind those already queued). A
+//! server that cannot serve for now (its restart wait, a lost connection,
+//! a call that timed out) is asked again after a bounded pause, within the
+//! same overall wait. When the overall wait is over, the last answer is
+//! the caller's: "busy" naming the holder, or why the server could not
+//! serve.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{AcquireSpec, LeaseBackend};
+use crate::error::{Error, Result};
+use crate::types::Grant;
+
+/// A round's wait when the backend does not say its max wait (a server's
+/// default `--max-wait`): a refusal naming a smaller max shrinks it.
+const DEFAULT_ROUND: Duration = Duration::from_secs(10);
+
+/// The first and the longest pause before asking again a backend that
+/// could not serve, or that answered "busy" without waiting.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// The longest wait stated as a time: anything longer is "forever".
+pub const FOREVER: Duration = Duration::MAX;
+
+/// Acquires with `wait` in all (a wait of [`FOREVER`] never gives up),
+/// re-issuing bounded waits. `spec_at` makes each round's spec from the
+/// wait that round may use (a deadline given as a TTL is counted from
+/// each round's start, so a long wait does not eat the lease).
+pub async fn acquire(
+    backend: &dyn LeaseBackend,
+    wait: Duration,
+    mut spec_at: impl FnMut(Duration) -> AcquireSpec,
+) -> Result<Grant> {
+    let give_up = Instant::now().checked_add(wait);
+    let mut round_cap = backend.max_wait().unwrap_or(DEFAULT_ROUND);
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let remaining = give_up.map_or(FOREVER, |g| g.saturating_duration_since(Instant::now()));
+        let round = remaining.min(round_cap);
+        let started = Instant::now();
+        let error = match backend.acquire_lease(spec_at(round)).await {
+            Ok(grant) => return Ok(grant),
+            Err(e) => e,
+        };
+        let left = give_up.map_or(FOREVER, |g| g.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            return Err(error);
+        }
+        match &error {
+            // The round waited its time out: queue again at once.
+            Error::Busy { .. } if !round.is_zero() && started.elapsed() >= round / 2 => {
+                pause = FIRST_PAUSE;
+                continue;
+            }
+            // Refused as a longer wait than the server allows: learn its
+            // max from the refusal and go on in rounds of that.
+            Error::Rejected { message, .. } if !round.is_zero() => match stated_max_wait(message) {
+                Some(max) if max < round => {
+                    round_cap = max;
+                    continue;
+                }
+                _ => return Err(error),
+            },
+            // Busy without waiting (a backend that cannot wait, a race),
+            // or a server that cannot serve for now: ask again soon.
+            Error::Busy { .. }
+            | Error::Unavailable { .. }
+            | Error::Connect { .. }
+            | Error::Timeout { .. }
+            | Error::NoSignedTime { .. } => {}
+            e if e.is_retryable() => {}
+            _ => return Err(error),
+        }
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// The max wait a server's refusal states (`wait_us: N exceeds the
+/// server's max wait of M us`).
+fn stated_max_wait(message: &str) -> Option<Duration> {
+    let rest = &message[message.find("max wait of ")? + "max wait of ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    rest[digits.len()..]
+        .starts_with(" us")
+        .then(|| digits.parse().ok().map(Duration::from_micros))
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_servers_max_wait_is_read_from_its_refusal() {
+        let m = "wait_us: 300000000 exceeds the server's max wait of 10000000 us";
+        assert_eq!(
+            super::stated_max_wait(m),
+            Some(std::time::Duration::from_secs(10))
+        );
+        assert_eq!(super::stated_max_wait("ttl too long"), None);
+    }
+}
