@@ -21,6 +21,8 @@
 //!   client and the bag engine).
 //! * [`details`]: a refused acquire's status details (`google.rpc.Status`
 //!   with the conflict and a `RetryInfo`), for the server and every client.
+//! * [`exposition`]: `/metrics` in the format a scraper asks for (classic
+//!   Prometheus text or OpenMetrics), for both side ports.
 //! * [`hex`]: the hex forms of keys and ids.
 //! * [`names`]: characters a lease name may not contain (control,
 //!   bidirectional and zero-width characters), for every side alike.
@@ -29,6 +31,7 @@ pub mod authority;
 pub mod clock;
 pub mod codec;
 pub mod details;
+pub mod exposition;
 pub mod hex;
 pub mod keys;
 pub mod merkle;
