@@ -3,7 +3,8 @@
 # starts the real services on 127.0.0.1 (S3 server, Roughtime, NFS server,
 # stale-cache FUSE mounts), builds the real binaries, runs every test of the
 # workspace, then the Python client and its tests (examples/python,
-# tests/python), and stops the services.
+# tests/python), lints both side ports' /metrics with promtool, and stops
+# the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,9 +14,10 @@ source tests/support/roughtime.sh
 source tests/support/nfs.sh
 source tests/support/browser.sh
 source tests/support/python.sh
+source tests/support/promtool.sh
 
 # Each stop runs whatever the one before it did.
-cleanup() { py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
+cleanup() { metrics_lint_stop || true; py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
 trap cleanup EXIT
 
 s3_start
@@ -24,6 +26,8 @@ browser_install
 # Real per-process clock skew (libfaketime) for the clock-fault tests and
 # the fault run.
 apt_install faketime
+# Prometheus's linter for both side ports' /metrics.
+promtool_install
 
 log "building binaries"
 cargo build --workspace --bins --locked
@@ -44,6 +48,11 @@ fi
 # Any-language clients: the Python example (witnesses verified in Python),
 # discovery by gRPC reflection, and /metrics parsed by prometheus-client.
 python_tests
+
+# Both side ports' /metrics (bagel-server --http, bagel metronome --http),
+# parsed and linted by Debian's promtool.
+log "promtool check metrics on both side ports"
+metrics_lint
 
 # The randomized fault run: lease server, S3 server and closers killed at
 # random while workers write to a directory, S3 and NFS; everything read

@@ -7,7 +7,9 @@ then:
 
 1. acquires a lease on a name, verifies the witness signature (PyNaCl) over
    the exact body bytes the server sent, and only then decodes the body;
-2. renews it (a new witness, verified the same way);
+2. renews it (a new witness, verified the same way), and shows what a
+   rival gets: ABORTED, with the holder and when to retry in the standard
+   `google.rpc.Status` details (decoded by grpcio-status);
 3. takes two more names in one Batch call, whose witnesses share one
    signature over a Merkle root, and verifies each on its own;
 4. releases everything.
@@ -147,6 +149,32 @@ def verify_local_time(signed_time, keys: dict[str, bytes], time_pb2):
     return body.time_us, body.radius_us
 
 
+def conflict_details(error: grpc.RpcError, lease_pb2):
+    """The conflict and the retry delay (seconds) of a refused acquire.
+
+    The status details are a standard `google.rpc.Status` (the gRPC richer
+    error model): its `details` hold a `bagel.v1.LeaseConflict` and a
+    `google.rpc.RetryInfo` (the time until the holder's deadline), each
+    packed in an `Any`.
+    """
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(error)
+    check(status is not None, "a conflict carries google.rpc.Status details")
+    conflict, retry_after_s = None, None
+    for detail in status.details:
+        if detail.Is(lease_pb2.LeaseConflict.DESCRIPTOR):
+            conflict = lease_pb2.LeaseConflict()
+            detail.Unpack(conflict)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_after_s = retry.retry_delay.ToTimedelta().total_seconds()
+    check(conflict is not None and retry_after_s is not None, f"details without the conflict or RetryInfo: {status}")
+    return conflict, retry_after_s
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -214,6 +242,20 @@ def run(server: str, pinned_key: str | None, name: str, gen_dir: Path) -> None:
     check(body.kind == witness_pb2.WITNESS_KIND_RENEW, "not a renew witness")
     check(body.deadline_us == renewed.deadline_us, "renew witness states another deadline")
     print(f"renewed {grant.lease_id} until {renewed.deadline_us}; witness verified")
+
+    # A rival is refused; the details say who holds the name and until when.
+    try:
+        leases.Acquire(
+            lease_pb2.AcquireRequest(names=[name], deadline_us=now_us() + ttl_us, owner="python-rival"),
+            timeout=10,
+        )
+        raise AssertionError("a held name was granted twice")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.ABORTED, f"a conflict is ABORTED, not {e.code()}")
+        conflict, retry_after_s = conflict_details(e, lease_pb2)
+        check(conflict.holder_lease_id == grant.lease_id, f"the conflict names another holder: {conflict}")
+        check(conflict.holder_deadline_us == renewed.deadline_us, "the conflict states another deadline")
+        print(f"a rival is refused: held by {conflict.holder_lease_id}; retry in {retry_after_s:.3f} s")
 
     # 3. Two more names in one Batch: one signature over a Merkle root.
     batch = leases.Batch(

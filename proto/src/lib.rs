@@ -19,6 +19,10 @@
 //! * [`rights`]: what a bag writer needs from the leases it writes under,
 //!   and the ledger of what it wrote (the one interface between the lease
 //!   client and the bag engine).
+//! * [`details`]: a refused acquire's status details (`google.rpc.Status`
+//!   with the conflict and a `RetryInfo`), for the server and every client.
+//! * [`exposition`]: `/metrics` in the format a scraper asks for (classic
+//!   Prometheus text or OpenMetrics), for both side ports.
 //! * [`hex`]: the hex forms of keys and ids.
 //! * [`names`]: characters a lease name may not contain (control,
 //!   bidirectional and zero-width characters), for every side alike.
@@ -26,6 +30,8 @@
 pub mod authority;
 pub mod clock;
 pub mod codec;
+pub mod details;
+pub mod exposition;
 pub mod hex;
 pub mod keys;
 pub mod merkle;

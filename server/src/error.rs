@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use bagel_proto::{Micros, pb};
-use prost::Message as _;
 use tonic::{Code, Status};
 
 use crate::table::{LeaseId, Mode};
@@ -16,6 +15,9 @@ pub struct Conflict {
     pub owner: Arc<str>,
     pub mode: Mode,
     pub deadline: Micros,
+    /// Server time when the holder was found in the way: the retry delay
+    /// a refusal sends is `deadline - seen`.
+    pub seen: Micros,
 }
 
 impl Conflict {
@@ -28,6 +30,11 @@ impl Conflict {
             holder_mode: pb::Mode::from(self.mode).into(),
             holder_deadline_us: self.deadline.as_micros(),
         }
+    }
+
+    /// How long until the holder's deadline, as of when it was seen.
+    pub fn retry_after(&self) -> std::time::Duration {
+        self.deadline.duration_since(self.seen)
     }
 }
 
@@ -211,8 +218,16 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = bounded(e.to_string());
         match &e {
+            // The richer error model: a google.rpc.Status with the conflict
+            // and a RetryInfo, which every language's standard decoder reads.
             Error::Conflict(c) => {
-                Status::with_details(Code::Aborted, message, c.to_pb().encode_to_vec().into())
+                let details = bagel_proto::details::conflict_details(
+                    Code::Aborted,
+                    &message,
+                    &c.to_pb(),
+                    c.retry_after(),
+                );
+                Status::with_details(Code::Aborted, message, details.into())
             }
             _ => Status::new(e.code(), message),
         }

@@ -219,14 +219,12 @@ impl Server {
     ) -> Result<(), std::io::Error> {
         let (health, health_service) = tonic_health::server::health_reporter();
         background::set_health(&health, false).await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(std::io::Error::other)?;
-        // The older protocol too: grpcio-reflection (Python) and other
-        // tools still ask `grpc.reflection.v1alpha` only.
-        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        // Reflection lists (and describes) every service served here: the
+        // lease service, health and reflection itself (the builder adds
+        // its own). The older protocol too: grpcio-reflection (Python) and
+        // other tools still ask `grpc.reflection.v1alpha` only.
+        let reflection = reflection_builder().build_v1().map_err(std::io::Error::other)?;
+        let reflection_v1alpha = reflection_builder()
             .build_v1alpha()
             .map_err(std::io::Error::other)?;
 
@@ -332,6 +330,20 @@ impl Server {
 /// TLS through tonic (rustls with ring). A client certificate, when a
 /// client CA is given, must chain to it; the handshake must end within
 /// 10 s (a connection that never finishes it also meets the idle timeout).
+/// A reflection builder that knows the descriptors of every service the
+/// lease port serves, so that either reflection version lists them all:
+/// without health's, a client listing services would not see
+/// `grpc.health.v1.Health`; left to itself, each version would list only
+/// its own reflection service, not the other.
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .include_reflection_service(false)
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+}
+
 fn tls_config(tls: &config::TlsConfig) -> tonic::transport::ServerTlsConfig {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
     // rustls needs a process-wide crypto provider when more than one is

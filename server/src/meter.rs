@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use bagel_proto::pb;
 use pb::lease_service_server::LeaseService;
-use prost::Message as _;
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
@@ -379,12 +378,13 @@ fn refusals_logged() -> bool {
     tracing::enabled!(target: "bagel_server::refusal", tracing::Level::DEBUG)
 }
 
-/// The conflict carried in a refused acquire's status details.
+/// The conflict carried in a refused acquire's status details (a
+/// `google.rpc.Status`, see [`bagel_proto::details`]).
 fn conflict_of(status: &Status) -> Option<pb::LeaseConflict> {
-    if status.code() != Code::Aborted || status.details().is_empty() {
+    if status.code() != Code::Aborted {
         return None;
     }
-    pb::LeaseConflict::decode(status.details()).ok()
+    bagel_proto::details::conflict_of(status.details())
 }
 
 /// The lease service, timed and counted (see the module docs).

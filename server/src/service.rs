@@ -182,12 +182,17 @@ impl Service {
     fn retry(
         &self,
         spec: &crate::table::AcquireSpec,
-        conflict: Box<crate::error::Conflict>,
+        mut conflict: Box<crate::error::Conflict>,
         ticket: &mut Ticket,
     ) -> Result<crate::table::Grant, Error> {
         self.inner.may_grant()?;
-        match self.inner.table.acquire_queued(spec, self.now(), Some(ticket)) {
-            Err(Error::DeadlineOutOfRange { .. }) => Err(Error::Conflict(conflict)),
+        let now = self.now();
+        match self.inner.table.acquire_queued(spec, now, Some(ticket)) {
+            Err(Error::DeadlineOutOfRange { .. }) => {
+                // Its retry delay counts from now, not from when we began.
+                conflict.seen = now;
+                Err(Error::Conflict(conflict))
+            }
             other => other,
         }
     }

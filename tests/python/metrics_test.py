@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """/metrics of a real bagel-server, scraped over real HTTP before and after a
 known sequence of gRPC calls, and parsed by the official Prometheus Python
-client's OpenMetrics parser (strict: a malformed exposition fails here).
-Every counter moves by exactly what the sequence did; gauges come back.
+client's OpenMetrics parser (strict: a malformed exposition fails here),
+asked for by `Accept` as Prometheus asks. Every counter moves by exactly
+what the sequence did; gauges come back. The default answer (no `Accept`)
+is the classic Prometheus text format, parsed by the same client's classic
+parser, with the same numbers.
 
 Run by tests/support/python.sh against a server of its own (so nothing
 else moves its counters); exits non-zero on any failure.
@@ -18,22 +21,33 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_classic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
 import bagel_client  # noqa: E402  (generates the gRPC code from proto/)
 
 OPENMETRICS = "application/openmetrics-text"
+CLASSIC = "text/plain; version=0.0.4"
+# What Prometheus sends when it scrapes.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
-def scrape(http: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of /metrics: (sample name, labels) -> value."""
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as r:
+def scrape(http: str, openmetrics: bool = True) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics: (sample name, labels) -> value, in
+    OpenMetrics (asked for) or in the classic format (the default)."""
+    headers = {"Accept": PROMETHEUS_ACCEPT} if openmetrics else {}
+    request = urllib.request.Request(f"http://{http}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as r:
         content_type = r.headers["Content-Type"]
-        assert content_type.startswith(OPENMETRICS), content_type
+        assert content_type.startswith(OPENMETRICS if openmetrics else CLASSIC), content_type
         text = r.read().decode()
     samples = {}
-    for family in text_string_to_metric_families(text):
+    parse = parse_openmetrics if openmetrics else parse_classic
+    for family in parse(text):
         for s in family.samples:
             samples[(s.name, frozenset(s.labels.items()))] = s.value
     return samples
@@ -106,6 +120,7 @@ def main() -> int:
         leases.Release(lease_pb2.ReleaseRequest(lease_id=g.lease_id, token=g.token), timeout=10)
 
     after = scrape(args.http)
+    classic = scrape(args.http, openmetrics=False)
     channel.close()
 
     def delta(name, **labels):
@@ -153,6 +168,10 @@ def main() -> int:
         ok = got == want
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}{labels or ''}: {got:+g} (expected {want:+g})")
+        # Nothing moved these between the two scrapes: both formats agree.
+        same = classic.get(key(name, **labels)) == after.get(key(name, **labels))
+        failures += not same
+        print(f"{'ok  ' if same else 'FAIL'} {name}{labels or ''} in the classic format: {classic.get(key(name, **labels))}")
     # Present, with sensible values.
     for name, least in (
         ("process_resident_memory_bytes", 1),
@@ -173,7 +192,7 @@ def main() -> int:
     failures += bool(leaked)
     print(f"{'ok  ' if not leaked else 'FAIL'} no lease name in any label {leaked or ''}")
 
-    checks = len(expected) + 7
+    checks = 2 * len(expected) + 7
     print(f"{checks - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -17,13 +17,13 @@ python_venv() {
   local hash; hash=$(sha256sum "$reqs" | cut -c1-12)
   PY_VENV="$BAGEL_TOOLS/venv-python-client-$hash"
   if [ ! -x "$PY_VENV/bin/python" ] \
-    || ! "$PY_VENV/bin/python" -c 'import grpc, grpc_tools, grpc_reflection, nacl, prometheus_client' 2>/dev/null; then
+    || ! "$PY_VENV/bin/python" -c 'import grpc, grpc_tools, grpc_reflection, grpc_status, nacl, prometheus_client' 2>/dev/null; then
     log "installing the Python client's packages into $PY_VENV"
     rm -rf "$PY_VENV"
     python3 -m venv "$PY_VENV" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
     "$PY_VENV/bin/pip" install -q -r "$reqs" >&2 || die "pip install -r $reqs failed"
   fi
-  "$PY_VENV/bin/python" -c 'import grpc, grpc_tools, grpc_reflection, nacl, prometheus_client' \
+  "$PY_VENV/bin/python" -c 'import grpc, grpc_tools, grpc_reflection, grpc_status, nacl, prometheus_client' \
     || die "the Python client's packages are missing from $PY_VENV"
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP side port of the real `bagel-server` (`--http`), over real HTTP:
 //! `/readyz` mirrors the gRPC health through the restart wait, `/metrics`
-//! speaks OpenMetrics, and `--log-format json` logs every refusal once,
+//! answers (the classic Prometheus text format unless OpenMetrics is asked
+//! for: `metrics_format.rs`), and `--log-format json` logs every refusal once,
 //! with the name, the holder and the reason, and never a token.
 //!
 //! The counter deltas of a known sequence of calls, parsed by the official
@@ -62,8 +63,10 @@ async fn readyz_is_503_during_the_restart_wait_and_200_after() {
     let (status, _, body) = get(&format!("{http}/healthz")).await;
     assert_eq!((status, body.as_str()), (200, "ok\n"), "the process serves");
     let (_, content_type, metrics) = get(&format!("{http}/metrics")).await;
+    // No Accept header: the classic text format (changed from OpenMetrics
+    // on purpose; OpenMetrics is for scrapers that ask).
     assert!(
-        content_type.starts_with("application/openmetrics-text"),
+        content_type.starts_with("text/plain; version=0.0.4"),
         "{content_type}"
     );
     assert!(metrics.contains("\nbagel_ready 0\n"), "{metrics}");
@@ -83,7 +86,7 @@ async fn readyz_is_503_during_the_restart_wait_and_200_after() {
         metrics.contains("\nbagel_restart_wait_remaining_seconds 0.0\n"),
         "{metrics}"
     );
-    assert!(metrics.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    assert!(!metrics.contains("# EOF"), "the classic format has no # EOF");
 
     let (status, _, _) = get(&format!("{http}/no-such-page")).await;
     assert_eq!(status, 404);

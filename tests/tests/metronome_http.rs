@@ -91,7 +91,7 @@ impl Drop for Metronome {
     }
 }
 
-/// Finds `name{...} value` in OpenMetrics text with exactly `labels`.
+/// Finds `name{...} value` in /metrics text (either format) with exactly `labels`.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {

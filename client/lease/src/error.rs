@@ -1,8 +1,7 @@
 //! The client's one error type. Every variant says whether retrying the
 //! same call can help ([`Error::is_retryable`]).
 
-use bagel_proto::{Micros, pb};
-use prost::Message as _;
+use bagel_proto::Micros;
 use tonic::Code;
 
 use crate::types::Conflict;
@@ -166,11 +165,11 @@ impl From<tonic::Status> for Error {
     fn from(s: tonic::Status) -> Self {
         let message = status_message(&s);
         match s.code() {
+            // The details are a google.rpc.Status with the conflict packed
+            // in an Any; servers before that sent the bare conflict, which
+            // `conflict_of` reads too.
             Code::Aborted => Error::Busy {
-                conflict: pb::LeaseConflict::decode(s.details())
-                    .ok()
-                    .filter(|c| !c.name.is_empty())
-                    .map(|c| Box::new(Conflict::from(c))),
+                conflict: bagel_proto::details::conflict_of(s.details()).map(|c| Box::new(Conflict::from(c))),
                 message,
             },
             Code::Unavailable => Error::Unavailable { message },

@@ -1,9 +1,11 @@
-//! `/metrics`: the server's numbers in OpenMetrics text, which Prometheus
-//! scrapes natively.
+//! `/metrics`: the server's numbers in the classic Prometheus text format,
+//! or in OpenMetrics when the scraper's `Accept` asks for it (Prometheus
+//! does); see [`bagel_proto::exposition`] for why both.
 //!
-//! The format is written by `prometheus-client` (the official Rust client):
+//! The text is written by `prometheus-client` (the official Rust client):
 //! names, escaping, `# HELP`/`# TYPE`/`# UNIT` lines, `_total` and unit
-//! suffixes and `# EOF` are its business. The numbers come from atomics and
+//! suffixes and `# EOF` are its business, and `exposition` turns its
+//! OpenMetrics into the classic format. The numbers come from atomics and
 //! a table census read at scrape time (see `crate::meter` and
 //! `crate::table::stats` for why no metric object sits on the lease path),
 //! handed to the encoder as one [`Collector`] per scrape.
@@ -17,8 +19,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bagel_proto::exposition::Format;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -31,10 +34,8 @@ use super::{Http, Snapshot};
 use crate::meter::{CODES, Histo, Method, Op, code_name};
 use crate::table::ByMode;
 
-/// The content type of OpenMetrics text, which Prometheus asks for first.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-pub(super) async fn scrape(State(state): State<Arc<Http>>) -> Response {
+pub(super) async fn scrape(State(state): State<Arc<Http>>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let Some(snapshot) = state.snapshot(super::Reuse::Fresh).await else {
         return super::shutting_down();
     };
@@ -45,10 +46,12 @@ pub(super) async fn scrape(State(state): State<Arc<Http>>) -> Response {
         Ok(()) => (
             StatusCode::OK,
             [
-                (header::CONTENT_TYPE, OPENMETRICS),
+                (header::CONTENT_TYPE, format.content_type()),
                 (header::CACHE_CONTROL, "no-store"),
+                // Caches must not answer one format's request with the other.
+                (header::VARY, "accept"),
             ],
-            body,
+            format.render(body),
         )
             .into_response(),
         Err(e) => super::text(

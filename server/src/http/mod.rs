@@ -1,6 +1,6 @@
 //! The HTTP side port (`--http ADDR`): what operators and their tools read.
 //!
-//! * `/metrics`: Prometheus/OpenMetrics text (`metrics`).
+//! * `/metrics`: Prometheus text, or OpenMetrics when asked (`metrics`).
 //! * `/`: a status page for people (`status`), server-rendered, with a
 //!   small same-origin script for the restart countdown; nothing is loaded
 //!   from outside the machine, and the Content-Security-Policy says so to

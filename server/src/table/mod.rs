@@ -229,6 +229,7 @@ impl LeaseTable {
                         owner: rec.owner(),
                         mode: h.mode,
                         deadline: h.deadline,
+                        seen: now,
                     }));
                     if let Some(ticket) = ticket {
                         self.enqueue(&mut locked, ticket, name, shard)?;

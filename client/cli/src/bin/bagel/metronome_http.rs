@@ -1,5 +1,6 @@
 //! `bagel metronome --http ADDR`: what a closer is doing, for Prometheus
-//! and for people. `/metrics` (OpenMetrics text from prometheus-client),
+//! and for people. `/metrics` (prometheus-client's metrics, in classic
+//! Prometheus text or OpenMetrics as the scraper asks),
 //! `/` (a small status page, refreshing itself), `/healthz` (the process
 //! runs) and `/readyz` (every log is closed up to its last due bag).
 //!
@@ -22,6 +23,7 @@ use axum::routing::get;
 use bagel_bags::{Bucket, CloseObserver};
 use bagel_proto::Micros;
 use bagel_proto::clock::Clock;
+use bagel_proto::exposition::Format;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -310,13 +312,16 @@ async fn css() -> Response {
         .into_response()
 }
 
-async fn metrics(State(s): State<Arc<MetronomeStatus>>) -> Response {
+/// Classic Prometheus text, or OpenMetrics when `Accept` asks for it (see
+/// [`bagel_proto::exposition`]).
+async fn metrics(State(s): State<Arc<MetronomeStatus>>, headers: header::HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.scrape(),
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "accept"),
+        ],
+        format.render(s.scrape()),
     )
         .into_response()
 }
