@@ -9,6 +9,7 @@ use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::coalesce::Coalescer;
 use crate::error::Result;
 use crate::lease::{Lease, LeaseOptions};
+use crate::ttl_check;
 use crate::types::Mode;
 
 #[derive(Clone, Copy, Debug)]
@@ -95,11 +96,17 @@ impl AcquireBuilder {
         self
     }
 
+    /// Sends the acquire. With a TTL, the server counts it from its grant
+    /// (see [`AcquireSpec::ttl`]). With an absolute deadline, a grant that
+    /// leaves much less than was asked is logged as a warning naming both,
+    /// and a refusal of a deadline already past on the server's clock says
+    /// what this host's clock read.
     pub async fn send(self) -> Result<Lease> {
-        let now = self.backend.clock().now();
-        let (deadline, ttl) = match self.deadline {
-            DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl),
-            DeadlineSpec::At(at) => (at, at.duration_since(now)),
+        let clock = self.backend.clock();
+        let now = clock.now();
+        let (deadline, ttl, relative) = match self.deadline {
+            DeadlineSpec::Ttl(ttl) => (now.saturating_add(ttl), ttl, Some(ttl)),
+            DeadlineSpec::At(at) => (at, at.duration_since(now), None),
         };
         // A fresh key per lease (the same one for every server of a lease
         // over several): it signs the batches written under this lease.
@@ -107,13 +114,23 @@ impl AcquireBuilder {
         let spec = AcquireSpec {
             names: self.names,
             deadline,
+            ttl: relative,
             mode: self.mode,
             owner: self.owner,
             wait: self.wait,
             holder_key: Some(holder.verifying_key().to_bytes()),
         };
         let sent = tokio::time::Instant::now();
-        let grant = self.backend.acquire_lease(spec).await?;
+        let grant = match self.backend.acquire_lease(spec).await {
+            Ok(grant) => grant,
+            Err(e) if relative.is_none() => {
+                return Err(ttl_check::past_deadline(e, deadline, now, clock.now()));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(warning) = ttl_check::short_grant(&grant, ttl) {
+            tracing::warn!("{warning}");
+        }
         Ok(Lease::start(self.backend, grant, sent, ttl, self.options, holder))
     }
 }

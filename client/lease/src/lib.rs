@@ -59,6 +59,7 @@ pub mod error;
 pub mod lease;
 pub mod options;
 pub mod time_source;
+mod ttl_check;
 pub mod types;
 mod verify;
 
