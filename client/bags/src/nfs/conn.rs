@@ -62,23 +62,34 @@ impl Conn {
                     if e.name == "." || e.name == ".." {
                         continue;
                     }
-                    let is_dir = match &e.attributes {
-                        Some(a) => a.file_type == nfs::v3::FileType::Directory,
+                    let (is_dir, is_link) = match &e.attributes {
+                        Some(a) => (
+                            a.file_type == nfs::v3::FileType::Directory,
+                            a.file_type == nfs::v3::FileType::Symlink,
+                        ),
                         // READDIR without attributes: ask.
-                        None => c.is_dir(&join(dir, &e.name)).await?,
+                        None => (c.is_dir(&join(dir, &e.name)).await?, false),
                     };
-                    out.push(DirEntry { name: e.name, is_dir });
+                    out.push(DirEntry {
+                        name: e.name,
+                        is_dir,
+                        is_link,
+                    });
                 }
                 Ok(out)
             }
             Conn::V4(c) => {
                 let mut out = Vec::new();
                 for e in c.read_dir(dir).await? {
-                    let is_dir = match e.attributes.file_type {
-                        Some(t) => t == nfs::v4::FileType::Directory,
-                        None => c.is_dir(&join(dir, &e.name)).await?,
+                    let (is_dir, is_link) = match e.attributes.file_type {
+                        Some(t) => (t == nfs::v4::FileType::Directory, t == nfs::v4::FileType::Symlink),
+                        None => (c.is_dir(&join(dir, &e.name)).await?, false),
                     };
-                    out.push(DirEntry { name: e.name, is_dir });
+                    out.push(DirEntry {
+                        name: e.name,
+                        is_dir,
+                        is_link,
+                    });
                 }
                 Ok(out)
             }
