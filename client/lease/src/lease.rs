@@ -555,6 +555,7 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message as _;
 
     fn state(deadline: u64, mode: Mode, tag: u8) -> LeaseState {
         LeaseState {
