@@ -108,13 +108,21 @@ fn walk(root_fd: &OwnedFd, rel: &str, flags: OFlags, mode: Mode) -> io::Result<O
     }
 }
 
+/// Opens directory `name` in `dir`, not following a link: a link there
+/// fails with `ELOOP` (the kernel says `ENOTDIR` for `O_DIRECTORY` on a
+/// link; it is told apart here).
 fn open_dir_in(dir: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Err(Errno::NOTDIR)
+            if rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
+            }) =>
+        {
+            Err(Errno::LOOP)
+        }
+        other => other,
+    }
 }
 
 /// `rel`'s directories and last component; `.`, `..` and empty components
