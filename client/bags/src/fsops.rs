@@ -164,20 +164,47 @@ fn open_plain(root: &Path, rel: &str, dir_ok: bool) -> io::Result<(std::fs::File
     Ok((f, st))
 }
 
+/// What a path is, as far as the store's rules go; the directory store and
+/// the NFS store map their own file types to it, so both refuse the same
+/// things with the same words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Device,
+    Socket,
+    Other,
+}
+
 /// Refuses what is not a regular file (or a directory when `dir_ok`),
 /// naming what it is.
+pub(crate) fn refuse_unless_plain(kind: Kind, dir_ok: bool) -> io::Result<()> {
+    match kind {
+        Kind::Regular => Ok(()),
+        Kind::Directory if dir_ok => Ok(()),
+        Kind::Directory => Err(not_plain("a directory, not a regular file")),
+        Kind::Fifo => Err(not_plain("a FIFO, not a regular file")),
+        Kind::Device => Err(not_plain("a device, not a regular file")),
+        Kind::Socket => Err(not_plain("a socket, not a regular file")),
+        Kind::Symlink => Err(not_plain("a symbolic link (links are not followed)")),
+        Kind::Other => Err(not_plain("not a regular file")),
+    }
+}
+
 fn plain_kind(kind: rustix::fs::FileType, dir_ok: bool) -> io::Result<()> {
     use rustix::fs::FileType;
-    match kind {
-        FileType::RegularFile => Ok(()),
-        FileType::Directory if dir_ok => Ok(()),
-        FileType::Directory => Err(not_plain("a directory, not a regular file")),
-        FileType::Fifo => Err(not_plain("a FIFO, not a regular file")),
-        FileType::CharacterDevice | FileType::BlockDevice => Err(not_plain("a device, not a regular file")),
-        FileType::Socket => Err(not_plain("a socket, not a regular file")),
-        FileType::Symlink => Err(not_plain("a symbolic link (links are not followed)")),
-        _ => Err(not_plain("not a regular file")),
-    }
+    let kind = match kind {
+        FileType::RegularFile => Kind::Regular,
+        FileType::Directory => Kind::Directory,
+        FileType::Symlink => Kind::Symlink,
+        FileType::Fifo => Kind::Fifo,
+        FileType::CharacterDevice | FileType::BlockDevice => Kind::Device,
+        FileType::Socket => Kind::Socket,
+        _ => Kind::Other,
+    };
+    refuse_unless_plain(kind, dir_ok)
 }
 
 #[async_trait]
