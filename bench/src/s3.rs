@@ -229,6 +229,7 @@ impl LeaseDriver for BagelS3Driver {
         let spec = AcquireSpec {
             names: names.to_vec(),
             deadline: Micros::now().saturating_add(ttl),
+            ttl: None,
             mode: Mode::Full,
             owner: "bench".into(),
             wait: Duration::ZERO,

@@ -48,7 +48,7 @@ pub use signed_time::{
     SignedClock, SignedReading, TimeProofKind, TimeReading, sign_local_time, verify_local_time,
     verify_signed_time,
 };
-pub use time::{Micros, duration_micros};
+pub use time::{Micros, duration_micros, human_duration};
 pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_signed_message};
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.

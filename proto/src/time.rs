@@ -66,6 +66,19 @@ pub fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// A duration for people, as the command-line flags take it: `2h`, `1m`,
+/// `960ms`, `1s 500ms`. Rounded to milliseconds from a millisecond up, so
+/// a TTL that lost a few microseconds on the way still reads as what was
+/// asked for.
+pub fn human_duration(d: Duration) -> String {
+    let d = if d >= Duration::from_millis(1) {
+        Duration::from_millis(u64::try_from((d.as_micros() + 500) / 1000).unwrap_or(u64::MAX))
+    } else {
+        d
+    };
+    humantime::format_duration(d).to_string()
+}
+
 impl fmt::Display for Micros {
     /// RFC 3339 with microseconds, e.g. `2026-11-21T05:51:52.123456Z`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -103,6 +116,16 @@ mod tests {
             Duration::from_millis(1)
         );
         assert_eq!(t.duration_since(Micros::from_micros(20)), Duration::ZERO);
+    }
+
+    #[test]
+    fn durations_read_like_flags() {
+        let h = |us| human_duration(Duration::from_micros(us));
+        assert_eq!(h(7_200_000_000), "2h");
+        assert_eq!(h(60_000_000), "1m");
+        assert_eq!(h(959_999), "960ms");
+        assert_eq!(h(1_500_000), "1s 500ms");
+        assert_eq!(h(250), "250us");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use bagel_proto::{Micros, pb};
+use bagel_proto::{Micros, human_duration, pb};
 use tonic::{Code, Status};
 
 use crate::table::{LeaseId, Mode};
@@ -50,15 +50,19 @@ pub enum Error {
     /// A deadline outside `(now + min_ttl, now + max_ttl]`. A variant of
     /// its own because callers act on it (a waiting acquire whose deadline
     /// came too close answers with the conflict it waited on), which they
-    /// should not do by matching a field name.
-    #[error(
-        "deadline_us: {} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] \
-         (min_ttl {min_ttl:?}, max_ttl {max_ttl:?}, server now {now})",
-        .deadline.as_micros(), .now.saturating_add(*.min_ttl).as_micros(), .now.saturating_add(*.max_ttl).as_micros()
-    )]
+    /// should not do by matching a field name. The message says, in human
+    /// units and by the server's flags, how far off it is.
+    #[error("deadline_us: {}", deadline_reason(*.deadline, *.now, *.min_ttl, *.max_ttl))]
     DeadlineOutOfRange {
         deadline: Micros,
         now: Micros,
+        min_ttl: std::time::Duration,
+        max_ttl: std::time::Duration,
+    },
+    /// A relative TTL (`ttl_us`) outside `(min_ttl, max_ttl]`.
+    #[error("ttl_us: ttl {} is {}", human_duration(*.ttl), ttl_reason(*.ttl, *.min_ttl, *.max_ttl))]
+    TtlOutOfRange {
+        ttl: std::time::Duration,
         min_ttl: std::time::Duration,
         max_ttl: std::time::Duration,
     },
@@ -149,6 +153,51 @@ pub fn bounded(mut message: String) -> String {
     message
 }
 
+/// Why an absolute deadline is out of range, as the server's clock sees
+/// it: already past (a slow path, or a clock behind the server's), too
+/// close, or further off than `--max-ttl`.
+fn deadline_reason(
+    deadline: Micros,
+    now: Micros,
+    min_ttl: std::time::Duration,
+    max_ttl: std::time::Duration,
+) -> String {
+    let at = format!("{} ({deadline})", deadline.as_micros());
+    if deadline <= now {
+        format!(
+            "{at} is already past on the server's clock (server now {now}, {} later): the request \
+             took longer than its TTL to arrive, or the client's clock is behind; ask with ttl_us \
+             (a relative TTL) instead",
+            human_duration(now.duration_since(deadline))
+        )
+    } else if deadline.duration_since(now) <= min_ttl {
+        format!(
+            "{at} leaves {} on the server's clock (server now {now}), not over the server's \
+             --min-ttl of {}",
+            human_duration(deadline.duration_since(now)),
+            human_duration(min_ttl)
+        )
+    } else {
+        format!(
+            "{at} is {} from the server's now ({now}), over the server's --max-ttl of {}",
+            human_duration(deadline.duration_since(now)),
+            human_duration(max_ttl)
+        )
+    }
+}
+
+fn ttl_reason(
+    ttl: std::time::Duration,
+    min_ttl: std::time::Duration,
+    max_ttl: std::time::Duration,
+) -> String {
+    if ttl > max_ttl {
+        format!("over the server's --max-ttl of {}", human_duration(max_ttl))
+    } else {
+        format!("not over the server's --min-ttl of {}", human_duration(min_ttl))
+    }
+}
+
 fn mode_word(m: Mode) -> &'static str {
     match m {
         Mode::Full => "full",
@@ -201,7 +250,9 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::OutOfRange { .. } | Error::DeadlineOutOfRange { .. } => Code::OutOfRange,
+            Error::OutOfRange { .. } | Error::DeadlineOutOfRange { .. } | Error::TtlOutOfRange { .. } => {
+                Code::OutOfRange
+            }
             Error::NotReady { .. } | Error::ClockUnhealthy { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,

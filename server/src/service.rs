@@ -128,20 +128,23 @@ impl Service {
         // First, so that a server with a wrong clock says so rather than
         // judging deadlines by it.
         inner.may_grant()?;
-        let spec = self.acquire_spec(req, caller)?;
+        let (mut spec, lifetime) = self.acquire_spec(req, caller)?;
         let wait = validate::wait(req.wait_us, inner.cfg.max_wait)?;
-        // The deadline is absolute, so waiting eats into the lease: stop
+        // An absolute deadline makes waiting eat into the lease: stop
         // waiting while the deadline is still valid, and answer with the
-        // conflict rather than an out-of-range deadline.
-        let usable = spec
-            .deadline
-            .saturating_sub(inner.cfg.min_ttl)
-            .duration_since(self.now())
-            .saturating_sub(Duration::from_micros(1));
+        // conflict rather than an out-of-range deadline. A relative TTL
+        // counts from the grant, so the wait takes nothing off it.
+        let usable = match lifetime {
+            validate::Lifetime::Until(deadline) => deadline
+                .saturating_sub(inner.cfg.min_ttl)
+                .duration_since(self.now())
+                .saturating_sub(Duration::from_micros(1)),
+            validate::Lifetime::For(_) => Duration::MAX,
+        };
         let give_up = tokio::time::Instant::now() + wait.min(usable);
-        inner.cover(spec.deadline).await?;
+        let now = self.aim(&mut spec, lifetime).await?;
         if wait.is_zero() {
-            let grant = inner.table.acquire(&spec, self.now())?;
+            let grant = inner.table.acquire(&spec, now)?;
             return self.grant_pb(&grant, pb::WitnessKind::Acquire).await;
         }
         // In the name's FIFO queue from the first refusal on; leaves it on
@@ -150,9 +153,7 @@ impl Service {
             table: &inner.table,
             ticket: Ticket::default(),
         };
-        let mut result = inner
-            .table
-            .acquire_queued(&spec, self.now(), Some(&mut queued.ticket));
+        let mut result = inner.table.acquire_queued(&spec, now, Some(&mut queued.ticket));
         loop {
             let conflict = match result {
                 Ok(grant) => return self.grant_pb(&grant, pb::WitnessKind::Acquire).await,
@@ -172,8 +173,23 @@ impl Service {
                 () = tokio::time::sleep_until(wake) => {}
                 () = inner.stopping.cancelled() => return Err(Error::ShuttingDown),
             }
-            result = self.retry(&spec, conflict, &mut queued.ticket);
+            let now = self.aim(&mut spec, lifetime).await?;
+            result = self.retry(&spec, now, conflict, &mut queued.ticket);
         }
+    }
+
+    /// Sets `spec`'s deadline for a grant made now (a relative TTL counts
+    /// from this instant) and makes sure the granted-until mark covers it;
+    /// returns the instant to grant at.
+    async fn aim(
+        &self,
+        spec: &mut crate::table::AcquireSpec,
+        lifetime: validate::Lifetime,
+    ) -> Result<Micros, Error> {
+        let now = self.now();
+        spec.deadline = lifetime.deadline_at(now);
+        self.inner.cover(spec.deadline).await?;
+        Ok(now)
     }
 
     /// Retries a waiting acquire. The deadline was valid when the request
@@ -182,11 +198,11 @@ impl Service {
     fn retry(
         &self,
         spec: &crate::table::AcquireSpec,
+        now: Micros,
         mut conflict: Box<crate::error::Conflict>,
         ticket: &mut Ticket,
     ) -> Result<crate::table::Grant, Error> {
         self.inner.may_grant()?;
-        let now = self.now();
         match self.inner.table.acquire_queued(spec, now, Some(ticket)) {
             Err(Error::DeadlineOutOfRange { .. }) => {
                 // Its retry delay counts from now, not from when we began.
@@ -205,20 +221,24 @@ impl Service {
         &self,
         req: &pb::AcquireRequest,
         caller: &Caller,
-    ) -> Result<crate::table::AcquireSpec, Error> {
+    ) -> Result<(crate::table::AcquireSpec, validate::Lifetime), Error> {
         let limits = &self.inner.cfg.limits;
+        let cfg = &self.inner.cfg;
         let owner = match self.identity(caller)? {
             Some(subject) => subject,
             None => validate::owner(&req.owner, limits)?,
         };
-        Ok(crate::table::AcquireSpec {
-            names: validate::names("names", &req.names, limits)?,
-            deadline: validate::deadline(req.deadline_us)?,
+        let names = validate::names("names", &req.names, limits)?;
+        let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
+        let spec = crate::table::AcquireSpec {
+            names,
+            deadline: lifetime.deadline_at(self.now()),
             owner,
             mode: validate::mode(req.mode)?,
             peer: caller.peer,
             holder_key: validate::holder_key(&req.holder_key)?,
-        })
+        };
+        Ok((spec, lifetime))
     }
 
     /// With mutual TLS, the caller's certificate subject, the owner of
@@ -325,7 +345,11 @@ impl Service {
                     Some(Op::Acquire(a)) => clock
                         .clone()
                         .and_then(|()| self.acquire_spec(a, caller))
-                        .and_then(|spec| self.inner.table.acquire(&spec, self.now()))
+                        .and_then(|(mut spec, lifetime)| {
+                            let now = self.now();
+                            spec.deadline = lifetime.deadline_at(now);
+                            self.inner.table.acquire(&spec, now)
+                        })
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
                         .renew_op(r, caller)
@@ -448,12 +472,15 @@ impl Service {
 }
 
 /// The latest deadline a batch's operations ask for (acquires, renewals),
-/// for the granted-until mark.
-pub(crate) fn batch_deadline(ops: &[pb::BatchOp]) -> Micros {
+/// for the granted-until mark; a relative TTL counts from `now`.
+pub(crate) fn batch_deadline(ops: &[pb::BatchOp], now: Micros) -> Micros {
     use pb::batch_op::Op;
     let deadline = ops
         .iter()
         .filter_map(|op| match &op.op {
+            Some(Op::Acquire(a)) if a.deadline_us == 0 => {
+                Some(now.saturating_add(Duration::from_micros(a.ttl_us)).as_micros())
+            }
             Some(Op::Acquire(a)) => Some(a.deadline_us),
             Some(Op::Renew(r)) => Some(r.deadline_us),
             _ => None,
@@ -537,7 +564,9 @@ impl Service {
     }
 
     pub(crate) async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
-        self.inner.cover(batch_deadline(&request.get_ref().ops)).await?;
+        self.inner
+            .cover(batch_deadline(&request.get_ref().ops, self.now()))
+            .await?;
         let results = self.batch_ops(&request.get_ref().ops, &caller(&request))?;
         Ok(Response::new(pb::BatchResponse { results }))
     }

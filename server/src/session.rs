@@ -70,7 +70,10 @@ async fn serve(
         let (group, ended) = take_ready(requests, first, max_ops, &mut carried);
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
-        let covered = service.inner.cover(crate::service::batch_deadline(&ops)).await;
+        let covered = service
+            .inner
+            .cover(crate::service::batch_deadline(&ops, service.inner.time.now()))
+            .await;
         let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller)) {
             Ok(results) => results.into_iter(),
             Err(e) => {

@@ -137,6 +137,58 @@ pub fn deadline(raw: u64) -> Result<Micros, Error> {
     Ok(Micros::from_micros(raw))
 }
 
+/// How long an acquire asks to hold its names: until an instant, or for a
+/// span counted from the server's clock at the grant (which no slow path
+/// or wait can eat into).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifetime {
+    Until(Micros),
+    For(Duration),
+}
+
+impl Lifetime {
+    /// The absolute deadline of a grant made at `now`.
+    pub fn deadline_at(self, now: Micros) -> Micros {
+        match self {
+            Lifetime::Until(deadline) => deadline,
+            Lifetime::For(ttl) => now.saturating_add(ttl),
+        }
+    }
+}
+
+/// `deadline_us` or `ttl_us`, exactly one. A relative TTL is checked
+/// against the server's TTL bounds here, once: counted from the grant, it
+/// is in range whenever the grant is made.
+pub fn lifetime(
+    deadline_us: u64,
+    ttl_us: u64,
+    min_ttl: Duration,
+    max_ttl: Duration,
+) -> Result<Lifetime, Error> {
+    match (deadline_us, ttl_us) {
+        (0, 0) => Err(Error::invalid(
+            "deadline_us",
+            "is required: an absolute deadline in Unix microseconds (or set ttl_us, a relative TTL)",
+        )),
+        (_, 0) => Ok(Lifetime::Until(Micros::from_micros(deadline_us))),
+        (0, _) => {
+            let ttl = Duration::from_micros(ttl_us);
+            if ttl <= min_ttl || ttl > max_ttl {
+                return Err(Error::TtlOutOfRange {
+                    ttl,
+                    min_ttl,
+                    max_ttl,
+                });
+            }
+            Ok(Lifetime::For(ttl))
+        }
+        (_, _) => Err(Error::invalid(
+            "ttl_us",
+            "set either deadline_us (absolute) or ttl_us (relative), not both",
+        )),
+    }
+}
+
 pub fn wait(raw_us: u64, max: Duration) -> Result<Duration, Error> {
     let wait = Duration::from_micros(raw_us);
     if wait > max {

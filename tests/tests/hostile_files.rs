@@ -199,6 +199,72 @@ async fn a_data_file_that_is_a_symbolic_link_is_not_followed() {
     assert_eq!(out.status.code(), Some(4), "{}", describe_output(&out));
 }
 
+/// A bag directory replaced by a symbolic link to a real, closed bag
+/// outside the store: `bagel read` and `bagel audit` take nothing from it
+/// and name the bag as a problem; a writer whose log directory is a link
+/// out of the store writes nothing there.
+#[tokio::test]
+async fn a_bag_directory_that_is_a_symbolic_link_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = TestLeases::default();
+    let outside = dir.path().join("outside");
+    let (bucket, _) = store_with_message(&outside, "log", "withdraw 1000000", &leases).await;
+    let root = dir.path().join("store");
+    let bag = root.join("log").join(bucket.path());
+    std::fs::create_dir_all(bag.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(outside.join("log").join(bucket.path()), &bag).unwrap();
+    let store = url(&root);
+
+    let out = bagel_bounded(&read_args(&store, "log"));
+    let all = text(&out);
+    assert!(!all.contains("withdraw"), "followed a symbolic link: {all}");
+    assert!(
+        all.contains(&bucket.to_string()) && all.contains("bag directory") && all.contains("symbolic link"),
+        "{all}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+
+    let key = leases.key_hex();
+    let out = bagel_bounded(&["audit", "--store", &store, "--log", "log", "--key", &key]);
+    let all = text(&out);
+    assert!(
+        !all.contains("audited 1 message"),
+        "audited a bag outside the store: {all}"
+    );
+    assert!(
+        all.contains(&bucket.to_string()) && all.contains("symbolic link"),
+        "{all}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+
+    // A log directory that is a link out of the store: the writer fails,
+    // and nothing appears outside.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, root.join("wlog")).unwrap();
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(&root, false));
+    let w = Writer::new(
+        store,
+        "wlog",
+        "w1",
+        Arc::new(leases.lease_for_an_hour("l2")),
+        Arc::new(SystemClock),
+        leases.time(Arc::new(SystemClock)),
+        BagConfig::default().with_sync(false),
+    )
+    .unwrap();
+    let err = w
+        .write_batch(vec![Bytes::from_static(b"x")])
+        .await
+        .expect_err("a write through a symbolic link");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "wrote outside the store"
+    );
+}
+
 /// A memory bound for the reader process (KiB of address space): a reader
 /// that follows a lock to `/dev/zero` or reads a listed 1.5 GB whole fails
 /// to allocate instead of taking the test machine's memory.

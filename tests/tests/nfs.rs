@@ -193,3 +193,71 @@ async fn a_url_that_is_no_export_is_refused_clearly() {
     let err = NfsFs::open(&bad, Duration::from_secs(5)).await.unwrap_err();
     assert!(err.to_string().contains("not-an-export"), "{err}");
 }
+
+/// Over NFS as on a directory: a symbolic link, a FIFO or a socket where
+/// a file or directory is expected is refused by name (the LOOKUP hands
+/// back the link's own handle; it is never followed), and a read takes no
+/// more than the file holds.
+async fn links_and_special_files_are_refused(version: u8) {
+    let sub = unique("hostile");
+    let fs = NfsFs::open(&sub_url(&nfs_url(version), &sub), Duration::from_secs(10))
+        .await
+        .unwrap();
+    fs.create_dir_all("bag").await.unwrap();
+    let export = std::path::PathBuf::from(bagel_tests::need_env(
+        "BAGEL_NFS_EXPORT_DIR",
+        "the directory nfs-ganesha exports (tests/support/nfs.sh)",
+    ));
+    let bag = export.join(&sub).join("bag");
+    std::fs::write(export.join(&sub).join("secret"), b"withdraw 1000000").unwrap();
+    std::os::unix::fs::symlink("../secret", bag.join("lock")).unwrap();
+    std::os::unix::fs::symlink("/etc", export.join(&sub).join("dirlink")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(bag.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    let _socket = std::os::unix::net::UnixListener::bind(bag.join("sock")).unwrap();
+
+    for (path, what) in [
+        ("bag/lock", "symbolic link"),
+        ("bag/fifo", "FIFO"),
+        ("bag/sock", "socket"),
+    ] {
+        let e = fs.read(path, Some(1 << 20)).await.unwrap_err();
+        assert!(
+            bagel_bags::fsops::is_not_plain(&e) && e.to_string().contains(what),
+            "v{version} read {path}: {e}"
+        );
+        let e = fs.stat(path).await.unwrap_err();
+        assert!(
+            bagel_bags::fsops::is_not_plain(&e) && e.to_string().contains(what),
+            "v{version} stat {path}: {e}"
+        );
+        let e = fs.chmod(path, 0o444).await.unwrap_err();
+        assert!(
+            bagel_bags::fsops::is_not_plain(&e),
+            "v{version} chmod {path}: {e}"
+        );
+    }
+    let e = fs.stat("dirlink").await.unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "v{version}: {e}");
+    assert!(
+        fs.read("dirlink/passwd", None).await.is_err(),
+        "v{version}: read through a link"
+    );
+    // Reads are bounded by the file's size and the caller's limit.
+    std::fs::write(bag.join("data"), b"0123456789").unwrap();
+    assert_eq!(&fs.read("bag/data", Some(4)).await.unwrap()[..], b"0123");
+    assert_eq!(&fs.read("bag/data", None).await.unwrap()[..], b"0123456789");
+}
+
+#[tokio::test]
+async fn v3_links_and_special_files_are_refused() {
+    links_and_special_files_are_refused(3).await;
+}
+
+#[tokio::test]
+async fn v4_links_and_special_files_are_refused() {
+    links_and_special_files_are_refused(4).await;
+}

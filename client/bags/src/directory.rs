@@ -290,8 +290,19 @@ impl BagStore for DirectoryStore {
 
     async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
         let dir = Self::dir(log, bucket);
-        let Some(entries) = self.list(&dir).await? else {
-            return Ok(BagState::Open(Vec::new()));
+        let entries = match self.fs.list_dir(&dir).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BagState::Open(Vec::new())),
+            // A link in place of the bag directory (or above it): the bag
+            // is refused by name, nothing under the link is read.
+            Err(e) if crate::fsops::is_not_plain(&e) => {
+                return Err(Error::CorruptLock {
+                    log: log.to_owned(),
+                    bucket,
+                    reason: format!("the bag directory {dir} is {e}"),
+                });
+            }
+            Err(e) => return Err(Error::io("list", &dir, e)),
         };
         if entries.iter().any(|e| e.name == LOCK) {
             return Ok(BagState::Closed(self.read_lock(log, bucket, &dir).await?));
@@ -354,7 +365,10 @@ impl BagStore for DirectoryStore {
             .await?
             .unwrap_or_default()
             .into_iter()
-            .filter(|e| e.is_dir)
+            // A link in place of a directory is kept: opening what is
+            // under it fails by name (links are not followed), so the
+            // bag is reported rather than silently left out.
+            .filter(|e| e.is_dir || e.is_link)
             .map(|e| e.name)
             .collect())
     }

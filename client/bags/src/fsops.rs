@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -40,6 +40,8 @@ impl FileStat {
 pub struct DirEntry {
     pub name: String,
     pub is_dir: bool,
+    /// A symbolic link (never followed; `is_dir` is false for it).
+    pub is_link: bool,
 }
 
 /// NFS-safe file operations. See the module docs.
@@ -99,14 +101,6 @@ impl StdFs {
     pub fn root(&self) -> &Path {
         &self.root
     }
-
-    fn full(&self, rel: &str) -> PathBuf {
-        if rel.is_empty() {
-            self.root.clone()
-        } else {
-            self.root.join(rel)
-        }
-    }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
@@ -121,11 +115,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 
 /// may be seconds old, so another client's appends and chmods are seen now.
 /// It also refreshes the cached size that later reads on this open file are
 /// bounded by. On a local file system it is a plain `fstat`.
-fn fresh_stat(f: &std::fs::File) -> io::Result<FileStat> {
-    fresh_stat_typed(f).map(|(st, _)| st)
-}
-
-/// [`fresh_stat`], with the file's type.
+/// Also gives the file's type.
 fn fresh_stat_typed(f: &std::fs::File) -> io::Result<(FileStat, rustix::fs::FileType)> {
     use rustix::fs::{AtFlags, FileType, StatxFlags};
     let st = rustix::fs::statx(
@@ -159,36 +149,62 @@ pub fn is_not_plain(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::InvalidData
 }
 
-/// Opens `p` read-only without following a symbolic link in its last
-/// component (`O_NOFOLLOW`) and without waiting for a writer on a FIFO
-/// (`O_NONBLOCK`), then accepts only a regular file (or a directory when
-/// `dir_ok`). Whoever can write to the store must not make a reader follow
-/// a link out of the root, read `/dev/zero`, chmod a file elsewhere, or
-/// wait forever on a pipe.
-fn open_plain(p: &Path, dir_ok: bool) -> io::Result<(std::fs::File, FileStat)> {
-    use rustix::fs::{FileType, OFlags};
-    let flags = (OFlags::NOFOLLOW | OFlags::NONBLOCK).bits();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(i32::try_from(flags).unwrap_or(i32::MAX))
-        .open(p)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-                not_plain("a symbolic link (links are not followed)")
-            } else {
-                e
-            }
-        })?;
+/// Opens `rel` beneath `root` read-only without following a symbolic
+/// link, in its last component or above it (see [`crate::beneath`]), and
+/// without waiting for a writer on a FIFO (`O_NONBLOCK`), then accepts
+/// only a regular file (or a directory when `dir_ok`). Whoever can write
+/// to the store must not make a reader follow a link out of the root,
+/// read `/dev/zero`, chmod a file elsewhere, or wait forever on a pipe.
+fn open_plain(root: &Path, rel: &str, dir_ok: bool) -> io::Result<(std::fs::File, FileStat)> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = crate::beneath::open(root, rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
+    let f = std::fs::File::from(fd);
     let (st, kind) = fresh_stat_typed(&f)?;
+    plain_kind(kind, dir_ok)?;
+    Ok((f, st))
+}
+
+/// What a path is, as far as the store's rules go; the directory store and
+/// the NFS store map their own file types to it, so both refuse the same
+/// things with the same words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Device,
+    Socket,
+    Other,
+}
+
+/// Refuses what is not a regular file (or a directory when `dir_ok`),
+/// naming what it is.
+pub(crate) fn refuse_unless_plain(kind: Kind, dir_ok: bool) -> io::Result<()> {
     match kind {
-        FileType::RegularFile => Ok((f, st)),
-        FileType::Directory if dir_ok => Ok((f, st)),
-        FileType::Directory => Err(not_plain("a directory, not a regular file")),
-        FileType::Fifo => Err(not_plain("a FIFO, not a regular file")),
-        FileType::CharacterDevice | FileType::BlockDevice => Err(not_plain("a device, not a regular file")),
-        FileType::Socket => Err(not_plain("a socket, not a regular file")),
-        _ => Err(not_plain("not a regular file")),
+        Kind::Regular => Ok(()),
+        Kind::Directory if dir_ok => Ok(()),
+        Kind::Directory => Err(not_plain("a directory, not a regular file")),
+        Kind::Fifo => Err(not_plain("a FIFO, not a regular file")),
+        Kind::Device => Err(not_plain("a device, not a regular file")),
+        Kind::Socket => Err(not_plain("a socket, not a regular file")),
+        Kind::Symlink => Err(not_plain("a symbolic link (links are not followed)")),
+        Kind::Other => Err(not_plain("not a regular file")),
     }
+}
+
+fn plain_kind(kind: rustix::fs::FileType, dir_ok: bool) -> io::Result<()> {
+    use rustix::fs::FileType;
+    let kind = match kind {
+        FileType::RegularFile => Kind::Regular,
+        FileType::Directory => Kind::Directory,
+        FileType::Symlink => Kind::Symlink,
+        FileType::Fifo => Kind::Fifo,
+        FileType::CharacterDevice | FileType::BlockDevice => Kind::Device,
+        FileType::Socket => Kind::Socket,
+        _ => Kind::Other,
+    };
+    refuse_unless_plain(kind, dir_ok)
 }
 
 #[async_trait]
@@ -197,18 +213,34 @@ impl FsOps for StdFs {
         format!("file://{}", self.root.display())
     }
 
+    /// Entries that are symbolic links are listed as such (`is_link`), not
+    /// followed: a link in place of a bag directory shows up, and is
+    /// refused by name when opened.
     async fn list_dir(&self, dir: &str) -> io::Result<Vec<DirEntry>> {
-        let p = self.full(dir);
+        let (root, dir) = (self.root.clone(), dir.to_owned());
         blocking(move || {
+            use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+            let fd = crate::beneath::open(&root, &dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            let mut entries = rustix::fs::Dir::read_from(&fd)?;
             let mut out = Vec::new();
-            for e in std::fs::read_dir(&p)? {
+            while let Some(e) = entries.read() {
                 let e = e?;
-                let Ok(name) = e.file_name().into_string() else {
+                let Ok(name) = e.file_name().to_str().map(str::to_owned) else {
                     continue; // not ours: we only create UTF-8 names
+                };
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let kind = match e.file_type() {
+                    FileType::Unknown => FileType::from_raw_mode(
+                        rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?.st_mode,
+                    ),
+                    kind => kind,
                 };
                 out.push(DirEntry {
                     name,
-                    is_dir: e.file_type()?.is_dir(),
+                    is_dir: kind == FileType::Directory,
+                    is_link: kind == FileType::Symlink,
                 });
             }
             Ok(out)
@@ -217,29 +249,22 @@ impl FsOps for StdFs {
     }
 
     async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
-        let p = self.full(dir);
-        blocking(move || {
-            if p.is_dir() {
-                return Ok(());
-            }
-            std::fs::DirBuilder::new().recursive(true).create(&p)
-        })
-        .await
+        let (root, dir) = (self.root.clone(), dir.to_owned());
+        blocking(move || crate::beneath::create_dir_all(&root, &dir, rustix::fs::Mode::from_raw_mode(0o777)))
+            .await
     }
 
     async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool> {
-        let p = self.full(path);
+        use rustix::fs::{Mode, OFlags};
+        let (root, path) = (self.root.clone(), path.to_owned());
         let contents = contents.to_vec();
         blocking(move || {
-            let mut f = match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&p)
-            {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-                Err(e) => return Err(e),
+            let (dir, name) = crate::beneath::parent(&root, &path)?;
+            let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let mut f = match rustix::fs::openat(&dir, name.as_str(), flags, Mode::from_raw_mode(0o644)) {
+                Ok(fd) => std::fs::File::from(fd),
+                Err(rustix::io::Errno::EXIST) => return Ok(false),
+                Err(e) => return Err(e.into()),
             };
             f.write_all(&contents)?;
             if sync {
@@ -251,41 +276,52 @@ impl FsOps for StdFs {
     }
 
     async fn link(&self, from: &str, to: &str) -> io::Result<bool> {
-        let (a, b) = (self.full(from), self.full(to));
-        blocking(move || match std::fs::hard_link(&a, &b) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(e),
+        let (root, from, to) = (self.root.clone(), from.to_owned(), to.to_owned());
+        blocking(move || {
+            let (from_dir, from_name) = crate::beneath::parent(&root, &from)?;
+            let (to_dir, to_name) = crate::beneath::parent(&root, &to)?;
+            // No AT_SYMLINK_FOLLOW: a link in `from` is linked, not followed.
+            match rustix::fs::linkat(
+                &from_dir,
+                from_name.as_str(),
+                &to_dir,
+                to_name.as_str(),
+                rustix::fs::AtFlags::empty(),
+            ) {
+                Ok(()) => Ok(true),
+                Err(rustix::io::Errno::EXIST) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
         })
         .await
     }
 
     async fn open_append(&self, path: &str) -> io::Result<(Box<dyn AppendFile>, FileStat)> {
-        let p = self.full(path);
+        use rustix::fs::{Mode, OFlags};
+        let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
-            let f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o644)
-                .open(&p)?;
-            let st = fresh_stat(&f)?;
+            let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK;
+            let fd = crate::beneath::open(&root, &path, flags, Mode::from_raw_mode(0o644))?;
+            let f = std::fs::File::from(fd);
+            let (st, kind) = fresh_stat_typed(&f)?;
+            plain_kind(kind, false)?;
             Ok((Box::new(StdAppendFile { file: f }) as Box<dyn AppendFile>, st))
         })
         .await
     }
 
     async fn stat(&self, path: &str) -> io::Result<FileStat> {
-        let p = self.full(path);
-        blocking(move || open_plain(&p, true).map(|(_, st)| st)).await
+        let (root, path) = (self.root.clone(), path.to_owned());
+        blocking(move || open_plain(&root, &path, true).map(|(_, st)| st)).await
     }
 
     async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes> {
-        let p = self.full(path);
+        let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
             // Reads stop at the size the kernel believes; the fresh stat in
             // `open_plain` makes it current, and bounds the buffer: never
             // more than the file holds, nor than the caller's limit.
-            let (f, st) = open_plain(&p, false)?;
+            let (f, st) = open_plain(&root, &path, false)?;
             let n = limit.map_or(st.len, |l| l.min(st.len));
             let mut buf = Vec::with_capacity(usize::try_from(n).unwrap_or(usize::MAX));
             f.take(n).read_to_end(&mut buf)?;
@@ -295,19 +331,27 @@ impl FsOps for StdFs {
     }
 
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
-        let p = self.full(path);
+        let (root, path) = (self.root.clone(), path.to_owned());
         // Through the opened file (fchmod), so a symbolic link planted in a
         // bag cannot point a closer's chmod at a file outside the store.
         blocking(move || {
-            let (f, _) = open_plain(&p, true)?;
+            let (f, _) = open_plain(&root, &path, true)?;
             f.set_permissions(std::fs::Permissions::from_mode(mode))
         })
         .await
     }
 
     async fn remove_private(&self, path: &str) -> io::Result<()> {
-        let p = self.full(path);
-        blocking(move || std::fs::remove_file(&p)).await
+        let (root, path) = (self.root.clone(), path.to_owned());
+        blocking(move || {
+            let (dir, name) = crate::beneath::parent(&root, &path)?;
+            Ok(rustix::fs::unlinkat(
+                &dir,
+                name.as_str(),
+                rustix::fs::AtFlags::empty(),
+            )?)
+        })
+        .await
     }
 }
 

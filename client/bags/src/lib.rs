@@ -60,6 +60,7 @@
 //!   leases and signed time from a throwaway key, for tests and benches.
 
 pub mod audit;
+mod beneath;
 pub mod bucket;
 pub mod config;
 pub mod counting;

@@ -254,6 +254,22 @@ fn is_batch_object(name: &str) -> bool {
     }
 }
 
+/// Why `name` cannot be an object of a bag (the same rule as the
+/// directory store's data file names: no separators, no `..`, nothing
+/// absolute), or `None`.
+fn batch_object_name_problem(name: &str) -> Option<&'static str> {
+    if name.contains(['/', '\\']) {
+        return Some("contains a path separator: an item is a name inside its bag");
+    }
+    if name.contains("..") {
+        return Some("contains \"..\": an item is a name inside its bag");
+    }
+    if !is_batch_object(name) {
+        return Some("not a batch object name (<writer>.<20-digit sequence>)");
+    }
+    None
+}
+
 /// ETags come quoted from some calls and not others; compare them bare.
 fn normalize_etag(e: &str) -> String {
     e.trim_matches('"').to_owned()
@@ -347,6 +363,16 @@ impl BagStore for S3Store {
         item: &ListedItem,
         limit: Option<u64>,
     ) -> Result<Bytes> {
+        // A lock can be forged by whoever can write to the bucket: an item
+        // it lists is read only if it could be one of this bag's objects.
+        if let Some(why) = batch_object_name_problem(&item.name) {
+            return Err(Error::ItemRefused {
+                log: log.to_owned(),
+                bucket,
+                item: item.name.clone(),
+                reason: why.to_owned(),
+            });
+        }
         let key = self.key(&format!("{}/{}", Self::bag(log, bucket), item.name));
         // A closed bag's item is read as its lock lists it: that ETag, or
         // nothing.
@@ -425,5 +451,28 @@ mod tests {
         assert!(!is_batch_object("_prelock"));
         assert!(!is_batch_object(".00000000000000000001"));
         assert!(!is_batch_object("w.0.123"));
+    }
+
+    /// Item names from a lock (which anyone with write access can forge)
+    /// are refused by name before anything is fetched.
+    #[tokio::test]
+    async fn items_outside_the_bag_are_refused_by_name() {
+        let store = S3Store::new(Arc::new(object_store::memory::InMemory::new()), "p", "mem".into());
+        let bucket = Bucket::of(bagel_proto::Micros::from_micros(1_700_000_000_000_000));
+        for name in [
+            "../../other/w.00000000000000000001",
+            "/etc/w.00000000000000000001",
+            "a\\b.00000000000000000001",
+            "w..00000000000000000001",
+            "lock",
+        ] {
+            let item = ListedItem {
+                name: name.to_owned(),
+                size: 1,
+                etag: None,
+            };
+            let err = store.read_item("log", bucket, &item, Some(1)).await.unwrap_err();
+            assert!(matches!(err, Error::ItemRefused { .. }), "{name}: {err}");
+        }
     }
 }

@@ -9,6 +9,7 @@ use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::coalesce::Coalescer;
 use crate::error::Result;
 use crate::lease::{Lease, LeaseOptions};
+use crate::ttl_check;
 use crate::types::Mode;
 
 #[derive(Clone, Copy, Debug)]
@@ -104,17 +105,27 @@ impl AcquireBuilder {
         self
     }
 
+    /// Sends the acquire. With a TTL, the server counts it from its grant
+    /// (see [`AcquireSpec::ttl`]). With an absolute deadline, a grant that
+    /// leaves much less than was asked is logged as a warning naming both,
+    /// and a refusal of a deadline already past on the server's clock says
+    /// what this host's clock read.
     pub async fn send(self) -> Result<Lease> {
         let clock = self.backend.clock();
         // A fresh key per lease (the same one for every server of a lease
         // over several): it signs the batches written under this lease.
         let holder = bagel_proto::Signer::generate();
         let holder_key = Some(holder.verifying_key().to_bytes());
-        // Each round's request: a TTL counts from the round's start (a
-        // long wait must not eat the lease), and the lease's renewals
-        // count from when the granting round was sent.
+        let relative = match self.deadline {
+            DeadlineSpec::Ttl(t) => Some(t),
+            DeadlineSpec::At(_) => None,
+        };
+        // Each round's request: a TTL counts from the server's grant (and,
+        // for the lease's own renewals, from when the granting round was
+        // sent), so a long wait must not eat the lease.
         let mut sent = tokio::time::Instant::now();
         let mut ttl = Duration::ZERO;
+        let mut asked = (clock.now(), clock.now());
         let spec_at = |wait: Duration| {
             sent = tokio::time::Instant::now();
             let now = clock.now();
@@ -128,16 +139,28 @@ impl AcquireBuilder {
                     at
                 }
             };
+            asked = (deadline, now);
             AcquireSpec {
                 names: self.names.clone(),
                 deadline,
+                ttl: relative,
                 mode: self.mode,
                 owner: self.owner.clone(),
                 wait,
                 holder_key,
             }
         };
-        let grant = crate::long_wait::acquire(&*self.backend, self.wait, spec_at).await?;
+        let grant = match crate::long_wait::acquire(&*self.backend, self.wait, spec_at).await {
+            Ok(grant) => grant,
+            Err(e) if relative.is_none() => {
+                let (deadline, now) = asked;
+                return Err(ttl_check::past_deadline(e, deadline, now, clock.now()));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(warning) = ttl_check::short_grant(&grant, ttl) {
+            tracing::warn!("{warning}");
+        }
         Ok(Lease::start(self.backend, grant, sent, ttl, self.options, holder))
     }
 }

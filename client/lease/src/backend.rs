@@ -25,8 +25,16 @@ use crate::types::{Grant, LeaseRef, Metadata, Mode, ReleaseOptions, Renewal};
 pub struct AcquireSpec {
     /// All or none.
     pub names: Vec<String>,
-    /// Absolute (Unix µs).
+    /// Absolute (Unix µs): what the caller asked for, or, with `ttl`, the
+    /// local clock's estimate of it (for backends that only take absolute
+    /// deadlines).
     pub deadline: Micros,
+    /// A TTL counted from the grant, on the backend's clock: a lease
+    /// server is asked for it as such (`ttl_us`), so time the request
+    /// spends on the way or waiting for a busy name is not taken off the
+    /// lease, and a client clock behind the server's does not shorten it.
+    /// `None`: `deadline` is what was asked for.
+    pub ttl: Option<Duration>,
     pub mode: Mode,
     /// Free text for operators.
     pub owner: String,

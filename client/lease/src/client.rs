@@ -135,7 +135,10 @@ impl Client {
             max_wait: info.max_wait,
         });
         client.keys = Arc::new(match pinned {
-            Some(keys) => ServerKeys::pinned(keys),
+            Some(keys) => {
+                check_pinned(&client.remote.url, &keys, &info)?;
+                ServerKeys::pinned(keys)
+            }
             None => ServerKeys::learned(
                 published_keys(&info)?,
                 info.keys.first().map(|(id, _)| id.clone()),
@@ -310,6 +313,20 @@ fn published_keys(info: &ServerInfo) -> Result<KeyRing> {
     Ok(ring)
 }
 
+/// Refuses a server that presents none of the pinned keys: its witnesses
+/// would all fail to verify, one by one, with a message about a witness
+/// rather than about the server.
+fn check_pinned(url: &str, pinned: &KeyRing, info: &ServerInfo) -> Result<()> {
+    if info.keys.iter().any(|(id, _)| pinned.get(id).is_some()) {
+        return Ok(());
+    }
+    Err(Error::KeyMismatch {
+        url: url.to_owned(),
+        pinned: pinned.ids().collect::<Vec<_>>().join(", "),
+        presented: info.keys.iter().map(|(id, _)| id.clone()).collect(),
+    })
+}
+
 /// A server that refuses the client's certificate (none presented, one
 /// from another CA, an expired one) completes the TLS 1.3 handshake, then
 /// closes the connection with an alert that the HTTP/2 layer reports only
@@ -452,10 +469,17 @@ impl LeaseBackend for Client {
 
 // --- the requests, one place for unary calls and batches -----------------
 
+/// A relative TTL goes as `ttl_us` with no `deadline_us` (the server
+/// refuses both at once).
 pub(crate) fn acquire_request(spec: AcquireSpec) -> pb::AcquireRequest {
+    let (deadline_us, ttl_us) = match spec.ttl {
+        Some(ttl) => (0, bagel_proto::duration_micros(ttl).max(1)),
+        None => (spec.deadline.as_micros(), 0),
+    };
     pb::AcquireRequest {
         names: spec.names,
-        deadline_us: spec.deadline.as_micros(),
+        deadline_us,
+        ttl_us,
         owner: spec.owner,
         mode: pb::Mode::from(spec.mode).into(),
         wait_us: u64::try_from(spec.wait.as_micros()).unwrap_or(u64::MAX),

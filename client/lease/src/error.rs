@@ -75,9 +75,31 @@ pub enum Error {
     /// https, TLS files without what they should hold, https without TLS).
     #[error("{message}")]
     Config { message: String },
+    /// A server given with a pinned key (`URL#KEY`) presents other keys:
+    /// not the server meant, or its key was changed. Names the server
+    /// once, with both keys and what to do.
+    #[error(
+        "server {url} presents key {}, not the pinned key {pinned}: if its key was changed on \
+         purpose, pin the new one (`bagel lease server-info` shows it); otherwise this is not \
+         the server meant",
+        presented_keys(.presented)
+    )]
+    KeyMismatch {
+        url: String,
+        pinned: String,
+        presented: Vec<String>,
+    },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = status_message(.0))]
     Rpc(tonic::Status),
+}
+
+fn presented_keys(keys: &[String]) -> String {
+    match keys {
+        [] => "(none)".to_owned(),
+        [one] => one.clone(),
+        many => many.join(", "),
+    }
 }
 
 impl Error {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use bagel_proto::Micros;
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights, WriteSummary};
-use prost::Message as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -138,15 +137,7 @@ impl LeaseState {
 /// `sent` plus the shortest time the witnesses say was left when they
 /// were issued (see [`LeaseState::valid_until`]).
 fn valid_until(witnesses: &[Witness], sent: Instant) -> Option<Instant> {
-    witnesses
-        .iter()
-        .filter_map(|w| {
-            let body = bagel_proto::pb::WitnessBody::decode(w.body()).ok()?;
-            (body.issued_at_us != 0)
-                .then(|| Duration::from_micros(body.deadline_us.saturating_sub(body.issued_at_us)))
-        })
-        .min()
-        .map(|left| sent + left)
+    crate::ttl_check::left_at_grant(witnesses).map(|left| sent + left)
 }
 
 #[derive(Debug)]
@@ -564,6 +555,7 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message as _;
 
     fn state(deadline: u64, mode: Mode, tag: u8) -> LeaseState {
         LeaseState {

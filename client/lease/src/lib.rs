@@ -64,6 +64,7 @@ pub mod long_wait;
 pub mod options;
 mod server_keys;
 pub mod time_source;
+mod ttl_check;
 pub mod types;
 mod verify;
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io;
 
-use crate::fsops::{DirEntry, FileStat};
+use crate::fsops::{DirEntry, FileStat, Kind};
 
 const FILE_MODE: u32 = 0o644;
 const DIR_MODE: u32 = 0o755;
@@ -62,23 +62,34 @@ impl Conn {
                     if e.name == "." || e.name == ".." {
                         continue;
                     }
-                    let is_dir = match &e.attributes {
-                        Some(a) => a.file_type == nfs::v3::FileType::Directory,
+                    let (is_dir, is_link) = match &e.attributes {
+                        Some(a) => (
+                            a.file_type == nfs::v3::FileType::Directory,
+                            a.file_type == nfs::v3::FileType::Symlink,
+                        ),
                         // READDIR without attributes: ask.
-                        None => c.is_dir(&join(dir, &e.name)).await?,
+                        None => (c.is_dir(&join(dir, &e.name)).await?, false),
                     };
-                    out.push(DirEntry { name: e.name, is_dir });
+                    out.push(DirEntry {
+                        name: e.name,
+                        is_dir,
+                        is_link,
+                    });
                 }
                 Ok(out)
             }
             Conn::V4(c) => {
                 let mut out = Vec::new();
                 for e in c.read_dir(dir).await? {
-                    let is_dir = match e.attributes.file_type {
-                        Some(t) => t == nfs::v4::FileType::Directory,
-                        None => c.is_dir(&join(dir, &e.name)).await?,
+                    let (is_dir, is_link) = match e.attributes.file_type {
+                        Some(t) => (t == nfs::v4::FileType::Directory, t == nfs::v4::FileType::Symlink),
+                        None => (c.is_dir(&join(dir, &e.name)).await?, false),
                     };
-                    out.push(DirEntry { name: e.name, is_dir });
+                    out.push(DirEntry {
+                        name: e.name,
+                        is_dir,
+                        is_link,
+                    });
                 }
                 Ok(out)
             }
@@ -147,24 +158,45 @@ impl Conn {
         }
     }
 
-    pub(super) async fn stat(&mut self, path: &str) -> nfs::Result<FileStat> {
+    /// GETATTR: the stat, and what the path is (LOOKUP hands back a
+    /// link's own handle, never its target's: a link is seen as one).
+    pub(super) async fn stat(&mut self, path: &str) -> nfs::Result<(FileStat, Kind)> {
         match self {
             Conn::V3(c) => {
                 let a = c.metadata(path).await?;
-                Ok(FileStat {
+                let kind = match a.file_type {
+                    nfs::v3::FileType::Regular => Kind::Regular,
+                    nfs::v3::FileType::Directory => Kind::Directory,
+                    nfs::v3::FileType::Symlink => Kind::Symlink,
+                    nfs::v3::FileType::Fifo => Kind::Fifo,
+                    nfs::v3::FileType::BlockDevice | nfs::v3::FileType::CharacterDevice => Kind::Device,
+                    nfs::v3::FileType::Socket => Kind::Socket,
+                };
+                let st = FileStat {
                     len: a.size,
                     mode: a.mode & 0o7777,
-                    is_dir: a.file_type == nfs::v3::FileType::Directory,
-                })
+                    is_dir: kind == Kind::Directory,
+                };
+                Ok((st, kind))
             }
             Conn::V4(c) => {
                 let a = c.metadata(path).await?;
                 let missing = |what: &str| nfs::Error::Protocol(format!("server sent no {what} for {path}"));
-                Ok(FileStat {
+                let kind = match a.file_type.ok_or_else(|| missing("type"))? {
+                    nfs::v4::FileType::Regular => Kind::Regular,
+                    nfs::v4::FileType::Directory => Kind::Directory,
+                    nfs::v4::FileType::Symlink => Kind::Symlink,
+                    nfs::v4::FileType::Fifo => Kind::Fifo,
+                    nfs::v4::FileType::BlockDevice | nfs::v4::FileType::CharacterDevice => Kind::Device,
+                    nfs::v4::FileType::Socket => Kind::Socket,
+                    _ => Kind::Other,
+                };
+                let st = FileStat {
                     len: a.size.ok_or_else(|| missing("size"))?,
                     mode: a.mode.ok_or_else(|| missing("mode"))? & 0o7777,
-                    is_dir: a.file_type.ok_or_else(|| missing("type"))? == nfs::v4::FileType::Directory,
-                })
+                    is_dir: kind == Kind::Directory,
+                };
+                Ok((st, kind))
             }
         }
     }

@@ -277,6 +277,17 @@ macro_rules! call {
     }};
 }
 
+impl NfsFs {
+    /// GETATTR of `p` (full path), refusing by name what is not a regular
+    /// file (or a directory when `dir_ok`): a symbolic link, FIFO, socket
+    /// or device, with the directory store's words and error kind.
+    async fn plain(&self, p: &str, dir_ok: bool) -> io::Result<FileStat> {
+        let (st, kind) = call!(self, "GETATTR", p, |c| c.stat(p))?;
+        crate::fsops::refuse_unless_plain(kind, dir_ok)?;
+        Ok(st)
+    }
+}
+
 #[async_trait]
 impl FsOps for NfsFs {
     fn describe(&self) -> String {
@@ -344,7 +355,7 @@ impl FsOps for NfsFs {
                 self.known_dirs().clear(); // a directory we knew is gone
             }
         })?;
-        let st = call!(self, "GETATTR", &p, |c| c.stat(&p))?;
+        let st = self.plain(&p, false).await?;
         let file = NfsAppendFile {
             fs: self.clone(),
             path: p,
@@ -355,16 +366,21 @@ impl FsOps for NfsFs {
 
     async fn stat(&self, path: &str) -> io::Result<FileStat> {
         let p = self.full(path);
-        call!(self, "GETATTR", &p, |c| c.stat(&p))
+        self.plain(&p, true).await
     }
 
+    /// Reads no more than the file held at GETATTR (nor than `limit`), and
+    /// only a regular file: as the directory store does.
     async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes> {
         let p = self.full(path);
-        call!(self, "READ", &p, |c| c.read(&p, limit)).map(Bytes::from)
+        let st = self.plain(&p, false).await?;
+        let n = limit.map_or(st.len, |l| l.min(st.len));
+        call!(self, "READ", &p, |c| c.read(&p, Some(n))).map(Bytes::from)
     }
 
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
         let p = self.full(path);
+        self.plain(&p, true).await?;
         call!(self, "SETATTR", &p, |c| c.chmod(&p, mode))
     }
 

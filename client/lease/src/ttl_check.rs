@@ -1,0 +1,72 @@
+//! What an acquire says about its TTL when the answer is not what was
+//! asked: a grant that leaves much less than asked for (an absolute
+//! deadline sent over a slow path, or from a host whose clock is behind
+//! the server's), and a refusal of a deadline the server found already
+//! past. Without these, `--ttl 10s` could come back with a second left,
+//! silently, and a refusal named only the server's side of the story.
+
+use std::time::Duration;
+
+use bagel_proto::{Micros, human_duration};
+use prost::Message as _;
+use tonic::Code;
+
+use crate::error::Error;
+use crate::types::{Grant, Witness};
+
+/// A grant leaving less than this share of the TTL asked for is worth a
+/// warning (in quarters): a lease renewed every third of its TTL has
+/// little room to spare.
+const SHORT_QUARTERS: u32 = 3;
+
+/// The time the grant's witnesses say was left when they were issued
+/// (`deadline - issued_at` on the server's clock, the least of them);
+/// `None` when no witness says when it was issued.
+pub(crate) fn left_at_grant(witnesses: &[Witness]) -> Option<Duration> {
+    witnesses
+        .iter()
+        .filter_map(|w| {
+            let body = bagel_proto::pb::WitnessBody::decode(w.body()).ok()?;
+            (body.issued_at_us != 0)
+                .then(|| Duration::from_micros(body.deadline_us.saturating_sub(body.issued_at_us)))
+        })
+        .min()
+}
+
+/// A warning when `grant` leaves much less than `asked`, naming both.
+pub(crate) fn short_grant(grant: &Grant, asked: Duration) -> Option<String> {
+    let left = left_at_grant(&grant.witnesses)?;
+    if left >= asked / 4 * SHORT_QUARTERS {
+        return None;
+    }
+    Some(format!(
+        "lease {}: asked for {} but the server's grant leaves {} (deadline {}): the request took \
+         longer to be granted than it had, or this host's clock is behind the server's; a TTL \
+         (--ttl, AcquireBuilder::ttl) is counted from the grant instead",
+        grant.lease_id,
+        human_duration(asked),
+        human_duration(left),
+        grant.deadline
+    ))
+}
+
+/// `e` with this host's side added when it refuses the absolute
+/// `deadline` as out of range: what the local clock read when the request
+/// was sent and when the refusal came (the server's message names the
+/// server's time), so a clock behind the server's shows as such.
+pub(crate) fn past_deadline(e: Error, deadline: Micros, sent: Micros, refused: Micros) -> Error {
+    match e {
+        Error::Rejected {
+            code: Code::OutOfRange,
+            message,
+        } if message.contains("deadline_us:") => Error::Rejected {
+            code: Code::OutOfRange,
+            message: format!(
+                "{message}; this host's clock read {sent} when the request was sent ({} before the \
+                 deadline asked, {deadline}) and {refused} at the refusal",
+                human_duration(deadline.duration_since(sent))
+            ),
+        },
+        other => other,
+    }
+}
