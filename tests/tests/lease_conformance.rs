@@ -432,14 +432,21 @@ async fn bad_input_is_refused_naming_the_field(env: LeaseEnv) {
             .unwrap_err(),
         "owner",
     );
-    refused(
-        env.acquire(["a"])
-            .ttl(Duration::from_secs(3600))
-            .send()
-            .await
-            .unwrap_err(),
-        "deadline_us",
+    // A TTL over the limit names the limit: the server counts a TTL itself
+    // (`ttl_us`, "--max-ttl"), the S3 backend checks the deadline it
+    // computed (`deadline_us`, "max_ttl").
+    let too_long = env
+        .acquire(["a"])
+        .ttl(Duration::from_secs(3600))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&too_long, Error::Rejected { message, .. }
+            if message.contains("--max-ttl") || message.contains("max_ttl")),
+        "expected a refusal naming the max TTL: {too_long:?}"
     );
+    assert!(!too_long.is_retryable());
     let lease = env.acquire(["a"]).options(no_renew()).send().await.unwrap();
     refused(
         lease
