@@ -133,10 +133,13 @@ async fn a_clean_history_with_released_and_broken_leases_audits_clean() {
     let a = client.acquire(["acct"]).options(no_renew()).send().await.unwrap();
     let wa = s.write(&client, &a, "writer-a", 5).await;
     a.release(Some(wa.watermark(Micros::ZERO))).await.unwrap();
-    // B writes and is abandoned: broken at its deadline.
+    // B writes and is abandoned: broken at its deadline. Its TTL leaves
+    // room for a new writer's first write, which may wait up to its clock
+    // margin (a second) for the first bag it may open, before the 500 ms
+    // deadline margin.
     let b = client
         .acquire(["acct"])
-        .ttl(Duration::from_millis(800))
+        .ttl(Duration::from_secs(2))
         .options(no_renew())
         .send()
         .await
