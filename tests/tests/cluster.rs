@@ -606,13 +606,9 @@ async fn a_step_1_and_a_step_2_client_never_share_a_name_and_skipping_the_wait_i
     );
 }
 
-fn json(out: &std::process::Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", describe_output(out));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe_output(out)))
-}
-
-#[tokio::test]
-async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
+/// Three servers, a name owned by each, and `bagel acquire --json` of
+/// all three names: a lease over every server.
+async fn cli_lease_over_three() -> (Vec<ServerProcess>, Vec<String>, serde_json::Value) {
     let servers = start_ready(3, &[]).await;
     let refs: Vec<&ServerProcess> = servers.iter().collect();
     let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
@@ -620,6 +616,18 @@ async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
     let mut args = vec!["acquire", "--ttl", "10s", "--json"];
     args.extend(names.iter().map(String::as_str));
     let lease = json(&cli_servers(&refs, &args));
+    (servers, names, lease)
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", describe_output(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe_output(out)))
+}
+
+#[tokio::test]
+async fn the_cli_takes_writes_audits_and_releases_a_lease_over_three_servers() {
+    let (servers, names, lease) = cli_lease_over_three().await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
 
     // Today's contract, plus `servers` and `witnesses`.
     for key in [
@@ -886,13 +894,8 @@ async fn what_a_broken_step_1_holder_left_unsettled_reaches_step_3() {
 
 #[tokio::test]
 async fn verify_witness_checks_every_witness_of_a_lease_over_several_servers() {
-    let servers = start_ready(3, &[]).await;
+    let (servers, _, lease) = cli_lease_over_three().await;
     let refs: Vec<&ServerProcess> = servers.iter().collect();
-    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
-    let names: Vec<String> = names_on(&cluster, &refs, 1).concat();
-    let mut args = vec!["acquire", "--ttl", "10s", "--json"];
-    args.extend(names.iter().map(String::as_str));
-    let lease = json(&cli_servers(&refs, &args));
     let dir = tempfile::tempdir().unwrap();
     let verify = |v: &serde_json::Value| {
         let file = dir.path().join("lease.json");
