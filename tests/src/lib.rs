@@ -58,6 +58,22 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// Debian's libfaketime (package faketime), wherever its architecture puts
 /// it: preloaded (`LD_PRELOAD`) into a process, it runs that process on a
+/// Starts `cmd` (a `bagel metronome` or server with `--http 127.0.0.1:0`),
+/// reads the `http on ADDR` line it prints once its side port listens, and
+/// keeps draining its standard output so it never blocks on it. Returns
+/// the child and `http://ADDR`.
+pub fn spawn_with_side_port(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn with --http");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
+    let first = lines.next().expect("a first line").expect("readable");
+    let addr = first
+        .strip_prefix("http on ")
+        .unwrap_or_else(|| panic!("expected `http on ADDR`, got {first:?}"))
+        .to_owned();
+    std::thread::spawn(move || for _ in lines {});
+    (child, format!("http://{addr}"))
+}
+
 /// skewed clock with no wrapper process in between.
 pub fn libfaketime() -> Option<PathBuf> {
     let lib = std::path::Path::new("/usr/lib");

@@ -5,7 +5,6 @@
 //! Each must be refused by name, at once, and without holding more memory
 //! than the limits say.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -425,22 +424,8 @@ impl Metronome {
         ])
         .args(["--http", "127.0.0.1:0", "--log"])
         .args(logs);
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn bagel metronome");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
-        let first = lines.next().expect("a first line").expect("readable");
-        let addr = first
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("expected `http on ADDR`, got {first:?}"))
-            .to_owned();
-        std::thread::spawn(move || for _ in lines {});
-        Metronome {
-            child,
-            http: format!("http://{addr}"),
-        }
+        let (child, http) = bagel_tests::spawn_with_side_port(cmd.stderr(Stdio::null()));
+        Metronome { child, http }
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {

@@ -11,7 +11,6 @@
 //! OpenMetrics text is parsed strictly by `tests/python/metrics_test.py`.
 
 use std::collections::HashMap;
-use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -169,8 +168,8 @@ impl Drop for Metronome {
 }
 
 fn metronome(root: &std::path::Path) -> Metronome {
-    let mut child = Command::new(bin("bagel"))
-        .args(["--unsafe-local-clock", "metronome", "--store"])
+    let mut cmd = Command::new(bin("bagel"));
+    cmd.args(["--unsafe-local-clock", "metronome", "--store"])
         .arg(format!("file://{}", root.display()))
         .args([
             "--log",
@@ -182,18 +181,9 @@ fn metronome(root: &std::path::Path) -> Metronome {
             "--http",
             "127.0.0.1:0",
         ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn bagel metronome");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("a first line").expect("readable");
-    let addr = first
-        .strip_prefix("http on ")
-        .unwrap_or_else(|| panic!("expected `http on ADDR`, got {first:?}"))
-        .to_owned();
-    std::thread::spawn(move || for _ in lines {});
-    Metronome(child, format!("http://{addr}/metrics"))
+        .stderr(Stdio::inherit());
+    let (child, http) = bagel_tests::spawn_with_side_port(&mut cmd);
+    Metronome(child, format!("{http}/metrics"))
 }
 
 #[tokio::test]

@@ -2,7 +2,6 @@
 //! over real HTTP: bags closed per log and outcome, errors by kind, the
 //! status page, `/readyz` naming the log that holds it back.
 
-use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,23 +32,8 @@ impl Metronome {
         for log in logs {
             cmd.args(["--log", log]);
         }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn bagel metronome");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
-        let first = lines.next().expect("a first line").expect("readable");
-        let addr = first
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("expected `http on ADDR`, got {first:?}"))
-            .to_owned();
-        // Keep draining stdout so the metronome never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        Metronome {
-            child,
-            http: format!("http://{addr}"),
-        }
+        let (child, http) = bagel_tests::spawn_with_side_port(cmd.stderr(Stdio::inherit()));
+        Metronome { child, http }
     }
 
     async fn get(&self, path: &str) -> (u16, String) {
