@@ -3,6 +3,7 @@
 //! and a private S3 server a test may stop.
 
 use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,40 +142,78 @@ pub struct PrivateS3 {
     child: Child,
     pub endpoint: String,
     pub bucket: String,
+    journal: Option<PathBuf>,
 }
 
 impl PrivateS3 {
     /// Starts `$BAGEL_S3_SERVER` (set by `tests/support/s3.sh`), waiting
     /// for its "listening" line and then for a connection to be accepted.
     pub async fn start() -> PrivateS3 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        PrivateS3::start_on(port, None).await
+    }
+
+    /// Like [`PrivateS3::start`], journaling every change to `journal`: a
+    /// server started again on the same journal ([`PrivateS3::restart`])
+    /// replays it, as the fault run's S3 server does after kill -9.
+    pub async fn start_journaled(journal: &Path) -> PrivateS3 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        PrivateS3::start_on(port, Some(journal.to_owned())).await
+    }
+
+    /// Kills it (SIGKILL) and starts it again on the same port and journal.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let port = self
+            .endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the endpoint's port");
+        let fresh = PrivateS3::start_on(port, self.journal.take()).await;
+        *self = fresh;
+    }
+
+    async fn start_on(port: u16, journal: Option<PathBuf>) -> PrivateS3 {
         let cmd = crate::need_env(
             "BAGEL_S3_SERVER",
             "the S3 server command (tests/support/s3.sh sets it)",
         );
         let mut parts = cmd.split_whitespace();
         let prog = parts.next().expect("BAGEL_S3_SERVER is empty");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
         let bucket = "private".to_owned();
-        let mut child = Command::new(prog)
+        let mut command = Command::new(prog);
+        command
             .args(parts)
-            .args(["127.0.0.1", &port.to_string(), "--bucket", &bucket])
+            .args(["127.0.0.1", &port.to_string(), "--bucket", &bucket]);
+        if let Some(journal) = &journal {
+            command.arg("--journal").arg(journal);
+        }
+        let mut child = command
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the S3 server");
         let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
         tokio::task::spawn_blocking(move || {
             let mut lines = BufReader::new(stdout).lines();
             for line in lines.by_ref() {
                 if line.expect("read S3 server stdout").contains(" listening on ") {
                     std::thread::spawn(move || for _ in lines {});
+                    std::thread::spawn(move || std::io::copy(&mut { stderr }, &mut std::io::sink()));
                     return;
                 }
             }
-            panic!("the S3 server exited before listening");
+            let mut why = String::new();
+            let _ = std::io::Read::read_to_string(&mut { stderr }, &mut why);
+            panic!("the S3 server exited before listening: {why}");
         })
         .await
         .expect("reader task");
@@ -192,6 +231,7 @@ impl PrivateS3 {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket,
+            journal,
         }
     }
 

@@ -32,8 +32,14 @@ _lock = threading.Lock()
 _journal = None
 
 _MUTATING = {"PUT", "POST", "DELETE"}
-# Request headers that change what a request does.
-_KEEP = ("content-type", "if-none-match", "if-match", "x-amz-", "content-md5")
+# Request headers that change what a request does. `authorization` among
+# them: moto lets an unsigned request create a key but answers 403 to one
+# that overwrites an existing key, so a replay without it lost every
+# overwrite (If-Match lease updates, repeated `_prelock` markers).
+_KEEP = ("content-type", "if-none-match", "if-match", "x-amz-", "content-md5", "authorization")
+# Journals written before `authorization` was kept: replay their requests as
+# signed ones. moto does not check signatures, only that there is one.
+_REPLAY_AUTHORIZATION = "AWS4-HMAC-SHA256 Credential=replay/20000101/us-east-1/s3/aws4_request"
 
 
 def _call(environ):
@@ -107,7 +113,17 @@ def serialized(environ, start_response):
     return [out]
 
 
+class ReplayError(Exception):
+    """A journaled request that succeeded once did not succeed again."""
+
+
 def _replay(path):
+    """Re-runs every journaled request in order; each must succeed again.
+
+    The journal holds only requests that succeeded, and moto is
+    deterministic, so a failure here means the replay is not faithful: fail
+    loudly rather than serve a store that silently lost writes.
+    """
     n = 0
     with open(path) as f:
         for line in f:
@@ -115,8 +131,14 @@ def _replay(path):
                 entry = json.loads(line)
             except ValueError:
                 break  # a torn last line: that request never answered
-            _call(_environ(entry))
+            entry["headers"].setdefault("authorization", _REPLAY_AUTHORIZATION)
+            status, _, body = _call(_environ(entry))
             n += 1
+            if not status.startswith("2"):
+                raise ReplayError(
+                    f"{path}: request {n} ({entry['method']} {entry['path']}) answered "
+                    f"{status} on replay, {body[:200]!r}; it succeeded when first made"
+                )
     return n
 
 
@@ -135,7 +157,10 @@ def main():
         else:
             sys.exit(f"unknown flag {flag}")
     if journal is not None:
-        replayed = _replay(journal) if os.path.exists(journal) else 0
+        try:
+            replayed = _replay(journal) if os.path.exists(journal) else 0
+        except ReplayError as e:
+            sys.exit(f"s3_server: {e}")
         _journal = open(journal, "a")
         print(f"replayed {replayed} requests from {journal}", flush=True)
     if bucket is not None:
