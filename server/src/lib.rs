@@ -23,6 +23,7 @@
 pub mod config;
 pub mod error;
 pub mod highwater;
+mod holder_keys;
 mod http;
 mod meter;
 mod service;
@@ -141,6 +142,7 @@ impl Server {
                     meters: Default::default(),
                     highwater,
                     last_cover: std::sync::atomic::AtomicU64::new(0),
+                    holder_keys: crate::holder_keys::HolderKeys::default(),
                     stopping: CancellationToken::new(),
                     sessions: Default::default(),
                     sessions_dropped: Default::default(),

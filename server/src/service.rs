@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub conn_slots: Arc<tokio::sync::Semaphore>,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
+    /// Holder keys checked recently (see `crate::holder_keys`).
+    pub holder_keys: crate::holder_keys::HolderKeys,
 }
 
 impl Inner {
@@ -236,7 +238,7 @@ impl Service {
             owner,
             mode: validate::mode(req.mode)?,
             peer: caller.peer,
-            holder_key: validate::holder_key(&req.holder_key)?,
+            holder_key: validate::holder_key(&req.holder_key, &self.inner.holder_keys)?,
         };
         Ok((spec, lifetime))
     }

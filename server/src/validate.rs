@@ -9,6 +9,7 @@ use bagel_proto::{Micros, pb};
 
 use crate::config::Limits;
 use crate::error::Error;
+use crate::holder_keys::HolderKeys;
 use crate::table::{LeaseId, Metadata, Mode, Token};
 
 /// At most this many characters of a caller's value are quoted back in an
@@ -28,8 +29,9 @@ pub fn echo(raw: &str) -> String {
 
 /// A holder's public key: none (an old client), or 32 bytes that are an
 /// ed25519 point, which the witness then states (a key nobody can verify
-/// with would make every batch of the lease unreadable).
-pub fn holder_key(raw: &[u8]) -> Result<Option<Arc<[u8; 32]>>, Error> {
+/// with would make every batch of the lease unreadable). `known` answers
+/// for keys checked before.
+pub fn holder_key(raw: &[u8], known: &HolderKeys) -> Result<Option<Arc<[u8; 32]>>, Error> {
     if raw.is_empty() {
         return Ok(None);
     }
@@ -39,9 +41,10 @@ pub fn holder_key(raw: &[u8]) -> Result<Option<Arc<[u8; 32]>>, Error> {
             format!("{} bytes; an ed25519 public key is 32 (or send none)", raw.len()),
         )
     })?;
-    ed25519_dalek::VerifyingKey::from_bytes(&key)
-        .map_err(|_| Error::invalid("holder_key", "32 bytes that are not an ed25519 public key"))?;
-    Ok(Some(Arc::new(key)))
+    known
+        .check(&key)
+        .map(Some)
+        .ok_or_else(|| Error::invalid("holder_key", "32 bytes that are not an ed25519 public key"))
 }
 
 /// Checks and sorts a list of names. Duplicates are refused rather than

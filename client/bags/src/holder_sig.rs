@@ -326,6 +326,21 @@ mod tests {
         ));
     }
 
+    /// Leases of one process share a holder key for a second
+    /// (`bagel_client::holder_key`): what binds a batch to its lease is
+    /// the witness digest in the signed message, so a batch signed under
+    /// one lease does not verify under another lease with the same key.
+    #[test]
+    fn a_batch_moved_to_another_lease_with_the_same_key_does_not_verify() {
+        let shared = Signer::generate();
+        let mut b = batch(vec![witness("lease-a", Some(&shared))]);
+        sign(&mut b, std::slice::from_ref(&shared)).unwrap();
+        assert_eq!(check(&b, &bodies(&b)), HolderCheck::Bound);
+        let mut moved = b.clone();
+        moved.witnesses = vec![witness("lease-b", Some(&shared))];
+        assert!(matches!(check(&moved, &bodies(&moved)), HolderCheck::Bad { .. }));
+    }
+
     #[test]
     fn a_witness_without_a_holder_key_is_unbound_not_bad() {
         let holder = Signer::generate();

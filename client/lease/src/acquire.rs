@@ -8,6 +8,7 @@ use bagel_proto::Micros;
 use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::coalesce::Coalescer;
 use crate::error::Result;
+use crate::holder_key::HolderKey;
 use crate::lease::{Lease, LeaseOptions};
 use crate::ttl_check;
 use crate::types::Mode;
@@ -30,6 +31,7 @@ pub struct AcquireBuilder {
     owner: String,
     wait: Duration,
     options: LeaseOptions,
+    holder: HolderKey,
 }
 
 impl AcquireBuilder {
@@ -48,6 +50,7 @@ impl AcquireBuilder {
             owner: String::new(),
             wait: Duration::ZERO,
             options: LeaseOptions::default(),
+            holder: HolderKey::default(),
         }
     }
 
@@ -90,6 +93,15 @@ impl AcquireBuilder {
         self.wait(crate::long_wait::FOREVER)
     }
 
+    /// A holder key made for this lease alone, rather than the one the
+    /// process's leases share for a second (see [`crate::holder_key`]):
+    /// for a lease whose key will be handed to another process (a lease
+    /// file), so that what leaves signs for this lease only.
+    pub fn own_holder_key(mut self) -> Self {
+        self.holder = HolderKey::Own;
+        self
+    }
+
     /// Renewal interval, safety margin, whether to renew at all.
     pub fn options(mut self, options: LeaseOptions) -> Self {
         self.options = options;
@@ -112,9 +124,9 @@ impl AcquireBuilder {
     /// what this host's clock read.
     pub async fn send(self) -> Result<Lease> {
         let clock = self.backend.clock();
-        // A fresh key per lease (the same one for every server of a lease
+        // The key the witnesses name (the same for every server of a lease
         // over several): it signs the batches written under this lease.
-        let holder = bagel_proto::Signer::generate();
+        let holder = self.holder.get();
         let holder_key = Some(holder.verifying_key().to_bytes());
         let relative = match self.deadline {
             DeadlineSpec::Ttl(t) => Some(t),

@@ -153,8 +153,8 @@ struct Shared {
     /// This holder closed every bag below this (µs), having found its
     /// predecessors unsettled; the release says so.
     settled_through: AtomicU64,
-    /// The lease's own key, named in its witnesses: signs its batches.
-    holder: bagel_proto::Signer,
+    /// The key named in the lease's witnesses: signs its batches.
+    holder: Arc<bagel_proto::Signer>,
 }
 
 /// A held lease. Renews itself in the background (unless told not to) and
@@ -184,7 +184,7 @@ impl Lease {
         sent: Instant,
         ttl: Duration,
         options: LeaseOptions,
-        holder: bagel_proto::Signer,
+        holder: Arc<bagel_proto::Signer>,
     ) -> Self {
         let (state, _) = watch::channel(LeaseState {
             deadline: grant.deadline,
@@ -228,7 +228,10 @@ impl Lease {
 
     /// The lease's holder key: its public half is in every witness of the
     /// lease, and it signs every batch written under it. A secret like the
-    /// token; hand it only to a process that is to write under the lease.
+    /// token; hand it only to a process that is to write under the lease,
+    /// and acquire such a lease with
+    /// [`AcquireBuilder::own_holder_key`](crate::AcquireBuilder::own_holder_key)
+    /// (by default leases acquired within a second share a key).
     pub fn holder_key(&self) -> &bagel_proto::Signer {
         &self.shared.holder
     }
@@ -355,7 +358,7 @@ impl Lease {
             min_timestamp: self.min_timestamp(),
             state: self.subscribe(),
             ledger: Arc::clone(&self.shared.ledger),
-            holder: self.shared.holder.clone(),
+            holder: Arc::clone(&self.shared.holder),
         })
     }
 
@@ -441,7 +444,7 @@ struct LeaseRights {
     min_timestamp: Micros,
     state: watch::Receiver<LeaseState>,
     ledger: Arc<WriteLedger>,
-    holder: bagel_proto::Signer,
+    holder: Arc<bagel_proto::Signer>,
 }
 
 impl WriteRights for LeaseRights {
@@ -467,7 +470,7 @@ impl WriteRights for LeaseRights {
             min_timestamp: self.min_timestamp,
             deadline: s.deadline,
             witnesses: s.witnesses.iter().map(|w| w.0.clone()).collect(),
-            holder_keys: vec![self.holder.clone()],
+            holder_keys: vec![(*self.holder).clone()],
         })
     }
 
@@ -650,7 +653,7 @@ mod tests {
             sent,
             Duration::from_secs(5),
             LeaseOptions::default().with_auto_renew(false),
-            bagel_proto::Signer::generate(),
+            std::sync::Arc::new(bagel_proto::Signer::generate()),
         )
     }
 

@@ -40,6 +40,8 @@
 //! * [`long_wait`]: waits of any length (or forever) for busy names, in
 //!   rounds of at most the backend's max wait, riding through restart
 //!   waits and reconnects.
+//! * [`holder_key`]: the key a lease's witnesses name and its batches are
+//!   signed with, shared by the leases of one second unless asked otherwise.
 //! * [`lease`]: [`Lease`], a held lease with background renewal, loss
 //!   notification, and the rights a writer writes under.
 //! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
@@ -59,6 +61,7 @@ pub mod client;
 pub mod cluster;
 pub mod coalesce;
 pub mod error;
+pub mod holder_key;
 pub mod lease;
 pub mod long_wait;
 pub mod options;

@@ -565,8 +565,11 @@ async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::R
 }
 
 async fn acquire(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    // Its key is printed into a lease file, for other processes to write
+    // with: a key of its own.
     let mut builder = AcquireBuilder::new(target.backend(), args.names)
-        .owner(crate::owner::owner_or_default(args.owner.as_deref()));
+        .owner(crate::owner::owner_or_default(args.owner.as_deref()))
+        .own_holder_key();
     if let Some(ttl) = args.ttl {
         builder = builder.ttl(ttl);
     }

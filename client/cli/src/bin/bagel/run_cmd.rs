@@ -109,6 +109,8 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     let mut acquire = AcquireBuilder::new(backend, args.names.clone())
         .ttl(args.ttl)
         .owner(crate::owner::owner_or_default(args.owner.as_deref()))
+        // Its key goes into the lease file the command reads.
+        .own_holder_key()
         // The lease says "lost" exactly when fencing starts.
         .options(LeaseOptions::default().with_safety_margin(fence_at));
     if let Some(w) = args.wait {
