@@ -3,8 +3,8 @@
 # starts the real services on 127.0.0.1 (S3 server, Roughtime, NFS server,
 # stale-cache FUSE mounts), builds the real binaries, runs every test of the
 # workspace, then the Python client and its tests (examples/python,
-# tests/python), lints both side ports' /metrics with promtool, and stops
-# the services.
+# tests/python) and the JavaScript client (examples/js), lints both side
+# ports' /metrics with promtool, and stops the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +14,7 @@ source tests/support/roughtime.sh
 source tests/support/nfs.sh
 source tests/support/browser.sh
 source tests/support/python.sh
+source tests/support/js.sh
 source tests/support/promtool.sh
 
 # Each stop runs whatever the one before it did.
@@ -48,6 +49,10 @@ fi
 # Any-language clients: the Python example (witnesses verified in Python),
 # discovery by gRPC reflection, and /metrics parsed by prometheus-client.
 python_tests
+
+# The JavaScript example: the same steps, witnesses verified with Node's
+# crypto, conflict details decoded from grpc-status-details-bin.
+js_tests
 
 # Both side ports' /metrics (bagel-server --http, bagel metronome --http),
 # parsed and linted by Debian's promtool.
