@@ -409,7 +409,11 @@ impl Metered {
             Err(s) => s.code(),
         };
         self.meters().rpc(method, code, start.elapsed());
-        if let Err(status) = &result {
+        // The conflict is decoded back out of the status only for a line
+        // that is logged.
+        if let Err(status) = &result
+            && refusals_logged()
+        {
             let conflict = conflict_of(status);
             log_refusal(
                 method.name(),

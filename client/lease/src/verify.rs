@@ -47,8 +47,8 @@ pub(crate) fn body(
 }
 
 /// A grant whose witness verifies and states it exactly.
-pub(crate) fn grant(g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mut Verified) -> Result<Grant> {
-    let witness = g.witness.clone().ok_or_else(|| bad("grant has no witness"))?;
+pub(crate) fn grant(mut g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mut Verified) -> Result<Grant> {
+    let witness = g.witness.take().ok_or_else(|| bad("grant has no witness"))?;
     let b = body(&witness, keys, verified)?;
     let names_match = b.names.len() == g.names.len()
         && b.names

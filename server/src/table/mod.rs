@@ -473,6 +473,7 @@ impl LeaseTable {
         };
         let mut held = HeldLease {
             locked,
+            slots: Vec::with_capacity(names.len()),
             names,
             shard_of_name,
             deadline: seen_deadline,
@@ -484,7 +485,8 @@ impl LeaseTable {
         for i in 0..held.names.len() {
             let shard = held.shard_of_name[i];
             let state = held.locked.state(shard);
-            let holder = state.get(&held.names[i]).and_then(|r| r.holder.as_ref());
+            let slot = state.slot_of(&held.names[i]);
+            let holder = slot.and_then(|s| state.at(s)).and_then(|e| e.rec.holder.as_ref());
             match holder {
                 Some(h) if h.lease == lease => {
                     if !h.is_live(now) {
@@ -497,6 +499,7 @@ impl LeaseTable {
                     // mode (both change only with all shards locked).
                     held.deadline = h.deadline;
                     held.mode = h.mode;
+                    held.slots.extend(slot);
                 }
                 Some(h) if now < held.deadline => {
                     return Err(Error::LostName {
@@ -758,9 +761,8 @@ impl LeaseTable {
         if self.cfg.history_per_name == 0 {
             return;
         }
-        let name = &held.names[i];
+        let slot = held.slots[i];
         let state = held.locked.state(held.shard_of_name[i]);
-        let slot = state.slot_of(name).expect("held names have records");
         let ShardState { slab, history, .. } = state;
         let rec = &mut slab[slot].as_mut().expect("occupied").rec;
         history.push(slot, &mut rec.history, entry, self.cfg.history_per_name);

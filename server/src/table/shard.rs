@@ -240,6 +240,9 @@ pub(super) struct HeldLease<'a> {
     pub(super) locked: Locked<'a>,
     pub(super) names: Vec<Arc<str>>,
     pub(super) shard_of_name: Vec<usize>,
+    /// Each name's slot in its shard, found once by `lock_lease` (every
+    /// step after would otherwise hash and compare the name again).
+    pub(super) slots: Vec<usize>,
     pub(super) deadline: Micros,
     pub(super) mode: Mode,
 }
@@ -247,8 +250,7 @@ pub(super) struct HeldLease<'a> {
 impl HeldLease<'_> {
     pub(super) fn rec(&mut self, i: usize) -> &mut NameRecord {
         let shard = self.shard_of_name[i];
-        let state = self.locked.state(shard);
-        let slot = state.slot_of(&self.names[i]).expect("held names have records");
-        state.rec_mut(slot)
+        let slot = self.slots[i];
+        self.locked.state(shard).rec_mut(slot)
     }
 }
