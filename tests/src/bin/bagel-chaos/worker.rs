@@ -123,6 +123,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             writeln!(out, "MOVED {generation}")?;
             out.flush()?;
         }
+        let cycle_start = std::time::Instant::now();
         let k = rng.gen_range(1..=4.min(names.len()));
         let chosen: Vec<String> = names.choose_multiple(&mut rng, k).cloned().collect();
         let lease = match client
@@ -153,6 +154,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             }
         };
         cycles += 1;
+        let acquired = cycle_start.elapsed();
         if let Some(until) = lease.close_before_reading() {
             // Close on every store the name's holders may have written to;
             // if one fails (the store is down) they stay unsettled, and the
@@ -161,23 +163,26 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             // closer whose clock is ahead closes bags before they are due,
             // under writers that finish before their safe point and so do
             // not look (the worker 20 s ahead did exactly that).
+            // The stores at once: each close waits out the last bag's
+            // close time and walks the lookback window, seconds per store
+            // (one after another, a cycle took 10-16 s, and a stop or a
+            // migration step that waits 60 s for every worker ran out).
             let vouched = time.check().await.is_ok();
-            let mut closed = vouched;
-            for store in stores.iter().filter(|_| vouched) {
-                closed &= bag::close_logs_through(
+            let closes = stores.iter().filter(|_| vouched).map(|store| {
+                bag::close_logs_through(
                     store.as_ref(),
                     std::slice::from_ref(&a.log),
                     until,
                     &cfg,
                     time.as_ref(),
                 )
-                .await
-                .is_ok();
-            }
+            });
+            let closed = vouched && futures::future::join_all(closes).await.iter().all(Result::is_ok);
             if closed {
                 lease.settled_through(until);
             }
         }
+        let closed_at = cycle_start.elapsed();
         let si = rng.gen_range(0..stores.len());
         let writer = Writer::new(
             Arc::clone(&stores[si]),
@@ -208,15 +213,30 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<()> {
             }
         }
         out.flush()?;
+        let written_at = cycle_start.elapsed();
         if rng.gen_bool(0.8) {
             let _ = lease.release(None).await;
         }
         // Else walk away: the lease is broken at its deadline.
+        // A cycle this long holds up a stop or a migration step (both
+        // wait 60 s for every worker): say where its time went.
+        if cycle_start.elapsed() > SLOW_CYCLE {
+            eprintln!(
+                "worker {}: slow cycle {}: acquired after {acquired:.1?}, closed by {closed_at:.1?}, wrote to \
+                 store {si} by {written_at:.1?}, released by {:.1?}",
+                a.id,
+                cycles,
+                cycle_start.elapsed()
+            );
+        }
     }
     writeln!(out, "DONE {cycles} {acked} {failed} {refused}")?;
     out.flush()?;
     Ok(())
 }
+
+/// A cycle longer than this is reported with its phases (see the loop).
+const SLOW_CYCLE: Duration = Duration::from_secs(10);
 
 /// A move to other server lists: (generation, current, next).
 type Move = (u64, String, Option<String>);
