@@ -35,6 +35,15 @@ pub struct WitnessSigner {
     pub group_sizes: crate::meter::Histo,
 }
 
+/// A grant's turn as the signer; ending it, however, hands the group over.
+struct Turn<'a>(&'a Arc<WitnessSigner>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.hand_over();
+    }
+}
+
 /// The signing group: whether a signature is being made, and who waits
 /// for the next one.
 #[derive(Debug, Default)]
@@ -81,6 +90,11 @@ impl WitnessSigner {
         };
         match answer {
             None => {
+                // From here this task is the signer: however it ends,
+                // normally or dropped at the yield (its caller went away),
+                // the turn is handed over, or every later grant would wait
+                // for a signer that is gone.
+                let _turn = Turn(self);
                 // Before signing, let the requests that are ready run up to
                 // their grant and join this signature: on a server with one
                 // worker thread nobody else runs while this task signs, so
@@ -88,30 +102,24 @@ impl WitnessSigner {
                 // unary cycle's server CPU at 256 clients on one core). A
                 // lone request pays one pass of the scheduler.
                 tokio::task::yield_now().await;
-                let others = {
+                let (bodies, replies): (Vec<_>, Vec<_>) = {
                     let mut group = self.group();
                     let n = group.waiting.len().min(MAX_SIGN_BATCH - 1);
-                    group.waiting.drain(..n).collect::<Vec<_>>()
+                    group.waiting.drain(..n).unzip()
                 };
-                let witness = if others.is_empty() {
-                    self.group_sizes.observe(1);
-                    sign_witness(&self.signer, &body)
-                } else {
-                    self.group_sizes.observe(others.len() as u64 + 1);
-                    let (bodies, replies): (Vec<_>, Vec<_>) = others.into_iter().unzip();
-                    let mut witnesses = sign_witness_batch(
-                        &self.signer,
-                        std::iter::once(body.encode_to_vec()).chain(bodies).collect(),
-                    )
-                    .into_iter();
-                    let own = witnesses.next().expect("one witness per body");
-                    for (reply, witness) in replies.into_iter().zip(witnesses) {
-                        let _ = reply.send(witness);
-                    }
-                    own
-                };
-                self.hand_over();
-                witness
+                self.group_sizes.observe(bodies.len() as u64 + 1);
+                // One body alone gets a plain signature, several a Merkle
+                // batch (`sign_witness_batch` decides).
+                let mut witnesses = sign_witness_batch(
+                    &self.signer,
+                    std::iter::once(body.encode_to_vec()).chain(bodies).collect(),
+                )
+                .into_iter();
+                let own = witnesses.next().expect("one witness per body");
+                for (reply, witness) in replies.into_iter().zip(witnesses) {
+                    let _ = reply.send(witness);
+                }
+                own
             }
             Some(answer) => match answer.await {
                 Ok(witness) => witness,
@@ -121,7 +129,7 @@ impl WitnessSigner {
         }
     }
 
-    /// Called by whoever just signed: leaves the group idle, or hands the
+    /// Called by whoever just signed (see [`Turn`]): leaves the group idle, or hands the
     /// grants that queued meanwhile to a task that signs them in batches.
     fn hand_over(self: &Arc<Self>) {
         let mut group = self.group();
@@ -239,6 +247,7 @@ fn witness_name(n: &NameGrant) -> pb::WitnessName {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future as _;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -303,5 +312,46 @@ mod tests {
         let signatures: std::collections::HashSet<_> =
             witnesses.iter().map(|w| w.signature.clone()).collect();
         assert_eq!(signatures.len(), 1, "16 grants ready at once, one signature");
+    }
+
+    /// A unary handler dropped while it is the signer (its caller went
+    /// away during the yield) must not leave the group "signing" with
+    /// nobody to sign: every later grant would wait forever.
+    #[test]
+    fn a_signer_dropped_at_its_yield_leaves_the_group_free() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let keeper = TimeKeeper::new(Arc::new(SystemClock), signer(), &Config::default());
+        let time = keeper.signed().expect("local time");
+        let now = Micros::from_micros(1_700_000_000_000_000);
+        let table = LeaseTable::new(TableConfig::for_tests(Duration::from_secs(10)));
+        let ws = Arc::new(WitnessSigner::new(signer(), "s".into(), now));
+        let grant = |name: &str| {
+            let spec = AcquireSpec {
+                names: vec![Arc::from(name)],
+                deadline: now.saturating_add(Duration::from_secs(5)),
+                owner: Arc::from("o"),
+                mode: Mode::Full,
+                peer: None,
+                holder_key: None,
+            };
+            table.acquire(&spec, now).expect("free name")
+        };
+        let (dropped, later) = (grant("a"), grant("b"));
+        rt.block_on(async {
+            // Polled once: it becomes the signer and stops at its yield.
+            let mut first = Box::pin(ws.sign_queued(&dropped, pb::WitnessKind::Acquire, now, &time));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(first.as_mut().poll(&mut cx).is_pending());
+            drop(first);
+            let signed = tokio::time::timeout(
+                Duration::from_secs(5),
+                ws.sign_queued(&later, pb::WitnessKind::Acquire, now, &time),
+            )
+            .await;
+            assert!(signed.is_ok(), "a later grant is signed");
+        });
     }
 }
