@@ -4,7 +4,8 @@
 # stale-cache FUSE mounts), builds the real binaries, runs every test of the
 # workspace, then the Python client and its tests (examples/python,
 # tests/python) and the JavaScript client (examples/js), lints both side
-# ports' /metrics with promtool, and stops the services.
+# ports' /metrics with promtool, checks the deployment in deploy/ (systemd
+# unit, server list, migration steps), and stops the services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,9 +17,10 @@ source tests/support/browser.sh
 source tests/support/python.sh
 source tests/support/js.sh
 source tests/support/promtool.sh
+source tests/support/deploy.sh
 
 # Each stop runs whatever the one before it did.
-cleanup() { metrics_lint_stop || true; py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
+cleanup() { deploy_stop || true; metrics_lint_stop || true; py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
 trap cleanup EXIT
 
 s3_start
@@ -58,6 +60,13 @@ js_tests
 # parsed and linted by Debian's promtool.
 log "promtool check metrics on both side ports"
 metrics_lint
+
+# The deployment of deploy/README.md: the systemd unit passes
+# `systemd-analyze verify` (warnings included), and three members started
+# as the unit starts them, with the client list filled in by the README's
+# commands, route, grant, keep their keys over a restart and take a fourth.
+log "deploy checks (systemd unit, cluster list, migration steps)"
+deploy_checks
 
 # The randomized fault run: lease server, S3 server and closers killed at
 # random while workers write to a directory, S3 and NFS; everything read
