@@ -98,19 +98,19 @@ impl Report {
                 for (name, draw) in [
                     (
                         "throughput.png",
-                        plots::plot_throughput as fn(&[Row], &Path) -> Result<()>,
+                        plots::plot_throughput as fn(&Report, &Path) -> Result<()>,
                     ),
                     ("latency_cdf.png", plots::plot_cdf),
                 ] {
                     let path = dir.join(name);
-                    match draw(&self.rows, &path) {
+                    match draw(self, &path) {
                         Ok(()) => written.push(path),
                         Err(e) => eprintln!("warning: could not draw {name}: {e:#}"),
                     }
                 }
                 if !self.scaling.is_empty() {
                     let path = dir.join("scaling.png");
-                    match plots::plot_scaling(&self.scaling, &path) {
+                    match plots::plot_scaling(self, &path) {
                         Ok(()) => written.push(path),
                         Err(e) => eprintln!("warning: could not draw scaling.png: {e:#}"),
                     }

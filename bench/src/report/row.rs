@@ -81,6 +81,10 @@ pub struct Row {
     /// (latency µs, fraction of cycles at or below it): for the CDF plot.
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
+    /// `cdf` of every round of this point, the median's included (filled
+    /// by `median_of_rounds`): the latency plot's spread between rounds.
+    #[serde(skip)]
+    pub cdf_rounds: Vec<Vec<(f64, f64)>>,
 }
 
 /// The largest generator start-lag p99 (µs) at which a paced point's
@@ -185,6 +189,7 @@ impl Row {
             cycles_per_s_max: cycles_per_s,
             round: 0,
             cdf: cdf_points(&r.cycle_us),
+            cdf_rounds: Vec::new(),
         }
     }
 }
@@ -243,11 +248,13 @@ pub fn median_of_rounds(rows: Vec<Row>) -> Vec<Row> {
             let min = g.iter().map(|r| r.cycles_per_s).fold(f64::INFINITY, f64::min);
             let max = g.iter().map(|r| r.cycles_per_s).fold(0.0, f64::max);
             let rounds = g.len();
+            let cdf_rounds = g.iter().map(|r| r.cdf.clone()).collect();
             // The lower middle for an even count: no invented averages.
             let mut median = g.swap_remove((rounds - 1) / 2);
             median.rounds = rounds;
             median.cycles_per_s_min = min;
             median.cycles_per_s_max = max;
+            median.cdf_rounds = cdf_rounds;
             median
         })
         .collect()
