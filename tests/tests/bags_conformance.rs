@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use bagel_bags::faults::KillSwitch;
 use bagel_bags::reader::ReadReport;
+use bagel_bags::seal::{self, Span};
+use bagel_bags::summary::{self, Stretch};
 use bagel_bags::{
     self as bag, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,
 };
@@ -58,7 +60,10 @@ conformance!(
     writes_are_read_back_in_order,
     late_write_after_close_is_rejected_and_invisible,
     late_write_before_any_close_is_committed,
-    metronome_closes_empty_bags_so_late_writers_cannot_slip_in,
+    metronome_closes_bags_on_time_and_seals_empty_minutes_with_one_object,
+    sealer_killed_between_any_two_steps_is_finished_by_another,
+    concurrent_sealers_agree,
+    summaries_read_the_same_messages_as_bags_byte_for_byte,
     expired_lease_messages_are_rejected_by_the_reader,
     closer_killed_between_any_two_steps_is_finished_by_another,
     concurrent_closers_agree,
@@ -267,7 +272,11 @@ async fn late_write_before_any_close_is_committed(backend: Backend) {
     assert_eq!(payloads(&e.read_checked().await), vec!["slow"]);
 }
 
-async fn metronome_closes_empty_bags_so_late_writers_cannot_slip_in(backend: Backend) {
+/// The metronome closes the bags that exist at their close time, and the
+/// seconds nobody wrote into with their minute's one seal: a late writer
+/// is acknowledged only where no seal has closed its second, and every
+/// reader agrees either way.
+async fn metronome_closes_bags_on_time_and_seals_empty_minutes_with_one_object(backend: Backend) {
     let e = env(&backend).await;
     let mut m = Metronome::new(
         e.store.clone(),
@@ -277,47 +286,182 @@ async fn metronome_closes_empty_bags_so_late_writers_cannot_slip_in(backend: Bac
     )
     .unwrap();
     let b = Bucket::of(t0());
-    assert_eq!(m.tick().await.unwrap().closed, 0, "nothing is due yet");
-    // A writer in bag b, with its append delayed until the metronome closed b.
+    let span = Span::of(b);
+    // No writer has started the log: it is not created, and said so.
+    let r = m.tick().await.unwrap();
+    assert_eq!((r.closed, r.missing_logs.clone()), (0, vec![e.log.clone()]));
+    assert_eq!(e.store.log_start(&e.log).await.unwrap(), None);
     let w = e.writer_ok("w1");
-    let (clock, hook_m) = (e.clock.clone(), Arc::new(tokio::sync::Mutex::new(m)));
-    let m2 = hook_m.clone();
+    w.write(Bytes::from("on-time")).await.unwrap();
+    // At b's close time the bag that exists is closed, and no other.
+    e.clock.set(b.close_time(cfg().grace));
+    let r = m.tick().await.unwrap();
+    assert_eq!((r.closed, r.through, r.sealed), (1, Some(b), 0), "{r:?}");
+    assert!(r.missing_logs.is_empty());
+    assert!(matches!(
+        e.store.state(&e.log, b).await.unwrap(),
+        BagState::Closed(_)
+    ));
+    assert_eq!(
+        seal::bags_of(e.store.as_ref(), &e.log, span).await.unwrap(),
+        vec![b]
+    );
+    // A writer stalled past the close time of an empty second of the
+    // minute, before the minute is sealed: it closes the bag itself and is
+    // acknowledged.
+    let slow = b.next();
+    e.clock.set(slow.start());
+    let w2 = e.writer_ok("w2");
+    let clock = e.clock.clone();
     e.hook.before_next_append(Box::new(move || {
         Box::pin(async move {
-            clock.set(b.close_time(cfg().grace));
-            let r = m2.lock().await.tick().await.unwrap();
-            assert_eq!(r.through, Some(b));
-            assert_eq!(r.closed, 3, "two empty bags of the lookback, and b");
+            clock.set(
+                slow.close_time(cfg().grace)
+                    .saturating_add(Duration::from_secs(1)),
+            )
         })
     }));
-    let err = w.write(Bytes::from("late")).await.unwrap_err();
-    assert!(
-        matches!(err, Error::LateRejected { .. } | Error::BagClosed { .. }),
-        "{err:?}"
-    );
-    // Every bag up to b is closed, the empty ones included.
-    for s in b.secs() - 2..=b.secs() {
-        let st = e.store.state(&e.log, Bucket::from_secs(s)).await.unwrap();
-        assert!(matches!(st, BagState::Closed(_)), "{s}: {st:?}");
-    }
+    w2.write(Bytes::from("stalled-unsealed")).await.unwrap();
+    // At the minute's close time one seal closes its other 58 seconds.
+    e.clock.set(span.close_time(cfg().grace));
+    let r = m.tick().await.unwrap();
+    assert_eq!((r.sealed, r.through), (58, Some(span.last())), "{r:?}");
+    let sealed = seal::seal_of(e.store.as_ref(), &e.log, span)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sealed.bags().collect::<Vec<_>>(), vec![b, slow]);
     assert_eq!(
-        e.store.state(&e.log, b.next()).await.unwrap(),
-        BagState::Open(vec![])
+        seal::bags_of(e.store.as_ref(), &e.log, span).await.unwrap(),
+        vec![b, slow],
+        "no bag is made for an empty second"
     );
-    // A raw append into the closed empty bag (a writer that skipped the
-    // protocol) is not in the bag either.
-    let raw = raw_batch(&e, "rogue", Bucket::from_secs(b.secs() - 1).start().next(), None);
-    let _ = e
-        .store
-        .append(&e.log, Bucket::from_secs(b.secs() - 1), "rogue.0", 0, raw)
-        .await;
-    let r = e.read_checked().await;
-    assert!(r.messages.is_empty() && r.rejected.is_empty(), "{r:?}");
-    // Later ticks close what becomes due, and report their lag.
-    e.clock.advance(Duration::from_secs(2));
-    let r = hook_m.lock().await.tick().await.unwrap();
-    assert_eq!(r.closed, 2);
+    assert_eq!(
+        e.store
+            .get_named(&e.log, &format!("_seal/{}.intent", span.first().secs()), 0)
+            .await
+            .unwrap(),
+        None,
+        "the intent is gone once the seal exists: one object per idle minute"
+    );
+    // A writer stalled into an empty second while the minute is sealed is
+    // refused, and its record is in no reader's view.
+    let late = Bucket::from_secs(span.last().secs() - 1);
+    e.clock.set(late.start());
+    let w3 = e.writer_ok("w3");
+    let (clock, store, log) = (e.clock.clone(), e.store.clone(), e.log.clone());
+    e.hook.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            clock.set(
+                span.close_time(cfg().grace)
+                    .saturating_add(Duration::from_secs(1)),
+            );
+            seal::seal(store.as_ref(), &log, span).await.unwrap();
+        })
+    }));
+    let err = w3.write(Bytes::from("late")).await.unwrap_err();
+    assert!(matches!(err, Error::LateRejected { .. }), "{err:?}");
+    // A raw append into a sealed second (a writer that skipped the
+    // protocol) is not read either.
+    let rogue = Bucket::from_secs(span.last().secs() - 2);
+    let raw = raw_batch(&e, "rogue", rogue.start().next(), None);
+    let _ = e.store.append(&e.log, rogue, "rogue.0", 0, raw).await;
+    for _ in 0..2 {
+        let r = e.read_checked().await;
+        assert_eq!(payloads(&r), vec!["on-time", "stalled-unsealed"]);
+        assert!(r.rejected.is_empty() && r.problems.is_empty(), "{r:?}");
+    }
+    // The next minute: the metronome goes on with it (the readers above
+    // closed its first past-due seconds one by one, as bags).
+    e.clock.set(span.next().close_time(cfg().grace));
+    let r = m.tick().await.unwrap();
+    let made = seal::bags_of(e.store.as_ref(), &e.log, span.next())
+        .await
+        .unwrap();
+    assert!(!made.is_empty());
+    assert_eq!(r.sealed, 60 - made.len() as u64);
     assert!(r.max_lag.is_some());
+}
+
+/// A sealer dies after k storage operations while a stalled writer's
+/// append into an empty second of the minute is in flight; another sealer
+/// finishes. Every sealer agrees, the intent is gone, and readers read
+/// exactly the acknowledged writes.
+async fn sealer_killed_between_any_two_steps_is_finished_by_another(backend: Backend) {
+    let mut finished = false;
+    for k in 0..40 {
+        let e = env(&backend).await;
+        let b = Bucket::of(t0());
+        let span = Span::of(b);
+        let mut acked = BTreeSet::new();
+        e.writer_ok("w1").write(Bytes::from("w1-a")).await.unwrap();
+        acked.insert("w1-a".to_owned());
+        e.clock.set(b.next().start());
+        let w2 = e.writer_ok("w2");
+        let (faulty, _) = backend.store_with(KillSwitch::after(k)).await;
+        let (clock, log) = (e.clock.clone(), e.log.clone());
+        let died = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let died2 = died.clone();
+        e.hook.before_next_append(Box::new(move || {
+            Box::pin(async move {
+                clock.set(span.close_time(cfg().grace));
+                if seal::seal(faulty.as_ref(), &log, span).await.is_err() {
+                    died2.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        }));
+        if w2.write(Bytes::from("w2-late")).await.is_ok() {
+            acked.insert("w2-late".to_owned());
+        }
+        let s1 = seal::seal(e.store.as_ref(), &e.log, span).await.unwrap();
+        let s2 = seal::seal(backend.store().await.as_ref(), &e.log, span)
+            .await
+            .unwrap();
+        assert_eq!(s1, s2);
+        let intent = format!("_seal/{}.intent", span.first().secs());
+        assert_eq!(e.store.get_named(&e.log, &intent, 0).await.unwrap(), None);
+        let r = e.read_checked().await;
+        let got: BTreeSet<String> = payloads(&r).into_iter().collect();
+        assert_eq!(got, acked, "sealer killed after {k} operations");
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        if !died.load(std::sync::atomic::Ordering::SeqCst) {
+            finished = true;
+            break;
+        }
+    }
+    assert!(finished, "the faulty sealer never got through");
+}
+
+async fn concurrent_sealers_agree(backend: Backend) {
+    let e = env(&backend).await;
+    let mut acked = BTreeSet::new();
+    for (i, id) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        e.clock
+            .set(t0().saturating_add(Duration::from_secs(3 * i as u64)));
+        let w = e.writer_ok(id);
+        for p in msgs(id, 2) {
+            w.write(p.clone()).await.unwrap();
+            acked.insert(String::from_utf8(p.to_vec()).unwrap());
+        }
+    }
+    let span = Span::of(Bucket::of(t0()));
+    e.clock.set(span.close_time(cfg().grace));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let store = backend.store().await;
+        let log = e.log.clone();
+        tasks.push(tokio::spawn(async move {
+            seal::seal(store.as_ref(), &log, span).await.unwrap()
+        }));
+    }
+    let mut seals = Vec::new();
+    for t in tasks {
+        seals.push(t.await.unwrap());
+    }
+    assert!(seals.windows(2).all(|p| p[0] == p[1]), "{seals:?}");
+    assert_eq!(seals[0].bags().count(), 3);
+    let got: BTreeSet<String> = payloads(&e.read_checked().await).into_iter().collect();
+    assert_eq!(got, acked);
 }
 
 /// A batch that skips the writer's checks, as a buggy writer would.
@@ -650,4 +794,112 @@ async fn two_writers_given_one_id_lose_nothing(backend: Backend) {
         .map(str::to_owned)
         .collect();
     assert_eq!(got, want);
+}
+
+/// Random writers write random batches over two minutes, with a rogue
+/// batch and a corrupt record among them; the minutes are sealed and
+/// summarized. Reading with and without the summary gives the same
+/// messages, rejections and problems, byte for byte; any number of
+/// summarizers publish the same bytes; the summary checks against its
+/// bags; a summary with a record left out is caught.
+async fn summaries_read_the_same_messages_as_bags_byte_for_byte(backend: Backend) {
+    use rand::{Rng as _, SeedableRng as _};
+    let seed = rand::random::<u64>();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let e = env(&backend).await;
+    let first = Span::of(Bucket::of(t0()));
+    let writers: Vec<Writer> = (0..rng.gen_range(1..4))
+        .map(|i| e.writer_ok(&format!("w{i}")))
+        .collect();
+    let mut at = t0();
+    let end = first.next().last().start();
+    let mut n = 0;
+    while at < end {
+        e.clock.set(at);
+        let w = &writers[rng.gen_range(0..writers.len())];
+        let k = rng.gen_range(1..5);
+        w.write_batch(msgs(&format!("m{n}"), k)).await.unwrap();
+        n += 1;
+        at = at.saturating_add(Duration::from_millis(rng.gen_range(200..9000)));
+    }
+    // A batch past its lease's deadline, and a corrupt record.
+    let rogue = Bucket::of(t0()).next();
+    let expired = e
+        .leases
+        .witness("lease-old", t0().saturating_sub(Duration::from_secs(60)), t0());
+    let raw = raw_batch(&e, "rogue", rogue.start().next(), Some(expired));
+    let _ = e.store.append(&e.log, rogue, "rogue.0", 0, raw).await.unwrap();
+    let mut bad = frame::encode(b"not a batch").to_vec();
+    bad[9] ^= 0xff;
+    let _ = e
+        .store
+        .append(&e.log, rogue, "bad.0", 0, Bytes::from(bad))
+        .await
+        .unwrap();
+    e.clock.set(first.next().close_time(cfg().grace));
+    let stretch = Stretch::new(first, 2);
+    // Not sealed yet: refused, nothing published.
+    let err = summary::summarize(e.store.as_ref(), &e.log, stretch)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotSummarizable { .. }), "{err}");
+    let opts = |use_summaries| {
+        ReadOptions::default()
+            .with_keys(Some(e.leases.keys()))
+            .with_summaries(use_summaries)
+    };
+    let clock = AssumedExact(e.clock.clone());
+    let from_bags = bag::read(e.store.as_ref(), &e.log, &opts(false), &cfg(), &clock)
+        .await
+        .unwrap();
+    assert!(from_bags.messages.len() >= n, "seed {seed}");
+    assert!(!from_bags.rejected.is_empty(), "seed {seed}: {from_bags:?}");
+    assert!(!from_bags.problems.is_empty(), "seed {seed}: {from_bags:?}");
+    // Summarizers at once: one creates, all publish the same bytes.
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (store, log) = (backend.store().await, e.log.clone());
+        tasks.push(tokio::spawn(async move {
+            summary::summarize(store.as_ref(), &log, stretch).await.unwrap()
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    assert_eq!(done.iter().filter(|d| d.created).count(), 1, "{done:?}");
+    assert!(
+        done.windows(2)
+            .all(|p| (p[0].bytes, p[0].bags) == (p[1].bytes, p[1].bags))
+    );
+    let from_summary = bag::read(e.store.as_ref(), &e.log, &opts(true), &cfg(), &clock)
+        .await
+        .unwrap();
+    assert_eq!(from_summary.summaries_read, 1);
+    assert_eq!(from_summary.messages, from_bags.messages, "seed {seed}");
+    assert_eq!(from_summary.rejected, from_bags.rejected, "seed {seed}");
+    assert_eq!(from_summary.problems, from_bags.problems, "seed {seed}");
+    let check = summary::check(e.store.as_ref(), &e.log, stretch).await.unwrap();
+    assert!(check.mismatched.is_empty(), "{check:?}");
+    assert_eq!(check.bags_matched, done[0].bags);
+    // A forged summary of the next minute, one batch left out, is caught.
+    let next = first.next().next();
+    e.clock.set(next.first().start());
+    e.writer_ok("w9").write_batch(msgs("later", 2)).await.unwrap();
+    e.writer_ok("w8").write_batch(msgs("more", 1)).await.unwrap();
+    e.clock.set(next.close_time(cfg().grace));
+    seal::seal(e.store.as_ref(), &e.log, next).await.unwrap();
+    let one = Stretch::new(next, 1);
+    let mut forged = summary::build(e.store.as_ref(), &e.log, one).await.unwrap();
+    forged.bags[0].items.pop();
+    summary::publish(e.store.as_ref(), &e.log, one, &forged)
+        .await
+        .unwrap();
+    let check = summary::check(e.store.as_ref(), &e.log, one).await.unwrap();
+    assert_eq!(check.mismatched.len(), 1, "{check:?}");
+    // And an honest summarizer refuses to take it for its own.
+    let err = summary::summarize(e.store.as_ref(), &e.log, one)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::SummaryMismatch { .. }), "{err}");
 }

@@ -244,8 +244,8 @@ impl FsOps for PausingFs {
     async fn chmod(&self, path: &str, mode: u32) -> std::io::Result<()> {
         self.inner.chmod(path, mode).await
     }
-    async fn remove_private(&self, path: &str) -> std::io::Result<()> {
-        self.inner.remove_private(path).await
+    async fn remove(&self, path: &str) -> std::io::Result<()> {
+        self.inner.remove(path).await
     }
 }
 

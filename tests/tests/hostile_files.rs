@@ -451,11 +451,18 @@ async fn a_stuck_log_does_not_stop_the_metronome_closing_the_others() {
     // for its lock: opening one for reading waits for a writer forever.
     let now = Bucket::of(SystemClock.now());
     let mut fifos = Vec::new();
-    for log in [&stuck1, &stuck2] {
+    for log in [&stuck1, &good, &stuck2] {
+        // Every log has been started by a writer (a metronome closes only
+        // logs that exist), and has a bag every second, as a busy log does.
+        let start = root.join(log).join("_start");
+        std::fs::create_dir_all(&start).unwrap();
+        std::fs::write(start.join((now.secs() - 10).to_string()), b"").unwrap();
         for s in now.secs() - 10..now.secs() + 300 {
             let bag = root.join(log).join(Bucket::from_secs(s).path());
             std::fs::create_dir_all(&bag).unwrap();
-            fifos.push(bag.join("lock"));
+            if log != &good {
+                fifos.push(bag.join("lock"));
+            }
         }
     }
     mkfifo(&fifos);

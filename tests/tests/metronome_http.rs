@@ -141,10 +141,10 @@ async fn the_metronome_counts_closes_and_errors_per_log_and_says_why_it_is_not_r
 
     let m = Metronome::start(&root, &[&good, &broken]);
     let closed = "bagel_metronome_bags_closed_total";
-    // The bag with the message closes as a bag with data; the rest empty.
+    // The bag with the message closes as a bag with data. (The empty
+    // seconds around it are sealed with their minute, up to a minute on:
+    // the bag conformance suite counts those.)
     m.wait_metric(closed, &[("log", &good), ("outcome", "with_data")], 1.0)
-        .await;
-    m.wait_metric(closed, &[("log", &good), ("outcome", "empty")], 3.0)
         .await;
     m.wait_metric(
         "bagel_metronome_errors_total",

@@ -72,8 +72,8 @@ async fn fsops_semantics(version: u8) {
     );
     assert!(fs.link("b/1/.lock.a", "b/1/lock").await.unwrap());
     assert!(!other.link("b/1/.lock.b", "b/1/lock").await.unwrap());
-    fs.remove_private("b/1/.lock.a").await.unwrap();
-    other.remove_private("b/1/.lock.b").await.unwrap();
+    fs.remove("b/1/.lock.a").await.unwrap();
+    other.remove("b/1/.lock.b").await.unwrap();
     assert_eq!(&other.read("b/1/lock", None).await.unwrap()[..], b"listing a");
 
     // Listings, with directories told apart.

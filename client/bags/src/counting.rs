@@ -24,7 +24,7 @@ pub const OPS: [&str; 10] = [
     "chmod",
     "link",
     "read",
-    "remove_private",
+    "remove",
 ];
 
 /// Call counts, shared between a [`CountingFs`] and whoever reads them.
@@ -136,9 +136,9 @@ impl FsOps for CountingFs {
         self.counts.bump("chmod");
         self.inner.chmod(path, mode).await
     }
-    async fn remove_private(&self, path: &str) -> io::Result<()> {
-        self.counts.bump("remove_private");
-        self.inner.remove_private(path).await
+    async fn remove(&self, path: &str) -> io::Result<()> {
+        self.counts.bump("remove");
+        self.inner.remove(path).await
     }
 }
 

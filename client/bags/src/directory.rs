@@ -7,6 +7,7 @@
 //!     prelock                         "a close has started"
 //!     lock                            the bag: `name size` per data file
 //! <root>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
+//! <root>/<log>/_seal/<minute start>    minute seals (see `crate::seal`)
 //! ```
 //!
 //! Close (any process, concurrently, every step idempotent):
@@ -209,7 +210,7 @@ impl DirectoryStore {
         // 4. link it into place; EEXIST means another closer won.
         let lock = format!("{dir}/{LOCK}");
         let linked = self.fs.link(&tmp, &lock).await;
-        let _ = self.fs.remove_private(&tmp).await;
+        let _ = self.fs.remove(&tmp).await;
         let linked = linked.map_err(|e| Error::io("link", &lock, e))?;
         let listing = if linked {
             listing
@@ -352,6 +353,72 @@ impl BagStore for DirectoryStore {
             .await
             .map_err(|e| Error::io("create", &path, e))?;
         Ok(())
+    }
+
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> Result<Option<Bytes>> {
+        let path = format!("{log}/{name}");
+        let dir = path.rsplit_once('/').map_or(log, |(d, _)| d).to_owned();
+        self.fs
+            .create_dir_all(&dir)
+            .await
+            .map_err(|e| Error::io("mkdir", &dir, e))?;
+        // Written whole under a private name, then linked into place: no
+        // reader ever sees a part of it, and EEXIST means another was first.
+        let tmp = format!("{dir}/.tmp.{:016x}", rand::thread_rng().next_u64());
+        self.fs
+            .create_exclusive(&tmp, &body, self.sync)
+            .await
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        let linked = self.fs.link(&tmp, &path).await;
+        let _ = self.fs.remove(&tmp).await;
+        if linked.map_err(|e| Error::io("link", &path, e))? {
+            return Ok(None);
+        }
+        let max = (body.len() as u64).max(MAX_LOCK_BYTES);
+        self.get_named(log, name, max).await?.map(Some).ok_or_else(|| {
+            Error::io(
+                "read",
+                &path,
+                io::Error::other("it existed a moment ago and is gone"),
+            )
+        })
+    }
+
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> Result<Option<Bytes>> {
+        let path = format!("{log}/{name}");
+        match self.fs.read(&path, Some(max.saturating_add(1))).await {
+            Ok(b) if b.len() as u64 > max => Err(Error::invalid(
+                "protocol object",
+                path,
+                format!("over {max} bytes: not one the protocol wrote"),
+            )),
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if crate::fsops::is_not_plain(&e) => {
+                Err(Error::invalid("protocol object", path, e.to_string()))
+            }
+            Err(e) => Err(Error::io("read", &path, e)),
+        }
+    }
+
+    async fn remove_named(&self, log: &str, name: &str) -> Result<()> {
+        let path = format!("{log}/{name}");
+        match self.fs.remove(&path).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(Error::io("remove", &path, e)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
+        let dir = format!("{log}/{dir}");
+        Ok(self
+            .list(&dir)
+            .await?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| !e.is_dir && !e.name.starts_with('.'))
+            .map(|e| e.name)
+            .collect())
     }
 
     async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>> {

@@ -118,6 +118,35 @@ pub enum Error {
         bucket: Bucket,
         reason: String,
     },
+    /// A span's seal that does not parse, or names another span.
+    #[error("seal of the minute from {span} of log {log:?} is corrupt: {reason}")]
+    CorruptSeal {
+        log: String,
+        span: Bucket,
+        reason: String,
+    },
+    /// A stretch that cannot be summarized (yet): a minute not sealed, a
+    /// bag not closed, too big.
+    #[error("cannot summarize {stretch} of log {log:?}: {reason}")]
+    NotSummarizable {
+        log: String,
+        stretch: String,
+        reason: String,
+    },
+    /// A published summary is not the one the bags give.
+    #[error("summary {name} of log {log:?}: {reason}")]
+    SummaryMismatch {
+        log: String,
+        name: String,
+        reason: String,
+    },
+    /// A published summary that does not parse or contradicts its name.
+    #[error("summary of log {log:?} from {from} is corrupt: {reason}")]
+    CorruptSummary {
+        log: String,
+        from: Bucket,
+        reason: String,
+    },
     #[error("invalid {what} {value:?}: {reason}")]
     Invalid {
         what: &'static str,
@@ -164,6 +193,10 @@ impl Error {
             Error::Store { .. } => "store",
             Error::ConditionalWritesIgnored { .. } => "conditional_writes_ignored",
             Error::CorruptLock { .. } => "corrupt_lock",
+            Error::CorruptSeal { .. } => "corrupt_seal",
+            Error::NotSummarizable { .. } => "not_summarizable",
+            Error::SummaryMismatch { .. } => "summary_mismatch",
+            Error::CorruptSummary { .. } => "corrupt_summary",
             Error::Invalid { .. } => "invalid",
             Error::TooEarly { .. } => "too_early",
             Error::ClockUnvouched { .. } => "clock_unvouched",
@@ -180,6 +213,7 @@ impl Error {
             | Error::TooFarAhead { .. }
             | Error::TooEarly { .. }
             | Error::ClockUnvouched { .. }
+            | Error::NotSummarizable { .. }
             | Error::NoSignedTime { .. }
             | Error::SignedTimeOff { .. } => true,
             Error::Io { source, .. } => !matches!(
@@ -192,6 +226,9 @@ impl Error {
             | Error::LeaseExpiring { .. }
             | Error::ConditionalWritesIgnored { .. }
             | Error::CorruptLock { .. }
+            | Error::CorruptSeal { .. }
+            | Error::SummaryMismatch { .. }
+            | Error::CorruptSummary { .. }
             | Error::Invalid { .. }
             | Error::NoRights { .. }
             | Error::WritesClosed

@@ -112,9 +112,9 @@ impl FsOps for FaultyFs {
         self.check()?;
         self.inner.chmod(path, mode).await
     }
-    async fn remove_private(&self, path: &str) -> io::Result<()> {
+    async fn remove(&self, path: &str) -> io::Result<()> {
         self.check()?;
-        self.inner.remove_private(path).await
+        self.inner.remove(path).await
     }
 }
 
@@ -359,5 +359,17 @@ impl BagStore for AppendsThrough {
     }
     async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()> {
         self.inner.mark_log_start(log, bucket).await
+    }
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> Result<Option<Bytes>> {
+        self.inner.put_first(log, name, body).await
+    }
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> Result<Option<Bytes>> {
+        self.inner.get_named(log, name, max).await
+    }
+    async fn remove_named(&self, log: &str, name: &str) -> Result<()> {
+        self.inner.remove_named(log, name).await
+    }
+    async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
+        self.inner.list_named(log, dir).await
     }
 }

@@ -3,8 +3,8 @@
 //! metadata writes execute on the server): list a directory, link a
 //! prepared file, open an existing file, create with `O_CREAT|O_EXCL`,
 //! append to a single-writer file and close it, open+stat, open+read, chmod.
-//! Plus `mkdir` (exclusive by nature) and removing a private temporary file
-//! nobody else ever opens. **No rename.**
+//! Plus `mkdir` (exclusive by nature) and `unlink` (of a private temporary
+//! file, or of a span's seal intent once its seal exists). **No rename.**
 //!
 //! Paths are relative to the store root, `/`-separated. The [`StdFs`]
 //! implementation runs each call on tokio's blocking pool; a userspace NFS
@@ -75,8 +75,11 @@ pub trait FsOps: Send + Sync + fmt::Debug {
     async fn read(&self, path: &str, limit: Option<u64>) -> io::Result<Bytes>;
     /// chmod: the "closed" signal on data files and bag directories.
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()>;
-    /// Removes a private temporary file that only this process ever used.
-    async fn remove_private(&self, path: &str) -> io::Result<()>;
+    /// `unlink(2)` of a file: a private temporary file that only this
+    /// process ever used, or a span's seal intent once the seal exists
+    /// (see [`crate::seal`]). Never a file another process may still be
+    /// deciding on.
+    async fn remove(&self, path: &str) -> io::Result<()>;
 }
 
 /// An open single-writer file.
@@ -341,7 +344,7 @@ impl FsOps for StdFs {
         .await
     }
 
-    async fn remove_private(&self, path: &str) -> io::Result<()> {
+    async fn remove(&self, path: &str) -> io::Result<()> {
         let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
             let (dir, name) = crate::beneath::parent(&root, &path)?;

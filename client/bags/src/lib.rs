@@ -51,6 +51,8 @@
 //! * [`timeout`]: [`TimeoutStore`], every call of any store bounded in time.
 //! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
 //! * [`writer`]: timestamps, batches, commit protocol.
+//! * [`seal`]: one object closes a minute's empty seconds.
+//! * [`summary`]: a closed stretch of a log as one deterministic object.
 //! * [`metronome`]: closes past bags; [`close_through`].
 //! * [`vouched`]: the time closers act on: a checked clock less its bound.
 //! * [`reader`]: ordered, checked reads of a time range.
@@ -77,8 +79,10 @@ pub mod names;
 pub mod nfs;
 pub mod reader;
 pub mod s3;
+pub mod seal;
 pub mod store;
 pub mod store_url;
+pub mod summary;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timeout;

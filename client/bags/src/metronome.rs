@@ -3,12 +3,21 @@
 //! new lease holder's wait before it reads what an unsettled predecessor
 //! wrote).
 //!
-//! A bag `[s, s+1)` is closed at `s + 1 + grace`, whether or not anyone
-//! wrote to it, so a late writer always finds it closed. The metronome
-//! starts at `now - lookback` rather than at the epoch; that is safe because
-//! writers never start a write into a bag whose close time passed, a write
-//! that finishes after the close time closes its bag itself, and readers
-//! close past-due bags before reading them (see [`super`]).
+//! A bag `[s, s+1)` that exists is closed at `s + 1 + grace`. The seconds
+//! of a minute that hold no bag by then are closed together by the
+//! minute's seal ([`crate::seal`]) at the minute's close time: one object
+//! per idle minute rather than three per second. Until its minute is
+//! sealed, a writer that stalled past an empty second's close time may
+//! still open it; it then closes that bag itself (or the next tick does)
+//! and is acknowledged only if the lock lists it, so every reader still
+//! agrees.
+//!
+//! The metronome closes only logs that exist (a log's first writer marks
+//! its start), from its start mark or `now - lookback`, whichever is later,
+//! rather than from the epoch. That is safe because writers never start a
+//! write into a bag whose close time passed, a write that finishes after
+//! the close time closes its bag itself, and readers close past-due bags
+//! and seal past-due minutes before reading them (see [`super`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +25,7 @@ use std::time::{Duration, Instant};
 use bagel_proto::Micros;
 use tokio_util::sync::CancellationToken;
 
+use crate::seal::{self, Span};
 use crate::{BagConfig, BagStore, Bucket, Error, Result, closer_now, validate_log};
 use bagel_proto::clock::CheckedClock;
 
@@ -28,12 +38,25 @@ pub struct CloseReport {
     pub through: Option<Bucket>,
     /// The largest delay between a bag's close time and the end of its close.
     pub max_lag: Option<Duration>,
+    /// Seconds closed empty by minute seals in this round (also counted in
+    /// `closed`).
+    pub sealed: u64,
+    /// Logs with no start mark: nobody ever wrote them, so nothing of them
+    /// is closed (a mistyped `--log` is not created and closed forever).
+    pub missing_logs: Vec<String>,
+    /// Summaries this round published or found published
+    /// ([`Metronome::with_summaries`]).
+    pub summarized: Vec<crate::summary::Summarized>,
 }
 
 impl CloseReport {
     fn add(&mut self, bucket: Bucket, lag: Duration) {
-        self.closed += 1;
-        self.through = Some(self.through.map_or(bucket, |b| b.max(bucket)));
+        self.add_many(bucket, lag, 1);
+    }
+
+    fn add_many(&mut self, through: Bucket, lag: Duration, n: u64) {
+        self.closed += n;
+        self.through = Some(self.through.map_or(through, |b| b.max(through)));
         self.max_lag = Some(self.max_lag.map_or(lag, |m| m.max(lag)));
     }
 }
@@ -95,12 +118,27 @@ pub async fn close_through(
     let last = Bucket::of(Micros::from_micros(until.as_micros() - 1));
     let first = Bucket::of(until.saturating_sub(cfg.lookback)).min(last);
     wait_for(clock, last.close_time(cfg.grace), last, Duration::from_secs(5)).await?;
-    let mut b = first;
-    while b <= last {
-        store.close(log, b).await?;
-        let now = closer_now(clock).await.unwrap_or(Micros::ZERO);
-        report.add(b, now.duration_since(b.close_time(cfg.grace)));
-        b = b.next();
+    let now = closer_now(clock).await?;
+    for span in Span::covering(first, last) {
+        // A minute wholly past due is sealed (one object for its empty
+        // seconds); the seconds of one that is not are closed one by one.
+        if now >= span.close_time(cfg.grace) {
+            let sealed = seal::seal(store, log, span).await?;
+            let through = span.last().min(last);
+            let lag = closer_now(clock)
+                .await
+                .unwrap_or(Micros::ZERO)
+                .duration_since(span.close_time(cfg.grace));
+            let n = span.buckets().filter(|b| (first..=last).contains(b)).count() as u64;
+            report.add_many(through, lag, n);
+            report.sealed += sealed.empty_seconds();
+            continue;
+        }
+        for b in span.buckets().filter(|b| (first..=last).contains(b)) {
+            store.close(log, b).await?;
+            let now = closer_now(clock).await.unwrap_or(Micros::ZERO);
+            report.add(b, now.duration_since(b.close_time(cfg.grace)));
+        }
     }
     Ok(report)
 }
@@ -123,14 +161,15 @@ pub async fn close_logs_through(
     Ok(())
 }
 
-/// Closes, for each of its logs, every bag whose close time has passed.
+/// Closes, for each of its logs, every bag whose close time has passed,
+/// and seals every minute whose close time has passed.
 pub struct Metronome {
     store: Arc<dyn BagStore>,
     logs: Vec<String>,
-    /// Per log (same order): the next bag not yet closed by this metronome;
-    /// empty until the clock is first vouched for (it starts at that
-    /// instant less the lookback).
-    next: Vec<Bucket>,
+    /// Per log (same order): where it stands; `None` until the log's start
+    /// mark is found (and, before that, until the clock is first vouched
+    /// for).
+    cursors: Vec<Option<Cursor>>,
     cfg: BagConfig,
     clock: Arc<dyn CheckedClock>,
     /// The latest vouched instant (see [`closer_now`]) and when, on the
@@ -138,6 +177,20 @@ pub struct Metronome {
     /// estimate from between checks.
     vouched: Option<(Micros, Instant)>,
     observer: Option<Arc<dyn CloseObserver>>,
+    /// Summarize sealed stretches this long after their close time, this
+    /// many minutes each.
+    summarize: Option<(Duration, u32)>,
+}
+
+/// Where one log's closing stands.
+#[derive(Clone, Debug)]
+struct Cursor {
+    /// The first minute not sealed yet by this metronome.
+    span: Span,
+    /// The next stretch to summarize (with [`Metronome::with_summaries`]).
+    summary: Option<crate::summary::Stretch>,
+    /// Bags of that minute or later that this metronome closed already.
+    closed: std::collections::BTreeSet<Bucket>,
 }
 
 /// Told of every bag a [`Metronome`] closes and every close that fails,
@@ -155,6 +208,21 @@ pub trait CloseObserver: Send + Sync {
     fn clock_checked(&self, refused: Option<&Error>) {
         let _ = refused;
     }
+    /// The minute ending with `last` is sealed, `lag` after its close
+    /// time: `empty` of its seconds are closed empty by the seal.
+    fn sealed(&self, log: &str, last: Bucket, lag: Duration, empty: u64) {
+        let _ = (log, last, lag, empty);
+    }
+    /// A tick is done with `log`: every bag of it through `through` is
+    /// closed, and the seconds without one are sealed with their minute.
+    fn caught_up(&self, log: &str, through: Bucket) {
+        let _ = (log, through);
+    }
+    /// `log` has no start mark: no writer ever wrote it, so nothing of it
+    /// is closed (told at every tick until it has one).
+    fn log_missing(&self, log: &str) {
+        let _ = log;
+    }
 }
 
 impl std::fmt::Debug for Metronome {
@@ -162,15 +230,16 @@ impl std::fmt::Debug for Metronome {
         f.debug_struct("Metronome")
             .field("store", &self.store.describe())
             .field("logs", &self.logs)
-            .field("next", &self.next)
+            .field("cursors", &self.cursors)
             .finish_non_exhaustive()
     }
 }
 
 impl Metronome {
-    /// Starts at `now - lookback` for every log, `now` being the first
-    /// instant `clock` vouches for. Closes nothing while `clock` cannot be
-    /// vouched for (see [`crate::vouched`]).
+    /// Starts, for each log, at its start mark or `now - lookback`,
+    /// whichever is later, `now` being the first instant `clock` vouches
+    /// for. Closes nothing while `clock` cannot be vouched for (see
+    /// [`crate::vouched`]).
     pub fn new(
         store: Arc<dyn BagStore>,
         logs: Vec<String>,
@@ -182,18 +251,27 @@ impl Metronome {
         }
         Ok(Metronome {
             store,
-            next: Vec::new(),
+            cursors: vec![None; logs.len()],
             logs,
             cfg,
             clock,
             vouched: None,
             observer: None,
+            summarize: None,
         })
     }
 
-    /// Checks the clock now and returns the vouched instant; remembers it
-    /// (and, the first time, sets where closing starts). Tells the
-    /// observer either way.
+    /// Also summarizes ([`crate::summary`]) every stretch of `minutes`
+    /// minutes, from where this metronome started, once it is sealed and
+    /// `after` past its close time.
+    #[must_use]
+    pub fn with_summaries(mut self, after: Duration, minutes: u32) -> Self {
+        self.summarize = Some((after, minutes.max(1)));
+        self
+    }
+
+    /// Checks the clock now and returns the vouched instant; remembers it.
+    /// Tells the observer either way.
     pub async fn check_clock(&mut self) -> Result<Micros> {
         let checked = closer_now(self.clock.as_ref()).await;
         if let Some(o) = &self.observer {
@@ -201,10 +279,6 @@ impl Metronome {
         }
         let now = checked?;
         self.vouched = Some((now, Instant::now()));
-        if self.next.is_empty() {
-            let start = Bucket::of(now.saturating_sub(self.cfg.lookback));
-            self.next = vec![start; self.logs.len()];
-        }
         Ok(now)
     }
 
@@ -226,71 +300,84 @@ impl Metronome {
         &self.logs
     }
 
-    /// How many bags (over every log) are past their close time and not
-    /// yet closed by this metronome: the work the next tick has.
-    /// Zero until the clock has been vouched for ([`Metronome::check_clock`]).
+    /// How many seconds (over every log found) are past their close time
+    /// and not yet closed or sealed by this metronome: the work the next
+    /// tick has. Zero until the clock has been vouched for
+    /// ([`Metronome::check_clock`]) and the logs found
+    /// ([`Metronome::find_logs`]).
     pub fn due(&self) -> u64 {
         let Some(now) = self.estimated_now() else {
             return 0;
         };
-        self.next
+        // Seconds `b` with `b + 1 + grace <= now` are due: those below this.
+        let due_below = now.saturating_sub(self.cfg.grace).as_micros() / 1_000_000;
+        self.cursors
             .iter()
-            .map(|b| {
-                let mut n = 0;
-                let mut b = *b;
-                while b.close_time(self.cfg.grace) <= now {
-                    n += 1;
-                    b = b.next();
-                }
-                n
+            .flatten()
+            .map(|c| {
+                let n = due_below.saturating_sub(c.span.first().secs());
+                n.saturating_sub(c.closed.len() as u64)
             })
             .sum()
     }
 
-    /// When the next bag (of any log) becomes closable.
-    pub fn next_close_time(&self) -> Micros {
-        self.next
-            .iter()
-            .map(|b| b.close_time(self.cfg.grace))
-            .min()
-            .unwrap_or(Micros::MAX)
+    /// Looks up the start mark of every log not found yet, so that
+    /// [`Metronome::due`] counts it (a tick does this itself).
+    pub async fn find_logs(&mut self) -> Result<()> {
+        let Some(now) = self.estimated_now() else {
+            return Ok(());
+        };
+        let horizon = Bucket::of(now.saturating_sub(self.cfg.lookback));
+        for i in 0..self.logs.len() {
+            if self.cursors[i].is_none()
+                && let Some(start) = self.store.log_start(&self.logs[i]).await?
+            {
+                self.cursors[i] = Some(self.new_cursor(start, horizon));
+            }
+        }
+        Ok(())
     }
 
-    /// Closes every bag whose close time has surely passed, on a clock
-    /// checked at the start of the tick; closes nothing when the check
-    /// fails (the error says why). On an error the cursor stays at the
-    /// failed bag, so the next tick retries it; the other logs are closed
-    /// all the same (one bad log stalls only itself), and the first error
-    /// is returned once they are.
+    /// Where closing `log` starts: at its start mark or the lookback
+    /// horizon, whichever is later.
+    fn new_cursor(&self, start: Bucket, horizon: Bucket) -> Cursor {
+        let from = Span::of(start.max(horizon));
+        Cursor {
+            span: from,
+            // The first whole stretch from where sealing starts.
+            summary: self.summarize.map(|(_, minutes)| {
+                let st = crate::summary::Stretch::aligned(from.first(), minutes);
+                if st.from() < from.first() { st.next() } else { st }
+            }),
+            closed: Default::default(),
+        }
+    }
+
+    /// When the next bag (of any log) becomes closable: the close time of
+    /// the first second after the last vouched instant.
+    pub fn next_close_time(&self) -> Micros {
+        match self.vouched {
+            Some((now, _)) => Bucket::of(now.saturating_sub(self.cfg.grace)).close_time(self.cfg.grace),
+            None => Micros::ZERO,
+        }
+    }
+
+    /// Closes every bag whose close time has surely passed and seals every
+    /// minute whose close time has, on a clock checked at the start of the
+    /// tick; closes nothing when the check fails (the error says why). On
+    /// an error the log's cursor stays where it failed, so the next tick
+    /// retries it; the other logs are closed all the same (one bad log
+    /// stalls only itself), and the first error is returned once they are.
     pub async fn tick(&mut self) -> Result<CloseReport> {
         let now = self.check_clock().await?;
         let mut report = CloseReport::default();
         let mut first_error = None;
-        for (log, next) in self.logs.iter().zip(self.next.iter_mut()) {
-            'log: loop {
-                let close_at = next.close_time(self.cfg.grace);
-                if now < close_at {
-                    break;
-                }
-                let listing = match self.store.close(log, *next).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        if let Some(o) = &self.observer {
-                            o.failed(log, *next, &e);
-                        }
-                        first_error.get_or_insert(e);
-                        break 'log;
-                    }
-                };
-                let lag = self
-                    .vouched
-                    .map_or(now, |(t, at)| t.saturating_add(at.elapsed()))
-                    .duration_since(close_at);
+        for i in 0..self.logs.len() {
+            if let Err((bucket, e)) = self.tick_log(i, now, &mut report).await {
                 if let Some(o) = &self.observer {
-                    o.closed(log, *next, lag, listing.items.len());
+                    o.failed(&self.logs[i], bucket, &e);
                 }
-                report.add(*next, lag);
-                *next = next.next();
+                first_error.get_or_insert(e);
             }
         }
         match first_error {
@@ -299,21 +386,107 @@ impl Metronome {
         }
     }
 
+    /// One log's share of a tick; an error names the bag (or the first
+    /// bag of the minute) it was at.
+    async fn tick_log(
+        &mut self,
+        i: usize,
+        now: Micros,
+        report: &mut CloseReport,
+    ) -> std::result::Result<(), (Bucket, Error)> {
+        let (store, log, grace) = (self.store.as_ref(), self.logs[i].as_str(), self.cfg.grace);
+        let observer = self.observer.as_deref();
+        let horizon = Bucket::of(now.saturating_sub(self.cfg.lookback));
+        if self.cursors[i].is_none() {
+            match store.log_start(log).await.map_err(|e| (horizon, e))? {
+                Some(start) => self.cursors[i] = Some(self.new_cursor(start, horizon)),
+                None => {
+                    report.missing_logs.push(log.to_owned());
+                    if let Some(o) = observer {
+                        o.log_missing(log);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let cursor = self.cursors[i].as_mut().expect("set above");
+        let lag_of = |close_at: Micros| now.duration_since(close_at);
+        while now >= cursor.span.first().close_time(grace) {
+            let span = cursor.span;
+            // Its bags that are due, as they appear.
+            let bags = seal::bags_of(store, log, span)
+                .await
+                .map_err(|e| (span.first(), e))?;
+            for b in bags {
+                if now < b.close_time(grace) || cursor.closed.contains(&b) {
+                    continue;
+                }
+                let listing = store.close(log, b).await.map_err(|e| (b, e))?;
+                let lag = lag_of(b.close_time(grace));
+                if let Some(o) = observer {
+                    o.closed(log, b, lag, listing.items.len());
+                }
+                report.add(b, lag);
+                cursor.closed.insert(b);
+            }
+            if now < span.close_time(grace) {
+                break;
+            }
+            // The whole minute is due: its seal closes the rest.
+            let sealed = seal::seal(store, log, span)
+                .await
+                .map_err(|e| (span.first(), e))?;
+            let lag = lag_of(span.close_time(grace));
+            for b in sealed.bags().filter(|b| !cursor.closed.contains(b)) {
+                if let Some(o) = observer {
+                    o.closed(log, b, lag, 1);
+                }
+                report.add(b, lag);
+            }
+            if let Some(o) = observer {
+                o.sealed(log, span.last(), lag, sealed.empty_seconds());
+            }
+            report.add_many(span.last(), lag, sealed.empty_seconds());
+            report.sealed += sealed.empty_seconds();
+            cursor.span = span.next();
+            let next = cursor.span.first();
+            cursor.closed.retain(|b| *b >= next);
+        }
+        // Summaries of what is sealed and old enough.
+        if let (Some((after, _)), Some(stretch)) = (self.summarize, cursor.summary.as_mut()) {
+            while stretch.last() < cursor.span.first()
+                && now >= stretch.close_time(grace).saturating_add(after)
+            {
+                let done = crate::summary::summarize(store, log, *stretch)
+                    .await
+                    .map_err(|e| (stretch.from(), e))?;
+                report.summarized.push(done);
+                *stretch = stretch.next();
+            }
+        }
+        // Every second whose close time has passed is closed or sealed
+        // (or waits, empty, for its minute's seal).
+        let through = Bucket::of(now.saturating_sub(grace)).secs().checked_sub(1);
+        if let (Some(o), Some(t)) = (observer, through) {
+            o.caught_up(log, Bucket::from_secs(t));
+        }
+        Ok(())
+    }
+
     /// One metronome per log, sharing store, settings and observer.
     fn per_log(self) -> Vec<Metronome> {
-        // Before the first vouched instant no log has a cursor yet: each
-        // sets its own at its first check.
         self.logs
             .into_iter()
-            .enumerate()
-            .map(|(i, log)| Metronome {
+            .zip(self.cursors)
+            .map(|(log, cursor)| Metronome {
                 store: Arc::clone(&self.store),
                 logs: vec![log],
-                next: self.next.get(i).map(|b| vec![*b]).unwrap_or_default(),
+                cursors: vec![cursor],
                 cfg: self.cfg.clone(),
                 clock: Arc::clone(&self.clock),
                 vouched: self.vouched,
                 observer: self.observer.clone(),
+                summarize: self.summarize,
             })
             .collect()
     }

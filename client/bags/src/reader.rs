@@ -7,10 +7,13 @@
 //! `(timestamp, writer, sequence)`.
 //!
 //! A past-due bag that does not exist yet, inside the log's life (from the
-//! earliest writer start mark on), is *sealed*: closed empty. Otherwise a
-//! stalled writer could create it after this read and a later reader would
-//! see messages this one did not; sealed, the writer finds it closed and
-//! is refused. So any two readers of a past range read the same messages.
+//! earliest writer start mark on), is *sealed*: closed empty, by its
+//! minute's seal once the whole minute is past due ([`crate::seal`]), else
+//! on its own. Otherwise a stalled writer could create it after this read
+//! and a later reader would see messages this one did not; sealed, the
+//! writer finds it closed and is refused. So any two readers of a past
+//! range read the same messages. A minute's seal decides its seconds: a
+//! bag made in a second it closed empty is never read.
 //!
 //! Every message is checked: the signatures of the witnesses it cites, that
 //! its batch is signed by the holder key each of those witnesses names
@@ -28,13 +31,15 @@ use bagel_proto::{KeyRing, Micros, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 
 use crate::frame::{self, Frame};
-use crate::{BagConfig, BagState, BagStore, Bucket, ListedItem, Result, list_buckets, validate_log};
+use crate::seal::Span;
+use crate::summary::Stretch;
+use crate::{BagConfig, BagState, BagStore, Bucket, Error, ListedItem, Result, list_buckets, validate_log};
 use bagel_proto::clock::CheckedClock;
 
 /// What to read.
@@ -52,6 +57,9 @@ pub struct ReadOptions {
     /// missing ones (default on). Without it, two readers of one range may
     /// disagree.
     pub close_past_due: bool,
+    /// Read minutes that have a published summary from it rather than from
+    /// their bags (default on); the messages are the same either way.
+    pub use_summaries: bool,
     /// Trusted witness/time keys. `None`: signatures are not checked and
     /// every message carries a note saying so.
     pub keys: Option<KeyRing>,
@@ -100,6 +108,7 @@ impl Default for ReadOptions {
             from: Micros::ZERO,
             to: Micros::MAX,
             include_open: false,
+            use_summaries: true,
             close_past_due: true,
             keys: None,
             roughtime_keys: Vec::new(),
@@ -133,6 +142,11 @@ impl ReadOptions {
         self
     }
     #[must_use]
+    pub fn with_summaries(mut self, yes: bool) -> Self {
+        self.use_summaries = yes;
+        self
+    }
+
     pub fn with_include_open(mut self, yes: bool) -> Self {
         self.include_open = yes;
         self
@@ -235,6 +249,8 @@ pub struct ReadReport {
     pub closed_bags_read: u64,
     /// Missing past-due bags this read closed empty.
     pub sealed: u64,
+    /// Summaries read (each stands for whole minutes of bags).
+    pub summaries_read: u64,
     /// Why this read closed nothing although asked to close past-due bags:
     /// its clock could not be vouched for (the text of
     /// [`crate::Error::ClockUnvouched`]). The open bags it met are in
@@ -279,21 +295,57 @@ pub async fn read(
     let to = opts.to.min(Micros::from_micros(253_402_300_800_000_000));
     let first = Bucket::of(opts.from);
     let last = Bucket::of(to.saturating_sub_us(1));
-    let mut buckets = list_buckets(store, log, first, last).await?;
-    if let Some(now) = closer_now
-        && let Some(start) = store.log_start(log).await?
-    {
-        check_seal_lookback(log, &buckets, start.max(first), last, opts, cfg, now)?;
-        let sealed = seal_missing(store, log, &buckets, start.max(first), last, cfg, now).await?;
-        report.sealed = sealed.len() as u64;
-        buckets.extend(sealed);
-        buckets.sort_unstable();
+    // Summaries cover whole minutes: the ones used are read from them, and
+    // nothing of those minutes is listed, sealed or opened.
+    let summaries = match opts.use_summaries {
+        true => pick_summaries(store, log, first, last).await?,
+        false => Vec::new(),
+    };
+    let summarized = |b: &Bucket| summaries.iter().any(|(st, _)| st.contains(*b));
+    // Seals first, then bags: a bag a seal lists existed when it was
+    // sealed, so this listing sees it (unless retention removed it).
+    let sealed_spans = crate::seal::sealed_spans(store, log).await?;
+    let mut existing = Vec::new();
+    for (a, b) in uncovered(first, last, &summaries) {
+        existing.extend(list_buckets(store, log, a, b).await?);
     }
-    let total = buckets.len() as u64;
+    let life = match closer_now {
+        Some(now) => store.log_start(log).await?.map(|start| (now, start)),
+        None => None,
+    };
+    let range = Range {
+        log,
+        first,
+        last,
+        sealed: &sealed_spans,
+        summarized: &summarized,
+    };
+    let (buckets, sealed) = settle(store, &range, existing, life, opts, cfg).await?;
+    report.sealed = sealed;
+    // Bags and summarized bags, in one ascending order: a batch found twice
+    // is reported at the same second copy either way.
+    let mut sources: Vec<(Bucket, Option<(usize, usize)>)> = buckets.into_iter().map(|b| (b, None)).collect();
+    for (i, (_, s)) in summaries.iter().enumerate() {
+        for (j, bag) in s.bags.iter().enumerate() {
+            let b = Bucket::from_secs(bag.bucket_secs);
+            if (first..=last).contains(&b) {
+                sources.push((b, Some((i, j))));
+            }
+        }
+    }
+    sources.sort_by_key(|(b, _)| *b);
+    report.summaries_read = summaries.len() as u64;
+    let total = sources.len() as u64;
     let mut seen = Seen::new();
-    for (done, bucket) in buckets.into_iter().enumerate() {
+    for (done, (bucket, from_summary)) in sources.into_iter().enumerate() {
         if let Some(p) = &opts.progress {
             p.report(done as u64, total);
+        }
+        if let Some((i, j)) = from_summary {
+            let summary = &summaries[i].1;
+            read_summarized(&mut report, &mut seen, opts, cfg, log, summary, &summary.bags[j])?;
+            report.closed_bags_read += 1;
+            continue;
         }
         let (items, open) = match store.state(log, bucket).await? {
             BagState::Closed(l) => (l.items, false),
@@ -359,81 +411,205 @@ pub async fn read(
     Ok(report)
 }
 
-/// Refuses a seal of `[from, to]` that would close missing bags older than
-/// `now - max_seal_lookback`; bags that exist cost nothing, so an old range
-/// the metronome closed reads as before. Counts from the existing bags,
-/// never by walking the seconds.
-fn check_seal_lookback(
-    log: &str,
-    existing: &[Bucket],
-    from: Bucket,
-    to: Bucket,
-    opts: &ReadOptions,
-    cfg: &BagConfig,
-    now: Micros,
-) -> Result<()> {
-    let horizon = Bucket::of(now.saturating_sub(opts.max_seal_lookback));
-    // The last bag of the old part that a seal would reach: before the
-    // horizon, within the range, and past due.
-    let mut old_end = to.secs().min(horizon.secs().saturating_sub(1));
-    while old_end >= from.secs() && now < Bucket::from_secs(old_end).close_time(cfg.grace) {
-        let Some(earlier) = old_end.checked_sub(1) else {
-            return Ok(());
-        };
-        old_end = earlier;
-    }
-    if from.secs() >= horizon.secs() || old_end < from.secs() {
-        return Ok(());
-    }
-    let mut present: Vec<u64> = existing
-        .iter()
-        .map(|b| b.secs())
-        .filter(|s| (from.secs()..=old_end).contains(s))
-        .collect();
-    present.sort_unstable();
-    present.dedup();
-    let span = old_end - from.secs() + 1;
-    let missing = span - present.len() as u64;
-    if missing == 0 {
-        return Ok(());
-    }
-    // The first gap: the first second not matched by its position.
-    let first = present
-        .iter()
-        .zip(from.secs()..)
-        .find(|(have, want)| **have != *want)
-        .map_or(from.secs() + present.len() as u64, |(_, want)| want);
-    Err(crate::Error::SealTooFar {
-        log: log.to_owned(),
-        first: Bucket::from_secs(first),
-        missing,
-        limit: opts.max_seal_lookback,
-    })
+/// The range being read, and the sealed minutes of its log.
+struct Range<'a> {
+    log: &'a str,
+    first: Bucket,
+    last: Bucket,
+    sealed: &'a BTreeSet<Span>,
+    /// Seconds read from a summary: nothing of them is sealed or opened.
+    summarized: &'a (dyn Fn(&Bucket) -> bool + Sync),
 }
 
-/// Closes, empty, every past-due bag of `[from, to]` that is not among
-/// `existing`; returns them. `now`: the instant true time has surely
-/// reached.
-async fn seal_missing(
+/// Which bags of `[first, last]` hold the range's messages, and how many
+/// missing seconds this read closed empty.
+///
+/// A minute's seal decides its seconds: a second it does not list is
+/// closed empty, whatever bag a late writer made there since; one it lists
+/// is decided by its own lock. With `life` (the instant true time has
+/// surely reached, and the log's start mark), a past-due minute inside the
+/// log's life without a seal is sealed now, and a missing past-due second
+/// of a minute not yet due is closed empty on its own: otherwise a stalled
+/// writer could create it after this read and a later reader would see
+/// messages this one did not.
+async fn settle(
+    store: &dyn BagStore,
+    range: &Range<'_>,
+    existing: Vec<Bucket>,
+    life: Option<(Micros, Bucket)>,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+) -> Result<(Vec<Bucket>, u64)> {
+    let (log, first, last) = (range.log, range.first, range.last);
+    let in_range = |b: &Bucket| (first..=last).contains(b);
+    let existing: BTreeSet<Bucket> = existing.into_iter().collect();
+    // The minutes that hold a bag, and the unsealed ones of the log's life
+    // up to now (a closer may have to seal them): never every minute of
+    // the range blindly (a read of "everything" spans millennia).
+    let mut spans: BTreeSet<Span> = existing.iter().map(|b| Span::of(*b)).collect();
+    if let Some((now, start)) = life {
+        let (from, to) = (first.max(start), last.min(Bucket::of(now)));
+        let horizon = Bucket::of(now.saturating_sub(opts.max_seal_lookback));
+        if from <= to {
+            for span in Span::covering(from, to).filter(|s| !range.sealed.contains(s)) {
+                spans.insert(span);
+                // The loop below refuses at this one: look no further.
+                if span
+                    .buckets()
+                    .any(|b| in_range(&b) && b >= start && b < horizon && !existing.contains(&b))
+                {
+                    break;
+                }
+            }
+        }
+    }
+    spans.retain(|s| !(range.summarized)(&s.first()));
+    let mut out = BTreeSet::new();
+    let mut sealed = 0u64;
+    for span in spans {
+        let here = existing.range(span.first()..=span.last()).copied();
+        if range.sealed.contains(&span) {
+            let seal = crate::seal::seal_of(store, log, span)
+                .await?
+                .ok_or_else(|| Error::CorruptSeal {
+                    log: log.to_owned(),
+                    span: span.first(),
+                    reason: "listed a moment ago, and now gone".into(),
+                })?;
+            out.extend(here.filter(|b| in_range(b) && seal.has_bag(*b)));
+            continue;
+        }
+        let Some((now, start)) = life else {
+            out.extend(here.filter(in_range));
+            continue;
+        };
+        let missing = |due: &dyn Fn(&Bucket) -> bool| -> Vec<Bucket> {
+            span.buckets()
+                .filter(|b| in_range(b) && *b >= start && due(b) && !existing.contains(b))
+                .collect()
+        };
+        if now >= span.close_time(cfg.grace) && span.last() >= start {
+            let missing = missing(&|_| true);
+            refuse_old_seal(log, &missing, now, opts)?;
+            let seal = crate::seal::seal(store, log, span).await?;
+            sealed += missing.iter().filter(|b| !seal.has_bag(**b)).count() as u64;
+            // Bags made since the listing above, that the seal lists, are
+            // read too.
+            out.extend(seal.bags().filter(in_range));
+            continue;
+        }
+        let missing = missing(&|b| now >= b.close_time(cfg.grace));
+        refuse_old_seal(log, &missing, now, opts)?;
+        for b in missing {
+            store.close(log, b).await?;
+            sealed += 1;
+            out.insert(b);
+        }
+        out.extend(here.filter(in_range));
+    }
+    Ok((out.into_iter().collect(), sealed))
+}
+
+/// The published summaries to read `[first, last]` from: those that
+/// overlap it, earliest first, none overlapping another.
+async fn pick_summaries(
     store: &dyn BagStore,
     log: &str,
-    existing: &[Bucket],
-    from: Bucket,
-    to: Bucket,
-    cfg: &BagConfig,
-    now: Micros,
-) -> Result<Vec<Bucket>> {
-    let existing: std::collections::HashSet<Bucket> = existing.iter().copied().collect();
-    let mut sealed = Vec::new();
-    let mut b = from;
-    while b <= to && now >= b.close_time(cfg.grace) {
-        if !existing.contains(&b) {
-            store.close(log, b).await?;
-            sealed.push(b);
+    first: Bucket,
+    last: Bucket,
+) -> Result<Vec<(Stretch, pb::Summary)>> {
+    let mut out: Vec<(Stretch, pb::Summary)> = Vec::new();
+    for st in crate::summary::list(store, log).await? {
+        if st.last() < first || st.from() > last || out.last().is_some_and(|(p, _)| st.from() <= p.last()) {
+            continue;
         }
-        b = b.next();
+        out.push((st, crate::summary::load(store, log, st).await?));
     }
-    Ok(sealed)
+    Ok(out)
+}
+
+/// The parts of `[first, last]` no summary covers.
+fn uncovered(first: Bucket, last: Bucket, summaries: &[(Stretch, pb::Summary)]) -> Vec<(Bucket, Bucket)> {
+    let mut out = Vec::new();
+    let mut at = first.secs();
+    for (st, _) in summaries {
+        if st.from().secs() > at {
+            out.push((
+                Bucket::from_secs(at),
+                Bucket::from_secs(st.from().secs() - 1).min(last),
+            ));
+        }
+        at = at.max(st.last().secs() + 1);
+    }
+    if at <= last.secs() {
+        out.push((Bucket::from_secs(at), last));
+    }
+    out
+}
+
+/// Reads one summarized bag as [`read`] reads a closed bag.
+fn read_summarized(
+    report: &mut ReadReport,
+    seen: &mut Seen,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+    log: &str,
+    summary: &pb::Summary,
+    bag: &pb::SummaryBag,
+) -> Result<()> {
+    let bucket = Bucket::from_secs(bag.bucket_secs);
+    for si in &bag.items {
+        let item = ListedItem {
+            name: si.name.clone(),
+            size: si.size,
+            etag: None,
+        };
+        if item.size > opts.max_item_bytes {
+            report.problems.push(Problem {
+                kind: ProblemKind::Damaged,
+                bucket,
+                item: item.name.clone(),
+                offset: None,
+                what: format!(
+                    "not read: its size {} is over the per-item limit of {} bytes",
+                    item.size, opts.max_item_bytes
+                ),
+                in_open_bag: false,
+            });
+            continue;
+        }
+        let at = Place {
+            log,
+            bucket,
+            item: &item,
+            open: false,
+        };
+        if si.is_raw {
+            read_item(report, seen, opts, cfg, &at, Bytes::from(si.raw.clone()));
+            continue;
+        }
+        for (offset, body) in crate::summary::rebuild(summary, bag, si)? {
+            read_record(report, seen, opts, cfg, &at, offset, body);
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to close missing bags older than `now - max_seal_lookback`:
+/// most likely a stray start mark or a `from` far before the log began.
+/// Bags that exist cost nothing, so an old range that was closed and
+/// sealed in its time reads as before.
+fn refuse_old_seal(log: &str, missing: &[Bucket], now: Micros, opts: &ReadOptions) -> Result<()> {
+    let horizon = Bucket::of(now.saturating_sub(opts.max_seal_lookback));
+    match missing.first() {
+        Some(first) if *first < horizon => Err(crate::Error::SealTooFar {
+            log: log.to_owned(),
+            first: *first,
+            missing: missing.len() as u64,
+            limit: opts.max_seal_lookback,
+        }),
+        _ => Ok(()),
+    }
 }
 
 trait SubUs {
@@ -483,55 +659,7 @@ fn read_item(
     }
     for f in frame::decode(&bytes) {
         match f {
-            Frame::Record { offset, body } => match pb::Batch::decode(body.clone()) {
-                Ok(batch) => {
-                    let key = (
-                        batch.writer_id.clone(),
-                        batch.first_sequence,
-                        Sha256::digest(&body).into(),
-                    );
-                    let here = format!("bag {bucket} item {} offset {offset}", item.name);
-                    if let Some(first) = seen.get(&key) {
-                        report.problems.push(Problem {
-                            kind: ProblemKind::Duplicate,
-                            ..problem(
-                                Some(offset),
-                                format!(
-                                    "duplicate batch: writer {:?} sequence {}..{} was already read from {first}; \
-                                     its {} messages are counted once",
-                                    batch.writer_id,
-                                    batch.first_sequence,
-                                    batch.first_sequence + batch.entries.len() as u64,
-                                    batch.entries.len()
-                                ),
-                            )
-                        });
-                        continue;
-                    }
-                    seen.insert(key, here);
-                    if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
-                        report.problems.push(Problem {
-                            kind: ProblemKind::Misplaced,
-                            ..problem(
-                                Some(offset),
-                                format!(
-                                    "misplaced batch: it names log {:?} bag {}, but was found in log {:?} bag \
-                                     {bucket}; its {} messages are rejected",
-                                    batch.log,
-                                    Bucket::from_secs(batch.bucket_secs),
-                                    at.log,
-                                    batch.entries.len()
-                                ),
-                            )
-                        });
-                    }
-                    check_batch(report, opts, cfg, at, batch);
-                }
-                Err(e) => report.problems.push(problem(
-                    Some(offset),
-                    format!("record does not decode as a batch: {e}"),
-                )),
-            },
+            Frame::Record { offset, body } => read_record(report, seen, opts, cfg, at, offset, body),
             Frame::Corrupt { offset, reason } => {
                 report
                     .problems
@@ -548,6 +676,78 @@ fn read_item(
                 },
             )),
         }
+    }
+}
+
+/// One whole record of an item, at `offset`: decoded, checked for copies
+/// and placement, and its messages checked ([`check_batch`]). The same for
+/// a record read from a bag and one rebuilt from a summary.
+fn read_record(
+    report: &mut ReadReport,
+    seen: &mut Seen,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+    at: &Place<'_>,
+    offset: u64,
+    body: Bytes,
+) {
+    let (bucket, item, open) = (at.bucket, at.item, at.open);
+    let problem = |offset, what: String| Problem {
+        kind: ProblemKind::Damaged,
+        bucket,
+        item: item.name.clone(),
+        offset,
+        what,
+        in_open_bag: open,
+    };
+    match pb::Batch::decode(body.clone()) {
+        Ok(batch) => {
+            let key = (
+                batch.writer_id.clone(),
+                batch.first_sequence,
+                Sha256::digest(&body).into(),
+            );
+            let here = format!("bag {bucket} item {} offset {offset}", item.name);
+            if let Some(first) = seen.get(&key) {
+                report.problems.push(Problem {
+                    kind: ProblemKind::Duplicate,
+                    ..problem(
+                        Some(offset),
+                        format!(
+                            "duplicate batch: writer {:?} sequence {}..{} was already read from {first}; \
+                             its {} messages are counted once",
+                            batch.writer_id,
+                            batch.first_sequence,
+                            batch.first_sequence + batch.entries.len() as u64,
+                            batch.entries.len()
+                        ),
+                    )
+                });
+                return;
+            }
+            seen.insert(key, here);
+            if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
+                report.problems.push(Problem {
+                    kind: ProblemKind::Misplaced,
+                    ..problem(
+                        Some(offset),
+                        format!(
+                            "misplaced batch: it names log {:?} bag {}, but was found in log {:?} bag \
+                             {bucket}; its {} messages are rejected",
+                            batch.log,
+                            Bucket::from_secs(batch.bucket_secs),
+                            at.log,
+                            batch.entries.len()
+                        ),
+                    )
+                });
+            }
+            check_batch(report, opts, cfg, at, batch);
+        }
+        Err(e) => report.problems.push(problem(
+            Some(offset),
+            format!("record does not decode as a batch: {e}"),
+        )),
     }
 }
 
@@ -733,39 +933,46 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = DirectoryStore::local(dir.path(), false);
         let cfg = BagConfig::default();
+        // 20 s into a minute: the minute before is past due (its last
+        // second closed at -18 s), this one is not.
         let now = 2_000_000_000;
+        assert_eq!(now % 60, 20);
         let clock = bagel_proto::clock::AssumedExact(ManualClock::new(secs(now)));
-        // A start mark 100 s ago, and the metronome closed 100..40 s ago
-        // except one bag (70 s ago).
         store
             .mark_log_start("log", Bucket::from_secs(now - 100))
             .await
             .unwrap();
-        for s in (now - 100)..(now - 40) {
-            if s != now - 70 {
-                store.close("log", Bucket::from_secs(s)).await.unwrap();
-            }
-        }
         let opts = ReadOptions::default().with_max_seal_lookback(Duration::from_secs(60));
-        // The gap at -70 s is beyond the 60 s lookback: refused, nothing sealed.
+        // -100 s ..= -81 s of the minute from -140 s are beyond the 60 s
+        // lookback: refused, nothing sealed.
         let err = read(&store, "log", &opts, &cfg, &clock).await.unwrap_err();
         match err {
             crate::Error::SealTooFar { first, missing, .. } => {
-                assert_eq!((first, missing), (Bucket::from_secs(now - 70), 1));
+                assert_eq!((first, missing), (Bucket::from_secs(now - 100), 20));
             }
             e => panic!("{e}"),
         }
-        assert_eq!(
-            store.state("log", Bucket::from_secs(now - 70)).await.unwrap(),
-            BagState::Open(vec![])
-        );
-        // From after the gap: the rest (within the lookback) is sealed.
-        let later = opts.clone().with_range(secs(now - 69), Micros::MAX);
+        let old = Span::of(Bucket::from_secs(now - 100));
+        assert_eq!(crate::seal::seal_of(&store, "log", old).await.unwrap(), None);
+        // From within the lookback: the minute before is sealed by one
+        // object (39 of its seconds are in range), and the past-due seconds
+        // of this minute (-20 s ..= -3 s) are closed one by one.
+        let later = opts.clone().with_range(secs(now - 59), Micros::MAX);
         let r = read(&store, "log", &later, &cfg, &clock).await.unwrap();
-        assert_eq!(r.sealed, 38, "-40 s ..= -3 s (a bag closes 2 s after its end)");
-        // A longer lookback seals the old gap too.
-        let wide = opts.with_max_seal_lookback(Duration::from_secs(120));
+        assert_eq!(r.sealed, 39 + 18);
+        let before = Span::of(Bucket::from_secs(now - 59));
+        let seal = crate::seal::seal_of(&store, "log", before)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seal.empty_seconds(), 60);
+        assert!(!dir.path().join("log").join(before.first().path()).exists());
+        // A longer lookback seals the old minute too.
+        let wide = opts.with_max_seal_lookback(Duration::from_secs(200));
         let r = read(&store, "log", &wide, &cfg, &clock).await.unwrap();
-        assert_eq!(r.sealed, 1);
+        assert_eq!(r.sealed, 20);
+        assert!(crate::seal::seal_of(&store, "log", old).await.unwrap().is_some());
+        // Sealed once, read again: nothing more to seal.
+        assert_eq!(read(&store, "log", &wide, &cfg, &clock).await.unwrap().sealed, 0);
     }
 }

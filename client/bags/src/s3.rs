@@ -6,6 +6,7 @@
 //!     _prelock                          "a close has started"
 //!     _lock                             the bag: `key size etag` per object
 //! <prefix>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
+//! <prefix>/<log>/_seal/<minute start>   minute seals (see `crate::seal`)
 //! ```
 //!
 //! Write: exactly one PUT per batch, create-only (`If-None-Match: *`), so
@@ -26,7 +27,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::TryStreamExt as _;
 use object_store::path::Path;
-use object_store::{GetOptions, ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use rand::RngCore as _;
 
 use crate::store::{START_DIR, earliest_start};
@@ -419,6 +420,72 @@ impl BagStore for S3Store {
             }
             Err(e) => Err(Self::store_err("put", &key, e)),
         }
+    }
+
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> Result<Option<Bytes>> {
+        let key = self.key(&format!("{log}/{name}"));
+        match self
+            .store
+            .put_opts(
+                &key,
+                PutPayload::from(body.clone()),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_) => Ok(None),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => self
+                .get_named(
+                    log,
+                    name,
+                    (body.len() as u64).max(crate::directory::MAX_LOCK_BYTES),
+                )
+                .await?
+                .map(Some)
+                .ok_or_else(|| Error::Invalid {
+                    what: "protocol object",
+                    value: key.to_string(),
+                    reason: "its create-only PUT was refused as existing, but it cannot be read".into(),
+                }),
+            Err(e) => Err(Self::store_err("put", &key, e)),
+        }
+    }
+
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> Result<Option<Bytes>> {
+        let key = self.key(&format!("{log}/{name}"));
+        let r = match self.store.get_opts(&key, GetOptions::default()).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Self::store_err("get", &key, e)),
+        };
+        if r.meta.size > max {
+            return Err(Error::Invalid {
+                what: "protocol object",
+                value: key.to_string(),
+                reason: format!("over {max} bytes: not one the protocol wrote"),
+            });
+        }
+        Ok(Some(
+            r.bytes().await.map_err(|e| Self::store_err("get", &key, e))?,
+        ))
+    }
+
+    async fn remove_named(&self, log: &str, name: &str) -> Result<()> {
+        let key = self.key(&format!("{log}/{name}"));
+        match self.store.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Self::store_err("delete", &key, e)),
+        }
+    }
+
+    async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
+        let prefix = self.key(&format!("{log}/{dir}"));
+        let metas = self.list_all(&prefix).await?;
+        Ok(metas
+            .iter()
+            .filter(|m| m.location.parts_count() == prefix.parts_count() + 1)
+            .filter_map(|m| m.location.filename().map(str::to_owned))
+            .collect())
     }
 
     async fn list_level(&self, log: &str, parts: &[String]) -> Result<Vec<String>> {

@@ -74,6 +74,27 @@ pub trait BagStore: Send + Sync + fmt::Debug {
     /// Declares that writers may write `log` from `bucket` on. Create-only
     /// and idempotent; the earliest mark wins.
     async fn mark_log_start(&self, log: &str, bucket: Bucket) -> Result<()>;
+
+    /// Creates the protocol object `<log>/<name>` holding `body` unless it
+    /// exists: `None` when this call created it, else the bytes of whoever
+    /// created it first. Create-only (on a directory a private
+    /// file linked into place, on S3 a PUT with `If-None-Match: *`), so
+    /// every caller gets the same bytes. `name` is one of the protocol's
+    /// own (its first segment starts with `_`, which no log segment may).
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> Result<Option<Bytes>>;
+
+    /// Reads the protocol object `<log>/<name>`: `None` when it does not
+    /// exist; refused ([`crate::Error::Invalid`]) when it is over `max`
+    /// bytes, which no object the protocol writes is.
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> Result<Option<Bytes>>;
+
+    /// Removes the protocol object `<log>/<name>`; one that does not exist
+    /// is fine.
+    async fn remove_named(&self, log: &str, name: &str) -> Result<()>;
+
+    /// The names of the protocol objects directly under `<log>/<dir>/`
+    /// (not their contents; nothing when the directory does not exist).
+    async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>>;
 }
 
 /// Where a log keeps its start marks (`<log>/_start/<unix seconds>`): a

@@ -123,4 +123,33 @@ impl BagStore for TimeoutStore {
         )
         .await
     }
+
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> Result<Option<Bytes>> {
+        self.timed(
+            || format!("create {log}/{name}"),
+            self.inner.put_first(log, name, body),
+        )
+        .await
+    }
+
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> Result<Option<Bytes>> {
+        self.timed(
+            || format!("read {log}/{name}"),
+            self.inner.get_named(log, name, max),
+        )
+        .await
+    }
+
+    async fn remove_named(&self, log: &str, name: &str) -> Result<()> {
+        self.timed(
+            || format!("remove {log}/{name}"),
+            self.inner.remove_named(log, name),
+        )
+        .await
+    }
+
+    async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
+        self.timed(|| format!("list {log}/{dir}"), self.inner.list_named(log, dir))
+            .await
+    }
 }

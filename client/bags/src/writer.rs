@@ -24,7 +24,9 @@
 //! (`close_time - clock_tolerance`) is in, because no closer can have
 //! started yet. Past it, the writer looks for a close in progress (or, past
 //! the close time itself, closes the bag) and acknowledges the record only
-//! if the lock lists it.
+//! if the lock lists it. Past its minute's safe point it first looks for
+//! the minute's seal ([`crate::seal`]): a second the seal closed empty
+//! takes no record.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +36,7 @@ use bagel_proto::{Micros, SignedClock, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
+use crate::seal::{self, Span};
 use crate::{BagConfig, BagStore, Bucket, Error, Result, frame, validate_log, validate_writer_id};
 use bagel_proto::clock::Clock;
 use bagel_proto::rights::{RightsSnapshot, WriteRights};
@@ -382,6 +385,27 @@ impl Writer {
         let close_at = bucket.close_time(self.cfg.grace);
         if now < self.safe_point(bucket) {
             return Ok(());
+        }
+        // Past its minute's safe point, a sealer may have listed the minute
+        // before this bag existed: the seal decides first (see
+        // [`crate::seal`]).
+        let span = Span::of(bucket);
+        let span_safe = span
+            .close_time(self.cfg.grace)
+            .saturating_sub(self.clock_margin());
+        if now >= span_safe && seal::sealing_started(self.store.as_ref(), &self.log, span).await? {
+            let sealed = seal::seal(self.store.as_ref(), &self.log, span).await?;
+            let listing = match sealed.has_bag(bucket) {
+                true => Some(self.store.close(&self.log, bucket).await?),
+                false => None,
+            };
+            return match listing {
+                Some(l) if l.covers(receipt) => Ok(()),
+                _ => Err(Error::LateRejected {
+                    log: self.log.clone(),
+                    bucket,
+                }),
+            };
         }
         let must_close =
             now.saturating_sub(bound) >= close_at || self.store.closing_started(&self.log, bucket).await?;

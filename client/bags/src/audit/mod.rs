@@ -174,6 +174,9 @@ pub enum ViolationKind {
     DuplicateBatch,
     /// A batch found in another log or bag than the one it names.
     MisplacedBatch,
+    /// A published summary that is not what its source bags hold (a
+    /// forged or corrupted summary, or bag).
+    SummaryMismatch,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -384,7 +384,7 @@ impl FsOps for NfsFs {
         call!(self, "SETATTR", &p, |c| c.chmod(&p, mode))
     }
 
-    async fn remove_private(&self, path: &str) -> io::Result<()> {
+    async fn remove(&self, path: &str) -> io::Result<()> {
         let p = self.full(path);
         call!(self, "REMOVE", &p, |c| c.remove(&p))
     }

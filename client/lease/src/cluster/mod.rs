@@ -121,7 +121,7 @@ impl FromStr for ServerSpec {
             }
         }
         let (url, key) = match rest.split_once('#') {
-            None => (s, None),
+            None => (rest, None),
             Some((url, key)) => {
                 let key = bagel_proto::hex::decode_array::<32>(key).map_err(|e| {
                     format!("server {s:?}: the part after '#' is not a public key (64 hex digits): {e}")
@@ -774,5 +774,28 @@ impl Cluster {
             Some(e) => Err(e),
             None => Ok(answers),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServerSpec;
+
+    #[test]
+    fn a_server_entry_may_name_its_identity_with_or_without_a_key() {
+        let plain: ServerSpec = "bagel-1=http://127.0.0.1:7000".parse().unwrap();
+        assert_eq!(
+            (plain.id.as_deref(), plain.url.as_str(), plain.key),
+            (Some("bagel-1"), "http://127.0.0.1:7000", None)
+        );
+        let key = "ab".repeat(32);
+        let pinned: ServerSpec = format!("bagel-2=http://127.0.0.1:7001#{key}").parse().unwrap();
+        assert_eq!(
+            (pinned.id.as_deref(), pinned.url.as_str(), pinned.key),
+            (Some("bagel-2"), "http://127.0.0.1:7001", Some([0xab; 32]))
+        );
+        let bare: ServerSpec = "http://127.0.0.1:7002".parse().unwrap();
+        assert_eq!((bare.id, bare.url.as_str()), (None, "http://127.0.0.1:7002"));
+        assert!("=http://127.0.0.1:7002".parse::<ServerSpec>().is_err());
     }
 }

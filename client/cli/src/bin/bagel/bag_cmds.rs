@@ -34,6 +34,47 @@ pub enum BagCommand {
     /// alone: signatures, chains of grants, overlaps, out-of-lease
     /// timestamps, watermarks, signed times. Exits 1 on any violation.
     Audit(AuditArgs),
+    /// Turn closed stretches of a log into one summary object each (whole
+    /// minutes), sealing past-due minutes first. Idempotent: any number may
+    /// run at once; readers then read those minutes from the summary.
+    Summarize(SummarizeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SummarizeArgs {
+    /// `file:///abs/dir`, `s3://bucket/prefix` or `nfs://host/dir`.
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    /// The log to summarize.
+    #[arg(long)]
+    log: String,
+    /// From the stretch holding this timestamp (Unix microseconds or RFC
+    /// 3339); default: the log's start.
+    #[arg(long, value_parser = parse_time)]
+    from: Option<Micros>,
+    /// Up to the stretches that start before this; default: every stretch
+    /// already past its close time.
+    #[arg(long, value_parser = parse_time)]
+    to: Option<Micros>,
+    /// The length of one summary: whole minutes (every summarizer of a log
+    /// should use the same, or their summaries overlap).
+    #[arg(long, default_value = "1m", value_parser = parse_minutes)]
+    span: u32,
+    /// One JSON object per summary.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+/// A duration of whole minutes, as a count of minutes.
+fn parse_minutes(s: &str) -> Result<u32, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 || secs == 0 || secs % 60 != 0 || secs / 60 > 7 * 24 * 60 {
+        return Err(format!("{s:?} is not a whole number of minutes from 1m to 7d"));
+    }
+    Ok((secs / 60) as u32)
 }
 
 /// Which log to read, and which part of it (`read` and `audit`).
@@ -188,6 +229,10 @@ pub struct ReadArgs {
     /// Do not close past-due bags found open (skip them instead).
     #[arg(long)]
     no_close: bool,
+    /// Read every minute from its bags, even where a summary exists (the
+    /// messages are the same).
+    #[arg(long)]
+    no_summaries: bool,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -215,6 +260,13 @@ pub struct MetronomeArgs {
     /// Close what is due now, then exit.
     #[arg(long)]
     once: bool,
+    /// Also summarize each sealed stretch (see `bagel summarize`) this long
+    /// after its close time.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    summarize_after: Option<Duration>,
+    /// With --summarize-after: the length of one summary (whole minutes).
+    #[arg(long, default_value = "1m", value_parser = parse_minutes)]
+    summary_span: u32,
     /// Serve /metrics (Prometheus), a status page, /healthz and /readyz
     /// on this address (e.g. 127.0.0.1:7422); prints `http on ADDR` first.
     #[arg(long, env = "BAGEL_METRONOME_HTTP")]
@@ -236,7 +288,66 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
         BagCommand::Read(a) => read(a, &g).await,
         BagCommand::Metronome(a) => metronome(a, &g).await,
         BagCommand::Audit(a) => audit(a, &g).await,
+        BagCommand::Summarize(a) => summarize(a, &g).await,
     }
+}
+
+async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    use bagel_bags::summary::{self, Stretch};
+    let cfg = a.timing.config();
+    let store = bag::open_store(&a.store, &cfg).await?;
+    // It seals past-due minutes, so it is a closer: a vouched clock only.
+    let clock = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
+    let now = bag::closer_now(clock.as_ref()).await?;
+    let Some(start) = store.log_start(&a.log).await? else {
+        anyhow::bail!(
+            "log {:?} not found on {}: no writer has started it (a log is created by its first write)",
+            a.log,
+            a.store
+        );
+    };
+    let from = a.from.map_or(start, bag::Bucket::of).max(start);
+    let to = a.to.map_or(now, |t| t.min(now));
+    let mut stretch = Stretch::aligned(from, a.span);
+    let mut made = 0u64;
+    while stretch.close_time(cfg.grace) <= now && stretch.from().start() < to {
+        for span in stretch.spans() {
+            bagel_bags::seal::seal(store.as_ref(), &a.log, span).await?;
+        }
+        let done = summary::summarize(store.as_ref(), &a.log, stretch).await?;
+        made += u64::from(done.created);
+        if a.json {
+            println!(
+                "{}",
+                json!({
+                    "name": done.name,
+                    "from": stretch.from().start().as_micros(),
+                    "to": stretch.last().end().as_micros(),
+                    "bags": done.bags,
+                    "messages": done.messages,
+                    "bytes": done.bytes,
+                    "created": done.created,
+                })
+            );
+        } else {
+            println!(
+                "summary {} ({stretch}): {} bags, {} messages, {} bytes{}",
+                done.name,
+                done.bags,
+                done.messages,
+                done.bytes,
+                if done.created { "" } else { " (already published)" }
+            );
+        }
+        stretch = stretch.next();
+    }
+    if !a.json {
+        println!(
+            "{made} summaries published; the next stretch ({stretch}) closes at {}",
+            stretch.close_time(cfg.grace)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
@@ -268,8 +379,49 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     result
         .violations
         .extend(bagel_bags::audit::problem_violations(&report.problems, log));
+    // Every summary of the range, against its source bags while they exist.
+    let (first, last) = (
+        bag::Bucket::of(a.range.from.unwrap_or(Micros::ZERO)),
+        bag::Bucket::of(
+            a.range
+                .to
+                .unwrap_or(Micros::MAX)
+                .saturating_sub(Duration::from_micros(1)),
+        ),
+    );
+    let mut unchecked = Vec::new();
+    for stretch in bagel_bags::summary::list(store.as_ref(), log).await? {
+        if stretch.last() < first || stretch.from() > last {
+            continue;
+        }
+        let check = match bagel_bags::summary::check(store.as_ref(), log, stretch).await {
+            Ok(c) => c,
+            Err(e) => {
+                result.violations.push(bagel_bags::audit::Violation {
+                    kind: bagel_bags::audit::ViolationKind::SummaryMismatch,
+                    detail: format!("summary of {log} {stretch}: {e}"),
+                });
+                continue;
+            }
+        };
+        for m in check.mismatched {
+            result.violations.push(bagel_bags::audit::Violation {
+                kind: bagel_bags::audit::ViolationKind::SummaryMismatch,
+                detail: format!("summary of {log} {stretch}: {m}"),
+            });
+        }
+        if check.bags_gone > 0 {
+            unchecked.push(format!(
+                "summary of {log} {stretch}: {} of its source bags are gone, so whether it left messages of \
+                 them out cannot be checked (what it holds was checked like any bag)",
+                check.bags_gone
+            ));
+        }
+    }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        let mut out = serde_json::to_value(&result)?;
+        out["unchecked_summaries"] = json!(unchecked);
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
             "audited {} messages, {} leases, {} names; longest chain {}; {} chain gaps; {} violations",
@@ -289,6 +441,9 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         }
         for v in &result.violations {
             println!("VIOLATION {v}");
+        }
+        for u in &unchecked {
+            println!("UNCHECKED {u}");
         }
     }
     Ok(if result.is_clean() {
@@ -479,6 +634,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .read_options()
         .with_include_open(a.include_open)
         .with_close_past_due(!a.no_close)
+        .with_summaries(!a.no_summaries)
         .with_keys(keys)
         .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
     let bar = Bar::new("read", "bags", a.json);
@@ -632,6 +788,9 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = bag::open_store(&a.store, &cfg).await?;
     let mut m = Metronome::new(store, a.log.clone(), cfg.clone(), checked)?;
+    if let Some(after) = a.summarize_after {
+        m = m.with_summaries(after, a.summary_span);
+    }
     let shutdown = CancellationToken::new();
     if let Some(addr) = &a.http {
         let status = Arc::new(MetronomeStatus::new(
@@ -649,22 +808,49 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     // A refusal repeats at every tick until the clock is vouched for:
     // said once, and again when it changes.
     let mut last_refusal: Option<String> = None;
+    // A log nobody has written is said once, not at every tick.
+    let mut said_missing = std::collections::BTreeSet::new();
+    let store_name = a.store.clone();
     let mut print = move |r: &bag::Result<bag::CloseReport>| match r {
+        Ok(r) if !r.missing_logs.is_empty() || r.closed > 0 || !r.summarized.is_empty() => {
+            for done in &r.summarized {
+                println!(
+                    "summary {}: {} bags, {} messages, {} bytes{}",
+                    done.name,
+                    done.bags,
+                    done.messages,
+                    done.bytes,
+                    if done.created { "" } else { " (already published)" }
+                );
+            }
+            for log in &r.missing_logs {
+                if said_missing.insert(log.clone()) {
+                    eprintln!(
+                        "bagel metronome: log {log:?} not found on {store_name}: no writer has started it \
+                         (a log is created by its first write); closing nothing of it until one does"
+                    );
+                }
+            }
+            if r.closed > 0 {
+                last_refusal = None;
+                let sealed = match r.sealed {
+                    0 => String::new(),
+                    n => format!("; {n} empty seconds sealed by their minute"),
+                };
+                println!(
+                    "closed {} bags through {}; lag {} ms{sealed}",
+                    r.closed,
+                    r.through.map_or("-".to_owned(), |b| b.to_string()),
+                    r.max_lag.unwrap_or_default().as_millis()
+                );
+            }
+        }
         Err(e @ bag::Error::ClockUnvouched { .. }) => {
             let text = e.to_string();
             if last_refusal.as_ref() != Some(&text) {
                 eprintln!("bagel metronome: {text}");
                 last_refusal = Some(text);
             }
-        }
-        Ok(r) if r.closed > 0 => {
-            last_refusal = None;
-            println!(
-                "closed {} bags through {}; lag {} ms",
-                r.closed,
-                r.through.map_or("-".to_owned(), |b| b.to_string()),
-                r.max_lag.unwrap_or_default().as_millis()
-            );
         }
         Ok(_) => last_refusal = None,
         Err(e) => eprintln!("bagel metronome: {e}"),
@@ -679,12 +865,18 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
                 self.0.inc();
             }
             fn failed(&self, _: &str, _: bag::Bucket, _: &bag::Error) {}
+            fn sealed(&self, _: &str, _: bag::Bucket, _: Duration, empty: u64) {
+                for _ in 0..empty {
+                    self.0.inc();
+                }
+            }
         }
         if a.http.is_none() {
             m = m.with_observer(Arc::new(Ticks(bar_for)));
         }
         let r = match m.check_clock().await {
             Ok(_) => {
+                m.find_logs().await?;
                 bar.set(0, m.due());
                 m.tick().await
             }

@@ -62,6 +62,8 @@ struct LogState {
     last_error: Option<(Micros, String)>,
     /// The last tick's close of this log failed (cleared by a close).
     failing: bool,
+    /// The log has no start mark: nobody wrote it yet, nothing to close.
+    missing: bool,
 }
 
 /// The metronome's metrics and status, shared with the HTTP side.
@@ -165,6 +167,9 @@ impl MetronomeStatus {
 
     /// How long the oldest unclosed due bag of a log has been due.
     fn behind(&self, s: &LogState, now: Micros) -> Duration {
+        if s.missing {
+            return Duration::ZERO;
+        }
         match s.last_closed {
             Some(b) => now.duration_since(b.next().close_time(self.grace)),
             // Nothing closed yet: the first bag is the oldest due.
@@ -244,6 +249,40 @@ impl CloseObserver for MetronomeStatus {
         s.errors += 1;
         s.failing = true;
         s.last_error = Some((self.clock.now(), format!("bag {bucket}: {error}")));
+    }
+
+    fn sealed(&self, log: &str, last: Bucket, lag: Duration, empty: u64) {
+        self.closed
+            .get_or_create(&ClosedLabels {
+                log: log.to_owned(),
+                outcome: "empty",
+            })
+            .inc_by(empty);
+        self.lag
+            .get_or_create(&LogLabel { log: log.to_owned() })
+            .set(lag.as_secs_f64());
+        self.lag_seconds.observe(lag.as_secs_f64());
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.last_closed = Some(s.last_closed.map_or(last, |b| b.max(last)));
+        s.last_lag = lag;
+        s.closed += empty;
+        s.empty += empty;
+    }
+
+    fn caught_up(&self, log: &str, through: Bucket) {
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.last_closed = Some(s.last_closed.map_or(through, |b| b.max(through)));
+        s.failing = false;
+        s.missing = false;
+    }
+
+    fn log_missing(&self, log: &str) {
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.missing = true;
+        s.failing = false;
     }
 
     fn clock_checked(&self, refused: Option<&bagel_bags::Error>) {
@@ -369,7 +408,11 @@ async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
             html,
             "<tr class=log><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(log),
-            st.last_closed.map_or("–".to_owned(), |b| b.to_string()),
+            match (st.missing, st.last_closed) {
+                (true, _) => "no such log yet: no writer has started it".to_owned(),
+                (false, Some(b)) => b.to_string(),
+                (false, None) => "–".to_owned(),
+            },
             st.last_lag.as_millis(),
             s.behind(st, now).as_millis(),
             st.closed,

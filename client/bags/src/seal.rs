@@ -1,0 +1,300 @@
+//! Span seals: one object closes every second of a minute that nobody
+//! wrote into, instead of three per second.
+//!
+//! A log's time is cut into minute-aligned [`Span`]s. A bag that exists
+//! (somebody wrote into its second, or a reader closed it) is closed by its
+//! own lock, as always. The seconds of a span that hold no bag are closed
+//! together, once the whole span is past due, by its *seal*:
+//!
+//! ```text
+//! <log>/_seal/<span start, unix seconds>.intent   "a seal has started"
+//! <log>/_seal/<span start, unix seconds>          the seal: the seconds
+//!                                                 that held a bag
+//! ```
+//!
+//! Sealing (any process, concurrently, each step idempotent; a closer on a
+//! vouched clock, only once the span's last second is past its close time):
+//! 1. read the seal; if it exists, done (use it);
+//! 2. create the intent (create-only; "exists" is fine);
+//! 3. list the span's bags (the second-level names of its minute);
+//! 4. create the seal listing them, create-only: the first one written
+//!    wins and every sealer reads that one back;
+//! 5. close each listed bag by its own protocol;
+//! 6. remove the intent.
+//!
+//! A second of a sealed span is closed *empty* unless the seal lists it;
+//! a listed one is exactly what its own lock lists. Readers and writers
+//! look at the seal before the bag.
+//!
+//! Why a late writer cannot slip into a sealed second: a writer whose
+//! append finished before the span's safe point (its close time less the
+//! writer's clock margin) finished before any sealer started (sealers act
+//! on a vouched clock, after the close time), so the listing of step 3 saw
+//! its bag. A writer that finishes later looks for the intent and then for
+//! the seal, in that order; finding either, it finishes the seal itself
+//! and is acknowledged only if the seal lists its second and that bag's
+//! lock lists its record. Finding neither, no sealer had reached step 2
+//! when it looked, so every sealer lists after its bag existed. The intent
+//! is removed only after the seal exists, so "no intent, then no seal" can
+//! only mean "not started". A sealer crashed anywhere leaves at most an
+//! intent, which the next sealer finishes and removes.
+//!
+//! Only the operations the bag protocol already uses: create-only objects
+//! (a private file linked into place on a directory or NFS, `If-None-Match:
+//! *` on S3), a directory listing or prefix LIST, and the removal of the
+//! intent. So an idle log costs one object per minute.
+
+use std::collections::BTreeSet;
+
+use bagel_proto::Micros;
+use bytes::Bytes;
+
+use crate::{BagStore, Bucket, Error, Result};
+
+/// Where a log keeps its seals: a name no log segment can take.
+pub const SEAL_DIR: &str = "_seal";
+/// A span is this many seconds, aligned to the minute.
+pub const SPAN_SECS: u64 = 60;
+/// A seal lists at most 60 seconds: anything bigger was not written by a
+/// sealer.
+const MAX_SEAL_BYTES: u64 = 4096;
+const MAGIC: &str = "bagel-seal v1";
+
+/// A minute of a log: the seconds `[start, start + 60)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Span(u64);
+
+impl Span {
+    /// The span holding `bucket`.
+    pub fn of(bucket: Bucket) -> Self {
+        Span(bucket.secs() - bucket.secs() % SPAN_SECS)
+    }
+
+    pub fn first(self) -> Bucket {
+        Bucket::from_secs(self.0)
+    }
+
+    pub fn last(self) -> Bucket {
+        Bucket::from_secs(self.0 + SPAN_SECS - 1)
+    }
+
+    pub fn next(self) -> Self {
+        Span(self.0 + SPAN_SECS)
+    }
+
+    /// When a closer may seal it: its last second's close time.
+    pub fn close_time(self, grace: std::time::Duration) -> Micros {
+        self.last().close_time(grace)
+    }
+
+    /// Every second of the span.
+    pub fn buckets(self) -> impl Iterator<Item = Bucket> {
+        (self.0..self.0 + SPAN_SECS).map(Bucket::from_secs)
+    }
+
+    /// The spans from the one holding `from` to the one holding `to`.
+    pub fn covering(from: Bucket, to: Bucket) -> impl Iterator<Item = Span> {
+        let (a, b) = (Span::of(from).0, Span::of(to).0);
+        (a..=b).step_by(SPAN_SECS as usize).map(Span)
+    }
+
+    fn seal_name(self) -> String {
+        format!("{SEAL_DIR}/{}", self.0)
+    }
+
+    fn intent_name(self) -> String {
+        format!("{SEAL_DIR}/{}.intent", self.0)
+    }
+
+    /// The minute's path parts (`YYYY MM DD hh mm`), whose children are
+    /// the span's bags.
+    fn minute_parts(self) -> Vec<String> {
+        let p = self.first().parts();
+        std::iter::once(format!("{:04}", p[0]))
+            .chain(p[1..5].iter().map(|v| format!("{v:02}")))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..={}", self.first(), self.last())
+    }
+}
+
+/// A sealed span: which of its seconds held a bag when it was sealed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seal {
+    pub span: Span,
+    bags: BTreeSet<Bucket>,
+}
+
+impl Seal {
+    /// Whether `bucket`'s own lock decides it (`true`), or the seal closed
+    /// it empty (`false`).
+    pub fn has_bag(&self, bucket: Bucket) -> bool {
+        self.bags.contains(&bucket)
+    }
+
+    /// The seconds that held a bag, ascending.
+    pub fn bags(&self) -> impl Iterator<Item = Bucket> + '_ {
+        self.bags.iter().copied()
+    }
+
+    /// How many seconds of the span the seal closed empty.
+    pub fn empty_seconds(&self) -> u64 {
+        SPAN_SECS - self.bags.len() as u64
+    }
+
+    fn encode(&self) -> Bytes {
+        let mut s = format!("{MAGIC}\n{}\n", self.span.0);
+        for b in &self.bags {
+            s.push_str(&format!("{}\n", b.secs()));
+        }
+        Bytes::from(s)
+    }
+
+    fn decode(span: Span, bytes: &[u8]) -> std::result::Result<Self, String> {
+        let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
+        let mut lines = text.lines();
+        if lines.next() != Some(MAGIC) {
+            return Err(format!("does not start with {MAGIC:?}"));
+        }
+        let start: u64 = lines.next().and_then(|l| l.parse().ok()).ok_or("no span start")?;
+        if start != span.0 {
+            return Err(format!("names span {start}, not {}", span.0));
+        }
+        let mut bags = BTreeSet::new();
+        for l in lines {
+            let secs: u64 = l.parse().map_err(|_| format!("bad second {l:?}"))?;
+            let b = Bucket::from_secs(secs);
+            if Span::of(b) != span {
+                return Err(format!("lists second {secs}, outside the span"));
+            }
+            if !bags.insert(b) {
+                return Err(format!("lists second {secs} twice"));
+            }
+        }
+        Ok(Seal { span, bags })
+    }
+}
+
+fn corrupt(log: &str, span: Span, reason: String) -> Error {
+    Error::CorruptSeal {
+        log: log.to_owned(),
+        span: span.first(),
+        reason,
+    }
+}
+
+/// The span's seal, if it is sealed.
+pub async fn seal_of(store: &dyn BagStore, log: &str, span: Span) -> Result<Option<Seal>> {
+    match store.get_named(log, &span.seal_name(), MAX_SEAL_BYTES).await {
+        Ok(Some(bytes)) => Seal::decode(span, &bytes)
+            .map(Some)
+            .map_err(|r| corrupt(log, span, r)),
+        Ok(None) => Ok(None),
+        Err(Error::Invalid { reason, .. }) => Err(corrupt(log, span, reason)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every sealed span of `log` (one listing of its seals).
+pub async fn sealed_spans(store: &dyn BagStore, log: &str) -> Result<BTreeSet<Span>> {
+    Ok(store
+        .list_named(log, SEAL_DIR)
+        .await?
+        .iter()
+        .filter_map(|n| n.parse::<u64>().ok())
+        .filter(|s| s % SPAN_SECS == 0)
+        .map(Span)
+        .collect())
+}
+
+/// Whether some process has started sealing the span: its intent, then
+/// (in that order: see the module docs) its seal.
+pub async fn sealing_started(store: &dyn BagStore, log: &str, span: Span) -> Result<bool> {
+    if store.get_named(log, &span.intent_name(), 0).await?.is_some() {
+        return Ok(true);
+    }
+    Ok(seal_of(store, log, span).await?.is_some())
+}
+
+/// The seconds of the span that hold a bag now (that somebody wrote into,
+/// or that a closer closed), ascending.
+pub async fn bags_of(store: &dyn BagStore, log: &str, span: Span) -> Result<Vec<Bucket>> {
+    let mut bags: Vec<Bucket> = store
+        .list_level(log, &span.minute_parts())
+        .await?
+        .iter()
+        .filter(|n| n.len() == 2)
+        .filter_map(|n| n.parse::<u64>().ok())
+        .filter(|s| *s < SPAN_SECS)
+        .map(|s| Bucket::from_secs(span.0 + s))
+        .collect();
+    bags.sort_unstable();
+    Ok(bags)
+}
+
+/// Seals the span (or finishes someone else's seal) and returns the seal,
+/// the same for every caller. The caller must be a closer whose vouched
+/// clock is past [`Span::close_time`], or one that found the seal started
+/// ([`sealing_started`]).
+pub async fn seal(store: &dyn BagStore, log: &str, span: Span) -> Result<Seal> {
+    let seal = match seal_of(store, log, span).await? {
+        Some(s) => s,
+        None => {
+            store.put_first(log, &span.intent_name(), Bytes::new()).await?;
+            let bags = bags_of(store, log, span).await?.into_iter().collect();
+            let ours = Seal { span, bags };
+            match store.put_first(log, &span.seal_name(), ours.encode()).await? {
+                None => ours,
+                Some(first) => Seal::decode(span, &first).map_err(|r| corrupt(log, span, r))?,
+            }
+        }
+    };
+    for b in seal.bags() {
+        store.close(log, b).await?;
+    }
+    store.remove_named(log, &span.intent_name()).await?;
+    Ok(seal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_minutes() {
+        let b = Bucket::from_secs(1_900_000_000); // second 40 of its minute
+        let s = Span::of(b);
+        assert_eq!(s.first().secs(), 1_899_999_960);
+        assert_eq!(s.last().secs(), 1_900_000_019);
+        assert_eq!(Span::of(s.last()), s);
+        assert_eq!(s.next().first(), s.last().next());
+        assert_eq!(s.buckets().count(), 60);
+        let spans: Vec<Span> = Span::covering(b, Bucket::from_secs(1_900_000_100)).collect();
+        assert_eq!(spans.len(), 3);
+    }
+
+    #[test]
+    fn seals_round_trip_and_refuse_what_no_sealer_wrote() {
+        let span = Span::of(Bucket::from_secs(1_900_000_000));
+        let seal = Seal {
+            span,
+            bags: [span.first(), span.last()].into_iter().collect(),
+        };
+        assert_eq!(Seal::decode(span, &seal.encode()).unwrap(), seal);
+        assert_eq!(seal.empty_seconds(), 58);
+        assert!(seal.has_bag(span.last()) && !seal.has_bag(span.first().next()));
+        for bad in [
+            "".to_owned(),
+            "bagel-seal v1\n5\n".to_owned(),
+            format!("{MAGIC}\n{}\n{}\n", span.0, span.0 + 60),
+            format!("{MAGIC}\n{}\n{}\n{}\n", span.0, span.0, span.0),
+            format!("{MAGIC}\n{}\nx\n", span.0),
+        ] {
+            assert!(Seal::decode(span, bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! Summaries: a closed stretch of a log (whole minutes, one by default) as
+//! one object, so that reading an hour opens 60 objects instead of 3,600
+//! bags.
+//!
+//! ```text
+//! <log>/_summary/<first second>.<seconds>   a `pb::Summary`
+//! ```
+//!
+//! A summary holds every record of every bag of its stretch, in bag and
+//! item order, with each witness, signed time and writer id stored once
+//! and referred to by index, and a manifest of its source bags (each with
+//! the SHA-256 of its lock). It is made only from what is final: minutes
+//! that are sealed, bags that are closed, items read exactly as their locks
+//! list them. So the same store always gives the same summary, byte for
+//! byte, and publication is create-only (`If-None-Match: *` on S3, a
+//! private file linked into place on a directory or NFS): any number of
+//! summarizers may run at once, a crash at any step leaves either nothing
+//! or the one summary, and a second summarizer that finds a *different*
+//! summary under the same name says so ([`Error::SummaryMismatch`]).
+//!
+//! A reader rebuilds each batch from its parts and checks it exactly as it
+//! checks a batch read from a bag (witness and holder signatures, signed
+//! time, bounds), so a summary can leave messages out but cannot make a
+//! forged one pass; [`check`] compares a summary with its source bags while
+//! they exist.
+
+use std::collections::HashMap;
+
+use bagel_proto::pb;
+use bytes::Bytes;
+use prost::Message as _;
+use sha2::{Digest as _, Sha256};
+
+use crate::frame::{self, Frame};
+use crate::seal::{self, SPAN_SECS, Span};
+use crate::{BagState, BagStore, Bucket, Error, Result};
+
+/// Where a log keeps its summaries: a name no log segment can take.
+pub const SUMMARY_DIR: &str = "_summary";
+/// The largest summary made or read. A minute over this is left to its
+/// bags ([`Error::NotSummarizable`]).
+pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
+
+/// The stretch a summary covers: `minutes` whole minutes from `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Stretch {
+    pub first: Span,
+    pub minutes: u32,
+}
+
+impl Stretch {
+    /// The stretch of `minutes` minutes holding `bucket`, aligned to
+    /// `minutes` whole minutes since the epoch: every summarizer given the
+    /// same length cuts the log the same way.
+    pub fn aligned(bucket: Bucket, minutes: u32) -> Self {
+        let len = u64::from(minutes.max(1)) * SPAN_SECS;
+        let from = bucket.secs() - bucket.secs() % len;
+        Stretch::new(Span::of(Bucket::from_secs(from)), minutes)
+    }
+
+    /// The next stretch of the same length.
+    pub fn next(self) -> Self {
+        Stretch::new(Span::of(self.last().next()), self.minutes)
+    }
+
+    /// When it may be summarized: its last second's close time.
+    pub fn close_time(self, grace: std::time::Duration) -> bagel_proto::Micros {
+        self.last().close_time(grace)
+    }
+
+    pub fn new(first: Span, minutes: u32) -> Self {
+        Stretch {
+            first,
+            minutes: minutes.max(1),
+        }
+    }
+
+    pub fn spans(self) -> impl Iterator<Item = Span> {
+        let mut s = self.first;
+        (0..self.minutes).map(move |_| {
+            let here = s;
+            s = s.next();
+            here
+        })
+    }
+
+    /// Its first second.
+    pub fn from(self) -> Bucket {
+        self.first.first()
+    }
+
+    /// Its last second.
+    pub fn last(self) -> Bucket {
+        Bucket::from_secs(self.from().secs() + u64::from(self.minutes) * SPAN_SECS - 1)
+    }
+
+    pub fn contains(self, b: Bucket) -> bool {
+        (self.from()..=self.last()).contains(&b)
+    }
+
+    fn name(self) -> String {
+        format!(
+            "{SUMMARY_DIR}/{}.{}",
+            self.from().secs(),
+            u64::from(self.minutes) * SPAN_SECS
+        )
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        let (from, len) = name.split_once('.')?;
+        let (from, len): (u64, u64) = (from.parse().ok()?, len.parse().ok()?);
+        if from % SPAN_SECS != 0 || len == 0 || len % SPAN_SECS != 0 || len / SPAN_SECS > u64::from(u32::MAX)
+        {
+            return None;
+        }
+        Some(Stretch::new(
+            Span::of(Bucket::from_secs(from)),
+            (len / SPAN_SECS) as u32,
+        ))
+    }
+}
+
+impl std::fmt::Display for Stretch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..={}", self.from(), self.last())
+    }
+}
+
+/// Interns shared parts by their encoded bytes, in first-seen order.
+struct Table<T> {
+    index: HashMap<Vec<u8>, u32>,
+    items: Vec<T>,
+}
+
+impl<T: prost::Message> Table<T> {
+    fn new() -> Self {
+        Table {
+            index: HashMap::new(),
+            items: Vec::new(),
+        }
+    }
+
+    fn intern(&mut self, item: T) -> u32 {
+        let key = item.encode_to_vec();
+        *self.index.entry(key).or_insert_with(|| {
+            self.items.push(item);
+            (self.items.len() - 1) as u32
+        })
+    }
+}
+
+fn not_summarizable(log: &str, stretch: Stretch, reason: String) -> Error {
+    Error::NotSummarizable {
+        log: log.to_owned(),
+        stretch: stretch.to_string(),
+        reason,
+    }
+}
+
+/// Builds the summary of `stretch` from its sealed minutes and closed bags.
+/// Refused ([`Error::NotSummarizable`]) while a minute is not sealed or a
+/// bag it lists is not closed, when an item cannot be read as its lock
+/// lists it, or when the summary would exceed [`MAX_SUMMARY_BYTES`].
+pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<pb::Summary> {
+    let mut writers: Vec<String> = Vec::new();
+    let mut writer_index: HashMap<String, u32> = HashMap::new();
+    let mut witnesses = Table::<pb::Witness>::new();
+    let mut times = Table::<pb::SignedTime>::new();
+    let mut bags = Vec::new();
+    let mut size = 0u64;
+    for span in stretch.spans() {
+        let Some(sealed) = seal::seal_of(store, log, span).await? else {
+            return Err(not_summarizable(
+                log,
+                stretch,
+                format!("the minute {span} is not sealed yet"),
+            ));
+        };
+        for bucket in sealed.bags() {
+            let listing = match store.state(log, bucket).await? {
+                BagState::Closed(l) => l,
+                BagState::Open(_) => {
+                    return Err(not_summarizable(
+                        log,
+                        stretch,
+                        format!("bag {bucket} is not closed yet"),
+                    ));
+                }
+            };
+            let mut items = Vec::with_capacity(listing.items.len());
+            for item in &listing.items {
+                size += item.size;
+                if size > MAX_SUMMARY_BYTES {
+                    return Err(not_summarizable(
+                        log,
+                        stretch,
+                        format!("over {MAX_SUMMARY_BYTES} bytes: summarize shorter stretches"),
+                    ));
+                }
+                let bytes = store.read_item(log, bucket, item, Some(item.size)).await?;
+                let batches = (bytes.len() as u64 == item.size)
+                    .then(|| as_batches(&bytes))
+                    .flatten();
+                let mut out = pb::SummaryItem {
+                    name: item.name.clone(),
+                    size: item.size,
+                    ..Default::default()
+                };
+                match batches {
+                    Some(batches) => {
+                        for b in batches {
+                            let writer = *writer_index.entry(b.writer_id.clone()).or_insert_with(|| {
+                                writers.push(b.writer_id.clone());
+                                (writers.len() - 1) as u32
+                            });
+                            let elsewhere = b.log != log || b.bucket_secs != bucket.secs();
+                            out.batches.push(pb::SummaryBatch {
+                                writer,
+                                first_sequence: b.first_sequence,
+                                signed_time: b.signed_time.map_or(0, |t| times.intern(t) + 1),
+                                witnesses: b.witnesses.into_iter().map(|w| witnesses.intern(w)).collect(),
+                                entries: b.entries,
+                                elsewhere,
+                                log: if elsewhere { b.log } else { String::new() },
+                                bucket_secs: if elsewhere { b.bucket_secs } else { 0 },
+                                holder_signatures: b.holder_signatures,
+                            });
+                        }
+                    }
+                    None => {
+                        out.is_raw = true;
+                        out.raw = bytes.to_vec();
+                    }
+                }
+                items.push(out);
+            }
+            bags.push(pb::SummaryBag {
+                bucket_secs: bucket.secs(),
+                lock_sha256: Sha256::digest(listing.encode()).to_vec(),
+                items,
+            });
+        }
+    }
+    Ok(pb::Summary {
+        log: log.to_owned(),
+        from_secs: stretch.from().secs(),
+        to_secs: stretch.last().secs() + 1,
+        witnesses: witnesses.items,
+        signed_times: times.items,
+        writer_ids: writers,
+        bags,
+    })
+}
+
+/// The item's records as batches, when every frame is a whole record that
+/// decodes and re-encodes to exactly its stored bytes (so a reader of the
+/// summary sees what a reader of the bag sees); `None` otherwise.
+fn as_batches(bytes: &Bytes) -> Option<Vec<pb::Batch>> {
+    let mut out = Vec::new();
+    for f in frame::decode(bytes) {
+        let Frame::Record { body, .. } = f else {
+            return None;
+        };
+        let batch = pb::Batch::decode(body.clone()).ok()?;
+        if batch.encode_to_vec() != body {
+            return None;
+        }
+        out.push(batch);
+    }
+    Some(out)
+}
+
+/// The batches of a summarized item, rebuilt, each with its frame's
+/// offset in the item (a raw item has none: read its `raw` bytes as a
+/// bag's item).
+pub fn rebuild(
+    summary: &pb::Summary,
+    bag: &pb::SummaryBag,
+    item: &pb::SummaryItem,
+) -> Result<Vec<(u64, Bytes)>> {
+    let bad = |reason: String| Error::CorruptSummary {
+        log: summary.log.clone(),
+        from: Bucket::from_secs(summary.from_secs),
+        reason,
+    };
+    let mut offset = 0u64;
+    let mut out = Vec::with_capacity(item.batches.len());
+    for b in &item.batches {
+        let pick = |i: u32, len: usize, what: &str| {
+            usize::try_from(i)
+                .ok()
+                .filter(|i| *i < len)
+                .ok_or_else(|| bad(format!("{what} index {i} out of range")))
+        };
+        let writer_id = summary.writer_ids[pick(b.writer, summary.writer_ids.len(), "writer")?].clone();
+        let signed_time = match b.signed_time {
+            0 => None,
+            i => Some(summary.signed_times[pick(i - 1, summary.signed_times.len(), "signed time")?].clone()),
+        };
+        let witnesses = b
+            .witnesses
+            .iter()
+            .map(|i| Ok(summary.witnesses[pick(*i, summary.witnesses.len(), "witness")?].clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let batch = pb::Batch {
+            writer_id,
+            first_sequence: b.first_sequence,
+            signed_time,
+            witnesses,
+            entries: b.entries.clone(),
+            log: if b.elsewhere {
+                b.log.clone()
+            } else {
+                summary.log.clone()
+            },
+            bucket_secs: if b.elsewhere {
+                b.bucket_secs
+            } else {
+                bag.bucket_secs
+            },
+            holder_signatures: b.holder_signatures.clone(),
+        };
+        let body = Bytes::from(batch.encode_to_vec());
+        out.push((offset, body.clone()));
+        offset += (frame::HEADER_LEN + body.len()) as u64;
+    }
+    Ok(out)
+}
+
+/// Publishes `summary` create-only and returns its name and whether this
+/// call created it. One already there with other bytes is refused
+/// ([`Error::SummaryMismatch`]): the same closed bags give the same
+/// summary, so one of the two was not made from them.
+pub async fn publish(
+    store: &dyn BagStore,
+    log: &str,
+    stretch: Stretch,
+    summary: &pb::Summary,
+) -> Result<(String, bool)> {
+    let name = stretch.name();
+    let ours = Bytes::from(summary.encode_to_vec());
+    if let Some(theirs) = store.get_named(log, &name, MAX_SUMMARY_BYTES).await? {
+        return match theirs == ours {
+            true => Ok((name, false)),
+            false => Err(Error::SummaryMismatch {
+                log: log.to_owned(),
+                name,
+                reason: "a summary with other bytes is already published under this name".into(),
+            }),
+        };
+    }
+    match store.put_first(log, &name, ours.clone()).await? {
+        None => Ok((name, true)),
+        Some(first) if first == ours => Ok((name, false)),
+        Some(_) => Err(Error::SummaryMismatch {
+            log: log.to_owned(),
+            name,
+            reason: "another summarizer published other bytes first".into(),
+        }),
+    }
+}
+
+/// Builds and publishes the summary of `stretch`; see [`build`] and
+/// [`publish`]. Returns its name, whether this call created it, and its
+/// size in bytes.
+pub async fn summarize(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summarized> {
+    let summary = build(store, log, stretch).await?;
+    let (name, created) = publish(store, log, stretch, &summary).await?;
+    Ok(Summarized {
+        stretch,
+        name,
+        created,
+        bytes: summary.encoded_len() as u64,
+        bags: summary.bags.len() as u64,
+        messages: summary
+            .bags
+            .iter()
+            .flat_map(|b| &b.items)
+            .flat_map(|i| &i.batches)
+            .map(|b| b.entries.len() as u64)
+            .sum(),
+    })
+}
+
+/// What [`summarize`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summarized {
+    pub stretch: Stretch,
+    pub name: String,
+    pub created: bool,
+    pub bytes: u64,
+    pub bags: u64,
+    pub messages: u64,
+}
+
+/// Every published summary of `log`, by stretch (one listing).
+pub async fn list(store: &dyn BagStore, log: &str) -> Result<Vec<Stretch>> {
+    let mut out: Vec<Stretch> = store
+        .list_named(log, SUMMARY_DIR)
+        .await?
+        .iter()
+        .filter_map(|n| Stretch::parse(n))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Reads and checks the shape of a published summary: it names this log
+/// and stretch, and its bags are distinct seconds of the stretch, in order.
+pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<pb::Summary> {
+    let bad = |reason: String| Error::CorruptSummary {
+        log: log.to_owned(),
+        from: stretch.from(),
+        reason,
+    };
+    let bytes = store
+        .get_named(log, &stretch.name(), MAX_SUMMARY_BYTES)
+        .await?
+        .ok_or_else(|| bad("listed a moment ago, and now gone".into()))?;
+    let s = pb::Summary::decode(bytes).map_err(|e| bad(format!("does not decode: {e}")))?;
+    if s.log != log || s.from_secs != stretch.from().secs() || s.to_secs != stretch.last().secs() + 1 {
+        return Err(bad(format!(
+            "it says log {:?} seconds {}..{}: not what its name says",
+            s.log, s.from_secs, s.to_secs
+        )));
+    }
+    let mut prev = None;
+    for b in &s.bags {
+        let bucket = Bucket::from_secs(b.bucket_secs);
+        if !stretch.contains(bucket) || prev.is_some_and(|p| p >= bucket) {
+            return Err(bad(format!(
+                "bag {bucket} is out of order or outside the stretch"
+            )));
+        }
+        prev = Some(bucket);
+    }
+    Ok(s)
+}
+
+/// What [`check`] found comparing a summary with its source bags.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryCheck {
+    /// Bags compared and found as summarized.
+    pub bags_matched: u64,
+    /// Bags whose lock or records differ from the summary's: a forged or
+    /// corrupted summary (or bag).
+    pub mismatched: Vec<String>,
+    /// Source bags gone (retention): what the summary says of them could
+    /// not be checked.
+    pub bags_gone: u64,
+}
+
+/// Compares a published summary, bag by bag, with the bags it was made
+/// from, while they exist.
+pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<SummaryCheck> {
+    let published = load(store, log, stretch).await?;
+    let mut out = SummaryCheck::default();
+    let mut by_second: HashMap<u64, &pb::SummaryBag> =
+        published.bags.iter().map(|b| (b.bucket_secs, b)).collect();
+    for span in stretch.spans() {
+        let Some(sealed) = seal::seal_of(store, log, span).await? else {
+            out.mismatched
+                .push(format!("minute {span} is summarized but not sealed"));
+            continue;
+        };
+        for bucket in sealed.bags() {
+            let Some(theirs) = by_second.remove(&bucket.secs()) else {
+                out.mismatched
+                    .push(format!("bag {bucket} is sealed in but left out of the summary"));
+                continue;
+            };
+            match store.state(log, bucket).await? {
+                BagState::Closed(listing) => {
+                    let digest = Sha256::digest(listing.encode()).to_vec();
+                    if digest != theirs.lock_sha256 {
+                        out.mismatched
+                            .push(format!("bag {bucket}: its lock is not the one summarized"));
+                        continue;
+                    }
+                    let one = build_bag(store, log, bucket, &published).await?;
+                    match one == rebuild_all(&published, theirs)? {
+                        true => out.bags_matched += 1,
+                        false => out
+                            .mismatched
+                            .push(format!("bag {bucket}: its records are not the ones summarized")),
+                    }
+                }
+                BagState::Open(items) if items.is_empty() => out.bags_gone += 1,
+                BagState::Open(_) => out
+                    .mismatched
+                    .push(format!("bag {bucket} is summarized but not closed")),
+            }
+        }
+    }
+    for (secs, _) in by_second {
+        out.mismatched.push(format!(
+            "bag {} is in the summary but not in its minute's seal",
+            Bucket::from_secs(secs)
+        ));
+    }
+    out.mismatched.sort();
+    Ok(out)
+}
+
+/// A bag's items as (name, size, record bodies or raw bytes), read from the
+/// bag, for comparison with [`rebuild_all`].
+async fn build_bag(
+    store: &dyn BagStore,
+    log: &str,
+    bucket: Bucket,
+    _published: &pb::Summary,
+) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
+    let BagState::Closed(listing) = store.state(log, bucket).await? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for item in &listing.items {
+        let bytes = store.read_item(log, bucket, item, Some(item.size)).await?;
+        let records = match (bytes.len() as u64 == item.size)
+            .then(|| as_batches(&bytes))
+            .flatten()
+        {
+            Some(batches) => batches
+                .into_iter()
+                .map(|b| Bytes::from(b.encode_to_vec()))
+                .collect(),
+            None => vec![bytes],
+        };
+        out.push((item.name.clone(), item.size, records));
+    }
+    Ok(out)
+}
+
+/// The same shape as [`build_bag`], from a summary.
+fn rebuild_all(summary: &pb::Summary, bag: &pb::SummaryBag) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
+    bag.items
+        .iter()
+        .map(|item| {
+            let records = match item.is_raw {
+                true => vec![Bytes::from(item.raw.clone())],
+                false => rebuild(summary, bag, item)?.into_iter().map(|(_, b)| b).collect(),
+            };
+            Ok((item.name.clone(), item.size, records))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stretch_names_round_trip_and_refuse_what_no_summarizer_names() {
+        let s = Stretch::new(Span::of(Bucket::from_secs(1_900_000_000)), 5);
+        assert_eq!(Stretch::parse(s.name().trim_start_matches("_summary/")), Some(s));
+        assert_eq!(s.last().secs() - s.from().secs() + 1, 300);
+        for bad in [
+            "1899999961.60",
+            "1899999960.0",
+            "1899999960.61",
+            "x.60",
+            "1899999960",
+            "",
+        ] {
+            assert_eq!(Stretch::parse(bad), None, "{bad}");
+        }
+    }
+}
