@@ -247,6 +247,9 @@ impl FsOps for PausingFs {
     async fn remove(&self, path: &str) -> std::io::Result<()> {
         self.inner.remove(path).await
     }
+    async fn remove_dir(&self, path: &str) -> std::io::Result<()> {
+        self.inner.remove_dir(path).await
+    }
 }
 
 /// The classic late write on a bag of logs: the writer opened its

@@ -285,8 +285,32 @@ fn read_of_a_log_that_does_not_exist_fails_and_of_an_empty_one_succeeds() {
     );
     // Nothing was created by asking.
     assert!(!dir.path().join("no-such-log").exists());
-    // A log that exists but holds no message: its past bags closed by a
-    // metronome, nothing ever written. Reading it is fine.
+    // A metronome does not create a log nobody has started, and says so.
+    let out = cli_no_server(&[
+        "--unsafe-local-clock",
+        "metronome",
+        "--store",
+        &store,
+        "--log",
+        "empty",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", describe_output(&out));
+    assert!(
+        stderr(&out).contains("no writer has started it"),
+        "{}",
+        describe_output(&out)
+    );
+    assert!(!dir.path().join("empty").exists());
+    // A log that exists but holds no message: a writer marked its start
+    // and wrote nothing; a metronome closed its past. Reading it is fine.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let marks = dir.path().join("empty").join("_start");
+    std::fs::create_dir_all(&marks).unwrap();
+    std::fs::write(marks.join((now - 5).to_string()), b"").unwrap();
     let out = cli_no_server(&[
         "--unsafe-local-clock",
         "metronome",

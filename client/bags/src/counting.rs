@@ -140,6 +140,10 @@ impl FsOps for CountingFs {
         self.counts.bump("remove");
         self.inner.remove(path).await
     }
+    async fn remove_dir(&self, path: &str) -> io::Result<()> {
+        self.counts.bump("remove_dir");
+        self.inner.remove_dir(path).await
+    }
 }
 
 #[derive(Debug)]

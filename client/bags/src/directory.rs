@@ -409,6 +409,42 @@ impl BagStore for DirectoryStore {
         }
     }
 
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let dir = Self::dir(log, bucket);
+        let Some(entries) = self.list(&dir).await? else {
+            return Ok(());
+        };
+        // Writable again, so that a process that is not root may unlink.
+        self.fs
+            .chmod(&dir, 0o755)
+            .await
+            .map_err(|e| Error::io("chmod", &dir, e))?;
+        let mut files: Vec<&str> = entries
+            .iter()
+            .filter(|e| !e.is_dir)
+            .map(|e| e.name.as_str())
+            .collect();
+        // The lock last: a bag half removed still reads as closed.
+        files.sort_by_key(|n| (*n == LOCK, *n == PRELOCK));
+        for name in files {
+            let path = format!("{dir}/{name}");
+            match self.fs.remove(&path).await {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(Error::io("remove", &path, e)),
+                _ => {}
+            }
+        }
+        match self.fs.remove_dir(&dir).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(Error::io("rmdir", &dir, e)),
+            _ => {}
+        }
+        // The minute's directory too, once it is empty (best effort: a
+        // bag of it may still be there, or be written).
+        if let Some((minute, _)) = dir.rsplit_once('/') {
+            let _ = self.fs.remove_dir(minute).await;
+        }
+        Ok(())
+    }
+
     async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
         let dir = format!("{log}/{dir}");
         Ok(self

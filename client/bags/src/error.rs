@@ -239,6 +239,15 @@ impl Error {
         }
     }
 
+    /// A file or object that is not there (any more).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            Error::Store { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+            _ => false,
+        }
+    }
+
     /// The opposite of [`Error::is_retryable`].
     pub fn is_permanent(&self) -> bool {
         !self.is_retryable()

@@ -116,6 +116,10 @@ impl FsOps for FaultyFs {
         self.check()?;
         self.inner.remove(path).await
     }
+    async fn remove_dir(&self, path: &str) -> io::Result<()> {
+        self.check()?;
+        self.inner.remove_dir(path).await
+    }
 }
 
 /// Request counts seen by a [`TestObjectStore`].
@@ -371,5 +375,8 @@ impl BagStore for AppendsThrough {
     }
     async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
         self.inner.list_named(log, dir).await
+    }
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()> {
+        self.inner.remove_bag(log, bucket).await
     }
 }

@@ -80,6 +80,9 @@ pub trait FsOps: Send + Sync + fmt::Debug {
     /// (see [`crate::seal`]). Never a file another process may still be
     /// deciding on.
     async fn remove(&self, path: &str) -> io::Result<()>;
+    /// `rmdir(2)` of an empty directory: retention, removing a bag whose
+    /// summary holds it ([`crate::retain`]).
+    async fn remove_dir(&self, path: &str) -> io::Result<()>;
 }
 
 /// An open single-writer file.
@@ -352,6 +355,19 @@ impl FsOps for StdFs {
                 &dir,
                 name.as_str(),
                 rustix::fs::AtFlags::empty(),
+            )?)
+        })
+        .await
+    }
+
+    async fn remove_dir(&self, path: &str) -> io::Result<()> {
+        let (root, path) = (self.root.clone(), path.to_owned());
+        blocking(move || {
+            let (dir, name) = crate::beneath::parent(&root, &path)?;
+            Ok(rustix::fs::unlinkat(
+                &dir,
+                name.as_str(),
+                rustix::fs::AtFlags::REMOVEDIR,
             )?)
         })
         .await

@@ -53,6 +53,7 @@
 //! * [`writer`]: timestamps, batches, commit protocol.
 //! * [`seal`]: one object closes a minute's empty seconds.
 //! * [`summary`]: a closed stretch of a log as one deterministic object.
+//! * [`retain`]: removing old bags a checked summary holds.
 //! * [`metronome`]: closes past bags; [`close_through`].
 //! * [`vouched`]: the time closers act on: a checked clock less its bound.
 //! * [`reader`]: ordered, checked reads of a time range.
@@ -78,6 +79,7 @@ pub mod metronome;
 pub mod names;
 pub mod nfs;
 pub mod reader;
+pub mod retain;
 pub mod s3;
 pub mod seal;
 pub mod store;

@@ -478,6 +478,25 @@ impl BagStore for S3Store {
         }
     }
 
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()> {
+        let prefix = self.key(&Self::bag(log, bucket));
+        let mut keys: Vec<Path> = self
+            .list_all(&prefix)
+            .await?
+            .into_iter()
+            .map(|m| m.location)
+            .collect();
+        // The lock last: a bag half removed still reads as closed.
+        keys.sort_by_key(|k| k.filename() == Some(LOCK));
+        for key in keys {
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Self::store_err("delete", &key, e)),
+            }
+        }
+        Ok(())
+    }
+
     async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
         let prefix = self.key(&format!("{log}/{dir}"));
         let metas = self.list_all(&prefix).await?;

@@ -95,6 +95,12 @@ pub trait BagStore: Send + Sync + fmt::Debug {
     /// The names of the protocol objects directly under `<log>/<dir>/`
     /// (not their contents; nothing when the directory does not exist).
     async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>>;
+
+    /// Deletes a bag whole (its items, markers, lock and directory); one
+    /// that does not exist is fine. Only retention calls it, and only for
+    /// bags a checked summary holds ([`crate::retain`]). Its lock goes
+    /// last, so a bag half removed still reads as closed.
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()>;
 }
 
 /// Where a log keeps its start marks (`<log>/_start/<unix seconds>`): a

@@ -148,6 +148,14 @@ impl BagStore for TimeoutStore {
         .await
     }
 
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()> {
+        self.timed(
+            || format!("remove {log}/{}", bucket.path()),
+            self.inner.remove_bag(log, bucket),
+        )
+        .await
+    }
+
     async fn list_named(&self, log: &str, dir: &str) -> Result<Vec<String>> {
         self.timed(|| format!("list {log}/{dir}"), self.inner.list_named(log, dir))
             .await

@@ -223,6 +223,13 @@ impl Conn {
             Conn::V4(c) => c.remove(path).await,
         }
     }
+
+    pub(super) async fn rmdir(&mut self, path: &str) -> nfs::Result<()> {
+        match self {
+            Conn::V3(c) => c.rmdir(path).await,
+            Conn::V4(c) => c.rmdir(path).await,
+        }
+    }
 }
 
 /// `base` + `/` + `rel` (either may be empty; both empty is the root, `/`).

@@ -388,6 +388,11 @@ impl FsOps for NfsFs {
         let p = self.full(path);
         call!(self, "REMOVE", &p, |c| c.remove(&p))
     }
+
+    async fn remove_dir(&self, path: &str) -> io::Result<()> {
+        let p = self.full(path);
+        call!(self, "RMDIR", &p, |c| c.rmdir(&p))
+    }
 }
 
 /// A data file opened for appending: the WRITE goes at the size seen when

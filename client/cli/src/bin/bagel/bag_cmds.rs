@@ -38,6 +38,32 @@ pub enum BagCommand {
     /// minutes), sealing past-due minutes first. Idempotent: any number may
     /// run at once; readers then read those minutes from the summary.
     Summarize(SummarizeArgs),
+    /// Remove old bags that a summary holds, once the summary checks
+    /// against them (and, optionally, old summaries). Never removes what
+    /// no summary holds.
+    Retain(RetainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RetainArgs {
+    /// `file:///abs/dir`, `s3://bucket/prefix` or `nfs://host/dir`.
+    #[arg(long, env = "BAGEL_STORE")]
+    store: String,
+    /// The log.
+    #[arg(long)]
+    log: String,
+    /// Keep bags this long after their stretch ended (at least 10m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    keep_bags: Duration,
+    /// Also remove summaries this long after their stretch ended (at least
+    /// --keep-bags); without it, summaries are kept forever.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    keep_summaries: Option<Duration>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    timing: TimingArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -289,7 +315,37 @@ pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
         BagCommand::Metronome(a) => metronome(a, &g).await,
         BagCommand::Audit(a) => audit(a, &g).await,
         BagCommand::Summarize(a) => summarize(a, &g).await,
+        BagCommand::Retain(a) => retain(a, &g).await,
     }
+}
+
+async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let cfg = a.timing.config();
+    let store = bag::open_store(&a.store, &cfg).await?;
+    // What is old enough is judged on a vouched clock, as closing is.
+    let clock = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
+    let now = bag::closer_now(clock.as_ref()).await?;
+    let r = bagel_bags::retain::retain(store.as_ref(), &a.log, now, a.keep_bags, a.keep_summaries).await?;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "summaries_checked": r.summaries_checked,
+                "bags_removed": r.bags_removed,
+                "summaries_removed": r.summaries_removed,
+                "kept": r.kept,
+            })
+        );
+    } else {
+        println!(
+            "checked {} summaries; removed {} bags and {} summaries",
+            r.summaries_checked, r.bags_removed, r.summaries_removed
+        );
+        for k in &r.kept {
+            println!("KEPT {k}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,108 @@
+//! Retention: removing old bags once a summary that holds them has been
+//! checked against them, and (optionally) old summaries.
+//!
+//! Bags go only where a published summary covers them and
+//! [`summary::check`] finds every one of them as summarized (a bag already
+//! gone counts, so an interrupted run resumes): nothing that no summary
+//! holds is ever removed, and whatever an auditor needs (every record with
+//! its witnesses, signed times and holder signatures) is in the summary.
+//! Each bag's lock goes last, so a bag half removed still reads as closed
+//! and the next run finishes it. Minute seals stay (one small object a
+//! minute): without them a reader would seal those minutes again.
+//!
+//! Safe beside writers, closers and summarizers: they only touch bags
+//! within a metronome's lookback or a lease's deadline, far newer than
+//! anything kept for [`MIN_KEEP`]. A reader that reads the removed bags
+//! from their summary is unaffected; one that reads with summaries off
+//! meets an error on a bag removed under it, never a silent gap.
+
+use std::time::Duration;
+
+use bagel_proto::Micros;
+
+use crate::summary::{self, Stretch};
+use crate::{BagStore, Error, Result};
+
+/// Bags are kept at least this long after their stretch ended.
+pub const MIN_KEEP: Duration = Duration::from_secs(10 * 60);
+
+/// What one run of [`retain`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetainReport {
+    /// Summaries old enough whose bags were checked.
+    pub summaries_checked: u64,
+    /// Bags removed (or found removed) under a checked summary.
+    pub bags_removed: u64,
+    /// Summaries removed (`keep_summaries`).
+    pub summaries_removed: u64,
+    /// Stretches whose bags were kept, and why: their summary does not
+    /// match them.
+    pub kept: Vec<String>,
+}
+
+/// Removes the bags of every summarized stretch of `log` that ended more
+/// than `keep_bags` before `now` (a vouched instant) and whose summary
+/// checks against them; with `keep_summaries`, also the summaries of
+/// stretches that ended more than that before `now`. `keep_bags` under
+/// [`MIN_KEEP`] is refused.
+pub async fn retain(
+    store: &dyn BagStore,
+    log: &str,
+    now: Micros,
+    keep_bags: Duration,
+    keep_summaries: Option<Duration>,
+) -> Result<RetainReport> {
+    crate::validate_log(log)?;
+    for (what, keep) in [
+        ("--keep-bags", Some(keep_bags)),
+        ("--keep-summaries", keep_summaries),
+    ] {
+        if let Some(keep) = keep
+            && keep < MIN_KEEP
+        {
+            return Err(Error::invalid(
+                "retention",
+                format!("{what} {keep:?}"),
+                format!("keep at least {MIN_KEEP:?}: writers and closers still work on newer bags"),
+            ));
+        }
+    }
+    if let Some(ks) = keep_summaries
+        && ks < keep_bags
+    {
+        return Err(Error::invalid(
+            "retention",
+            format!("--keep-summaries {ks:?}"),
+            format!("shorter than --keep-bags {keep_bags:?}: the summary would go before its bags"),
+        ));
+    }
+    let ended_before = |stretch: Stretch, keep: Duration| stretch.last().end().saturating_add(keep) <= now;
+    let mut report = RetainReport::default();
+    for stretch in summary::list(store, log).await? {
+        if !ended_before(stretch, keep_bags) {
+            continue;
+        }
+        report.summaries_checked += 1;
+        let check = summary::check(store, log, stretch).await?;
+        if !check.mismatched.is_empty() {
+            report
+                .kept
+                .push(format!("{stretch}: {}", check.mismatched.join("; ")));
+            continue;
+        }
+        let published = summary::load(store, log, stretch).await?;
+        for bag in &published.bags {
+            store
+                .remove_bag(log, crate::Bucket::from_secs(bag.bucket_secs))
+                .await?;
+            report.bags_removed += 1;
+        }
+        if let Some(keep) = keep_summaries
+            && ended_before(stretch, keep)
+        {
+            summary::remove(store, log, stretch).await?;
+            report.summaries_removed += 1;
+        }
+    }
+    Ok(report)
+}
