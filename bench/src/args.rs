@@ -79,6 +79,12 @@ pub struct Args {
     /// metronome lag).
     #[arg(long)]
     pub no_bags: bool,
+    /// Run only the bag-path-at-scale measurement (an idle log over a day,
+    /// an hour of 10 writers read back from bags, from summaries and as
+    /// plain files), on a directory under --out, with an injected clock;
+    /// writes bag-scale.md and bag-scale.json there.
+    #[arg(long)]
+    pub bag_scale: bool,
     /// Skip the many-servers measurement (cycles/s through the cluster
     /// client against 1, 2 and 4 servers).
     #[arg(long)]

@@ -21,6 +21,7 @@
 //! every request has a timeout, and every server is killed at the end.
 
 mod args;
+mod bag_scale;
 mod bagel;
 mod bags;
 mod cluster;
@@ -630,6 +631,15 @@ fn main() -> Result<()> {
 }
 
 async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
+    if args.bag_scale {
+        std::fs::create_dir_all(&args.out)?;
+        let s = bag_scale::run(&args.out).await?;
+        let md = bag_scale::markdown(&s);
+        print!("{md}");
+        std::fs::write(args.out.join("bag-scale.md"), &md)?;
+        std::fs::write(args.out.join("bag-scale.json"), serde_json::to_string_pretty(&s)?)?;
+        return Ok(());
+    }
     let settings = args.settings();
     anyhow::ensure!(
         !args.concurrency.is_empty() && !args.names.is_empty(),
