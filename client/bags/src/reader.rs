@@ -261,7 +261,15 @@ pub struct ReadReport {
 /// Where each batch read so far was found, by (writer, first sequence,
 /// SHA-256 of the record): a second copy is a duplicate. Two writers given
 /// one id (two processes) write different records, which are not.
-type Seen = HashMap<(String, u64, [u8; 32]), String>;
+#[derive(Default)]
+struct Seen {
+    batches: HashMap<(String, u64, [u8; 32]), String>,
+    /// Verdicts on the witnesses and signed times already checked in this
+    /// read, by their encoded bytes: one lease's witness is cited by every
+    /// batch written under it, so its signature is verified once.
+    witnesses: HashMap<Vec<u8>, std::result::Result<pb::WitnessBody, String>>,
+    times: HashMap<Vec<u8>, std::result::Result<bagel_proto::TimeReading, String>>,
+}
 
 /// Reads `[from, to)` of `log`; see the module docs.
 pub async fn read(
@@ -336,7 +344,7 @@ pub async fn read(
     sources.sort_by_key(|(b, _)| *b);
     report.summaries_read = summaries.len() as u64;
     let total = sources.len() as u64;
-    let mut seen = Seen::new();
+    let mut seen = Seen::default();
     for (done, (bucket, from_summary)) in sources.into_iter().enumerate() {
         if let Some(p) = &opts.progress {
             p.report(done as u64, total);
@@ -405,9 +413,12 @@ pub async fn read(
     if let Some(p) = &opts.progress {
         p.report(total, total);
     }
-    let key = |m: &Message| (m.timestamp, m.writer_id.clone(), m.sequence);
-    report.messages.sort_by_key(key);
-    report.rejected.sort_by_key(|r| key(&r.message));
+    // Compared in place: no key is built (or cloned) per comparison.
+    let order = |a: &Message, b: &Message| {
+        (a.timestamp, &a.writer_id, a.sequence).cmp(&(b.timestamp, &b.writer_id, b.sequence))
+    };
+    report.messages.sort_by(order);
+    report.rejected.sort_by(|a, b| order(&a.message, &b.message));
     Ok(report)
 }
 
@@ -708,7 +719,7 @@ fn read_record(
                 Sha256::digest(&body).into(),
             );
             let here = format!("bag {bucket} item {} offset {offset}", item.name);
-            if let Some(first) = seen.get(&key) {
+            if let Some(first) = seen.batches.get(&key) {
                 report.problems.push(Problem {
                     kind: ProblemKind::Duplicate,
                     ..problem(
@@ -725,7 +736,7 @@ fn read_record(
                 });
                 return;
             }
-            seen.insert(key, here);
+            seen.batches.insert(key, here);
             if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
                 report.problems.push(Problem {
                     kind: ProblemKind::Misplaced,
@@ -742,7 +753,7 @@ fn read_record(
                     )
                 });
             }
-            check_batch(report, opts, cfg, at, batch);
+            check_batch(report, seen, opts, cfg, at, batch);
         }
         Err(e) => report.problems.push(problem(
             Some(offset),
@@ -760,6 +771,7 @@ struct Lease {
 
 fn check_batch(
     report: &mut ReadReport,
+    seen: &mut Seen,
     opts: &ReadOptions,
     cfg: &BagConfig,
     at: &Place<'_>,
@@ -782,14 +794,17 @@ fn check_batch(
         ));
     }
     for w in &batch.witnesses {
-        let body = match &opts.keys {
-            Some(keys) => {
-                bagel_proto::verify_witness(w, keys).map_err(|e| format!("witness {}: {e}", w.key_id))
-            }
-            None => {
-                bagel_proto::witness::decode_unverified(w).map_err(|e| format!("witness {}: {e}", w.key_id))
-            }
-        };
+        let body = seen
+            .witnesses
+            .entry(w.encode_to_vec())
+            .or_insert_with(|| match &opts.keys {
+                Some(keys) => {
+                    bagel_proto::verify_witness(w, keys).map_err(|e| format!("witness {}: {e}", w.key_id))
+                }
+                None => bagel_proto::witness::decode_unverified(w)
+                    .map_err(|e| format!("witness {}: {e}", w.key_id)),
+            })
+            .clone();
         match body {
             Ok(b) if b.mode().normalized() != pb::Mode::Full => {
                 batch_error.get_or_insert(format!(
@@ -850,8 +865,12 @@ fn check_batch(
             batch_notes.push("signed time NOT verified (no key given)".to_owned())
         }
         (Some(st), keys) => {
-            match bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys) {
-                Ok(r) => time_ref = Some(r),
+            let verdict = seen.times.entry(st.encode_to_vec()).or_insert_with(|| {
+                bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys)
+                    .map_err(|e| e.to_string())
+            });
+            match verdict {
+                Ok(r) => time_ref = Some(*r),
                 Err(e) => {
                     batch_error.get_or_insert(format!("signed time: {e}"));
                 }
