@@ -348,27 +348,22 @@ impl FsOps for StdFs {
     }
 
     async fn remove(&self, path: &str) -> io::Result<()> {
-        let (root, path) = (self.root.clone(), path.to_owned());
-        blocking(move || {
-            let (dir, name) = crate::beneath::parent(&root, &path)?;
-            Ok(rustix::fs::unlinkat(
-                &dir,
-                name.as_str(),
-                rustix::fs::AtFlags::empty(),
-            )?)
-        })
-        .await
+        self.unlink(path, rustix::fs::AtFlags::empty()).await
     }
 
     async fn remove_dir(&self, path: &str) -> io::Result<()> {
+        self.unlink(path, rustix::fs::AtFlags::REMOVEDIR).await
+    }
+}
+
+impl StdFs {
+    /// `unlinkat` of `path` beneath the root (a file, or with `REMOVEDIR`
+    /// an empty directory).
+    async fn unlink(&self, path: &str, flags: rustix::fs::AtFlags) -> io::Result<()> {
         let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
             let (dir, name) = crate::beneath::parent(&root, &path)?;
-            Ok(rustix::fs::unlinkat(
-                &dir,
-                name.as_str(),
-                rustix::fs::AtFlags::REMOVEDIR,
-            )?)
+            Ok(rustix::fs::unlinkat(&dir, name.as_str(), flags)?)
         })
         .await
     }

@@ -370,41 +370,22 @@ pub async fn read(
             report.closed_bags_read += 1;
         }
         for item in items {
-            if item.size > opts.max_item_bytes {
-                report.problems.push(Problem {
-                    kind: ProblemKind::Damaged,
-                    bucket,
-                    item: item.name.clone(),
-                    offset: None,
-                    what: format!(
-                        "not read: its size {} is over the per-item limit of {} bytes",
-                        item.size, opts.max_item_bytes
-                    ),
-                    in_open_bag: open,
-                });
+            let at = Place {
+                log,
+                bucket,
+                item: &item,
+                open,
+            };
+            if let Some(p) = at.too_big(opts) {
+                report.problems.push(p);
                 continue;
             }
             // An open item may have grown since it was listed: still bounded.
             let limit = if open { opts.max_item_bytes } else { item.size };
             match store.read_item(log, bucket, &item, Some(limit)).await {
-                Ok(bytes) => {
-                    let at = Place {
-                        log,
-                        bucket,
-                        item: &item,
-                        open,
-                    };
-                    read_item(&mut report, &mut seen, opts, cfg, &at, bytes);
-                }
+                Ok(bytes) => read_item(&mut report, &mut seen, opts, cfg, &at, bytes),
                 Err(e @ (crate::Error::ItemChanged { .. } | crate::Error::ItemRefused { .. })) => {
-                    report.problems.push(Problem {
-                        kind: ProblemKind::Damaged,
-                        bucket,
-                        item: item.name.clone(),
-                        offset: None,
-                        what: e.to_string(),
-                        in_open_bag: open,
-                    })
+                    report.problems.push(at.damaged(None, e.to_string()))
                 }
                 Err(e) => return Err(e),
             }
@@ -575,26 +556,16 @@ fn read_summarized(
             size: si.size,
             etag: None,
         };
-        if item.size > opts.max_item_bytes {
-            report.problems.push(Problem {
-                kind: ProblemKind::Damaged,
-                bucket,
-                item: item.name.clone(),
-                offset: None,
-                what: format!(
-                    "not read: its size {} is over the per-item limit of {} bytes",
-                    item.size, opts.max_item_bytes
-                ),
-                in_open_bag: false,
-            });
-            continue;
-        }
         let at = Place {
             log,
             bucket,
             item: &item,
             open: false,
         };
+        if let Some(p) = at.too_big(opts) {
+            report.problems.push(p);
+            continue;
+        }
         if si.is_raw {
             read_item(report, seen, opts, cfg, &at, Bytes::from(si.raw.clone()));
             continue;
@@ -641,6 +612,33 @@ struct Place<'a> {
     open: bool,
 }
 
+impl Place<'_> {
+    /// A damage found here, at `offset` in the item (or the item whole).
+    fn damaged(&self, offset: Option<u64>, what: String) -> Problem {
+        Problem {
+            kind: ProblemKind::Damaged,
+            bucket: self.bucket,
+            item: self.item.name.clone(),
+            offset,
+            what,
+            in_open_bag: self.open,
+        }
+    }
+
+    /// The item is listed bigger than the reader reads: reported, not read.
+    fn too_big(&self, opts: &ReadOptions) -> Option<Problem> {
+        (self.item.size > opts.max_item_bytes).then(|| {
+            self.damaged(
+                None,
+                format!(
+                    "not read: its size {} is over the per-item limit of {} bytes",
+                    self.item.size, opts.max_item_bytes
+                ),
+            )
+        })
+    }
+}
+
 fn read_item(
     report: &mut ReadReport,
     seen: &mut Seen,
@@ -649,15 +647,8 @@ fn read_item(
     at: &Place<'_>,
     bytes: Bytes,
 ) {
-    let (bucket, item, open) = (at.bucket, at.item, at.open);
-    let problem = |offset, what: String| Problem {
-        kind: ProblemKind::Damaged,
-        bucket,
-        item: item.name.clone(),
-        offset,
-        what,
-        in_open_bag: open,
-    };
+    let (item, open) = (at.item, at.open);
+    let problem = |offset, what: String| at.damaged(offset, what);
     if !open && (bytes.len() as u64) < item.size {
         report.problems.push(problem(
             Some(bytes.len() as u64),
@@ -702,15 +693,8 @@ fn read_record(
     offset: u64,
     body: Bytes,
 ) {
-    let (bucket, item, open) = (at.bucket, at.item, at.open);
-    let problem = |offset, what: String| Problem {
-        kind: ProblemKind::Damaged,
-        bucket,
-        item: item.name.clone(),
-        offset,
-        what,
-        in_open_bag: open,
-    };
+    let (bucket, item) = (at.bucket, at.item);
+    let problem = |offset, what: String| at.damaged(offset, what);
     match pb::Batch::decode(body.clone()) {
         Ok(batch) => {
             let key = (

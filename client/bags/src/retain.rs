@@ -106,3 +106,37 @@ pub async fn retain(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::DirectoryStore;
+
+    /// Each refusal names the flag and the bound, and nothing is touched.
+    #[tokio::test]
+    async fn keeps_too_short_or_summaries_before_bags_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirectoryStore::local(dir.path(), false);
+        let now = Micros::from_micros(2_000_000_000_000_000);
+        let hour = Duration::from_secs(3600);
+        for (bags, summaries, flag) in [
+            (Duration::from_secs(60), None, "--keep-bags 60s"),
+            (hour, Some(Duration::from_secs(599)), "--keep-summaries 599s"),
+            (hour, Some(Duration::from_secs(1800)), "--keep-summaries 1800s"),
+        ] {
+            let err = retain(&store, "log", now, bags, summaries).await.unwrap_err();
+            match &err {
+                Error::Invalid { what, value, .. } => {
+                    assert_eq!((*what, value.as_str()), ("retention", flag))
+                }
+                e => panic!("{e}"),
+            }
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // A legal keep on a log with no summaries: nothing to do.
+        assert_eq!(
+            retain(&store, "log", now, hour, None).await.unwrap(),
+            RetainReport::default()
+        );
+    }
+}

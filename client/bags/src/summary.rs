@@ -482,7 +482,7 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                             .push(format!("bag {bucket}: its lock is not the one summarized"));
                         continue;
                     }
-                    let one = match build_bag(store, log, bucket).await {
+                    let one = match build_bag(store, log, bucket, &listing).await {
                         Ok(one) => one,
                         // Retention removed part of it (its lock goes last).
                         Err(e) if e.is_not_found() => {
@@ -515,16 +515,14 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
     Ok(out)
 }
 
-/// A bag's items as (name, size, record bodies or raw bytes), read from the
-/// bag, for comparison with [`rebuild_all`].
+/// A closed bag's items as (name, size, record bodies or raw bytes), read
+/// as `listing` lists them, for comparison with [`rebuild_all`].
 async fn build_bag(
     store: &dyn BagStore,
     log: &str,
     bucket: Bucket,
+    listing: &crate::Listing,
 ) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
-    let BagState::Closed(listing) = store.state(log, bucket).await? else {
-        return Ok(Vec::new());
-    };
     let mut out = Vec::new();
     for item in &listing.items {
         let bytes = store.read_item(log, bucket, item, Some(item.size)).await?;

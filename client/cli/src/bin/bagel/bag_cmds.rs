@@ -955,3 +955,23 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     .await;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_minutes;
+
+    #[test]
+    fn summary_spans_are_whole_minutes_from_one_minute_to_a_week() {
+        assert_eq!(parse_minutes("1m"), Ok(1));
+        assert_eq!(parse_minutes("1h"), Ok(60));
+        assert_eq!(parse_minutes("7d"), Ok(7 * 24 * 60));
+        for bad in ["0s", "30s", "90s", "1m 500ms", "8d", "soon"] {
+            let err = parse_minutes(bad).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+        }
+        assert_eq!(
+            parse_minutes("8d").unwrap_err(),
+            "\"8d\" is not a whole number of minutes from 1m to 7d"
+        );
+    }
+}

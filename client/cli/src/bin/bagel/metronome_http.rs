@@ -202,6 +202,31 @@ impl MetronomeStatus {
         (!why.is_empty()).then(|| why.join("; "))
     }
 
+    /// `n` seconds of `log` closed (`outcome` `empty` or `with_data`),
+    /// through `through`, `lag` after their close time: a bag's close, or
+    /// a minute's seal of its empty seconds.
+    fn record_closes(&self, log: &str, outcome: &'static str, n: u64, through: Bucket, lag: Duration) {
+        self.closed
+            .get_or_create(&ClosedLabels {
+                log: log.to_owned(),
+                outcome,
+            })
+            .inc_by(n);
+        self.lag
+            .get_or_create(&LogLabel { log: log.to_owned() })
+            .set(lag.as_secs_f64());
+        self.lag_seconds.observe(lag.as_secs_f64());
+        let mut logs = self.logs();
+        let s = logs.entry(log.to_owned()).or_default();
+        s.last_closed = Some(s.last_closed.map_or(through, |b| b.max(through)));
+        s.last_lag = lag;
+        s.closed += n;
+        if outcome == "empty" {
+            s.empty += n;
+        }
+        s.failing = false;
+    }
+
     fn scrape(&self) -> String {
         let now = self.clock.now();
         for (log, s) in self.logs().iter() {
@@ -218,23 +243,7 @@ impl MetronomeStatus {
 impl CloseObserver for MetronomeStatus {
     fn closed(&self, log: &str, bucket: Bucket, lag: Duration, items: usize) {
         let outcome = if items == 0 { "empty" } else { "with_data" };
-        self.closed
-            .get_or_create(&ClosedLabels {
-                log: log.to_owned(),
-                outcome,
-            })
-            .inc();
-        self.lag
-            .get_or_create(&LogLabel { log: log.to_owned() })
-            .set(lag.as_secs_f64());
-        self.lag_seconds.observe(lag.as_secs_f64());
-        let mut logs = self.logs();
-        let s = logs.entry(log.to_owned()).or_default();
-        s.last_closed = Some(bucket);
-        s.last_lag = lag;
-        s.closed += 1;
-        s.empty += u64::from(items == 0);
-        s.failing = false;
+        self.record_closes(log, outcome, 1, bucket, lag);
     }
 
     fn failed(&self, log: &str, bucket: Bucket, error: &bagel_bags::Error) {
@@ -252,22 +261,7 @@ impl CloseObserver for MetronomeStatus {
     }
 
     fn sealed(&self, log: &str, last: Bucket, lag: Duration, empty: u64) {
-        self.closed
-            .get_or_create(&ClosedLabels {
-                log: log.to_owned(),
-                outcome: "empty",
-            })
-            .inc_by(empty);
-        self.lag
-            .get_or_create(&LogLabel { log: log.to_owned() })
-            .set(lag.as_secs_f64());
-        self.lag_seconds.observe(lag.as_secs_f64());
-        let mut logs = self.logs();
-        let s = logs.entry(log.to_owned()).or_default();
-        s.last_closed = Some(s.last_closed.map_or(last, |b| b.max(last)));
-        s.last_lag = lag;
-        s.closed += empty;
-        s.empty += empty;
+        self.record_closes(log, "empty", empty, last, lag);
     }
 
     fn caught_up(&self, log: &str, through: Bucket) {
