@@ -160,6 +160,9 @@ pub enum System {
     BagelSession,
     Etcd,
     Redis,
+    /// Redis with `io-threads 4` (reads too): Redis's best multi-core
+    /// configuration, a peer for the scaling goals.
+    RedisIo,
     S3,
     /// bagel's own S3 lease backend (`bagel-s3-lease`), on the same S3
     /// server as the `s3` peer, in the same run.
@@ -173,6 +176,7 @@ impl System {
             System::Bagel | System::BagelBatched | System::BagelSession => "bagel",
             System::Etcd => "etcd",
             System::Redis => "redis",
+            System::RedisIo => "redis-io",
             System::S3 => "s3",
             System::BagelS3 => "bagel-s3",
         }
@@ -202,7 +206,9 @@ impl System {
     /// the other in name order, the release PUTs together.
     pub fn requests_per_cycle(self, names: usize) -> u32 {
         match self {
-            System::Bagel | System::BagelBatched | System::BagelSession | System::Redis => 2,
+            System::Bagel | System::BagelBatched | System::BagelSession | System::Redis | System::RedisIo => {
+                2
+            }
             System::Etcd | System::S3 => 3,
             System::BagelS3 => 2 + u32::try_from(names).unwrap_or(u32::MAX),
         }

@@ -278,19 +278,29 @@ impl Bench {
                 server.stop().await;
                 r
             }
-            System::Redis => {
-                let mut server = redis::start(&self.work, &self.args.redis_bin).await?;
+            System::Redis | System::RedisIo => {
+                let io_threads = if system == System::RedisIo {
+                    redis::IO_THREADS
+                } else {
+                    1
+                };
+                let mut server = redis::start(&self.work, &self.args.redis_bin, io_threads).await?;
                 self.note_server(
-                    "redis",
+                    system.name(),
                     format!(
-                        "{} (persistence off), {}",
+                        "{} (persistence off{}), {}",
                         version_of(&self.args.redis_bin),
+                        if io_threads > 1 {
+                            format!(", io-threads {io_threads} with reads")
+                        } else {
+                            String::new()
+                        },
                         data_note(&server)
                     ),
                 );
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, pool).await?);
                 let r = self.sweep_then_pace(system, driver, &mut server).await;
-                if r.is_ok() {
+                if r.is_ok() && system == System::Redis {
                     let addr = server.addr;
                     self.floor("redis", |w, d| redis::floor(addr, w, d)).await;
                 }
@@ -440,7 +450,7 @@ impl Bench {
         }
         if self.args.systems.contains(&System::Redis) {
             let r = async {
-                let server = redis::start(&self.work, &self.args.redis_bin).await?;
+                let server = redis::start(&self.work, &self.args.redis_bin, 1).await?;
                 let driver = Arc::new(redis::RedisDriver::connect(server.addr, self.args.connections).await?);
                 let mut row = rss::held_lease_memory("redis", driver, server.pid, n, conc, hold_ttl).await;
                 if let Ok(r) = &mut row {
@@ -659,7 +669,7 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
     let report = Report {
         command,
         started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        machine: report::Machine::detect(),
+        machine: report::Machine::detect(machine.len()),
         settings: serde_json::json!({
             "quick": args.quick,
             "duration_s": settings.duration.as_secs_f64(),

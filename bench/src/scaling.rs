@@ -286,8 +286,13 @@ async fn one_system(
             server.stop().await;
             r
         }
-        System::Redis => {
-            let mut server = redis::start(work, &args.redis_bin).await?;
+        System::Redis | System::RedisIo => {
+            let io_threads = if system == System::RedisIo {
+                redis::IO_THREADS
+            } else {
+                1
+            };
+            let mut server = redis::start(work, &args.redis_bin, io_threads).await?;
             let r = match redis::RedisDriver::connect(server.addr, pool).await {
                 Ok(d) => sweep(Arc::new(d), &mut server, spec, concs).await,
                 Err(e) => Err(e),

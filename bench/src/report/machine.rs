@@ -14,7 +14,10 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn detect() -> Self {
+    /// `cores`: the CPUs this process may use, read before `--client-cpus`
+    /// narrowed its mask (read after, a pinned run would report its
+    /// generator's cores as the machine's).
+    pub fn detect(cores: usize) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let field = |text: &str, key: &str| {
@@ -25,7 +28,7 @@ impl Machine {
                 .unwrap_or_default()
         };
         Machine {
-            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cores,
             cpu: field(&cpuinfo, "model name"),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .unwrap_or_default()

@@ -26,6 +26,7 @@ fn color(system: &str) -> RGBColor {
         "bagel" => RGBColor(214, 39, 40),
         "etcd" => RGBColor(31, 119, 180),
         "redis" => RGBColor(44, 160, 44),
+        "redis-io" => RGBColor(23, 190, 207),
         "s3" => RGBColor(148, 103, 189),
         "bagel-s3" => RGBColor(255, 127, 14),
         _ => RGBColor(90, 90, 90),
