@@ -65,6 +65,11 @@ pub struct Config {
     /// The status page's table census (a scan of every record) is reused
     /// for this long, whatever the number of viewers.
     pub status_interval: Duration,
+    /// Watchers: buffer per watcher, events kept for resuming, how many.
+    pub watch: crate::watch::WatchConfig,
+    /// The most names one `List` page returns (a larger page size asked
+    /// for is cut to this).
+    pub list_max_page: usize,
 }
 
 /// TLS for the server, as PEM: its certificate chain and key, and the CA
@@ -222,6 +227,8 @@ impl Default for Config {
             tls: None,
             http: SidePortLimits::default(),
             status_interval: Duration::from_secs(1),
+            watch: crate::watch::WatchConfig::default(),
+            list_max_page: 1000,
         }
     }
 }
@@ -322,6 +329,18 @@ impl Config {
     pub fn with_history(mut self, per_name: usize, budget_bytes: usize) -> Self {
         self.history_per_name = per_name;
         self.history_budget_bytes = budget_bytes;
+        self
+    }
+
+    #[must_use]
+    pub fn with_watch(mut self, watch: crate::watch::WatchConfig) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    #[must_use]
+    pub fn with_list_max_page(mut self, n: usize) -> Self {
+        self.list_max_page = n.max(1);
         self
     }
 

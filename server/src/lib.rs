@@ -32,6 +32,7 @@ pub mod table;
 pub mod timekeeper;
 pub mod transport;
 mod validate;
+pub mod watch;
 pub mod witness;
 
 use std::future::Future;
@@ -111,6 +112,7 @@ impl Server {
                 per_owner: cfg.limits.max_held_names_per_owner,
                 per_peer: cfg.limits.max_held_names_per_peer,
             },
+            watch: cfg.watch,
         });
         let highwater = HighWater::new(
             cfg.granted_until_file.clone(),
@@ -254,6 +256,10 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+        tasks.spawn(background::watch_tick(
+            Arc::clone(&self.service.inner),
+            cancel.clone(),
+        ));
         tasks.spawn(background::keep_mark_ahead(
             Arc::clone(&self.service.inner),
             cancel.clone(),
@@ -506,6 +512,25 @@ mod background {
                 tracing::error!("{e}");
             } else {
                 inner.table.raise_grant_limit(inner.highwater.get());
+            }
+        }
+    }
+
+    /// Reports expiries to watchers (a lease's deadline passes without a
+    /// request) and lets the watch hub go idle when nobody watches. Every
+    /// 50 ms, so an expiry is reported within about that of its deadline;
+    /// a relaxed load when the hub is idle.
+    pub async fn watch_tick(inner: Arc<Inner>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            let hub = inner.table.watch_hub();
+            if hub.active() {
+                hub.tick(inner.time.now());
             }
         }
     }

@@ -110,10 +110,12 @@ pub enum Method {
     History,
     ServerInfo,
     SignedNow,
+    List,
+    Watch,
 }
 
 impl Method {
-    pub const ALL: [Method; 9] = [
+    pub const ALL: [Method; 11] = [
         Method::Acquire,
         Method::Upgrade,
         Method::Renew,
@@ -123,6 +125,8 @@ impl Method {
         Method::History,
         Method::ServerInfo,
         Method::SignedNow,
+        Method::List,
+        Method::Watch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,6 +140,8 @@ impl Method {
             Method::History => "History",
             Method::ServerInfo => "ServerInfo",
             Method::SignedNow => "SignedNow",
+            Method::List => "List",
+            Method::Watch => "Watch",
         }
     }
 }
@@ -507,6 +513,21 @@ impl LeaseService for Metered {
         let start = Instant::now();
         let result = self.0.server_info(request).await;
         self.finish(Method::ServerInfo, start, Subject::lease(""), result)
+    }
+
+    async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
+        let start = Instant::now();
+        let result = self.0.list(request).await;
+        self.finish(Method::List, start, Subject::lease(""), result)
+    }
+
+    type WatchStream = crate::service::WatchStream;
+
+    /// Watches are long-lived: only their start is timed.
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        let start = Instant::now();
+        let result = self.0.watch(request).await;
+        self.finish(Method::Watch, start, Subject::lease(""), result)
     }
 
     async fn signed_now(&self, request: Request<pb::SignedNowRequest>) -> Reply<pb::SignedNowResponse> {

@@ -67,6 +67,38 @@ impl Inner {
         self.time.check()
     }
 
+    /// One page of held names (the gRPC List and the side port's search).
+    pub fn list_page(&self, prefix: &str, after: &str, page_size: usize) -> pb::ListResponse {
+        let max = self.cfg.list_max_page;
+        let limit = if page_size == 0 { 100 } else { page_size }.min(max);
+        let after = (!after.is_empty()).then_some(after);
+        let page = self.table.list(prefix, after, limit, self.time.now());
+        let next_page_token = match (page.more, page.names.last()) {
+            (true, Some(last)) => last.name.to_string(),
+            _ => String::new(),
+        };
+        let names = page
+            .names
+            .into_iter()
+            .map(|l| pb::ListedName {
+                name: l.name.to_string(),
+                holder: Some(pb::Holder {
+                    lease_id: l.lease.to_string(),
+                    owner: l.owner.to_string(),
+                    mode: pb::Mode::from(l.mode).into(),
+                    deadline_us: l.deadline.as_micros(),
+                    fencing_token: l.fencing,
+                    granted_at_us: l.lease.granted_at().as_micros(),
+                }),
+            })
+            .collect();
+        pb::ListResponse {
+            names,
+            next_page_token,
+            max_page_size: max as u32,
+        }
+    }
+
     /// Whether grants were made in the last two mark steps.
     pub fn granting_recently(&self) -> bool {
         let last = self.last_cover.load(std::sync::atomic::Ordering::Relaxed);
@@ -505,6 +537,41 @@ fn op_error(e: Error) -> pb::OpError {
     }
 }
 
+/// What a Watch call answers: its events, ending with a status.
+pub(crate) type WatchStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static>>;
+
+fn watch_status(e: crate::watch::WatchError) -> Status {
+    use crate::watch::WatchError;
+    let code = match e {
+        WatchError::Overflow { .. } | WatchError::TooMany { .. } => tonic::Code::ResourceExhausted,
+        WatchError::TooOld { .. } | WatchError::Ahead { .. } => tonic::Code::OutOfRange,
+    };
+    Status::new(code, e.to_string())
+}
+
+fn watch_event_pb(e: crate::watch::Event) -> pb::WatchEvent {
+    use crate::watch::EventKind;
+    let kind = match e.event.kind {
+        EventKind::Granted => pb::WatchEventKind::Granted,
+        EventKind::Renewed => pb::WatchEventKind::Renewed,
+        EventKind::Upgraded => pb::WatchEventKind::Upgraded,
+        EventKind::Released => pb::WatchEventKind::Released,
+        EventKind::Broken => pb::WatchEventKind::Broken,
+        EventKind::Expired => pb::WatchEventKind::Expired,
+    };
+    pb::WatchEvent {
+        revision: e.revision,
+        kind: kind.into(),
+        name: e.event.name.to_string(),
+        lease_id: e.event.lease.to_string(),
+        owner: e.event.owner.to_string(),
+        mode: pb::Mode::from(e.event.mode).into(),
+        deadline_us: e.event.deadline.as_micros(),
+        at_us: e.event.at.as_micros(),
+    }
+}
+
 fn history_event(e: HistoryEvent) -> pb::HistoryEvent {
     match e {
         HistoryEvent::Renewed => pb::HistoryEvent::Renewed,
@@ -684,8 +751,53 @@ impl Service {
                 waiters: inner.table.waiting() as u64,
                 inflight_bytes: inner.frames.buffered() as u64,
                 sessions_dropped: inner.sessions_dropped.load(std::sync::atomic::Ordering::Relaxed),
+                watchers: inner.table.watch_hub().watchers() as u64,
             }),
         }))
+    }
+
+    pub(crate) async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
+        let req = request.get_ref();
+        let limits = &self.inner.cfg.limits;
+        let prefix = validate::prefix("prefix", &req.prefix, limits)?;
+        let after = validate::prefix("page_token", &req.page_token, limits)?;
+        let page = self.inner.list_page(&prefix, &after, req.page_size as usize);
+        Ok(Response::new(page))
+    }
+
+    pub(crate) async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<WatchStream> {
+        let req = request.get_ref();
+        let limits = &self.inner.cfg.limits;
+        let filter = if req.names.is_empty() {
+            crate::watch::Filter::Prefix(validate::prefix("prefix", &req.prefix, limits)?)
+        } else {
+            if !req.prefix.is_empty() {
+                return Err(Error::invalid("prefix", "give names or a prefix, not both").into());
+            }
+            let names = validate::names("names", &req.names, limits)?;
+            crate::watch::Filter::Names(names.into_iter().collect())
+        };
+        let from = (req.from_revision != 0).then_some(req.from_revision);
+        let sub = self
+            .inner
+            .table
+            .watch(filter, from, self.now())
+            .map_err(watch_status)?;
+        let stopping = self.inner.stopping.clone();
+        let stream = futures::stream::unfold(Some((sub, stopping)), |state| async move {
+            let (mut sub, stopping) = state?;
+            let next = tokio::select! {
+                next = sub.next() => next,
+                () = stopping.cancelled() => {
+                    return Some((Err(Status::from(Error::ShuttingDown)), None));
+                }
+            };
+            match next? {
+                Ok(e) => Some((Ok(watch_event_pb(e)), Some((sub, stopping)))),
+                Err(e) => Some((Err(watch_status(e)), None)),
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     pub(crate) async fn signed_now(

@@ -100,6 +100,14 @@ pub fn name(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
     Ok(Arc::from(raw))
 }
 
+/// A name prefix (List, Watch) or page token: empty, or what a name may be.
+pub fn prefix(field: &'static str, raw: &str, limits: &Limits) -> Result<String, Error> {
+    if !raw.is_empty() {
+        name_ok(raw, limits).map_err(|reason| Error::invalid(field, reason))?;
+    }
+    Ok(raw.to_owned())
+}
+
 pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
     if raw.len() > limits.max_owner_bytes {
         return Err(Error::invalid(

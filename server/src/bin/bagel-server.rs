@@ -101,6 +101,21 @@ struct Args {
     /// Bytes of history kept over all names; the oldest entries go first.
     #[arg(long, env = "BAGEL_HISTORY_BUDGET_BYTES", default_value_t = 64 << 20)]
     history_budget_bytes: usize,
+    /// Events buffered for one watcher (Watch) that does not read fast
+    /// enough; one more and it is dropped with RESOURCE_EXHAUSTED naming
+    /// this limit and the last revision it got, to resume from.
+    #[arg(long, env = "BAGEL_WATCH_BUFFER", default_value_t = 1024)]
+    watch_buffer: usize,
+    /// Events kept (~200 bytes each) so a watcher can resume from a
+    /// revision it saw; an older revision is refused with OUT_OF_RANGE.
+    #[arg(long, env = "BAGEL_WATCH_RETAIN", default_value_t = 10_000)]
+    watch_retain: usize,
+    /// Watchers at once.
+    #[arg(long, env = "BAGEL_MAX_WATCHERS", default_value_t = 1024)]
+    max_watchers: usize,
+    /// The most names one List page returns.
+    #[arg(long, env = "BAGEL_LIST_MAX_PAGE", default_value_t = 1000)]
+    list_max_page: usize,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
@@ -370,6 +385,13 @@ async fn main() -> anyhow::Result<()> {
         .with_shards(args.shards)
         .with_max_records(args.max_records)
         .with_history(args.history_per_name, args.history_budget_bytes)
+        .with_watch(bagel_server::watch::WatchConfig {
+            buffer: args.watch_buffer,
+            retain: args.watch_retain,
+            max_watchers: args.max_watchers,
+            ..Default::default()
+        })
+        .with_list_max_page(args.list_max_page)
         .with_limits(limits)
         .with_http_limits(
             SidePortLimits::default()

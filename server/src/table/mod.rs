@@ -62,10 +62,12 @@ pub use record::{Ended, Holder, Mode, Previous};
 pub use stats::{BreakEvent, ByMode, Census, Counts, Tracked};
 
 use crate::error::{Conflict, Error};
+use crate::watch::{EventKind, Hub, NewEvent};
 use history::NewEntry;
 use record::NameRecord;
 use shard::{Broken, HeldLease, Locked, Shard, ShardState, TOMBSTONES_PER_SHARD, Tombstone};
 pub use spec::{AcquireSpec, Grant, NameGrant, NameView, ReleaseSpec, Released, TableConfig};
+pub use views::{ListPage, Listed};
 
 /// The in-RAM lease table. Share it behind an `Arc`.
 #[derive(Debug)]
@@ -90,6 +92,9 @@ pub struct LeaseTable {
     waiting: AtomicUsize,
     /// Names held and records kept, per owner and per peer.
     accounts: Accounts,
+    /// Lease events for watchers (see `crate::watch`); one relaxed load
+    /// per change while nobody watches.
+    watch: Arc<Hub>,
 }
 
 impl LeaseTable {
@@ -102,6 +107,7 @@ impl LeaseTable {
             grant_limit: AtomicU64::new(u64::MAX),
             waiting: AtomicUsize::new(0),
             accounts: Accounts::default(),
+            watch: Arc::new(Hub::new(cfg.watch, cfg.started.as_micros())),
             cfg,
             shards,
             hasher: Default::default(),
@@ -275,6 +281,20 @@ impl LeaseTable {
             let rec = state.rec_mut(slots[i]);
             let counters = &self.shards[shard].counters;
             (self.stats).replacing(counters, shard, slots[i], name, rec, lease, now);
+            if self.watch.active()
+                && let Some(h) = &rec.holder
+            {
+                // An expired holder, or a live tentative one we break.
+                self.watch.publish(NewEvent {
+                    kind: EventKind::Broken,
+                    name: Arc::clone(name),
+                    lease: h.lease,
+                    owner: rec.owner(),
+                    mode: h.mode,
+                    deadline: h.deadline,
+                    at: now,
+                });
+            }
             if let Some(h) = rec.live_holder(now) {
                 // Step 1 let us through: a live tentative holder we break.
                 debug_assert_eq!(h.mode, Mode::Tentative);
@@ -313,6 +333,17 @@ impl LeaseTable {
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
                 holder_key: spec.holder_key.clone(),
             });
+            if self.watch.active() {
+                self.watch.publish(NewEvent {
+                    kind: EventKind::Granted,
+                    name: Arc::clone(name),
+                    lease,
+                    owner: Arc::clone(&spec.owner),
+                    mode: spec.mode,
+                    deadline: spec.deadline,
+                    at: now,
+                });
+            }
             names.push(NameGrant {
                 name: Arc::clone(name),
                 fencing,
@@ -571,6 +602,17 @@ impl LeaseTable {
             let Some(slot) = state.slot_of(name) else { continue };
             let rec = state.rec_mut(slot);
             if rec.holder.as_ref().is_some_and(|h| h.lease == b.lease) {
+                if self.watch.active() {
+                    self.watch.publish(NewEvent {
+                        kind: EventKind::Broken,
+                        name: Arc::clone(name),
+                        lease: b.lease,
+                        owner: rec.owner(),
+                        mode: Mode::Tentative,
+                        deadline: b.deadline,
+                        at: now,
+                    });
+                }
                 // A tentative holder leaves no trace in the chain.
                 self.end_holding(rec);
                 rec.holder = None;
@@ -646,10 +688,23 @@ impl LeaseTable {
         self.check_deadline(new_deadline, now)?;
         let new_deadline = new_deadline.max(held.deadline);
         for i in 0..held.names.len() {
+            let watched = self.watch.active().then(|| Arc::clone(&held.names[i]));
             let rec = held.rec(i);
             let holder = rec.holder.as_mut().expect("checked by lock_lease");
             holder.deadline = new_deadline;
+            let mode = holder.mode;
             rec.last_change = now;
+            if let Some(name) = watched {
+                self.watch.publish(NewEvent {
+                    kind: EventKind::Renewed,
+                    name,
+                    lease,
+                    owner: rec.owner(),
+                    mode,
+                    deadline: new_deadline,
+                    at: now,
+                });
+            }
             if let Some(metadata) = &metadata {
                 let entry = NewEntry {
                     lease,
@@ -672,10 +727,23 @@ impl LeaseTable {
     /// changes nothing and succeeds.
     pub fn upgrade(&self, lease: LeaseId, token: &Token, now: Micros) -> Result<Grant, Error> {
         let mut held = self.lock_lease(lease, token, now)?;
+        let deadline = held.deadline;
         for i in 0..held.names.len() {
+            let watched = self.watch.active().then(|| Arc::clone(&held.names[i]));
             let rec = held.rec(i);
             rec.holder.as_mut().expect("checked by lock_lease").mode = Mode::Full;
             rec.last_change = now;
+            if let Some(name) = watched {
+                self.watch.publish(NewEvent {
+                    kind: EventKind::Upgraded,
+                    name,
+                    lease,
+                    owner: rec.owner(),
+                    mode: Mode::Full,
+                    deadline,
+                    at: now,
+                });
+            }
         }
         held.mode = Mode::Full;
         self.shards[lease.shard()].counters.upgraded();
@@ -720,10 +788,22 @@ impl LeaseTable {
         }
         let mut stored = Micros::ZERO;
         for i in 0..held.names.len() {
+            let watched = self.watch.active().then(|| Arc::clone(&held.names[i]));
             let rec = held.rec(i);
             self.end_holding(rec);
             let owner = rec.owner();
             let holder = rec.holder.take().expect("checked by lock_lease");
+            if let Some(name) = watched {
+                self.watch.publish(NewEvent {
+                    kind: EventKind::Released,
+                    name,
+                    lease,
+                    owner: Arc::clone(&owner),
+                    mode: holder.mode,
+                    deadline: holder.deadline,
+                    at: now,
+                });
+            }
             if holder.mode == Mode::Full {
                 let inherited_open = rec
                     .prev

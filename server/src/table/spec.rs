@@ -36,6 +36,8 @@ pub struct TableConfig {
     pub max_waiters: usize,
     /// Names held at once: in all, per owner, per peer.
     pub held: HeldLimits,
+    /// Watchers' buffers and the events kept for resuming.
+    pub watch: crate::watch::WatchConfig,
 }
 
 impl TableConfig {
@@ -54,6 +56,7 @@ impl TableConfig {
             max_waiters_per_name: 1024,
             max_waiters: 65_536,
             held: HeldLimits::default(),
+            watch: Default::default(),
         }
     }
 }

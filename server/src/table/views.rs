@@ -10,7 +10,28 @@ use bagel_proto::Micros;
 
 use super::accounts::Usage;
 use super::stats::{self, BreakEvent, Census, Counts, Tracked};
-use super::{HistoryEntry, LeaseTable, NameView, Previous};
+use super::{HistoryEntry, LeaseId, LeaseTable, Mode, NameView, Previous};
+use crate::watch::{Filter, Hub, Subscription, WatchError};
+
+/// A held name, as [`LeaseTable::list`] shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listed {
+    pub name: Arc<str>,
+    pub lease: LeaseId,
+    pub owner: Arc<str>,
+    pub mode: Mode,
+    pub deadline: Micros,
+    pub fencing: u64,
+}
+
+/// A page of [`LeaseTable::list`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListPage {
+    /// In name order (bytewise).
+    pub names: Vec<Listed>,
+    /// More held names follow the last one.
+    pub more: bool,
+}
 
 impl LeaseTable {
     /// The owner lease `lease` was granted to, while it is the live holder
@@ -65,6 +86,69 @@ impl LeaseTable {
                 }
             })
             .collect()
+    }
+
+    /// Up to `limit` names held at `now` (by a live holder) that start with
+    /// `prefix` and sort after `after`, in name order. Each page scans
+    /// every shard, one lock at a time, and keeps only the `limit + 1`
+    /// first names it meets: the cost is a pass over the records, the
+    /// memory the page. Names come and go between pages; a page never
+    /// repeats a name of an earlier one (it starts after the last).
+    pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize, now: Micros) -> ListPage {
+        let mut page: std::collections::BTreeMap<Arc<str>, Listed> = Default::default();
+        let keep = limit.saturating_add(1);
+        for shard in self.shards.iter() {
+            let state = shard.lock();
+            for e in state.slab.iter().flatten() {
+                if !e.name.starts_with(prefix) || after.is_some_and(|a| &*e.name <= a) {
+                    continue;
+                }
+                if page.len() >= keep && page.last_key_value().is_some_and(|(k, _)| *k <= e.name) {
+                    continue;
+                }
+                let Some(h) = e.rec.live_holder(now) else { continue };
+                page.insert(
+                    Arc::clone(&e.name),
+                    Listed {
+                        name: Arc::clone(&e.name),
+                        lease: h.lease,
+                        owner: e.rec.owner(),
+                        mode: h.mode,
+                        deadline: h.deadline,
+                        fencing: e.rec.fencing,
+                    },
+                );
+                if page.len() > keep {
+                    page.pop_last();
+                }
+            }
+        }
+        let more = page.len() > limit;
+        let names = page.into_values().take(limit).collect();
+        ListPage { names, more }
+    }
+
+    /// Starts a watcher (see `crate::watch`). When the hub wakes up, the
+    /// live leases are read into it, so their expiries are reported.
+    pub fn watch(&self, filter: Filter, from: Option<u64>, now: Micros) -> Result<Subscription, WatchError> {
+        let (sub, woke) = self.watch.subscribe(filter, from)?;
+        if woke {
+            for shard in self.shards.iter() {
+                let state = shard.lock();
+                for e in state.slab.iter().flatten() {
+                    if let Some(h) = e.rec.live_holder(now) {
+                        self.watch
+                            .track(h.lease, &e.name, &e.rec.owner(), h.mode, h.deadline);
+                    }
+                }
+            }
+        }
+        Ok(sub)
+    }
+
+    /// The watch hub, for its housekeeping and its numbers.
+    pub fn watch_hub(&self) -> &Arc<Hub> {
+        &self.watch
     }
 
     /// The name's recent history, oldest first, and whether some was dropped.
