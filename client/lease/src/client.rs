@@ -16,7 +16,10 @@ use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::error::{Error, Result};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
-use crate::types::{Grant, History, LeaseRef, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo};
+use crate::types::{
+    Grant, History, LeaseRef, ListPage, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo, WatchEvent,
+    WatchTarget,
+};
 use crate::verify;
 
 /// A connection to one lease server, with the keys its witnesses are
@@ -285,6 +288,45 @@ impl Client {
             .into())
     }
 
+    /// One page of the names held now that start with `prefix` (`""`:
+    /// all), in name order: the first with `page: None`, then each with
+    /// the previous page's [`ListPage::next_page`]. `page_size` 0 asks for
+    /// the server's default (100); the server cuts a larger one to its
+    /// [`ListPage::max_page_size`].
+    pub async fn list(&self, prefix: &str, page: Option<&str>, page_size: u32) -> Result<ListPage> {
+        let req = pb::ListRequest {
+            prefix: prefix.to_owned(),
+            page_size,
+            page_token: page.unwrap_or_default().to_owned(),
+        };
+        Ok(self
+            .call("List", Duration::ZERO, self.rpc().list(req))
+            .await?
+            .into())
+    }
+
+    /// Follows what happens to `target`'s names: grants, renewals,
+    /// upgrades, releases, breaks, expiries, as they happen. With
+    /// `from_revision`, first the events after that revision the server
+    /// still keeps ([`Error::Rejected`] with `OutOfRange` when it no longer
+    /// does). The client's timeout bounds the start only.
+    pub async fn watch(&self, target: WatchTarget, from_revision: Option<u64>) -> Result<Watch> {
+        let (names, prefix) = match target {
+            WatchTarget::Names(names) => (names, String::new()),
+            WatchTarget::Prefix(prefix) => (Vec::new(), prefix),
+        };
+        let req = pb::WatchRequest {
+            names,
+            prefix,
+            from_revision: from_revision.unwrap_or(0),
+        };
+        let events = self.call("Watch", Duration::ZERO, self.rpc().watch(req)).await?;
+        Ok(Watch {
+            events,
+            last_revision: from_revision,
+        })
+    }
+
     /// A recent signed time from the server, checked against its keys (for
     /// writers without their own time authority: see
     /// [`crate::TimeSource::lease_server`]).
@@ -516,5 +558,57 @@ pub(crate) fn release_request(lease: &LeaseRef, o: ReleaseOptions) -> pb::Releas
         metadata: o.metadata.as_ref().map(pb::Metadata::from),
         unsettled: o.unsettled,
         settled_through_us: o.settled_through.map_or(0, Micros::as_micros),
+    }
+}
+
+/// The events of [`Client::watch`], in revision order.
+#[derive(Debug)]
+pub struct Watch {
+    events: tonic::Streaming<pb::WatchEvent>,
+    last_revision: Option<u64>,
+}
+
+impl Watch {
+    /// The next event; `Ok(None)` when the server ended the watch without
+    /// an error. A watcher that fell behind ends with
+    /// [`Error::WatchDropped`].
+    pub async fn next(&mut self) -> Result<Option<WatchEvent>> {
+        loop {
+            match self.events.message().await {
+                Ok(Some(e)) => {
+                    self.last_revision = Some(e.revision);
+                    if let Some(e) = WatchEvent::from_pb(e) {
+                        return Ok(Some(e));
+                    }
+                }
+                Ok(None) => return Ok(None),
+                Err(s)
+                    if s.code() == tonic::Code::ResourceExhausted && s.message().contains("fell behind") =>
+                {
+                    return Err(Error::WatchDropped {
+                        message: crate::error::status_message(&s),
+                        last_revision: self.last_revision,
+                    });
+                }
+                Err(s) => return Err(s.into()),
+            }
+        }
+    }
+
+    /// The revision of the last event received (or the one resumed from).
+    pub fn last_revision(&self) -> Option<u64> {
+        self.last_revision
+    }
+
+    /// The events as a [`futures::Stream`].
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<WatchEvent>> + Send {
+        futures::stream::unfold(Some(self), |w| async move {
+            let mut w = w?;
+            match w.next().await {
+                Ok(Some(e)) => Some((Ok(e), Some(w))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
     }
 }

@@ -89,6 +89,14 @@ pub enum Error {
         pinned: String,
         presented: Vec<String>,
     },
+    /// The server dropped a watch that did not read fast enough (its
+    /// buffer there was full). Watch again from `last_revision`, the last
+    /// event received, to miss nothing (while the server still keeps it).
+    #[error("{message}")]
+    WatchDropped {
+        message: String,
+        last_revision: Option<u64>,
+    },
     /// Any other gRPC failure.
     #[error("rpc failed ({code:?}): {message}", code = .0.code(), message = status_message(.0))]
     Rpc(tonic::Status),
@@ -145,6 +153,13 @@ impl Error {
             Error::Witness { reason } => Error::Witness { reason: on(reason) },
             Error::ClockOff { detail } => Error::ClockOff { detail: on(detail) },
             Error::NoSignedTime { detail } => Error::NoSignedTime { detail: on(detail) },
+            Error::WatchDropped {
+                message,
+                last_revision,
+            } => Error::WatchDropped {
+                message: on(message),
+                last_revision,
+            },
             Error::Rpc(s) => Error::Rpc(tonic::Status::with_details(
                 s.code(),
                 on(s.message().to_owned()),

@@ -74,7 +74,7 @@ mod verify;
 pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, LeaseBackend};
 pub use bagel_proto::Micros;
-pub use client::Client;
+pub use client::{Client, Watch};
 pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{Error, Result};
@@ -83,6 +83,6 @@ pub use options::{ClientOptions, TlsConfig};
 pub use time_source::{TimeOptions, TimeSource};
 pub use types::{
     ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, Inherited,
-    LeaseRef, Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal, ServerInfo,
-    ServerPart, Witness,
+    LeaseRef, ListPage, ListedName, Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal,
+    ServerInfo, ServerPart, WatchEvent, WatchEventKind, WatchTarget, Witness,
 };

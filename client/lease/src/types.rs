@@ -620,3 +620,124 @@ impl ServerInfo {
         })
     }
 }
+
+/// A held name, as [`crate::Client::list`] shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedName {
+    pub name: String,
+    pub holder: Holder,
+}
+
+/// One page of held names, in name order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub names: Vec<ListedName>,
+    /// Pass this to get the next page; `None` on the last.
+    pub next_page: Option<String>,
+    /// The most names the server puts in one page.
+    pub max_page_size: u32,
+}
+
+impl From<pb::ListResponse> for ListPage {
+    fn from(r: pb::ListResponse) -> Self {
+        ListPage {
+            names: r
+                .names
+                .into_iter()
+                .map(|n| {
+                    let h = n.holder.unwrap_or_default();
+                    ListedName {
+                        name: n.name,
+                        holder: Holder {
+                            mode: h.mode().into(),
+                            lease_id: h.lease_id,
+                            owner: h.owner,
+                            deadline: micros(h.deadline_us),
+                            fencing_token: h.fencing_token,
+                            granted_at: micros(h.granted_at_us),
+                        },
+                    }
+                })
+                .collect(),
+            next_page: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
+            max_page_size: r.max_page_size,
+        }
+    }
+}
+
+/// Which names a watch follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchTarget {
+    Names(Vec<String>),
+    /// Every name starting with this (`""`: every name).
+    Prefix(String),
+}
+
+/// What happened to a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WatchEventKind {
+    Granted,
+    Renewed,
+    Upgraded,
+    Released,
+    /// Taken from its holder by a grant (a full holder past its deadline,
+    /// or a tentative one preempted).
+    Broken,
+    /// The holder's deadline passed without a release.
+    Expired,
+}
+
+impl WatchEventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchEventKind::Granted => "granted",
+            WatchEventKind::Renewed => "renewed",
+            WatchEventKind::Upgraded => "upgraded",
+            WatchEventKind::Released => "released",
+            WatchEventKind::Broken => "broken",
+            WatchEventKind::Expired => "expired",
+        }
+    }
+}
+
+/// One event of a watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// Grows with every event on the server; resume after it with
+    /// `from_revision`.
+    pub revision: u64,
+    pub kind: WatchEventKind,
+    pub name: String,
+    pub lease_id: String,
+    pub owner: String,
+    pub mode: Mode,
+    /// The lease's deadline after the event.
+    pub deadline: Micros,
+    /// When it happened, on the server's clock.
+    pub at: Micros,
+}
+
+impl WatchEvent {
+    /// `None` for a kind this client does not know (a newer server).
+    pub(crate) fn from_pb(e: pb::WatchEvent) -> Option<Self> {
+        let kind = match e.kind() {
+            pb::WatchEventKind::Granted => WatchEventKind::Granted,
+            pb::WatchEventKind::Renewed => WatchEventKind::Renewed,
+            pb::WatchEventKind::Upgraded => WatchEventKind::Upgraded,
+            pb::WatchEventKind::Released => WatchEventKind::Released,
+            pb::WatchEventKind::Broken => WatchEventKind::Broken,
+            pb::WatchEventKind::Expired => WatchEventKind::Expired,
+            pb::WatchEventKind::Unspecified => return None,
+        };
+        Some(WatchEvent {
+            revision: e.revision,
+            kind,
+            mode: e.mode().into(),
+            name: e.name,
+            lease_id: e.lease_id,
+            owner: e.owner,
+            deadline: micros(e.deadline_us),
+            at: micros(e.at_us),
+        })
+    }
+}

@@ -29,6 +29,7 @@ mod run_cmd;
 mod store;
 mod target;
 mod time_cmds;
+mod watch_cmds;
 mod written;
 
 use std::process::ExitCode;
@@ -57,6 +58,8 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Lease(lease_cmds::LeaseCommand),
+    #[command(flatten)]
+    Follow(watch_cmds::FollowCommand),
     #[command(flatten)]
     Bag(bag_cmds::BagCommand),
     /// Hold a lease while a command runs: start it once the lease is held,
@@ -148,6 +151,7 @@ async fn run() -> ExitCode {
     };
     let result = match cli.command {
         Command::Lease(cmd) => lease_cmds::run(cmd, g).await,
+        Command::Follow(cmd) => watch_cmds::run(cmd, g).await,
         Command::Run(args) => run_cmd::run(args, g).await,
         Command::Bag(cmd) => {
             let g = bag_cmds::Globals {
