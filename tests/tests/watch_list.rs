@@ -478,3 +478,63 @@ async fn watch_refuses_names_and_prefix_together() {
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 }
+
+/// The side port answers "who holds X?": `/holders?prefix=P` as JSON (the
+/// List core, bounded the same), and the status page's search
+/// (`/?holder=P`) as a table, with the conflicts/s card beside it.
+#[tokio::test]
+async fn the_side_port_says_who_holds_a_name_or_prefix() {
+    let server =
+        ServerProcess::start_ready(&["--max-ttl", "2m", "--http", "127.0.0.1:0", "--list-max-page", "2"])
+            .await;
+    let http = server.http.expect("side port");
+    let mut c = raw(&server).await;
+    for (n, owner) in [
+        ("team a/x", "ann"),
+        ("team a/y", "bo"),
+        ("team a/z", "cy"),
+        ("team b/x", "di"),
+    ] {
+        acquire(&mut c, &[n], owner, 60 * SEC).await;
+    }
+    // A conflict, counted for the rate.
+    let refused = c
+        .acquire(acquire_req(&["team a/x"], "eve", 60 * SEC))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+
+    let get = |path: String| async move {
+        let r = reqwest::get(format!("http://{http}{path}")).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let (status, body) = get("/holders?prefix=team+a%2F&limit=5".into()).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let names: Vec<&str> = v["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["team a/x", "team a/y"], "cut to --list-max-page 2");
+    assert_eq!(v["names"][0]["owner"], "ann");
+    assert_eq!(v["next_page_token"], "team a/y");
+    let (_, body) = get("/holders?prefix=team+a%2F&page_token=team+a%2Fy".into()).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["names"][0]["name"], "team a/z");
+    assert_eq!(v["next_page_token"], "");
+    let (status, _) = get("/holders?prefix=%E2%80%AE".into()).await;
+    assert_eq!(status, 400, "a bidirectional control is refused as in names");
+
+    let (status, page) = get("/?holder=team+b".into()).await;
+    assert_eq!(status, 200);
+    assert!(page.contains(r#"id="holder-query" value="team b""#), "{page}");
+    assert!(
+        page.contains("<td>team b/x</td><td>di</td><td>full</td>"),
+        "{page}"
+    );
+    assert!(page.contains(r#"id="conflict-rate""#), "{page}");
+    let (_, page) = get("/?holder=nobody".into()).await;
+    assert!(page.contains(r#"id="holders-none""#), "{page}");
+}

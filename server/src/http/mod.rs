@@ -54,8 +54,9 @@ const RATE_WINDOW: usize = 60;
 pub(crate) struct Http {
     inner: Arc<Inner>,
     health: HealthService,
-    /// `(when, grants so far)`, one per second, the last `RATE_WINDOW + 1`.
-    rates: Mutex<VecDeque<(Micros, u64)>>,
+    /// `(when, grants so far, conflicts so far)`, one per second, the
+    /// last `RATE_WINDOW + 1`.
+    rates: Mutex<VecDeque<(Micros, u64, u64)>>,
     /// The last census of the table. Its lock makes requests that arrive
     /// while a census is being taken wait for that one rather than start
     /// their own.
@@ -107,14 +108,25 @@ impl Http {
 
     /// Grants per second over the last minute, oldest first.
     fn grant_rates(&self) -> Vec<f64> {
+        self.rates_of(|&(t, g, _)| (t, g))
+    }
+
+    /// Refused acquires (a name held) per second over the last minute,
+    /// oldest first.
+    fn conflict_rates(&self) -> Vec<f64> {
+        self.rates_of(|&(t, _, c)| (t, c))
+    }
+
+    fn rates_of(&self, pick: impl Fn(&(Micros, u64, u64)) -> (Micros, u64)) -> Vec<f64> {
         let rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
         rates
             .iter()
             .zip(rates.iter().skip(1))
-            .map(|((t0, g0), (t1, g1))| {
-                let secs = t1.duration_since(*t0).as_secs_f64();
+            .map(|(a, b)| {
+                let ((t0, n0), (t1, n1)) = (pick(a), pick(b));
+                let secs = t1.duration_since(t0).as_secs_f64();
                 if secs > 0.0 {
-                    g1.saturating_sub(*g0) as f64 / secs
+                    n1.saturating_sub(n0) as f64 / secs
                 } else {
                     0.0
                 }
@@ -240,6 +252,7 @@ fn router(state: Arc<Http>) -> Router {
         .route("/status.js", get(status::script))
         .route("/favicon.svg", get(status::favicon))
         .route("/metrics", get(metrics::scrape))
+        .route("/holders", get(status::holders))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -266,13 +279,14 @@ pub(crate) async fn sample(state: Arc<Http>, cancel: CancellationToken) {
             () = cancel.cancelled() => return,
         }
         let grants = state.inner.table.counts().grants.total();
+        let (full, tentative) = state.inner.meters.conflicts();
         let now = state.inner.time.now();
         {
             let mut rates = state.rates.lock().unwrap_or_else(PoisonError::into_inner);
             if rates.len() > RATE_WINDOW {
                 rates.pop_front();
             }
-            rates.push_back((now, grants));
+            rates.push_back((now, grants, full + tentative));
         }
         ticks += 1;
         if ticks.is_multiple_of(60) {

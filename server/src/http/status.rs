@@ -31,15 +31,110 @@ const TOP_N: usize = 10;
 
 /// What the browser may load: this server's stylesheet, script and icon.
 const CSP: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; \
-                   base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+                   base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-pub(super) async fn page(State(state): State<Arc<Http>>) -> Response {
+/// Names held shown by the page's "who holds" search.
+const HOLDERS_SHOWN: usize = 20;
+
+/// `key`'s value in a URL query (`+` and `%XX` decoded); `None` when absent
+/// or not UTF-8.
+fn query_param(uri: &axum::http::Uri, key: &str) -> Option<String> {
+    let query = uri.query()?;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != key {
+            continue;
+        }
+        let b = v.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            match b[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(hi), Some(lo)) => {
+                        out.push((hi * 16 + lo) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                },
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        return String::from_utf8(out).ok();
+    }
+    None
+}
+
+/// `/holders?prefix=P[&page_token=T][&limit=N]`: who holds the names
+/// starting with P (a whole name is its own prefix), as the JSON of the
+/// gRPC `List` (the same core and bounds), for the page's search and for
+/// scripts.
+pub(super) async fn holders(State(state): State<Arc<Http>>, uri: axum::http::Uri) -> Response {
+    let prefix = query_param(&uri, "prefix").unwrap_or_default();
+    let after = query_param(&uri, "page_token").unwrap_or_default();
+    let limit = query_param(&uri, "limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let limits = &state.inner.cfg.limits;
+    let checked = crate::validate::prefix("prefix", &prefix, limits)
+        .and_then(|_| crate::validate::prefix("page_token", &after, limits));
+    if let Err(e) = checked {
+        let body = serde_json::json!({ "error": crate::error::bounded(e.to_string()) });
+        return json_response(StatusCode::BAD_REQUEST, body.to_string());
+    }
+    let me = Arc::clone(&state);
+    let Ok(page) = tokio::task::spawn_blocking(move || me.inner.list_page(&prefix, &after, limit)).await
+    else {
+        return super::shutting_down();
+    };
+    let names: Vec<_> = page
+        .names
+        .iter()
+        .map(|n| {
+            let h = n.holder.clone().unwrap_or_default();
+            serde_json::json!({
+                "name": n.name,
+                "lease_id": h.lease_id,
+                "owner": h.owner,
+                "mode": if h.mode == bagel_proto::pb::Mode::Tentative as i32 { "tentative" } else { "full" },
+                "deadline_us": h.deadline_us,
+                "fencing_token": h.fencing_token,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "names": names,
+        "next_page_token": page.next_page_token,
+        "max_page_size": page.max_page_size,
+    });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+fn json_response(code: StatusCode, body: String) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+pub(super) async fn page(State(state): State<Arc<Http>>, uri: axum::http::Uri) -> Response {
+    let holder = query_param(&uri, "holder").filter(|h| !h.is_empty());
     let interval = state.inner.cfg.status_interval;
     let Some(snapshot) = state.snapshot(super::Reuse::Within(interval)).await else {
         return super::shutting_down();
     };
     let me = Arc::clone(&state);
-    let Ok(html) = tokio::task::spawn_blocking(move || render(&me, &snapshot)).await else {
+    let Ok(html) = tokio::task::spawn_blocking(move || render(&me, &snapshot, holder.as_deref())).await
+    else {
         return super::shutting_down();
     };
     (
@@ -123,13 +218,20 @@ fn when(t: Micros) -> String {
     }
 }
 
-fn render(state: &Http, s: &Snapshot) -> String {
+fn render(state: &Http, s: &Snapshot, holder: Option<&str>) -> String {
     let inner = &*state.inner;
     let cfg = &inner.cfg;
     let signer = &inner.witness.signer;
     let started = inner.table.config().started;
     let clock = inner.time.status();
     let rates = state.grant_rates();
+    let conflicts = state.conflict_rates();
+    let recent_conflicts = &conflicts[conflicts.len().saturating_sub(10)..];
+    let conflict_rate = if recent_conflicts.is_empty() {
+        0.0
+    } else {
+        recent_conflicts.iter().sum::<f64>() / recent_conflicts.len() as f64
+    };
     let busiest = inner.table.busiest(TOP_N);
     let mut breaks = inner.table.recent_breaks();
     breaks.reverse();
@@ -208,6 +310,7 @@ fn render(state: &Http, s: &Snapshot) -> String {
 <div class="card"><span class="label">held leases</span><span class="value" id="held-leases">{held}</span><span class="detail">{full} full · {tent} tentative</span></div>
 <div class="card"><span class="label">names held</span><span class="value" id="held-names">{names_held}</span><span class="detail">{known} known</span></div>
 <div class="card"><span class="label">grants/s</span><span class="value" id="grant-rate">{rate}</span><span class="detail">last 10 s · {grants} since start</span></div>
+<div class="card"><span class="label">conflicts/s</span><span class="value" id="conflict-rate">{conflict_rate}</span><span class="detail">acquires refused, name held · last 10 s</span></div>
 <div class="card"><span class="label">waiters</span><span class="value" id="waiters">{waiters}</span><span class="detail">acquires waiting for a name</span></div>
 <div class="card"><span class="label">breaks</span><span class="value" id="breaks">{breaks_full}</span><span class="detail">missed deadlines since start</span></div>
 <div class="card"><span class="label">clock</span><span class="value {clock_class}" id="clock-state">{clock_word}</span><span class="detail">± {bound}</span></div>
@@ -219,6 +322,7 @@ fn render(state: &Http, s: &Snapshot) -> String {
         names_held = s.census.held_names.total(),
         known = s.census.names,
         rate = format_rate(recent_rate),
+        conflict_rate = format_rate(conflict_rate),
         grants = s.counts.grants.total(),
         waiters = s.waiters,
         breaks_full = s.counts.breaks.full,
@@ -235,6 +339,8 @@ fn render(state: &Http, s: &Snapshot) -> String {
     h.push_str(r#"<section><h2>Grants per second, last minute</h2>"#);
     chart(&mut h, &rates);
     h.push_str("</section>\n");
+
+    holders_section(&mut h, inner, holder);
 
     // Busiest names and recent breaks.
     busiest_table(&mut h, &busiest);
@@ -276,6 +382,65 @@ fn render(state: &Http, s: &Snapshot) -> String {
         now = when(s.now),
     );
     h
+}
+
+/// "Who holds X?": a search by name or prefix (a GET of this page, so it
+/// works without the script and survives the page's refresh), answered
+/// from the same core as the gRPC `List`.
+fn holders_section(h: &mut String, inner: &crate::service::Inner, holder: Option<&str>) {
+    let value = holder.map(esc).unwrap_or_default();
+    let _ = write!(
+        h,
+        r#"<section><h2>Who holds…?</h2>
+<form method="get" action="/" class="search"><input type="search" name="holder" id="holder-query" value="{value}" placeholder="name or prefix" aria-label="name or prefix"> <button type="submit">search</button></form>
+"#
+    );
+    if let Some(q) = holder {
+        let page = match crate::validate::prefix("holder", q, &inner.cfg.limits) {
+            Ok(q) => inner.list_page(&q, "", HOLDERS_SHOWN),
+            Err(e) => {
+                let _ = write!(h, r#"<p class="bad">{}</p></section>"#, esc(&e.to_string()));
+                return;
+            }
+        };
+        if page.names.is_empty() {
+            let _ = write!(
+                h,
+                r#"<p id="holders-none">no name starting with “{value}” is held</p>"#
+            );
+        } else {
+            h.push_str(
+                r#"<table id="holders"><thead><tr><th>name</th><th>owner</th><th>mode</th><th>until</th><th>lease</th></tr></thead><tbody>"#,
+            );
+            for n in &page.names {
+                let hd = n.holder.clone().unwrap_or_default();
+                let mode = if hd.mode == bagel_proto::pb::Mode::Tentative as i32 {
+                    "tentative"
+                } else {
+                    "full"
+                };
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{mode}</td><td>{}</td><td><code>{}</code></td></tr>",
+                    esc(&n.name),
+                    esc(&hd.owner),
+                    when(Micros::from_micros(hd.deadline_us)),
+                    esc(&hd.lease_id)
+                );
+            }
+            h.push_str("</tbody></table>");
+            if !page.next_page_token.is_empty() {
+                let _ = write!(
+                    h,
+                    r#"<p class="sub">first {HOLDERS_SHOWN} shown; all of them: <code>bagel list --prefix …</code> or <code>/holders?prefix=…</code></p>"#
+                );
+            }
+        }
+    }
+    h.push_str(
+        "</section>
+",
+    );
 }
 
 fn format_rate(r: f64) -> String {
