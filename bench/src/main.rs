@@ -291,7 +291,7 @@ impl Bench {
                         "{} (persistence off{}), {}",
                         version_of(&self.args.redis_bin),
                         if io_threads > 1 {
-                            format!(", io-threads {io_threads} with reads")
+                            format!(", io-threads up to {io_threads} with reads, one per server CPU at most")
                         } else {
                             String::new()
                         },

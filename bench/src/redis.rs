@@ -40,8 +40,14 @@ return 1
 pub const IO_THREADS: u32 = 4;
 
 /// Starts `redis-server` on a free port and waits until it answers PING;
-/// with `io_threads` above 1 it reads and writes on that many threads.
+/// with `io_threads` above 1 it reads and writes on that many threads, but
+/// never more than the CPUs it is pinned to (Redis's I/O threads spin while
+/// they wait: four of them on one CPU starve the main thread).
 pub async fn start(work: &WorkDir, binary: &str, io_threads: u32) -> Result<Server> {
+    let cpus = work
+        .server_cpus()
+        .map_or(u32::MAX, |c| u32::try_from(c.len()).unwrap_or(u32::MAX));
+    let io_threads = io_threads.min(cpus);
     let port = free_port()?;
     let data = work.data_dir("redis")?;
     let mut cmd = Command::new(binary);
