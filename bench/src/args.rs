@@ -132,6 +132,10 @@ pub struct Args {
     /// library's].
     #[arg(long)]
     pub coalesce_streams: Option<usize>,
+    /// bagel-session: the HTTP/2 connections the `Coalescer` spreads its
+    /// streams over [default: the library's].
+    #[arg(long)]
+    pub coalesce_connections: Option<usize>,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     pub bagel_server: Option<PathBuf>,
@@ -237,6 +241,9 @@ impl Args {
         }
         if let Some(n) = self.coalesce_streams {
             o = o.with_streams(n);
+        }
+        if let Some(n) = self.coalesce_connections {
+            o = o.with_connections(n);
         }
         o
     }

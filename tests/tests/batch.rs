@@ -143,6 +143,56 @@ async fn coalesced_cycles_over_session_streams_all_verify() {
     coalesced_cycles_all_verify(Transport::Session).await;
 }
 
+/// Session streams spread over connections of their own (issue 25: one
+/// connection keeps a server's work on about one core): three streams over
+/// three connections show on the server as three sessions on three
+/// connections besides the watcher's, and every cycle through them verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_streams_spread_over_connections() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let client = server.client().await;
+    let coalescer = Coalescer::new(
+        client.clone(),
+        CoalesceOptions::default()
+            .with_transport(Transport::Session)
+            .with_streams(3)
+            .with_connections(3),
+    );
+    let mut tasks = Vec::new();
+    for t in 0..24 {
+        let (client, coalescer) = (client.clone(), coalescer.clone());
+        tasks.push(tokio::spawn(async move {
+            for r in 0..10 {
+                let lease = client
+                    .acquire([format!("spread-{t}-{r}")])
+                    .options(LeaseOptions::default().with_auto_renew(false))
+                    .via(&coalescer)
+                    .send()
+                    .await
+                    .unwrap();
+                verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
+                lease.release(None).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // A connection of its own, so that it counts as one apart from the
+    // coalescer's.
+    let mut watcher = raw(&server).await;
+    let load = watcher
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .load
+        .expect("ServerInfo.load");
+    // Streams open on first use; with 24 callers every stream was used.
+    assert_eq!(load.sessions, 3, "{load:?}");
+    assert!(load.connections >= 4, "three coalescer connections and the watcher's: {load:?}");
+}
+
 /// 48 tasks × 20 acquire/release cycles of lease handles through one
 /// coalescer: every grant verifies alone and every release answers; then a
 /// held name is refused like the unary call refuses it.

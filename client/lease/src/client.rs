@@ -40,6 +40,9 @@ pub struct Client {
 #[derive(Debug)]
 struct Remote {
     url: String,
+    /// How to open another connection to the same server (TLS included),
+    /// for [`Client::on_new_connection`].
+    endpoint: Endpoint,
     /// Bound on each unary call ([`ClientOptions::call_timeout`]).
     call_timeout: Option<Duration>,
     /// The server's max wait per acquire, as it said at connect (longer
@@ -75,6 +78,21 @@ impl Client {
         Self::open(url.into(), Some(keys), options).await
     }
 
+    /// This client (same server, keys and options) over an HTTP/2
+    /// connection of its own, opened on first use.
+    ///
+    /// Why: every call of one connection passes through one connection
+    /// task on each side, so one connection keeps a server's work on about
+    /// one core however many cores it has; a [`crate::Coalescer`] spreads
+    /// its session streams over a few of these
+    /// ([`crate::CoalesceOptions::with_connections`]).
+    pub fn on_new_connection(&self) -> Client {
+        Client {
+            rpc: LeaseServiceClient::new(self.remote.endpoint.connect_lazy()),
+            ..self.clone()
+        }
+    }
+
     async fn open(url: String, pinned: Option<KeyRing>, options: &ClientOptions) -> Result<Self> {
         check_server_url(&url).map_err(|message| Error::Config {
             message: format!("server URL {message}"),
@@ -100,7 +118,7 @@ impl Client {
         }
         // The endpoint's own bound covers the TCP connect only; this one
         // also covers the TLS and HTTP/2 handshakes.
-        let channel = tokio::time::timeout(options.connect_timeout, endpoint.connect())
+        let channel = tokio::time::timeout(options.connect_timeout, endpoint.clone().connect())
             .await
             .map_err(|_| Error::Timeout {
                 url: url.clone(),
@@ -112,6 +130,7 @@ impl Client {
             rpc: LeaseServiceClient::new(channel),
             remote: Arc::new(Remote {
                 url,
+                endpoint,
                 call_timeout: options.call_timeout,
                 max_wait: Duration::from_secs(10),
             }),
@@ -134,6 +153,7 @@ impl Client {
         client.max_ttl = info.max_ttl;
         client.remote = Arc::new(Remote {
             url: client.remote.url.clone(),
+            endpoint: client.remote.endpoint.clone(),
             call_timeout: client.remote.call_timeout,
             max_wait: info.max_wait,
         });

@@ -56,6 +56,12 @@ pub struct CoalesceOptions {
     /// `Session` streams, each run by the server on its own task (so on
     /// more than one core).
     pub streams: usize,
+    /// HTTP/2 connections the `Session` streams are spread over, round
+    /// robin (the first is the client's own; at most `streams` are used).
+    /// One connection is served by one task on each side, so a server
+    /// gives one connection's streams about one core: a client that wants
+    /// more of a many-core server opens more. Default 1.
+    pub connections: usize,
     /// Verify every grant's witness (one ed25519 check per batch, since the
     /// grants of a batch share their signature). Default true.
     pub verify_witnesses: bool,
@@ -68,6 +74,7 @@ impl Default for CoalesceOptions {
             in_flight: 4,
             transport: Transport::Batch,
             streams: 2,
+            connections: 1,
             verify_witnesses: true,
         }
     }
@@ -89,6 +96,14 @@ impl CoalesceOptions {
     #[must_use]
     pub fn with_streams(mut self, n: usize) -> Self {
         self.streams = n.max(1);
+        self
+    }
+
+    /// `Session` streams spread over `n` connections (see
+    /// [`CoalesceOptions::connections`]).
+    #[must_use]
+    pub fn with_connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
         self
     }
 
@@ -159,8 +174,12 @@ impl Coalescer {
                 }
             }
             Transport::Session => {
-                for _ in 0..options.streams {
-                    tokio::spawn(session(client.clone(), Arc::clone(&rx), options, cancel.clone()));
+                let connections: Vec<Client> = (0..options.connections.min(options.streams))
+                    .map(|i| if i == 0 { client.clone() } else { client.on_new_connection() })
+                    .collect();
+                for i in 0..options.streams {
+                    let on = connections[i % connections.len()].clone();
+                    tokio::spawn(session(on, Arc::clone(&rx), options, cancel.clone()));
                 }
             }
         }
