@@ -270,9 +270,12 @@ impl OneRun<'_> {
     /// `bagel acquire --hold`, a write under its lease file, then SIGINT.
     async fn hold_interrupt(&self, rng: &mut StdRng) -> anyhow::Result<Outcome> {
         let lease = self.setup.dir.join(format!("cli-{}.lease.json", self.k));
+        let log = self.setup.dir.join(format!("cli-{}.hold.log", self.k));
         let mut hold = self.bagel();
         hold.args(["acquire", &self.name, "--ttl", "2s", "--hold", "--json"])
-            .stdout(std::fs::File::create(&lease)?);
+            .env("RUST_LOG", "info")
+            .stdout(std::fs::File::create(&lease)?)
+            .stderr(std::fs::File::create(&log)?);
         let mut holder = hold.spawn()?;
         let pid = holder.id().context("holder's pid")?;
         // The lease file is complete once it parses.
@@ -289,7 +292,12 @@ impl OneRun<'_> {
             }
         })
         .await
-        .context("the holder printed no lease within 15 s")?;
+        .with_context(|| {
+            format!(
+                "the holder printed no lease within 15 s; its log ends: {}",
+                tail(&log, 1500)
+            )
+        })?;
         if ready.is_err() {
             return Ok(Outcome::Busy);
         }
@@ -309,6 +317,16 @@ impl OneRun<'_> {
             .context("the holder did not exit within 30 s of SIGINT")??;
         Ok(Outcome::Ran)
     }
+}
+
+/// The last `max` bytes of a process's log, for a violation's message.
+fn tail(path: &Path, max: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let start = text.len().saturating_sub(max);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    text[start..].replace('\n', " | ")
 }
 
 /// What `bagel write` acknowledged: its output lines, one per message in
