@@ -190,7 +190,10 @@ async fn session_streams_spread_over_connections() {
         .expect("ServerInfo.load");
     // Streams open on first use; with 24 callers every stream was used.
     assert_eq!(load.sessions, 3, "{load:?}");
-    assert!(load.connections >= 4, "three coalescer connections and the watcher's: {load:?}");
+    assert!(
+        load.connections >= 4,
+        "three coalescer connections and the watcher's: {load:?}"
+    );
 }
 
 /// 48 tasks × 20 acquire/release cycles of lease handles through one

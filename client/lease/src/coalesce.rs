@@ -175,7 +175,13 @@ impl Coalescer {
             }
             Transport::Session => {
                 let connections: Vec<Client> = (0..options.connections.min(options.streams))
-                    .map(|i| if i == 0 { client.clone() } else { client.on_new_connection() })
+                    .map(|i| {
+                        if i == 0 {
+                            client.clone()
+                        } else {
+                            client.on_new_connection()
+                        }
+                    })
                     .collect();
                 for i in 0..options.streams {
                     let on = connections[i % connections.len()].clone();
