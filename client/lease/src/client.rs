@@ -24,6 +24,16 @@ use crate::verify;
 
 /// A connection to one lease server, with the keys its witnesses are
 /// checked against. Cheap to clone (clones share the HTTP/2 connection).
+/// How many bytes of answers the server may send ahead of this client's
+/// reading, per connection and per call. HTTP/2's default, 64 KiB for a
+/// whole connection, is less than one answer to a batch of a few hundred
+/// grants: with two calls in flight on one connection the server stopped
+/// after each answer until the client's window update came back, and both
+/// sides sat idle (issue 25: 33 % fewer session cycles with two streams
+/// than with one, at half the CPU).
+const RECEIVE_CONNECTION_WINDOW: u32 = 4 << 20;
+const RECEIVE_STREAM_WINDOW: u32 = 1 << 20;
+
 #[derive(Clone, Debug)]
 pub struct Client {
     rpc: LeaseServiceClient<Channel>,
@@ -104,6 +114,8 @@ impl Client {
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(connect_error)?
             .tcp_nodelay(true)
+            .initial_connection_window_size(RECEIVE_CONNECTION_WINDOW)
+            .initial_stream_window_size(RECEIVE_STREAM_WINDOW)
             .connect_timeout(options.connect_timeout);
         let url_is_https = url.starts_with("https://");
         if url_is_https {
