@@ -54,9 +54,79 @@ pub fn forbidden_char(name: &str) -> Option<ForbiddenChar> {
         .find_map(|(index, ch)| forbidden_kind(ch).map(|kind| ForbiddenChar { ch, index, kind }))
 }
 
+/// At most this many characters of a caller's value are quoted back in an
+/// error: enough to recognise it, never enough to turn a 4 MB field into a
+/// 4 MB (or, escaped, 30 MB) answer.
+pub const ECHO_CHARS: usize = 48;
+
+/// `raw`, quoted and escaped, cut to [`ECHO_CHARS`] characters (with its
+/// full length when cut): how every side quotes a caller's value back.
+pub fn echo(raw: &str) -> String {
+    let mut chars = raw.char_indices();
+    match chars.nth(ECHO_CHARS) {
+        None => format!("{raw:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &raw[..end], raw.len()),
+    }
+}
+
+/// Why `name` cannot name a lease (empty, over `max_bytes`, or holding a
+/// character [`forbidden_char`] refuses), worded for an error that
+/// follows the field's name; `None` when it can. The one rule the server
+/// and the S3 lease store both apply.
+pub fn name_problem(name: &str, max_bytes: usize) -> Option<String> {
+    if name.is_empty() {
+        return Some("is empty; names must be 1 or more bytes".into());
+    }
+    if name.len() > max_bytes {
+        return Some(format!(
+            "is {} bytes, over the limit of {max_bytes} bytes",
+            name.len()
+        ));
+    }
+    forbidden_char(name).map(|bad| format!("{} contains {bad}", echo(name)))
+}
+
+/// Why `owner` cannot be a lease's owner: over `max_bytes`, or holding a
+/// character a name may not hold (owners are shown where names are:
+/// conflicts, describe, the status page, witnesses).
+pub fn owner_problem(owner: &str, max_bytes: usize) -> Option<String> {
+    if owner.len() > max_bytes {
+        return Some(format!(
+            "is {} bytes, over the limit of {max_bytes} bytes",
+            owner.len()
+        ));
+    }
+    forbidden_char(owner).map(|bad| format!("{} contains {bad}", echo(owner)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn problems_are_worded_once_and_echo_short() {
+        assert_eq!(name_problem("a", 4), None);
+        assert_eq!(
+            name_problem("", 4).unwrap(),
+            "is empty; names must be 1 or more bytes"
+        );
+        assert_eq!(
+            name_problem("abcde", 4).unwrap(),
+            "is 5 bytes, over the limit of 4 bytes"
+        );
+        let huge = "x\u{202E}".repeat(1_000_000);
+        let why = name_problem(&huge, usize::MAX).unwrap();
+        assert!(why.len() < 400, "{}", why.len());
+        assert!(why.contains("(4000000 bytes)") && why.contains("U+202E"), "{why}");
+        assert_eq!(owner_problem("ops", 8), None);
+        assert!(owner_problem("a\u{200B}b", 8).unwrap().contains("zero-width"));
+        assert!(
+            owner_problem("123456789", 8)
+                .unwrap()
+                .contains("over the limit of 8 bytes")
+        );
+        assert_eq!(echo("abc"), "\"abc\"");
+    }
 
     #[test]
     fn display_changing_and_invisible_characters_are_named() {

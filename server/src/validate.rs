@@ -12,20 +12,7 @@ use crate::error::Error;
 use crate::holder_keys::HolderKeys;
 use crate::table::{LeaseId, Metadata, Mode, Token};
 
-/// At most this many characters of a caller's value are quoted back in an
-/// error: enough to recognise it, never enough to turn a 4 MB field into a
-/// 4 MB (or, escaped, 30 MB) answer.
-pub const ECHO_CHARS: usize = 48;
-
-/// `raw`, quoted and escaped, cut to [`ECHO_CHARS`] characters (with its
-/// full length when cut).
-pub fn echo(raw: &str) -> String {
-    let mut chars = raw.char_indices();
-    match chars.nth(ECHO_CHARS) {
-        None => format!("{raw:?}"),
-        Some((end, _)) => format!("{:?}… ({} bytes)", &raw[..end], raw.len()),
-    }
-}
+pub use bagel_proto::names::echo;
 
 /// A holder's public key: none (an old client), or 32 bytes that are an
 /// ed25519 point, which the witness then states (a key nobody can verify
@@ -79,20 +66,7 @@ pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec
 }
 
 fn name_ok(name: &str, limits: &Limits) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("is empty; names must be 1 or more bytes".into());
-    }
-    if name.len() > limits.max_name_bytes {
-        return Err(format!(
-            "is {} bytes, over the limit of {} bytes",
-            name.len(),
-            limits.max_name_bytes
-        ));
-    }
-    if let Some(bad) = bagel_proto::names::forbidden_char(name) {
-        return Err(format!("{} contains {bad}", echo(name)));
-    }
-    Ok(())
+    bagel_proto::names::name_problem(name, limits.max_name_bytes).map_or(Ok(()), Err)
 }
 
 pub fn name(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
@@ -109,20 +83,8 @@ pub fn prefix(field: &'static str, raw: &str, limits: &Limits) -> Result<String,
 }
 
 pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
-    if raw.len() > limits.max_owner_bytes {
-        return Err(Error::invalid(
-            "owner",
-            format!(
-                "is {} bytes, over the limit of {} bytes",
-                raw.len(),
-                limits.max_owner_bytes
-            ),
-        ));
-    }
-    // Owners are shown where names are (conflicts, describe, the status
-    // page, witnesses): the same characters are refused.
-    if let Some(bad) = bagel_proto::names::forbidden_char(raw) {
-        return Err(Error::invalid("owner", format!("{} contains {bad}", echo(raw))));
+    if let Some(why) = bagel_proto::names::owner_problem(raw, limits.max_owner_bytes) {
+        return Err(Error::invalid("owner", why));
     }
     Ok(Arc::from(raw))
 }

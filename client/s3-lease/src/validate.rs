@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bagel_client::{Error, Metadata, Micros};
+use bagel_proto::names;
 use tonic::Code;
 
 use crate::config::S3LeaseConfig;
@@ -32,23 +33,14 @@ pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> 
     }
     let mut seen = HashSet::with_capacity(raw.len());
     for (i, name) in raw.iter().enumerate() {
-        if name.is_empty() {
-            return Err(invalid(format!(
-                "names: [{i}] is empty; names must be 1 or more bytes"
-            )));
-        }
-        if name.len() > cfg.max_name_bytes {
-            return Err(invalid(format!(
-                "names: [{i}] is {} bytes, over the limit of {} bytes",
-                name.len(),
-                cfg.max_name_bytes
-            )));
-        }
-        if let Some(bad) = bagel_proto::names::forbidden_char(name) {
-            return Err(invalid(format!("names: [{i}] {name:?} contains {bad}")));
+        if let Some(why) = names::name_problem(name, cfg.max_name_bytes) {
+            return Err(invalid(format!("names: [{i}] {why}")));
         }
         if !seen.insert(name.as_str()) {
-            return Err(invalid(format!("names: [{i}] duplicate name {name:?}")));
+            return Err(invalid(format!(
+                "names: [{i}] duplicate name {}",
+                names::echo(name)
+            )));
         }
     }
     let mut sorted = raw.to_vec();
@@ -57,17 +49,10 @@ pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> 
 }
 
 pub fn owner(raw: &str, cfg: &S3LeaseConfig) -> Result<(), Error> {
-    if raw.len() > cfg.max_owner_bytes {
-        return Err(invalid(format!(
-            "owner: is {} bytes, over the limit of {} bytes",
-            raw.len(),
-            cfg.max_owner_bytes
-        )));
+    match names::owner_problem(raw, cfg.max_owner_bytes) {
+        Some(why) => Err(invalid(format!("owner: {why}"))),
+        None => Ok(()),
     }
-    if raw.chars().any(char::is_control) {
-        return Err(invalid("owner: contains a control character".into()));
-    }
-    Ok(())
 }
 
 pub fn metadata(m: Option<&Metadata>, cfg: &S3LeaseConfig) -> Result<(), Error> {
@@ -142,6 +127,21 @@ mod tests {
             names(&["b".into(), "a/x".into()], &cfg).unwrap(),
             vec!["a/x".to_string(), "b".into()]
         );
+    }
+
+    /// The server's rules and words, from the one place both take them
+    /// (the S3 store used to refuse only control characters in an owner,
+    /// and to quote a refused name whole).
+    #[test]
+    fn names_and_owners_follow_the_servers_rules() {
+        let cfg = S3LeaseConfig::default();
+        let long_bad = format!("{}\u{202E}", "n".repeat(200));
+        let err = names(&[long_bad], &cfg).unwrap_err().to_string();
+        assert!(err.contains("U+202E (a bidirectional override)"), "{err}");
+        assert!(err.contains("(203 bytes)") && err.len() < 200, "{err}");
+        let err = owner("ops\u{202E}", &cfg).unwrap_err().to_string();
+        assert!(err.contains("owner: \"ops\\u{202e}\" contains U+202E"), "{err}");
+        assert!(owner("ops@host:12", &cfg).is_ok());
     }
 
     #[test]
