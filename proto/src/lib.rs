@@ -33,6 +33,7 @@ pub mod codec;
 pub mod details;
 pub mod exposition;
 pub mod hex;
+pub mod key_file;
 pub mod keys;
 pub mod merkle;
 pub mod names;

@@ -70,46 +70,7 @@ pub use time::{LeaseTime, SelfSignedClock};
 /// ed25519 secret), creating it (mode 0600) if missing. A key per client
 /// machine, kept across runs, so the store does not fill with keys.
 pub fn load_or_create_key(path: &std::path::Path) -> std::io::Result<bagel_proto::Signer> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let parse = |text: &str| {
-        bagel_proto::hex::decode_array::<32>(text.trim())
-            .map(|secret| bagel_proto::Signer::new(ed25519_dalek::SigningKey::from_bytes(&secret)))
-            .map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{}: not an ed25519 secret key (64 hex digits): {e}",
-                        path.display()
-                    ),
-                )
-            })
-    };
-    match std::fs::read_to_string(path) {
-        Ok(text) => return parse(&text),
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        Err(_) => {}
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let signer = bagel_proto::Signer::generate();
-    let created = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path);
-    match created {
-        Ok(mut f) => {
-            let hex = bagel_proto::hex::encode(signer.signing_key().as_bytes());
-            f.write_all(format!("{hex}\n").as_bytes())?;
-            f.sync_all()?;
-            Ok(signer)
-        }
-        // Another process created it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => parse(&std::fs::read_to_string(path)?),
-        Err(e) => Err(e),
-    }
+    bagel_proto::key_file::load_or_create(path).map(|(signer, _)| signer)
 }
 
 #[cfg(test)]

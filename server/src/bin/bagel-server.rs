@@ -283,34 +283,15 @@ fn parse_offset(text: &str) -> Result<i64, String> {
         .map_err(|_| "offset too large".to_owned())
 }
 
+/// The server's key, from the file every side keeps its key in the same
+/// way ([`bagel_proto::key_file`]).
 fn load_or_create_key(path: &Path) -> anyhow::Result<Signer> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let seed: [u8; 32] = bagel_proto::hex::decode_array(&text)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("{}: expected 64 hex digits (an ed25519 seed)", path.display()))?;
-            Ok(Signer::new(ed25519_dalek::SigningKey::from_bytes(&seed)))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let signer = Signer::generate();
-            let hex = bagel_proto::hex::encode(&signer.signing_key().to_bytes());
-            write_secret(path, &hex).with_context(|| format!("writing new key to {}", path.display()))?;
-            tracing::info!(path = %path.display(), "generated a new signing key");
-            Ok(signer)
-        }
-        Err(e) => Err(e).with_context(|| format!("reading key {}", path.display())),
+    let (signer, created) = bagel_proto::key_file::load_or_create(path)
+        .with_context(|| format!("loading or creating the key {}", path.display()))?;
+    if created {
+        tracing::info!(path = %path.display(), "generated a new signing key");
     }
-}
-
-fn write_secret(path: &Path, hex: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts.open(path)?;
-    writeln!(f, "{hex}")?;
-    f.sync_all()
+    Ok(signer)
 }
 
 async fn shutdown_signal() {
