@@ -28,7 +28,6 @@ use bytes::Bytes;
 use futures::TryStreamExt as _;
 use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-use rand::RngCore as _;
 
 use crate::store::{START_DIR, earliest_start};
 use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
@@ -79,42 +78,10 @@ impl S3Store {
 
     /// Checks that a second create-only PUT of one key is refused. Refuses
     /// to run (with [`Error::ConditionalWritesIgnored`]) on a store that
-    /// accepts it, because bags could then have two different locks.
+    /// accepts it, because bags could then have two different locks. See
+    /// [`bagel_object::probe`].
     pub async fn probe_conditional_put(&self) -> Result<()> {
-        let key = self.key(&format!("_bagel_probe/{:016x}", rand::thread_rng().next_u64()));
-        let put = |body: &'static [u8]| {
-            self.store.put_opts(
-                &key,
-                PutPayload::from_static(body),
-                PutOptions::from(PutMode::Create),
-            )
-        };
-        put(b"first").await.map_err(|e| match e {
-            object_store::Error::NotImplemented { .. } => Error::ConditionalWritesIgnored {
-                store: self.describe.clone(),
-                key: key.to_string(),
-                condition: "If-None-Match: *",
-            },
-            e => Self::store_err("probe put", &key, e),
-        })?;
-        let second = put(b"second").await;
-        // Best effort: the probe object is ours alone.
-        let _ = self
-            .store
-            .delete_stream(Box::pin(futures::stream::once(futures::future::ready(Ok(
-                key.clone()
-            )))))
-            .try_collect::<Vec<_>>()
-            .await;
-        match second {
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
-            Ok(_) => Err(Error::ConditionalWritesIgnored {
-                store: self.describe.clone(),
-                key: key.to_string(),
-                condition: "If-None-Match: *",
-            }),
-            Err(e) => Err(Self::store_err("probe put", &key, e)),
-        }
+        Ok(bagel_object::probe_conditional_put(&*self.store, &self.prefix, &self.describe).await?)
     }
 
     /// Checks that a PUT with `If-Match` on an ETag the object does not
@@ -123,45 +90,7 @@ impl S3Store {
     /// would let two holders both "win" (refused with
     /// [`Error::ConditionalWritesIgnored`]).
     pub async fn probe_conditional_update(&self) -> Result<()> {
-        let key = self.key(&format!("_bagel_probe/{:016x}", rand::thread_rng().next_u64()));
-        self.store
-            .put_opts(
-                &key,
-                PutPayload::from_static(b"first"),
-                PutOptions::from(PutMode::Create),
-            )
-            .await
-            .map_err(|e| Self::store_err("probe put", &key, e))?;
-        // An ETag the object cannot have: the quoted MD5 of other bytes.
-        let stale = object_store::UpdateVersion {
-            e_tag: Some("\"00000000000000000000000000000000\"".into()),
-            version: None,
-        };
-        let update = self
-            .store
-            .put_opts(
-                &key,
-                PutPayload::from_static(b"second"),
-                PutOptions::from(PutMode::Update(stale)),
-            )
-            .await;
-        let _ = self
-            .store
-            .delete_stream(Box::pin(futures::stream::once(futures::future::ready(Ok(
-                key.clone()
-            )))))
-            .try_collect::<Vec<_>>()
-            .await;
-        match update {
-            Err(object_store::Error::Precondition { .. }) => Ok(()),
-            // A store without conditional updates says so.
-            Err(object_store::Error::NotImplemented { .. }) | Ok(_) => Err(Error::ConditionalWritesIgnored {
-                store: self.describe.clone(),
-                key: key.to_string(),
-                condition: "If-Match",
-            }),
-            Err(e) => Err(Self::store_err("probe put", &key, e)),
-        }
+        Ok(bagel_object::probe_conditional_update(&*self.store, &self.prefix, &self.describe).await?)
     }
 
     async fn get_lock(&self, log: &str, bucket: Bucket) -> Result<Option<Listing>> {

@@ -5,8 +5,7 @@
 
 use std::sync::Arc;
 
-use object_store::ObjectStore;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+pub use bagel_object::{S3Url, s3_from_env};
 
 use crate::directory::DirectoryStore;
 use crate::nfs::{NfsFs, NfsTarget};
@@ -33,15 +32,9 @@ impl StoreUrl {
             }
             return Ok(StoreUrl::File { root: path.into() });
         }
-        if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(Error::invalid("store URL", url, "no bucket: s3://bucket/prefix"));
-            }
-            return Ok(StoreUrl::S3 {
-                bucket: bucket.to_owned(),
-                prefix: prefix.trim_matches('/').to_owned(),
-            });
+        if url.starts_with("s3://") {
+            let S3Url { bucket, prefix } = S3Url::parse(url)?;
+            return Ok(StoreUrl::S3 { bucket, prefix });
         }
         if url.starts_with("nfs://") {
             return NfsTarget::parse(url)
@@ -56,42 +49,33 @@ impl StoreUrl {
     }
 }
 
-/// An S3 client for `bucket` configured from the `AWS_*` environment, with
-/// path-style requests, conditional PUTs, and plain HTTP allowed when the
-/// endpoint is `http://`.
-///
-/// Without `AWS_ACCESS_KEY_ID`, `object_store` would ask the instance
-/// metadata service for credentials; that is only done when
-/// `BAGEL_S3_INSTANCE_CREDENTIALS=1` says so, so that a shell that merely
-/// forgot the S3 environment fails at once with a clear message instead of
-/// reaching out to the network.
-pub fn s3_from_env(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
-    let has_keys = std::env::var_os("AWS_ACCESS_KEY_ID").is_some_and(|v| !v.is_empty());
-    let instance = std::env::var("BAGEL_S3_INSTANCE_CREDENTIALS").is_ok_and(|v| v == "1");
-    if !has_keys && !instance {
-        return Err(Error::invalid(
-            "S3 environment",
-            format!("s3://{bucket}"),
-            "AWS_ACCESS_KEY_ID is not set (set AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
-             AWS_REGION; or BAGEL_S3_INSTANCE_CREDENTIALS=1 to use instance credentials)",
-        ));
+/// The shared object-store setup's errors, as the bag store has always
+/// named them (same kinds, texts and retryability).
+impl From<bagel_object::Error> for Error {
+    fn from(e: bagel_object::Error) -> Self {
+        use bagel_object::Error as E;
+        match e {
+            E::InvalidUrl { url, reason } => Error::invalid("store URL", url, reason),
+            E::NoCredentials { location } => {
+                Error::invalid("S3 environment", location, bagel_object::error::NO_CREDENTIALS)
+            }
+            E::Configure { location, source } => Error::Store {
+                op: "configure",
+                path: location,
+                source,
+            },
+            E::Store { op, path, source } => Error::Store { op, path, source },
+            E::ConditionalWritesIgnored {
+                store,
+                key,
+                condition,
+            } => Error::ConditionalWritesIgnored {
+                store,
+                key,
+                condition,
+            },
+        }
     }
-    let mut b = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_virtual_hosted_style_request(false)
-        .with_conditional_put(S3ConditionalPut::ETagMatch);
-    let endpoint = std::env::var("AWS_ENDPOINT")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .unwrap_or_default();
-    if endpoint.starts_with("http://") {
-        b = b.with_allow_http(true).with_endpoint(endpoint);
-    }
-    let store = b.build().map_err(|e| Error::Store {
-        op: "configure",
-        path: format!("s3://{bucket}"),
-        source: e,
-    })?;
-    Ok(Arc::new(store))
 }
 
 /// Opens the store at `url`, every call bounded by `cfg.op_timeout` (see
@@ -191,6 +175,22 @@ mod tests {
             }
         );
         assert!(StoreUrl::parse("file://rel").is_err());
+        // The S3 part is bagel_object's, with the bag store's error.
+        let e = StoreUrl::parse("s3:///p").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Invalid {
+                    what: "store URL",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            r#"invalid store URL "s3:///p": no bucket: s3://bucket/prefix"#
+        );
         assert!(matches!(
             StoreUrl::parse("nfs://h:2050/e/d?version=4").unwrap(),
             StoreUrl::Nfs(t) if t.host == "h" && t.port == Some(2050) && t.path == "/e/d"
