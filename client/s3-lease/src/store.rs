@@ -23,9 +23,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::s3::S3Store;
-use bagel_bags::store_url::{StoreUrl, s3_from_env};
 use bagel_client::Error;
+use bagel_object::{S3Url, s3_from_env};
 use bagel_proto::{KeyRing, Signer};
 use futures::TryStreamExt as _;
 use object_store::path::{Path, PathPart};
@@ -126,20 +125,19 @@ impl LeaseStore {
             code: tonic::Code::InvalidArgument,
             message: format!("lease store URL {url:?}: {reason}"),
         };
-        match StoreUrl::parse(url).map_err(|e| refuse(e.to_string()))? {
-            StoreUrl::S3 { bucket, prefix } => {
-                let store = s3_from_env(&bucket).map_err(|e| refuse(e.to_string()))?;
-                Ok(Self::new(
-                    store,
-                    &prefix,
-                    url.trim_end_matches('/').to_owned(),
-                    op_timeout,
-                ))
-            }
-            _ => Err(refuse(
+        if !url.starts_with("s3://") {
+            return Err(refuse(
                 "leases without a server live on S3: expected s3://bucket/prefix".into(),
-            )),
+            ));
         }
+        let S3Url { bucket, prefix } = S3Url::parse(url).map_err(|e| refuse(e.to_string()))?;
+        let store = s3_from_env(&bucket).map_err(|e| refuse(e.to_string()))?;
+        Ok(Self::new(
+            store,
+            &prefix,
+            url.trim_end_matches('/').to_owned(),
+            op_timeout,
+        ))
     }
 
     pub fn location(&self) -> &str {
@@ -264,13 +262,13 @@ impl LeaseStore {
     }
 
     /// Refuses a store that ignores `If-None-Match: *` or `If-Match`: the
-    /// bag store's probes, on this prefix. Every lease guarantee rests on
-    /// the store refusing a stale conditional PUT.
+    /// bag store's probes ([`bagel_object::probe`]), on this prefix. Every
+    /// lease guarantee rests on the store refusing a stale conditional PUT.
     pub async fn probe(&self) -> Result<(), Error> {
-        let s3 = S3Store::new(Arc::clone(&self.store), &self.prefix, self.location.clone());
         let probes = async {
-            s3.probe_conditional_put().await?;
-            s3.probe_conditional_update().await
+            let (store, prefix, location) = (&*self.store, &self.prefix, &self.location);
+            bagel_object::probe_conditional_put(store, prefix, location).await?;
+            bagel_object::probe_conditional_update(store, prefix, location).await
         };
         tokio::time::timeout(self.op_timeout * 4, probes)
             .await
