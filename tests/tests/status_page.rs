@@ -241,6 +241,32 @@ async fn the_status_page_shows_held_leases_and_a_recent_break_in_a_browser() {
         "the page's script did not run:\n{dom}"
     );
 
+    // Who holds names starting with "orders"? The page's own search (a
+    // plain GET, allowed by its CSP's form-action), in a browser.
+    let (dom, _) = load(
+        &format!("{}/?holder=orders", server.http_url()),
+        dir.path(),
+        "search",
+        1000,
+        1400,
+    )
+    .await;
+    let found = element(&dom, "table", "holders");
+    for held in ["orders-eu", "orders-us", "checkout-7"] {
+        assert!(found.contains(held), "{held} missing from {found}");
+    }
+    assert!(!found.contains("payments"), "{found}");
+    assert!(dom.contains(r#"value="orders""#), "the box keeps the query: {dom}");
+    let (dom, _) = load(
+        &format!("{}/?holder=nobody-", server.http_url()),
+        dir.path(),
+        "search-none",
+        1000,
+        1400,
+    )
+    .await;
+    assert!(dom.contains(r#"id="holders-none""#), "{dom}");
+
     if let Some(keep) = std::env::var_os("BAGEL_STATUS_SCREENSHOT") {
         std::fs::copy(&png, &keep).expect("copy the screenshot");
     }
