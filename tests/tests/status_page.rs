@@ -256,7 +256,10 @@ async fn the_status_page_shows_held_leases_and_a_recent_break_in_a_browser() {
         assert!(found.contains(held), "{held} missing from {found}");
     }
     assert!(!found.contains("payments"), "{found}");
-    assert!(dom.contains(r#"value="orders""#), "the box keeps the query: {dom}");
+    assert!(
+        dom.contains(r#"value="orders""#),
+        "the box keeps the query: {dom}"
+    );
     let (dom, _) = load(
         &format!("{}/?holder=nobody-", server.http_url()),
         dir.path(),
