@@ -14,11 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_proto::Micros;
 use bagel_proto::clock::Clock;
+use bagel_proto::{KeyRing, Micros};
 
-use crate::error::Result;
-use crate::types::{Grant, LeaseRef, Metadata, Mode, ReleaseOptions, Renewal};
+use crate::error::{Error, Result};
+use crate::types::{
+    Grant, History, LeaseRef, Metadata, Mode, NameState, ReleaseOptions, Renewal, ServerInfo,
+};
 
 /// One acquire, as the [`crate::AcquireBuilder`] resolved it.
 #[derive(Clone, Debug)]
@@ -47,15 +49,98 @@ pub struct AcquireSpec {
     pub holder_key: Option<[u8; 32]>,
 }
 
-/// The operations a lease handle needs from where leases live.
+/// What a backend says of itself, for operators (`bagel lease
+/// server-info`): a server's info, each server's, or a lease store's
+/// settings (there is no server to ask).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum BackendInfo {
+    /// One lease server, at `url`.
+    Server { url: String, info: ServerInfo },
+    /// Several lease servers: (URL, info) of each, in the order a
+    /// multi-server acquire visits them (by member id).
+    Servers(Vec<(String, ServerInfo)>),
+    /// A lease store without a server (S3 conditional writes).
+    Store(StoreInfo),
+}
+
+/// The settings of a lease store without a server, and the keys its
+/// witnesses are signed with.
+#[derive(Clone, Debug)]
+pub struct StoreInfo {
+    /// The store's URL.
+    pub location: String,
+    /// The key this client signs its witnesses with.
+    pub key_id: String,
+    /// Leases are longer than this...
+    pub min_ttl: Duration,
+    /// ...and at most this long.
+    pub max_ttl: Duration,
+    /// The longest one acquire waits for a busy name.
+    pub max_wait: Duration,
+    /// How long after its deadline others take over a lease, at least.
+    pub clock_margin: Duration,
+    /// Every key published in the store.
+    pub keys: KeyRing,
+}
+
+/// The refusal of an operation a backend cannot answer (the trait's
+/// default for the operator's calls): not retryable.
+pub fn not_supported(what: &str, location: &str) -> Error {
+    Error::Rejected {
+        code: tonic::Code::Unimplemented,
+        message: format!("{what} is not supported by this lease backend ({location})"),
+    }
+}
+
+/// The operations a lease handle needs from where leases live, and those
+/// an operator asks of it (describe, history, trusted keys, info), which
+/// have defaults refusing them for a backend that cannot answer.
 ///
 /// Operations name a lease by [`LeaseRef`] (id, token and names) so that
 /// another process holding only the lease file can renew or release it.
+///
+/// `Any` is a supertrait so that what only one backend has (a cluster's
+/// routing, a server's watch) is reached by downcasting an
+/// `Arc<dyn LeaseBackend>` (`Arc<dyn Any + Send + Sync>` by upcasting);
+/// everything else goes through the trait.
 #[async_trait]
-pub trait LeaseBackend: Send + Sync + fmt::Debug {
+pub trait LeaseBackend: std::any::Any + Send + Sync + fmt::Debug {
     /// Where the leases live, for messages and lease files (a server URL,
     /// an S3 prefix).
     fn location(&self) -> String;
+
+    /// Where a grant came from when that is one place, as lease files
+    /// name it (a server URL, a lease store URL): [`Self::location`] by
+    /// default; `None` for several servers (each part of a grant names
+    /// its own).
+    fn single_location(&self) -> Option<String> {
+        Some(self.location())
+    }
+
+    /// What the next holder of each name would find now, in the order
+    /// asked.
+    async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
+        let _ = names;
+        Err(not_supported("describe", &self.location()))
+    }
+
+    /// A name's recent renewals (with metadata) and releases.
+    async fn history(&self, name: &str) -> Result<History> {
+        let _ = name;
+        Err(not_supported("history", &self.location()))
+    }
+
+    /// Every key a witness of this backend may be signed with (as known
+    /// now): what a reader or an audit of its bags trusts.
+    async fn trusted_keys(&self) -> Result<KeyRing> {
+        Err(not_supported("listing the trusted keys", &self.location()))
+    }
+
+    /// What the backend says of itself (see [`BackendInfo`]).
+    async fn info(&self) -> Result<BackendInfo> {
+        Err(not_supported("server info", &self.location()))
+    }
 
     /// The clock TTLs are counted on and local validity is checked against.
     fn clock(&self) -> Arc<dyn Clock>;
@@ -94,6 +179,21 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug {
 impl<B: LeaseBackend + ?Sized> LeaseBackend for Arc<B> {
     fn location(&self) -> String {
         (**self).location()
+    }
+    fn single_location(&self) -> Option<String> {
+        (**self).single_location()
+    }
+    async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
+        (**self).describe(names).await
+    }
+    async fn history(&self, name: &str) -> Result<History> {
+        (**self).history(name).await
+    }
+    async fn trusted_keys(&self) -> Result<KeyRing> {
+        (**self).trusted_keys().await
+    }
+    async fn info(&self) -> Result<BackendInfo> {
+        (**self).info().await
     }
     fn clock(&self) -> Arc<dyn Clock> {
         (**self).clock()

@@ -12,7 +12,7 @@ use bagel_proto::{KeyRing, Micros, pb};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::acquire::AcquireBuilder;
-use crate::backend::{AcquireSpec, LeaseBackend};
+use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
 use crate::error::{Error, Result};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
@@ -476,6 +476,25 @@ async fn speaks_tls(url: &str, timeout: Duration) -> bool {
 impl LeaseBackend for Client {
     fn location(&self) -> String {
         self.remote.url.clone()
+    }
+
+    async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
+        Client::describe(self, names.iter().cloned()).await
+    }
+
+    async fn history(&self, name: &str) -> Result<History> {
+        Client::history(self, name).await
+    }
+
+    async fn trusted_keys(&self) -> Result<KeyRing> {
+        Ok((*self.keys()).clone())
+    }
+
+    async fn info(&self) -> Result<BackendInfo> {
+        Ok(BackendInfo::Server {
+            url: self.url().to_owned(),
+            info: self.server_info().await?,
+        })
     }
 
     fn clock(&self) -> Arc<dyn Clock> {

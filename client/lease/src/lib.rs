@@ -72,7 +72,7 @@ pub mod types;
 mod verify;
 
 pub use acquire::AcquireBuilder;
-pub use backend::{AcquireSpec, LeaseBackend};
+pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
 pub use bagel_proto::Micros;
 pub use client::{Client, Watch};
 pub use cluster::{Cluster, Route, ServerSpec};

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bagel_client::{
-    AcquireSpec, Conflict, Error, Grant, History, Holder, LeaseBackend, LeaseRef, Metadata, Micros, Mode,
-    NameGrant, NameState, ReleaseOptions, Renewal, Result,
+    AcquireSpec, BackendInfo, Conflict, Error, Grant, History, Holder, LeaseBackend, LeaseRef, Metadata,
+    Micros, Mode, NameGrant, NameState, ReleaseOptions, Renewal, Result, StoreInfo,
 };
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, Signer, TimeProofKind, pb};
@@ -705,6 +705,33 @@ impl Backoff {
 impl LeaseBackend for S3LeaseBackend {
     fn location(&self) -> String {
         self.store.location().to_owned()
+    }
+
+    async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
+        S3LeaseBackend::describe(self, names).await
+    }
+
+    async fn history(&self, name: &str) -> Result<History> {
+        S3LeaseBackend::history(self, name).await
+    }
+
+    /// The keys published in the store (every client's that ever took a
+    /// lease there).
+    async fn trusted_keys(&self) -> Result<KeyRing> {
+        self.keys().await
+    }
+
+    /// There is no server: the store's limits, margin and published keys.
+    async fn info(&self) -> Result<BackendInfo> {
+        Ok(BackendInfo::Store(StoreInfo {
+            location: self.location(),
+            key_id: self.key_id().to_owned(),
+            min_ttl: self.cfg.min_ttl,
+            max_ttl: self.cfg.max_ttl,
+            max_wait: self.cfg.max_wait,
+            clock_margin: self.cfg.clock_margin,
+            keys: self.keys().await?,
+        }))
     }
 
     fn clock(&self) -> Arc<dyn Clock> {

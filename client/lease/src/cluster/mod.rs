@@ -66,7 +66,7 @@ use futures::future::join_all;
 use tokio::sync::OnceCell;
 
 use crate::acquire::AcquireBuilder;
-use crate::backend::{AcquireSpec, LeaseBackend};
+use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::options::ClientOptions;
@@ -586,6 +586,36 @@ impl Cluster {
 
 #[async_trait]
 impl LeaseBackend for Cluster {
+    /// None: each part of a grant names its own server.
+    fn single_location(&self) -> Option<String> {
+        None
+    }
+
+    async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
+        Cluster::describe(self, names.iter().cloned()).await
+    }
+
+    async fn history(&self, name: &str) -> Result<History> {
+        Cluster::history(self, name).await
+    }
+
+    async fn trusted_keys(&self) -> Result<KeyRing> {
+        Ok(self.keys())
+    }
+
+    /// Each server's info, asked one after another; the first that fails
+    /// fails it, naming the server.
+    async fn info(&self) -> Result<BackendInfo> {
+        let mut infos = Vec::new();
+        for (url, member_id) in self.servers() {
+            let info = async { self.client_of(&member_id).await?.server_info().await }
+                .await
+                .map_err(|e| e.at_server(&url))?;
+            infos.push((url, info));
+        }
+        Ok(BackendInfo::Servers(infos))
+    }
+
     fn location(&self) -> String {
         let urls = |list: &List| {
             list.ids
