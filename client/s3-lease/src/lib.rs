@@ -44,6 +44,8 @@
 //! * `plausible`: whether an object read is one an honest client could
 //!   have written (times, watermarks, bounds), naming the field if not.
 //! * [`object`]: the JSON lease object kept per name.
+//! * [`open`]: [`open_lease_backend`], any lease backend (servers or S3)
+//!   from its URL: here, as the one crate that sees them all.
 //! * [`store`]: [`LeaseStore`], the layout of a prefix, bounded store calls,
 //!   the conditional-write probes, published keys.
 //! * [`time`]: [`LeaseTime`], whose clock counts and what vouches for it.
@@ -54,6 +56,7 @@
 pub mod backend;
 pub mod config;
 pub mod object;
+pub mod open;
 mod plausible;
 mod rules;
 pub mod store;
@@ -63,6 +66,7 @@ mod witness;
 
 pub use backend::S3LeaseBackend;
 pub use config::S3LeaseConfig;
+pub use open::{LeaseBackendOptions, S3Options, open_lease_backend};
 pub use store::LeaseStore;
 pub use time::{LeaseTime, SelfSignedClock};
 
