@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bagel_cli::contract::{LeaseJson, ModeJson, ServerNameJson, WitnessJson};
 use bagel_client::{
-    AcquireBuilder, ClockSource, Error, HistoryEvent, Inherited, LeaseBackend as _, LeaseOptions, LeaseRef,
-    Metadata, Micros, NameState, Previous, ReleaseOptions, ServerInfo,
+    AcquireBuilder, BackendInfo, ClockSource, Error, HistoryEvent, Inherited, LeaseBackend as _,
+    LeaseOptions, LeaseRef, Metadata, Micros, NameState, Previous, ReleaseOptions, ServerInfo, StoreInfo,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -388,7 +388,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::Describe(args) => {
-            let states = target.describe(args.names).await?;
+            let states = backend.describe(&args.names).await?;
             if args.json {
                 let v: Vec<_> = states.iter().map(name_state_json).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -400,7 +400,7 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::History(args) => {
-            let h = target.history(&args.name).await?;
+            let h = backend.history(&args.name).await?;
             let event = |e: HistoryEvent| match e {
                 HistoryEvent::Renewed => "renewed",
                 HistoryEvent::Released => "released",
@@ -445,27 +445,20 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         LeaseCommand::ServerInfo(args) => {
-            let infos = match target {
-                Target::One(c) => vec![(c.url().to_owned(), c.server_info().await?)],
-                Target::S3(b) => return s3_info(b, args.json).await,
-                Target::Many(cluster) => {
-                    let mut infos = Vec::new();
-                    for (url, key_id) in cluster.servers() {
-                        let info = async { cluster.client_of(&key_id).await?.server_info().await }
-                            .await
-                            .with_context(|| format!("asking {url} for its server info"))?;
-                        infos.push((url, info));
-                    }
-                    infos
+            let (infos, v) = match backend.info().await? {
+                BackendInfo::Store(store) => return store_info(&store, args.json),
+                // One server: the one object, as always.
+                BackendInfo::Server { url, info } => {
+                    let v = server_info_json(&info);
+                    (vec![(url, info)], v)
                 }
+                BackendInfo::Servers(infos) => {
+                    let v = infos.iter().map(|(_, i)| server_info_json(i)).collect();
+                    (infos, serde_json::Value::Array(v))
+                }
+                other => bail!("server-info: this lease backend says {other:?}, which this CLI cannot print"),
             };
             if args.json {
-                let mut all: Vec<_> = infos.iter().map(|(_, i)| server_info_json(i)).collect();
-                let v = match target {
-                    // One server: the one object, as always.
-                    Target::One(_) | Target::S3(_) => all.remove(0),
-                    Target::Many(_) => serde_json::Value::Array(all),
-                };
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for (url, info) in &infos {
@@ -481,10 +474,10 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
             let routes: Vec<serde_json::Value> = args
                 .names
                 .iter()
-                .map(|name| match target {
-                    Target::One(c) => json!({ "name": name, "server": c.url() }),
-                    Target::S3(b) => json!({ "name": name, "lease_store": b.location() }),
-                    Target::Many(cluster) => {
+                .map(|name| match (target.server(), target.cluster()) {
+                    (Some(c), _) => json!({ "name": name, "server": c.url() }),
+                    (None, None) => json!({ "name": name, "lease_store": backend.location() }),
+                    (None, Some(cluster)) => {
                         // Routed by `member` (the configured identity);
                         // `key_id` is the key it signs with, when known.
                         let r = cluster.route(name);
@@ -524,17 +517,16 @@ async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode
 
 /// What `server-info` says of an S3 lease store: there is no server, so
 /// its limits, margin and the keys published there.
-async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::Result<ExitCode> {
-    let cfg = b.config();
-    let keys = b.keys().await?;
+fn store_info(store: &StoreInfo, as_json: bool) -> anyhow::Result<ExitCode> {
+    let keys = &store.keys;
     let us = |d: Duration| bagel_proto::duration_micros(d);
     let v = json!({
-        "lease_store": b.location(),
-        "key_id": b.key_id(),
-        "min_ttl_us": us(cfg.min_ttl),
-        "max_ttl_us": us(cfg.max_ttl),
-        "max_wait_us": us(cfg.max_wait),
-        "clock_margin_us": us(cfg.clock_margin),
+        "lease_store": store.location,
+        "key_id": store.key_id,
+        "min_ttl_us": us(store.min_ttl),
+        "max_ttl_us": us(store.max_ttl),
+        "max_wait_us": us(store.max_wait),
+        "clock_margin_us": us(store.clock_margin),
         "keys": keys.ids().map(|id| json!({
             "key_id": id, "ed25519_hex": bagel_proto::hex::encode(keys.get(id).expect("listed").as_bytes())
         })).collect::<Vec<_>>(),
@@ -544,15 +536,14 @@ async fn s3_info(b: &bagel_s3_lease::S3LeaseBackend, as_json: bool) -> anyhow::R
     } else {
         println!(
             "lease store {} (no server); this client signs with key {}",
-            b.location(),
-            b.key_id()
+            store.location, store.key_id
         );
         println!(
             "ttl: ({} us, {} us]; max wait {} us; clock margin {} us",
-            us(cfg.min_ttl),
-            us(cfg.max_ttl),
-            us(cfg.max_wait),
-            us(cfg.clock_margin)
+            us(store.min_ttl),
+            us(store.max_ttl),
+            us(store.max_wait),
+            us(store.clock_margin)
         );
         for id in keys.ids() {
             println!(

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bagel_client::{ClientOptions, TimeOptions, TimeSource};
+use bagel_client::{ClientOptions, LeaseBackend, TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig, SelfSignedClock};
+use bagel_s3_lease::{
+    LeaseBackendOptions, LeaseStore, LeaseTime, S3LeaseConfig, S3Options, SelfSignedClock, open_lease_backend,
+};
 use clap::Args;
 
 use crate::time_cmds::RoughtimeArgs;
@@ -92,15 +94,24 @@ impl StoreArgs {
     }
 
     /// Opens (probes) the S3 lease store, when one is given.
-    pub async fn open(&self, rt: &RoughtimeArgs) -> anyhow::Result<Option<Arc<S3LeaseBackend>>> {
+    pub async fn open(&self, rt: &RoughtimeArgs) -> anyhow::Result<Option<Arc<dyn LeaseBackend>>> {
         let Some(url) = self.lease_store.as_deref().filter(|_| self.is_s3()) else {
             return Ok(None);
         };
-        let cfg = self.s3_config();
+        let config = self.s3_config();
         let time = self.lease_time(rt)?;
-        let store = LeaseStore::from_url(url, cfg.op_timeout)?;
-        let backend = S3LeaseBackend::open(store, self.signer()?, time, cfg).await?;
-        Ok(Some(Arc::new(backend)))
+        // As before: a lease store URL that is not s3:// is refused by the
+        // store's own check, not taken for a server.
+        LeaseStore::from_url(url, config.op_timeout)?;
+        let options = LeaseBackendOptions {
+            s3: Some(S3Options {
+                signer: self.signer()?,
+                time,
+                config,
+            }),
+            ..LeaseBackendOptions::default()
+        };
+        Ok(Some(open_lease_backend(url, &options).await?))
     }
 
     fn lease_time(&self, rt: &RoughtimeArgs) -> anyhow::Result<LeaseTime> {

@@ -3,18 +3,19 @@
 //! (`--lease-store s3://...`, see `crate::store`). One URL in `--servers`
 //! is the same as `--server`: the same calls, the same JSON. Every lease
 //! command, `bagel run` and `bagel write` go through [`Target`], so the
-//! rest of the CLI never asks which one it is; what only one kind can
-//! answer (a server's info) is matched on its variants.
+//! rest of the CLI never asks which one it is; what only one kind has (a
+//! server's list and watch, a cluster's routing) is had by downcasting.
 
+use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bagel_client::{Client, ClientOptions, Cluster, History, LeaseBackend, NameState, ServerSpec, TlsConfig};
+use bagel_client::{Client, ClientOptions, Cluster, LeaseBackend, ServerSpec, TlsConfig};
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_s3_lease::S3LeaseBackend;
+use bagel_s3_lease::{LeaseBackendOptions, open_lease_backend};
 
 use crate::store::StoreArgs;
 use crate::time_cmds::RoughtimeArgs;
@@ -128,21 +129,25 @@ impl TargetArgs {
     }
 
     /// Connects to the lease servers, or opens the S3 lease store (whose
-    /// clock check needs the Roughtime flags).
+    /// clock check needs the Roughtime flags), through
+    /// [`bagel_s3_lease::open_lease_backend`].
     pub async fn connect(&self, rt: &RoughtimeArgs) -> anyhow::Result<Target> {
         if let Some(s3) = self.store.open(rt).await? {
-            return Ok(Target::S3(s3));
+            return Ok(Target { backend: s3 });
         }
         self.connect_servers().await
     }
 
     async fn connect_servers(&self) -> anyhow::Result<Target> {
-        let options = self.client_options()?;
+        let mut options = LeaseBackendOptions {
+            client: self.client_options()?,
+            ..LeaseBackendOptions::default()
+        };
         let Some(list) = &self.servers else {
             self.check_url("--server", &self.server)?;
-            return Ok(Target::One(Box::new(
-                Client::connect_with(self.server.clone(), &options).await?,
-            )));
+            return Ok(Target {
+                backend: open_lease_backend(&self.server, &options).await?,
+            });
         };
         let current = parse(list, "--servers")?;
         let next = self
@@ -155,20 +160,9 @@ impl TargetArgs {
                 self.check_url(flag, &spec.url)?;
             }
         }
-        Ok(match (current.as_slice(), next) {
-            ([one], None) => {
-                let client = match one.key {
-                    None => Client::connect_with(one.url.clone(), &options).await?,
-                    Some(key) => {
-                        let mut ring = KeyRing::new();
-                        ring.insert_bytes(&key)?;
-                        Client::connect_pinned_with(one.url.clone(), ring, &options).await?
-                    }
-                };
-                Target::One(Box::new(client))
-            }
-            (_, None) => Target::Many(Cluster::connect_with(&current, &options).await?),
-            (_, Some(next)) => Target::Many(Cluster::migrating_with(&current, &next, &options).await?),
+        options.next_servers = next;
+        Ok(Target {
+            backend: open_lease_backend(list, &options).await?,
         })
     }
 }
@@ -190,7 +184,7 @@ impl TargetArgs {
             .connect_servers()
             .await
             .context("no --key given, and asking the lease servers for their keys failed")?;
-        Ok(servers.keys())
+        Ok(servers.backend.trusted_keys().await?)
     }
 
     /// The signed time a writer attaches to its batches: Roughtime when
@@ -212,57 +206,38 @@ fn parse(list: &str, flag: &str) -> anyhow::Result<Vec<ServerSpec>> {
     ServerSpec::parse_list(list).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
 }
 
-/// A connected lease target.
-#[derive(Debug)]
-pub enum Target {
-    One(Box<Client>),
-    Many(Cluster),
-    S3(Arc<S3LeaseBackend>),
+/// A connected lease target: every lease operation goes through its
+/// [`LeaseBackend`]; what only one kind of backend has (a server's list
+/// and watch, a cluster's routing) is reached by downcasting it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    backend: Arc<dyn LeaseBackend>,
 }
 
 impl Target {
     pub fn backend(&self) -> Arc<dyn LeaseBackend> {
-        match self {
-            Target::One(c) => Arc::new((**c).clone()),
-            Target::Many(c) => Arc::new(c.clone()),
-            Target::S3(b) => Arc::clone(b) as _,
-        }
+        Arc::clone(&self.backend)
     }
 
     /// Where a grant came from when it is one place (lease files name it):
     /// the server URL or the lease store URL; none for several servers
     /// (each part names its own).
     pub fn single_location(&self) -> Option<String> {
-        match self {
-            Target::One(c) => Some(c.url().to_owned()),
-            Target::Many(_) => None,
-            Target::S3(b) => Some(b.location()),
-        }
+        self.backend.single_location()
     }
 
-    /// Every key a witness of these servers may be signed with (S3: the
-    /// keys published in the store, see [`TargetArgs::witness_keys`]).
-    fn keys(&self) -> KeyRing {
-        match self {
-            Target::One(c) => (*c.keys()).clone(),
-            Target::Many(c) => c.keys(),
-            Target::S3(_) => KeyRing::new(),
-        }
+    fn downcast<T: 'static>(&self) -> Option<&T> {
+        let any: &dyn Any = self.backend.as_ref();
+        any.downcast_ref()
     }
 
-    pub async fn describe(&self, names: Vec<String>) -> anyhow::Result<Vec<NameState>> {
-        Ok(match self {
-            Target::One(c) => c.describe(names).await?,
-            Target::Many(c) => c.describe(names).await?,
-            Target::S3(b) => b.describe(&names).await?,
-        })
+    /// One lease server (`--server`, or one URL in `--servers`).
+    pub fn server(&self) -> Option<&Client> {
+        self.downcast()
     }
 
-    pub async fn history(&self, name: &str) -> anyhow::Result<History> {
-        Ok(match self {
-            Target::One(c) => c.history(name).await?,
-            Target::Many(c) => c.history(name).await?,
-            Target::S3(b) => b.history(name).await?,
-        })
+    /// Several lease servers (`--servers`, `--next-servers`).
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.downcast()
     }
 }

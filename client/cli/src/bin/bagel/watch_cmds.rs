@@ -95,13 +95,13 @@ async fn list_one(client: &Client, prefix: &str, limit: usize) -> anyhow::Result
 }
 
 async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let names: Vec<(Option<String>, ListedName)> = match target {
-        Target::One(c) => list_one(c, &args.prefix, args.limit)
+    let names: Vec<(Option<String>, ListedName)> = match (target.server(), target.cluster()) {
+        (Some(c), _) => list_one(c, &args.prefix, args.limit)
             .await?
             .into_iter()
             .map(|n| (None, n))
             .collect(),
-        Target::Many(cluster) => {
+        (None, Some(cluster)) => {
             let mut all = Vec::new();
             for (url, id) in cluster.servers() {
                 let client = cluster.client_of(&id).await.map_err(|e| e.at_server(&url))?;
@@ -114,7 +114,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
             all.truncate(args.limit);
             all
         }
-        Target::S3(_) => bail!(
+        (None, None) => bail!(
             "list is not supported on the S3 lease backend (--lease-store): it would have to read \
              every lease object of the store; ask for names with `bagel describe NAME...`"
         ),
@@ -154,13 +154,13 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
 }
 
 async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let client = match target {
-        Target::One(c) => c,
-        Target::Many(_) => bail!(
+    let client = match (target.server(), target.cluster()) {
+        (Some(c), _) => c,
+        (None, Some(_)) => bail!(
             "watch follows one server (revisions are per server): give it with --server URL, once \
              per server to watch several"
         ),
-        Target::S3(_) => bail!(
+        (None, None) => bail!(
             "watch is not supported on the S3 lease backend (--lease-store): S3 has no change \
              notifications; poll `bagel describe NAME...` instead"
         ),
