@@ -993,6 +993,22 @@ async fn retention_removes_only_bags_a_checked_summary_holds(backend: Backend) {
         .await
         .unwrap();
     assert_eq!((check.bags_gone, check.mismatched.len()), (3, 0));
+    // A late closer over the retained minute (a new holder settling an old
+    // predecessor, a metronome with a long lookback) finds it sealed and
+    // summarized: closing its bags again would recreate them empty, and
+    // the audit would take the honest summary for a forged one.
+    seal::seal(e.store.as_ref(), &e.log, first).await.unwrap();
+    assert!(
+        seal::bags_of(e.store.as_ref(), &e.log, first)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a retained minute's bags came back"
+    );
+    let check = summary::check(e.store.as_ref(), &e.log, Stretch::new(first, 1))
+        .await
+        .unwrap();
+    assert_eq!((check.bags_gone, check.mismatched.len()), (3, 0));
     // The forged summary of the second minute hides one bag from readers
     // that use it (a summary can leave out, as a forged lock can); read
     // from bags, and from the honest summary, everything is there.

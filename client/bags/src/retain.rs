@@ -52,18 +52,34 @@ pub async fn retain(
     keep_bags: Duration,
     keep_summaries: Option<Duration>,
 ) -> Result<RetainReport> {
+    retain_within(store, log, now, keep_bags, keep_summaries, MIN_KEEP).await
+}
+
+/// [`retain`] with `min_keep` in place of [`MIN_KEEP`]: for fault runs,
+/// which cannot wait ten minutes to see bags go. Safe only while
+/// `min_keep` is longer than every closer's lookback and every lease's
+/// TTL (nobody writes or closes a bag that old); `bagel retain
+/// --unsafe-min-keep` says so.
+pub async fn retain_within(
+    store: &dyn BagStore,
+    log: &str,
+    now: Micros,
+    keep_bags: Duration,
+    keep_summaries: Option<Duration>,
+    min_keep: Duration,
+) -> Result<RetainReport> {
     crate::validate_log(log)?;
     for (what, keep) in [
         ("--keep-bags", Some(keep_bags)),
         ("--keep-summaries", keep_summaries),
     ] {
         if let Some(keep) = keep
-            && keep < MIN_KEEP
+            && keep < min_keep
         {
             return Err(Error::invalid(
                 "retention",
                 format!("{what} {keep:?}"),
-                format!("keep at least {MIN_KEEP:?}: writers and closers still work on newer bags"),
+                format!("keep at least {min_keep:?}: writers and closers still work on newer bags"),
             ));
         }
     }
@@ -138,5 +154,16 @@ mod tests {
             retain(&store, "log", now, hour, None).await.unwrap(),
             RetainReport::default()
         );
+        // A fault run's lower floor moves the bound, and the refusal names it.
+        let floor = Duration::from_secs(45);
+        assert!(
+            retain_within(&store, "log", now, floor, None, floor)
+                .await
+                .is_ok()
+        );
+        let err = retain_within(&store, "log", now, Duration::from_secs(44), None, floor)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("keep at least 45s"), "{err}");
     }
 }

@@ -82,7 +82,31 @@ struct Report {
     s3_lease: S3LeaseReport,
     /// `bagel run` / `--hold` supervisors interrupted (see cli_roles.rs).
     run_fences: RunFences,
+    /// `bagel retain` runs on the stores (the metronomes summarize every
+    /// sealed minute after [`SUMMARIZE_AFTER`]), some killed mid-way.
+    retention: RetentionReport,
 }
+
+/// What the retention runs did: every completed run's figures summed.
+#[derive(Debug, Default, Serialize)]
+struct RetentionReport {
+    runs: u64,
+    /// Runs killed with SIGKILL at a random point.
+    killed: u64,
+    /// Summaries old enough whose bags were checked.
+    summaries_checked: u64,
+    bags_removed: u64,
+    /// Runs that ended in an error (a store being killed, say).
+    failed: u64,
+}
+
+/// The metronomes summarize a sealed minute this long after it ends.
+const SUMMARIZE_AFTER: &str = "5s";
+
+/// Bags go this long after their minute ended: longer than the
+/// metronomes' 30 s lookback plus a worker's longest cycle, so nobody
+/// writes or closes a bag the retainer removes.
+const KEEP_BAGS: &str = "45s";
 
 /// What the workers on the S3 lease backend did (their cycles and writes
 /// are also in the run's totals).
@@ -413,7 +437,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             println!("[{:>5.1}s] migration step 2: {migrated_url} only", at());
             report.migrations += 1;
         }
-        match rng.gen_range(0..7) {
+        match rng.gen_range(0..8) {
             0 => {
                 let i = rng.gen_range(0..servers.len());
                 let keep_key = rng.gen_bool(0.5);
@@ -458,6 +482,41 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 drain(metronomes[i].start()?);
                 report.closer_kills += 1;
                 println!("[{:>5.1}s] kill -9 metronome {i}; restarted", at());
+            }
+            7 => {
+                // Retention on one store, killed at a random point half
+                // the time: what it removed must still read back from the
+                // summaries, and a killed run is finished by the next.
+                let url = stores[rng.gen_range(0..stores.len())].clone();
+                let kill_after = rng
+                    .gen_bool(0.5)
+                    .then(|| Duration::from_millis(rng.gen_range(0..400)));
+                let mut c = Command::new(&bagel);
+                c.args(["--roughtime", &roughtime.0, "--roughtime-key", &roughtime.1])
+                    .args(["retain", "--store", &url, "--log", LOG, "--json"])
+                    .args(["--keep-bags", KEEP_BAGS, "--unsafe-min-keep", KEEP_BAGS])
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .env("RUST_LOG", "error")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .kill_on_drop(true);
+                report.retention.runs += 1;
+                match retain_once(c, kill_after).await {
+                    Retained::Done(checked, removed) => {
+                        report.retention.summaries_checked += checked;
+                        report.retention.bags_removed += removed;
+                        println!(
+                            "[{:>5.1}s] bagel retain of {url}: {checked} summaries checked, {removed} bags removed",
+                            at()
+                        );
+                    }
+                    Retained::Killed => {
+                        report.retention.killed += 1;
+                        println!("[{:>5.1}s] bagel retain of {url}: killed mid-way", at());
+                    }
+                    Retained::Failed => report.retention.failed += 1,
+                }
             }
             k => {
                 // An operator's `bagel read` or `bagel audit` on a skewed
@@ -904,6 +963,45 @@ impl Flags {
     }
 }
 
+enum Retained {
+    /// Summaries checked, bags removed.
+    Done(u64, u64),
+    Killed,
+    Failed,
+}
+
+/// Runs one `bagel retain`, killed with SIGKILL after `kill_after` if it
+/// has not ended by then.
+async fn retain_once(mut c: Command, kill_after: Option<Duration>) -> Retained {
+    let Ok(mut child) = c.spawn() else {
+        return Retained::Failed;
+    };
+    let mut stdout = child.stdout.take().expect("piped");
+    let read = async {
+        let mut out = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut stdout, &mut out).await;
+        (child.wait().await, out)
+    };
+    let (status, out) = match kill_after {
+        Some(after) => match tokio::time::timeout(after, read).await {
+            Ok(done) => done,
+            Err(_) => return Retained::Killed, // dropped: kill_on_drop
+        },
+        None => match tokio::time::timeout(Duration::from_secs(60), read).await {
+            Ok(done) => done,
+            Err(_) => return Retained::Failed,
+        },
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+    match status {
+        Ok(s) if s.success() => Retained::Done(
+            v["summaries_checked"].as_u64().unwrap_or(0),
+            v["bags_removed"].as_u64().unwrap_or(0),
+        ),
+        _ => Retained::Failed,
+    }
+}
+
 /// A metronome on `url`, on a clock `skew_ms` off (libfaketime), closing
 /// on the signed time Roughtime gives it.
 fn metronome(
@@ -926,6 +1024,8 @@ fn metronome(
         S3_LEASE_LOG,
         "--lookback",
         "30s",
+        "--summarize-after",
+        SUMMARIZE_AFTER,
     ]
     .map(str::to_owned)
     .to_vec();

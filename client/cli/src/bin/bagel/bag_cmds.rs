@@ -59,6 +59,13 @@ pub struct RetainArgs {
     /// --keep-bags); without it, summaries are kept forever.
     #[arg(long, value_parser = humantime::parse_duration)]
     keep_summaries: Option<Duration>,
+    /// Lower the 10-minute floor on --keep-bags and --keep-summaries to
+    /// this, for fault runs that cannot wait. Unsafe unless it is longer
+    /// than every metronome's --lookback and every lease's TTL: a bag
+    /// removed while a writer or closer still works on it is lost to
+    /// readers that do not read its summary.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    unsafe_min_keep: Option<Duration>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -325,7 +332,16 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     // What is old enough is judged on a vouched clock, as closing is.
     let clock = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
     let now = bag::closer_now(clock.as_ref()).await?;
-    let r = bagel_bags::retain::retain(store.as_ref(), &a.log, now, a.keep_bags, a.keep_summaries).await?;
+    let min_keep = a.unsafe_min_keep.unwrap_or(bagel_bags::retain::MIN_KEEP);
+    let r = bagel_bags::retain::retain_within(
+        store.as_ref(),
+        &a.log,
+        now,
+        a.keep_bags,
+        a.keep_summaries,
+        min_keep,
+    )
+    .await?;
     if a.json {
         println!(
             "{}",
