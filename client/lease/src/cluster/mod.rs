@@ -656,6 +656,13 @@ impl LeaseBackend for Cluster {
     }
 
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
+        // No server would be asked: refused here as each server refuses it.
+        if spec.names.is_empty() {
+            return Err(Error::Rejected {
+                code: tonic::Code::InvalidArgument,
+                message: "names: at least one name is required".to_owned(),
+            });
+        }
         let plan = self.plan(&spec.names);
         let single = plan.len() == 1;
         let mut taken: Vec<(String, String, Grant)> = Vec::with_capacity(plan.len());
