@@ -1,5 +1,6 @@
-//! Lease helpers: one lease-handle environment over either backend (the
-//! real `bagel-server`, or S3 conditional writes on the real S3 server),
+//! Lease helpers: one lease-handle environment over any backend (the real
+//! `bagel-server`, several as a cluster, or S3 conditional writes on the
+//! real S3 server),
 //! and a private S3 server a test may stop.
 
 use std::io::{BufRead as _, BufReader};
@@ -8,9 +9,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::{AcquireBuilder, Client, History, LeaseBackend, NameState, TimeOptions, TimeSource};
+use bagel_client::{AcquireBuilder, History, LeaseBackend, NameState, TimeOptions, TimeSource};
 use bagel_proto::KeyRing;
-use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
+use bagel_s3_lease::{
+    LeaseBackendOptions, LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig, open_lease_backend,
+};
 use object_store::ObjectStore;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 
@@ -55,51 +58,74 @@ pub fn s3_lease_url(prefix: &str) -> String {
     format!("s3://{}/{prefix}", s3_bucket())
 }
 
-/// Where the leases of a conformance test live.
+/// Where the leases of a conformance test live: any [`LeaseBackend`],
+/// with what keeps it running. Every operation goes through the trait, so
+/// a new backend joins the suite with a constructor here and a module in
+/// `tests/tests/lease_conformance.rs`.
 #[derive(Debug)]
-pub enum LeaseEnv {
-    Server {
-        server: Box<ServerProcess>,
-        client: Client,
-    },
-    S3 {
-        backend: Arc<S3LeaseBackend>,
-        prefix: String,
-    },
+pub struct LeaseEnv {
+    backend: Arc<dyn LeaseBackend>,
+    takeover_wait: Duration,
+    /// The servers behind the backend, stopped on drop.
+    _servers: Vec<ServerProcess>,
 }
 
 impl LeaseEnv {
+    /// Any backend: `takeover_wait` is how long a waiter needs to take
+    /// over an expired lease of it (see [`LeaseEnv::takeover_wait`]).
+    pub fn of(backend: Arc<dyn LeaseBackend>, takeover_wait: Duration) -> Self {
+        LeaseEnv {
+            backend,
+            takeover_wait,
+            _servers: Vec::new(),
+        }
+    }
+
     /// A fresh `bagel-server` (restart wait skipped).
     pub async fn server() -> Self {
-        let server = Box::new(ServerProcess::start_ready(&[]).await);
-        let client = server.client().await;
-        LeaseEnv::Server { server, client }
+        let server = ServerProcess::start_ready(&[]).await;
+        let backend = open_lease_backend(&server.url, &LeaseBackendOptions::default())
+            .await
+            .expect("connect to bagel-server");
+        LeaseEnv {
+            _servers: vec![server],
+            ..LeaseEnv::of(backend, SERVER_TAKEOVER_WAIT)
+        }
+    }
+
+    /// Three fresh `bagel-server`s as one [`bagel_client::Cluster`] (names
+    /// routed over them, a lease of several names in parts).
+    pub async fn cluster() -> Self {
+        let servers = futures::future::join_all((0..3).map(|_| ServerProcess::start_ready(&[]))).await;
+        let list = servers
+            .iter()
+            .map(|s| s.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let backend = open_lease_backend(&list, &LeaseBackendOptions::default())
+            .await
+            .expect("connect to the bagel-servers");
+        LeaseEnv {
+            _servers: servers,
+            ..LeaseEnv::of(backend, SERVER_TAKEOVER_WAIT)
+        }
     }
 
     /// A fresh prefix on the real S3 server.
     pub async fn s3() -> Self {
-        let prefix = unique("leases");
-        LeaseEnv::S3 {
-            backend: s3_backend_at(&prefix, s3_test_config()).await,
-            prefix,
-        }
+        let backend = s3_backend_at(&unique("leases"), s3_test_config()).await;
+        LeaseEnv::of(backend, Duration::from_secs(30))
     }
 
     pub fn backend(&self) -> Arc<dyn LeaseBackend> {
-        match self {
-            LeaseEnv::Server { client, .. } => Arc::new(client.clone()),
-            LeaseEnv::S3 { backend, .. } => Arc::clone(backend) as _,
-        }
+        Arc::clone(&self.backend)
     }
 
     /// How long a test waits to take over an expired lease: within the
     /// server's max wait (10 s); on S3, past the clock margin and both
     /// clock bounds (14 s or more, see `s3_test_config`).
     pub fn takeover_wait(&self) -> Duration {
-        match self {
-            LeaseEnv::Server { .. } => Duration::from_secs(10),
-            LeaseEnv::S3 { .. } => Duration::from_secs(30),
-        }
+        self.takeover_wait
     }
 
     pub fn acquire<I, S>(&self, names: I) -> AcquireBuilder
@@ -112,27 +138,21 @@ impl LeaseEnv {
 
     /// The keys the witnesses of this backend verify with.
     pub async fn keys(&self) -> KeyRing {
-        match self {
-            LeaseEnv::Server { client, .. } => (*client.keys()).clone(),
-            LeaseEnv::S3 { backend, .. } => backend.keys().await.expect("published keys"),
-        }
+        self.backend.trusted_keys().await.expect("trusted keys")
     }
 
     pub async fn describe(&self, names: &[&str]) -> Vec<NameState> {
         let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        match self {
-            LeaseEnv::Server { client, .. } => client.describe(names).await.unwrap(),
-            LeaseEnv::S3 { backend, .. } => backend.describe(&names).await.unwrap(),
-        }
+        self.backend.describe(&names).await.unwrap()
     }
 
     pub async fn history(&self, name: &str) -> History {
-        match self {
-            LeaseEnv::Server { client, .. } => client.history(name).await.unwrap(),
-            LeaseEnv::S3 { backend, .. } => backend.history(name).await.unwrap(),
-        }
+        self.backend.history(name).await.unwrap()
     }
 }
+
+/// A server's max wait, within which an expired lease is taken over.
+const SERVER_TAKEOVER_WAIT: Duration = Duration::from_secs(10);
 
 /// An S3 server of this test's own (the suite's script, moto behind one
 /// lock), on a free port with a bucket made at start, so the test can stop
