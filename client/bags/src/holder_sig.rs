@@ -33,6 +33,7 @@
 use bagel_proto::{Signer, pb};
 use ed25519_dalek::{Signature, Signer as _, VerifyingKey};
 use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
 
 /// The prefix of every batch signing message.
 pub const DOMAIN: &[u8] = b"bagel.v1 holder batch\0";
@@ -132,10 +133,57 @@ pub enum HolderCheck {
     Bad { reason: String },
 }
 
+/// Holder keys already decompressed, by their bytes: one lease's key
+/// signs every batch written under it, and turning its 32 bytes into a
+/// curve point (`VerifyingKey::from_bytes`, a square root in the field)
+/// costs about a third of a verification. A key that does not decompress
+/// is remembered as such. Keep one per read ([`check_cached`]).
+///
+/// # Why each signature is still verified on its own
+/// Batch verification (`ed25519_dalek::verify_batch`) would be about twice
+/// as fast on many small batches, but it does not decide what
+/// [`VerifyingKey::verify_strict`] decides, so it is not used:
+/// * in ed25519-dalek 2.2 it checks the cofactorless equation on a random
+///   linear combination (128-bit coefficients): a signature whose `R`
+///   differs from the recomputed one by a small-order point passes when
+///   its coefficient kills that point, with probability up to 1/2, where
+///   `verify_strict` always refuses it;
+/// * it refuses neither a small-order `R` or key nor a non-canonical
+///   encoding of `R`, which `verify_strict` does.
+///
+/// Only the holder of the lease's secret key can make such a signature
+/// (anyone else would need a valid signature over that very `R`), but a
+/// holder who did would have a batch that readers accept or refuse at
+/// random, and falling back to one-by-one verification only after a batch
+/// fails does not help: what passes the batch is never looked at again.
+/// Readers must agree (a range read from bags, from summaries, or twice,
+/// gives the same messages), so the checks that would close the gap come
+/// first: the key is checked once per key here, but `R` would need a
+/// torsion check (a full scalar multiplication) per signature, which costs
+/// what batching saves.
+#[derive(Debug, Default)]
+pub struct KeyCache(HashMap<[u8; 32], Option<VerifyingKey>>);
+
+impl KeyCache {
+    /// The verifying key for these bytes, `None` if they are not one.
+    fn get(&mut self, raw: [u8; 32]) -> Option<VerifyingKey> {
+        *self
+            .0
+            .entry(raw)
+            .or_insert_with(|| VerifyingKey::from_bytes(&raw).ok())
+    }
+}
+
 /// Checks `batch`'s holder signatures against the holder keys in
 /// `bodies`, the decoded bodies of its witnesses in order (their server
 /// signatures are checked apart from this).
 pub fn check(batch: &pb::Batch, bodies: &[pb::WitnessBody]) -> HolderCheck {
+    check_cached(batch, bodies, &mut KeyCache::default())
+}
+
+/// [`check`], with the holder keys met so far in `keys`: the same verdict,
+/// each key decompressed once.
+pub fn check_cached(batch: &pb::Batch, bodies: &[pb::WitnessBody], keys: &mut KeyCache) -> HolderCheck {
     let message = signing_message(batch);
     let mut unbound = Vec::new();
     for (i, body) in bodies.iter().enumerate() {
@@ -153,7 +201,7 @@ pub fn check(batch: &pb::Batch, bodies: &[pb::WitnessBody]) -> HolderCheck {
         let Ok(raw) = <[u8; 32]>::try_from(body.holder_key.as_slice()) else {
             return bad("cannot be checked (the witness's holder key is not 32 bytes)");
         };
-        let Ok(key) = VerifyingKey::from_bytes(&raw) else {
+        let Some(key) = keys.get(raw) else {
             return bad("cannot be checked (the witness's holder key is not a valid ed25519 key)");
         };
         let Some(sig) = batch.holder_signatures.get(i).filter(|s| !s.is_empty()) else {

@@ -278,6 +278,18 @@ pub fn rebuild(
     bag: &pb::SummaryBag,
     item: &pb::SummaryItem,
 ) -> Result<Vec<(u64, Bytes)>> {
+    Ok(rebuild_batches(summary, bag, item)?
+        .into_iter()
+        .map(|r| (r.offset, r.body))
+        .collect())
+}
+
+/// [`rebuild`], keeping each batch as well as its bytes.
+pub fn rebuild_batches(
+    summary: &pb::Summary,
+    bag: &pb::SummaryBag,
+    item: &pb::SummaryItem,
+) -> Result<Vec<Rebuilt>> {
     let bad = |reason: String| Error::CorruptSummary {
         log: summary.log.clone(),
         from: Bucket::from_secs(summary.from_secs),
@@ -321,10 +333,24 @@ pub fn rebuild(
             holder_signatures: b.holder_signatures.clone(),
         };
         let body = Bytes::from(batch.encode_to_vec());
-        out.push((offset, body.clone()));
-        offset += (frame::HEADER_LEN + body.len()) as u64;
+        let len = (frame::HEADER_LEN + body.len()) as u64;
+        out.push(Rebuilt { offset, body, batch });
+        offset += len;
     }
     Ok(out)
+}
+
+/// A batch of a summarized item as [`rebuild_batches`] rebuilds it.
+#[derive(Clone, Debug)]
+pub struct Rebuilt {
+    /// Its frame's offset in the item.
+    pub offset: u64,
+    /// Its record's bytes: those the bag holds (a summarizer takes only
+    /// records that re-encode to their stored bytes).
+    pub body: Bytes,
+    /// The batch itself, as decoding `body` gives it (prost decodes its
+    /// own encoding to the message encoded), so a reader need not.
+    pub batch: pb::Batch,
 }
 
 /// Publishes `summary` create-only and returns its name and whether this
