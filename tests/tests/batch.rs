@@ -244,6 +244,15 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
         "{err:?}"
     );
     assert_eq!(err.retry_after(), Some(held.deadline()));
+    // What is not batched goes through the coalescer's client, so code
+    // holding it as a LeaseBackend can still ask who holds a name.
+    let states = bagel_client::LeaseBackend::describe(&coalescer, &["held".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(
+        states[0].holder.as_ref().map(|h| h.lease_id.as_str()),
+        Some(held.id())
+    );
 }
 
 /// Concurrent unary acquires are signed in groups (whoever finds the signer

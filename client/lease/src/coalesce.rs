@@ -248,6 +248,24 @@ impl LeaseBackend for Coalescer {
         Some(Duration::ZERO)
     }
 
+    // What is not batched is asked of the server through the client the
+    // coalescer was made over.
+    async fn describe(&self, names: &[String]) -> Result<Vec<crate::types::NameState>> {
+        LeaseBackend::describe(&self.inner.client, names).await
+    }
+
+    async fn history(&self, name: &str) -> Result<crate::types::History> {
+        LeaseBackend::history(&self.inner.client, name).await
+    }
+
+    async fn trusted_keys(&self) -> Result<bagel_proto::KeyRing> {
+        LeaseBackend::trusted_keys(&self.inner.client).await
+    }
+
+    async fn info(&self) -> Result<crate::backend::BackendInfo> {
+        LeaseBackend::info(&self.inner.client).await
+    }
+
     /// Acquires without waiting (batched acquires cannot wait).
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         if !spec.wait.is_zero() {
