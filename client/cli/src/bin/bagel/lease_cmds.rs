@@ -656,19 +656,24 @@ fn previous_json(p: &Previous) -> serde_json::Value {
     })
 }
 
+/// A holder as `describe --json` and `list --json` print it.
+pub(crate) fn holder_json(h: &bagel_client::Holder) -> serde_json::Value {
+    json!({
+        "lease_id": h.lease_id,
+        "owner": h.owner,
+        "mode": h.mode.as_str(),
+        "deadline_us": h.deadline.as_micros(),
+        "fencing_token": h.fencing_token,
+        "granted_at_us": h.granted_at.as_micros(),
+    })
+}
+
 fn name_state_json(s: &NameState) -> serde_json::Value {
     json!({
         "name": s.name,
         "known": s.known,
         "fencing_token": s.fencing_token,
-        "holder": s.holder.as_ref().map(|h| json!({
-            "lease_id": h.lease_id,
-            "owner": h.owner,
-            "mode": h.mode.as_str(),
-            "deadline_us": h.deadline.as_micros(),
-            "fencing_token": h.fencing_token,
-            "granted_at_us": h.granted_at.as_micros(),
-        })),
+        "holder": s.holder.as_ref().map(holder_json),
         "previous": previous_json(&s.previous),
     })
 }

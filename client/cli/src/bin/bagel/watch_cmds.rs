@@ -122,15 +122,9 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
     for (server, n) in &names {
         let h = &n.holder;
         if args.json {
-            let mut line = json!({
-                "name": n.name,
-                "lease_id": h.lease_id,
-                "owner": h.owner,
-                "mode": h.mode.as_str(),
-                "deadline_us": h.deadline.as_micros(),
-                "fencing_token": h.fencing_token,
-                "granted_at_us": h.granted_at.as_micros(),
-            });
+            // The holder's fields beside the name, as describe prints them.
+            let mut line = crate::lease_cmds::holder_json(h);
+            line["name"] = json!(n.name);
             if let Some(server) = server {
                 line["server"] = json!(server);
             }
