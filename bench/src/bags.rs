@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bagel_bags::directory::DirectoryStore;
 use bagel_bags::faults::{KillSwitch, RequestCounts, TestObjectStore};
-use bagel_bags::s3::S3Store;
+use bagel_bags::s3::ObjectBagStore;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Metronome, Writer};
 use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
@@ -207,10 +207,10 @@ pub struct S3PutRow {
 pub async fn counted_s3(
     inner: Arc<dyn ObjectStore>,
     prefix: &str,
-) -> Result<(Arc<S3Store>, Arc<RequestCounts>)> {
+) -> Result<(Arc<ObjectBagStore>, Arc<RequestCounts>)> {
     let test = TestObjectStore::new(inner, KillSwitch::never());
     let counts = test.counts.clone();
-    let s3 = S3Store::new(
+    let s3 = ObjectBagStore::new(
         Arc::new(test),
         prefix,
         format!("s3://{}/{prefix}", crate::s3::BUCKET),

@@ -10,7 +10,7 @@ use bagel_bags::directory::DirectoryStore;
 use bagel_bags::faults::{AppendsThrough, FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
 use bagel_bags::fsops::{FsOps, StdFs};
 use bagel_bags::nfs::NfsFs;
-use bagel_bags::s3::S3Store;
+use bagel_bags::s3::ObjectBagStore;
 use bagel_bags::{self as bag, BagStore, TimeoutStore};
 use bagel_proto::Micros;
 use object_store::ObjectStore;
@@ -119,7 +119,10 @@ impl Backend {
                 let test = TestObjectStore::new(inner, kill);
                 let counts = test.counts.clone();
                 let os: Arc<dyn ObjectStore> = Arc::new(test);
-                (Arc::new(S3Store::new(os, prefix, self.url())), Some(counts))
+                (
+                    Arc::new(ObjectBagStore::new(os, prefix, self.url())),
+                    Some(counts),
+                )
             }
             Backend::Nfs { url, .. } => {
                 let nfs = NfsFs::open(url, timeout).await.expect("NFS client");

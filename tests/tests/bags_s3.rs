@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bagel_bags::faults::KillSwitch;
-use bagel_bags::s3::S3Store;
+use bagel_bags::s3::ObjectBagStore;
 use bagel_bags::{self as bag, BagConfig, Error, Writer};
 use bagel_proto::clock::ManualClock;
 use bagel_tests::{Backend, Ignores, IgnoresConditions, TestLeases, t0, unique};
@@ -61,21 +61,21 @@ async fn happy_path_is_exactly_one_put_per_batch() {
 async fn a_store_that_ignores_conditional_writes_is_refused() {
     let bucket = bagel_tests::s3_bucket();
     let real = bag::store_url::s3_from_env(&bucket).unwrap();
-    let honest = S3Store::new(real.clone(), &unique("p"), "honest".into());
+    let honest = ObjectBagStore::new(real.clone(), &unique("p"), "honest".into());
     honest.probe_conditional_put().await.unwrap();
     honest.probe_conditional_update().await.unwrap();
     let liar = IgnoresConditions {
         inner: real.clone(),
         ignores: Ignores::IfMatch,
     };
-    let liar = S3Store::new(Arc::new(liar), &unique("p"), "liar".into());
+    let liar = ObjectBagStore::new(Arc::new(liar), &unique("p"), "liar".into());
     let err = liar.probe_conditional_update().await.unwrap_err();
     assert!(err.to_string().contains("with If-Match"), "{err}");
     let liar = IgnoresConditions {
         inner: real,
         ignores: Ignores::IfNoneMatch,
     };
-    let liar = S3Store::new(Arc::new(liar), &unique("p"), "liar".into());
+    let liar = ObjectBagStore::new(Arc::new(liar), &unique("p"), "liar".into());
     let err = liar.probe_conditional_put().await.unwrap_err();
     assert!(matches!(err, Error::ConditionalWritesIgnored { .. }), "{err:?}");
     assert!(err.to_string().contains("ignores conditional writes"), "{err}");

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p bagel-client --example fs_ops -- URL [BATCH] [SECONDS]`
 //! with URL `file:///abs/dir` or `nfs://host[:port]/export/dir?version=3|4...`.
-//! The numbers go into `client/bags/src/NFS.md`.
+//! The numbers go into `client/bags/src/store/NFS.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

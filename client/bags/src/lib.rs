@@ -33,7 +33,8 @@
 //! * [`bucket`]: a bag's second and its `YYYY/MM/DD/hh/mm/ss` path.
 //! * [`config`]: [`BagConfig`], the timing every process must agree on.
 //! * [`listing`]: what a closed bag holds, and the lock's text form.
-//! * [`store`]: the [`BagStore`] trait, the tree walk, start marks.
+//! * [`store`]: the [`BagStore`] trait, the tree walk, start marks, and
+//!   the stores (directory, object, NFS, their URLs, timeouts, faults).
 //! * [`names`]: log names and writer ids.
 //! * [`error`]: the one error type.
 //! * [`frame`]: record framing (length + CRC-32C) in files and objects.
@@ -41,7 +42,7 @@
 //!   log, bag, writer and sequence numbers.
 //! * [`fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
 //! * [`nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
-//!   (`nfs://host[:port]/export/dir`); see `NFS.md` beside it.
+//!   (`nfs://host[:port]/export/dir`); see `store/NFS.md`.
 //! * [`counting`]: an `FsOps` wrapper counting calls, to measure the cost
 //!   of writes and closes per backend.
 //! * [`directory`]: the bag of single-writer logs on a directory, over any
@@ -63,33 +64,30 @@
 //!   leases and signed time from a throwaway key, for tests and benches.
 
 pub mod audit;
-mod beneath;
 pub mod bucket;
 pub mod config;
-pub mod counting;
-pub mod directory;
 pub mod error;
-#[cfg(any(test, feature = "testing"))]
-pub mod faults;
 pub mod frame;
-pub mod fsops;
 pub mod holder_sig;
 pub mod listing;
 pub mod metronome;
 pub mod names;
-pub mod nfs;
 pub mod reader;
 pub mod retain;
-pub mod s3;
 pub mod seal;
 pub mod store;
-pub mod store_url;
 pub mod summary;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod timeout;
 pub mod vouched;
 pub mod writer;
+
+// The stores live under `store/`; their old paths stay as they were.
+#[cfg(any(test, feature = "testing"))]
+pub use store::faults;
+pub use store::object as s3;
+pub use store::url as store_url;
+pub use store::{counting, directory, fsops, nfs, timeout};
 
 pub use bucket::Bucket;
 pub use config::BagConfig;

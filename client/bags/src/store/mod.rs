@@ -1,6 +1,17 @@
 //! The storage trait every backend implements, and what is written once
 //! over it: walking a log's calendar tree, and its start marks.
 
+pub(crate) mod beneath;
+pub mod counting;
+pub mod directory;
+#[cfg(any(test, feature = "testing"))]
+pub mod faults;
+pub mod fsops;
+pub mod nfs;
+pub mod object;
+pub mod timeout;
+pub mod url;
+
 use std::fmt;
 
 use async_trait::async_trait;
@@ -24,14 +35,14 @@ pub enum BagState {
 ///
 /// Every method is idempotent and safe to run concurrently from any number
 /// of processes, except that one `writer_file` is appended to by one writer
-/// at a time (the [`Writer`] serialises its batches).
+/// at a time (the [`Writer`](crate::Writer) serialises its batches).
 #[async_trait]
 pub trait BagStore: Send + Sync + fmt::Debug {
     /// A short description for messages, e.g. the store URL.
     fn describe(&self) -> String;
 
-    /// Appends one framed record (see [`frame`]) for writer `writer_file` to
-    /// the bag. Fails with [`Error::BagClosed`] when the bag is visibly
+    /// Appends one framed record (see [`frame`](crate::frame)) for writer `writer_file` to
+    /// the bag. Fails with [`Error::BagClosed`](crate::Error::BagClosed) when the bag is visibly
     /// closed already. `sequence` is the record's first sequence number
     /// (backends that store one object per record name it with it).
     async fn append(

@@ -9,7 +9,7 @@ pub use bagel_object::{S3Url, s3_from_env};
 
 use crate::directory::DirectoryStore;
 use crate::nfs::{NfsFs, NfsTarget};
-use crate::s3::S3Store;
+use crate::s3::ObjectBagStore;
 use crate::{BagConfig, BagStore, Error, Result, TimeoutStore};
 
 /// A parsed store address.
@@ -105,7 +105,7 @@ pub async fn open_store(url: &str, cfg: &BagConfig) -> Result<Arc<dyn BagStore>>
             Arc::new(DirectoryStore::local(root, cfg.sync))
         }
         StoreUrl::S3 { bucket, prefix } => {
-            let s3 = S3Store::new(s3_from_env(&bucket)?, &prefix, url.to_owned());
+            let s3 = ObjectBagStore::new(s3_from_env(&bucket)?, &prefix, url.to_owned());
             tokio::time::timeout(cfg.op_timeout, s3.probe_conditional_put())
                 .await
                 .map_err(|_| Error::Timeout {

@@ -156,14 +156,14 @@ pub fn is_not_plain(e: &io::Error) -> bool {
 }
 
 /// Opens `rel` beneath `root` read-only without following a symbolic
-/// link, in its last component or above it (see [`crate::beneath`]), and
+/// link, in its last component or above it (see [`crate::store::beneath`]), and
 /// without waiting for a writer on a FIFO (`O_NONBLOCK`), then accepts
 /// only a regular file (or a directory when `dir_ok`). Whoever can write
 /// to the store must not make a reader follow a link out of the root,
 /// read `/dev/zero`, chmod a file elsewhere, or wait forever on a pipe.
 fn open_plain(root: &Path, rel: &str, dir_ok: bool) -> io::Result<(std::fs::File, FileStat)> {
     use rustix::fs::{Mode, OFlags};
-    let fd = crate::beneath::open(root, rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
+    let fd = crate::store::beneath::open(root, rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
     let f = std::fs::File::from(fd);
     let (st, kind) = fresh_stat_typed(&f)?;
     plain_kind(kind, dir_ok)?;
@@ -226,7 +226,8 @@ impl FsOps for StdFs {
         let (root, dir) = (self.root.clone(), dir.to_owned());
         blocking(move || {
             use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-            let fd = crate::beneath::open(&root, &dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            let fd =
+                crate::store::beneath::open(&root, &dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
             let mut entries = rustix::fs::Dir::read_from(&fd)?;
             let mut out = Vec::new();
             while let Some(e) = entries.read() {
@@ -256,8 +257,10 @@ impl FsOps for StdFs {
 
     async fn create_dir_all(&self, dir: &str) -> io::Result<()> {
         let (root, dir) = (self.root.clone(), dir.to_owned());
-        blocking(move || crate::beneath::create_dir_all(&root, &dir, rustix::fs::Mode::from_raw_mode(0o777)))
-            .await
+        blocking(move || {
+            crate::store::beneath::create_dir_all(&root, &dir, rustix::fs::Mode::from_raw_mode(0o777))
+        })
+        .await
     }
 
     async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> io::Result<bool> {
@@ -265,7 +268,7 @@ impl FsOps for StdFs {
         let (root, path) = (self.root.clone(), path.to_owned());
         let contents = contents.to_vec();
         blocking(move || {
-            let (dir, name) = crate::beneath::parent(&root, &path)?;
+            let (dir, name) = crate::store::beneath::parent(&root, &path)?;
             let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             let mut f = match rustix::fs::openat(&dir, name.as_str(), flags, Mode::from_raw_mode(0o644)) {
                 Ok(fd) => std::fs::File::from(fd),
@@ -284,8 +287,8 @@ impl FsOps for StdFs {
     async fn link(&self, from: &str, to: &str) -> io::Result<bool> {
         let (root, from, to) = (self.root.clone(), from.to_owned(), to.to_owned());
         blocking(move || {
-            let (from_dir, from_name) = crate::beneath::parent(&root, &from)?;
-            let (to_dir, to_name) = crate::beneath::parent(&root, &to)?;
+            let (from_dir, from_name) = crate::store::beneath::parent(&root, &from)?;
+            let (to_dir, to_name) = crate::store::beneath::parent(&root, &to)?;
             // No AT_SYMLINK_FOLLOW: a link in `from` is linked, not followed.
             match rustix::fs::linkat(
                 &from_dir,
@@ -307,7 +310,7 @@ impl FsOps for StdFs {
         let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
             let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK;
-            let fd = crate::beneath::open(&root, &path, flags, Mode::from_raw_mode(0o644))?;
+            let fd = crate::store::beneath::open(&root, &path, flags, Mode::from_raw_mode(0o644))?;
             let f = std::fs::File::from(fd);
             let (st, kind) = fresh_stat_typed(&f)?;
             plain_kind(kind, false)?;
@@ -362,7 +365,7 @@ impl StdFs {
     async fn unlink(&self, path: &str, flags: rustix::fs::AtFlags) -> io::Result<()> {
         let (root, path) = (self.root.clone(), path.to_owned());
         blocking(move || {
-            let (dir, name) = crate::beneath::parent(&root, &path)?;
+            let (dir, name) = crate::store::beneath::parent(&root, &path)?;
             Ok(rustix::fs::unlinkat(&dir, name.as_str(), flags)?)
         })
         .await

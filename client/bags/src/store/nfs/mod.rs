@@ -2,7 +2,7 @@
 //! NFSv4.2 over TCP), for hosts that cannot mount NFS. The bag protocol in
 //! [`directory`](crate::directory) runs unchanged on top. Why this crate, which NFS
 //! operations each [`FsOps`] call becomes, and what NFS semantics the
-//! protocol designs around: see `NFS.md` next to this file.
+//! protocol designs around: see `../NFS.md`.
 //!
 //! Store URL: `nfs://host[:port]/path[?version=3|4&mountport=N&export=/e&connections=N]`.
 //! * `version` — `3` (default) or `4` (NFSv4.2 with sessions).

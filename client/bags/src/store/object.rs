@@ -1,4 +1,5 @@
-//! A maildir-style bag on an S3 prefix, through `object_store`.
+//! A maildir-style bag on an object-store prefix, through `object_store`:
+//! S3 today, and any store that honours create-only PUTs (`PutMode::Create`).
 //!
 //! ```text
 //! <prefix>/<log>/2026/11/21/05/51/52/   one key prefix per bag (UTC second)
@@ -18,7 +19,7 @@
 //! (`If-Match`).
 //!
 //! Because closing depends on the create-only PUT being honoured, a store is
-//! probed before use ([`S3Store::probe_conditional_put`]): some
+//! probed before use ([`ObjectBagStore::probe_conditional_put`]): some
 //! "S3-compatible" servers silently ignore `If-None-Match`.
 
 use std::sync::Arc;
@@ -35,21 +36,21 @@ use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Res
 pub const PRELOCK: &str = "_prelock";
 pub const LOCK: &str = "_lock";
 
-/// The S3 bag store over any `object_store` implementation that honours
-/// `PutMode::Create`.
+/// The bag store over any `object_store` implementation that honours
+/// `PutMode::Create` (S3, or a GCS or Azure store from the same crate).
 #[derive(Clone, Debug)]
-pub struct S3Store {
+pub struct ObjectBagStore {
     store: Arc<dyn ObjectStore>,
     /// Key prefix without leading/trailing `/`; may be empty.
     prefix: String,
     describe: String,
 }
 
-impl S3Store {
-    /// Wraps `store`; call [`S3Store::probe_conditional_put`] before use
+impl ObjectBagStore {
+    /// Wraps `store`; call [`ObjectBagStore::probe_conditional_put`] before use
     /// unless the store is known to honour conditional writes.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, describe: String) -> Self {
-        S3Store {
+        ObjectBagStore {
             store,
             prefix: prefix.trim_matches('/').to_owned(),
             describe,
@@ -206,7 +207,7 @@ fn normalize_etag(e: &str) -> String {
 }
 
 #[async_trait]
-impl BagStore for S3Store {
+impl BagStore for ObjectBagStore {
     fn describe(&self) -> String {
         self.describe.clone()
     }
@@ -472,7 +473,7 @@ mod tests {
     /// are refused by name before anything is fetched.
     #[tokio::test]
     async fn items_outside_the_bag_are_refused_by_name() {
-        let store = S3Store::new(Arc::new(object_store::memory::InMemory::new()), "p", "mem".into());
+        let store = ObjectBagStore::new(Arc::new(object_store::memory::InMemory::new()), "p", "mem".into());
         let bucket = Bucket::of(bagel_proto::Micros::from_micros(1_700_000_000_000_000));
         for name in [
             "../../other/w.00000000000000000001",
