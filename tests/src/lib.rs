@@ -56,8 +56,6 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// Debian's libfaketime (package faketime), wherever its architecture puts
-/// it: preloaded (`LD_PRELOAD`) into a process, it runs that process on a
 /// Starts `cmd` (a `bagel metronome` or server with `--http 127.0.0.1:0`),
 /// reads the `http on ADDR` line it prints once its side port listens, and
 /// keeps draining its standard output so it never blocks on it. Returns
@@ -74,6 +72,8 @@ pub fn spawn_with_side_port(cmd: &mut Command) -> (Child, String) {
     (child, format!("http://{addr}"))
 }
 
+/// Debian's libfaketime (package faketime), wherever its architecture puts
+/// it: preloaded (`LD_PRELOAD`) into a process, it runs that process on a
 /// skewed clock with no wrapper process in between.
 pub fn libfaketime() -> Option<PathBuf> {
     let lib = std::path::Path::new("/usr/lib");
@@ -85,6 +85,19 @@ pub fn libfaketime() -> Option<PathBuf> {
         .chain(arch_dirs)
         .map(|d| d.join("faketime/libfaketime.so.1"))
         .find(|p| p.is_file())
+}
+
+/// The environment that runs a process with its wall (and monotonic)
+/// clock `offset` off (libfaketime's form: `+2.5s`, `-10s`), preloaded
+/// into the process itself. Not the `faketime` wrapper: it names a
+/// semaphore after its pid, and one it left behind when killed makes a
+/// later wrapper with the same pid fail (`sem_open: File exists`).
+pub fn skewed_env(offset: &str) -> [(String, String); 2] {
+    let lib = libfaketime().expect("libfaketime is not installed (Debian package faketime)");
+    [
+        ("LD_PRELOAD".to_owned(), lib.display().to_string()),
+        ("FAKETIME".to_owned(), offset.to_owned()),
+    ]
 }
 
 /// A running `bagel-server` process, killed on drop.

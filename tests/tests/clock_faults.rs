@@ -21,24 +21,22 @@ use bagel_tests::{ServerOptions, ServerProcess, bin, describe_output, s3_bucket,
 use bytes::Bytes;
 use tokio::process::Command;
 
-/// `bagel` under `faketime OFFSET`: its wall (and monotonic) clock runs
+/// `bagel` with libfaketime preloaded: its wall (and monotonic) clock runs
 /// `offset` off, as on a host whose clock is wrong.
 fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("faketime");
-    c.args(["-f", offset])
-        .arg(bin("bagel"))
-        .args(["--server", server])
+    let mut c = Command::new(bin("bagel"));
+    c.args(["--server", server])
         .args(args)
+        .envs(bagel_tests::skewed_env(offset))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
-        // `faketime` forks the program and waits: stopping the group
-        // stops both (see `stop`).
+        // In a group of its own, so `stop` reaches whatever it started.
         .process_group(0)
         .kill_on_drop(true);
     c
 }
 
-/// Stops a process started by [`bagel_skewed`] and its `faketime` parent.
+/// Stops a process started by [`bagel_skewed`] and its group.
 fn stop(child: &tokio::process::Child) {
     let pgid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
     let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);

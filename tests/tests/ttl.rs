@@ -29,18 +29,17 @@ fn body(w: &bagel_client::Witness) -> pb::WitnessBody {
     pb::WitnessBody::decode(w.body()).expect("a witness body")
 }
 
-/// `bagel --server URL ARGS` with its wall clock `offset` off (libfaketime,
-/// through the `faketime` wrapper), as on a host whose clock is wrong.
+/// `bagel --server URL ARGS` with its wall clock `offset` off (libfaketime
+/// preloaded), as on a host whose clock is wrong.
 fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Output {
-    std::process::Command::new("faketime")
-        .args(["-f", offset])
-        .arg(bin("bagel"))
+    std::process::Command::new(bin("bagel"))
         .args(["--server", server])
         .args(args)
+        .envs(bagel_tests::skewed_env(offset))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .output()
-        .expect("faketime (Debian package faketime) runs bagel")
+        .expect("bagel runs")
 }
 
 /// The witness body of `bagel acquire --json` output.
