@@ -240,47 +240,52 @@ pub async fn bags_of(store: &dyn BagStore, log: &str, span: Span) -> Result<Vec<
 /// the same for every caller. The caller must be a closer whose vouched
 /// clock is past [`Span::close_time`], or one that found the seal started
 /// ([`sealing_started`]).
-///
-/// A seal found published over a summarized minute is returned as it is:
-/// a summary is built only from closed bags, so the seal was finished
-/// then, and retention may have removed those bags since. Closing them
-/// again (a new holder settling an old predecessor, a metronome with a
-/// long lookback) would recreate them empty, and the audit would take the
-/// honest summary for a forged one. (A finisher that read the seal before
-/// the summary existed and stalled past retention's floor, 10 minutes,
-/// could still do so; nothing is lost either way: the records are in the
-/// summary.)
 pub async fn seal(store: &dyn BagStore, log: &str, span: Span) -> Result<Seal> {
-    let seal = match seal_of(store, log, span).await? {
-        Some(s) => {
-            let summarized = crate::summary::list(store, log)
-                .await?
-                .iter()
-                .any(|st| st.contains(span.first()));
-            if summarized {
-                return Ok(s);
-            }
-            s
-        }
+    if let Some(found) = seal_of(store, log, span).await? {
+        return finish(store, log, found).await;
+    }
+    store.put_first(log, &span.intent_name(), Bytes::new()).await?;
+    let bags = bags_of(store, log, span).await?.into_iter().collect();
+    let ours = Seal { span, bags };
+    match store.put_first(log, &span.seal_name(), ours.encode()).await? {
         None => {
-            store.put_first(log, &span.intent_name(), Bytes::new()).await?;
-            let bags = bags_of(store, log, span).await?.into_iter().collect();
-            let ours = Seal { span, bags };
-            match store.put_first(log, &span.seal_name(), ours.encode()).await? {
-                None => ours,
-                Some(first) => Seal::decode(span, &first).map_err(|r| corrupt(log, span, r))?,
+            for b in ours.bags() {
+                store.close(log, b).await?;
             }
+            remove_intent(store, log, span).await;
+            Ok(ours)
         }
-    };
-    for b in seal.bags() {
+        Some(first) => {
+            let theirs = Seal::decode(span, &first).map_err(|r| corrupt(log, span, r))?;
+            finish(store, log, theirs).await
+        }
+    }
+}
+
+/// Finishes a seal found published: closes the bags it lists that are
+/// still there.
+///
+/// Why not every bag it lists: a listed bag existed when the seal was
+/// made, and only retention removes bags, once a summary holds them. A
+/// listed bag that is gone was removed so, and closing it again (a new
+/// holder settling an old predecessor, a metronome with a long lookback)
+/// would recreate it empty, and the audit would take the honest summary
+/// for a forged one. One listing of the minute tells which are left.
+async fn finish(store: &dyn BagStore, log: &str, seal: Seal) -> Result<Seal> {
+    let present: BTreeSet<Bucket> = bags_of(store, log, seal.span).await?.into_iter().collect();
+    for b in seal.bags().filter(|b| present.contains(b)) {
         store.close(log, b).await?;
     }
-    // Cleanup only: the seal is decided. Sealers racing to remove one
-    // intent may see it vanish under them (NFSv4 answers STALE), and an
-    // intent left behind costs one object and misleads nobody (a writer
-    // that finds it finishes the seal, which exists).
-    let _ = store.remove_named(log, &span.intent_name()).await;
+    remove_intent(store, log, seal.span).await;
     Ok(seal)
+}
+
+/// Cleanup only: the seal is decided. Sealers racing to remove one intent
+/// may see it vanish under them (NFSv4 answers STALE), and an intent left
+/// behind costs one object and misleads nobody (a writer that finds it
+/// finishes the seal, which exists).
+async fn remove_intent(store: &dyn BagStore, log: &str, span: Span) {
+    let _ = store.remove_named(log, &span.intent_name()).await;
 }
 
 #[cfg(test)]
