@@ -70,7 +70,7 @@ struct Report {
     readers_agree: bool,
     violations: Vec<String>,
     /// Clock offsets (ms, libfaketime) each kind of process ran with, one
-    /// entry a start: `metronome`, `reader`, `audit`, `writer`.
+    /// entry a start: `metronome`, `reader`, `audit`, `writer`, `retain`.
     clock_skews: BTreeMap<String, Vec<i64>>,
     /// Kills of one member of the lease cluster (`server_kills` counts them
     /// all), restarted with its key file or without it (a new key).
@@ -96,7 +96,8 @@ struct RetentionReport {
     /// Summaries old enough whose bags were checked.
     summaries_checked: u64,
     bags_removed: u64,
-    /// Runs that ended in an error (a store being killed, say).
+    /// Runs that ended in an error: a store being killed, or a clock
+    /// beyond the tolerance refused.
     failed: u64,
 }
 
@@ -491,7 +492,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 let kill_after = rng
                     .gen_bool(0.5)
                     .then(|| Duration::from_millis(rng.gen_range(0..400)));
-                let mut c = Command::new(&bagel);
+                // On a skewed clock like any closer: beyond the tolerance
+                // it must refuse, never remove early.
+                let skew = *SKEWS_MS.choose(&mut rng).expect("skews");
+                report.clock_skews.entry("retain".into()).or_default().push(skew);
+                let mut c = skewed(&bagel, skew);
                 c.args(["--roughtime", &roughtime.0, "--roughtime-key", &roughtime.1])
                     .args(["retain", "--store", &url, "--log", LOG, "--json"])
                     .args(["--keep-bags", KEEP_BAGS, "--unsafe-min-keep", KEEP_BAGS])
