@@ -96,8 +96,8 @@ struct RetentionReport {
     /// Summaries old enough whose bags were checked.
     summaries_checked: u64,
     bags_removed: u64,
-    /// Runs that ended in an error: a store being killed, or a clock
-    /// beyond the tolerance refused.
+    /// Runs that ended in an error: a store being killed, or a clock it
+    /// could not vouch for.
     failed: u64,
 }
 
@@ -492,8 +492,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 let kill_after = rng
                     .gen_bool(0.5)
                     .then(|| Duration::from_millis(rng.gen_range(0..400)));
-                // On a skewed clock like any closer: beyond the tolerance
-                // it must refuse, never remove early.
+                // On a skewed clock like any closer: it judges age on its
+                // reading less its measured bound (never early), and
+                // refuses when it cannot vouch for its clock.
                 let skew = *SKEWS_MS.choose(&mut rng).expect("skews");
                 report.clock_skews.entry("retain".into()).or_default().push(skew);
                 let mut c = skewed(&bagel, skew);
