@@ -133,6 +133,11 @@ pub enum Error {
          or after it restarts"
     )]
     ShuttingDown,
+    /// A watch that cannot start (too many watchers, a revision no longer
+    /// kept or not yet made) or goes on no longer (it fell behind). Its
+    /// message names the revision to resume from, or the limit.
+    #[error(transparent)]
+    Watch(#[from] crate::watch::WatchError),
 }
 
 /// The longest status message the server sends. Messages echo parts of
@@ -244,6 +249,7 @@ impl Error {
                 | Error::Capacity { .. }
                 | Error::Limit { .. }
                 | Error::ShuttingDown
+                | Error::Watch(crate::watch::WatchError::TooMany { .. })
         )
     }
 
@@ -261,6 +267,13 @@ impl Error {
                 Code::PermissionDenied
             }
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
+            Error::Watch(e) => {
+                use crate::watch::WatchError;
+                match e {
+                    WatchError::Overflow { .. } | WatchError::TooMany { .. } => Code::ResourceExhausted,
+                    WatchError::TooOld { .. } | WatchError::Ahead { .. } => Code::OutOfRange,
+                }
+            }
         }
     }
 }
@@ -281,6 +294,40 @@ impl From<Error> for Status {
                 Status::with_details(Code::Aborted, message, details.into())
             }
             _ => Status::new(e.code(), message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::WatchError;
+
+    /// A watch's refusals are domain errors now; the statuses they become
+    /// are the ones the watch always sent: its code, its message as is.
+    #[test]
+    fn a_watch_error_becomes_the_status_it_always_was() {
+        let cases = [
+            (
+                WatchError::Overflow { buffer: 4, last: 9 },
+                Code::ResourceExhausted,
+            ),
+            (WatchError::TooMany { max: 2 }, Code::ResourceExhausted),
+            (
+                WatchError::TooOld {
+                    from: 1,
+                    oldest: 5,
+                    retain: 10,
+                },
+                Code::OutOfRange,
+            ),
+            (WatchError::Ahead { from: 9, last: 5 }, Code::OutOfRange),
+        ];
+        for (e, code) in cases {
+            let status = Status::from(Error::Watch(e.clone()));
+            assert_eq!(status.code(), code, "{e}");
+            assert_eq!(status.message(), e.to_string());
+            assert!(status.details().is_empty());
         }
     }
 }
