@@ -5,13 +5,18 @@
 //! # Layout
 //! * [`table`]: the pure lease table. Every lease rule lives here; methods
 //!   take `now` as an argument, so tests drive time exactly.
-//! * `service`: thin gRPC handlers converting the wire to the table
-//!   (`validate`) and grants to signed witnesses ([`witness`]).
+//! * `grpc`: the gRPC service, a thin edge: takes each call's message
+//!   and caller, runs its handler, meters the outcome, and only then makes
+//!   the domain error a status.
+//! * `service`: the handlers, converting messages to the table
+//!   (`validate`) and grants to signed witnesses ([`witness`]); they answer
+//!   with [`Error`]. `session`: the `Session` stream over `Batch`.
 //! * [`timekeeper`]: the server clock, its health (Roughtime) and its
 //!   signed readings.
 //! * [`config`]: settings and defaults.
 //! * [`error`]: the one error type and its mapping to gRPC statuses.
-//! * `meter`: what the gRPC edge counts and times, and refusal logs.
+//! * `meter`: what the gRPC edge counts and times; `refusal`: the log
+//!   line of every refused call or operation.
 //! * `http`: the optional HTTP side port (`/metrics`, a status page,
 //!   `/healthz`, `/readyz`), see [`Server::with_http`].
 //!
@@ -22,10 +27,12 @@
 
 pub mod config;
 pub mod error;
+mod grpc;
 pub mod highwater;
 mod holder_keys;
 mod http;
 mod meter;
+mod refusal;
 mod service;
 mod session;
 pub mod table;
@@ -52,7 +59,7 @@ use table::{LeaseTable, TableConfig};
 use timekeeper::TimeKeeper;
 use witness::WitnessSigner;
 
-type LeaseServer = pb::lease_service_server::LeaseServiceServer<meter::Metered>;
+type LeaseServer = pb::lease_service_server::LeaseServiceServer<grpc::GrpcService>;
 
 /// HTTP/2 receive windows: what a client may send that the server has not
 /// read yet, per connection and per stream.
@@ -279,7 +286,7 @@ impl Server {
         let frames = Arc::clone(&self.service.inner.frames);
         let stopping = self.service.inner.stopping.clone();
         let tls = self.service.inner.cfg.tls.clone();
-        let lease_service = LeaseServer::new(meter::Metered(self.service))
+        let lease_service = LeaseServer::new(grpc::GrpcService(self.service))
             // The layer refuses larger messages first, naming the limit;
             // this is a backstop.
             .max_decoding_message_size(limits.max_message_bytes.saturating_add(1));

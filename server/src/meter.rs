@@ -1,4 +1,4 @@
-//! What the gRPC edge measures, and the log line of every refusal.
+//! What the gRPC edge measures.
 //!
 //! Why not the metrics library's own `Family<…, Histogram>`: it takes a lock
 //! per observation (a read lock to find the labelled series, then the
@@ -8,24 +8,17 @@
 //! construction: no lease name, owner or lease id ever becomes a label.
 //! `crate::http::metrics` turns these into the exposition at scrape time.
 //!
-//! [`Metered`] is the lease service: it times every unary call around the
-//! handlers of `Service` (inherent methods, so one boxed future per call), counts
-//! conflicts by mode, and logs every refused call once, at debug level,
-//! with the names or lease it was about, the holder and the reason (never
-//! the token). Operations inside `Batch` and `Session` are counted and
-//! logged by [`Meters::batch`], which `Service::batch_ops` calls.
+//! Only the meters live here, not who feeds them: `crate::grpc` times and
+//! counts every unary call, and `Service::batch_ops` counts the operations
+//! inside `Batch` and `Session`. Both hand over a gRPC code computed from
+//! the domain error (`Error::code`), because the exposition's labels are
+//! gRPC code names; the refusal's log line is `crate::refusal`'s.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bagel_proto::pb;
-use pb::lease_service_server::LeaseService;
-use tokio_stream::Stream;
-use tonic::{Code, Request, Response, Status};
-
-use crate::service::Service;
+use tonic::Code;
 
 /// A histogram with fixed bounds and atomic buckets.
 #[derive(Debug)]
@@ -170,7 +163,7 @@ impl Op {
         }
     }
 
-    fn of(op: &pb::BatchOp) -> Op {
+    pub fn of(op: &pb::BatchOp) -> Op {
         use pb::batch_op::Op as O;
         match &op.op {
             Some(O::Acquire(_)) => Op::Acquire,
@@ -211,6 +204,11 @@ pub fn code_name(code: usize) -> &'static str {
 
 fn code_index(code: Code) -> usize {
     (code as usize).min(CODES - 1)
+}
+
+/// The label value of `code` (`code_name` of its index).
+pub fn code_label(code: Code) -> &'static str {
+    code_name(code_index(code))
 }
 
 /// Whether a request's `mode` field asks for a tentative lease (0 and 1
@@ -272,289 +270,26 @@ impl Meters {
         (self.conflicts[0].load(Relaxed), self.conflicts[1].load(Relaxed))
     }
 
-    fn conflict(&self, mode: i32) {
+    /// An acquire refused because a name was held, by its request's `mode`.
+    pub fn conflict(&self, mode: i32) {
         self.conflicts[usize::from(is_tentative(mode))].fetch_add(1, Relaxed);
+    }
+
+    /// One operation inside a batch or a session group, by its outcome.
+    pub fn op(&self, op: Op, code: Code) {
+        self.ops[op as usize][code_index(code)].fetch_add(1, Relaxed);
     }
 
     pub fn sessions_open(&self) -> i64 {
         self.sessions_open.load(Relaxed)
     }
 
-    /// Counts a batch's (or session group's) operations by outcome and
-    /// logs each refused one.
-    pub(crate) fn batch(&self, ops: &[pb::BatchOp], results: &[pb::BatchResult]) {
-        use pb::batch_result::Result as R;
-        self.batch_sizes.observe(ops.len() as u64);
-        for (op, result) in ops.iter().zip(results) {
-            let kind = Op::of(op);
-            let (code, refusal) = match &result.result {
-                Some(R::Error(e)) => (usize::try_from(e.code).unwrap_or(2).min(CODES - 1), Some(e)),
-                _ => (0, None),
-            };
-            self.ops[kind as usize][code].fetch_add(1, Relaxed);
-            let Some(e) = refusal else { continue };
-            if let (Some(pb::batch_op::Op::Acquire(a)), true) = (&op.op, e.code == Code::Aborted as i32) {
-                self.conflict(a.mode);
-            }
-            log_refusal(
-                kind.name(),
-                &Subject::of_op(op),
-                e.conflict.as_ref(),
-                code_name(code),
-                &e.message,
-            );
-        }
-    }
-}
-
-/// What a refused request was about, for its log line.
-#[derive(Debug)]
-struct Subject<'a> {
-    names: &'a [String],
-    lease: &'a str,
-}
-
-impl<'a> Subject<'a> {
-    fn of_op(op: &'a pb::BatchOp) -> Self {
-        use pb::batch_op::Op as O;
-        match &op.op {
-            Some(O::Acquire(a)) => Subject::names(&a.names),
-            Some(O::Renew(r)) => Subject::lease(&r.lease_id),
-            Some(O::Upgrade(u)) => Subject::lease(&u.lease_id),
-            Some(O::Release(r)) => Subject::lease(&r.lease_id),
-            None => Subject::lease(""),
-        }
+    pub fn session_opened(&self) {
+        self.sessions_open.fetch_add(1, Relaxed);
     }
 
-    fn names(names: &'a [String]) -> Self {
-        Subject { names, lease: "" }
-    }
-
-    fn lease(lease: &'a str) -> Self {
-        Subject { names: &[], lease }
-    }
-}
-
-/// One debug line per refusal. The fields are the request's names (at
-/// most a few, and never more than the request's own size limits), the
-/// lease it was about, the holder that stood in the way, and the reason
-/// (the status message, which never contains a token).
-fn log_refusal(
-    op: &str,
-    subject: &Subject<'_>,
-    conflict: Option<&pb::LeaseConflict>,
-    code: &str,
-    reason: &str,
-) {
-    if !refusals_logged() {
-        return;
-    }
-    const SHOWN: usize = 8;
-    let names = match subject.names.len() {
-        0 => String::new(),
-        n if n <= SHOWN => subject.names.join(","),
-        n => format!("{},… ({n} names)", subject.names[..SHOWN].join(",")),
-    };
-    let (name, holder, holder_owner) = match conflict {
-        Some(c) => (
-            c.name.as_str(),
-            c.holder_lease_id.as_str(),
-            c.holder_owner.as_str(),
-        ),
-        None => ("", "", ""),
-    };
-    tracing::debug!(
-        target: "bagel_server::refusal",
-        op,
-        code,
-        names = %names,
-        lease = subject.lease,
-        name,
-        holder,
-        holder_owner,
-        reason,
-        "refused"
-    );
-}
-
-/// Whether refusals are logged at all: only then does a unary call keep a
-/// copy of what it was about (its names or lease id), so that with debug
-/// logging off the metering allocates nothing per request.
-fn refusals_logged() -> bool {
-    tracing::enabled!(target: "bagel_server::refusal", tracing::Level::DEBUG)
-}
-
-/// The conflict carried in a refused acquire's status details (a
-/// `google.rpc.Status`, see [`bagel_proto::details`]).
-fn conflict_of(status: &Status) -> Option<pb::LeaseConflict> {
-    if status.code() != Code::Aborted {
-        return None;
-    }
-    bagel_proto::details::conflict_of(status.details())
-}
-
-/// The lease service, timed and counted (see the module docs).
-#[derive(Clone, Debug)]
-pub struct Metered(pub Service);
-
-impl Metered {
-    fn meters(&self) -> &Meters {
-        &self.0.inner.meters
-    }
-
-    /// Records a unary call's latency and outcome, logging a refusal.
-    fn finish<T>(
-        &self,
-        method: Method,
-        start: Instant,
-        subject: Subject<'_>,
-        result: Result<Response<T>, Status>,
-    ) -> Result<Response<T>, Status> {
-        let code = match &result {
-            Ok(_) => Code::Ok,
-            Err(s) => s.code(),
-        };
-        self.meters().rpc(method, code, start.elapsed());
-        // The conflict is decoded back out of the status only for a line
-        // that is logged.
-        if let Err(status) = &result
-            && refusals_logged()
-        {
-            let conflict = conflict_of(status);
-            log_refusal(
-                method.name(),
-                &subject,
-                conflict.as_ref(),
-                code_name(code_index(code)),
-                status.message(),
-            );
-        }
-        result
-    }
-}
-
-type Reply<T> = Result<Response<T>, Status>;
-
-#[tonic::async_trait]
-impl LeaseService for Metered {
-    async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let start = Instant::now();
-        let mode = request.get_ref().mode;
-        let names = refusals_logged().then(|| request.get_ref().names.clone());
-        let result = self.0.acquire(request).await;
-        if matches!(&result, Err(s) if s.code() == Code::Aborted) {
-            self.meters().conflict(mode);
-        }
-        let subject = Subject::names(names.as_deref().unwrap_or_default());
-        self.finish(Method::Acquire, start, subject, result)
-    }
-
-    async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
-        let start = Instant::now();
-        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
-        let result = self.0.upgrade(request).await;
-        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
-        self.finish(Method::Upgrade, start, subject, result)
-    }
-
-    async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
-        let start = Instant::now();
-        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
-        let result = self.0.renew(request).await;
-        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
-        self.finish(Method::Renew, start, subject, result)
-    }
-
-    async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
-        let start = Instant::now();
-        let lease = refusals_logged().then(|| request.get_ref().lease_id.clone());
-        let result = self.0.release(request).await;
-        let subject = Subject::lease(lease.as_deref().unwrap_or_default());
-        self.finish(Method::Release, start, subject, result)
-    }
-
-    async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
-        let start = Instant::now();
-        let result = self.0.batch(request).await;
-        self.finish(Method::Batch, start, Subject::lease(""), result)
-    }
-
-    type SessionStream = SessionAnswers;
-
-    /// Sessions are long-lived, so they are counted while open rather than
-    /// timed; their groups of operations go through [`Meters::batch`].
-    async fn session(
-        &self,
-        request: Request<tonic::Streaming<pb::BatchRequest>>,
-    ) -> Reply<Self::SessionStream> {
-        let answers = self.0.session(request).await?.into_inner();
-        self.meters().sessions_open.fetch_add(1, Relaxed);
-        Ok(Response::new(SessionAnswers {
-            answers,
-            service: self.0.clone(),
-        }))
-    }
-
-    async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {
-        let start = Instant::now();
-        let result = self.0.describe(request).await;
-        self.finish(Method::Describe, start, Subject::lease(""), result)
-    }
-
-    async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
-        let start = Instant::now();
-        let name = refusals_logged().then(|| vec![request.get_ref().name.clone()]);
-        let result = self.0.history(request).await;
-        let subject = Subject::names(name.as_deref().unwrap_or_default());
-        self.finish(Method::History, start, subject, result)
-    }
-
-    async fn server_info(&self, request: Request<pb::ServerInfoRequest>) -> Reply<pb::ServerInfoResponse> {
-        let start = Instant::now();
-        let result = self.0.server_info(request).await;
-        self.finish(Method::ServerInfo, start, Subject::lease(""), result)
-    }
-
-    async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
-        let start = Instant::now();
-        let result = self.0.list(request).await;
-        self.finish(Method::List, start, Subject::lease(""), result)
-    }
-
-    type WatchStream = crate::service::WatchStream;
-
-    /// Watches are long-lived: only their start is timed.
-    async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
-        let start = Instant::now();
-        let result = self.0.watch(request).await;
-        self.finish(Method::Watch, start, Subject::lease(""), result)
-    }
-
-    async fn signed_now(&self, request: Request<pb::SignedNowRequest>) -> Reply<pb::SignedNowResponse> {
-        let start = Instant::now();
-        let result = self.0.signed_now(request).await;
-        self.finish(Method::SignedNow, start, Subject::lease(""), result)
-    }
-}
-
-/// A session's answers; counts the session as closed when dropped.
-#[derive(Debug)]
-pub struct SessionAnswers {
-    answers: crate::session::Answers,
-    service: Service,
-}
-
-impl Stream for SessionAnswers {
-    type Item = Result<pb::BatchResponse, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.answers).poll_next(cx)
-    }
-}
-
-impl Drop for SessionAnswers {
-    fn drop(&mut self) {
-        self.service.inner.meters.sessions_open.fetch_sub(1, Relaxed);
+    pub fn session_closed(&self) {
+        self.sessions_open.fetch_sub(1, Relaxed);
     }
 }
 

@@ -1,7 +1,11 @@
-//! The gRPC handlers: thin conversions between the wire and the lease
-//! table. All rules live in [`crate::table`].
+//! The handlers of the lease service: thin conversions between protobuf
+//! messages and the lease table. All rules live in [`crate::table`].
 //!
-//! Longer than most files because it is every RPC's edge in one place:
+//! They answer with the server's domain error, [`Error`], never a gRPC
+//! status: `crate::grpc` meters what they return and only then makes it a
+//! `Status`, so nothing here knows about tonic's requests or responses.
+//!
+//! Longer than most files because it is every RPC's handler in one place:
 //! request validation into table specs, the acquire wait loop, and the
 //! conversion of each answer to its protobuf, each a few lines.
 
@@ -9,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bagel_proto::{KeyRing, Micros, TimeProofKind, pb, verify_signed_time};
-use tonic::{Request, Response, Status};
+use tokio_stream::Stream;
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::refusal::{self, Subject};
 use crate::table::{HistoryEvent, LeaseTable, Metadata, ReleaseSpec, Ticket};
 use crate::timekeeper::TimeKeeper;
 use crate::transport::Caller;
@@ -121,18 +126,6 @@ impl Inner {
         self.table.raise_grant_limit(self.highwater.get());
         Ok(())
     }
-}
-
-type Reply<T> = Result<Response<T>, Status>;
-
-/// Who is calling: address (per-peer quotas) and, with mutual TLS, the
-/// client certificate's subject (the owner).
-pub(crate) fn caller<T>(request: &Request<T>) -> Caller {
-    let mut caller = Caller::of(request.extensions());
-    if caller.peer.is_none() {
-        caller.peer = request.remote_addr().map(|a| a.ip());
-    }
-    caller
 }
 
 /// A waiting acquire's place in its name's queue, left on drop (also when
@@ -346,7 +339,9 @@ impl Service {
     }
 
     /// Runs a batch: every operation on its own, in order; then one
-    /// signature over all the grants' witnesses.
+    /// signature over all the grants' witnesses. Each operation is metered
+    /// (and a refused one logged) here, from its domain error, before that
+    /// error becomes its `OpError`: `Batch` and `Session` share this.
     pub(crate) fn batch_ops(
         &self,
         ops: &[pb::BatchOp],
@@ -364,8 +359,9 @@ impl Service {
         // Grants need a healthy clock; releases do not.
         let clock = self.inner.may_grant();
         enum Outcome {
-            Done(R),
+            Released(pb::ReleaseResponse),
             Granted(crate::table::Grant, pb::WitnessKind),
+            Refused(Error),
         }
         let outcomes: Vec<Outcome> = ops
             .iter()
@@ -391,16 +387,16 @@ impl Service {
                     Some(Op::Upgrade(u)) => self
                         .upgrade_op(u, caller)
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Upgrade)),
-                    Some(Op::Release(r)) => self.release_op(r, caller).map(|r| Outcome::Done(R::Released(r))),
+                    Some(Op::Release(r)) => self.release_op(r, caller).map(Outcome::Released),
                 };
-                result.unwrap_or_else(|e| Outcome::Done(R::Error(op_error(e))))
+                result.unwrap_or_else(Outcome::Refused)
             })
             .collect();
         let grants: Vec<(&crate::table::Grant, pb::WitnessKind)> = outcomes
             .iter()
             .filter_map(|o| match o {
                 Outcome::Granted(g, k) => Some((g, *k)),
-                Outcome::Done(_) => None,
+                Outcome::Released(_) | Outcome::Refused(_) => None,
             })
             .collect();
         let time = self.inner.time.signed()?;
@@ -409,28 +405,45 @@ impl Service {
             .witness
             .sign_batch(&grants, self.now(), &time)
             .into_iter();
-        let results: Vec<pb::BatchResult> = outcomes
-            .into_iter()
-            .map(|o| {
+        self.inner.meters.batch_sizes.observe(ops.len() as u64);
+        let results: Vec<pb::BatchResult> = ops
+            .iter()
+            .zip(outcomes)
+            .map(|(op, o)| {
                 let result = match o {
-                    Outcome::Done(r) => r,
+                    Outcome::Released(r) => Ok(R::Released(r)),
+                    Outcome::Refused(e) => Err(e),
                     Outcome::Granted(g, kind) => {
                         let w = witnesses.next().expect("one witness per grant");
-                        if kind == pb::WitnessKind::Renew {
+                        Ok(if kind == pb::WitnessKind::Renew {
                             R::Renewed(pb::RenewResponse {
                                 deadline_us: g.deadline.as_micros(),
                                 witness: Some(w),
                             })
                         } else {
                             R::Grant(crate::witness::grant_pb(&g, w))
-                        }
+                        })
                     }
                 };
+                self.meter_op(op, result.as_ref().err());
+                let result = result.unwrap_or_else(|e| R::Error(op_error(e)));
                 pb::BatchResult { result: Some(result) }
             })
             .collect();
-        self.inner.meters.batch(ops, &results);
         Ok(results)
+    }
+
+    /// Counts one operation of a batch by its outcome (a refused acquire's
+    /// conflict by the mode it asked for) and logs it if refused.
+    fn meter_op(&self, op: &pb::BatchOp, refused: Option<&Error>) {
+        let meters = &self.inner.meters;
+        let kind = crate::meter::Op::of(op);
+        meters.op(kind, refused.map_or(tonic::Code::Ok, Error::code));
+        let Some(e) = refused else { return };
+        if let (Some(pb::batch_op::Op::Acquire(a)), Error::Conflict(_)) = (&op.op, e) {
+            meters.conflict(a.mode);
+        }
+        refusal::log(kind.name(), &Subject::of_op(op), e);
     }
 
     /// Signs the grant's witness. The clock was checked before the grant;
@@ -537,19 +550,6 @@ fn op_error(e: Error) -> pb::OpError {
     }
 }
 
-/// What a Watch call answers: its events, ending with a status.
-pub(crate) type WatchStream =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static>>;
-
-fn watch_status(e: crate::watch::WatchError) -> Status {
-    use crate::watch::WatchError;
-    let code = match e {
-        WatchError::Overflow { .. } | WatchError::TooMany { .. } => tonic::Code::ResourceExhausted,
-        WatchError::TooOld { .. } | WatchError::Ahead { .. } => tonic::Code::OutOfRange,
-    };
-    Status::new(code, e.to_string())
-}
-
 fn watch_event_pb(e: crate::watch::Event) -> pb::WatchEvent {
     use crate::watch::EventKind;
     let kind = match e.event.kind {
@@ -592,80 +592,71 @@ fn metadata_pb(m: &Metadata) -> pb::Metadata {
     }
 }
 
-/// The handlers of the lease service's RPCs. `crate::meter::Metered` is the
-/// gRPC service: it times and counts each call around these. They are
-/// inherent methods rather than the trait's so that a call is one boxed
-/// future (the trait's, in `Metered`), not two.
+/// The handlers of the lease service's RPCs, one per method, each given
+/// the request's message and its caller. `crate::grpc::GrpcService` is the
+/// gRPC service: it times and counts each call around these and makes
+/// their error a status. They are inherent methods rather than the trait's
+/// so that a call is one boxed future (the trait's), not two, and they
+/// answer with [`Error`] so that the metering sees the refusal itself.
 impl Service {
-    pub(crate) async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let grant = self.acquire_waiting(request.get_ref(), &caller(&request)).await?;
-        Ok(Response::new(pb::AcquireResponse { grant: Some(grant) }))
+    pub(crate) async fn acquire(
+        &self,
+        req: &pb::AcquireRequest,
+        caller: &Caller,
+    ) -> Result<pb::AcquireResponse, Error> {
+        let grant = self.acquire_waiting(req, caller).await?;
+        Ok(pb::AcquireResponse { grant: Some(grant) })
     }
 
-    pub(crate) async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Reply<pb::UpgradeResponse> {
-        let grant = self.upgrade_op(request.get_ref(), &caller(&request))?;
-        Ok(Response::new(pb::UpgradeResponse {
+    pub(crate) async fn upgrade(
+        &self,
+        req: &pb::UpgradeRequest,
+        caller: &Caller,
+    ) -> Result<pb::UpgradeResponse, Error> {
+        let grant = self.upgrade_op(req, caller)?;
+        Ok(pb::UpgradeResponse {
             grant: Some(self.grant_pb(&grant, pb::WitnessKind::Upgrade).await?),
-        }))
+        })
     }
 
-    pub(crate) async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
-        self.inner
-            .cover(Micros::from_micros(request.get_ref().deadline_us))
-            .await?;
-        let grant = self.renew_op(request.get_ref(), &caller(&request))?;
+    pub(crate) async fn renew(
+        &self,
+        req: &pb::RenewRequest,
+        caller: &Caller,
+    ) -> Result<pb::RenewResponse, Error> {
+        self.inner.cover(Micros::from_micros(req.deadline_us)).await?;
+        let grant = self.renew_op(req, caller)?;
         let time = self.inner.time.signed()?;
         let witness = self
             .inner
             .witness
             .sign_queued(&grant, pb::WitnessKind::Renew, self.now(), &time)
             .await;
-        Ok(Response::new(pb::RenewResponse {
+        Ok(pb::RenewResponse {
             deadline_us: grant.deadline.as_micros(),
             witness: Some(witness),
-        }))
+        })
     }
 
-    pub(crate) async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
-        Ok(Response::new(
-            self.release_op(request.get_ref(), &caller(&request))?,
-        ))
-    }
-
-    pub(crate) async fn batch(&self, request: Request<pb::BatchRequest>) -> Reply<pb::BatchResponse> {
-        self.inner
-            .cover(batch_deadline(&request.get_ref().ops, self.now()))
-            .await?;
-        let results = self.batch_ops(&request.get_ref().ops, &caller(&request))?;
-        Ok(Response::new(pb::BatchResponse { results }))
-    }
-
-    pub(crate) async fn session(
+    pub(crate) fn release(
         &self,
-        request: Request<tonic::Streaming<pb::BatchRequest>>,
-    ) -> Reply<crate::session::Answers> {
-        let limits = &self.inner.cfg.limits;
-        let slot = crate::session::SessionSlot::take(&self.inner.sessions, limits.max_sessions)?;
-        let outbox = crate::session::Outbox::new(
-            limits.session_buffer_bytes,
-            limits.session_stall_timeout,
-            Arc::clone(&self.inner.sessions_dropped),
-        );
-        let caller = caller(&request);
-        tokio::spawn(crate::session::run(
-            self.clone(),
-            request.into_inner(),
-            Arc::clone(&outbox),
-            caller,
-        ));
-        Ok(Response::new(crate::session::Answers::new(outbox, slot)))
+        req: &pb::ReleaseRequest,
+        caller: &Caller,
+    ) -> Result<pb::ReleaseResponse, Error> {
+        self.release_op(req, caller)
     }
 
-    pub(crate) async fn describe(
+    pub(crate) async fn batch(
         &self,
-        request: Request<pb::DescribeRequest>,
-    ) -> Reply<pb::DescribeResponse> {
-        let req = request.get_ref();
+        req: &pb::BatchRequest,
+        caller: &Caller,
+    ) -> Result<pb::BatchResponse, Error> {
+        self.inner.cover(batch_deadline(&req.ops, self.now())).await?;
+        let results = self.batch_ops(&req.ops, caller)?;
+        Ok(pb::BatchResponse { results })
+    }
+
+    pub(crate) fn describe(&self, req: &pb::DescribeRequest) -> Result<pb::DescribeResponse, Error> {
         let names = validate::names("names", &req.names, &self.inner.cfg.limits)?;
         let views = self.inner.table.describe(&names, self.now());
         let names = views
@@ -686,11 +677,11 @@ impl Service {
                 waiters: v.waiters as u32,
             })
             .collect();
-        Ok(Response::new(pb::DescribeResponse { names }))
+        Ok(pb::DescribeResponse { names })
     }
 
-    pub(crate) async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
-        let name = validate::name(&request.get_ref().name, &self.inner.cfg.limits)?;
+    pub(crate) fn history(&self, req: &pb::HistoryRequest) -> Result<pb::HistoryResponse, Error> {
+        let name = validate::name(&req.name, &self.inner.cfg.limits)?;
         let (entries, truncated) = self.inner.table.history(&name);
         let entries = entries
             .into_iter()
@@ -703,19 +694,17 @@ impl Service {
                 metadata: e.metadata.as_ref().map(metadata_pb),
             })
             .collect();
-        Ok(Response::new(pb::HistoryResponse { entries, truncated }))
+        Ok(pb::HistoryResponse { entries, truncated })
     }
 
-    pub(crate) async fn server_info(
-        &self,
-        _request: Request<pb::ServerInfoRequest>,
-    ) -> Reply<pb::ServerInfoResponse> {
+    /// Never refused: what this server is, its limits and its load.
+    pub(crate) fn server_info(&self) -> pb::ServerInfoResponse {
         let inner = &*self.inner;
         let cfg = &inner.cfg;
         let tcfg = inner.table.config();
         let now = self.now();
         let signer = &inner.witness.signer;
-        Ok(Response::new(pb::ServerInfoResponse {
+        pb::ServerInfoResponse {
             server_id: cfg.server_id.clone(),
             epoch_us: inner.witness.epoch.as_micros(),
             keys: vec![pb::PublicKey {
@@ -753,62 +742,57 @@ impl Service {
                 sessions_dropped: inner.sessions_dropped.load(std::sync::atomic::Ordering::Relaxed),
                 watchers: inner.table.watch_hub().watchers() as u64,
             }),
-        }))
+        }
     }
 
-    pub(crate) async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
-        let req = request.get_ref();
+    pub(crate) fn list(&self, req: &pb::ListRequest) -> Result<pb::ListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
         let after = validate::prefix("page_token", &req.page_token, limits)?;
-        let page = self.inner.list_page(&prefix, &after, req.page_size as usize);
-        Ok(Response::new(page))
+        Ok(self.inner.list_page(&prefix, &after, req.page_size as usize))
     }
 
-    pub(crate) async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<WatchStream> {
-        let req = request.get_ref();
+    /// The watch's events, ending with the error that ends it (a watcher
+    /// that fell behind, or the server shutting down).
+    pub(crate) fn watch(
+        &self,
+        req: &pb::WatchRequest,
+    ) -> Result<impl Stream<Item = Result<pb::WatchEvent, Error>> + Send + 'static, Error> {
         let limits = &self.inner.cfg.limits;
         let filter = if req.names.is_empty() {
             crate::watch::Filter::Prefix(validate::prefix("prefix", &req.prefix, limits)?)
         } else {
             if !req.prefix.is_empty() {
-                return Err(Error::invalid("prefix", "give names or a prefix, not both").into());
+                return Err(Error::invalid("prefix", "give names or a prefix, not both"));
             }
             let names = validate::names("names", &req.names, limits)?;
             crate::watch::Filter::Names(names.into_iter().collect())
         };
         let from = (req.from_revision != 0).then_some(req.from_revision);
-        let sub = self
-            .inner
-            .table
-            .watch(filter, from, self.now())
-            .map_err(watch_status)?;
+        let sub = self.inner.table.watch(filter, from, self.now())?;
         let stopping = self.inner.stopping.clone();
         let stream = futures::stream::unfold(Some((sub, stopping)), |state| async move {
             let (mut sub, stopping) = state?;
             let next = tokio::select! {
                 next = sub.next() => next,
                 () = stopping.cancelled() => {
-                    return Some((Err(Status::from(Error::ShuttingDown)), None));
+                    return Some((Err(Error::ShuttingDown), None));
                 }
             };
             match next? {
                 Ok(e) => Some((Ok(watch_event_pb(e)), Some((sub, stopping)))),
-                Err(e) => Some((Err(watch_status(e)), None)),
+                Err(e) => Some((Err(Error::Watch(e)), None)),
             }
         });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(stream)
     }
 
-    pub(crate) async fn signed_now(
-        &self,
-        _request: Request<pb::SignedNowRequest>,
-    ) -> Reply<pb::SignedNowResponse> {
+    pub(crate) fn signed_now(&self) -> Result<pb::SignedNowResponse, Error> {
         let reading = self.inner.time.signed()?;
-        Ok(Response::new(pb::SignedNowResponse {
+        Ok(pb::SignedNowResponse {
             signed_time: Some(reading.signed.clone()),
             time_us: reading.time.as_micros(),
             radius_us: reading.radius_us,
-        }))
+        })
     }
 }

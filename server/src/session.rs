@@ -23,15 +23,35 @@ use tonic::{Status, Streaming};
 
 use crate::error::Error;
 use crate::service::Service;
+use crate::transport::Caller;
+
+/// Opens a session on `requests`: takes one of the server's
+/// `--max-sessions` and runs the session in a task of its own, whose
+/// answers come out of the returned stream.
+pub(crate) fn open(
+    service: &Service,
+    requests: Streaming<pb::BatchRequest>,
+    caller: Caller,
+) -> Result<Answers, Error> {
+    let limits = &service.inner.cfg.limits;
+    let slot = SessionSlot::take(&service.inner.sessions, limits.max_sessions)?;
+    let outbox = Outbox::new(
+        limits.session_buffer_bytes,
+        limits.session_stall_timeout,
+        Arc::clone(&service.inner.sessions_dropped),
+    );
+    tokio::spawn(run(service.clone(), requests, Arc::clone(&outbox), caller));
+    Ok(Answers::new(outbox, slot))
+}
 
 /// Runs one session until the client closes its side, the stream fails, a
 /// request is refused as a whole, the client stops reading, or the server
 /// stops.
-pub(crate) async fn run(
+async fn run(
     service: Service,
     mut requests: Streaming<pb::BatchRequest>,
     answers: Arc<Outbox>,
-    caller: crate::transport::Caller,
+    caller: Caller,
 ) {
     let inner = Arc::clone(&service.inner);
     let stopping = inner.stopping.clone();
@@ -50,7 +70,7 @@ async fn serve(
     service: &Service,
     requests: &mut Streaming<pb::BatchRequest>,
     answers: &Outbox,
-    caller: &crate::transport::Caller,
+    caller: &Caller,
 ) {
     let max_ops = service.inner.cfg.limits.max_batch_ops;
     // A request read ahead that did not fit in the previous group.
@@ -141,11 +161,7 @@ struct Out {
 pub(crate) struct Gone;
 
 impl Outbox {
-    pub(crate) fn new(
-        budget: usize,
-        stall: Duration,
-        dropped: Arc<std::sync::atomic::AtomicU64>,
-    ) -> Arc<Self> {
+    fn new(budget: usize, stall: Duration, dropped: Arc<std::sync::atomic::AtomicU64>) -> Arc<Self> {
         Arc::new(Outbox {
             state: Mutex::new(Out::default()),
             space: Notify::new(),
@@ -245,7 +261,7 @@ pub struct Answers {
 }
 
 impl Answers {
-    pub(crate) fn new(outbox: Arc<Outbox>, slot: SessionSlot) -> Self {
+    fn new(outbox: Arc<Outbox>, slot: SessionSlot) -> Self {
         Answers { outbox, _slot: slot }
     }
 }
@@ -292,7 +308,7 @@ pub struct SessionSlot {
 
 impl SessionSlot {
     /// Takes a slot, or says the server has `max` sessions already.
-    pub(crate) fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Result<Self, Error> {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Result<Self, Error> {
         use std::sync::atomic::Ordering;
         if count.fetch_add(1, Ordering::AcqRel) >= max {
             count.fetch_sub(1, Ordering::AcqRel);
