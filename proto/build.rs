@@ -20,22 +20,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("bagel_descriptor.bin"), fds.encode_to_vec())?;
-    // Messages and client stubs, with tonic-prost's codec.
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(false)
-        .compile_fds(fds.clone())?;
-    // Server stubs only (the messages are the ones above), with our codec:
-    // an undecodable request is the caller's fault (INVALID_ARGUMENT), not
-    // the server's (tonic-prost says INTERNAL).
-    let server_dir = out_dir.join("server");
-    std::fs::create_dir_all(&server_dir)?;
-    tonic_prost_build::configure()
-        .build_client(false)
-        .build_server(true)
-        .extern_path(".bagel.v1", "crate::pb")
-        .codec_path("crate::codec::RequestCodec")
-        .out_dir(&server_dir)
-        .compile_fds(fds)?;
+    // The messages alone (prost), for every side: a crate that only stores
+    // or checks witnesses (the S3 lease backend, the bag engine) needs no
+    // gRPC.
+    prost_build::Config::new().compile_fds(fds.clone())?;
+    #[cfg(feature = "grpc")]
+    stubs(&fds, &out_dir)?;
+    Ok(())
+}
+
+/// The lease service's stubs (feature `grpc`), over the messages above:
+/// client stubs with tonic-prost's codec; server stubs with ours, because
+/// an undecodable request is the caller's fault (INVALID_ARGUMENT), not
+/// the server's (tonic-prost says INTERNAL).
+#[cfg(feature = "grpc")]
+fn stubs(
+    fds: &prost_types::FileDescriptorSet,
+    out_dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for client in [true, false] {
+        let dir = out_dir.join(if client { "client" } else { "server" });
+        std::fs::create_dir_all(&dir)?;
+        let config = tonic_prost_build::configure()
+            .build_client(client)
+            .build_server(!client)
+            .extern_path(".bagel.v1", "crate::pb")
+            .out_dir(&dir);
+        let config = if client {
+            config
+        } else {
+            config.codec_path("crate::codec::RequestCodec")
+        };
+        config.compile_fds(fds.clone())?;
+    }
     Ok(())
 }

@@ -37,13 +37,7 @@ pub fn conflict_details(
     conflict: &pb::LeaseConflict,
     retry_after: Duration,
 ) -> Vec<u8> {
-    let retry = RetryInfo {
-        retry_delay: Some(prost_types::Duration {
-            seconds: i64::try_from(retry_after.as_secs()).unwrap_or(i64::MAX),
-            // Below 10^9, so it fits.
-            nanos: retry_after.subsec_nanos() as i32,
-        }),
-    };
+    let retry = retry_info(retry_after);
     RpcStatus {
         code: code as i32,
         message: message.to_owned(),
@@ -59,6 +53,31 @@ pub fn conflict_details(
         ],
     }
     .encode_to_vec()
+}
+
+/// The encoded `google.rpc.Status` of a refusal that a retry after
+/// `retry_after` may not meet (a server still in its restart wait): `code`
+/// and `message` as the gRPC status has them, and a `RetryInfo`.
+pub fn retry_details(code: tonic::Code, message: &str, retry_after: Duration) -> Vec<u8> {
+    RpcStatus {
+        code: code as i32,
+        message: message.to_owned(),
+        details: vec![Any {
+            type_url: RETRY_INFO_TYPE_URL.to_owned(),
+            value: retry_info(retry_after).encode_to_vec(),
+        }],
+    }
+    .encode_to_vec()
+}
+
+fn retry_info(retry_after: Duration) -> RetryInfo {
+    RetryInfo {
+        retry_delay: Some(prost_types::Duration {
+            seconds: i64::try_from(retry_after.as_secs()).unwrap_or(i64::MAX),
+            // Below 10^9, so it fits.
+            nanos: retry_after.subsec_nanos() as i32,
+        }),
+    }
 }
 
 /// The conflict in a status's details: the `google.rpc.Status` form, or

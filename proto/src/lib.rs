@@ -1,12 +1,13 @@
 //! Wire types and the few pieces every side of bagel shares.
 //!
 //! # Layout
-//! * [`pb`]: the protobuf/gRPC types generated from `proto/bagel/v1/*.proto`
-//!   (lease service, witnesses, signed times, bag records).
+//! * [`pb`]: the protobuf types generated from `proto/bagel/v1/*.proto`
+//!   (lease service, witnesses, signed times, bag records); with the
+//!   `grpc` feature, the lease service's client and server stubs too.
 //! * [`Micros`]: the one time type (Unix microseconds, UTC).
 //! * [`clock`]: injectable clocks (system, manual, offset).
-//! * [`codec`]: the server stubs' codec (undecodable requests are
-//!   INVALID_ARGUMENT).
+//! * `codec` (feature `grpc`): the server stubs' codec (undecodable
+//!   requests are INVALID_ARGUMENT).
 //! * [`keys`]: ed25519 signers, key ids and key rings.
 //! * [`merkle`]: Merkle trees that let one signature cover a batch of
 //!   witnesses.
@@ -19,7 +20,7 @@
 //! * [`rights`]: what a bag writer needs from the leases it writes under,
 //!   and the ledger of what it wrote (the one interface between the lease
 //!   client and the bag engine).
-//! * [`details`]: a refused acquire's status details (`google.rpc.Status`
+//! * `details` (feature `grpc`): a refused acquire's status details (`google.rpc.Status`
 //!   with the conflict and a `RetryInfo`), for the server and every client.
 //! * [`exposition`]: `/metrics` in the format a scraper asks for (classic
 //!   Prometheus text or OpenMetrics), for both side ports.
@@ -29,7 +30,9 @@
 
 pub mod authority;
 pub mod clock;
+#[cfg(feature = "grpc")]
 pub mod codec;
+#[cfg(feature = "grpc")]
 pub mod details;
 pub mod exposition;
 pub mod hex;
@@ -55,11 +58,14 @@ pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_sign
 /// Generated protobuf and gRPC code for package `bagel.v1`.
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
 pub mod pb {
-    tonic::include_proto!("bagel.v1");
+    include!(concat!(env!("OUT_DIR"), "/bagel.v1.rs"));
+    #[cfg(feature = "grpc")]
+    include!(concat!(env!("OUT_DIR"), "/client/bagel.v1.rs"));
+    #[cfg(feature = "grpc")]
     include!(concat!(env!("OUT_DIR"), "/server/bagel.v1.rs"));
 
     /// The encoded file descriptor set, for gRPC server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bagel_descriptor");
+    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bagel_descriptor.bin"));
 }
 
 /// Cases per property in the fuzz tests: a few hundred in the suite,

@@ -70,7 +70,13 @@ pub enum Error {
         "not ready: this server started at {started} and refuses grants until {ready_at}, \
          to wait out any lease a previous incarnation may have granted (max TTL + clock tolerance)"
     )]
-    NotReady { started: Micros, ready_at: Micros },
+    NotReady {
+        started: Micros,
+        ready_at: Micros,
+        /// Server time of the refusal: the retry delay it sends is
+        /// `ready_at - seen`.
+        seen: Micros,
+    },
     #[error(
         "name {:?} is held by lease {} (owner {:?}, {}) until {}; retry after that",
         .0.name, .0.holder, .0.owner, mode_word(.0.mode), .0.deadline
@@ -292,6 +298,16 @@ impl From<Error> for Status {
                     c.retry_after(),
                 );
                 Status::with_details(Code::Aborted, message, details.into())
+            }
+            // How long until the restart wait ends, as a RetryInfo, so a
+            // client can say (and wait) until when.
+            Error::NotReady { ready_at, seen, .. } => {
+                let details = bagel_proto::details::retry_details(
+                    Code::Unavailable,
+                    &message,
+                    ready_at.duration_since(*seen),
+                );
+                Status::with_details(Code::Unavailable, message, details.into())
             }
             _ => Status::new(e.code(), message),
         }

@@ -9,11 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bagel_cli::{LeaseBackendOptions, open_lease_backend};
 use bagel_client::{AcquireBuilder, History, LeaseBackend, NameState, TimeOptions, TimeSource};
 use bagel_proto::KeyRing;
-use bagel_s3_lease::{
-    LeaseBackendOptions, LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig, open_lease_backend,
-};
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 use object_store::ObjectStore;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 

@@ -23,9 +23,16 @@ async fn a_fresh_server_waits_out_the_max_ttl_before_granting() {
         .send()
         .await
         .unwrap_err();
-    let Error::Unavailable { message } = &err else {
+    let Error::Unavailable { message, retry_after } = &err else {
         panic!("expected UNAVAILABLE, got {err:?}")
     };
+    // Until when: the restart wait left (the server's RetryInfo), no more
+    // than the whole wait.
+    let retry_after = retry_after.expect("a refusal in the restart wait says how long it has left");
+    assert!(
+        !retry_after.is_zero() && retry_after <= Duration::from_millis(1_700),
+        "{retry_after:?}"
+    );
     assert!(message.contains("refuses grants until"), "{message}");
     assert!(
         message.contains(&Micros::from_micros(info.ready_at.as_micros()).to_string()),

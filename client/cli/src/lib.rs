@@ -3,3 +3,6 @@
 //! CLI does. The commands themselves live in `src/bin/bagel/`.
 
 pub mod contract;
+pub mod open_backend;
+
+pub use open_backend::{LeaseBackendOptions, S3Options, open_lease_backend};

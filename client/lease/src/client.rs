@@ -14,6 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
 use crate::error::{Error, Result};
+use crate::grpc_error::{from_status, status_message};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
 use crate::types::{
@@ -107,9 +108,9 @@ impl Client {
         check_server_url(&url).map_err(|message| Error::Config {
             message: format!("server URL {message}"),
         })?;
-        let connect_error = |source| Error::Connect {
+        let connect_error = |source: tonic::transport::Error| Error::Connect {
             url: url.clone(),
-            source,
+            source: source.into(),
         };
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(connect_error)?
@@ -150,15 +151,25 @@ impl Client {
             clock: Arc::new(SystemClock),
             max_ttl: Duration::from_secs(10),
         };
-        let info = match client.server_info().await {
-            Ok(info) => info,
-            Err(e) => {
+        // The first call: a failure here is often the TLS setup's, which
+        // only the status (before it becomes the core's error) shows.
+        let answer = client
+            .call_status(
+                "ServerInfo",
+                Duration::ZERO,
+                client.rpc().server_info(pb::ServerInfoRequest {}),
+            )
+            .await;
+        let info = match answer {
+            Ok(info) => ServerInfo::from_pb(info).map_err(|reason| Error::Witness { reason })?,
+            Err(CallFailure::Timeout(e)) => return Err(e),
+            Err(CallFailure::Status(s)) => {
                 return Err(match &options.tls {
-                    Some(tls) if url_is_https => hint_client_certificate(e, tls.has_identity()),
+                    Some(tls) if url_is_https => hint_client_certificate(s, tls.has_identity()),
                     _ if !url_is_https => {
-                        hint_tls_server(e, &client.remote.url, options.connect_timeout).await
+                        hint_tls_server(s, &client.remote.url, options.connect_timeout).await
                     }
-                    _ => e,
+                    _ => from_status(s),
                 });
             }
         };
@@ -227,17 +238,35 @@ impl Client {
         extra: Duration,
         rpc: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T> {
+        self.call_status(call, extra, rpc).await.map_err(|f| match f {
+            CallFailure::Status(s) => from_status(s),
+            CallFailure::Timeout(e) => e,
+        })
+    }
+
+    /// [`Self::call`], with a failing status kept as such.
+    async fn call_status<T>(
+        &self,
+        call: &'static str,
+        extra: Duration,
+        rpc: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> std::result::Result<T, CallFailure> {
         let Some(limit) = self.remote.call_timeout else {
-            return Ok(rpc.await?.into_inner());
+            return rpc
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(CallFailure::Status);
         };
         let after = limit.saturating_add(extra);
         match tokio::time::timeout(after, rpc).await {
-            Ok(answer) => Ok(answer?.into_inner()),
-            Err(_) => Err(Error::Timeout {
+            Ok(answer) => answer
+                .map(tonic::Response::into_inner)
+                .map_err(CallFailure::Status),
+            Err(_) => Err(CallFailure::Timeout(Error::Timeout {
                 url: self.remote.url.clone(),
                 call,
                 after,
-            }),
+            })),
         }
     }
 
@@ -401,11 +430,19 @@ fn check_pinned(url: &str, pinned: &KeyRing, info: &ServerInfo) -> Result<()> {
     })
 }
 
+/// How one unary call failed, before it becomes the core's [`Error`]: the
+/// status (the server's, or the transport's on this side), or no answer
+/// within the call timeout.
+enum CallFailure {
+    Status(tonic::Status),
+    Timeout(Error),
+}
+
 /// A server that refuses the client's certificate (none presented, one
 /// from another CA, an expired one) completes the TLS 1.3 handshake, then
 /// closes the connection with an alert that the HTTP/2 layer reports only
 /// as "connection closed" or "broken pipe": say what the likely reason is.
-fn hint_client_certificate(e: Error, presented: bool) -> Error {
+fn hint_client_certificate(s: tonic::Status, presented: bool) -> Error {
     let hint = if presented {
         "the server closed the connection after the TLS handshake, as a server requiring client \
          certificates (mutual TLS) does with one it does not trust (another CA, expired)"
@@ -413,16 +450,15 @@ fn hint_client_certificate(e: Error, presented: bool) -> Error {
         "the server closed the connection after the TLS handshake, as a server requiring client \
          certificates (mutual TLS) does when none is presented"
     };
-    match e {
-        Error::Rpc(s) if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown) => {
-            let message = crate::error::status_message(&s);
-            Error::Rpc(tonic::Status::new(s.code(), format!("{message}: {hint}")))
-        }
-        Error::Unavailable { message } => Error::Unavailable {
-            message: format!("{message}: {hint}"),
-        },
-        other => other,
+    let closed = matches!(
+        s.code(),
+        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable
+    );
+    if !closed {
+        return from_status(s);
     }
+    let message = format!("{}: {hint}", status_message(&s));
+    from_status(tonic::Status::new(s.code(), message))
 }
 
 /// A plaintext client of a TLS server only hears that the connection
@@ -431,19 +467,16 @@ fn hint_client_certificate(e: Error, presented: bool) -> Error {
 /// `http://` fails that way, ask the server once more, as a TLS client
 /// would be answered: a TLS alert record (type 21, version 3.x) to our
 /// plaintext says it speaks TLS, and the error says what to do.
-async fn hint_tls_server(e: Error, url: &str, timeout: Duration) -> Error {
-    let closed = match &e {
-        // The alert read as an HTTP/2 frame: `frame with invalid size`
-        // (INTERNAL); or the closed connection (CANCELLED, UNKNOWN).
-        Error::Rpc(s) => matches!(
-            s.code(),
-            tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Internal
-        ),
-        Error::Unavailable { .. } => true,
-        _ => false,
-    };
+async fn hint_tls_server(s: tonic::Status, url: &str, timeout: Duration) -> Error {
+    // The alert read as an HTTP/2 frame: `frame with invalid size`
+    // (INTERNAL); or the closed connection (CANCELLED, UNKNOWN,
+    // UNAVAILABLE).
+    let closed = matches!(
+        s.code(),
+        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
+    );
     if !closed || !speaks_tls(url, timeout).await {
-        return e;
+        return from_status(s);
     }
     Error::Config {
         message: format!("the server at {url} speaks TLS: use https:// and --ca (the CA to trust)"),
@@ -637,11 +670,11 @@ impl Watch {
                     if s.code() == tonic::Code::ResourceExhausted && s.message().contains("fell behind") =>
                 {
                     return Err(Error::WatchDropped {
-                        message: crate::error::status_message(&s),
+                        message: status_message(&s),
                         last_revision: self.last_revision,
                     });
                 }
-                Err(s) => return Err(s.into()),
+                Err(s) => return Err(from_status(s)),
             }
         }
     }

@@ -29,6 +29,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::backend::{AcquireSpec, LeaseBackend};
 use crate::client::{Client, acquire_request, release_request, renew_request, upgrade_request};
 use crate::error::{Error, Result};
+use crate::grpc_error::from_status;
 use crate::types::{Grant, LeaseRef, Metadata, ReleaseOptions, Renewal};
 use crate::verify::{self, Verified};
 
@@ -216,6 +217,7 @@ impl Coalescer {
     async fn call(&self, op: pb::batch_op::Op, renewing: Option<String>) -> Result<Outcome> {
         let stopped = || Error::Unavailable {
             message: "coalescer stopped".into(),
+            retry_after: None,
         };
         let (reply, rx) = oneshot::channel();
         let job = Job {
@@ -269,10 +271,10 @@ impl LeaseBackend for Coalescer {
     /// Acquires without waiting (batched acquires cannot wait).
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         if !spec.wait.is_zero() {
-            return Err(Error::Rejected {
-                code: tonic::Code::InvalidArgument,
-                message: "wait: batched acquires cannot wait; acquire without .via() to wait".into(),
-            });
+            return Err(Error::invalid(
+                "wait",
+                "batched acquires cannot wait; acquire without .via() to wait",
+            ));
         }
         match self
             .call(pb::batch_op::Op::Acquire(acquire_request(spec)), None)
@@ -329,7 +331,7 @@ fn unexpected(wanted: &str, got: &Outcome) -> Error {
 /// A failed operation of a batch, as the error the unary call gives.
 fn op_error(e: &pb::OpError) -> Error {
     let details = e.conflict.as_ref().map(|c| c.encode_to_vec()).unwrap_or_default();
-    Error::from(tonic::Status::with_details(
+    from_status(tonic::Status::with_details(
         tonic::Code::from_i32(e.code),
         e.message.clone(),
         details.into(),
@@ -433,11 +435,12 @@ fn fail(replies: Vec<Waiter>, e: &Error) {
         let _ = reply.send(Err(if e.is_retryable() {
             Error::Unavailable {
                 message: message.clone(),
+                retry_after: None,
             }
         } else {
-            Error::Rejected {
-                code: tonic::Code::Unknown,
+            Error::Other {
                 message: message.clone(),
+                retryable: false,
             }
         }));
     }
@@ -461,7 +464,7 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
                 learn_new_keys(&client, &results, &options).await;
                 answer(replies, results, &options, &client, &mut None);
             }
-            Err(status) => fail(replies, &Error::from(status)),
+            Err(status) => fail(replies, &from_status(status)),
         }
     }
 }
@@ -559,8 +562,9 @@ fn session_error(status: tonic::Status) -> Error {
     match status.code() {
         tonic::Code::Cancelled | tonic::Code::Unknown => Error::Unavailable {
             message: format!("session lost: {}", status.message()),
+            retry_after: None,
         },
-        _ => Error::from(status),
+        _ => from_status(status),
     }
 }
 
@@ -600,6 +604,7 @@ async fn read_answers(
                     Ok(None) => {
                         break Error::Unavailable {
                             message: "session ended by the server".into(),
+                            retry_after: None,
                         };
                     }
                     Err(status) => break session_error(status),

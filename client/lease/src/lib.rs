@@ -28,48 +28,42 @@
 //! `bagel-bags`) sees a lease only through [`bagel_proto::rights`].
 //!
 //! # Layout
-//! * [`backend`]: [`LeaseBackend`], where leases live: the operations a
-//!   lease handle needs, on a lease by id and token ([`LeaseRef`]).
-//! * [`acquire`]: [`AcquireBuilder`], the options of one acquire on any
-//!   backend.
+//! The lease core (crate `bagel-lease-core`, re-exported here under the
+//! same paths): [`backend`] ([`LeaseBackend`]), [`acquire`]
+//! ([`AcquireBuilder`]), [`lease`] ([`Lease`]), [`long_wait`],
+//! [`holder_key`], [`time_source`] ([`TimeSource`]: signed time for
+//! writers and the check that the local clock is right), [`types`] and
+//! [`error`] (transport-neutral). This
+//! crate is the gRPC side of it:
 //! * [`client`]: [`Client`], a connection to one lease server (a backend),
-//!   and what else the server answers (describe, history, server info).
+//!   and what else the server answers (describe, history, server info,
+//!   list, watch).
 //! * [`options`]: [`ClientOptions`], how to connect: [`TlsConfig`] for
 //!   `https://` servers (a CA, and a client certificate for mutual TLS),
 //!   bounds on connecting and on each call.
-//! * [`long_wait`]: waits of any length (or forever) for busy names, in
-//!   rounds of at most the backend's max wait, riding through restart
-//!   waits and reconnects.
-//! * [`holder_key`]: the key a lease's witnesses name and its batches are
-//!   signed with, shared by the leases of one second unless asked otherwise.
-//! * [`lease`]: [`Lease`], a held lease with background renewal, loss
-//!   notification, and the rights a writer writes under.
 //! * [`cluster`]: [`Cluster`], leases over several servers: names routed by
-//!   rendezvous hashing over the configured members, multi-server grants taken tentatively in member-id
-//!   order then upgraded, migration from one server list to another.
+//!   rendezvous hashing over the configured members, multi-server grants
+//!   taken tentatively in member-id order then upgraded, migration from
+//!   one server list to another.
 //! * [`coalesce`]: [`Coalescer`], batching of many tasks' operations over
 //!   `Batch` calls or `Session` streams (a backend too).
 //! * `verify`: the one place a grant's or renewal's witness is checked.
-//! * [`types`]: the domain types of the API (no protobuf type crosses it).
-//! * [`time_source`]: [`TimeSource`], signed time for writers (Roughtime, or
-//!   the lease server's) and the check that the local clock is right.
-//! * [`error`]: the one error type; every variant says if a retry helps.
+//! * `grpc_error`: the edge where a gRPC status becomes the core's
+//!   [`Error`] (the only place a gRPC code is read).
+//! * `server_time`: the lease server as a time authority for a
+//!   [`TimeSource`] (its `SignedNow`), for writers without Roughtime.
 
-pub mod acquire;
-pub mod backend;
 pub mod client;
 pub mod cluster;
 pub mod coalesce;
-pub mod error;
-pub mod holder_key;
-pub mod lease;
-pub mod long_wait;
+mod grpc_error;
 pub mod options;
 mod server_keys;
-pub mod time_source;
-mod ttl_check;
-pub mod types;
+mod server_time;
 mod verify;
+
+// The lease core, under the paths this crate always had them.
+pub use bagel_lease_core::{acquire, backend, error, holder_key, lease, long_wait, time_source, types};
 
 pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
@@ -77,10 +71,10 @@ pub use bagel_proto::Micros;
 pub use client::{Client, Watch};
 pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, NotHeldReason, Result};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use options::{ClientOptions, TlsConfig};
-pub use time_source::{TimeOptions, TimeSource};
+pub use time_source::{TimeAuthority, TimeOptions, TimeSource};
 pub use types::{
     ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, Inherited,
     LeaseRef, ListPage, ListedName, Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal,

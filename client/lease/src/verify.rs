@@ -73,7 +73,7 @@ pub(crate) fn grant(mut g: pb::LeaseGrant, keys: Option<&KeyRing>, verified: &mu
         token: g.token,
         deadline: bagel_proto::Micros::from_micros(g.deadline_us),
         min_timestamp: bagel_proto::Micros::from_micros(g.min_timestamp_us),
-        witnesses: vec![Witness(witness)],
+        witnesses: vec![Witness::from(witness)],
         servers: Vec::new(),
     })
 }
@@ -96,6 +96,6 @@ pub(crate) fn renewal(
     Ok(Renewal {
         deadline: bagel_proto::Micros::from_micros(r.deadline_us),
         mode: b.mode().into(),
-        witnesses: vec![Witness(witness)],
+        witnesses: vec![Witness::from(witness)],
     })
 }

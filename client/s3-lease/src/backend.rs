@@ -20,15 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_client::{
+use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Error, Grant, History, Holder, LeaseBackend, LeaseRef, Metadata,
-    Micros, Mode, NameGrant, NameState, ReleaseOptions, Renewal, Result, StoreInfo,
+    Micros, Mode, NameGrant, NameState, NotHeldReason, ReleaseOptions, Renewal, Result, StoreInfo,
 };
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, Signer, TimeProofKind, pb};
 use dashmap::DashMap;
 use rand::{Rng as _, RngCore as _};
-use tonic::Code;
 
 use crate::config::S3LeaseConfig;
 use crate::object::{FORMAT_VERSION, HolderRecord, LeaseObject, PreviousRecord, signed_time_b64, token_hash};
@@ -53,7 +52,7 @@ struct Cached {
     object: LeaseObject,
 }
 
-/// Leases on an S3 prefix, behind the same [`bagel_client::Lease`] handle
+/// Leases on an S3 prefix, behind the same [`bagel_lease_core::Lease`] handle
 /// as a bagel server's. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct S3LeaseBackend {
@@ -167,6 +166,7 @@ impl S3LeaseBackend {
                 self.store.object_url(name)
             ),
             retryable: false,
+            source: None,
         }
     }
 
@@ -174,14 +174,13 @@ impl S3LeaseBackend {
     /// name.
     fn names_of(&self, lease: &LeaseRef) -> Result<Vec<String>> {
         if lease.names.is_empty() {
-            return Err(Error::Rejected {
-                code: Code::InvalidArgument,
-                message: format!(
-                    "names: the S3 lease store finds lease {} by its names; give them (the lease file has \
-                     them)",
+            return Err(Error::invalid(
+                "names",
+                format!(
+                    "the S3 lease store finds lease {} by its names; give them (the lease file has them)",
                     lease.id
                 ),
-            });
+            ));
         }
         validate::names(&lease.names, &self.cfg)
     }
@@ -223,10 +222,10 @@ impl S3LeaseBackend {
         match self.store.get(name).await? {
             Some((obj, Some(etag))) => Ok((obj, etag, false)),
             Some((_, None)) => Err(self.no_etag(name)),
-            None => Err(Error::NotHeld {
-                code: Code::NotFound,
-                message: format!("lease_id: unknown lease {lease_id}: name {name:?} has no lease object"),
-            }),
+            None => Err(Error::not_held(
+                NotHeldReason::Unknown,
+                format!("lease_id: unknown lease {lease_id}: name {name:?} has no lease object"),
+            )),
         }
     }
 
@@ -237,6 +236,7 @@ impl S3LeaseBackend {
                 "the store gave no ETag for the lease object of {name:?}: conditional writes impossible"
             ),
             retryable: false,
+            source: None,
         }
     }
 
@@ -304,6 +304,7 @@ impl S3LeaseBackend {
             location: self.store.location().to_owned(),
             message: format!("the lease object of {name:?} changed under each of {MAX_RACES} attempts"),
             retryable: true,
+            source: None,
         })
     }
 
@@ -382,16 +383,16 @@ impl S3LeaseBackend {
         }
         let granted_at = Rules::grant_time(reads.iter().map(|r| r.as_ref().map(|(o, _)| o)), now);
         if spec.deadline <= granted_at.saturating_add(self.cfg.min_ttl) {
-            return Err(Attempt::Failed(Error::Rejected {
-                code: Code::OutOfRange,
-                message: format!(
-                    "deadline_us: {} is not after the grant time {} plus min_ttl {:?}: an earlier grant of one \
+            return Err(Attempt::Failed(Error::out_of_range(
+                "deadline_us",
+                format!(
+                    "{} is not after the grant time {} plus min_ttl {:?}: an earlier grant of one \
                      of the names was made by a clock ahead of this one",
                     spec.deadline.as_micros(),
                     granted_at.as_micros(),
                     self.cfg.min_ttl
                 ),
-            }));
+            )));
         }
         let lease_id = format!(
             "{:016x}{:016x}",
@@ -610,7 +611,7 @@ impl S3LeaseBackend {
         lease_id: &str,
         objs: &[LeaseObject],
         stamp: &Stamp,
-    ) -> (Micros, Mode, Micros, Vec<NameGrant>, bagel_client::Witness) {
+    ) -> (Micros, Mode, Micros, Vec<NameGrant>, bagel_lease_core::Witness) {
         let holders: Vec<&HolderRecord> = objs.iter().map(|o| o.holder.as_ref().expect("held")).collect();
         // Every name of a lease carries one deadline and mode, except after
         // a renewal that failed half-way: then the lease is what all its
@@ -879,15 +880,15 @@ impl LeaseBackend for S3LeaseBackend {
                 .saturating_add(tolerance)
                 .saturating_add(allowance);
             if watermark.as_micros() > limit {
-                return Err(Error::Rejected {
-                    code: Code::OutOfRange,
-                    message: format!(
-                        "watermark_us: {} is ahead of {what} ({}) by more than the tolerance of {tolerance} us \
+                return Err(Error::out_of_range(
+                    "watermark_us",
+                    format!(
+                        "{} is ahead of {what} ({}) by more than the tolerance of {tolerance} us \
                          (+{allowance} us allowance)",
                         watermark.as_micros(),
                         reference.as_micros()
                     ),
-                });
+                ));
             }
         }
         let spec = ReleaseSpec {

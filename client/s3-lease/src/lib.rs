@@ -1,9 +1,9 @@
-//! bagel leases with no server at all: the same [`bagel_client::Lease`]
+//! bagel leases with no server at all: the same [`bagel_lease_core::Lease`]
 //! handle (renewal, `lost()`, `is_valid()`, `rights()` for the bag writer,
 //! release with a watermark) over S3 conditional writes.
 //!
 //! ```no_run
-//! # async fn demo(time: bagel_client::TimeSource) -> Result<(), bagel_client::Error> {
+//! # async fn demo(time: bagel_lease_core::TimeSource) -> Result<(), bagel_lease_core::Error> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
@@ -13,7 +13,7 @@
 //! // Probes the store (refused if it ignores conditional writes) and
 //! // publishes this client's witness key under the prefix.
 //! let backend = S3LeaseBackend::open(store, bagel_proto::Signer::generate(), LeaseTime::Signed(time), cfg).await?;
-//! let lease = bagel_client::AcquireBuilder::new(Arc::new(backend), ["tenant-7"])
+//! let lease = bagel_lease_core::AcquireBuilder::new(Arc::new(backend), ["tenant-7"])
 //!     .ttl(Duration::from_secs(10))
 //!     .send()
 //!     .await?;
@@ -36,7 +36,7 @@
 //! size-capped and checked against the lease rules before it counts.
 //!
 //! # Layout
-//! * [`backend`]: [`S3LeaseBackend`], the [`bagel_client::LeaseBackend`]
+//! * [`backend`]: [`S3LeaseBackend`], the [`bagel_lease_core::LeaseBackend`]
 //!   (reads, decisions, conditional writes, the per-name ETag cache,
 //!   polling waits), plus `describe` and `history` for operators.
 //! * `rules`: every lease rule as a pure function of (object, request,
@@ -44,8 +44,6 @@
 //! * `plausible`: whether an object read is one an honest client could
 //!   have written (times, watermarks, bounds), naming the field if not.
 //! * [`object`]: the JSON lease object kept per name.
-//! * [`open`]: [`open_lease_backend`], any lease backend (servers or S3)
-//!   from its URL: here, as the one crate that sees them all.
 //! * [`store`]: [`LeaseStore`], the layout of a prefix, bounded store calls,
 //!   the conditional-write probes, published keys.
 //! * [`time`]: [`LeaseTime`], whose clock counts and what vouches for it.
@@ -56,7 +54,6 @@
 pub mod backend;
 pub mod config;
 pub mod object;
-pub mod open;
 mod plausible;
 mod rules;
 pub mod store;
@@ -66,7 +63,6 @@ mod witness;
 
 pub use backend::S3LeaseBackend;
 pub use config::S3LeaseConfig;
-pub use open::{LeaseBackendOptions, S3Options, open_lease_backend};
 pub use store::LeaseStore;
 pub use time::{LeaseTime, SelfSignedClock};
 

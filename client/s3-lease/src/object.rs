@@ -18,7 +18,7 @@
 //! A `version` field comes first so a future format is refused, never
 //! misread.
 
-use bagel_client::{Ended, HistoryEntry, HistoryEvent, Metadata, Micros, Mode, Previous};
+use bagel_lease_core::{Ended, HistoryEntry, HistoryEvent, Metadata, Micros, Mode, Previous};
 use bagel_proto::pb;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;

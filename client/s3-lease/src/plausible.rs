@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use bagel_client::Micros;
+use bagel_lease_core::Micros;
 
 use crate::object::LeaseObject;
 

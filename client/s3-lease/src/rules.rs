@@ -16,8 +16,7 @@
 
 use std::time::Duration;
 
-use bagel_client::{Conflict, Error, Metadata, Micros, Mode};
-use tonic::Code;
+use bagel_lease_core::{Conflict, Error, Metadata, Micros, Mode, NotHeldReason};
 
 use crate::object::{
     EndedRecord, EventRecord, FORMAT_VERSION, HistoryRecord, HolderRecord, LeaseObject, ModeRecord,
@@ -59,8 +58,8 @@ pub struct ReleaseSpec {
     pub settled_through: Micros,
 }
 
-fn not_held(code: Code, message: String) -> Error {
-    Error::NotHeld { code, message }
+fn not_held(reason: NotHeldReason, message: String) -> Error {
+    Error::NotHeld { reason, message }
 }
 
 impl Rules {
@@ -188,14 +187,14 @@ impl Rules {
             Some(h) if h.lease_id == lease_id => {
                 if h.token_sha256 != token_hash {
                     return Err(not_held(
-                        Code::PermissionDenied,
+                        NotHeldReason::NotYours,
                         format!("token: does not match lease {lease_id}"),
                     ));
                 }
                 let deadline = Micros::from_micros(h.deadline_us);
                 if now >= deadline {
                     return Err(not_held(
-                        Code::FailedPrecondition,
+                        NotHeldReason::Ended,
                         format!(
                             "lease {lease_id} expired at {deadline}; it can no longer be renewed, upgraded or \
                              released"
@@ -215,14 +214,14 @@ impl Rules {
         if prev.lease_id.as_deref() == Some(lease_id) {
             return match prev.ended {
                 EndedRecord::Released => not_held(
-                    Code::NotFound,
+                    NotHeldReason::Unknown,
                     format!(
                         "lease_id: lease {lease_id} was released at {}",
                         Micros::from_micros(prev.ended_at_us)
                     ),
                 ),
                 _ => not_held(
-                    Code::FailedPrecondition,
+                    NotHeldReason::Ended,
                     format!(
                         "lease {lease_id} expired at {} and was broken on name {name:?}; it can no longer be \
                          renewed, upgraded or released",
@@ -233,14 +232,14 @@ impl Rules {
         }
         match holder {
             Some(h) => not_held(
-                Code::FailedPrecondition,
+                NotHeldReason::Ended,
                 format!(
                     "lease {lease_id} lost name {name:?}: lease {} (owner {:?}) holds it now",
                     h.lease_id, h.owner
                 ),
             ),
             None => not_held(
-                Code::NotFound,
+                NotHeldReason::Unknown,
                 format!(
                     "lease_id: unknown lease {lease_id} on name {name:?} (released, broken, or never granted)"
                 ),
@@ -327,22 +326,21 @@ impl Rules {
     ) -> Result<LeaseObject, Error> {
         let h = Self::held(obj, lease_id, token_hash, now)?;
         if spec.watermark.as_micros() >= h.deadline_us {
-            return Err(Error::Rejected {
-                code: Code::OutOfRange,
-                message: format!(
-                    "watermark_us: {} must be below the lease deadline {} ({})",
+            return Err(Error::out_of_range(
+                "watermark_us",
+                format!(
+                    "{} must be below the lease deadline {} ({})",
                     spec.watermark.as_micros(),
                     h.deadline_us,
                     Micros::from_micros(h.deadline_us)
                 ),
-            });
+            ));
         }
         if h.mode == ModeRecord::Tentative && spec.watermark != Micros::ZERO {
-            return Err(Error::Rejected {
-                code: Code::InvalidArgument,
-                message: "watermark_us: must be 0 when releasing a tentative lease: it had no right to write"
-                    .into(),
-            });
+            return Err(Error::invalid(
+                "watermark_us",
+                "must be 0 when releasing a tentative lease: it had no right to write",
+            ));
         }
         let mut next = obj.clone();
         let holder = next.holder.take().expect("held");
@@ -471,7 +469,7 @@ mod tests {
             )
             .unwrap_err();
         assert!(
-            matches!(&err, Error::NotHeld { code: Code::FailedPrecondition, message } if message.contains("expired")),
+            matches!(&err, Error::NotHeld { reason: NotHeldReason::Ended, message } if message.contains("expired")),
             "{err:?}"
         );
     }
@@ -501,7 +499,7 @@ mod tests {
         let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
         let err = release(&a, "a", T0 + 5 * SEC, T0 + SEC).unwrap_err();
         assert!(
-            matches!(&err, Error::Rejected { code: Code::OutOfRange, message } if message.starts_with("watermark_us")),
+            matches!(&err, Error::OutOfRange { field: Some(field), .. } if field == "watermark_us"),
             "{err:?}"
         );
         let t = grant(None, "t", Mode::Tentative, T0, T0 + 5 * SEC).unwrap();
@@ -509,10 +507,10 @@ mod tests {
         assert!(
             matches!(
                 &err,
-                Error::Rejected {
-                    code: Code::InvalidArgument,
+                Error::Invalid {
+                    field: Some(field),
                     ..
-                }
+                } if field == "watermark_us"
             ),
             "{err:?}"
         );
@@ -576,7 +574,7 @@ mod tests {
         assert!(matches!(
             err,
             Error::NotHeld {
-                code: Code::PermissionDenied,
+                reason: NotHeldReason::NotYours,
                 ..
             }
         ));
@@ -595,7 +593,7 @@ mod tests {
             matches!(
                 err,
                 Error::NotHeld {
-                    code: Code::FailedPrecondition,
+                    reason: NotHeldReason::Ended,
                     ..
                 }
             ),

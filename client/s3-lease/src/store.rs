@@ -9,7 +9,7 @@
 //! A name becomes one path segment, percent-encoded by `object_store`
 //! (`/`, `%`, `*`, `.` and `..` …), so any name the server accepts has its
 //! own object. Every call is bounded by the configured timeout and every
-//! failure becomes a [`bagel_client::Error::Store`] naming the operation
+//! failure becomes a [`bagel_lease_core::Error::Store`] naming the operation
 //! and the object, retryable or not.
 //!
 //! Whoever may write the prefix may leave anything there, so reads are
@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::Error;
+use bagel_lease_core::Error;
 use bagel_object::{S3Url, s3_from_env};
 use bagel_proto::{KeyRing, Signer};
 use futures::TryStreamExt as _;
@@ -121,9 +121,9 @@ impl LeaseStore {
     /// The store at `s3://bucket/prefix`, with the endpoint and
     /// credentials of the `AWS_*` environment (as the bag store reads them).
     pub fn from_url(url: &str, op_timeout: Duration) -> Result<Self, Error> {
-        let refuse = |reason: String| Error::Rejected {
-            code: tonic::Code::InvalidArgument,
-            message: format!("lease store URL {url:?}: {reason}"),
+        let refuse = |reason: String| Error::Invalid {
+            field: Some("lease store URL".to_owned()),
+            reason: format!("{url:?}: {reason}"),
         };
         if !url.starts_with("s3://") {
             return Err(refuse(
@@ -149,10 +149,11 @@ impl LeaseStore {
         base.join(dir).join(PathPart::from(leaf))
     }
 
-    fn err(&self, op: &str, path: &Path, e: &object_store::Error) -> Error {
+    /// The store's failure of `op` on `path`, its error kept as the source.
+    fn err(&self, op: &str, path: &Path, e: object_store::Error) -> Error {
         use object_store::Error as E;
         let retryable = !matches!(
-            e,
+            &e,
             E::PermissionDenied { .. }
                 | E::Unauthenticated { .. }
                 | E::NotImplemented { .. }
@@ -163,6 +164,7 @@ impl LeaseStore {
             location: self.location.clone(),
             message: format!("{op} {path}: {e}"),
             retryable,
+            source: Some(Box::new(e)),
         }
     }
 
@@ -179,6 +181,7 @@ impl LeaseStore {
                 location: self.location.clone(),
                 message: format!("{op} {path}: no answer within {:?}", self.op_timeout),
                 retryable: true,
+                source: None,
             })
     }
 
@@ -190,6 +193,7 @@ impl LeaseStore {
             location: self.location.clone(),
             message: format!("{path}: {size} bytes, over the limit of {max} bytes for this kind of object"),
             retryable: false,
+            source: None,
         };
         let read = async {
             let got = self.store.get_opts(path, GetOptions::default()).await?;
@@ -211,7 +215,7 @@ impl LeaseStore {
             Ok(Ok(r)) => Ok(Some(r)),
             Ok(Err(e)) => Err(e),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.err("get", path, &e)),
+            Err(e) => Err(self.err("get", path, e)),
         }
     }
 
@@ -225,6 +229,7 @@ impl LeaseStore {
             location: self.location.clone(),
             message: format!("{path}: {reason}"),
             retryable: false,
+            source: None,
         })?;
         if obj.name != name {
             return Err(Error::Store {
@@ -234,6 +239,7 @@ impl LeaseStore {
                     obj.name
                 ),
                 retryable: false,
+                source: None,
             });
         }
         Ok(Some((obj, etag)))
@@ -257,7 +263,7 @@ impl LeaseStore {
             Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => {
                 Ok(Put::Lost)
             }
-            Err(e) => Err(self.err("put", &path, &e)),
+            Err(e) => Err(self.err("put", &path, e)),
         }
     }
 
@@ -279,11 +285,13 @@ impl LeaseStore {
                     self.op_timeout * 4
                 ),
                 retryable: true,
+                source: None,
             })?
             .map_err(|e| Error::Store {
                 location: self.location.clone(),
                 retryable: !e.is_permanent(),
                 message: e.to_string(),
+                source: Some(Box::new(e)),
             })
     }
 
@@ -311,10 +319,11 @@ impl LeaseStore {
                         location: self.location.clone(),
                         message: format!("{path} holds another public key than {}", signer.key_id()),
                         retryable: false,
+                        source: None,
                     })
                 }
             }
-            Err(e) => Err(self.err("put", &path, &e)),
+            Err(e) => Err(self.err("put", &path, e)),
         }
     }
 
@@ -324,12 +333,14 @@ impl LeaseStore {
                 location: self.location.clone(),
                 message: format!("{path}: listed but gone when read"),
                 retryable: true,
+                source: None,
             });
         };
         let bad = |reason: String| Error::Store {
             location: self.location.clone(),
             message: format!("{path} is not a public key record: {reason}"),
             retryable: false,
+            source: None,
         };
         let record: KeyRecord = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         let raw: [u8; 32] = bagel_proto::hex::decode_array(&record.ed25519_hex).map_err(bad)?;
@@ -365,7 +376,7 @@ impl LeaseStore {
         let metas = self
             .bounded("list", &dir, list)
             .await?
-            .map_err(|e| self.err("list", &dir, &e))?;
+            .map_err(|e| self.err("list", &dir, e))?;
         let mut ring = KeyRing::new();
         let mut skipped = Vec::new();
         if metas.len() > MAX_KEY_RECORDS {

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::{Error, TimeSource};
+use bagel_lease_core::{Error, TimeSource};
 use bagel_proto::clock::Clock;
 use bagel_proto::signed_time::TimeReading;
 use bagel_proto::{Micros, SignedClock, SignedReading, Signer, pb, sign_local_time, verify_local_time};

@@ -5,42 +5,41 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bagel_client::{Error, Metadata, Micros};
+use bagel_lease_core::{Error, Metadata, Micros};
 use bagel_proto::names;
-use tonic::Code;
 
 use crate::config::S3LeaseConfig;
 
-fn invalid(message: String) -> Error {
-    Error::Rejected {
-        code: Code::InvalidArgument,
-        message,
-    }
+fn invalid(field: &str, reason: String) -> Error {
+    Error::invalid(field, reason)
 }
 
 /// Checks and sorts a lease's names (the fixed order every acquirer takes
 /// them in). Duplicates are refused rather than merged.
 pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> {
     if raw.is_empty() {
-        return Err(invalid("names: at least one name is required".into()));
+        return Err(invalid("names", "at least one name is required".into()));
     }
     if raw.len() > cfg.max_names_per_request {
-        return Err(invalid(format!(
-            "names: {} names exceed the limit of {} per request",
-            raw.len(),
-            cfg.max_names_per_request
-        )));
+        return Err(invalid(
+            "names",
+            format!(
+                "{} names exceed the limit of {} per request",
+                raw.len(),
+                cfg.max_names_per_request
+            ),
+        ));
     }
     let mut seen = HashSet::with_capacity(raw.len());
     for (i, name) in raw.iter().enumerate() {
         if let Some(why) = names::name_problem(name, cfg.max_name_bytes) {
-            return Err(invalid(format!("names: [{i}] {why}")));
+            return Err(invalid("names", format!("[{i}] {why}")));
         }
         if !seen.insert(name.as_str()) {
-            return Err(invalid(format!(
-                "names: [{i}] duplicate name {}",
-                names::echo(name)
-            )));
+            return Err(invalid(
+                "names",
+                format!("[{i}] duplicate name {}", names::echo(name)),
+            ));
         }
     }
     let mut sorted = raw.to_vec();
@@ -50,7 +49,7 @@ pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> 
 
 pub fn owner(raw: &str, cfg: &S3LeaseConfig) -> Result<(), Error> {
     match names::owner_problem(raw, cfg.max_owner_bytes) {
-        Some(why) => Err(invalid(format!("owner: {why}"))),
+        Some(why) => Err(invalid("owner", why)),
         None => Ok(()),
     }
 }
@@ -59,11 +58,14 @@ pub fn metadata(m: Option<&Metadata>, cfg: &S3LeaseConfig) -> Result<(), Error> 
     if let Some(Metadata::Data(d)) = m
         && d.len() > cfg.max_metadata_bytes
     {
-        return Err(invalid(format!(
-            "metadata.data: is {} bytes, over the limit of {} bytes",
-            d.len(),
-            cfg.max_metadata_bytes
-        )));
+        return Err(invalid(
+            "metadata.data",
+            format!(
+                "is {} bytes, over the limit of {} bytes",
+                d.len(),
+                cfg.max_metadata_bytes
+            ),
+        ));
     }
     Ok(())
 }
@@ -73,10 +75,10 @@ pub fn deadline(deadline: Micros, now: Micros, cfg: &S3LeaseConfig) -> Result<()
     let lo = now.saturating_add(cfg.min_ttl);
     let hi = now.saturating_add(cfg.max_ttl);
     if deadline <= lo || deadline > hi {
-        return Err(Error::Rejected {
-            code: Code::OutOfRange,
-            message: format!(
-                "deadline_us: {} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] (min_ttl \
+        return Err(Error::out_of_range(
+            "deadline_us",
+            format!(
+                "{} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] (min_ttl \
                  {:?}, max_ttl {:?}, now {now})",
                 deadline.as_micros(),
                 lo.as_micros(),
@@ -84,17 +86,17 @@ pub fn deadline(deadline: Micros, now: Micros, cfg: &S3LeaseConfig) -> Result<()
                 cfg.min_ttl,
                 cfg.max_ttl,
             ),
-        });
+        ));
     }
     Ok(())
 }
 
 pub fn wait(wait: Duration, cfg: &S3LeaseConfig) -> Result<(), Error> {
     if wait > cfg.max_wait {
-        return Err(Error::Rejected {
-            code: Code::OutOfRange,
-            message: format!("wait: {wait:?} is over the limit of {:?}", cfg.max_wait),
-        });
+        return Err(Error::out_of_range(
+            "wait_us",
+            format!("{wait:?} is over the limit of {:?}", cfg.max_wait),
+        ));
     }
     Ok(())
 }
@@ -152,7 +154,7 @@ mod tests {
         for bad in [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(61)] {
             let err = deadline(now.saturating_add(bad), now, &cfg).unwrap_err();
             assert!(
-                matches!(&err, Error::Rejected { code: Code::OutOfRange, message } if message.starts_with("deadline_us")),
+                err.field() == Some("deadline_us") && matches!(err, Error::OutOfRange { .. }),
                 "{err:?}"
             );
         }

@@ -10,7 +10,7 @@
 //! the epoch is 0 (a store has no incarnations). Published keys
 //! (`keys/` in the store) let readers and the audit verify the chain.
 
-use bagel_client::{Micros, Mode, Witness};
+use bagel_lease_core::{Micros, Mode, Witness};
 use bagel_proto::{Signer, pb, sign_witness};
 
 use crate::time::Stamp;

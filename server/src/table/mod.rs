@@ -191,6 +191,7 @@ impl LeaseTable {
             return Err(Error::NotReady {
                 started: self.cfg.started,
                 ready_at: self.cfg.ready_at,
+                seen: now,
             });
         }
         Ok(())

@@ -303,7 +303,8 @@ fn restart_quarantine_and_unknown_predecessor() {
         err,
         Error::NotReady {
             started: t(T0),
-            ready_at: t(T0 + 11 * SEC)
+            ready_at: t(T0 + 11 * SEC),
+            seen: t(T0 + 11 * SEC - 1),
         }
     );
     let g = tbl

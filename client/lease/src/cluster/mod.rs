@@ -349,9 +349,9 @@ impl Cluster {
         options: &Arc<ClientOptions>,
         members: &mut BTreeMap<String, Arc<Member>>,
     ) -> Result<List> {
-        let refuse = |message: String| Error::Rejected {
-            code: tonic::Code::InvalidArgument,
-            message,
+        let refuse = |message: String| Error::Invalid {
+            field: None,
+            reason: message,
         };
         if list.is_empty() {
             return Err(refuse(format!("{what}: the list is empty")));
@@ -555,12 +555,14 @@ impl Cluster {
     }
 
     fn member(&self, member_id: &str) -> Result<&Arc<Member>> {
-        self.inner.members.get(member_id).ok_or_else(|| Error::Rejected {
-            code: tonic::Code::InvalidArgument,
-            message: format!(
-                "lease_id: a part of this lease is held on server {member_id} (a member id), which is in \
-                 neither server list"
-            ),
+        self.inner.members.get(member_id).ok_or_else(|| {
+            Error::invalid(
+                "lease_id",
+                format!(
+                    "a part of this lease is held on server {member_id} (a member id), which is in \
+                     neither server list"
+                ),
+            )
         })
     }
 
@@ -658,10 +660,7 @@ impl LeaseBackend for Cluster {
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         // No server would be asked: refused here as each server refuses it.
         if spec.names.is_empty() {
-            return Err(Error::Rejected {
-                code: tonic::Code::InvalidArgument,
-                message: "names: at least one name is required".to_owned(),
-            });
+            return Err(Error::invalid("names", "at least one name is required"));
         }
         let plan = self.plan(&spec.names);
         let single = plan.len() == 1;

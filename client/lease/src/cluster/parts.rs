@@ -28,14 +28,14 @@ pub(crate) struct Part {
 }
 
 fn bad_ref(lease: &LeaseRef, why: &str) -> Error {
-    Error::Rejected {
-        code: tonic::Code::InvalidArgument,
-        message: format!(
-            "lease_id: {:?} is not a lease over several servers ({why}); expected \
-             MEMBERID:LEASEID,... as the cluster client wrote it",
+    Error::invalid(
+        "lease_id",
+        format!(
+            "{:?} is not a lease over several servers ({why}); expected MEMBERID:LEASEID,... as \
+             the cluster client wrote it",
             lease.id
         ),
-    }
+    )
 }
 
 /// The parts of a combined lease, as [`join`] wrote them.

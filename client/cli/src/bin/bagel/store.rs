@@ -11,9 +11,8 @@ use anyhow::{Context as _, bail};
 use bagel_client::{ClientOptions, LeaseBackend, TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_s3_lease::{
-    LeaseBackendOptions, LeaseStore, LeaseTime, S3LeaseConfig, S3Options, SelfSignedClock, open_lease_backend,
-};
+use bagel_cli::{LeaseBackendOptions, S3Options, open_lease_backend};
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseConfig, SelfSignedClock};
 use clap::Args;
 
 use crate::time_cmds::RoughtimeArgs;

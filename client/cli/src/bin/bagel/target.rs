@@ -15,7 +15,7 @@ use anyhow::{Context as _, bail};
 use bagel_client::{Client, ClientOptions, Cluster, LeaseBackend, ServerSpec, TlsConfig};
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_s3_lease::{LeaseBackendOptions, open_lease_backend};
+use bagel_cli::{LeaseBackendOptions, open_lease_backend};
 
 use crate::store::StoreArgs;
 use crate::time_cmds::RoughtimeArgs;
@@ -130,7 +130,7 @@ impl TargetArgs {
 
     /// Connects to the lease servers, or opens the S3 lease store (whose
     /// clock check needs the Roughtime flags), through
-    /// [`bagel_s3_lease::open_lease_backend`].
+    /// [`bagel_cli::open_lease_backend`].
     pub async fn connect(&self, rt: &RoughtimeArgs) -> anyhow::Result<Target> {
         if let Some(s3) = self.store.open(rt).await? {
             return Ok(Target { backend: s3 });

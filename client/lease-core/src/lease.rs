@@ -525,6 +525,7 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(bound) => Err(Error::Unavailable {
                 message: format!("the renewal got no answer within {bound:?}, the time left"),
+                retry_after: None,
             }),
         };
         match outcome {

@@ -1,10 +1,10 @@
 //! [`open_lease_backend`]: any lease backend from its URL, as
 //! `bagel_bags::open_store` opens any bag store from its URL.
 //!
-//! It lives here, not in `bagel-client`, because it is the one crate that
-//! sees every backend: `bagel-s3-lease` depends on `bagel-client` (for the
-//! trait and the lease types), so `bagel-client` cannot name the S3
-//! backend. A new backend crate adds its scheme here.
+//! It lives here, in the crate that sees every backend: each backend
+//! crate depends only on the lease core (`bagel-lease-core`), so none of
+//! them names another; the CLI (and anything else that takes a URL from a
+//! user) opens them all. A new backend crate adds its scheme here.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bagel_client::{Client, ClientOptions, Cluster, Error, LeaseBackend, Result, ServerSpec};
 use bagel_proto::{KeyRing, Signer};
 
-use crate::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
+use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 
 /// What opening a lease backend needs besides its URL.
 #[derive(Clone, Debug, Default)]

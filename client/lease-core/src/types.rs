@@ -125,6 +125,14 @@ impl Witness {
     }
 }
 
+/// A witness as it travels (what a backend answering over the wire hands
+/// its grants).
+impl From<pb::Witness> for Witness {
+    fn from(w: pb::Witness) -> Self {
+        Witness(w)
+    }
+}
+
 impl fmt::Debug for Witness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Witness")
@@ -289,7 +297,7 @@ impl ReleaseOptions {
     /// release marked unsettled if the lease inherited unsettled bags it
     /// did not close. So the next holder on this server inherits what a
     /// predecessor on another server left, as it would on that server.
-    pub(crate) fn carrying_inherited(&self) -> ReleaseOptions {
+    pub fn carrying_inherited(&self) -> ReleaseOptions {
         let mut o = self.clone();
         if let Some(inh) = self.inherited {
             o.watermark = o.watermark.max(Some(inh.watermark)).filter(|w| *w > Micros::ZERO);
@@ -579,7 +587,7 @@ impl From<pb::HistoryResponse> for History {
 
 impl ServerInfo {
     /// From the wire; a key that is not 32 bytes is refused.
-    pub(crate) fn from_pb(info: pb::ServerInfoResponse) -> Result<Self, String> {
+    pub fn from_pb(info: pb::ServerInfoResponse) -> Result<Self, String> {
         let clock = info.clock.clone().unwrap_or_default();
         let keys = info
             .keys
@@ -621,7 +629,7 @@ impl ServerInfo {
     }
 }
 
-/// A held name, as [`crate::Client::list`] shows it.
+/// A held name, as `bagel_client::Client::list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedName {
     pub name: String,
@@ -719,7 +727,7 @@ pub struct WatchEvent {
 
 impl WatchEvent {
     /// `None` for a kind this client does not know (a newer server).
-    pub(crate) fn from_pb(e: pb::WatchEvent) -> Option<Self> {
+    pub fn from_pb(e: pb::WatchEvent) -> Option<Self> {
         let kind = match e.kind() {
             pb::WatchEventKind::Granted => WatchEventKind::Granted,
             pb::WatchEventKind::Renewed => WatchEventKind::Renewed,

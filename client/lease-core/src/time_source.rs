@@ -2,8 +2,8 @@
 //! the check that its own clock is right before it timestamps anything.
 //!
 //! ```no_run
-//! # async fn demo(client: bagel_client::Client) -> Result<(), bagel_client::Error> {
-//! use bagel_client::{TimeOptions, TimeSource};
+//! # async fn demo(client: impl bagel_lease_core::TimeAuthority + 'static) -> Result<(), bagel_lease_core::Error> {
+//! use bagel_lease_core::{TimeOptions, TimeSource};
 //! use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
 //!
 //! // With Roughtime (what the CLI's --roughtime/--roughtime-key build):
@@ -39,16 +39,26 @@
 //! writer to trust a Roughtime key directly.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bagel_proto::authority::monitor::{ClockMonitor, Measurement, Verdict};
 use bagel_proto::authority::querier::{Querier, QueryConfig};
 use bagel_proto::clock::{BoundedNow, CheckedClock, Clock, SystemClock};
 use bagel_proto::signed_time::roughtime::{RoughtimeKey, RoughtimeServer};
-use bagel_proto::{Micros, SignedClock, SignedReading, pb, verify_signed_time};
+use bagel_proto::{Micros, SignedClock, SignedReading};
 
-use crate::client::Client;
 use crate::error::{Error, Result};
+
+/// Signed time from somewhere other than Roughtime: a lease server's
+/// `SignedNow` (`bagel_client::Client` is one). Its answer is checked
+/// here, against the keys it trusts, and measured on the local `clock`
+/// (when it was sent, when it came back).
+#[async_trait::async_trait]
+pub trait TimeAuthority: Send + Sync + std::fmt::Debug {
+    /// Asks once and returns the checked, measured answer; a failure is
+    /// [`Error::NoSignedTime`] (or the transport's error), never a guess.
+    async fn measure(&self, clock: &Arc<dyn Clock>) -> Result<Measurement>;
+}
 
 /// How a [`TimeSource`] judges and refreshes. Defaults: system clock, 500 ms
 /// tolerance (the lease server's default), refresh every 1 s, an answer
@@ -111,7 +121,7 @@ impl TimeOptions {
 #[derive(Debug)]
 enum Authority {
     Roughtime(Querier),
-    LeaseServer(Client),
+    LeaseServer(Arc<dyn TimeAuthority>),
 }
 
 #[derive(Debug)]
@@ -139,21 +149,22 @@ impl TimeSource {
     }
 
     /// Signed time from the lease server's `SignedNow` (its own signed clock,
-    /// or the Roughtime proof it holds).
-    pub fn lease_server(client: Client, opts: TimeOptions) -> Self {
-        Self::with_authority(Authority::LeaseServer(client), opts)
+    /// or the Roughtime proof it holds), through `server` (a
+    /// `bagel_client::Client`).
+    pub fn lease_server(server: impl TimeAuthority + 'static, opts: TimeOptions) -> Self {
+        Self::with_authority(Authority::LeaseServer(Arc::new(server)), opts)
     }
 
     /// Roughtime when any server is given, else the lease server; what the
     /// CLI builds from its flags.
     pub fn from_config(
         roughtime: Vec<RoughtimeServer>,
-        client: Option<Client>,
+        server: Option<impl TimeAuthority + 'static>,
         opts: TimeOptions,
     ) -> Result<Self> {
-        match (roughtime.is_empty(), client) {
+        match (roughtime.is_empty(), server) {
             (false, _) => Ok(Self::roughtime(roughtime, opts)),
-            (true, Some(client)) => Ok(Self::lease_server(client, opts)),
+            (true, Some(server)) => Ok(Self::lease_server(server, opts)),
             (true, None) => Err(Error::NoSignedTime {
                 detail: "no time authority: configure --roughtime/--roughtime-key or a lease server".into(),
             }),
@@ -252,7 +263,7 @@ impl TimeSource {
             Authority::Roughtime(q) => q.query().await.map_err(|e| Error::NoSignedTime {
                 detail: e.to_string(),
             }),
-            Authority::LeaseServer(client) => self.ask_lease_server(client).await,
+            Authority::LeaseServer(server) => server.measure(self.inner.monitor.clock()).await,
         };
         match outcome {
             Ok(m) => {
@@ -264,41 +275,6 @@ impl TimeSource {
                 Err(e)
             }
         }
-    }
-
-    async fn ask_lease_server(&self, client: &Client) -> Result<Measurement> {
-        let clock = self.inner.monitor.clock();
-        let sent_at = clock.now();
-        let first_send = Instant::now();
-        let signed = client.signed_now().await?;
-        let received = Instant::now();
-        let received_at = clock.now();
-        // A relayed Roughtime proof is checked against the key it names.
-        let relayed: Vec<RoughtimeKey> = match &signed.proof {
-            Some(pb::signed_time::Proof::Roughtime(p)) => {
-                RoughtimeKey::from_slice(&p.public_key).into_iter().collect()
-            }
-            _ => Vec::new(),
-        };
-        // A server restarted without its key file signs with a new one:
-        // learned keys are learned again once (pinned keys never are).
-        let reading = match verify_signed_time(&signed, &client.keys(), &relayed) {
-            Err(_) if client.learn_keys().await => verify_signed_time(&signed, &client.keys(), &relayed),
-            checked => checked,
-        }
-        .map_err(|e| Error::NoSignedTime {
-            detail: format!("lease server {}: signed time does not verify: {e}", client.url()),
-        })?;
-        Ok(Measurement {
-            source: format!("lease server {}", client.url()),
-            reading,
-            resolution: Duration::from_micros(reading.resolution_us()),
-            signed,
-            sent_at,
-            rtt: received.duration_since(first_send),
-            received,
-            received_at,
-        })
     }
 }
 

@@ -65,13 +65,26 @@ pub async fn acquire(
             }
             // Refused as a longer wait than the server allows: learn its
             // max from the refusal and go on in rounds of that.
-            Error::Rejected { message, .. } if !round.is_zero() => match stated_max_wait(message) {
+            Error::OutOfRange {
+                field: Some(field),
+                reason,
+            } if field == "wait_us" && !round.is_zero() => match stated_max_wait(reason) {
                 Some(max) if max < round => {
                     round_cap = max;
                     continue;
                 }
                 _ => return Err(error),
             },
+            // A backend that said until when it cannot serve (a server in
+            // its restart wait): ask again then, not before.
+            Error::Unavailable {
+                retry_after: Some(after),
+                ..
+            } => {
+                tokio::time::sleep((*after).min(left)).await;
+                pause = FIRST_PAUSE;
+                continue;
+            }
             // Busy without waiting (a backend that cannot wait, a race),
             // or a server that cannot serve for now: ask again soon.
             Error::Busy { .. }
@@ -87,7 +100,7 @@ pub async fn acquire(
     }
 }
 
-/// The max wait a server's refusal states (`wait_us: N exceeds the
+/// The max wait a server's refusal of `wait_us` states (`N exceeds the
 /// server's max wait of M us`).
 fn stated_max_wait(message: &str) -> Option<Duration> {
     let rest = &message[message.find("max wait of ")? + "max wait of ".len()..];
@@ -102,7 +115,7 @@ fn stated_max_wait(message: &str) -> Option<Duration> {
 mod tests {
     #[test]
     fn the_servers_max_wait_is_read_from_its_refusal() {
-        let m = "wait_us: 300000000 exceeds the server's max wait of 10000000 us";
+        let m = "300000000 exceeds the server's max wait of 10000000 us";
         assert_eq!(
             super::stated_max_wait(m),
             Some(std::time::Duration::from_secs(10))

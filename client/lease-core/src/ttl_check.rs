@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use bagel_proto::{Micros, human_duration};
 use prost::Message as _;
-use tonic::Code;
 
 use crate::error::Error;
 use crate::types::{Grant, Witness};
@@ -69,13 +68,13 @@ pub(crate) fn short_grant(grant: &Grant, asked: Duration) -> Option<String> {
 /// server's time), so a clock behind the server's shows as such.
 pub(crate) fn past_deadline(e: Error, deadline: Micros, sent: Micros, refused: Micros) -> Error {
     match e {
-        Error::Rejected {
-            code: Code::OutOfRange,
-            message,
-        } if message.contains("deadline_us:") => Error::Rejected {
-            code: Code::OutOfRange,
-            message: format!(
-                "{message}; this host's clock read {sent} when the request was sent ({} before the \
+        Error::OutOfRange {
+            field: Some(field),
+            reason,
+        } if field == "deadline_us" => Error::OutOfRange {
+            field: Some(field),
+            reason: format!(
+                "{reason}; this host's clock read {sent} when the request was sent ({} before the \
                  deadline asked, {deadline}) and {refused} at the refusal",
                 human_duration(deadline.duration_since(sent))
             ),

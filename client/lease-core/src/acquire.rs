@@ -6,7 +6,6 @@ use std::time::Duration;
 use bagel_proto::Micros;
 
 use crate::backend::{AcquireSpec, LeaseBackend};
-use crate::coalesce::Coalescer;
 use crate::error::Result;
 use crate::holder_key::HolderKey;
 use crate::lease::{Lease, LeaseOptions};
@@ -35,8 +34,8 @@ pub struct AcquireBuilder {
 }
 
 impl AcquireBuilder {
-    /// An acquire of `names` on `backend` (a [`crate::Client`] makes one
-    /// with [`crate::Client::acquire`]).
+    /// An acquire of `names` on `backend` (a `bagel_client::Client` makes one
+    /// with `Client::acquire`).
     pub fn new<I, S>(backend: Arc<dyn LeaseBackend>, names: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -109,11 +108,12 @@ impl AcquireBuilder {
     }
 
     /// Sends the acquire, and later the lease's renewals, upgrade and
-    /// release, through `coalescer`: batched with other tasks' operations,
-    /// one RPC and one signature per batch. The coalescer talks to the
-    /// server it was made over, whatever backend this builder began with.
-    pub fn via(mut self, coalescer: &Coalescer) -> Self {
-        self.backend = Arc::new(coalescer.clone());
+    /// release, through `backend` instead: typically a `bagel_client`
+    /// `Coalescer`, which batches them with other tasks' operations (one
+    /// RPC and one signature per batch) and talks to the server it was
+    /// made over, whatever backend this builder began with.
+    pub fn via<B: LeaseBackend + Clone>(mut self, backend: &B) -> Self {
+        self.backend = Arc::new(backend.clone());
         self
     }
 

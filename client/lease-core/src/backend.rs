@@ -1,6 +1,6 @@
 //! [`LeaseBackend`]: where leases live. The lease handle ([`crate::Lease`]),
 //! its renewal, loss and write rights are the same whatever keeps the
-//! leases: one bagel server ([`crate::Client`], or a [`crate::Coalescer`]
+//! leases: one bagel server (`bagel_client::Client`, or a `Coalescer`
 //! batching over one), or a backend another crate supplies (S3 conditional
 //! writes, several servers).
 //!
@@ -87,9 +87,9 @@ pub struct StoreInfo {
 /// The refusal of an operation a backend cannot answer (the trait's
 /// default for the operator's calls): not retryable.
 pub fn not_supported(what: &str, location: &str) -> Error {
-    Error::Rejected {
-        code: tonic::Code::Unimplemented,
-        message: format!("{what} is not supported by this lease backend ({location})"),
+    Error::Unsupported {
+        what: what.to_owned(),
+        location: location.to_owned(),
     }
 }
 

@@ -1,0 +1,314 @@
+//! The lease core's one error type, for every backend alike. Its variants
+//! name the failure (a field and why, who holds a name until when, why a
+//! lease is not held, what is unavailable until when, a store's failure
+//! and its source) and never a transport's codes: the gRPC client maps a
+//! status into it at its edge (`bagel_client`'s `grpc_error`), the S3
+//! backend says what its rules decided, and a new backend does the same.
+//! Every variant says whether retrying the same call can help
+//! ([`Error::is_retryable`]).
+
+use std::time::Duration;
+
+use bagel_proto::Micros;
+
+use crate::types::Conflict;
+
+/// The source of an error from below the lease core (a transport, an
+/// object store), kept whole for its chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a lease is not held, as the backend knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NotHeldReason {
+    /// The backend knows no such lease: never granted there, or released,
+    /// or ended long enough ago to be forgotten.
+    Unknown,
+    /// The lease is there but not the caller's: its token does not match,
+    /// or (mutual TLS) another client certificate holds it.
+    NotYours,
+    /// The lease ended: its deadline passed, or a full acquire broke it or
+    /// took one of its names.
+    Ended,
+}
+
+impl NotHeldReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotHeldReason::Unknown => "unknown",
+            NotHeldReason::NotYours => "not yours",
+            NotHeldReason::Ended => "ended",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Could not reach the backend at `url`.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: BoxError,
+    },
+    /// A name is held by someone else (who, in what mode, until when: in
+    /// `conflict`). Retry after `conflict.holder_deadline`.
+    #[error("{message}")]
+    Busy {
+        message: String,
+        conflict: Option<Box<Conflict>>,
+    },
+    /// The backend cannot serve now (a restart wait, clock trouble, a
+    /// shutdown, the network); `retry_after`, when the backend said, is
+    /// how long until it expects to.
+    #[error("unavailable: {message}")]
+    Unavailable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// A field of the request is malformed (`field`, when the backend
+    /// named it, and why). Retrying the same request won't help.
+    #[error("invalid {}{reason}", field_prefix(.field))]
+    Invalid { field: Option<String>, reason: String },
+    /// A value of the request is outside what the backend allows; the
+    /// reason states the range (and the flag or setting that sets it).
+    /// Retrying the same request won't help.
+    #[error("out of range: {}{reason}", field_prefix(.field))]
+    OutOfRange { field: Option<String>, reason: String },
+    /// The lease is not (or no longer) held: `reason` says which way.
+    #[error("lease not held ({}): {message}", .reason.as_str())]
+    NotHeld { reason: NotHeldReason, message: String },
+    /// The request is over a bound the backend keeps (leases per client,
+    /// names per lease, waiters, held names): the message names it and
+    /// what sets it.
+    #[error("over a limit: {message}")]
+    LimitExceeded { message: String },
+    /// The backend does not do this (a lease store cannot list or watch;
+    /// an older server lacks a call).
+    #[error("{what} is not supported by this lease backend ({location})")]
+    Unsupported { what: String, location: String },
+    /// The backend's answer does not carry a valid witness.
+    #[error("bad witness: {reason}")]
+    Witness { reason: String },
+    /// The local clock is further from the signed time than the tolerance
+    /// allows (the message says by how much). Retrying will not help until
+    /// the clock is fixed; writing would produce bad timestamps.
+    #[error("refusing to timestamp: {detail}")]
+    ClockOff { detail: String },
+    /// No recent, valid signed time could be had (no answer from Roughtime
+    /// or the lease server, or an answer that does not verify). Retryable.
+    #[error("no signed time: {detail}")]
+    NoSignedTime { detail: String },
+    /// A release named a watermark below a timestamp already written under
+    /// the lease: the next holder could then write below it.
+    #[error(
+        "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
+    )]
+    WatermarkBelowWritten { given: Micros, written: Micros },
+    /// A lease store without a server (S3 conditional writes) failed or
+    /// refused: the message names the operation and the object, `source`
+    /// is the store's own error when there is one. `retryable` says
+    /// whether the same call may succeed later (a timeout, a store that is
+    /// down) or not (a store that ignores conditional writes, an object
+    /// that does not parse).
+    #[error("lease store {location}: {message}")]
+    Store {
+        location: String,
+        message: String,
+        retryable: bool,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// No answer within the client's time bound: `call` is `connect` or
+    /// the call's name.
+    #[error("no answer from {url} to {call} within {after:?} (the client's timeout)")]
+    Timeout {
+        url: String,
+        call: &'static str,
+        after: Duration,
+    },
+    /// The client's own configuration is wrong (a URL that is not http or
+    /// https, TLS files without what they should hold, https without TLS).
+    #[error("{message}")]
+    Config { message: String },
+    /// A server given with a pinned key (`URL#KEY`) presents other keys:
+    /// not the server meant, or its key was changed. Names the server
+    /// once, with both keys and what to do.
+    #[error(
+        "server {url} presents key {}, not the pinned key {pinned}: if its key was changed on \
+         purpose, pin the new one (`bagel lease server-info` shows it); otherwise this is not \
+         the server meant",
+        presented_keys(.presented)
+    )]
+    KeyMismatch {
+        url: String,
+        pinned: String,
+        presented: Vec<String>,
+    },
+    /// The server dropped a watch that did not read fast enough (its
+    /// buffer there was full). Watch again from `last_revision`, the last
+    /// event received, to miss nothing (while the server still keeps it).
+    #[error("{message}")]
+    WatchDropped {
+        message: String,
+        last_revision: Option<u64>,
+    },
+    /// Any other failure, as the backend or its transport said it;
+    /// `retryable` when the backend said the call may succeed later.
+    #[error("{message}")]
+    Other { message: String, retryable: bool },
+}
+
+fn field_prefix(field: &Option<String>) -> String {
+    field.as_ref().map_or_else(String::new, |f| format!("{f}: "))
+}
+
+fn presented_keys(keys: &[String]) -> String {
+    match keys {
+        [] => "(none)".to_owned(),
+        [one] => one.clone(),
+        many => many.join(", "),
+    }
+}
+
+impl Error {
+    /// A malformed `field`, and why.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            field: Some(field.into()),
+            reason: reason.into(),
+        }
+    }
+
+    /// A `field` outside its range; `reason` states the range.
+    pub fn out_of_range(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::OutOfRange {
+            field: Some(field.into()),
+            reason: reason.into(),
+        }
+    }
+
+    /// A lease not held, and why.
+    pub fn not_held(reason: NotHeldReason, message: impl Into<String>) -> Self {
+        Error::NotHeld {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// A lease store's failure at `location`, with no source error.
+    pub fn store(location: impl Into<String>, message: impl Into<String>, retryable: bool) -> Self {
+        Error::Store {
+            location: location.into(),
+            message: message.into(),
+            retryable,
+            source: None,
+        }
+    }
+
+    /// The same [`Error::Store`] with the store's own error as its source;
+    /// any other error unchanged.
+    #[must_use]
+    pub fn with_source(self, e: impl Into<BoxError>) -> Self {
+        match self {
+            Error::Store {
+                location,
+                message,
+                retryable,
+                ..
+            } => Error::Store {
+                location,
+                message,
+                retryable,
+                source: Some(e.into()),
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Connect { .. }
+            | Error::Timeout { .. }
+            | Error::Busy { .. }
+            | Error::Unavailable { .. }
+            | Error::NoSignedTime { .. } => true,
+            Error::Store { retryable, .. } | Error::Other { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// The field a refused request named, for [`Error::Invalid`] and
+    /// [`Error::OutOfRange`] (`deadline_us`, `names[2]`, `watermark_us`).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Error::Invalid { field, .. } | Error::OutOfRange { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The same error, saying which server of several gave it.
+    #[must_use]
+    pub fn at_server(self, server: &str) -> Self {
+        let on = |m: String| format!("server {server}: {m}");
+        match self {
+            Error::Busy { message, conflict } => Error::Busy {
+                message: on(message),
+                conflict: conflict.map(|c| {
+                    Box::new(Conflict {
+                        server: Some(server.to_owned()),
+                        ..*c
+                    })
+                }),
+            },
+            Error::Unavailable { message, retry_after } => Error::Unavailable {
+                message: on(message),
+                retry_after,
+            },
+            Error::Invalid { field, reason } => Error::Invalid {
+                field,
+                reason: on(reason),
+            },
+            Error::OutOfRange { field, reason } => Error::OutOfRange {
+                field,
+                reason: on(reason),
+            },
+            Error::NotHeld { reason, message } => Error::NotHeld {
+                reason,
+                message: on(message),
+            },
+            Error::LimitExceeded { message } => Error::LimitExceeded { message: on(message) },
+            Error::Witness { reason } => Error::Witness { reason: on(reason) },
+            Error::ClockOff { detail } => Error::ClockOff { detail: on(detail) },
+            Error::NoSignedTime { detail } => Error::NoSignedTime { detail: on(detail) },
+            Error::WatchDropped {
+                message,
+                last_revision,
+            } => Error::WatchDropped {
+                message: on(message),
+                last_revision,
+            },
+            Error::Other { message, retryable } => Error::Other {
+                message: on(message),
+                retryable,
+            },
+            // Already names the server (connect, unsupported) or is not
+            // about one.
+            other => other,
+        }
+    }
+
+    /// For [`Error::Busy`]: when the current holder's lease ends.
+    pub fn retry_after(&self) -> Option<Micros> {
+        match self {
+            Error::Busy {
+                conflict: Some(c), ..
+            } => Some(c.holder_deadline),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
