@@ -14,7 +14,8 @@
 //! * [`timekeeper`]: the server clock, its health (Roughtime) and its
 //!   signed readings.
 //! * [`config`]: settings and defaults.
-//! * [`error`]: the one error type and its mapping to gRPC statuses.
+//! * [`error`]: the one error type, naming each failure (no gRPC in it);
+//!   `grpc_status`: its gRPC code and status (with details), at the edge.
 //! * `meter`: what the gRPC edge counts and times; `refusal`: the log
 //!   line of every refused call or operation.
 //! * `http`: the optional HTTP side port (`/metrics`, a status page,
@@ -28,6 +29,7 @@
 pub mod config;
 pub mod error;
 mod grpc;
+mod grpc_status;
 pub mod highwater;
 mod holder_keys;
 mod http;
