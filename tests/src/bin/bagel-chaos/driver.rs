@@ -85,6 +85,33 @@ struct Report {
     /// `bagel retain` runs on the stores (the metronomes summarize every
     /// sealed minute after [`SUMMARIZE_AFTER`]), some killed mid-way.
     retention: RetentionReport,
+    /// Processes stopped (SIGSTOP) for a while and continued: a process
+    /// that sleeps past its lease's deadline, a server or a closer that
+    /// freezes, as a long GC pause or a swapped-out host would.
+    pauses: PauseReport,
+}
+
+/// The SIGSTOP pauses of the run: how many of each kind of process, and
+/// the longest (ms).
+#[derive(Debug, Default, Serialize)]
+struct PauseReport {
+    workers: u64,
+    servers: u64,
+    metronomes: u64,
+    longest_ms: u64,
+}
+
+/// Stops `pid` (SIGSTOP) for `pause`, then continues it (SIGCONT). A
+/// process killed meanwhile (a restarted server) is simply gone.
+async fn pause_process(pid: u32, pause: Duration) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let Ok(raw) = i32::try_from(pid) else { return };
+    if kill(Pid::from_raw(raw), Signal::SIGSTOP).is_err() {
+        return;
+    }
+    tokio::time::sleep(pause).await;
+    let _ = kill(Pid::from_raw(raw), Signal::SIGCONT);
 }
 
 /// What the retention runs did: every completed run's figures summed.
@@ -438,7 +465,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             println!("[{:>5.1}s] migration step 2: {migrated_url} only", at());
             report.migrations += 1;
         }
-        match rng.gen_range(0..8) {
+        match rng.gen_range(0..9) {
             0 => {
                 let i = rng.gen_range(0..servers.len());
                 let keep_key = rng.gen_bool(0.5);
@@ -523,6 +550,40 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                     }
                     Retained::Failed => report.retention.failed += 1,
                 }
+            }
+            8 => {
+                // A process frozen (SIGSTOP) for up to twice the max TTL
+                // and more, then continued: a worker wakes past its
+                // leases' deadlines with appends in flight (they must be
+                // refused or read back, never lost or overlapping the
+                // next holder's); a server or a metronome wakes to a world
+                // that moved on.
+                let pause = Duration::from_millis(
+                    rng.gen_range(100..=u64::try_from((a.max_ttl * 2).as_millis()).unwrap_or(4_000) + 2_000),
+                );
+                let (what, pid) = match rng.gen_range(0..4) {
+                    0 | 1 => {
+                        let w = &workers[rng.gen_range(0..workers.len())];
+                        report.pauses.workers += 1;
+                        (format!("worker {}", w.id), w.child.id())
+                    }
+                    2 => {
+                        let i = rng.gen_range(0..servers.len());
+                        report.pauses.servers += 1;
+                        (format!("lease server {i}"), servers[i].0.pid())
+                    }
+                    _ => {
+                        let i = rng.gen_range(0..metronomes.len());
+                        report.pauses.metronomes += 1;
+                        (format!("metronome {i}"), metronomes[i].pid())
+                    }
+                };
+                let ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+                report.pauses.longest_ms = report.pauses.longest_ms.max(ms);
+                if let Some(pid) = pid {
+                    side_runs.spawn(pause_process(pid, pause));
+                }
+                println!("[{:>5.1}s] SIGSTOP {what} for {ms} ms, then SIGCONT", at());
             }
             k => {
                 // An operator's `bagel read` or `bagel audit` on a skewed
@@ -699,7 +760,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         "bagel-chaos: seed {seed}: {:.0} s, {} cycles, {} acked = {} read back ({} failed writes, {} refused acquires); \
          kills: {} lease server ({} without its key), {} S3 server, {} closers; CLI runs interrupted: {} fork, \
          {} SIGTERM, {} writer SIGKILL, {} --hold SIGINT; S3-lease workers: {} cycles, {} acked = {} read back; \
-         skewed starts: {}; readers agree: {}; {} violations; {}",
+         skewed starts: {}; SIGSTOP pauses: {} (longest {} ms); readers agree: {}; {} violations; {}",
         report.duration_s,
         report.cycles,
         report.acked_writes,
@@ -718,6 +779,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.s3_lease.acked_writes,
         report.s3_lease.read_back,
         report.clock_skews.values().flatten().filter(|&&s| s != 0).count(),
+        report.pauses.workers + report.pauses.servers + report.pauses.metronomes,
+        report.pauses.longest_ms,
         report.readers_agree,
         report.violations.len(),
         out.join("chaos.json").display()

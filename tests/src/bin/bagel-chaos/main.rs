@@ -8,7 +8,8 @@
 //! kill -9s and restarts a lease server (with or without its key file),
 //! the S3 server and the metronomes (closers), restarts metronomes on
 //! skewed clocks (libfaketime), runs operators' reads and audits on skewed
-//! clocks, and once migrates every client to another server list. Two
+//! clocks, freezes a worker, a server or a metronome (SIGSTOP, then
+//! SIGCONT), and once migrates every client to another server list. Two
 //! workers run 300 ms ahead and behind (they must work), one writer 20 s
 //! ahead (every write must be refused), and one delays appends past its
 //! leases' deadlines. Three more workers take their leases from the S3

@@ -54,6 +54,11 @@ impl Service {
         Ok(out)
     }
 
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// SIGKILL, and wait for it to be gone.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
