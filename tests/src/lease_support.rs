@@ -1,7 +1,7 @@
 //! Lease helpers: one lease-handle environment over any backend (the real
-//! `bagel-server`, several as a cluster, or S3 conditional writes on the
-//! real S3 server),
-//! and a private S3 server a test may stop.
+//! `bagel-server`, several as a cluster, S3 conditional writes on the real
+//! S3 server, or the in-memory backend of `memory_lease`), and a private S3
+//! server a test may stop.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,11 +12,12 @@ use std::time::Duration;
 use bagel_cli::{LeaseBackendOptions, open_lease_backend};
 use bagel_client::{AcquireBuilder, History, LeaseBackend, NameState, TimeOptions, TimeSource};
 use bagel_proto::KeyRing;
+use bagel_proto::clock::SystemClock;
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 use object_store::ObjectStore;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 
-use crate::{Roughtime, ServerProcess, s3_bucket, unique};
+use crate::{MemoryLeaseBackend, Roughtime, ServerProcess, s3_bucket, unique};
 
 /// The S3 lease settings of the tests: short TTLs allowed, and a clock
 /// margin of 14 s: the test Roughtime server (roughenough 2.2) reports a
@@ -116,13 +117,23 @@ impl LeaseEnv {
         LeaseEnv::of(backend, Duration::from_secs(30))
     }
 
+    /// A fresh [`MemoryLeaseBackend`] on the system clock (the scenarios
+    /// compare with `Micros::now()`): one clock decides, so an expired lease
+    /// is taken over at its deadline, within the max wait.
+    pub async fn memory() -> Self {
+        let backend = MemoryLeaseBackend::new(Arc::new(SystemClock));
+        let takeover_wait = backend.limits().max_wait;
+        LeaseEnv::of(Arc::new(backend), takeover_wait)
+    }
+
     pub fn backend(&self) -> Arc<dyn LeaseBackend> {
         Arc::clone(&self.backend)
     }
 
     /// How long a test waits to take over an expired lease: within the
-    /// server's max wait (10 s); on S3, past the clock margin and both
-    /// clock bounds (14 s or more, see `s3_test_config`).
+    /// server's and the memory backend's max wait (10 s); on S3, past the
+    /// clock margin and both clock bounds (14 s or more, see
+    /// `s3_test_config`).
     pub fn takeover_wait(&self) -> Duration {
         self.takeover_wait
     }

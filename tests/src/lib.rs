@@ -9,6 +9,7 @@
 mod bag_support;
 mod lease_support;
 mod liar_store;
+pub mod memory_lease;
 mod nfs_env;
 pub mod raw;
 
@@ -23,6 +24,7 @@ pub fn wire(w: &bagel_client::Witness) -> bagel_proto::pb::Witness {
 pub use bag_support::*;
 pub use lease_support::*;
 pub use liar_store::*;
+pub use memory_lease::{MemoryLeaseBackend, MemoryLimits};
 pub use nfs_env::*;
 
 use std::io::{BufRead as _, BufReader};

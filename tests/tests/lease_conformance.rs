@@ -27,7 +27,7 @@ macro_rules! on {
     };
 }
 
-/// `everywhere`: on one server, on a cluster of three and on S3.
+/// `everywhere`: on one server, on a cluster of three, on S3 and in memory.
 /// `one_witness`: scenarios that read the grant's one witness whole, not on
 /// a cluster, where a lease of names on several servers has a witness per
 /// part, each of its own part, taken tentatively and upgraded (tests/tests/
@@ -42,6 +42,9 @@ macro_rules! conformance {
         }
         mod s3 {
             on!(s3: $($name,)* $($one,)*);
+        }
+        mod memory {
+            on!(memory: $($name,)* $($one,)*);
         }
     };
 }
