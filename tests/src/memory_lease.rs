@@ -648,7 +648,7 @@ impl MemoryLeaseBackend {
                 .map(|n| pb::WitnessName {
                     name: n.name.clone(),
                     fencing_token: n.fencing_token,
-                    previous: Some(previous_pb(&n.previous)),
+                    previous: Some(pb::PreviousLease::from(&n.previous)),
                 })
                 .collect(),
             owner: h.owner.clone(),
@@ -709,26 +709,6 @@ fn busy(c: Conflict) -> Error {
             c.holder_deadline.as_micros()
         ),
         conflict: Some(Box::new(c)),
-    }
-}
-
-/// A [`Previous`] as witnesses state it (the core converts only the other
-/// way).
-fn previous_pb(p: &Previous) -> pb::PreviousLease {
-    let ended = match p.ended {
-        Ended::None => pb::Ended::None,
-        Ended::Released => pb::Ended::Released,
-        Ended::Broken => pb::Ended::Broken,
-        Ended::Unknown => pb::Ended::Unknown,
-    };
-    pb::PreviousLease {
-        lease_id: p.lease_id.clone().unwrap_or_default(),
-        watermark_us: p.watermark.as_micros(),
-        watermark_signed_time: None,
-        ended: ended.into(),
-        ended_at_us: p.ended_at.as_micros(),
-        unsettled_until_us: p.unsettled_until.map_or(0, Micros::as_micros),
-        granted_at_us: p.granted_at.map_or(0, Micros::as_micros),
     }
 }
 

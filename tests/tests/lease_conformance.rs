@@ -1,8 +1,9 @@
 //! The lease-handle conformance suite: every scenario is written once,
 //! against `bagel_client::LeaseBackend` (an `Arc<dyn LeaseBackend>`) and
 //! the `Lease` handle, and runs on the real `bagel-server`, on three of
-//! them as a `Cluster`, and on S3 conditional writes on the real S3
-//! server. A cluster's lease id joins its parts' (`MEMBER:ID,...`), and
+//! them as a `Cluster`, on S3 conditional writes on the real S3 server,
+//! and on `MemoryLeaseBackend` (`tests/src/memory_lease.rs`: the smallest
+//! backend that passes, the one a new backend copies). A cluster's lease id joins its parts' (`MEMBER:ID,...`), and
 //! what a server reports names the part it holds ([`names_lease`]). What
 //! differs otherwise is only when an expired lease may be taken over: at
 //! its deadline on servers, after the deadline plus the clock margin (which

@@ -495,6 +495,35 @@ impl From<&pb::PreviousLease> for Previous {
     }
 }
 
+/// The wire form, as a witness states it: what a backend that signs its
+/// own witnesses (the S3 store, the test's in-memory one) puts in them.
+impl From<Ended> for pb::Ended {
+    fn from(e: Ended) -> Self {
+        match e {
+            Ended::None => pb::Ended::None,
+            Ended::Released => pb::Ended::Released,
+            Ended::Broken => pb::Ended::Broken,
+            Ended::Unknown => pb::Ended::Unknown,
+        }
+    }
+}
+
+/// The wire form, as a witness states it (without a signed time for the
+/// watermark: a backend that keeps one adds it).
+impl From<&Previous> for pb::PreviousLease {
+    fn from(p: &Previous) -> Self {
+        pb::PreviousLease {
+            lease_id: p.lease_id.clone().unwrap_or_default(),
+            watermark_us: p.watermark.as_micros(),
+            watermark_signed_time: None,
+            ended: pb::Ended::from(p.ended).into(),
+            ended_at_us: p.ended_at.as_micros(),
+            unsettled_until_us: p.unsettled_until.map_or(0, Micros::as_micros),
+            granted_at_us: p.granted_at.map_or(0, Micros::as_micros),
+        }
+    }
+}
+
 impl From<&pb::NameGrant> for NameGrant {
     fn from(n: &pb::NameGrant) -> Self {
         NameGrant {

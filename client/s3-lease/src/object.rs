@@ -234,12 +234,6 @@ impl PreviousRecord {
     /// decode is left out rather than failing the grant: it only adds
     /// evidence for the watermark, which stands on its own.
     pub fn to_pb(&self) -> pb::PreviousLease {
-        let ended = match self.ended {
-            EndedRecord::None => pb::Ended::None,
-            EndedRecord::Released => pb::Ended::Released,
-            EndedRecord::Broken => pb::Ended::Broken,
-            EndedRecord::Unknown => pb::Ended::Unknown,
-        };
         pb::PreviousLease {
             lease_id: self.lease_id.clone().unwrap_or_default(),
             watermark_us: self.watermark_us,
@@ -248,7 +242,7 @@ impl PreviousRecord {
                 .as_deref()
                 .and_then(|b| B64.decode(b).ok())
                 .and_then(|bytes| pb::SignedTime::decode(bytes.as_slice()).ok()),
-            ended: ended.into(),
+            ended: pb::Ended::from(Ended::from(self.ended)).into(),
             ended_at_us: self.ended_at_us,
             unsettled_until_us: self.unsettled_until_us(),
             granted_at_us: self.granted_at_us,
