@@ -1,0 +1,126 @@
+//! `bagel acquire`: take a lease on names (all or none), print it (text,
+//! or with `--json` the lease file), and with `--hold` keep it until Ctrl-C.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bagel_cli::contract::LeaseJson;
+use bagel_client::{AcquireBuilder, LeaseOptions, Micros};
+use clap::Args;
+
+use crate::target::Target;
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    /// The names (all or none).
+    #[arg(required = true)]
+    names: Vec<String>,
+    /// Lease length (default: the server's max TTL).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "deadline")]
+    ttl: Option<Duration>,
+    /// Absolute deadline, Unix microseconds.
+    #[arg(long)]
+    deadline: Option<u64>,
+    /// Reserve only; upgrade before writing.
+    #[arg(long)]
+    tentative: bool,
+    /// Who is holding it (free text for operators; default `host:pid`).
+    #[arg(long, env = "BAGEL_OWNER")]
+    owner: Option<String>,
+    /// Wait up to this long for busy names (any length: re-asked in rounds
+    /// of the server's max wait, through its restarts), or `forever`.
+    #[arg(long, value_parser = crate::names::parse_wait)]
+    wait: Option<Duration>,
+    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Keep renewing until Ctrl-C, then release.
+    #[arg(long)]
+    hold: bool,
+}
+
+impl AcquireArgs {
+    /// Refuses names the servers would refuse, before connecting.
+    pub fn check(&self) -> anyhow::Result<()> {
+        crate::names::check("name", &self.names)
+    }
+}
+
+pub async fn run(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    // Its key is printed into a lease file, for other processes to write
+    // with: a key of its own.
+    let mut builder = AcquireBuilder::new(target.backend(), args.names)
+        .owner(crate::owner::owner_or_default(args.owner.as_deref()))
+        .own_holder_key();
+    if let Some(ttl) = args.ttl {
+        builder = builder.ttl(ttl);
+    }
+    if let Some(d) = args.deadline {
+        builder = builder.deadline(Micros::from_micros(d));
+    }
+    if args.tentative {
+        builder = builder.tentative();
+    }
+    if let Some(w) = args.wait {
+        builder = builder.wait(w);
+    }
+    builder = builder.options(LeaseOptions::default().with_auto_renew(args.hold));
+    let lease = builder.send().await?;
+    print_grant(
+        &LeaseJson::from_lease(&lease, target.single_location().as_deref()),
+        args.json,
+    );
+    if !args.hold {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("holding lease {}; Ctrl-C to release", lease.id());
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        reason = lease.lost() => bail!("lease lost while holding: {reason}"),
+    }
+    // Still renewed while the release waits for `bagel write` runs of it.
+    let lock = tokio::select! {
+        lock = crate::written::lock_for_release(lease.id()) => lock?,
+        reason = lease.lost() => bail!("lease lost while waiting for its writers to end: {reason}"),
+    };
+    let wm = crate::run_cmd::release_locked(lease, lock).await?;
+    eprintln!("released; stored watermark {wm}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A grant as `acquire` and `upgrade` print it: the lease file with
+/// `--json`, else a few lines for people.
+pub fn print_grant(l: &LeaseJson, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_string(l).expect("serializable"));
+        return;
+    }
+    println!(
+        "lease     {} ({})",
+        l.lease_id,
+        if l.mode == bagel_cli::contract::ModeJson::Full {
+            "full"
+        } else {
+            "tentative"
+        }
+    );
+    println!("token     {}", l.token);
+    println!(
+        "deadline  {} ({} us)",
+        Micros::from_micros(l.deadline_us),
+        l.deadline_us
+    );
+    println!("write after {} us (min_timestamp)", l.min_timestamp_us);
+    for n in &l.names {
+        println!(
+            "  {}  fencing {}  previous: {} lease {:?} watermark {} ended at {}",
+            crate::names::shown(&n.name),
+            n.fencing_token,
+            n.previous.ended,
+            n.previous.lease_id,
+            n.previous.watermark_us,
+            n.previous.ended_at_us
+        );
+    }
+}

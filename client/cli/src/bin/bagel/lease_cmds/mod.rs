@@ -1,0 +1,130 @@
+//! Lease subcommands, one file each (its flags, its run, its printer):
+//! acquire, renew, upgrade, release, describe, history, server-info,
+//! route, verify-witness. The `--lease` flag the commands naming a lease
+//! share is in `lease_arg`, the `--metadata` text in `metadata`. The JSON
+//! they print is `bagel_cli::contract`'s.
+
+mod acquire;
+mod describe;
+mod history;
+mod lease_arg;
+mod metadata;
+mod release;
+mod renew;
+mod route;
+mod server_info;
+mod upgrade;
+mod verify_witness;
+
+use std::process::ExitCode;
+
+use bagel_client::Error;
+use clap::Subcommand;
+
+pub(crate) use describe::holder_json;
+
+use crate::target::{Target, TargetArgs};
+use crate::time_cmds::RoughtimeArgs;
+
+/// Exit code of a refused acquire (name held by someone else).
+pub const EXIT_BUSY: u8 = 2;
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Acquire a lease on one or more names (all or none).
+    Acquire(acquire::AcquireArgs),
+    /// Renew a lease to now + TTL.
+    Renew(renew::RenewArgs),
+    /// Turn a tentative lease into a full one.
+    Upgrade(upgrade::UpgradeArgs),
+    /// Release a lease, publishing its watermark.
+    Release(release::ReleaseArgs),
+    /// Show who holds names and what a new holder would inherit.
+    Describe(describe::DescribeArgs),
+    /// Show a name's recent renewals and releases with their metadata.
+    History(history::HistoryArgs),
+    /// Show the server's keys, limits, clock and readiness (with
+    /// --servers: every server's).
+    ServerInfo(server_info::ServerInfoArgs),
+    /// Show which server owns each name (with --servers; and, with
+    /// --next-servers, which owns it next).
+    Route(route::RouteArgs),
+    /// Verify a witness (the JSON of `acquire --json`, or a bare witness).
+    VerifyWitness(verify_witness::VerifyArgs),
+}
+
+/// What the lease commands need from the global flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Globals<'a> {
+    pub target: &'a TargetArgs,
+    pub roughtime: &'a RoughtimeArgs,
+}
+
+pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LeaseCommand::VerifyWitness(args) => verify_witness::run(args, &g).await,
+        cmd => {
+            cmd.check()?;
+            let target = g.target.connect(g.roughtime).await?;
+            match run_with(cmd, &target).await {
+                Err(e) => match e.downcast_ref::<Error>() {
+                    Some(busy @ Error::Busy { .. }) => {
+                        Ok(crate::failure::report("held", EXIT_BUSY, &busy_message(busy)))
+                    }
+                    _ => Err(e),
+                },
+                ok => ok,
+            }
+        }
+    }
+}
+
+impl LeaseCommand {
+    /// Refuses names the servers would refuse, and a `--lease` that is
+    /// neither a lease id nor a readable lease file, before connecting.
+    fn check(&self) -> anyhow::Result<()> {
+        match self {
+            LeaseCommand::Acquire(a) => a.check(),
+            LeaseCommand::Renew(a) => a.check(),
+            LeaseCommand::Upgrade(a) => a.check(),
+            LeaseCommand::Release(a) => a.check(),
+            LeaseCommand::Describe(a) => a.check(),
+            LeaseCommand::History(a) => a.check(),
+            LeaseCommand::Route(a) => a.check(),
+            LeaseCommand::ServerInfo(_) | LeaseCommand::VerifyWitness(_) => Ok(()),
+        }
+    }
+}
+
+pub fn busy_message(e: &Error) -> String {
+    match e {
+        Error::Busy {
+            conflict: Some(c), ..
+        } => format!(
+            "name {:?} is held by lease {} (owner {:?}) until {} ({} us){}",
+            c.name,
+            c.holder_lease_id,
+            c.holder_owner,
+            c.holder_deadline,
+            c.holder_deadline.as_micros(),
+            c.server
+                .as_ref()
+                .map_or(String::new(), |s| format!(" on server {s}"))
+        ),
+        other => other.to_string(),
+    }
+}
+
+async fn run_with(cmd: LeaseCommand, target: &Target) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LeaseCommand::Acquire(args) => acquire::run(args, target).await,
+        LeaseCommand::Renew(args) => renew::run(args, target).await,
+        LeaseCommand::Upgrade(args) => upgrade::run(args, target).await,
+        LeaseCommand::Release(args) => release::run(args, target).await,
+        LeaseCommand::Describe(args) => describe::run(args, target).await,
+        LeaseCommand::History(args) => history::run(args, target).await,
+        LeaseCommand::ServerInfo(args) => server_info::run(args, target).await,
+        LeaseCommand::Route(args) => route::run(args, target).await,
+        LeaseCommand::VerifyWitness(_) => unreachable!("handled without a connection"),
+    }
+}

@@ -1,0 +1,60 @@
+//! `bagel renew`: a lease's deadline moved to now + TTL; its lease file
+//! (when `--lease` is one) rewritten.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bagel_cli::contract::LeaseJson;
+use bagel_client::LeaseBackend as _;
+use clap::Args;
+
+use super::lease_arg::TokenArgs;
+use crate::target::Target;
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    lease: TokenArgs,
+    /// The new deadline: now + this.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Where the holder stored its updates (free text).
+    #[arg(long)]
+    metadata: Option<String>,
+}
+
+impl RenewArgs {
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.lease.check()
+    }
+}
+
+pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    let backend = target.backend();
+    let lease = args.lease.resolve()?;
+    let file = args.lease.file()?;
+    let deadline = backend.clock().now().saturating_add(args.ttl);
+    let r = backend
+        .renew_lease(
+            &lease,
+            deadline,
+            args.metadata.as_deref().map(super::metadata::metadata),
+        )
+        .await?;
+    let json = match file {
+        Some(mut json) => {
+            json.renewed(&r);
+            crate::lease_file::write(Path::new(&args.lease.lease_id), &json)?;
+            json
+        }
+        None => LeaseJson::from_witness(&lease.token, &r.witnesses, target.single_location().as_deref())
+            .map_err(|e| anyhow::anyhow!("renewed, but cannot state the lease as a lease file: {e}"))?,
+    };
+    if args.lease.json {
+        println!("{}", serde_json::to_string(&json)?);
+    } else {
+        println!("renewed until {} ({} us)", r.deadline, r.deadline.as_micros());
+    }
+    Ok(ExitCode::SUCCESS)
+}
