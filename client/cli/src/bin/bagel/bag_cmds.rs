@@ -13,7 +13,9 @@ use anyhow::Context as _;
 use bagel_bags::audit::{AuditConfig, AuditMessage};
 use bagel_bags::reader::{Message, ReadOptions};
 use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
-use bagel_cli::contract::LeaseJson;
+use bagel_cli::contract::{
+    LeaseJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson, SummaryMadeJson,
+};
 use bagel_proto::Micros;
 use bagel_proto::clock::{CheckedClock, Clock, OffsetClock, SystemClock, Unvouched};
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights};
@@ -343,15 +345,13 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     )
     .await?;
     if a.json {
-        println!(
-            "{}",
-            json!({
-                "summaries_checked": r.summaries_checked,
-                "bags_removed": r.bags_removed,
-                "summaries_removed": r.summaries_removed,
-                "kept": r.kept,
-            })
-        );
+        let out = RetainJson {
+            bags_removed: r.bags_removed,
+            kept: r.kept.clone(),
+            summaries_checked: r.summaries_checked,
+            summaries_removed: r.summaries_removed,
+        };
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
             "checked {} summaries; removed {} bags and {} summaries",
@@ -389,18 +389,16 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
         let done = summary::summarize(store.as_ref(), &a.log, stretch).await?;
         made += u64::from(done.created);
         if a.json {
-            println!(
-                "{}",
-                json!({
-                    "name": done.name,
-                    "from": stretch.from().start().as_micros(),
-                    "to": stretch.last().end().as_micros(),
-                    "bags": done.bags,
-                    "messages": done.messages,
-                    "bytes": done.bytes,
-                    "created": done.created,
-                })
-            );
+            let out = SummaryMadeJson {
+                bags: done.bags,
+                bytes: done.bytes,
+                created: done.created,
+                from: stretch.from().start().as_micros(),
+                messages: done.messages,
+                name: done.name.clone(),
+                to: stretch.last().end().as_micros(),
+            };
+            println!("{}", serde_json::to_string(&out)?);
         } else {
             println!(
                 "summary {} ({stretch}): {} bags, {} messages, {} bytes{}",
@@ -661,23 +659,24 @@ async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `verified`: every check of [`Message::verified`] was made and held
-/// (never without keys).
-fn message_json(m: &Message, keys_given: bool) -> serde_json::Value {
-    let verified = keys_given && m.verified();
-    json!({
-        "kind": "message",
-        "timestamp_us": m.timestamp.as_micros(),
-        "time": m.timestamp.to_string(),
-        "writer_id": m.writer_id,
-        "sequence": m.sequence,
-        "payload": String::from_utf8_lossy(&m.payload),
-        "bag": m.bucket.to_string(),
-        "lease_ids": m.lease_ids,
-        "from_open_bag": m.from_open_bag,
-        "verified": verified,
-        "notes": m.notes,
-    })
+/// A message as a line of `read --json` (`kind` `message`); `verified`:
+/// every check of [`Message::verified`] was made and held (never without
+/// keys).
+fn message_json(m: &Message, keys_given: bool) -> ReadMessageJson {
+    ReadMessageJson {
+        bag: m.bucket.to_string(),
+        from_open_bag: m.from_open_bag,
+        kind: ReadItemKind::Message,
+        lease_ids: m.lease_ids.clone(),
+        notes: m.notes.clone(),
+        payload: String::from_utf8_lossy(&m.payload).into_owned(),
+        reason: None,
+        sequence: m.sequence,
+        time: m.timestamp.to_string(),
+        timestamp_us: m.timestamp.as_micros(),
+        verified: keys_given && m.verified(),
+        writer_id: m.writer_id.clone(),
+    }
 }
 
 async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
@@ -739,7 +738,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     }
     for m in &report.messages {
         if a.json {
-            writeln!(out, "{}", message_json(m, keys_given))?;
+            writeln!(out, "{}", serde_json::to_string(&message_json(m, keys_given))?)?;
         } else {
             writeln!(
                 out,
@@ -760,11 +759,13 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     }
     for r in &report.rejected {
         if a.json {
-            let mut v = message_json(&r.message, keys_given);
-            v["kind"] = json!("rejected");
-            v["verified"] = json!(false);
-            v["reason"] = json!(r.reason);
-            writeln!(out, "{v}")?;
+            let line = ReadMessageJson {
+                kind: ReadItemKind::Rejected,
+                verified: false,
+                reason: Some(r.reason.clone()),
+                ..message_json(&r.message, keys_given)
+            };
+            writeln!(out, "{}", serde_json::to_string(&line)?)?;
         } else {
             writeln!(
                 out,
@@ -779,12 +780,15 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     }
     for p in &report.problems {
         if a.json {
-            writeln!(
-                out,
-                "{}",
-                json!({"kind": "problem", "bag": p.bucket.to_string(), "item": p.item,
-                       "offset": p.offset, "what": p.what, "in_open_bag": p.in_open_bag})
-            )?;
+            let line = ProblemJson {
+                bag: p.bucket.to_string(),
+                in_open_bag: p.in_open_bag,
+                item: p.item.clone(),
+                kind: ReadItemKind::Problem,
+                offset: p.offset,
+                what: p.what.clone(),
+            };
+            writeln!(out, "{}", serde_json::to_string(&line)?)?;
         } else {
             writeln!(
                 out,
@@ -796,18 +800,19 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
-    let summary = json!({
-        "kind": "summary",
-        "messages": report.messages.len(),
-        "rejected": report.rejected.len(),
-        "problems": report.problems.len(),
-        "closed_bags_read": report.closed_bags_read,
-        "open_bags_skipped": report.skipped_open.len(),
-        "close_refused": report.close_refused,
-        "verified": verified,
-    });
     if a.json {
-        writeln!(out, "{summary}")?;
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let summary = ReadSummaryJson {
+            close_refused: report.close_refused.clone(),
+            closed_bags_read: report.closed_bags_read,
+            kind: ReadItemKind::Summary,
+            messages: count(report.messages.len()),
+            open_bags_skipped: count(report.skipped_open.len()),
+            problems: count(report.problems.len()),
+            rejected: count(report.rejected.len()),
+            verified,
+        };
+        writeln!(out, "{}", serde_json::to_string(&summary)?)?;
     } else {
         eprintln!(
             "bagel: {} messages, {} rejected, {} problems, {} closed bags read, {} open bags skipped{}{}",

@@ -6,12 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bagel_cli::contract::{ProofJson, TimeCheckJson};
 use bagel_client::{Client, ClientOptions, TimeOptions, TimeSource};
-use bagel_proto::hex::encode as hex;
-use bagel_proto::pb;
 use bagel_proto::signed_time::roughtime::RoughtimeServer;
 use clap::Args;
-use serde_json::json;
 
 /// `--roughtime HOST:PORT --roughtime-key KEY`, global and repeatable.
 #[derive(Debug, Args)]
@@ -88,34 +86,18 @@ pub async fn time_check(
     let m = time.latest().context("checked, so measured")?;
     let v = time.verdict();
     if args.json {
-        let proof = match &signed.signed.proof {
-            Some(pb::signed_time::Proof::Roughtime(p)) => json!({
-                "kind": "roughtime",
-                "request_hex": hex(&p.request),
-                "response_hex": hex(&p.response),
-                "public_key_hex": hex(&p.public_key),
-                "blind_hex": hex(&p.blind),
-            }),
-            Some(pb::signed_time::Proof::Local(p)) => json!({
-                "kind": "local",
-                "body_hex": hex(&p.body),
-                "signature_hex": hex(&p.signature),
-                "key_id": p.key_id,
-            }),
-            None => serde_json::Value::Null,
+        let out = TimeCheckJson {
+            detail: v.to_string(),
+            error_bound_us: v.error_bound().map(bagel_proto::duration_micros),
+            healthy: v.is_healthy(),
+            offset_us: v.offset_us(),
+            proof: signed.signed.proof.as_ref().map(ProofJson::of),
+            radius_us: m.reading.radius_us,
+            resolution_us: bagel_proto::duration_micros(m.resolution),
+            rtt_us: bagel_proto::duration_micros(m.rtt),
+            signed_time_us: m.reading.time.as_micros(),
+            source: m.source.clone(),
         };
-        let out = json!({
-            "source": m.source,
-            "healthy": v.is_healthy(),
-            "signed_time_us": m.reading.time.as_micros(),
-            "radius_us": m.reading.radius_us,
-            "resolution_us": bagel_proto::duration_micros(m.resolution),
-            "rtt_us": bagel_proto::duration_micros(m.rtt),
-            "offset_us": v.offset_us(),
-            "error_bound_us": v.error_bound().map(bagel_proto::duration_micros),
-            "detail": v.to_string(),
-            "proof": proof,
-        });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("{v}");

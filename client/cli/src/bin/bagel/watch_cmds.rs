@@ -11,9 +11,9 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
+use bagel_cli::contract::{ListedNameJson, WatchEventJson};
 use bagel_client::{Client, Error, ListedName, WatchEvent, WatchTarget};
 use clap::{Args, Subcommand};
-use serde_json::json;
 
 use crate::lease_cmds::Globals;
 use crate::target::Target;
@@ -122,13 +122,8 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
     for (server, n) in &names {
         let h = &n.holder;
         if args.json {
-            // The holder's fields beside the name, as describe prints them.
-            let mut line = crate::lease_cmds::holder_json(h);
-            line["name"] = json!(n.name);
-            if let Some(server) = server {
-                line["server"] = json!(server);
-            }
-            println!("{line}");
+            let line = ListedNameJson::new(n, server.as_deref());
+            println!("{}", serde_json::to_string(&line).expect("serializable"));
         } else {
             println!(
                 "{} lease {} owner {:?} {} until {}{}",
@@ -184,17 +179,8 @@ async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
 
 fn print_event(e: &WatchEvent, json: bool) {
     if json {
-        let line = json!({
-            "revision": e.revision,
-            "kind": e.kind.as_str(),
-            "name": e.name,
-            "lease_id": e.lease_id,
-            "owner": e.owner,
-            "mode": e.mode.as_str(),
-            "deadline_us": e.deadline.as_micros(),
-            "at_us": e.at.as_micros(),
-        });
-        println!("{line}");
+        let line = WatchEventJson::from(e);
+        println!("{}", serde_json::to_string(&line).expect("serializable"));
     } else {
         println!(
             "{} {} {} {} lease {} owner {:?} {} until {}",

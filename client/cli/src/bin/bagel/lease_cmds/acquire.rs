@@ -96,15 +96,7 @@ pub fn print_grant(l: &LeaseJson, as_json: bool) {
         println!("{}", serde_json::to_string(l).expect("serializable"));
         return;
     }
-    println!(
-        "lease     {} ({})",
-        l.lease_id,
-        if l.mode == bagel_cli::contract::ModeJson::Full {
-            "full"
-        } else {
-            "tentative"
-        }
-    );
+    println!("lease     {} ({})", l.lease_id, l.mode.as_str());
     println!("token     {}", l.token);
     println!(
         "deadline  {} ({} us)",

@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use bagel_client::{LeaseBackend as _, Micros, NameState, Previous};
+use bagel_cli::contract::NameStateJson;
+use bagel_client::{LeaseBackend as _, NameState};
 use clap::Args;
-use serde_json::json;
 
 use crate::target::Target;
 
@@ -19,6 +19,7 @@ pub struct DescribeArgs {
 }
 
 impl DescribeArgs {
+    /// Refuses names the servers would refuse, before connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         crate::names::check("name", &self.names)
     }
@@ -28,8 +29,8 @@ pub async fn run(args: DescribeArgs, target: &Target) -> anyhow::Result<ExitCode
     let backend = target.backend();
     let states = backend.describe(&args.names).await?;
     if args.json {
-        let v: Vec<_> = states.iter().map(name_state_json).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let states: Vec<_> = states.iter().map(NameStateJson::from).collect();
+        println!("{}", serde_json::to_string_pretty(&states)?);
     } else {
         for s in &states {
             print_name_state(s);
@@ -38,38 +39,7 @@ pub async fn run(args: DescribeArgs, target: &Target) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-fn previous_json(p: &Previous) -> serde_json::Value {
-    json!({
-        "lease_id": p.lease_id.clone().unwrap_or_default(),
-        "watermark_us": p.watermark.as_micros(),
-        "ended": p.ended.as_str(),
-        "ended_at_us": p.ended_at.as_micros(),
-        "unsettled_until_us": p.unsettled_until.map(Micros::as_micros),
-    })
-}
-
-/// A holder as `describe --json` and `list --json` print it.
-pub(crate) fn holder_json(h: &bagel_client::Holder) -> serde_json::Value {
-    json!({
-        "lease_id": h.lease_id,
-        "owner": h.owner,
-        "mode": h.mode.as_str(),
-        "deadline_us": h.deadline.as_micros(),
-        "fencing_token": h.fencing_token,
-        "granted_at_us": h.granted_at.as_micros(),
-    })
-}
-
-fn name_state_json(s: &NameState) -> serde_json::Value {
-    json!({
-        "name": s.name,
-        "known": s.known,
-        "fencing_token": s.fencing_token,
-        "holder": s.holder.as_ref().map(holder_json),
-        "previous": previous_json(&s.previous),
-    })
-}
-
+/// A name's state as text: its holder (or free), then what it inherits.
 fn print_name_state(s: &NameState) {
     match &s.holder {
         Some(h) => println!(

@@ -3,11 +3,10 @@
 
 use std::process::ExitCode;
 
-use bagel_client::{HistoryEvent, LeaseBackend as _};
+use bagel_cli::contract::{HistoryEventJson, HistoryJson, metadata_text};
+use bagel_client::{History, LeaseBackend as _};
 use clap::Args;
-use serde_json::json;
 
-use super::metadata::metadata_text;
 use crate::target::Target;
 
 #[derive(Debug, Args)]
@@ -20,54 +19,38 @@ pub struct HistoryArgs {
 }
 
 impl HistoryArgs {
+    /// Refuses a name the servers would refuse, before connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         crate::names::check("name", [&self.name])
     }
 }
 
 pub async fn run(args: HistoryArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let backend = target.backend();
-    let h = backend.history(&args.name).await?;
-    let event = |e: HistoryEvent| match e {
-        HistoryEvent::Renewed => "renewed",
-        HistoryEvent::Released => "released",
-    };
+    let h = target.backend().history(&args.name).await?;
     if args.json {
-        let entries: Vec<_> = h
-            .entries
-            .iter()
-            .map(|e| {
-                json!({
-                    "lease_id": e.lease_id,
-                    "owner": e.owner,
-                    "event": event(e.event),
-                    "at_us": e.at.as_micros(),
-                    "watermark_us": e.watermark.as_micros(),
-                    "metadata": e.metadata.as_ref().map(metadata_text),
-                })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "entries": entries, "truncated": h.truncated }))?
-        );
+        println!("{}", serde_json::to_string_pretty(&HistoryJson::from(&h))?);
     } else {
-        if h.truncated {
-            println!("(older entries dropped)");
-        }
-        for e in &h.entries {
-            println!(
-                "{} {} lease {} owner {:?} watermark {} metadata {}",
-                e.at,
-                event(e.event),
-                e.lease_id,
-                e.owner,
-                e.watermark.as_micros(),
-                e.metadata
-                    .as_ref()
-                    .map_or("-".into(), |m| crate::names::shown(&metadata_text(m)))
-            );
-        }
+        print_history(&h);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A name's history as text, one line per entry, oldest first.
+fn print_history(h: &History) {
+    if h.truncated {
+        println!("(older entries dropped)");
+    }
+    for e in &h.entries {
+        println!(
+            "{} {} lease {} owner {:?} watermark {} metadata {}",
+            e.at,
+            HistoryEventJson::from(e.event).as_str(),
+            e.lease_id,
+            e.owner,
+            e.watermark.as_micros(),
+            e.metadata
+                .as_ref()
+                .map_or("-".into(), |m| crate::names::shown(&metadata_text(m)))
+        );
+    }
 }

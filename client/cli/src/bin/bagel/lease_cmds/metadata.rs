@@ -1,21 +1,14 @@
-//! `--metadata`: where a holder stored its updates, as free text (`*`:
-//! could be anywhere), both ways.
+//! `--metadata` (renew, release): where the holder stored its updates, as
+//! free text; `*` is "could be anywhere". `history` prints it back with
+//! `bagel_cli::contract::metadata_text`.
 
 use bagel_client::Metadata;
 
 /// The `--metadata` text as the backend takes it.
-pub fn metadata(text: &str) -> Metadata {
+pub fn parse(text: &str) -> Metadata {
     if text == "*" {
         Metadata::Wildcard
     } else {
         Metadata::Data(text.as_bytes().to_vec())
-    }
-}
-
-/// Metadata as text, as `history` prints it.
-pub fn metadata_text(m: &Metadata) -> String {
-    match m {
-        Metadata::Wildcard => "*".into(),
-        Metadata::Data(d) => String::from_utf8_lossy(d).into_owned(),
     }
 }

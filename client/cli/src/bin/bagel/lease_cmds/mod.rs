@@ -21,8 +21,6 @@ use std::process::ExitCode;
 use bagel_client::Error;
 use clap::Subcommand;
 
-pub(crate) use describe::holder_json;
-
 use crate::target::{Target, TargetArgs};
 use crate::time_cmds::RoughtimeArgs;
 

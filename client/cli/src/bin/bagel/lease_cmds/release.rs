@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
+use bagel_cli::contract::ReleasedJson;
 use bagel_client::{LeaseBackend as _, Micros, ReleaseOptions};
 use clap::Args;
-use serde_json::json;
 
 use super::lease_arg::TokenArgs;
 use crate::target::Target;
@@ -27,6 +27,7 @@ pub struct ReleaseArgs {
 }
 
 impl ReleaseArgs {
+    /// Refuses what the backend would refuse, before connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         self.lease.check()
     }
@@ -52,14 +53,17 @@ pub async fn run(args: ReleaseArgs, target: &Target) -> anyhow::Result<ExitCode>
     if let Some(wm) = args.watermark.map(Micros::from_micros).max(written.max_written) {
         options = options.with_watermark(wm);
     }
-    if let Some(m) = args.metadata.as_deref().map(super::metadata::metadata) {
+    if let Some(m) = args.metadata.as_deref().map(super::metadata::parse) {
         options = options.with_metadata(m);
     }
     options.inherited = args.lease.inherited()?;
     let stored = backend.release_lease(&lease, options).await?;
     lock.released();
     if args.lease.json {
-        println!("{}", json!({ "watermark_us": stored.as_micros() }));
+        let released = ReleasedJson {
+            watermark_us: stored.as_micros(),
+        };
+        println!("{}", serde_json::to_string(&released)?);
     } else {
         println!("released; stored watermark {stored} ({} us)", stored.as_micros());
     }

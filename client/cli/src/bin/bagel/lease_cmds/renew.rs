@@ -25,6 +25,7 @@ pub struct RenewArgs {
 }
 
 impl RenewArgs {
+    /// Refuses what the backend would refuse, before connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         self.lease.check()
     }
@@ -39,7 +40,7 @@ pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
         .renew_lease(
             &lease,
             deadline,
-            args.metadata.as_deref().map(super::metadata::metadata),
+            args.metadata.as_deref().map(super::metadata::parse),
         )
         .await?;
     let json = match file {

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
+use bagel_cli::contract::{RouteJson, ServerRouteJson, StoreRouteJson};
 use bagel_client::LeaseBackend as _;
 use clap::Args;
-use serde_json::json;
 
 use crate::target::Target;
 
@@ -20,50 +20,45 @@ pub struct RouteArgs {
 }
 
 impl RouteArgs {
+    /// Refuses names the servers would refuse, before connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         crate::names::check("name", &self.names)
     }
 }
 
 pub async fn run(args: RouteArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let backend = target.backend();
-    let routes: Vec<serde_json::Value> = args
+    let routes: Vec<RouteJson> = args
         .names
         .iter()
         .map(|name| match (target.server(), target.cluster()) {
-            (Some(c), _) => json!({ "name": name, "server": c.url() }),
-            (None, None) => json!({ "name": name, "lease_store": backend.location() }),
-            (None, Some(cluster)) => {
-                // Routed by `member` (the configured identity);
-                // `key_id` is the key it signs with, when known.
-                let r = cluster.route(name);
-                let key = |id: String| (!id.is_empty()).then_some(id);
-                let mut v = json!({
-                    "name": name, "server": r.current.0, "key_id": key(r.current.1),
-                    "member": r.current_identity,
-                });
-                if let (Some((url, key_id)), Some(member)) = (r.next, r.next_identity) {
-                    v["next_server"] = json!(url);
-                    v["next_key_id"] = json!(key(key_id));
-                    v["next_member"] = json!(member);
-                }
-                v
-            }
+            (Some(c), _) => RouteJson::Server(ServerRouteJson {
+                name: name.clone(),
+                server: c.url().to_owned(),
+            }),
+            (None, None) => RouteJson::Store(StoreRouteJson {
+                lease_store: target.backend().location(),
+                name: name.clone(),
+            }),
+            (None, Some(cluster)) => RouteJson::Servers(cluster.route(name).into()),
         })
         .collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&routes)?);
     } else {
         for r in &routes {
-            let next = r["next_server"]
-                .as_str()
-                .map_or(String::new(), |n| format!(" (next: {n})"));
-            println!(
-                "{}\t{}{next}",
-                crate::names::shown(r["name"].as_str().unwrap_or("")),
-                r["server"].as_str().unwrap_or("")
-            );
+            print_route(r);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A name's route as a line of text: name, tab, server (empty for a lease
+/// store), and the next owner while migrating.
+fn print_route(r: &RouteJson) {
+    let next = r.next_server().map_or(String::new(), |n| format!(" (next: {n})"));
+    println!(
+        "{}\t{}{next}",
+        crate::names::shown(r.name()),
+        r.server().unwrap_or("")
+    );
 }

@@ -1,8 +1,11 @@
-//! The JSON forms the CLI prints and reads back (`bagel acquire --json`,
-//! `bagel write --lease FILE`, `bagel verify-witness`). The key names are a
-//! contract with scripts: add keys freely, never rename one.
+//! A lease as JSON: the lease file `bagel acquire --json` prints and
+//! `--lease FILE` reads back (`bagel write --lease FILE`, `bagel
+//! verify-witness`), and what `release --json` answers. Keys in field
+//! order; an absent value is left out.
 
-use bagel_client::{Grant, Lease, Mode, NameGrant, Previous, Renewal, ServerPart, Witness};
+use std::fmt;
+
+use bagel_client::{Ended, Grant, Lease, Mode, NameGrant, Previous, Renewal, ServerPart, Witness};
 use bagel_proto::rights::{RightsSnapshot, WriteRights};
 use bagel_proto::{Micros, pb};
 use base64::Engine as _;
@@ -84,12 +87,15 @@ impl WitnessJson {
     }
 }
 
+/// What a grant inherits on one name (the lease before it, its end and
+/// watermark).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreviousJson {
+    /// The previous lease's id (empty when not known).
     pub lease_id: String,
     pub watermark_us: u64,
-    /// One of `none`, `released`, `broken`, `unknown`.
-    pub ended: String,
+    pub ended: EndedJson,
+    /// When it was released or found broken (zero when unknown or none).
     pub ended_at_us: u64,
     /// Close every bag that can hold a timestamp below this before reading
     /// what earlier holders wrote (absent: nothing unsettled).
@@ -97,6 +103,53 @@ pub struct PreviousJson {
     pub unsettled_until_us: Option<u64>,
 }
 
+/// How the lease before the current one on a name ended: `none`,
+/// `released`, `broken` or `unknown` (the words of [`Ended::as_str`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndedJson {
+    None,
+    Released,
+    Broken,
+    Unknown,
+}
+
+impl EndedJson {
+    /// The JSON word.
+    pub fn as_str(self) -> &'static str {
+        Ended::from(self).as_str()
+    }
+}
+
+impl From<Ended> for EndedJson {
+    fn from(e: Ended) -> Self {
+        match e {
+            Ended::None => EndedJson::None,
+            Ended::Released => EndedJson::Released,
+            Ended::Broken => EndedJson::Broken,
+            Ended::Unknown => EndedJson::Unknown,
+        }
+    }
+}
+
+impl From<EndedJson> for Ended {
+    fn from(e: EndedJson) -> Self {
+        match e {
+            EndedJson::None => Ended::None,
+            EndedJson::Released => Ended::Released,
+            EndedJson::Broken => Ended::Broken,
+            EndedJson::Unknown => Ended::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for EndedJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One name of a grant: its fencing token and what it inherits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NameJson {
     pub name: String,
@@ -110,6 +163,22 @@ pub struct NameJson {
 pub enum ModeJson {
     Full,
     Tentative,
+}
+
+impl ModeJson {
+    /// The JSON word: `full` or `tentative`.
+    pub fn as_str(self) -> &'static str {
+        Mode::from(self).as_str()
+    }
+}
+
+impl From<ModeJson> for Mode {
+    fn from(m: ModeJson) -> Self {
+        match m {
+            ModeJson::Full => Mode::Full,
+            ModeJson::Tentative => Mode::Tentative,
+        }
+    }
 }
 
 impl From<Mode> for ModeJson {
@@ -192,7 +261,7 @@ fn previous_json(p: &Previous) -> PreviousJson {
     PreviousJson {
         lease_id: p.lease_id.clone().unwrap_or_default(),
         watermark_us: p.watermark.as_micros(),
-        ended: p.ended.as_str().to_owned(),
+        ended: p.ended.into(),
         ended_at_us: p.ended_at.as_micros(),
         unsettled_until_us: p.unsettled_until.map(Micros::as_micros),
     }
@@ -283,6 +352,12 @@ impl LeaseJson {
     }
 }
 
+/// What `release --json` prints: the watermark the backend stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedJson {
+    pub watermark_us: u64,
+}
+
 fn all_if_many(witnesses: &[Witness]) -> Vec<WitnessJson> {
     if witnesses.len() > 1 {
         witnesses.iter().map(WitnessJson::from).collect()
@@ -320,5 +395,41 @@ impl WriteRights for LeaseJson {
                 }
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ended_is_the_clients_word_both_ways() {
+        for ended in [Ended::None, Ended::Released, Ended::Broken, Ended::Unknown] {
+            let json = serde_json::to_string(&EndedJson::from(ended)).unwrap();
+            assert_eq!(json, format!("\"{}\"", ended.as_str()));
+            assert_eq!(
+                Ended::from(serde_json::from_str::<EndedJson>(&json).unwrap()),
+                ended
+            );
+            assert_eq!(EndedJson::from(ended).to_string(), ended.as_str());
+        }
+        let previous: PreviousJson =
+            serde_json::from_str(r#"{"lease_id":"ab","watermark_us":4,"ended":"broken","ended_at_us":5}"#)
+                .unwrap();
+        assert_eq!(previous.ended, EndedJson::Broken);
+        assert_eq!(
+            serde_json::to_string(&previous).unwrap(),
+            r#"{"lease_id":"ab","watermark_us":4,"ended":"broken","ended_at_us":5}"#
+        );
+        assert!(
+            serde_json::from_str::<PreviousJson>(
+                r#"{"lease_id":"","watermark_us":0,"ended":"gone","ended_at_us":0}"#
+            )
+            .is_err()
+        );
+        assert_eq!(
+            serde_json::to_string(&ReleasedJson { watermark_us: 7 }).unwrap(),
+            r#"{"watermark_us":7}"#
+        );
     }
 }

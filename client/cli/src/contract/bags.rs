@@ -1,0 +1,165 @@
+//! Bags as `read --json` (one object per line: each message, each
+//! rejected message, each problem, then the summary), `retain --json` and
+//! `summarize --json` (one line per summary) print them. Keys in
+//! alphabetical order; an absent value is `null` (a message's `reason`
+//! excepted).
+
+use serde::{Deserialize, Serialize};
+
+/// What a line of `read --json` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadItemKind {
+    /// A message read and accepted ([`ReadMessageJson`]).
+    Message,
+    /// A message refused, with the reason ([`ReadMessageJson`]).
+    Rejected,
+    /// Something wrong in a bag ([`ProblemJson`]).
+    Problem,
+    /// The last line ([`ReadSummaryJson`]).
+    Summary,
+}
+
+/// A message `read --json` accepted (`kind` `message`) or refused (`kind`
+/// `rejected`, with `reason`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadMessageJson {
+    /// The bag it was read from.
+    pub bag: String,
+    pub from_open_bag: bool,
+    pub kind: ReadItemKind,
+    pub lease_ids: Vec<String>,
+    /// Why a check did not hold (or could not be made).
+    pub notes: Vec<String>,
+    /// The payload as UTF-8 (invalid sequences replaced).
+    pub payload: String,
+    /// Why it was refused (`rejected` only; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub sequence: u64,
+    /// `timestamp_us` as a date and time.
+    pub time: String,
+    pub timestamp_us: u64,
+    /// Every check was made and held (never without keys; never for a
+    /// refused message).
+    pub verified: bool,
+    pub writer_id: String,
+}
+
+/// Something wrong in a bag, as `read --json` prints it (`kind`
+/// `problem`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProblemJson {
+    pub bag: String,
+    /// A torn tail in an open bag is a write in progress, not damage.
+    pub in_open_bag: bool,
+    pub item: String,
+    pub kind: ReadItemKind,
+    pub offset: Option<u64>,
+    pub what: String,
+}
+
+/// The last line of `read --json` (`kind` `summary`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadSummaryJson {
+    /// Why past-due bags were not closed (`null` when none was refused).
+    pub close_refused: Option<String>,
+    pub closed_bags_read: u64,
+    pub kind: ReadItemKind,
+    pub messages: u64,
+    pub open_bags_skipped: u64,
+    pub problems: u64,
+    pub rejected: u64,
+    /// Keys were given, every message passed every check, and nothing was
+    /// rejected or damaged.
+    pub verified: bool,
+}
+
+/// What `retain --json` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainJson {
+    pub bags_removed: u64,
+    /// What was kept, and why.
+    pub kept: Vec<String>,
+    pub summaries_checked: u64,
+    pub summaries_removed: u64,
+}
+
+/// One summary `summarize --json` made (or found already published).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryMadeJson {
+    pub bags: u64,
+    pub bytes: u64,
+    /// False when it was already published.
+    pub created: bool,
+    /// The stretch it covers: from this (Unix µs)...
+    pub from: u64,
+    pub messages: u64,
+    pub name: String,
+    /// ...to this.
+    pub to: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The exact lines `read --json` printed before they were typed.
+    #[test]
+    fn read_lines_print_as_before() {
+        let message = ReadMessageJson {
+            bag: "b".into(),
+            from_open_bag: false,
+            kind: ReadItemKind::Message,
+            lease_ids: vec!["ab".into()],
+            notes: Vec::new(),
+            payload: "hi".into(),
+            reason: None,
+            sequence: 1,
+            time: "t".into(),
+            timestamp_us: 2,
+            verified: true,
+            writer_id: "w".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&message).unwrap(),
+            r#"{"bag":"b","from_open_bag":false,"kind":"message","lease_ids":["ab"],"notes":[],"payload":"hi","sequence":1,"time":"t","timestamp_us":2,"verified":true,"writer_id":"w"}"#
+        );
+        let rejected = ReadMessageJson {
+            kind: ReadItemKind::Rejected,
+            verified: false,
+            reason: Some("why".into()),
+            ..message
+        };
+        assert_eq!(
+            serde_json::to_string(&rejected).unwrap(),
+            r#"{"bag":"b","from_open_bag":false,"kind":"rejected","lease_ids":["ab"],"notes":[],"payload":"hi","reason":"why","sequence":1,"time":"t","timestamp_us":2,"verified":false,"writer_id":"w"}"#
+        );
+        let problem = ProblemJson {
+            bag: "b".into(),
+            in_open_bag: true,
+            item: "i".into(),
+            kind: ReadItemKind::Problem,
+            offset: None,
+            what: "torn".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&problem).unwrap(),
+            r#"{"bag":"b","in_open_bag":true,"item":"i","kind":"problem","offset":null,"what":"torn"}"#
+        );
+        let summary = ReadSummaryJson {
+            close_refused: None,
+            closed_bags_read: 1,
+            kind: ReadItemKind::Summary,
+            messages: 2,
+            open_bags_skipped: 3,
+            problems: 4,
+            rejected: 5,
+            verified: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&summary).unwrap(),
+            r#"{"close_refused":null,"closed_bags_read":1,"kind":"summary","messages":2,"open_bags_skipped":3,"problems":4,"rejected":5,"verified":false}"#
+        );
+    }
+}
