@@ -10,6 +10,7 @@
 //! * [`servers`]: `server-info` and `route`.
 //! * [`time`]: `time-check --json`.
 //! * [`bags`]: `read`, `retain` and `summarize` with `--json`.
+//! * [`lease_id`]: lease ids as the command line takes them.
 //!
 //! Key order: the lease file prints its keys in the order of its fields,
 //! and leaves an absent value out. Every other shape prints its keys in
@@ -20,6 +21,7 @@
 
 pub mod bags;
 pub mod lease;
+pub mod lease_id;
 pub mod names;
 pub mod servers;
 pub mod time;
@@ -29,6 +31,7 @@ pub use lease::{
     EndedJson, LeaseJson, MerkleJson, ModeJson, NameJson, PreviousJson, ReleasedJson, ServerNameJson,
     WitnessJson,
 };
+pub use lease_id::{LeaseId, LeaseIdPart, NotALeaseId};
 pub use names::{
     HistoryEntryJson, HistoryEventJson, HistoryJson, HolderJson, InheritedJson, ListedNameJson,
     NameStateJson, WatchEventJson, WatchEventKindJson, metadata_text,

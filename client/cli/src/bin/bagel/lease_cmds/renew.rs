@@ -1,7 +1,6 @@
 //! `bagel renew`: a lease's deadline moved to now + TTL; its lease file
 //! (when `--lease` is one) rewritten.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -44,9 +43,9 @@ pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
         )
         .await?;
     let json = match file {
-        Some(mut json) => {
+        Some((path, mut json)) => {
             json.renewed(&r);
-            crate::lease_file::write(Path::new(&args.lease.lease_id), &json)?;
+            crate::lease_file::write(path, &json)?;
             json
         }
         None => LeaseJson::from_witness(&lease.token, &r.witnesses, target.single_location().as_deref())

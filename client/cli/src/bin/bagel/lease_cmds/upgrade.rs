@@ -1,7 +1,6 @@
 //! `bagel upgrade`: a tentative lease made full; its lease file (when
 //! `--lease` is one) rewritten.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use bagel_cli::contract::LeaseJson;
@@ -15,10 +14,10 @@ pub async fn run(args: UpgradeArgs, target: &Target) -> anyhow::Result<ExitCode>
     let backend = target.backend();
     let grant = backend.upgrade_lease(&args.resolve()?).await?;
     let mut json = LeaseJson::from_grant(&grant, target.single_location().as_deref());
-    if let Some(file) = args.file()? {
+    if let Some((path, file)) = args.file()? {
         json.holder_secret = file.holder_secret;
         json.server = json.server.or(file.server);
-        crate::lease_file::write(Path::new(&args.lease_id), &json)?;
+        crate::lease_file::write(path, &json)?;
     }
     print_grant(&json, args.json);
     Ok(ExitCode::SUCCESS)
