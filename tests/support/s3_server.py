@@ -13,15 +13,27 @@ this server and start it again without losing an acknowledged write: a
 request cut off before its answer may or may not have taken effect, exactly
 as with a real store.
 
+A replay costs every request the store ever took, and a long fault run
+makes hundreds of thousands (most of them for objects long deleted): after
+replaying, the journal is compacted to the state it produced, one PUT per
+bucket and per live object (written beside it, fsynced, renamed over it),
+so a restart costs what the store holds plus what came since the last one.
+Compaction is skipped (the full journal kept) when it could not reproduce
+the state exactly: an object whose ETag is not its content's MD5 (a
+multipart upload) would come back with another ETag.
+
 Usage: s3_server.py HOST PORT [--journal FILE] [--bucket NAME]
 """
 
 import base64
+import hashlib
 import io
 import json
 import os
 import sys
 import threading
+import urllib.parse
+import xml.etree.ElementTree as ET
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
@@ -142,6 +154,87 @@ def _replay(path):
     return n
 
 
+_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def _get(path, query="", host="localhost"):
+    env = _environ(
+        {
+            "method": "GET",
+            "path": path,
+            "query": query,
+            "host": host,
+            "headers": {"authorization": _REPLAY_AUTHORIZATION},
+            "body": "",
+        }
+    )
+    status, headers, body = _call(env)
+    if not status.startswith("2"):
+        raise ReplayError(f"compaction: GET {path}?{query} answered {status}")
+    return dict((k.lower(), v) for k, v in headers), body
+
+
+def _entry(method, path, headers, body):
+    return {
+        "method": method,
+        "path": path,
+        "query": "",
+        "host": "localhost",
+        "headers": {"authorization": _REPLAY_AUTHORIZATION, **headers},
+        "body": base64.b64encode(body).decode(),
+    }
+
+
+def _state():
+    """Every bucket and live object as journal entries that recreate them,
+    or None when a PUT could not recreate one exactly (its ETag)."""
+    _, listing = _get("/")
+    buckets = [b.text for b in ET.fromstring(listing).iter(f"{_S3}Name")]
+    entries = []
+    for bucket in buckets:
+        entries.append(_entry("PUT", f"/{bucket}", {}, b""))
+        token = None
+        while True:
+            query = "list-type=2&max-keys=1000"
+            if token:
+                query += "&continuation-token=" + urllib.parse.quote(token, safe="")
+            _, page = _get(f"/{bucket}", query)
+            root = ET.fromstring(page)
+            for item in root.iter(f"{_S3}Contents"):
+                key = item.find(f"{_S3}Key").text
+                headers, body = _get(f"/{bucket}/{key}")
+                etag = headers.get("etag", "").strip('"')
+                if etag != hashlib.md5(body).hexdigest():
+                    return None
+                kept = {"content-type": headers["content-type"]} if "content-type" in headers else {}
+                entries.append(_entry("PUT", f"/{bucket}/{key}", kept, body))
+            if root.findtext(f"{_S3}IsTruncated") != "true":
+                break
+            token = root.findtext(f"{_S3}NextContinuationToken")
+    return entries
+
+
+def _compact(path):
+    """Rewrites the journal as the state it replayed to; returns the number
+    of entries, or None when it keeps the full journal."""
+    entries = _state()
+    if entries is None:
+        return None
+    tmp = path + ".compact"
+    with open(tmp, "w") as f:
+        for e in entries:
+            f.write(json.dumps(e) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return len(entries)
+
+
 def main():
     global _journal
     args = sys.argv[1:]
@@ -161,8 +254,11 @@ def main():
             replayed = _replay(journal) if os.path.exists(journal) else 0
         except ReplayError as e:
             sys.exit(f"s3_server: {e}")
+        compacted = _compact(journal) if replayed else None
         _journal = open(journal, "a")
         print(f"replayed {replayed} requests from {journal}", flush=True)
+        if compacted is not None:
+            print(f"compacted {journal} to {compacted} requests", flush=True)
     if bucket is not None:
         with _lock:
             env = EnvironBuilder(method="PUT", path=f"/{bucket}", headers={"Host": f"{host}:{port}"}).get_environ()
