@@ -162,4 +162,33 @@ mod tests {
             r#"{"close_refused":null,"closed_bags_read":1,"kind":"summary","messages":2,"open_bags_skipped":3,"problems":4,"rejected":5,"verified":false}"#
         );
     }
+
+    // `retain --json` and `summarize --json`, as they printed before they
+    // were typed.
+    #[test]
+    fn retain_and_summarize_print_as_before() {
+        let retain = RetainJson {
+            bags_removed: 1,
+            kept: vec!["why".into()],
+            summaries_checked: 2,
+            summaries_removed: 3,
+        };
+        assert_eq!(
+            serde_json::to_string(&retain).unwrap(),
+            r#"{"bags_removed":1,"kept":["why"],"summaries_checked":2,"summaries_removed":3}"#
+        );
+        let made = SummaryMadeJson {
+            bags: 1,
+            bytes: 2,
+            created: true,
+            from: 3,
+            messages: 4,
+            name: "s".into(),
+            to: 5,
+        };
+        assert_eq!(
+            serde_json::to_string(&made).unwrap(),
+            r#"{"bags":1,"bytes":2,"created":true,"from":3,"messages":4,"name":"s","to":5}"#
+        );
+    }
 }
