@@ -222,7 +222,7 @@ fn held<'a>(
     let id = &lease.id;
     let Some(rec) = rec else {
         return Err(Error::not_held(
-            NotHeldReason::Unknown,
+            NotHeldReason::Gone,
             format!("lease_id: unknown lease {id}: name {name:?} was never leased here"),
         ));
     };
@@ -256,7 +256,7 @@ fn gone(rec: &NameRecord, holder: Option<&HolderRecord>, name: &str, id: &str) -
     if prev.lease_id.as_deref() == Some(id) {
         return match prev.ended {
             Ended::Released => Error::not_held(
-                NotHeldReason::Unknown,
+                NotHeldReason::Gone,
                 format!("lease_id: lease {id} was released at {}", prev.ended_at),
             ),
             _ => Error::not_held(
@@ -278,7 +278,7 @@ fn gone(rec: &NameRecord, holder: Option<&HolderRecord>, name: &str, id: &str) -
             ),
         ),
         None => Error::not_held(
-            NotHeldReason::Unknown,
+            NotHeldReason::Gone,
             format!("lease_id: unknown lease {id} on name {name:?} (released, broken, or never granted)"),
         ),
     }

@@ -21,9 +21,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum NotHeldReason {
-    /// The backend knows no such lease: never granted there, or released,
-    /// or ended long enough ago to be forgotten.
-    Unknown,
+    /// The backend holds no lease by that id: released (the message says
+    /// when), never granted there, or ended long enough ago to be
+    /// forgotten.
+    Gone,
     /// The lease is there but not the caller's: its token does not match,
     /// or (mutual TLS) another client certificate holds it.
     NotYours,
@@ -35,7 +36,7 @@ pub enum NotHeldReason {
 impl NotHeldReason {
     pub fn as_str(self) -> &'static str {
         match self {
-            NotHeldReason::Unknown => "unknown",
+            NotHeldReason::Gone => "gone",
             NotHeldReason::NotYours => "not yours",
             NotHeldReason::Ended => "ended",
         }

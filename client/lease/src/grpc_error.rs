@@ -66,7 +66,7 @@ pub(crate) fn from_status(s: Status) -> Error {
             let (field, reason) = split_field(message);
             Error::OutOfRange { field, reason }
         }
-        Code::NotFound => Error::not_held(NotHeldReason::Unknown, message),
+        Code::NotFound => Error::not_held(NotHeldReason::Gone, message),
         Code::PermissionDenied => Error::not_held(NotHeldReason::NotYours, message),
         Code::FailedPrecondition => Error::not_held(NotHeldReason::Ended, message),
         Code::ResourceExhausted => Error::LimitExceeded { message },
@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn not_held_says_why_by_the_code() {
         for (status, reason) in [
-            (Status::not_found("x"), NotHeldReason::Unknown),
+            (Status::not_found("x"), NotHeldReason::Gone),
             (Status::permission_denied("x"), NotHeldReason::NotYours),
             (Status::failed_precondition("x"), NotHeldReason::Ended),
         ] {

@@ -223,7 +223,7 @@ impl S3LeaseBackend {
             Some((obj, Some(etag))) => Ok((obj, etag, false)),
             Some((_, None)) => Err(self.no_etag(name)),
             None => Err(Error::not_held(
-                NotHeldReason::Unknown,
+                NotHeldReason::Gone,
                 format!("lease_id: unknown lease {lease_id}: name {name:?} has no lease object"),
             )),
         }

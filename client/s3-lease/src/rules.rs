@@ -214,7 +214,7 @@ impl Rules {
         if prev.lease_id.as_deref() == Some(lease_id) {
             return match prev.ended {
                 EndedRecord::Released => not_held(
-                    NotHeldReason::Unknown,
+                    NotHeldReason::Gone,
                     format!(
                         "lease_id: lease {lease_id} was released at {}",
                         Micros::from_micros(prev.ended_at_us)
@@ -239,7 +239,7 @@ impl Rules {
                 ),
             ),
             None => not_held(
-                NotHeldReason::Unknown,
+                NotHeldReason::Gone,
                 format!(
                     "lease_id: unknown lease {lease_id} on name {name:?} (released, broken, or never granted)"
                 ),

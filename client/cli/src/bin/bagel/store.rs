@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use bagel_cli::{LeaseBackendOptions, S3Options, open_lease_backend};
 use bagel_client::{ClientOptions, LeaseBackend, TimeOptions, TimeSource};
 use bagel_proto::clock::{Clock, SystemClock};
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_cli::{LeaseBackendOptions, S3Options, open_lease_backend};
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseConfig, SelfSignedClock};
 use clap::Args;
 

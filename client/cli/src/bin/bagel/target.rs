@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use bagel_cli::{LeaseBackendOptions, open_lease_backend};
 use bagel_client::{Client, ClientOptions, Cluster, LeaseBackend, ServerSpec, TlsConfig};
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, SignedClock};
-use bagel_cli::{LeaseBackendOptions, open_lease_backend};
 
 use crate::store::StoreArgs;
 use crate::time_cmds::RoughtimeArgs;
