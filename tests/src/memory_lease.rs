@@ -69,7 +69,7 @@ use bagel_lease_core::{
 };
 use bagel_proto::clock::Clock;
 use bagel_proto::names::{echo, name_problem, owner_problem};
-use bagel_proto::{KeyRing, Signer, TimeProofKind, pb, sign_local_time, sign_witness};
+use bagel_proto::{KeyRing, Signer, pb, sign_local_time, sign_witness};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -426,45 +426,6 @@ fn check_wait(wait: Duration, limits: &MemoryLimits) -> Result<()> {
                 "{} exceeds this backend's max wait of {} us",
                 bagel_proto::duration_micros(wait),
                 bagel_proto::duration_micros(limits.max_wait)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a watermark ahead of the time it is checked against by more
-/// than the tolerance: the release's signed time (plus its resolution or
-/// radius) when it gave one, else `now`. A holder cannot have written
-/// later than the present.
-fn check_watermark(options: &ReleaseOptions, now: Micros, limits: &MemoryLimits) -> Result<()> {
-    let Some(watermark) = options.watermark.filter(|w| *w != Micros::ZERO) else {
-        return Ok(());
-    };
-    let (reference, allowance, what) = match &options.signed_time {
-        Some(st) => match st.reading.source {
-            TimeProofKind::Roughtime => (
-                st.reading.time,
-                st.reading.resolution_us(),
-                "signed_time (Roughtime)",
-            ),
-            TimeProofKind::Local => (st.reading.time, st.reading.radius_us, "signed_time"),
-        },
-        None => (now, 0, "this backend's clock"),
-    };
-    let tolerance = bagel_proto::duration_micros(limits.timestamp_tolerance);
-    if watermark.as_micros()
-        > reference
-            .as_micros()
-            .saturating_add(tolerance)
-            .saturating_add(allowance)
-    {
-        return Err(Error::out_of_range(
-            "watermark_us",
-            format!(
-                "{} is ahead of {what} ({}) by more than the tolerance of {tolerance} us (+{allowance} us \
-                 allowance)",
-                watermark.as_micros(),
-                reference.as_micros()
             ),
         ));
     }
@@ -908,7 +869,12 @@ impl LeaseBackend for MemoryLeaseBackend {
         check_metadata(options.metadata.as_ref(), &self.limits)?;
         let names = self.names_of(lease)?;
         let now = self.clock.now();
-        check_watermark(&options, now, &self.limits)?;
+        bagel_lease_core::rules::check_watermark(
+            &options,
+            now,
+            "this backend's clock",
+            self.limits.timestamp_tolerance,
+        )?;
         let watermark = options.watermark.unwrap_or(Micros::ZERO);
         let keep = self.limits.history_per_name;
         let (_, grants) = self.change_held(

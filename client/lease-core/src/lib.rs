@@ -15,6 +15,8 @@
 //!   notification, and the rights a writer writes under.
 //! * [`long_wait`]: waits of any length (or forever) for busy names, in
 //!   rounds of at most the backend's max wait.
+//! * [`rules`]: what every backend that judges releases itself checks
+//!   alike (a watermark ahead of its time).
 //! * [`holder_key`]: the key a lease's witnesses name and its batches are
 //!   signed with.
 //! * [`time_source`]: [`TimeSource`], signed time for writers (Roughtime,
@@ -38,6 +40,7 @@ pub mod error;
 pub mod holder_key;
 pub mod lease;
 pub mod long_wait;
+pub mod rules;
 pub mod time_source;
 mod ttl_check;
 pub mod types;

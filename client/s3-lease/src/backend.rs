@@ -25,7 +25,7 @@ use bagel_lease_core::{
     Micros, Mode, NameGrant, NameState, NotHeldReason, ReleaseOptions, Renewal, Result, StoreInfo,
 };
 use bagel_proto::clock::Clock;
-use bagel_proto::{KeyRing, Signer, TimeProofKind, pb};
+use bagel_proto::{KeyRing, Signer, pb};
 use dashmap::DashMap;
 use rand::{Rng as _, RngCore as _};
 
@@ -859,38 +859,12 @@ impl LeaseBackend for S3LeaseBackend {
         let names = self.names_of(lease)?;
         let stamp = self.stamp().await?;
         let watermark = options.watermark.unwrap_or(Micros::ZERO);
-        if watermark != Micros::ZERO {
-            // As the server: watermark <= signed time + tolerance +
-            // allowance (a Roughtime reading's 1 s resolution, a local
-            // reading's radius), else the releaser's checked clock.
-            let (reference, allowance, what) = match &options.signed_time {
-                Some(st) => match st.reading.source {
-                    TimeProofKind::Roughtime => (
-                        st.reading.time,
-                        st.reading.resolution_us(),
-                        "signed_time (Roughtime)",
-                    ),
-                    TimeProofKind::Local => (st.reading.time, st.reading.radius_us, "signed_time"),
-                },
-                None => (stamp.now, 0, "the releaser's checked clock"),
-            };
-            let tolerance = bagel_proto::duration_micros(self.cfg.timestamp_tolerance);
-            let limit = reference
-                .as_micros()
-                .saturating_add(tolerance)
-                .saturating_add(allowance);
-            if watermark.as_micros() > limit {
-                return Err(Error::out_of_range(
-                    "watermark_us",
-                    format!(
-                        "{} is ahead of {what} ({}) by more than the tolerance of {tolerance} us \
-                         (+{allowance} us allowance)",
-                        watermark.as_micros(),
-                        reference.as_micros()
-                    ),
-                ));
-            }
-        }
+        bagel_lease_core::rules::check_watermark(
+            &options,
+            stamp.now,
+            "the releaser's checked clock",
+            self.cfg.timestamp_tolerance,
+        )?;
         let spec = ReleaseSpec {
             watermark,
             signed_time_b64: options.signed_time.as_ref().map(|s| signed_time_b64(&s.signed)),
