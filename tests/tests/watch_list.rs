@@ -528,3 +528,47 @@ async fn the_side_port_says_who_holds_a_name_or_prefix() {
     let (_, page) = get("/?holder=nobody".into()).await;
     assert!(page.contains(r#"id="holders-none""#), "{page}");
 }
+
+/// `--max-watchers` bounds the watches a server keeps: one over it is
+/// refused with RESOURCE_EXHAUSTED (the client's `LimitExceeded`) naming
+/// the flag, and a watch that ends frees its place.
+#[tokio::test]
+async fn watches_over_max_watchers_are_refused_until_one_ends() {
+    let server = ServerProcess::start_ready(&["--max-ttl", "2m", "--max-watchers", "2"]).await;
+    let client = server.client().await;
+    let mut c = raw(&server).await;
+    let first = client
+        .watch(WatchTarget::Prefix("mw/".into()), None)
+        .await
+        .unwrap();
+    let _second = client
+        .watch(WatchTarget::Prefix("mw/".into()), None)
+        .await
+        .unwrap();
+    assert_eq!(watchers(&mut c).await, 2);
+    let err = client
+        .watch(WatchTarget::Prefix("mw/".into()), None)
+        .await
+        .unwrap_err();
+    match &err {
+        Error::LimitExceeded { message } => {
+            assert!(message.contains("--max-watchers"), "{message}");
+        }
+        other => panic!("expected a refusal over --max-watchers, got {other:?}"),
+    }
+    // The first ends; the server finds its stream gone when it next has an
+    // event for it, and its place is free.
+    drop(first);
+    while watchers(&mut c).await > 1 {
+        let g = acquire(&mut c, &["mw/x"], "mw-owner", 60 * SEC).await;
+        release(&mut c, &g).await;
+    }
+    let mut third = client
+        .watch(WatchTarget::Prefix("mw/".into()), None)
+        .await
+        .unwrap();
+    let g = acquire(&mut c, &["mw/y"], "mw-owner", 60 * SEC).await;
+    let e = next(&mut third).await;
+    assert_eq!((e.kind, e.name.as_str()), (WatchEventKind::Granted, "mw/y"));
+    release(&mut c, &g).await;
+}
