@@ -85,6 +85,43 @@ pub struct Args {
     /// writes bag-scale.md and bag-scale.json there.
     #[arg(long)]
     pub bag_scale: bool,
+    /// Run only the bag-path measurements (concurrent writers on each
+    /// store, a metronome over many logs) and write bag-path.md and
+    /// bag-path.json into --out. They also run with the other bag
+    /// measurements (unless --no-bags), into results.md and summary.json.
+    #[arg(long)]
+    pub bag_path: bool,
+    /// Bag path: concurrent writers per point (each its own Writer and
+    /// writer id, all on one log).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub bag_writers: Vec<usize>,
+    /// Bag path: messages (of 100 bytes) per batch of each writer.
+    #[arg(long, default_value_t = 10)]
+    pub bag_writer_batch: usize,
+    /// Bag path: the process rows spread the writers over at most this
+    /// many child processes; 0 skips the process rows.
+    #[arg(long, default_value_t = 8)]
+    pub bag_writer_procs: usize,
+    /// Bag path: measured time per writers point [default: 2s, --quick 1s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub bag_writers_duration: Option<Duration>,
+    /// Bag path: stores of the writers points: tmpfs, disk (a directory
+    /// under the bench's work dir), s3 (moto), nfs (--nfs-url).
+    #[arg(long, value_delimiter = ',', default_value = "tmpfs,disk,s3,nfs")]
+    pub bag_stores: Vec<String>,
+    /// Bag path: log counts of the metronome points (on tmpfs and S3).
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+    pub bag_logs: Vec<usize>,
+    /// Bag path: measured time per metronome point [default: 5s, --quick 3s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub bag_logs_duration: Option<Duration>,
+    /// Bag path: the NFS store URL of the nfs rows (tests/support/nfs.sh's
+    /// `nfs_start` exports it); without it the nfs rows are skipped, loudly.
+    #[arg(long, env = "BAGEL_NFS_URL_V3")]
+    pub nfs_url: Option<String>,
+    /// Internal: run as a child of the bag-path writers points (a JSON spec).
+    #[arg(long, hide = true)]
+    pub bag_writer_child: Option<String>,
     /// Skip the many-servers measurement (cycles/s through the cluster
     /// client against 1, 2 and 4 servers).
     #[arg(long)]
@@ -229,6 +266,10 @@ pub struct Settings {
     pub bag_writes: Duration,
     /// Per metronome run.
     pub bag_metronome: Duration,
+    /// Per bag-path writers point.
+    pub bag_writers: Duration,
+    /// Per bag-path metronome-over-many-logs point.
+    pub bag_logs: Duration,
 }
 
 impl Args {
@@ -293,6 +334,16 @@ impl Args {
                 },
                 |d| d * 3,
             ),
+            bag_writers: self.bag_writers_duration.unwrap_or(if self.quick {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(2)
+            }),
+            bag_logs: self.bag_logs_duration.unwrap_or(if self.quick {
+                Duration::from_secs(3)
+            } else {
+                Duration::from_secs(5)
+            }),
         }
     }
 

@@ -10,7 +10,21 @@
 //! * Metronome lag: a writer keeps writing while a [`Metronome`] (grace
 //!   200 ms) closes every bag as its close time passes; the lag of a tick is
 //!   the end of its close minus the bag's close time (`CloseReport::max_lag`).
+//!
+//! The bag path at scale (issue 27 item 4, `--bag-path` alone, or with
+//! the rest of the bag measurements):
+//!
+//! * [`writers`]: 1, 8 and 64 concurrent writers on one log, as tasks and
+//!   as processes, on a directory (tmpfs, disk), S3 (moto) and NFS
+//!   (ganesha): messages/s, batches/s, acknowledgement p50/p99.
+//! * [`many_logs`]: a metronome closing 1, 100 and 1,000 lightly written
+//!   logs on a directory (tmpfs) and on S3: close lag p99 and the store
+//!   requests per second it makes.
 
+pub mod many_logs;
+pub mod writers;
+
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -400,4 +414,161 @@ pub struct BagResults {
     pub writes: Vec<WriteRow>,
     pub s3_puts: Vec<S3PutRow>,
     pub metronome: Vec<LagRow>,
+    /// Concurrent writers on one log (tasks and processes, per store).
+    pub concurrent_writers: Vec<writers::WritersRow>,
+    /// A metronome over 1, 100, 1,000 logs.
+    pub metronome_many_logs: Vec<many_logs::ManyLogsRow>,
+    /// Bag-path points that did not run, and why (a store not available).
+    pub bag_path_skipped: Vec<Skipped>,
+    /// How the bag-path points ran (batch, durations, processes).
+    pub bag_path_settings: Option<serde_json::Value>,
+}
+
+/// A bag-path point that was not measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    pub what: String,
+    pub why: String,
+}
+
+impl BagResults {
+    /// The sections "Bag path: concurrent writers" and "Bag path:
+    /// metronome over many logs" (empty when neither ran).
+    pub fn path_markdown(&self) -> String {
+        let mut md = String::new();
+        let skipped = |md: &mut String, part: &str| {
+            for s in self.bag_path_skipped.iter().filter(|s| s.what.starts_with(part)) {
+                let _ = writeln!(md, "\n**Not measured: {}**: {}", s.what, s.why);
+            }
+        };
+        let settings = self.bag_path_settings.as_ref();
+        let setting = |k: &str| {
+            settings
+                .and_then(|s| s.get(k))
+                .map_or("?".into(), ToString::to_string)
+        };
+        if !self.concurrent_writers.is_empty()
+            || self
+                .bag_path_skipped
+                .iter()
+                .any(|s| s.what.starts_with("writers"))
+        {
+            let _ = writeln!(md, "\n## Bag path: concurrent writers\n");
+            let _ = writeln!(
+                md,
+                "Each writer its own `Writer` and writer id, all on one log; batches of {} messages of {PAYLOAD_BYTES} bytes, \
+                 back to back for {} s; fsync on (directory, NFS). *tasks*: tokio tasks in the bench process, one store; \
+                 *processes*: the writers spread over up to {} child processes (one thread each, a store each), started \
+                 together. Ack = from `write_batch` to its return.\n",
+                setting("batch"),
+                setting("writers_duration_s"),
+                setting("max_processes"),
+            );
+            let _ = writeln!(
+                md,
+                "| store | medium | mode | writers | processes | msgs/s | batches/s | ack p50 µs | ack p99 µs | ack max µs | errors |"
+            );
+            let _ = writeln!(md, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+            for r in &self.concurrent_writers {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                    r.store,
+                    r.medium,
+                    r.mode,
+                    r.writers,
+                    r.processes,
+                    r.messages_per_s,
+                    r.batches_per_s,
+                    r.ack_p50_us,
+                    r.ack_p99_us,
+                    r.ack_max_us,
+                    r.errors
+                );
+            }
+            for r in self.concurrent_writers.iter().filter(|r| r.first_error.is_some()) {
+                let _ = writeln!(
+                    md,
+                    "\n{} ({}) {} × {}: first error: {}",
+                    r.store,
+                    r.medium,
+                    r.mode,
+                    r.writers,
+                    r.first_error.as_deref().unwrap_or_default()
+                );
+            }
+            skipped(&mut md, "writers");
+        }
+        if !self.metronome_many_logs.is_empty()
+            || self
+                .bag_path_skipped
+                .iter()
+                .any(|s| s.what.starts_with("metronome"))
+        {
+            let _ = writeln!(md, "\n## Bag path: metronome over many logs\n");
+            let _ = writeln!(
+                md,
+                "Logs written lightly: {} messages of {PAYLOAD_BYTES} bytes a second in all, into the logs in turn \
+                 (1 log: a bag a second; 1,000 logs: each a bag every 100 s, idle in between). One loop per log as \
+                 `Metronome::run` does, grace {} ms, {} s per point. Lag = close returned − bag close time, per closed \
+                 bag. Requests: the metronome's own store, counted (file-system calls for a directory, HTTP requests \
+                 for S3); the writers' are not.\n",
+                many_logs::WRITES_PER_S,
+                many_logs::GRACE.as_millis(),
+                setting("logs_duration_s"),
+            );
+            let _ = writeln!(
+                md,
+                "| store | medium | logs | bags closed | minutes sealed | lag p50 ms | lag p99 ms | lag max ms | requests/s | per log per s | requests by kind | ticks | msgs written | errors |"
+            );
+            let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|");
+            for r in &self.metronome_many_logs {
+                let kinds = r
+                    .requests_by_kind
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.2} | {} | {} | {} | {}{} |",
+                    r.store,
+                    r.medium,
+                    r.logs,
+                    r.bags_closed,
+                    r.minutes_sealed,
+                    r.close_lag_p50_ms,
+                    r.close_lag_p99_ms,
+                    r.close_lag_max_ms,
+                    r.requests_per_s,
+                    r.requests_per_log_per_s,
+                    kinds,
+                    r.ticks,
+                    r.messages_written,
+                    r.errors + r.write_errors,
+                    if r.stopped_cleanly {
+                        ""
+                    } else {
+                        " (loops not stopped in 20 s)"
+                    }
+                );
+            }
+            for r in self
+                .metronome_many_logs
+                .iter()
+                .filter(|r| r.first_error.is_some())
+            {
+                let _ = writeln!(
+                    md,
+                    "\n{} ({}) {} logs: first error: {}",
+                    r.store,
+                    r.medium,
+                    r.logs,
+                    r.first_error.as_deref().unwrap_or_default()
+                );
+            }
+            skipped(&mut md, "metronome");
+        }
+        md
+    }
 }
