@@ -135,7 +135,7 @@ async fn a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_take
 async fn release_hands_the_watermark_and_the_lease_id_to_the_next_holder(env: LeaseEnv) {
     let a = env.acquire(["t1"]).options(no_renew()).send().await.unwrap();
     let a_id = a.id().to_owned();
-    let wm = Micros::now();
+    let wm = env.backend().clock().now();
     assert_eq!(a.release(Some(wm)).await.unwrap(), wm);
     let b = env
         .acquire(["t1", "t2"])
@@ -210,7 +210,7 @@ async fn a_waiting_acquire_gets_the_name_when_it_is_released(env: LeaseEnv) {
     let b = waiter.await.unwrap().unwrap();
     assert_eq!(b.names()[0].previous.ended, Ended::Released);
     assert!(
-        Micros::now() < a_deadline,
+        env.backend().clock().now() < a_deadline,
         "it came with the release, not with the expiry"
     );
 }
@@ -344,7 +344,7 @@ async fn a_taken_over_lease_reports_loss_and_cannot_renew_or_release(env: LeaseE
         .backend()
         .renew_lease(
             a.lease_ref(),
-            Micros::now().saturating_add(Duration::from_secs(5)),
+            env.backend().clock().now().saturating_add(Duration::from_secs(5)),
             None,
         )
         .await
@@ -411,7 +411,7 @@ async fn metadata_on_renew_and_release_is_kept_in_the_history(env: LeaseEnv) {
         .unwrap();
     let meta = |s: &str| Metadata::Data(s.as_bytes().to_vec());
     lease.renew_with_metadata(meta("s3://b/p/1")).await.unwrap();
-    let wm = Micros::now();
+    let wm = env.backend().clock().now();
     lease
         .release_with(
             ReleaseOptions::default()
@@ -537,14 +537,14 @@ async fn unsettled_bags_of_a_broken_lease_travel_down_the_chain(env: LeaseEnv) {
 async fn a_release_publishes_what_the_writers_wrote(env: LeaseEnv) {
     let lease = env.acquire(["wr"]).options(no_renew()).send().await.unwrap();
     let ledger = lease.rights().ledger().expect("a lease keeps a ledger");
-    let ts = Micros::now();
+    let ts = env.backend().clock().now();
     ledger.begin(ts).expect("writes are open").settled();
     let below = Micros::from_micros(ts.as_micros() - 1);
     let err = lease.release(Some(below)).await.unwrap_err();
     assert!(matches!(err, Error::WatermarkBelowWritten { .. }), "{err:?}");
     let lease = env.acquire(["wr2"]).options(no_renew()).send().await.unwrap();
     let ledger = lease.rights().ledger().unwrap();
-    let ts = Micros::now();
+    let ts = env.backend().clock().now();
     ledger.begin(ts).unwrap().settled();
     assert_eq!(lease.release(None).await.unwrap(), ts);
     let next = env.acquire(["wr2"]).options(no_renew()).send().await.unwrap();

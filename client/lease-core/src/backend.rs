@@ -6,8 +6,11 @@
 //!
 //! A backend answers with checked [`Grant`]s and [`Renewal`]s: each carries
 //! the witnesses that state it, verified against the keys the backend
-//! trusts. The handle never looks inside a witness; the bag writer and the
-//! audit check them again against their own keys.
+//! trusts; the bag writer and the audit check them again against their own
+//! keys. The handle reads one thing in them: each witness's `issued_at_us`
+//! and deadline bound the lease's validity on the monotonic clock (the TTL
+//! left when it was issued), so a backend states when it made each grant
+//! or renewal, never zero.
 
 use std::fmt;
 use std::sync::Arc;
