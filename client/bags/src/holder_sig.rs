@@ -160,7 +160,9 @@ pub enum HolderCheck {
 /// gives the same messages), so the checks that would close the gap come
 /// first: the key is checked once per key here, but `R` would need a
 /// torsion check (a full scalar multiplication) per signature, which costs
-/// what batching saves.
+/// what batching saves. What a reader does instead is spread the
+/// one-by-one verifications over its cores ([`check_holders`] needs no
+/// shared state).
 #[derive(Debug, Default)]
 pub struct KeyCache(HashMap<[u8; 32], Option<VerifyingKey>>);
 
@@ -172,6 +174,41 @@ impl KeyCache {
             .entry(raw)
             .or_insert_with(|| VerifyingKey::from_bytes(&raw).ok())
     }
+
+    /// The holder key a witness body names, resolved (decompressed once
+    /// per key), for [`check_holders`].
+    pub fn holder(&mut self, body: &pb::WitnessBody) -> Holder {
+        let key = if body.holder_key.is_empty() {
+            HolderKey::None
+        } else {
+            match <[u8; 32]>::try_from(body.holder_key.as_slice()) {
+                Err(_) => HolderKey::NotThirtyTwoBytes,
+                Ok(raw) => self.get(raw).map_or(HolderKey::Invalid, HolderKey::Key),
+            }
+        };
+        Holder {
+            lease_id: body.lease_id.clone(),
+            key,
+        }
+    }
+}
+
+/// What a cited witness says of its lease's holder, resolved once
+/// ([`KeyCache::holder`]): its lease id and the key it names.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    lease_id: String,
+    key: HolderKey,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum HolderKey {
+    /// Acquired without a holder key.
+    None,
+    NotThirtyTwoBytes,
+    /// 32 bytes that are not an ed25519 key.
+    Invalid,
+    Key(VerifyingKey),
 }
 
 /// Checks `batch`'s holder signatures against the holder keys in
@@ -184,25 +221,37 @@ pub fn check(batch: &pb::Batch, bodies: &[pb::WitnessBody]) -> HolderCheck {
 /// [`check`], with the holder keys met so far in `keys`: the same verdict,
 /// each key decompressed once.
 pub fn check_cached(batch: &pb::Batch, bodies: &[pb::WitnessBody], keys: &mut KeyCache) -> HolderCheck {
+    let holders: Vec<Holder> = bodies.iter().map(|b| keys.holder(b)).collect();
+    check_holders(batch, &holders)
+}
+
+/// [`check`], given the holders its witnesses name, in order, as
+/// [`KeyCache::holder`] resolved them: the same verdict, and no shared
+/// state, so that a reader can check many batches at once on several
+/// threads.
+pub fn check_holders(batch: &pb::Batch, holders: &[Holder]) -> HolderCheck {
     let message = signing_message(batch);
     let mut unbound = Vec::new();
-    for (i, body) in bodies.iter().enumerate() {
-        if body.holder_key.is_empty() {
-            unbound.push(body.lease_id.clone());
-            continue;
-        }
+    for (i, holder) in holders.iter().enumerate() {
         let bad = |why: &str| HolderCheck::Bad {
             reason: format!(
                 "holder signature for lease {} {why}: the batch is not what that lease's holder wrote \
                  (forged, altered, or moved from another log or bag)",
-                body.lease_id
+                holder.lease_id
             ),
         };
-        let Ok(raw) = <[u8; 32]>::try_from(body.holder_key.as_slice()) else {
-            return bad("cannot be checked (the witness's holder key is not 32 bytes)");
-        };
-        let Some(key) = keys.get(raw) else {
-            return bad("cannot be checked (the witness's holder key is not a valid ed25519 key)");
+        let key = match holder.key {
+            HolderKey::None => {
+                unbound.push(holder.lease_id.clone());
+                continue;
+            }
+            HolderKey::NotThirtyTwoBytes => {
+                return bad("cannot be checked (the witness's holder key is not 32 bytes)");
+            }
+            HolderKey::Invalid => {
+                return bad("cannot be checked (the witness's holder key is not a valid ed25519 key)");
+            }
+            HolderKey::Key(key) => key,
         };
         let Some(sig) = batch.holder_signatures.get(i).filter(|s| !s.is_empty()) else {
             return bad("is missing");

@@ -264,14 +264,232 @@ pub struct ReadReport {
 #[derive(Default)]
 struct Seen {
     batches: HashMap<(String, u64, [u8; 32]), String>,
-    /// Verdicts on the witnesses and signed times already checked in this
-    /// read, by their encoded bytes: one lease's witness is cited by every
-    /// batch written under it, so its signature is verified once.
-    witnesses: HashMap<Vec<u8>, std::result::Result<pb::WitnessBody, String>>,
+    /// Verdicts on the witnesses already checked in this read, by their
+    /// encoded bytes: one lease's witness is cited by every batch written
+    /// under it, so its signature is verified (and its holder key
+    /// decompressed) once.
+    witnesses: HashMap<Vec<u8>, Arc<WitnessVerdict>>,
+    /// The last witness looked up and its verdict: consecutive batches
+    /// mostly cite the same one, found without encoding it.
+    last_witness: Option<(pb::Witness, Arc<WitnessVerdict>)>,
+    /// Verdicts on the signed times already checked, by their encoded
+    /// bytes (verified in rounds, [`Seen::next_round`]).
     times: HashMap<Vec<u8>, std::result::Result<bagel_proto::TimeReading, String>>,
     /// Holder keys decompressed in this read: a lease's key signs every
     /// batch written under it.
     holder_keys: crate::holder_sig::KeyCache,
+    /// Batches read and placed whose signatures are not checked yet, in
+    /// the order they were read.
+    pending: Vec<Pending>,
+    /// The round of batches being checked while the next is read.
+    checking: Option<Round>,
+    /// Signed times sent to be verified whose verdicts are not back.
+    times_asked: std::collections::HashSet<Vec<u8>>,
+}
+
+/// What a witness says, once its signature is checked (or not, without
+/// keys): what every batch citing it needs.
+type WitnessVerdict = std::result::Result<WitnessInfo, String>;
+
+struct WitnessInfo {
+    lease_id: String,
+    full: bool,
+    min: Micros,
+    deadline: Micros,
+    holder: crate::holder_sig::Holder,
+}
+
+/// A batch waiting for its holder signatures and signed time to be
+/// checked ([`Seen::next_round`]), with what its witnesses already decided.
+struct Pending {
+    batch: pb::Batch,
+    bucket: Bucket,
+    open: bool,
+    /// The first reason its messages are rejected, known before the
+    /// signatures are checked (misplaced, no witness, a witness that does
+    /// not verify or is tentative).
+    error: Option<String>,
+    /// Notes known before the signatures are checked.
+    notes: Vec<String>,
+    leases: Vec<Lease>,
+    /// The holders its witnesses name, when every witness could be read.
+    holders: Option<Vec<crate::holder_sig::Holder>>,
+    time: TimeCheck,
+    /// Filled in when its round is checked.
+    holder: Option<crate::holder_sig::HolderCheck>,
+}
+
+/// What is done with a batch's signed time.
+enum TimeCheck {
+    /// Not verified, for this reason (a note on every message).
+    Note(&'static str),
+    /// Verified (one verdict per distinct time, by its encoded bytes).
+    Verify(Vec<u8>),
+}
+
+/// Pending batches are checked in rounds of this many, one round while the
+/// next is read (bounding what a read holds before it turns batches into
+/// messages). Small in unit tests, so that their reads take several rounds.
+const CHECK_ROUND: usize = if cfg!(test) { 80 } else { 4096 };
+/// The fewest signature checks worth a thread of their own.
+const PER_THREAD: usize = 32;
+
+impl Seen {
+    /// The verdict on witness `w`: its signature verified against `keys`
+    /// (or not, without keys), once per distinct witness in a read.
+    fn witness(&mut self, w: &pb::Witness, keys: Option<&KeyRing>) -> Arc<WitnessVerdict> {
+        if let Some((last, verdict)) = &self.last_witness
+            && last == w
+        {
+            return Arc::clone(verdict);
+        }
+        let holder_keys = &mut self.holder_keys;
+        let verdict =
+            self.witnesses
+                .entry(w.encode_to_vec())
+                .or_insert_with(|| {
+                    let body = match keys {
+                        Some(keys) => bagel_proto::verify_witness(w, keys)
+                            .map_err(|e| format!("witness {}: {e}", w.key_id)),
+                        None => bagel_proto::witness::decode_unverified(w)
+                            .map_err(|e| format!("witness {}: {e}", w.key_id)),
+                    };
+                    Arc::new(body.map(|b| WitnessInfo {
+                        full: b.mode().normalized() == pb::Mode::Full,
+                        min: Micros::from_micros(b.min_timestamp_us),
+                        deadline: Micros::from_micros(b.deadline_us),
+                        holder: holder_keys.holder(&b),
+                        lease_id: b.lease_id,
+                    }))
+                })
+                .clone();
+        self.last_witness = Some((w.clone(), Arc::clone(&verdict)));
+        verdict
+    }
+
+    /// Sends the pending batches to be checked (their holder signatures,
+    /// and each signed time not met before, spread over the machine's
+    /// cores) and turns the round sent before into messages: one round is
+    /// checked while the next is read.
+    async fn next_round(&mut self, report: &mut ReadReport, opts: &ReadOptions, cfg: &BagConfig) {
+        self.finish_round(report, opts, cfg).await;
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let mut fresh: Vec<(Vec<u8>, pb::SignedTime)> = Vec::new();
+        for p in &pending {
+            if let (TimeCheck::Verify(key), Some(st)) = (&p.time, &p.batch.signed_time)
+                && !self.times.contains_key(key)
+                && self.times_asked.insert(key.clone())
+            {
+                fresh.push((key.clone(), st.clone()));
+            }
+        }
+        let keys = Arc::new((opts.keys.clone().unwrap_or_default(), opts.roughtime_keys.clone()));
+        let times = on_cores(fresh, move |(_, st)| {
+            bagel_proto::verify_signed_time(st, &keys.0, &keys.1).map_err(|e| e.to_string())
+        });
+        let batches = on_cores(pending, |p| {
+            p.holders
+                .as_ref()
+                .map(|h| crate::holder_sig::check_holders(&p.batch, h))
+        });
+        self.checking = Some(Round { times, batches });
+    }
+
+    /// Waits for the round being checked and turns it into messages, in
+    /// the order its batches were read: the same report as checking each
+    /// batch as it was read.
+    async fn finish_round(&mut self, report: &mut ReadReport, opts: &ReadOptions, cfg: &BagConfig) {
+        let Some(round) = self.checking.take() else {
+            return;
+        };
+        for ((key, _), verdict) in round.times.join().await {
+            self.times_asked.remove(&key);
+            self.times.insert(key, verdict);
+        }
+        for (mut p, holder) in round.batches.join().await {
+            p.holder = holder;
+            finish_batch(report, &self.times, opts, cfg, p);
+        }
+    }
+
+    /// Checks and turns into messages everything read so far.
+    async fn finish(&mut self, report: &mut ReadReport, opts: &ReadOptions, cfg: &BagConfig) {
+        self.next_round(report, opts, cfg).await;
+        self.finish_round(report, opts, cfg).await;
+    }
+}
+
+/// A round of batches being checked.
+struct Round {
+    times: OnCores<(Vec<u8>, pb::SignedTime), std::result::Result<bagel_proto::TimeReading, String>>,
+    batches: OnCores<Pending, Option<crate::holder_sig::HolderCheck>>,
+}
+
+/// Work sent to the machine's cores: done already (too little to share
+/// out), or running in blocking tasks, each on a contiguous chunk.
+enum OnCores<T, R> {
+    Done(Vec<(T, R)>),
+    Running(Vec<tokio::task::JoinHandle<Vec<(T, R)>>>),
+}
+
+impl<T, R> OnCores<T, R> {
+    /// Each item with its result, in the order given.
+    async fn join(self) -> Vec<(T, R)> {
+        match self {
+            OnCores::Done(out) => out,
+            OnCores::Running(handles) => {
+                let mut out = Vec::new();
+                for h in handles {
+                    match h.await {
+                        Ok(done) => out.extend(done),
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(e) => panic!("a signature check task was cancelled: {e}"),
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+/// Applies `f` to every item, spread over the machine's cores in
+/// contiguous chunks (blocking tasks, not waited for here); a few items
+/// are done at once.
+fn on_cores<T, R, F>(items: Vec<T>, f: F) -> OnCores<T, R>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(&T) -> R + Send + Sync + 'static,
+{
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let tasks = cores.min(items.len() / PER_THREAD).max(1);
+    fn run<T, R>(chunk: Vec<T>, f: &impl Fn(&T) -> R) -> Vec<(T, R)> {
+        chunk
+            .into_iter()
+            .map(|t| {
+                let r = f(&t);
+                (t, r)
+            })
+            .collect()
+    }
+    if tasks == 1 {
+        return OnCores::Done(run(items, &f));
+    }
+    let f = Arc::new(f);
+    let per = items.len().div_ceil(tasks);
+    let mut rest = items;
+    let mut handles = Vec::with_capacity(tasks);
+    while !rest.is_empty() {
+        let tail = rest.split_off(per.min(rest.len()));
+        let chunk = std::mem::replace(&mut rest, tail);
+        let f = Arc::clone(&f);
+        handles.push(tokio::task::spawn_blocking(move || run(chunk, f.as_ref())));
+    }
+    OnCores::Running(handles)
 }
 
 /// Reads `[from, to)` of `log`; see the module docs.
@@ -354,8 +572,11 @@ pub async fn read(
         }
         if let Some((i, j)) = from_summary {
             let summary = &summaries[i].1;
-            read_summarized(&mut report, &mut seen, opts, cfg, log, summary, &summary.bags[j])?;
+            read_summarized(&mut report, &mut seen, opts, log, summary, &summary.bags[j])?;
             report.closed_bags_read += 1;
+            if seen.pending.len() >= CHECK_ROUND {
+                seen.next_round(&mut report, opts, cfg).await;
+            }
             continue;
         }
         let (items, open) = match store.state(log, bucket).await? {
@@ -386,14 +607,18 @@ pub async fn read(
             // An open item may have grown since it was listed: still bounded.
             let limit = if open { opts.max_item_bytes } else { item.size };
             match store.read_item(log, bucket, &item, Some(limit)).await {
-                Ok(bytes) => read_item(&mut report, &mut seen, opts, cfg, &at, bytes),
+                Ok(bytes) => read_item(&mut report, &mut seen, opts, &at, bytes),
                 Err(e @ (crate::Error::ItemChanged { .. } | crate::Error::ItemRefused { .. })) => {
                     report.problems.push(at.damaged(None, e.to_string()))
                 }
                 Err(e) => return Err(e),
             }
         }
+        if seen.pending.len() >= CHECK_ROUND {
+            seen.next_round(&mut report, opts, cfg).await;
+        }
     }
+    seen.finish(&mut report, opts, cfg).await;
     if let Some(p) = &opts.progress {
         p.report(total, total);
     }
@@ -547,7 +772,6 @@ fn read_summarized(
     report: &mut ReadReport,
     seen: &mut Seen,
     opts: &ReadOptions,
-    cfg: &BagConfig,
     log: &str,
     summary: &pb::Summary,
     bag: &pb::SummaryBag,
@@ -570,14 +794,14 @@ fn read_summarized(
             continue;
         }
         if si.is_raw {
-            read_item(report, seen, opts, cfg, &at, Bytes::from(si.raw.clone()));
+            read_item(report, seen, opts, &at, Bytes::from(si.raw.clone()));
             continue;
         }
         // Rebuilt as batches: the bytes only name the record (for copies
         // found twice) and place its frame; decoding them again would give
         // the same batch.
         for r in crate::summary::rebuild_batches(summary, bag, si)? {
-            read_batch(report, seen, opts, cfg, &at, r.offset, &r.body, r.batch);
+            read_batch(report, seen, opts, &at, r.offset, &r.body, r.batch);
         }
     }
     Ok(())
@@ -645,14 +869,7 @@ impl Place<'_> {
     }
 }
 
-fn read_item(
-    report: &mut ReadReport,
-    seen: &mut Seen,
-    opts: &ReadOptions,
-    cfg: &BagConfig,
-    at: &Place<'_>,
-    bytes: Bytes,
-) {
+fn read_item(report: &mut ReadReport, seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, bytes: Bytes) {
     let (item, open) = (at.item, at.open);
     let problem = |offset, what: String| at.damaged(offset, what);
     if !open && (bytes.len() as u64) < item.size {
@@ -667,7 +884,7 @@ fn read_item(
     }
     for f in frame::decode(&bytes) {
         match f {
-            Frame::Record { offset, body } => read_record(report, seen, opts, cfg, at, offset, body),
+            Frame::Record { offset, body } => read_record(report, seen, opts, at, offset, body),
             Frame::Corrupt { offset, reason } => {
                 report
                     .problems
@@ -694,13 +911,12 @@ fn read_record(
     report: &mut ReadReport,
     seen: &mut Seen,
     opts: &ReadOptions,
-    cfg: &BagConfig,
     at: &Place<'_>,
     offset: u64,
     body: Bytes,
 ) {
     match pb::Batch::decode(body.clone()) {
-        Ok(batch) => read_batch(report, seen, opts, cfg, at, offset, &body, batch),
+        Ok(batch) => read_batch(report, seen, opts, at, offset, &body, batch),
         Err(e) => report
             .problems
             .push(at.damaged(Some(offset), format!("record does not decode as a batch: {e}"))),
@@ -714,7 +930,6 @@ fn read_batch(
     report: &mut ReadReport,
     seen: &mut Seen,
     opts: &ReadOptions,
-    cfg: &BagConfig,
     at: &Place<'_>,
     offset: u64,
     body: &[u8],
@@ -762,7 +977,7 @@ fn read_batch(
             )
         });
     }
-    check_batch(report, seen, opts, cfg, at, batch);
+    check_batch(seen, opts, at, batch);
 }
 
 /// The verdict on a batch's witnesses: per lease, its bounds.
@@ -772,24 +987,19 @@ struct Lease {
     deadline: Micros,
 }
 
-fn check_batch(
-    report: &mut ReadReport,
-    seen: &mut Seen,
-    opts: &ReadOptions,
-    cfg: &BagConfig,
-    at: &Place<'_>,
-    batch: pb::Batch,
-) {
-    let (bucket, open) = (at.bucket, at.open);
-    let mut batch_notes = Vec::new();
-    let mut batch_error: Option<String> = None;
-    let mut leases = Vec::new();
-    let mut bodies = Vec::with_capacity(batch.witnesses.len());
+/// Checks what a batch's witnesses decide now (once per distinct witness)
+/// and leaves its holder signatures and signed time to [`Seen::next_round`].
+fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::Batch) {
+    let bucket = at.bucket;
+    let mut error: Option<String> = None;
+    let mut notes = Vec::new();
+    let mut leases = Vec::with_capacity(batch.witnesses.len());
+    let mut holders = Vec::with_capacity(batch.witnesses.len());
     if batch.witnesses.is_empty() {
-        batch_error = Some("cites no lease witness".into());
+        error = Some("cites no lease witness".into());
     }
     if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
-        batch_error = Some(format!(
+        error = Some(format!(
             "its batch names log {:?} bag {}, not log {:?} bag {bucket} where it was found (moved or copied)",
             batch.log,
             Bucket::from_secs(batch.bucket_secs),
@@ -797,88 +1007,105 @@ fn check_batch(
         ));
     }
     for w in &batch.witnesses {
-        let body = seen
-            .witnesses
-            .entry(w.encode_to_vec())
-            .or_insert_with(|| match &opts.keys {
-                Some(keys) => {
-                    bagel_proto::verify_witness(w, keys).map_err(|e| format!("witness {}: {e}", w.key_id))
-                }
-                None => bagel_proto::witness::decode_unverified(w)
-                    .map_err(|e| format!("witness {}: {e}", w.key_id)),
-            })
-            .clone();
-        match body {
-            Ok(b) if b.mode().normalized() != pb::Mode::Full => {
-                batch_error.get_or_insert(format!(
-                    "cites the witness of lease {}, which is tentative: no right to write",
-                    b.lease_id
-                ));
+        match &*seen.witness(w, opts.keys.as_ref()) {
+            Ok(b) if !b.full => {
+                error.get_or_insert_with(|| {
+                    format!(
+                        "cites the witness of lease {}, which is tentative: no right to write",
+                        b.lease_id
+                    )
+                });
             }
             Ok(b) => {
                 leases.push(Lease {
                     id: b.lease_id.clone(),
-                    min: Micros::from_micros(b.min_timestamp_us),
-                    deadline: Micros::from_micros(b.deadline_us),
+                    min: b.min,
+                    deadline: b.deadline,
                 });
-                bodies.push(b);
+                holders.push(b.holder.clone());
             }
             Err(e) => {
-                batch_error.get_or_insert(e);
+                error.get_or_insert_with(|| e.clone());
             }
         }
     }
     if opts.keys.is_none() {
-        batch_notes.push("witness signatures NOT verified (no key given)".to_owned());
+        notes.push("witness signatures NOT verified (no key given)".to_owned());
     }
     // The holder's signature: checked against the key inside each witness,
     // so it needs no trusted key of its own (the witness's does).
-    let holder = if bodies.len() == batch.witnesses.len() && !bodies.is_empty() {
-        crate::holder_sig::check_cached(&batch, &bodies, &mut seen.holder_keys)
-    } else {
-        crate::holder_sig::HolderCheck::Bad {
-            reason: "its witnesses could not all be read, so its holder signatures were not checked".into(),
+    let holders = (holders.len() == batch.witnesses.len() && !holders.is_empty()).then_some(holders);
+    // The signed time: a local proof with the same keys, a Roughtime
+    // proof with the Roughtime keys (plus its one-second resolution).
+    let is_roughtime = matches!(
+        batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
+        Some(pb::signed_time::Proof::Roughtime(_))
+    );
+    let time = match (&batch.signed_time, &opts.keys) {
+        (None, _) => TimeCheck::Note("no signed time"),
+        (Some(_), _) if is_roughtime && opts.roughtime_keys.is_empty() => {
+            TimeCheck::Note("Roughtime signed time NOT verified (no Roughtime key given)")
         }
+        (Some(_), None) if !is_roughtime => TimeCheck::Note("signed time NOT verified (no key given)"),
+        (Some(st), _) => TimeCheck::Verify(st.encode_to_vec()),
     };
+    seen.pending.push(Pending {
+        batch,
+        bucket,
+        open: at.open,
+        error,
+        notes,
+        leases,
+        holders,
+        time,
+        holder: None,
+    });
+}
+
+/// Turns a checked batch into messages: accepted, or rejected with the
+/// first reason that applies.
+fn finish_batch(
+    report: &mut ReadReport,
+    times: &HashMap<Vec<u8>, std::result::Result<bagel_proto::TimeReading, String>>,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+    p: Pending,
+) {
+    let Pending {
+        batch,
+        bucket,
+        open,
+        mut error,
+        mut notes,
+        leases,
+        holder,
+        time,
+        ..
+    } = p;
+    let holder = holder.unwrap_or_else(|| crate::holder_sig::HolderCheck::Bad {
+        reason: "its witnesses could not all be read, so its holder signatures were not checked".into(),
+    });
     match &holder {
         crate::holder_sig::HolderCheck::Bound => {}
-        crate::holder_sig::HolderCheck::Unbound { lease_ids } => batch_notes.push(format!(
+        crate::holder_sig::HolderCheck::Unbound { lease_ids } => notes.push(format!(
             "NOT bound to its writer: lease(s) {} were acquired without a holder key, so anyone with a \
              copy of their witness could have written this batch",
             lease_ids.join(", ")
         )),
         crate::holder_sig::HolderCheck::Bad { reason } => {
-            batch_error.get_or_insert(reason.clone());
+            error.get_or_insert_with(|| reason.clone());
         }
     }
-    // The signed time: a local proof with the same keys, a Roughtime
-    // proof with the Roughtime keys (plus its one-second resolution).
     let mut time_ref: Option<bagel_proto::TimeReading> = None;
-    let is_roughtime = matches!(
-        batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
-        Some(pb::signed_time::Proof::Roughtime(_))
-    );
-    let empty = KeyRing::new();
-    match (&batch.signed_time, &opts.keys) {
-        (None, _) => batch_notes.push("no signed time".to_owned()),
-        (Some(_), _) if is_roughtime && opts.roughtime_keys.is_empty() => {
-            batch_notes.push("Roughtime signed time NOT verified (no Roughtime key given)".to_owned())
-        }
-        (Some(_), None) if !is_roughtime => {
-            batch_notes.push("signed time NOT verified (no key given)".to_owned())
-        }
-        (Some(st), keys) => {
-            let verdict = seen.times.entry(st.encode_to_vec()).or_insert_with(|| {
-                bagel_proto::verify_signed_time(st, keys.as_ref().unwrap_or(&empty), &opts.roughtime_keys)
-                    .map_err(|e| e.to_string())
-            });
-            match verdict {
-                Ok(r) => time_ref = Some(*r),
-                Err(e) => {
-                    batch_error.get_or_insert(format!("signed time: {e}"));
-                }
+    match &time {
+        TimeCheck::Note(note) => notes.push((*note).to_owned()),
+        TimeCheck::Verify(key) => match times.get(key) {
+            Some(Ok(r)) => time_ref = Some(*r),
+            Some(Err(e)) => {
+                error.get_or_insert_with(|| format!("signed time: {e}"));
             }
-        }
+            None => unreachable!("every pending signed time is verified before its batch is finished"),
+        },
     }
     let lease_ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
     let witnesses: Arc<[pb::Witness]> = Arc::from(batch.witnesses);
@@ -896,12 +1123,12 @@ fn check_batch(
             bucket,
             lease_ids: lease_ids.clone(),
             from_open_bag: open,
-            notes: batch_notes.clone(),
+            notes: notes.clone(),
             witnesses: Arc::clone(&witnesses),
             signed_time: signed_time.clone(),
             holder: holder.clone(),
         };
-        let reason = batch_error.clone().or_else(|| {
+        let reason = error.clone().or_else(|| {
             if Bucket::of(ts) != bucket {
                 return Some(format!("timestamp {ts} does not belong in bag {bucket}"));
             }
