@@ -38,7 +38,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::frame::{self, Frame};
 use crate::seal::Span;
-use crate::summary::Stretch;
+use crate::summary::{Stretch, Summary, SummaryBag};
 use crate::{BagConfig, BagState, BagStore, Bucket, Error, ListedItem, Result, list_buckets, validate_log};
 use bagel_proto::clock::CheckedClock;
 
@@ -737,8 +737,8 @@ async fn pick_summaries(
     log: &str,
     first: Bucket,
     last: Bucket,
-) -> Result<Vec<(Stretch, pb::Summary)>> {
-    let mut out: Vec<(Stretch, pb::Summary)> = Vec::new();
+) -> Result<Vec<(Stretch, Summary)>> {
+    let mut out: Vec<(Stretch, Summary)> = Vec::new();
     for st in crate::summary::list(store, log).await? {
         if st.last() < first || st.from() > last || out.last().is_some_and(|(p, _)| st.from() <= p.last()) {
             continue;
@@ -749,7 +749,7 @@ async fn pick_summaries(
 }
 
 /// The parts of `[first, last]` no summary covers.
-fn uncovered(first: Bucket, last: Bucket, summaries: &[(Stretch, pb::Summary)]) -> Vec<(Bucket, Bucket)> {
+fn uncovered(first: Bucket, last: Bucket, summaries: &[(Stretch, Summary)]) -> Vec<(Bucket, Bucket)> {
     let mut out = Vec::new();
     let mut at = first.secs();
     for (st, _) in summaries {
@@ -773,14 +773,15 @@ fn read_summarized(
     seen: &mut Seen,
     opts: &ReadOptions,
     log: &str,
-    summary: &pb::Summary,
-    bag: &pb::SummaryBag,
+    summary: &Summary,
+    bag: &SummaryBag,
 ) -> Result<()> {
     let bucket = Bucket::from_secs(bag.bucket_secs);
     for si in &bag.items {
+        let rebuilt = crate::summary::rebuild_item(summary, bag, si)?;
         let item = ListedItem {
-            name: si.name.clone(),
-            size: si.size,
+            name: rebuilt.name,
+            size: rebuilt.size,
             etag: None,
         };
         let at = Place {
@@ -793,15 +794,16 @@ fn read_summarized(
             report.problems.push(p);
             continue;
         }
-        if si.is_raw {
-            read_item(report, seen, opts, &at, Bytes::from(si.raw.clone()));
-            continue;
-        }
-        // Rebuilt as batches: the bytes only name the record (for copies
-        // found twice) and place its frame; decoding them again would give
-        // the same batch.
-        for r in crate::summary::rebuild_batches(summary, bag, si)? {
-            read_batch(report, seen, opts, &at, r.offset, &r.body, r.batch);
+        match rebuilt.records {
+            crate::summary::Records::Raw(raw) => read_item(report, seen, opts, &at, raw),
+            // Rebuilt as batches: the bytes only name the record (for
+            // copies found twice) and place its frame; decoding them again
+            // would give the same batch.
+            crate::summary::Records::Batches(batches) => {
+                for r in batches {
+                    read_batch(report, seen, opts, &at, r.offset, &r.body, r.batch);
+                }
+            }
         }
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! bags.
 //!
 //! ```text
-//! <log>/_summary/<first second>.<seconds>   a `pb::Summary`
+//! <log>/_summary/<first second>.<seconds>   a [`Summary`] (format 2, see [`packed`])
 //! ```
 //!
 //! A summary holds every record of every bag of its stretch, in bag and
@@ -23,6 +23,11 @@
 //! time, bounds), so a summary can leave messages out but cannot make a
 //! forged one pass; [`check`] compares a summary with its source bags while
 //! they exist.
+//!
+//! The stored form is format 2 ([`packed`]): each batch as a change from
+//! the one before it in its item, so a summary costs little more than its
+//! payloads and holder signatures. Summaries of format 1 (a `pb::Summary`)
+//! are read as the same [`Summary`].
 
 use std::collections::HashMap;
 
@@ -34,6 +39,10 @@ use sha2::{Digest as _, Sha256};
 use crate::frame::{self, Frame};
 use crate::seal::{self, SPAN_SECS, Span};
 use crate::{BagState, BagStore, Bucket, Error, Result};
+
+pub mod packed;
+
+pub use packed::{Summary, SummaryBag, SummaryBatch, SummaryItem, SummaryTime};
 
 /// Where a log keeps its summaries: a name no log segment can take.
 pub const SUMMARY_DIR: &str = "_summary";
@@ -126,29 +135,6 @@ impl std::fmt::Display for Stretch {
     }
 }
 
-/// Interns shared parts by their encoded bytes, in first-seen order.
-struct Table<T> {
-    index: HashMap<Vec<u8>, u32>,
-    items: Vec<T>,
-}
-
-impl<T: prost::Message> Table<T> {
-    fn new() -> Self {
-        Table {
-            index: HashMap::new(),
-            items: Vec::new(),
-        }
-    }
-
-    fn intern(&mut self, item: T) -> u32 {
-        let key = item.encode_to_vec();
-        *self.index.entry(key).or_insert_with(|| {
-            self.items.push(item);
-            (self.items.len() - 1) as u32
-        })
-    }
-}
-
 fn not_summarizable(log: &str, stretch: Stretch, reason: String) -> Error {
     Error::NotSummarizable {
         log: log.to_owned(),
@@ -161,12 +147,8 @@ fn not_summarizable(log: &str, stretch: Stretch, reason: String) -> Error {
 /// Refused ([`Error::NotSummarizable`]) while a minute is not sealed or a
 /// bag it lists is not closed, when an item cannot be read as its lock
 /// lists it, or when the summary would exceed [`MAX_SUMMARY_BYTES`].
-pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<pb::Summary> {
-    let mut writers: Vec<String> = Vec::new();
-    let mut writer_index: HashMap<String, u32> = HashMap::new();
-    let mut witnesses = Table::<pb::Witness>::new();
-    let mut times = Table::<pb::SignedTime>::new();
-    let mut bags = Vec::new();
+pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summary> {
+    let mut out = packed::Builder::new(log, stretch.from().secs(), stretch.last().secs() + 1);
     let mut size = 0u64;
     for span in stretch.spans() {
         let Some(sealed) = seal::seal_of(store, log, span).await? else {
@@ -187,7 +169,7 @@ pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                     ));
                 }
             };
-            let mut items = Vec::with_capacity(listing.items.len());
+            out.bag(bucket.secs(), Sha256::digest(listing.encode()).to_vec());
             for item in &listing.items {
                 size += item.size;
                 if size > MAX_SUMMARY_BYTES {
@@ -198,58 +180,18 @@ pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                     ));
                 }
                 let bytes = store.read_item(log, bucket, item, Some(item.size)).await?;
-                let batches = (bytes.len() as u64 == item.size)
+                let content = match (bytes.len() as u64 == item.size)
                     .then(|| as_batches(&bytes))
-                    .flatten();
-                let mut out = pb::SummaryItem {
-                    name: item.name.clone(),
-                    size: item.size,
-                    ..Default::default()
+                    .flatten()
+                {
+                    Some(batches) => packed::Content::Batches(batches),
+                    None => packed::Content::Raw(bytes),
                 };
-                match batches {
-                    Some(batches) => {
-                        for b in batches {
-                            let writer = *writer_index.entry(b.writer_id.clone()).or_insert_with(|| {
-                                writers.push(b.writer_id.clone());
-                                (writers.len() - 1) as u32
-                            });
-                            let elsewhere = b.log != log || b.bucket_secs != bucket.secs();
-                            out.batches.push(pb::SummaryBatch {
-                                writer,
-                                first_sequence: b.first_sequence,
-                                signed_time: b.signed_time.map_or(0, |t| times.intern(t) + 1),
-                                witnesses: b.witnesses.into_iter().map(|w| witnesses.intern(w)).collect(),
-                                entries: b.entries,
-                                elsewhere,
-                                log: if elsewhere { b.log } else { String::new() },
-                                bucket_secs: if elsewhere { b.bucket_secs } else { 0 },
-                                holder_signatures: b.holder_signatures,
-                            });
-                        }
-                    }
-                    None => {
-                        out.is_raw = true;
-                        out.raw = bytes.to_vec();
-                    }
-                }
-                items.push(out);
+                out.item(&item.name, item.size, content);
             }
-            bags.push(pb::SummaryBag {
-                bucket_secs: bucket.secs(),
-                lock_sha256: Sha256::digest(listing.encode()).to_vec(),
-                items,
-            });
         }
     }
-    Ok(pb::Summary {
-        log: log.to_owned(),
-        from_secs: stretch.from().secs(),
-        to_secs: stretch.last().secs() + 1,
-        witnesses: witnesses.items,
-        signed_times: times.items,
-        writer_ids: writers,
-        bags,
-    })
+    Ok(out.finish())
 }
 
 /// The item's records as batches, when every frame is a whole record that
@@ -273,11 +215,7 @@ fn as_batches(bytes: &Bytes) -> Option<Vec<pb::Batch>> {
 /// The batches of a summarized item, rebuilt, each with its frame's
 /// offset in the item (a raw item has none: read its `raw` bytes as a
 /// bag's item).
-pub fn rebuild(
-    summary: &pb::Summary,
-    bag: &pb::SummaryBag,
-    item: &pb::SummaryItem,
-) -> Result<Vec<(u64, Bytes)>> {
+pub fn rebuild(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<Vec<(u64, Bytes)>> {
     Ok(rebuild_batches(summary, bag, item)?
         .into_iter()
         .map(|r| (r.offset, r.body))
@@ -285,59 +223,40 @@ pub fn rebuild(
 }
 
 /// [`rebuild`], keeping each batch as well as its bytes.
-pub fn rebuild_batches(
-    summary: &pb::Summary,
-    bag: &pb::SummaryBag,
-    item: &pb::SummaryItem,
-) -> Result<Vec<Rebuilt>> {
-    let bad = |reason: String| Error::CorruptSummary {
+pub fn rebuild_batches(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<Vec<Rebuilt>> {
+    match rebuild_item(summary, bag, item)?.records {
+        Records::Batches(batches) => Ok(batches),
+        Records::Raw(_) => Ok(Vec::new()),
+    }
+}
+
+/// A summarized item, rebuilt: its name and size as its bag's lock lists
+/// them, and its records.
+#[derive(Clone, Debug)]
+pub struct RebuiltItem {
+    pub name: String,
+    pub size: u64,
+    pub records: Records,
+}
+
+/// What a summarized item holds.
+#[derive(Clone, Debug)]
+pub enum Records {
+    /// Its records, rebuilt, in order.
+    Batches(Vec<Rebuilt>),
+    /// Its bytes as stored: not all of them were whole records that
+    /// decode as batches (read them as a bag's item).
+    Raw(Bytes),
+}
+
+/// Rebuilds an item of a summarized bag; a summary whose parts do not fit
+/// together is refused ([`Error::CorruptSummary`]).
+pub fn rebuild_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<RebuiltItem> {
+    packed::unpack_item(summary, bag, item).map_err(|reason| Error::CorruptSummary {
         log: summary.log.clone(),
         from: Bucket::from_secs(summary.from_secs),
         reason,
-    };
-    let mut offset = 0u64;
-    let mut out = Vec::with_capacity(item.batches.len());
-    for b in &item.batches {
-        let pick = |i: u32, len: usize, what: &str| {
-            usize::try_from(i)
-                .ok()
-                .filter(|i| *i < len)
-                .ok_or_else(|| bad(format!("{what} index {i} out of range")))
-        };
-        let writer_id = summary.writer_ids[pick(b.writer, summary.writer_ids.len(), "writer")?].clone();
-        let signed_time = match b.signed_time {
-            0 => None,
-            i => Some(summary.signed_times[pick(i - 1, summary.signed_times.len(), "signed time")?].clone()),
-        };
-        let witnesses = b
-            .witnesses
-            .iter()
-            .map(|i| Ok(summary.witnesses[pick(*i, summary.witnesses.len(), "witness")?].clone()))
-            .collect::<Result<Vec<_>>>()?;
-        let batch = pb::Batch {
-            writer_id,
-            first_sequence: b.first_sequence,
-            signed_time,
-            witnesses,
-            entries: b.entries.clone(),
-            log: if b.elsewhere {
-                b.log.clone()
-            } else {
-                summary.log.clone()
-            },
-            bucket_secs: if b.elsewhere {
-                b.bucket_secs
-            } else {
-                bag.bucket_secs
-            },
-            holder_signatures: b.holder_signatures.clone(),
-        };
-        let body = Bytes::from(batch.encode_to_vec());
-        let len = (frame::HEADER_LEN + body.len()) as u64;
-        out.push(Rebuilt { offset, body, batch });
-        offset += len;
-    }
-    Ok(out)
+    })
 }
 
 /// A batch of a summarized item as [`rebuild_batches`] rebuilds it.
@@ -354,19 +273,22 @@ pub struct Rebuilt {
 }
 
 /// Publishes `summary` create-only and returns its name and whether this
-/// call created it. One already there with other bytes is refused
+/// call created it. One already there with other content is refused
 /// ([`Error::SummaryMismatch`]): the same closed bags give the same
-/// summary, so one of the two was not made from them.
+/// summary, so one of the two was not made from them. One there in format
+/// 1 that holds the same records is the same summary.
 pub async fn publish(
     store: &dyn BagStore,
     log: &str,
     stretch: Stretch,
-    summary: &pb::Summary,
+    summary: &Summary,
 ) -> Result<(String, bool)> {
     let name = stretch.name();
     let ours = Bytes::from(summary.encode_to_vec());
+    let same =
+        |theirs: &Bytes| *theirs == ours || packed::decode(theirs.clone()).is_ok_and(|t| t == *summary);
     if let Some(theirs) = store.get_named(log, &name, MAX_SUMMARY_BYTES).await? {
-        return match theirs == ours {
+        return match same(&theirs) {
             true => Ok((name, false)),
             false => Err(Error::SummaryMismatch {
                 log: log.to_owned(),
@@ -377,7 +299,7 @@ pub async fn publish(
     }
     match store.put_first(log, &name, ours.clone()).await? {
         None => Ok((name, true)),
-        Some(first) if first == ours => Ok((name, false)),
+        Some(first) if same(&first) => Ok((name, false)),
         Some(_) => Err(Error::SummaryMismatch {
             log: log.to_owned(),
             name,
@@ -403,7 +325,7 @@ pub async fn summarize(store: &dyn BagStore, log: &str, stretch: Stretch) -> Res
             .iter()
             .flat_map(|b| &b.items)
             .flat_map(|i| &i.batches)
-            .map(|b| b.entries.len() as u64)
+            .map(|b| b.payloads.len() as u64)
             .sum(),
     })
 }
@@ -438,7 +360,7 @@ pub async fn list(store: &dyn BagStore, log: &str) -> Result<Vec<Stretch>> {
 
 /// Reads and checks the shape of a published summary: it names this log
 /// and stretch, and its bags are distinct seconds of the stretch, in order.
-pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<pb::Summary> {
+pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summary> {
     let bad = |reason: String| Error::CorruptSummary {
         log: log.to_owned(),
         from: stretch.from(),
@@ -448,7 +370,7 @@ pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<p
         .get_named(log, &stretch.name(), MAX_SUMMARY_BYTES)
         .await?
         .ok_or_else(|| bad("listed a moment ago, and now gone".into()))?;
-    let s = pb::Summary::decode(bytes).map_err(|e| bad(format!("does not decode: {e}")))?;
+    let s = packed::decode(bytes).map_err(bad)?;
     if s.log != log || s.from_secs != stretch.from().secs() || s.to_secs != stretch.last().secs() + 1 {
         return Err(bad(format!(
             "it says log {:?} seconds {}..{}: not what its name says",
@@ -486,7 +408,7 @@ pub struct SummaryCheck {
 pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<SummaryCheck> {
     let published = load(store, log, stretch).await?;
     let mut out = SummaryCheck::default();
-    let mut by_second: HashMap<u64, &pb::SummaryBag> =
+    let mut by_second: HashMap<u64, &SummaryBag> =
         published.bags.iter().map(|b| (b.bucket_secs, b)).collect();
     for span in stretch.spans() {
         let Some(sealed) = seal::seal_of(store, log, span).await? else {
@@ -568,15 +490,16 @@ async fn build_bag(
 }
 
 /// The same shape as [`build_bag`], from a summary.
-fn rebuild_all(summary: &pb::Summary, bag: &pb::SummaryBag) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
+fn rebuild_all(summary: &Summary, bag: &SummaryBag) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
     bag.items
         .iter()
         .map(|item| {
-            let records = match item.is_raw {
-                true => vec![Bytes::from(item.raw.clone())],
-                false => rebuild(summary, bag, item)?.into_iter().map(|(_, b)| b).collect(),
+            let item = rebuild_item(summary, bag, item)?;
+            let records = match item.records {
+                Records::Raw(raw) => vec![raw],
+                Records::Batches(b) => b.into_iter().map(|r| r.body).collect(),
             };
-            Ok((item.name.clone(), item.size, records))
+            Ok((item.name, item.size, records))
         })
         .collect()
 }

@@ -1,0 +1,986 @@
+//! A summary's stored form (format 2), and format 1 read into it.
+//!
+//! Format 1 was a `pb::Summary` (`proto/bagel/v1/bag.proto`): every batch
+//! with its writer, sequence, signed time and witnesses by index, each
+//! entry's full timestamp, each item's name and size. Format 2 keeps the
+//! same records and drops what the rest of the summary gives, so that a
+//! summary costs little more than its payloads and holder signatures:
+//!
+//! * a batch's writer, sequence, signed time and witnesses are written as
+//!   a change from the batch before it in the item (a data file is one
+//!   writer's batches, in sequence, under one lease: usually no change);
+//! * a timestamp, as the change from the one before it in the item (the
+//!   first, from the start of the bag's second): 3 bytes, not 8;
+//! * item names and the key ids of local signed times are stored once
+//!   each and referred to by index;
+//! * an item's size is stored only when it is not what its batches
+//!   framed add up to (a summarizer takes an item as batches only when
+//!   they are all of its bytes, so never, unless a summary is forged).
+//!
+//! Nothing is lost: every batch is rebuilt field for field, so its record
+//! is the very bytes its bag holds (a summarizer takes only records that
+//! re-encode to their stored bytes), and [`from_format_1`] turns a format
+//! 1 summary into the same value a summarizer would build from the same
+//! bags. The encoding is deterministic (tables in first-seen order, fields
+//! in tag order), so the same closed bags give the same bytes.
+//!
+//! Its fields use tags 16 and up: a format 1 reader finds none of its
+//! own in a format 2 summary, takes it for a summary of no log and
+//! refuses it as corrupt (its name says otherwise), rather than reading
+//! it wrong. So readers are upgraded before summarizers.
+//!
+//! The schema, for readers in other languages (proto3, package
+//! `bagel.v1`; `Witness` and `SignedTime` as in the `.proto` files):
+//!
+//! ```proto
+//! message SummaryV2 {
+//!   uint32 format = 16;                // 2
+//!   string log = 17;
+//!   uint64 from_secs = 18;             // first second covered
+//!   uint64 to_secs = 19;               // first second not covered
+//!   repeated Witness witnesses = 20;
+//!   repeated SummaryTime signed_times = 21;
+//!   repeated string writer_ids = 22;
+//!   repeated string key_ids = 23;      // of local signed times
+//!   repeated string item_names = 24;
+//!   repeated SummaryBag bags = 25;     // ascending by second
+//! }
+//! message SummaryTime {                // a SignedTime
+//!   bytes body = 1;                    // a local proof: LocalTimeProof.body,
+//!   bytes signature = 2;               //   .signature,
+//!   uint32 key_id = 3;                 //   .key_id by index into key_ids
+//!   SignedTime other = 4;              // set: any other signed time, whole
+//! }
+//! message SummaryBag {
+//!   uint64 bucket_secs = 1;
+//!   bytes lock_sha256 = 2;             // of the bag's lock listing
+//!   repeated SummaryItem items = 3;
+//! }
+//! message SummaryItem {
+//!   uint32 name = 1;                   // index into item_names
+//!   optional uint64 size = 2;          // absent: its batches framed (raw: raw's length)
+//!   repeated SummaryBatch batches = 3;
+//!   bytes raw = 4;                     // the item's bytes, when is_raw
+//!   bool is_raw = 5;
+//! }
+//! message SummaryBatch {               // a Batch; "previous": the batch before it in the item
+//!   uint32 writer = 1;                 // index + 1 into writer_ids; 0: the previous one's
+//!   uint64 sequence_gap = 2;           // first_sequence less the previous one's next (first: 0), mod 2^64
+//!   sint64 signed_time_step = 3;       // (index + 1 into signed_times, 0: none) less the previous one's (first: 0)
+//!   repeated uint32 witnesses = 4;     // indexes + 1; none: the previous one's (first: none); [0]: none
+//!   repeated sint64 timestamps = 5;    // each less the item's timestamp before it (first: bucket_secs * 10^6), mod 2^64
+//!   repeated bytes payloads = 6;       // one per timestamp
+//!   bool elsewhere = 7;                // the batch names another log or bag:
+//!   string log = 8;                    //   this one
+//!   uint64 bucket_secs = 9;            //   and this one
+//!   repeated bytes holder_signatures = 10;
+//! }
+//! ```
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use bagel_proto::pb;
+use bytes::Bytes;
+use prost::Message as _;
+
+use super::{Rebuilt, RebuiltItem, Records};
+use crate::frame;
+
+/// The format [`Summary::format`] names.
+pub const FORMAT: u32 = 2;
+
+/// A summary: every record of every bag of `[from_secs, to_secs)` of a
+/// log (see the module docs for each field's meaning).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Summary {
+    #[prost(uint32, tag = "16")]
+    pub format: u32,
+    #[prost(string, tag = "17")]
+    pub log: String,
+    #[prost(uint64, tag = "18")]
+    pub from_secs: u64,
+    #[prost(uint64, tag = "19")]
+    pub to_secs: u64,
+    #[prost(message, repeated, tag = "20")]
+    pub witnesses: Vec<pb::Witness>,
+    #[prost(message, repeated, tag = "21")]
+    pub signed_times: Vec<SummaryTime>,
+    #[prost(string, repeated, tag = "22")]
+    pub writer_ids: Vec<String>,
+    #[prost(string, repeated, tag = "23")]
+    pub key_ids: Vec<String>,
+    #[prost(string, repeated, tag = "24")]
+    pub item_names: Vec<String>,
+    /// Every bag of the stretch (its minute's seal lists it), ascending.
+    #[prost(message, repeated, tag = "25")]
+    pub bags: Vec<SummaryBag>,
+}
+
+/// A signed time: a local proof in parts (its key id by index), any
+/// other whole.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryTime {
+    #[prost(bytes = "bytes", tag = "1")]
+    pub body: Bytes,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub signature: Bytes,
+    #[prost(uint32, tag = "3")]
+    pub key_id: u32,
+    #[prost(message, optional, tag = "4")]
+    pub other: Option<pb::SignedTime>,
+}
+
+/// A source bag of the summary.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryBag {
+    #[prost(uint64, tag = "1")]
+    pub bucket_secs: u64,
+    /// SHA-256 of the bag's lock listing (its text form).
+    #[prost(bytes = "vec", tag = "2")]
+    pub lock_sha256: Vec<u8>,
+    #[prost(message, repeated, tag = "3")]
+    pub items: Vec<SummaryItem>,
+}
+
+/// An item of a bag, as its lock lists it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryItem {
+    #[prost(uint32, tag = "1")]
+    pub name: u32,
+    #[prost(uint64, optional, tag = "2")]
+    pub size: Option<u64>,
+    #[prost(message, repeated, tag = "3")]
+    pub batches: Vec<SummaryBatch>,
+    #[prost(bytes = "bytes", tag = "4")]
+    pub raw: Bytes,
+    #[prost(bool, tag = "5")]
+    pub is_raw: bool,
+}
+
+/// A batch, as a change from the batch before it in its item.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryBatch {
+    #[prost(uint32, tag = "1")]
+    pub writer: u32,
+    #[prost(uint64, tag = "2")]
+    pub sequence_gap: u64,
+    #[prost(sint64, tag = "3")]
+    pub signed_time_step: i64,
+    #[prost(uint32, repeated, tag = "4")]
+    pub witnesses: Vec<u32>,
+    #[prost(sint64, repeated, tag = "5")]
+    pub timestamps: Vec<i64>,
+    #[prost(bytes = "bytes", repeated, tag = "6")]
+    pub payloads: Vec<Bytes>,
+    #[prost(bool, tag = "7")]
+    pub elsewhere: bool,
+    #[prost(string, tag = "8")]
+    pub log: String,
+    #[prost(uint64, tag = "9")]
+    pub bucket_secs: u64,
+    #[prost(bytes = "bytes", repeated, tag = "10")]
+    pub holder_signatures: Vec<Bytes>,
+}
+
+/// An item's content, for [`Builder::item`].
+#[derive(Debug)]
+pub enum Content {
+    /// Its records, each a batch that re-encodes to its stored bytes.
+    Batches(Vec<pb::Batch>),
+    /// Its bytes as stored.
+    Raw(Bytes),
+}
+
+/// Interns values in first-seen order.
+#[derive(Debug)]
+struct Interner<K> {
+    index: HashMap<K, u32>,
+}
+
+impl<K: Hash + Eq> Interner<K> {
+    fn new() -> Self {
+        Interner {
+            index: HashMap::new(),
+        }
+    }
+
+    /// `key`'s index, and whether it is new (then pushed by the caller).
+    fn get(&mut self, key: K) -> (u32, bool) {
+        let n = self.index.len() as u32;
+        match self.index.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => (*e.get(), false),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(n);
+                (n, true)
+            }
+        }
+    }
+}
+
+/// Builds a [`Summary`] bag by bag, item by item, in order.
+#[derive(Debug)]
+pub struct Builder {
+    log: String,
+    summary: Summary,
+    witnesses: Interner<Vec<u8>>,
+    times: Interner<Vec<u8>>,
+    writers: Interner<String>,
+    key_ids: Interner<String>,
+    names: Interner<String>,
+}
+
+/// Where the batch before this one in the item left off.
+struct Previous {
+    writer: Option<u32>,
+    next_sequence: u64,
+    signed_time: u32,
+    witnesses: Vec<u32>,
+    timestamp: u64,
+}
+
+impl Previous {
+    fn at_start_of(bucket_secs: u64) -> Self {
+        Previous {
+            writer: None,
+            next_sequence: 0,
+            signed_time: 0,
+            witnesses: Vec::new(),
+            timestamp: bucket_secs.wrapping_mul(1_000_000),
+        }
+    }
+}
+
+impl Builder {
+    pub fn new(log: &str, from_secs: u64, to_secs: u64) -> Self {
+        Builder {
+            log: log.to_owned(),
+            summary: Summary {
+                format: FORMAT,
+                log: log.to_owned(),
+                from_secs,
+                to_secs,
+                ..Default::default()
+            },
+            witnesses: Interner::new(),
+            times: Interner::new(),
+            writers: Interner::new(),
+            key_ids: Interner::new(),
+            names: Interner::new(),
+        }
+    }
+
+    /// Starts the next bag.
+    pub fn bag(&mut self, bucket_secs: u64, lock_sha256: Vec<u8>) {
+        self.summary.bags.push(SummaryBag {
+            bucket_secs,
+            lock_sha256,
+            items: Vec::new(),
+        });
+    }
+
+    /// Adds an item to the bag last started.
+    pub fn item(&mut self, name: &str, size: u64, content: Content) {
+        let bucket_secs = self
+            .summary
+            .bags
+            .last()
+            .expect("a bag is started first")
+            .bucket_secs;
+        let (name_index, new) = self.names.get(name.to_owned());
+        if new {
+            self.summary.item_names.push(name.to_owned());
+        }
+        let mut item = SummaryItem {
+            name: name_index,
+            ..Default::default()
+        };
+        let implied = match content {
+            Content::Raw(raw) => {
+                item.is_raw = true;
+                let len = raw.len() as u64;
+                item.raw = raw;
+                len
+            }
+            Content::Batches(batches) => {
+                let mut prev = Previous::at_start_of(bucket_secs);
+                let mut framed = 0u64;
+                for b in batches {
+                    framed += (frame::HEADER_LEN + b.encoded_len()) as u64;
+                    let packed = self.batch(bucket_secs, &mut prev, b);
+                    item.batches.push(packed);
+                }
+                framed
+            }
+        };
+        item.size = (size != implied).then_some(size);
+        self.summary
+            .bags
+            .last_mut()
+            .expect("a bag is started first")
+            .items
+            .push(item);
+    }
+
+    fn batch(&mut self, bucket_secs: u64, prev: &mut Previous, b: pb::Batch) -> SummaryBatch {
+        let (writer, new) = self.writers.get(b.writer_id.clone());
+        if new {
+            self.summary.writer_ids.push(b.writer_id);
+        }
+        let writer_field = if prev.writer == Some(writer) {
+            0
+        } else {
+            writer + 1
+        };
+        prev.writer = Some(writer);
+        let sequence_gap = b.first_sequence.wrapping_sub(prev.next_sequence);
+        prev.next_sequence = b.first_sequence.wrapping_add(b.entries.len() as u64);
+        let time = match b.signed_time {
+            None => 0,
+            Some(t) => self.time(t) + 1,
+        };
+        let signed_time_step = i64::from(time) - i64::from(prev.signed_time);
+        prev.signed_time = time;
+        let witnesses: Vec<u32> = b
+            .witnesses
+            .into_iter()
+            .map(|w| {
+                let (i, new) = self.witnesses.get(w.encode_to_vec());
+                if new {
+                    self.summary.witnesses.push(w);
+                }
+                i + 1
+            })
+            .collect();
+        let witness_field = if witnesses == prev.witnesses {
+            Vec::new()
+        } else if witnesses.is_empty() {
+            vec![0]
+        } else {
+            witnesses.clone()
+        };
+        prev.witnesses = witnesses;
+        let mut timestamps = Vec::with_capacity(b.entries.len());
+        let mut payloads = Vec::with_capacity(b.entries.len());
+        for e in b.entries {
+            timestamps.push(e.timestamp_us.wrapping_sub(prev.timestamp) as i64);
+            prev.timestamp = e.timestamp_us;
+            payloads.push(Bytes::from(e.payload));
+        }
+        let elsewhere = b.log != self.log || b.bucket_secs != bucket_secs;
+        SummaryBatch {
+            writer: writer_field,
+            sequence_gap,
+            signed_time_step,
+            witnesses: witness_field,
+            timestamps,
+            payloads,
+            elsewhere,
+            log: if elsewhere { b.log } else { String::new() },
+            bucket_secs: if elsewhere { b.bucket_secs } else { 0 },
+            holder_signatures: b.holder_signatures.into_iter().map(Bytes::from).collect(),
+        }
+    }
+
+    /// The index of a signed time, interned by its encoded bytes.
+    fn time(&mut self, t: pb::SignedTime) -> u32 {
+        let (i, new) = self.times.get(t.encode_to_vec());
+        if new {
+            let packed = match t.proof {
+                Some(pb::signed_time::Proof::Local(local)) => {
+                    let (key_id, new) = self.key_ids.get(local.key_id.clone());
+                    if new {
+                        self.summary.key_ids.push(local.key_id);
+                    }
+                    SummaryTime {
+                        body: Bytes::from(local.body),
+                        signature: Bytes::from(local.signature),
+                        key_id,
+                        other: None,
+                    }
+                }
+                proof => SummaryTime {
+                    other: Some(pb::SignedTime { proof }),
+                    ..Default::default()
+                },
+            };
+            self.summary.signed_times.push(packed);
+        }
+        i
+    }
+
+    pub fn finish(self) -> Summary {
+        self.summary
+    }
+}
+
+/// Rebuilds an item of `bag`; an index out of range or a batch that does
+/// not fit is refused (`Err` says why).
+pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<RebuiltItem, String> {
+    let pick = |i: u32, len: usize, what: &str| {
+        usize::try_from(i)
+            .ok()
+            .filter(|i| *i < len)
+            .ok_or_else(|| format!("{what} index {i} out of range"))
+    };
+    let name = summary.item_names[pick(item.name, summary.item_names.len(), "item name")?].clone();
+    if item.is_raw {
+        return Ok(RebuiltItem {
+            name,
+            size: item.size.unwrap_or(item.raw.len() as u64),
+            records: Records::Raw(item.raw.clone()),
+        });
+    }
+    let mut prev = Previous::at_start_of(bag.bucket_secs);
+    let mut offset = 0u64;
+    let mut out = Vec::with_capacity(item.batches.len());
+    for b in &item.batches {
+        let writer = match (b.writer, prev.writer) {
+            (0, Some(w)) => w,
+            (0, None) => return Err("the first batch of an item names no writer".into()),
+            (w, _) => w - 1,
+        };
+        let writer_id = summary.writer_ids[pick(writer, summary.writer_ids.len(), "writer")?].clone();
+        prev.writer = Some(writer);
+        let first_sequence = prev.next_sequence.wrapping_add(b.sequence_gap);
+        prev.next_sequence = first_sequence.wrapping_add(b.timestamps.len() as u64);
+        let time = i64::from(prev.signed_time)
+            .checked_add(b.signed_time_step)
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or_else(|| format!("signed time step {} out of range", b.signed_time_step))?;
+        prev.signed_time = time;
+        let signed_time = match time {
+            0 => None,
+            t => Some(signed_time(
+                summary,
+                pick(t - 1, summary.signed_times.len(), "signed time")?,
+            )?),
+        };
+        match b.witnesses.as_slice() {
+            [] => {}
+            [0] => prev.witnesses.clear(),
+            list if list.contains(&0) => return Err("a witness list mixes none with witnesses".into()),
+            list => prev.witnesses = list.to_vec(),
+        }
+        let witnesses = prev
+            .witnesses
+            .iter()
+            .map(|i| Ok(summary.witnesses[pick(i - 1, summary.witnesses.len(), "witness")?].clone()))
+            .collect::<Result<Vec<_>, String>>()?;
+        if b.timestamps.len() != b.payloads.len() {
+            return Err(format!(
+                "a batch has {} timestamps and {} payloads",
+                b.timestamps.len(),
+                b.payloads.len()
+            ));
+        }
+        let entries = b
+            .timestamps
+            .iter()
+            .zip(&b.payloads)
+            .map(|(d, payload)| {
+                prev.timestamp = prev.timestamp.wrapping_add(*d as u64);
+                pb::Entry {
+                    timestamp_us: prev.timestamp,
+                    payload: payload.to_vec(),
+                }
+            })
+            .collect();
+        let batch = pb::Batch {
+            writer_id,
+            first_sequence,
+            signed_time,
+            witnesses,
+            entries,
+            log: if b.elsewhere {
+                b.log.clone()
+            } else {
+                summary.log.clone()
+            },
+            bucket_secs: if b.elsewhere {
+                b.bucket_secs
+            } else {
+                bag.bucket_secs
+            },
+            holder_signatures: b.holder_signatures.iter().map(|s| s.to_vec()).collect(),
+        };
+        let body = Bytes::from(batch.encode_to_vec());
+        let len = (frame::HEADER_LEN + body.len()) as u64;
+        out.push(Rebuilt { offset, body, batch });
+        offset += len;
+    }
+    Ok(RebuiltItem {
+        name,
+        size: item.size.unwrap_or(offset),
+        records: Records::Batches(out),
+    })
+}
+
+fn signed_time(summary: &Summary, i: usize) -> Result<pb::SignedTime, String> {
+    let t = &summary.signed_times[i];
+    if let Some(other) = &t.other {
+        return Ok(other.clone());
+    }
+    let key_id = usize::try_from(t.key_id)
+        .ok()
+        .and_then(|k| summary.key_ids.get(k))
+        .ok_or_else(|| format!("key id index {} out of range", t.key_id))?;
+    Ok(pb::SignedTime {
+        proof: Some(pb::signed_time::Proof::Local(pb::LocalTimeProof {
+            body: t.body.to_vec(),
+            signature: t.signature.to_vec(),
+            key_id: key_id.clone(),
+        })),
+    })
+}
+
+/// A format 1 summary as the [`Summary`] that holds the same records: the
+/// one a summarizer builds from the same bags.
+pub fn from_format_1(v1: pb::Summary) -> Result<Summary, String> {
+    let mut out = Builder::new(&v1.log, v1.from_secs, v1.to_secs);
+    for bag in &v1.bags {
+        out.bag(bag.bucket_secs, bag.lock_sha256.clone());
+        for item in &bag.items {
+            let content = match item.is_raw {
+                true => Content::Raw(Bytes::from(item.raw.clone())),
+                false => Content::Batches(format_1_batches(&v1, bag, item)?),
+            };
+            out.item(&item.name, item.size, content);
+        }
+    }
+    Ok(out.finish())
+}
+
+/// The batches of a format 1 item, rebuilt.
+fn format_1_batches(
+    summary: &pb::Summary,
+    bag: &pb::SummaryBag,
+    item: &pb::SummaryItem,
+) -> Result<Vec<pb::Batch>, String> {
+    let pick = |i: u32, len: usize, what: &str| {
+        usize::try_from(i)
+            .ok()
+            .filter(|i| *i < len)
+            .ok_or_else(|| format!("{what} index {i} out of range"))
+    };
+    item.batches
+        .iter()
+        .map(|b| {
+            let signed_time = match b.signed_time {
+                0 => None,
+                i => Some(
+                    summary.signed_times[pick(i - 1, summary.signed_times.len(), "signed time")?].clone(),
+                ),
+            };
+            Ok(pb::Batch {
+                writer_id: summary.writer_ids[pick(b.writer, summary.writer_ids.len(), "writer")?].clone(),
+                first_sequence: b.first_sequence,
+                signed_time,
+                witnesses: b
+                    .witnesses
+                    .iter()
+                    .map(|i| Ok(summary.witnesses[pick(*i, summary.witnesses.len(), "witness")?].clone()))
+                    .collect::<Result<Vec<_>, String>>()?,
+                entries: b.entries.clone(),
+                log: if b.elsewhere {
+                    b.log.clone()
+                } else {
+                    summary.log.clone()
+                },
+                bucket_secs: if b.elsewhere {
+                    b.bucket_secs
+                } else {
+                    bag.bucket_secs
+                },
+                holder_signatures: b.holder_signatures.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Decodes a stored summary of either format.
+pub fn decode(bytes: Bytes) -> Result<Summary, String> {
+    let s = Summary::decode(bytes.clone()).map_err(|e| format!("does not decode: {e}"))?;
+    match s.format {
+        FORMAT => Ok(s),
+        // No format field: format 1, whose fields format 2 skips.
+        0 => from_format_1(pb::Summary::decode(bytes).map_err(|e| format!("does not decode: {e}"))?),
+        other => Err(format!(
+            "format {other} is not one this reader knows (1 or {FORMAT})"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LOG: &str = "ledger";
+    /// A whole minute.
+    const SECS: u64 = 1_899_999_960;
+
+    fn witness(i: u8) -> pb::Witness {
+        pb::Witness {
+            body: vec![i; 40],
+            signature: vec![i; 64],
+            key_id: format!("k{i}"),
+            ..Default::default()
+        }
+    }
+
+    fn local_time(t: u64, key: &str) -> pb::SignedTime {
+        pb::SignedTime {
+            proof: Some(pb::signed_time::Proof::Local(pb::LocalTimeProof {
+                body: t.to_be_bytes().to_vec(),
+                signature: vec![7; 64],
+                key_id: key.into(),
+            })),
+        }
+    }
+
+    /// One item's batches as a random writer would leave them, and then
+    /// some no writer would: several writers, sequence jumps and steps
+    /// back, witnesses changing or missing, times missing or of another
+    /// kind, timestamps before the bag or far after, misplaced batches.
+    fn arb_batches() -> impl Strategy<Value = Vec<pb::Batch>> {
+        let batch = (
+            0..3usize,
+            prop_oneof![Just(None), (0..4u64).prop_map(Some), Just(Some(u64::MAX))],
+            0..5u8,
+            prop::collection::vec(0..3u8, 0..3),
+            prop::collection::vec((any::<i32>(), prop::collection::vec(any::<u8>(), 0..20)), 0..4),
+            0..4u8,
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..70), 0..3),
+        );
+        prop::collection::vec(batch, 0..8).prop_map(|v| {
+            let mut seq = 0u64;
+            v.into_iter()
+                .map(|(writer, jump, time, witnesses, entries, place, sigs)| {
+                    seq = match jump {
+                        None => seq,
+                        Some(j) => seq.wrapping_add(j).wrapping_sub(1),
+                    };
+                    let first_sequence = seq;
+                    seq = seq.wrapping_add(entries.len() as u64);
+                    pb::Batch {
+                        writer_id: format!("w{writer}"),
+                        first_sequence,
+                        signed_time: match time {
+                            0 => None,
+                            1 => Some(pb::SignedTime::default()),
+                            t => Some(local_time(u64::from(t), &format!("key{}", t % 2))),
+                        },
+                        witnesses: witnesses.into_iter().map(witness).collect(),
+                        entries: entries
+                            .into_iter()
+                            .map(|(d, payload)| pb::Entry {
+                                timestamp_us: (SECS * 1_000_000).wrapping_add(d as i64 as u64),
+                                payload,
+                            })
+                            .collect(),
+                        log: if place == 1 { "other".into() } else { LOG.into() },
+                        bucket_secs: match place {
+                            2 => SECS + 1,
+                            3 => 0,
+                            _ => SECS,
+                        },
+                        holder_signatures: sigs,
+                    }
+                })
+                .collect()
+        })
+    }
+
+    /// Format 1 as its summarizer made it.
+    fn format_1(items: &[(String, u64, Option<Vec<pb::Batch>>, Bytes)]) -> pb::Summary {
+        fn intern<T: prost::Message + Clone>(
+            index: &mut HashMap<Vec<u8>, u32>,
+            items: &mut Vec<T>,
+            t: &T,
+        ) -> u32 {
+            *index.entry(t.encode_to_vec()).or_insert_with(|| {
+                items.push(t.clone());
+                (items.len() - 1) as u32
+            })
+        }
+        let (mut wi, mut ti, mut writers) = (HashMap::new(), HashMap::new(), Vec::<String>::new());
+        let mut s = pb::Summary {
+            log: LOG.into(),
+            from_secs: SECS,
+            to_secs: SECS + 60,
+            ..Default::default()
+        };
+        let mut bag = pb::SummaryBag {
+            bucket_secs: SECS,
+            lock_sha256: vec![1; 32],
+            items: Vec::new(),
+        };
+        for (name, size, batches, raw) in items {
+            let mut out = pb::SummaryItem {
+                name: name.clone(),
+                size: *size,
+                ..Default::default()
+            };
+            match batches {
+                None => {
+                    out.is_raw = true;
+                    out.raw = raw.to_vec();
+                }
+                Some(batches) => {
+                    for b in batches {
+                        let writer = match writers.iter().position(|w| *w == b.writer_id) {
+                            Some(i) => i as u32,
+                            None => {
+                                writers.push(b.writer_id.clone());
+                                (writers.len() - 1) as u32
+                            }
+                        };
+                        let elsewhere = b.log != LOG || b.bucket_secs != SECS;
+                        out.batches.push(pb::SummaryBatch {
+                            writer,
+                            first_sequence: b.first_sequence,
+                            signed_time: b
+                                .signed_time
+                                .as_ref()
+                                .map_or(0, |t| intern(&mut ti, &mut s.signed_times, t) + 1),
+                            witnesses: b
+                                .witnesses
+                                .iter()
+                                .map(|w| intern(&mut wi, &mut s.witnesses, w))
+                                .collect(),
+                            entries: b.entries.clone(),
+                            elsewhere,
+                            log: if elsewhere { b.log.clone() } else { String::new() },
+                            bucket_secs: if elsewhere { b.bucket_secs } else { 0 },
+                            holder_signatures: b.holder_signatures.clone(),
+                        });
+                    }
+                }
+            }
+            bag.items.push(out);
+        }
+        s.writer_ids = writers;
+        s.bags.push(bag);
+        s
+    }
+
+    fn framed(batches: &[pb::Batch]) -> u64 {
+        batches
+            .iter()
+            .map(|b| (frame::HEADER_LEN + b.encoded_len()) as u64)
+            .sum()
+    }
+
+    proptest! {
+        /// Every batch comes back field for field (so its record is the
+        /// very bytes it was), every raw item byte for byte, every name
+        /// and size as listed; the bytes are the same each time they are
+        /// made; and a format 1 summary of the same items reads as the
+        /// same summary.
+        #[test]
+        fn summaries_rebuild_exactly_what_went_in(
+            items in prop::collection::vec((arb_batches(), any::<bool>(), any::<bool>(), 0..3u8), 1..5),
+        ) {
+            let items: Vec<(String, u64, Option<Vec<pb::Batch>>, Bytes)> = items
+                .into_iter()
+                .enumerate()
+                .map(|(i, (batches, raw, odd_size, name))| {
+                    let name = format!("w{name}.0000000{i}.0.log");
+                    match raw {
+                        true => {
+                            let bytes = Bytes::from(vec![i as u8; 5 + i]);
+                            let size = if odd_size { 99 } else { bytes.len() as u64 };
+                            (name, size, None, bytes)
+                        }
+                        false => {
+                            let size = if odd_size { 7 } else { framed(&batches) };
+                            (name, size, Some(batches), Bytes::new())
+                        }
+                    }
+                })
+                .collect();
+            let build = || {
+                let mut b = Builder::new(LOG, SECS, SECS + 60);
+                b.bag(SECS, vec![1; 32]);
+                for (name, size, batches, raw) in &items {
+                    let content = match batches {
+                        Some(batches) => Content::Batches(batches.clone()),
+                        None => Content::Raw(raw.clone()),
+                    };
+                    b.item(name, *size, content);
+                }
+                b.finish()
+            };
+            let summary = build();
+            let bytes = Bytes::from(summary.encode_to_vec());
+            prop_assert_eq!(&bytes, &Bytes::from(build().encode_to_vec()));
+            let read = decode(bytes.clone()).unwrap();
+            prop_assert_eq!(&read, &summary);
+            for ((name, size, batches, raw), item) in items.iter().zip(&read.bags[0].items) {
+                let got = unpack_item(&read, &read.bags[0], item).unwrap();
+                prop_assert_eq!(&got.name, name);
+                prop_assert_eq!(got.size, *size);
+                match (batches, got.records) {
+                    (None, Records::Raw(r)) => prop_assert_eq!(&r, raw),
+                    (Some(want), Records::Batches(got)) => {
+                        prop_assert_eq!(got.len(), want.len());
+                        let mut offset = 0;
+                        for (g, w) in got.iter().zip(want) {
+                            prop_assert_eq!(&g.batch, w);
+                            prop_assert_eq!(&g.body[..], &w.encode_to_vec()[..]);
+                            prop_assert_eq!(g.offset, offset);
+                            offset += (frame::HEADER_LEN + g.body.len()) as u64;
+                        }
+                    }
+                    _ => prop_assert!(false, "raw and batches swapped"),
+                }
+            }
+            let v1 = Bytes::from(format_1(&items).encode_to_vec());
+            prop_assert_eq!(decode(v1).unwrap(), summary);
+        }
+    }
+
+    /// A summarizer that finds the same records already published in
+    /// format 1 takes them for its own; other records it refuses. A
+    /// reader loads either as the same summary.
+    #[tokio::test]
+    async fn a_format_1_summary_of_the_same_records_is_the_same_summary() {
+        use crate::BagStore as _;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::directory::DirectoryStore::local(dir.path(), false);
+        let stretch = super::super::Stretch::new(crate::seal::Span::of(crate::Bucket::from_secs(SECS)), 1);
+        let batches = vec![pb::Batch {
+            writer_id: "w0".into(),
+            witnesses: vec![witness(1)],
+            entries: vec![pb::Entry {
+                timestamp_us: SECS * 1_000_000 + 5,
+                payload: b"deposit 10".to_vec(),
+            }],
+            log: LOG.into(),
+            bucket_secs: SECS,
+            ..Default::default()
+        }];
+        let items = vec![(
+            "w0.1.0.log".to_owned(),
+            framed(&batches),
+            Some(batches),
+            Bytes::new(),
+        )];
+        let mut b = Builder::new(LOG, SECS, SECS + 60);
+        b.bag(SECS, vec![1; 32]);
+        b.item(
+            &items[0].0,
+            items[0].1,
+            Content::Batches(items[0].2.clone().unwrap()),
+        );
+        let ours = b.finish();
+        let v1 = format_1(&items);
+        store
+            .put_first(LOG, "_summary/1899999960.60", Bytes::from(v1.encode_to_vec()))
+            .await
+            .unwrap();
+        let loaded = super::super::load(&store, LOG, stretch).await.unwrap();
+        assert_eq!(loaded, ours);
+        let (_, created) = super::super::publish(&store, LOG, stretch, &ours).await.unwrap();
+        assert!(!created);
+        let mut other = ours.clone();
+        other.bags[0].items.pop();
+        let err = super::super::publish(&store, LOG, stretch, &other)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, crate::Error::SummaryMismatch { .. }), "{err}");
+    }
+
+    /// A reader of format 1 finds nothing of its own in format 2: a
+    /// summary of no log, which it refuses as not what its name says.
+    #[test]
+    fn a_format_1_reader_refuses_format_2_rather_than_misread_it() {
+        let mut b = Builder::new(LOG, SECS, SECS + 60);
+        b.bag(SECS, vec![1; 32]);
+        b.item("w0.0.log", 3, Content::Raw(Bytes::from_static(b"abc")));
+        let old = pb::Summary::decode(Bytes::from(b.finish().encode_to_vec())).unwrap();
+        assert_eq!(old, pb::Summary::default());
+    }
+
+    #[test]
+    fn unknown_formats_and_parts_that_do_not_fit_are_refused() {
+        let mut s = Builder::new(LOG, SECS, SECS + 60).finish();
+        s.format = 3;
+        let err = decode(Bytes::from(s.encode_to_vec())).unwrap_err();
+        assert!(err.contains("format 3"), "{err}");
+        let batch = |b: SummaryBatch| {
+            let mut s = Builder::new(LOG, SECS, SECS + 60).finish();
+            s.writer_ids.push("w0".into());
+            s.item_names.push("w0.log".into());
+            let bag = SummaryBag {
+                bucket_secs: SECS,
+                items: vec![SummaryItem {
+                    batches: vec![b],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            unpack_item(&s, &bag, &bag.items[0]).map(|_| ())
+        };
+        let ok = SummaryBatch {
+            writer: 1,
+            ..Default::default()
+        };
+        assert!(batch(ok.clone()).is_ok());
+        for (bad, why) in [
+            (
+                SummaryBatch {
+                    writer: 0,
+                    ..ok.clone()
+                },
+                "names no writer",
+            ),
+            (
+                SummaryBatch {
+                    writer: 2,
+                    ..ok.clone()
+                },
+                "writer index 1",
+            ),
+            (
+                SummaryBatch {
+                    signed_time_step: 1,
+                    ..ok.clone()
+                },
+                "signed time index 0",
+            ),
+            (
+                SummaryBatch {
+                    signed_time_step: -1,
+                    ..ok.clone()
+                },
+                "out of range",
+            ),
+            (
+                SummaryBatch {
+                    witnesses: vec![1],
+                    ..ok.clone()
+                },
+                "witness index 0",
+            ),
+            (
+                SummaryBatch {
+                    witnesses: vec![0, 1],
+                    ..ok.clone()
+                },
+                "mixes none",
+            ),
+            (
+                SummaryBatch {
+                    timestamps: vec![1],
+                    ..ok.clone()
+                },
+                "1 timestamps and 0 payloads",
+            ),
+        ] {
+            let err = batch(bad).unwrap_err();
+            assert!(err.contains(why), "{err} (wanted {why})");
+        }
+    }
+}
