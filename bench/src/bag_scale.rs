@@ -5,11 +5,15 @@
 //!   simulated day (one tick a minute; it closes and seals all that is due),
 //!   counting the files and directories left;
 //! * an hour of a busy log (10 writers, 10 messages of 100 bytes a second
-//!   each: 36,000 messages in 3,600 bags), sealed and summarized a minute
+//!   each: 360,000 messages in 3,600 bags), sealed and summarized a minute
 //!   at a time; then reading the hour back three ways, each timed: from
 //!   the bags, from the summaries, and the same bytes as plain files
 //!   (the store's own limit); and the bytes stored per message in bags and
-//!   in summaries.
+//!   in summaries;
+//! * the floor under any checked read of that hour: its 360,000 holder
+//!   signatures verified alone (`holder_sig::check`, one strict ed25519
+//!   verification each, spread over the cores as a reader spreads them),
+//!   with the batches already in memory.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,6 +43,9 @@ pub struct BagScale {
     pub read_from_bags_s: f64,
     pub read_from_summaries_s: f64,
     pub read_plain_files_s: f64,
+    /// Verifying the hour's holder signatures alone, on `cores` threads.
+    pub verify_signatures_s: f64,
+    pub cores: usize,
     /// `read_from_bags_s / read_from_summaries_s`.
     pub summaries_speedup: f64,
     /// `read_from_summaries_s / read_plain_files_s`.
@@ -172,6 +179,7 @@ async fn measure(dir: &Path) -> Result<BagScale> {
     };
     let from_bags = timed(false).await?;
     let from_summaries = timed(true).await?;
+    let (verify_signatures_s, cores) = signatures_alone(store.as_ref(), first, messages).await?;
     // The same bytes as plain files: every data file of the hour, read.
     let started = Instant::now();
     let mut plain = 0u64;
@@ -185,12 +193,73 @@ async fn measure(dir: &Path) -> Result<BagScale> {
         read_from_bags_s: from_bags,
         read_from_summaries_s: from_summaries,
         read_plain_files_s: plain_s,
+        verify_signatures_s,
+        cores,
         summaries_speedup: from_bags / from_summaries,
         summaries_vs_plain: from_summaries / plain_s,
         bag_bytes_per_message: bag_bytes as f64 / messages as f64,
         summary_bytes_per_message: summary_bytes as f64 / messages as f64,
         payload_bytes: PAYLOAD,
     })
+}
+
+/// Seconds to verify every holder signature of the hour's summaries, the
+/// batches rebuilt beforehand (not timed), on as many threads as cores.
+async fn signatures_alone(store: &dyn BagStore, first: Span, messages: u64) -> Result<(f64, usize)> {
+    let mut batches = Vec::new();
+    let mut st = Stretch::new(first, 1);
+    for _ in 0..60 {
+        let s = summary::load(store, "busy", st).await?;
+        for bag in &s.bags {
+            for item in &bag.items {
+                batches.extend(
+                    summary::rebuild_batches(&s, bag, item)?
+                        .into_iter()
+                        .map(|r| r.batch),
+                );
+            }
+        }
+        st = st.next();
+    }
+    let entries: usize = batches.iter().map(|b| b.entries.len()).sum();
+    anyhow::ensure!(entries as u64 == messages, "rebuilt {entries} of {messages}");
+    // Every batch of the hour cites the one lease's witness.
+    let witness = batches[0].witnesses.clone();
+    anyhow::ensure!(batches.iter().all(|b| b.witnesses == witness), "one witness");
+    let bodies = witness
+        .iter()
+        .map(|w| bagel_proto::witness::decode_unverified(w).map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let started = Instant::now();
+    let bound = std::thread::scope(|s| {
+        let bodies = &bodies;
+        batches
+            .chunks(batches.len().div_ceil(cores))
+            .map(|chunk| {
+                s.spawn(move || {
+                    let mut keys = bagel_bags::holder_sig::KeyCache::default();
+                    chunk
+                        .iter()
+                        .filter(|b| {
+                            bagel_bags::holder_sig::check_cached(b, bodies, &mut keys)
+                                == bagel_bags::holder_sig::HolderCheck::Bound
+                        })
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("a verifying thread panicked"))
+            .sum::<usize>()
+    });
+    let took = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        bound == batches.len(),
+        "{bound} of {} batches verify",
+        batches.len()
+    );
+    Ok((took, cores))
 }
 
 /// Reads every `.log` file under `dir` whole.
@@ -216,6 +285,7 @@ pub fn markdown(s: &BagScale) -> String {
          | read the hour from bags | {:.3} s |\n\
          | read the hour from summaries | {:.3} s ({:.1}x faster) |\n\
          | read the same bytes as plain files | {:.3} s (summaries {:.2}x that) |\n\
+         | verify the hour's holder signatures alone ({} cores) | {:.3} s |\n\
          | stored bytes per {}-byte message: bags / summaries | {:.0} / {:.0} |\n",
         s.idle_inodes_per_day,
         s.idle_inodes_per_minute,
@@ -226,6 +296,8 @@ pub fn markdown(s: &BagScale) -> String {
         s.summaries_speedup,
         s.read_plain_files_s,
         s.summaries_vs_plain,
+        s.cores,
+        s.verify_signatures_s,
         s.payload_bytes,
         s.bag_bytes_per_message,
         s.summary_bytes_per_message,
