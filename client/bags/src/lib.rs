@@ -95,7 +95,7 @@ pub use error::{Error, Result};
 pub use listing::{ListedItem, Listing, Receipt};
 pub use metronome::{CloseObserver, CloseReport, Metronome, close_logs_through, close_through};
 pub use names::{validate_log, validate_writer_id};
-pub use reader::{Problem, ProblemKind, Progress, ReadOptions, ReadReport, read};
+pub use reader::{Problem, ProblemKind, Progress, ReadOptions, ReadReport, Vouched, read};
 pub use store::{BagState, BagStore, list_buckets};
 pub use store_url::open_store;
 pub use timeout::TimeoutStore;

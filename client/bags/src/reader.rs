@@ -75,6 +75,13 @@ pub struct ReadOptions {
     /// would seal older ones is refused ([`crate::Error::SealTooFar`]), so
     /// a stray start mark cannot make a reader create bags back to 1970.
     pub max_seal_lookback: std::time::Duration,
+    /// Summarizers whose attestations this read trusts
+    /// ([`crate::summary::attest`]): a summary attested by one of these
+    /// keys over exactly the bytes read has its batches' holder signatures
+    /// and (local) signed times taken as the summarizer verified them, not
+    /// verified again; every other check is made. `None`: every signature
+    /// is checked, attestations are not looked at.
+    pub trusted_summarizers: Option<KeyRing>,
 }
 
 /// [`ReadOptions::max_item_bytes`] by default: 1 GiB.
@@ -115,6 +122,7 @@ impl Default for ReadOptions {
             progress: None,
             max_item_bytes: DEFAULT_MAX_ITEM_BYTES,
             max_seal_lookback: DEFAULT_MAX_SEAL_LOOKBACK,
+            trusted_summarizers: None,
         }
     }
 }
@@ -139,6 +147,13 @@ impl ReadOptions {
     #[must_use]
     pub fn with_max_seal_lookback(mut self, d: std::time::Duration) -> Self {
         self.max_seal_lookback = d;
+        self
+    }
+    /// Trust these summarizers' attestations (see
+    /// [`ReadOptions::trusted_summarizers`]); an empty ring trusts none.
+    #[must_use]
+    pub fn with_trusted_summarizers(mut self, keys: KeyRing) -> Self {
+        self.trusted_summarizers = (!keys.is_empty()).then_some(keys);
         self
     }
     #[must_use]
@@ -191,6 +206,22 @@ pub struct Message {
     pub signed_time: Option<Arc<pb::SignedTime>>,
     /// What its batch's holder signatures show (for the audit).
     pub holder: crate::holder_sig::HolderCheck,
+    /// Who verified its batch's holder signatures and signed time.
+    pub vouched: Vouched,
+}
+
+/// Who verified a message's holder signatures and signed time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Vouched {
+    /// This read, as every read does without trusted summarizers.
+    #[default]
+    Checked,
+    /// A trusted summarizer (by its key id), whose attestation of the
+    /// summary it was read from holds over the very bytes read
+    /// ([`ReadOptions::trusted_summarizers`]). Its witnesses, bounds and
+    /// signed-time congruence were still checked by this read (and a
+    /// Roughtime signed time verified).
+    Attested { key_id: Arc<str> },
 }
 
 impl Message {
@@ -224,6 +255,11 @@ pub enum ProblemKind {
     /// A batch that names another log or bag than the one it was found in;
     /// its messages are rejected.
     Misplaced,
+    /// An attestation by a trusted summarizer that does not hold (bad
+    /// signature, not over the summary's bytes): its summary was read with
+    /// every check. `item` names the attestation, `bucket` its stretch's
+    /// first second.
+    Attestation,
 }
 
 /// Something wrong in a bag: damage, a duplicated or a misplaced batch.
@@ -251,6 +287,8 @@ pub struct ReadReport {
     pub sealed: u64,
     /// Summaries read (each stands for whole minutes of bags).
     pub summaries_read: u64,
+    /// Of those, read on a trusted summarizer's attestation.
+    pub summaries_attested: u64,
     /// Why this read closed nothing although asked to close past-due bags:
     /// its clock could not be vouched for (the text of
     /// [`crate::Error::ClockUnvouched`]). The open bags it met are in
@@ -317,6 +355,8 @@ struct Pending {
     time: TimeCheck,
     /// Filled in when its round is checked.
     holder: Option<crate::holder_sig::HolderCheck>,
+    /// Read from a summary a trusted summarizer attested (its key id).
+    vouched: Option<Arc<str>>,
 }
 
 /// What is done with a batch's signed time.
@@ -325,6 +365,8 @@ enum TimeCheck {
     Note(&'static str),
     /// Verified (one verdict per distinct time, by its encoded bytes).
     Verify(Vec<u8>),
+    /// Read unverified: a trusted summarizer verified it.
+    Vouched(std::result::Result<bagel_proto::TimeReading, String>),
 }
 
 /// Pending batches are checked in rounds of this many, one round while the
@@ -391,9 +433,10 @@ impl Seen {
             bagel_proto::verify_signed_time(st, &keys.0, &keys.1).map_err(|e| e.to_string())
         });
         let batches = on_cores(pending, |p| {
-            p.holders
-                .as_ref()
-                .map(|h| crate::holder_sig::check_holders(&p.batch, h))
+            p.holders.as_ref().map(|h| match p.vouched {
+                Some(_) => crate::holder_sig::assume_signed(h),
+                None => crate::holder_sig::check_holders(&p.batch, h),
+            })
         });
         self.checking = Some(Round { times, batches });
     }
@@ -527,10 +570,10 @@ pub async fn read(
     // Summaries cover whole minutes: the ones used are read from them, and
     // nothing of those minutes is listed, sealed or opened.
     let summaries = match opts.use_summaries {
-        true => pick_summaries(store, log, first, last).await?,
+        true => pick_summaries(store, log, first, last, opts, &mut report).await?,
         false => Vec::new(),
     };
-    let summarized = |b: &Bucket| summaries.iter().any(|(st, _)| st.contains(*b));
+    let summarized = |b: &Bucket| summaries.iter().any(|(st, _, _)| st.contains(*b));
     // Seals first, then bags: a bag a seal lists existed when it was
     // sealed, so this listing sees it (unless retention removed it).
     let sealed_spans = crate::seal::sealed_spans(store, log).await?;
@@ -554,7 +597,7 @@ pub async fn read(
     // Bags and summarized bags, in one ascending order: a batch found twice
     // is reported at the same second copy either way.
     let mut sources: Vec<(Bucket, Option<(usize, usize)>)> = buckets.into_iter().map(|b| (b, None)).collect();
-    for (i, (_, s)) in summaries.iter().enumerate() {
+    for (i, (_, s, _)) in summaries.iter().enumerate() {
         for (j, bag) in s.bags.iter().enumerate() {
             let b = Bucket::from_secs(bag.bucket_secs);
             if (first..=last).contains(&b) {
@@ -564,6 +607,7 @@ pub async fn read(
     }
     sources.sort_by_key(|(b, _)| *b);
     report.summaries_read = summaries.len() as u64;
+    report.summaries_attested = summaries.iter().filter(|(_, _, v)| v.is_some()).count() as u64;
     let total = sources.len() as u64;
     let mut seen = Seen::default();
     for (done, (bucket, from_summary)) in sources.into_iter().enumerate() {
@@ -571,8 +615,16 @@ pub async fn read(
             p.report(done as u64, total);
         }
         if let Some((i, j)) = from_summary {
-            let summary = &summaries[i].1;
-            read_summarized(&mut report, &mut seen, opts, log, summary, &summary.bags[j])?;
+            let (_, summary, vouched) = &summaries[i];
+            read_summarized(
+                &mut report,
+                &mut seen,
+                opts,
+                log,
+                summary,
+                &summary.bags[j],
+                vouched,
+            )?;
             report.closed_bags_read += 1;
             if seen.pending.len() >= CHECK_ROUND {
                 seen.next_round(&mut report, opts, cfg).await;
@@ -599,6 +651,7 @@ pub async fn read(
                 bucket,
                 item: &item,
                 open,
+                vouched: None,
             };
             if let Some(p) = at.too_big(opts) {
                 report.problems.push(p);
@@ -732,27 +785,76 @@ async fn settle(
 
 /// The published summaries to read `[first, last]` from: those that
 /// overlap it, earliest first, none overlapping another.
+///
+/// With trusted summarizers, each comes with the key id of the first
+/// trusted attestation that holds over its stored bytes; one that is
+/// there and does not hold is a problem of the read.
 async fn pick_summaries(
     store: &dyn BagStore,
     log: &str,
     first: Bucket,
     last: Bucket,
-) -> Result<Vec<(Stretch, Summary)>> {
-    let mut out: Vec<(Stretch, Summary)> = Vec::new();
+    opts: &ReadOptions,
+    report: &mut ReadReport,
+) -> Result<Vec<PickedSummary>> {
+    let mut out: Vec<PickedSummary> = Vec::new();
+    let attested = match &opts.trusted_summarizers {
+        Some(ring) => crate::summary::attest::list(store, log)
+            .await?
+            .into_iter()
+            .filter(|(_, id)| ring.get(id).is_some())
+            .collect(),
+        None => Vec::new(),
+    };
     for st in crate::summary::list(store, log).await? {
-        if st.last() < first || st.from() > last || out.last().is_some_and(|(p, _)| st.from() <= p.last()) {
+        if st.last() < first || st.from() > last || out.last().is_some_and(|(p, _, _)| st.from() <= p.last())
+        {
             continue;
         }
-        out.push((st, crate::summary::load(store, log, st).await?));
+        let (summary, bytes) = crate::summary::load_bytes(store, log, st).await?;
+        let mut vouched = None;
+        let mut digest = None;
+        for (_, key_id) in attested.iter().filter(|(a, _)| *a == st) {
+            let digest = digest.get_or_insert_with(|| crate::summary::attest::digest(&bytes));
+            match crate::summary::attest::check(
+                store,
+                log,
+                st,
+                key_id,
+                opts.trusted_summarizers.as_ref(),
+                digest,
+            )
+            .await?
+            {
+                Some(Ok(_)) => {
+                    vouched = Some(Arc::from(key_id.as_str()));
+                    break;
+                }
+                Some(Err(why)) => report.problems.push(Problem {
+                    kind: ProblemKind::Attestation,
+                    bucket: st.from(),
+                    item: crate::summary::attest::name(st, key_id),
+                    offset: None,
+                    what: format!("attestation not trusted, summary read with every check: {why}"),
+                    in_open_bag: false,
+                }),
+                // Removed since the listing (retention): nothing to trust.
+                None => {}
+            }
+        }
+        out.push((st, summary, vouched));
     }
     Ok(out)
 }
 
+/// A summary a read uses, and the trusted summarizer that attested it.
+type PickedSummary = (Stretch, Summary, Option<Arc<str>>);
+
 /// The parts of `[first, last]` no summary covers.
-fn uncovered(first: Bucket, last: Bucket, summaries: &[(Stretch, Summary)]) -> Vec<(Bucket, Bucket)> {
+fn uncovered(first: Bucket, last: Bucket, summaries: &[PickedSummary]) -> Vec<(Bucket, Bucket)> {
     let mut out = Vec::new();
     let mut at = first.secs();
-    for (st, _) in summaries {
+    for (st, _, _) in summaries {
         if st.from().secs() > at {
             out.push((
                 Bucket::from_secs(at),
@@ -775,6 +877,7 @@ fn read_summarized(
     log: &str,
     summary: &Summary,
     bag: &SummaryBag,
+    vouched: &Option<Arc<str>>,
 ) -> Result<()> {
     let bucket = Bucket::from_secs(bag.bucket_secs);
     for si in &bag.items {
@@ -789,6 +892,7 @@ fn read_summarized(
             bucket,
             item: &item,
             open: false,
+            vouched: vouched.clone(),
         };
         if let Some(p) = at.too_big(opts) {
             report.problems.push(p);
@@ -842,6 +946,8 @@ struct Place<'a> {
     bucket: Bucket,
     item: &'a ListedItem,
     open: bool,
+    /// Read from a summary a trusted summarizer attested.
+    vouched: Option<Arc<str>>,
 }
 
 impl Place<'_> {
@@ -1043,8 +1149,15 @@ fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::B
         batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
         Some(pb::signed_time::Proof::Roughtime(_))
     );
+    let vouched_time = match (&at.vouched, &batch.signed_time) {
+        (Some(_), Some(st)) => crate::summary::attest::vouched_time(st),
+        _ => None,
+    };
     let time = match (&batch.signed_time, &opts.keys) {
         (None, _) => TimeCheck::Note("no signed time"),
+        (Some(_), _) if vouched_time.is_some() => {
+            TimeCheck::Vouched(vouched_time.expect("checked just above"))
+        }
         (Some(_), _) if is_roughtime && opts.roughtime_keys.is_empty() => {
             TimeCheck::Note("Roughtime signed time NOT verified (no Roughtime key given)")
         }
@@ -1061,6 +1174,7 @@ fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::B
         holders,
         time,
         holder: None,
+        vouched: at.vouched.clone(),
     });
 }
 
@@ -1082,6 +1196,7 @@ fn finish_batch(
         leases,
         holder,
         time,
+        vouched,
         ..
     } = p;
     let holder = holder.unwrap_or_else(|| crate::holder_sig::HolderCheck::Bad {
@@ -1108,7 +1223,15 @@ fn finish_batch(
             }
             None => unreachable!("every pending signed time is verified before its batch is finished"),
         },
+        TimeCheck::Vouched(Ok(r)) => time_ref = Some(*r),
+        TimeCheck::Vouched(Err(e)) => {
+            error.get_or_insert_with(|| format!("signed time: {e}"));
+        }
     }
+    let vouched = match vouched {
+        Some(key_id) => Vouched::Attested { key_id },
+        None => Vouched::Checked,
+    };
     let lease_ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
     let witnesses: Arc<[pb::Witness]> = Arc::from(batch.witnesses);
     let signed_time = batch.signed_time.map(Arc::new);
@@ -1129,6 +1252,7 @@ fn finish_batch(
             witnesses: Arc::clone(&witnesses),
             signed_time: signed_time.clone(),
             holder: holder.clone(),
+            vouched: vouched.clone(),
         };
         let reason = error.clone().or_else(|| {
             if Bucket::of(ts) != bucket {

@@ -1,5 +1,7 @@
 //! Retention: removing old bags once a summary that holds them has been
-//! checked against them, and (optionally) old summaries.
+//! checked against them, and (optionally) old summaries with their
+//! attestations. An attestation never stands in for that check: a
+//! summarizer's word is for readers, not for deleting the evidence.
 //!
 //! Bags go only where a published summary covers them and
 //! [`summary::check`] finds every one of them as summarized (a bag already
@@ -35,6 +37,9 @@ pub struct RetainReport {
     pub bags_removed: u64,
     /// Summaries removed (`keep_summaries`).
     pub summaries_removed: u64,
+    /// Attestations removed, each with its summary (never on their own,
+    /// and never taken as a check: bags go only on [`summary::check`]).
+    pub attestations_removed: u64,
     /// Stretches whose bags were kept, and why: their summary does not
     /// match them.
     pub kept: Vec<String>,
@@ -116,7 +121,7 @@ pub async fn retain_within(
         if let Some(keep) = keep_summaries
             && ended_before(stretch, keep)
         {
-            summary::remove(store, log, stretch).await?;
+            report.attestations_removed += summary::remove(store, log, stretch).await?;
             report.summaries_removed += 1;
         }
     }

@@ -40,6 +40,7 @@ use crate::frame::{self, Frame};
 use crate::seal::{self, SPAN_SECS, Span};
 use crate::{BagState, BagStore, Bucket, Error, Result};
 
+pub mod attest;
 pub mod packed;
 
 pub use packed::{Summary, SummaryBag, SummaryBatch, SummaryItem, SummaryTime};
@@ -312,9 +313,21 @@ pub async fn publish(
 /// [`publish`]. Returns its name, whether this call created it, and its
 /// size in bytes.
 pub async fn summarize(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summarized> {
+    summarize_attested(store, log, stretch, None).await
+}
+
+/// [`summarize`], then with an `attester`, attests the published summary
+/// ([`attest::attest`]): only after building it from the bags and
+/// verifying every signature in it.
+pub async fn summarize_attested(
+    store: &dyn BagStore,
+    log: &str,
+    stretch: Stretch,
+    attester: Option<&attest::Attester>,
+) -> Result<Summarized> {
     let summary = build(store, log, stretch).await?;
     let (name, created) = publish(store, log, stretch, &summary).await?;
-    Ok(Summarized {
+    let mut done = Summarized {
         stretch,
         name,
         created,
@@ -327,7 +340,12 @@ pub async fn summarize(store: &dyn BagStore, log: &str, stretch: Stretch) -> Res
             .flat_map(|i| &i.batches)
             .map(|b| b.payloads.len() as u64)
             .sum(),
-    })
+        attestation: None,
+    };
+    if let Some(a) = attester {
+        done.attestation = Some(attest::attest(store, log, stretch, summary, a).await?);
+    }
+    Ok(done)
 }
 
 /// What [`summarize`] did.
@@ -339,11 +357,24 @@ pub struct Summarized {
     pub bytes: u64,
     pub bags: u64,
     pub messages: u64,
+    /// With an attester: what became of its attestation.
+    pub attestation: Option<attest::Attested>,
 }
 
-/// Removes a published summary (retention, once its time is up).
-pub async fn remove(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<()> {
-    store.remove_named(log, &stretch.name()).await
+/// Removes a published summary and its attestations (retention, once its
+/// time is up); returns how many attestations went. The attestations go
+/// first: a run cut off between leaves a summary without them (read in
+/// full, and removed by the next run), never an attestation of nothing.
+pub async fn remove(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<u64> {
+    let mut gone = 0;
+    for (st, key_id) in attest::list(store, log).await? {
+        if st == stretch {
+            store.remove_named(log, &attest::name(stretch, &key_id)).await?;
+            gone += 1;
+        }
+    }
+    store.remove_named(log, &stretch.name()).await?;
+    Ok(gone)
 }
 
 /// Every published summary of `log`, by stretch (one listing).
@@ -361,6 +392,16 @@ pub async fn list(store: &dyn BagStore, log: &str) -> Result<Vec<Stretch>> {
 /// Reads and checks the shape of a published summary: it names this log
 /// and stretch, and its bags are distinct seconds of the stretch, in order.
 pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summary> {
+    Ok(load_bytes(store, log, stretch).await?.0)
+}
+
+/// A published summary's stored bytes, as they are (`None`: there is none).
+pub async fn stored_bytes(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Option<Bytes>> {
+    store.get_named(log, &stretch.name(), MAX_SUMMARY_BYTES).await
+}
+
+/// [`load`], with the summary's stored bytes (what an attestation is over).
+pub async fn load_bytes(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<(Summary, Bytes)> {
     let bad = |reason: String| Error::CorruptSummary {
         log: log.to_owned(),
         from: stretch.from(),
@@ -370,7 +411,7 @@ pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<S
         .get_named(log, &stretch.name(), MAX_SUMMARY_BYTES)
         .await?
         .ok_or_else(|| bad("listed a moment ago, and now gone".into()))?;
-    let s = packed::decode(bytes).map_err(bad)?;
+    let s = packed::decode(bytes.clone()).map_err(bad)?;
     if s.log != log || s.from_secs != stretch.from().secs() || s.to_secs != stretch.last().secs() + 1 {
         return Err(bad(format!(
             "it says log {:?} seconds {}..{}: not what its name says",
@@ -387,7 +428,7 @@ pub async fn load(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<S
         }
         prev = Some(bucket);
     }
-    Ok(s)
+    Ok((s, bytes))
 }
 
 /// What [`check`] found comparing a summary with its source bags.
@@ -503,6 +544,9 @@ fn rebuild_all(summary: &Summary, bag: &SummaryBag) -> Result<Vec<(String, u64, 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod attest_tests;
 
 #[cfg(test)]
 mod tests {

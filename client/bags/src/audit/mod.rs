@@ -177,6 +177,10 @@ pub enum ViolationKind {
     /// A published summary that is not what its source bags hold (a
     /// forged or corrupted summary, or bag).
     SummaryMismatch,
+    /// A summarizer's attestation that does not hold (bad signature, not
+    /// over the published summary's bytes), or that vouches for a summary
+    /// that does not match its source bags; the detail names the key.
+    BadAttestation,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -525,6 +529,94 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
     report
 }
 
+/// What [`audit_summaries`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryAudit {
+    /// Summaries that do not match their bags ([`ViolationKind::SummaryMismatch`]),
+    /// attestations that fail or vouch for such a summary
+    /// ([`ViolationKind::BadAttestation`], naming the key).
+    pub violations: Vec<Violation>,
+    /// Summaries some of whose source bags are gone.
+    pub unchecked: Vec<String>,
+    /// Attestations looked at.
+    pub attestations_checked: u64,
+}
+
+/// Checks every summary of `log` overlapping `[first, last]` against its
+/// source bags while they exist ([`crate::summary::check`]), and every
+/// attestation of those stretches: its signature, that it is over the
+/// published summary's bytes, and that the summary it vouches for matches
+/// its bags. An attestation with no summary beside it is a finding too.
+pub async fn audit_summaries(
+    store: &dyn crate::BagStore,
+    log: &str,
+    first: Bucket,
+    last: Bucket,
+) -> crate::Result<SummaryAudit> {
+    use crate::summary::{self, attest};
+    let mut out = SummaryAudit::default();
+    let in_range = |st: &summary::Stretch| st.last() >= first && st.from() <= last;
+    let attestations = attest::list(store, log).await?;
+    let stretches = summary::list(store, log).await?;
+    for &stretch in stretches.iter().filter(|st| in_range(st)) {
+        let matches = match summary::check(store, log, stretch).await {
+            Ok(check) => {
+                for m in &check.mismatched {
+                    out.violations.push(Violation {
+                        kind: ViolationKind::SummaryMismatch,
+                        detail: format!("summary of {log} {stretch}: {m}"),
+                    });
+                }
+                if check.bags_gone > 0 {
+                    out.unchecked.push(format!(
+                        "summary of {log} {stretch}: {} of its source bags are gone, so whether it left \
+                         messages of them out cannot be checked (what it holds was checked like any bag)",
+                        check.bags_gone
+                    ));
+                }
+                check.mismatched.is_empty()
+            }
+            Err(e) => {
+                out.violations.push(Violation {
+                    kind: ViolationKind::SummaryMismatch,
+                    detail: format!("summary of {log} {stretch}: {e}"),
+                });
+                false
+            }
+        };
+        let keys: Vec<String> = attestations
+            .iter()
+            .filter(|(st, _)| *st == stretch)
+            .map(|(_, k)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        let bytes = summary::stored_bytes(store, log, stretch).await?;
+        out.attestations_checked += keys.len() as u64;
+        for finding in attest::audit(store, log, stretch, &keys, bytes.as_deref(), Some(matches)).await? {
+            out.violations.push(Violation {
+                kind: ViolationKind::BadAttestation,
+                detail: format!("{log}: {finding}"),
+            });
+        }
+    }
+    for (stretch, key_id) in &attestations {
+        if in_range(stretch) && !stretches.contains(stretch) {
+            out.attestations_checked += 1;
+            for finding in
+                attest::audit(store, log, *stretch, std::slice::from_ref(key_id), None, None).await?
+            {
+                out.violations.push(Violation {
+                    kind: ViolationKind::BadAttestation,
+                    detail: format!("{log}: {finding}"),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The reader's problems that are violations: damage in a closed bag
 /// (a torn tail in an open bag may be a write in progress), and wherever it
 /// is found, a duplicated or misplaced batch.
@@ -537,6 +629,7 @@ pub fn problem_violations(problems: &[crate::Problem], log: &str) -> Vec<Violati
                 crate::ProblemKind::Damaged => ViolationKind::CorruptRecord,
                 crate::ProblemKind::Duplicate => ViolationKind::DuplicateBatch,
                 crate::ProblemKind::Misplaced => ViolationKind::MisplacedBatch,
+                crate::ProblemKind::Attestation => ViolationKind::BadAttestation,
             };
             Some(Violation {
                 kind,
