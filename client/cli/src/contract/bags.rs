@@ -43,6 +43,11 @@ pub struct ReadMessageJson {
     /// Every check was made and held (never without keys; never for a
     /// refused message).
     pub verified: bool,
+    /// The key id of the trusted summarizer whose attestation vouched for
+    /// its holder signatures and signed time (`read --trust-summarizer`);
+    /// absent when this read checked them itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vouched_by: Option<String>,
     pub writer_id: String,
 }
 
@@ -70,14 +75,26 @@ pub struct ReadSummaryJson {
     pub open_bags_skipped: u64,
     pub problems: u64,
     pub rejected: u64,
+    /// Summaries read on a trusted summarizer's attestation (present only
+    /// with `--trust-summarizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summaries_attested: Option<u64>,
     /// Keys were given, every message passed every check, and nothing was
     /// rejected or damaged.
     pub verified: bool,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What `retain --json` prints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetainJson {
+    /// Attestations removed, each with its summary (absent when none, so
+    /// a store without attestations prints as before).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attestations_removed: u64,
     pub bags_removed: u64,
     /// What was kept, and why.
     pub kept: Vec<String>,
@@ -88,6 +105,9 @@ pub struct RetainJson {
 /// One summary `summarize --json` made (or found already published).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SummaryMadeJson {
+    /// With `--attest-key`: its attestation (absent without).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<AttestationJson>,
     pub bags: u64,
     pub bytes: u64,
     /// False when it was already published.
@@ -98,6 +118,19 @@ pub struct SummaryMadeJson {
     pub name: String,
     /// ...to this.
     pub to: u64,
+}
+
+/// A summary's attestation as `summarize --json --attest-key` made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttestationJson {
+    /// False when it was already published (or refused).
+    pub created: bool,
+    pub key_id: String,
+    /// Its object's name (`null` when refused).
+    pub name: Option<String>,
+    /// Why the summary was not attested: a signature in it does not verify
+    /// (`null` when attested).
+    pub refused: Option<String>,
 }
 
 #[cfg(test)]
@@ -119,6 +152,7 @@ mod tests {
             time: "t".into(),
             timestamp_us: 2,
             verified: true,
+            vouched_by: None,
             writer_id: "w".into(),
         };
         assert_eq!(
@@ -155,6 +189,7 @@ mod tests {
             open_bags_skipped: 3,
             problems: 4,
             rejected: 5,
+            summaries_attested: None,
             verified: false,
         };
         assert_eq!(
@@ -168,6 +203,7 @@ mod tests {
     #[test]
     fn retain_and_summarize_print_as_before() {
         let retain = RetainJson {
+            attestations_removed: 0,
             bags_removed: 1,
             kept: vec!["why".into()],
             summaries_checked: 2,
@@ -185,10 +221,46 @@ mod tests {
             messages: 4,
             name: "s".into(),
             to: 5,
+            attestation: None,
         };
         assert_eq!(
             serde_json::to_string(&made).unwrap(),
             r#"{"bags":1,"bytes":2,"created":true,"from":3,"messages":4,"name":"s","to":5}"#
+        );
+    }
+
+    // What attestations add, only where they are used.
+    #[test]
+    fn attestations_add_keys_only_where_used() {
+        let retain = RetainJson {
+            attestations_removed: 2,
+            bags_removed: 1,
+            kept: Vec::new(),
+            summaries_checked: 2,
+            summaries_removed: 1,
+        };
+        assert_eq!(
+            serde_json::to_string(&retain).unwrap(),
+            r#"{"attestations_removed":2,"bags_removed":1,"kept":[],"summaries_checked":2,"summaries_removed":1}"#
+        );
+        let made = SummaryMadeJson {
+            bags: 1,
+            bytes: 2,
+            created: false,
+            from: 3,
+            messages: 4,
+            name: "s".into(),
+            to: 5,
+            attestation: Some(AttestationJson {
+                created: true,
+                key_id: "k".into(),
+                name: Some("s.k.attestation".into()),
+                refused: None,
+            }),
+        };
+        assert_eq!(
+            serde_json::to_string(&made).unwrap(),
+            r#"{"attestation":{"created":true,"key_id":"k","name":"s.k.attestation","refused":null},"bags":1,"bytes":2,"created":false,"from":3,"messages":4,"name":"s","to":5}"#
         );
     }
 }

@@ -26,7 +26,9 @@ pub mod names;
 pub mod servers;
 pub mod time;
 
-pub use bags::{ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson, SummaryMadeJson};
+pub use bags::{
+    AttestationJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson, SummaryMadeJson,
+};
 pub use lease::{
     EndedJson, LeaseJson, MerkleJson, ModeJson, NameJson, PreviousJson, ReleasedJson, ServerNameJson,
     WitnessJson,

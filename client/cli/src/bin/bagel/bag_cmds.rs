@@ -14,7 +14,8 @@ use bagel_bags::audit::{AuditConfig, AuditMessage};
 use bagel_bags::reader::{Message, ReadOptions};
 use bagel_bags::{self as bag, BagConfig, Metronome, Writer};
 use bagel_cli::contract::{
-    LeaseJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson, SummaryMadeJson,
+    AttestationJson, LeaseJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson,
+    SummaryMadeJson,
 };
 use bagel_proto::Micros;
 use bagel_proto::clock::{CheckedClock, Clock, OffsetClock, SystemClock, Unvouched};
@@ -95,6 +96,20 @@ pub struct SummarizeArgs {
     /// should use the same, or their summaries overlap).
     #[arg(long, default_value = "1m", value_parser = parse_minutes)]
     span: u32,
+    /// Attest each summary with the ed25519 key in this file (64 hex
+    /// digits; created when missing, as the server's --key is): after
+    /// verifying every witness, holder signature and signed time in it,
+    /// publish a signed attestation beside it. Readers that trust the key
+    /// (`bagel read --trust-summarizer`) then skip those verifications.
+    #[arg(long)]
+    attest_key: Option<PathBuf>,
+    /// With --attest-key: a lease server's ed25519 public key (64 hex
+    /// digits; repeatable) to verify witnesses and signed times with.
+    /// Without any, the keys of the servers given by --server or --servers
+    /// are used; with --lease-store, the keys published in the store are
+    /// added.
+    #[arg(long = "key")]
+    keys: Vec<String>,
     /// One JSON object per summary.
     #[arg(long)]
     json: bool,
@@ -277,6 +292,15 @@ pub struct ReadArgs {
     /// so.
     #[arg(long = "key")]
     keys: Vec<String>,
+    /// Trust this summarizer's attestations (its ed25519 public key, 64
+    /// hex digits, as --key; repeatable): a summary it attested over the
+    /// very bytes read is read without verifying each batch's holder
+    /// signature and signed time again (every other check is made, and
+    /// `--json` names the summarizer in `vouched_by`). An attestation by
+    /// such a key that does not hold is reported as a problem and the
+    /// summary is checked in full.
+    #[arg(long = "trust-summarizer")]
+    trust_summarizers: Vec<String>,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -346,6 +370,7 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     .await?;
     if a.json {
         let out = RetainJson {
+            attestations_removed: r.attestations_removed,
             bags_removed: r.bags_removed,
             kept: r.kept.clone(),
             summaries_checked: r.summaries_checked,
@@ -354,8 +379,14 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
-            "checked {} summaries; removed {} bags and {} summaries",
-            r.summaries_checked, r.bags_removed, r.summaries_removed
+            "checked {} summaries; removed {} bags and {} summaries{}",
+            r.summaries_checked,
+            r.bags_removed,
+            r.summaries_removed,
+            match r.attestations_removed {
+                0 => String::new(),
+                n => format!(" (with {n} attestations)"),
+            }
         );
         for k in &r.kept {
             println!("KEPT {k}");
@@ -380,16 +411,61 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     };
     let from = a.from.map_or(start, bag::Bucket::of).max(start);
     let to = a.to.map_or(now, |t| t.min(now));
+    let attester = match &a.attest_key {
+        Some(path) => {
+            let (signer, created) = bagel_proto::key_file::load_or_create(path)
+                .with_context(|| format!("--attest-key {}", path.display()))?;
+            if created {
+                eprintln!(
+                    "bagel summarize: created attestation key {} in {} (public key {})",
+                    signer.key_id(),
+                    path.display(),
+                    bagel_proto::hex::encode(signer.verifying_key().as_bytes())
+                );
+            }
+            Some(summary::attest::Attester {
+                signer,
+                keys: g.target.witness_keys(&a.keys).await?,
+                roughtime_keys: g.roughtime.servers()?.into_iter().map(|s| s.key).collect(),
+            })
+        }
+        None => None,
+    };
     let mut stretch = Stretch::aligned(from, a.span);
     let mut made = 0u64;
     while stretch.close_time(cfg.grace) <= now && stretch.from().start() < to {
         for span in stretch.spans() {
             bagel_bags::seal::seal(store.as_ref(), &a.log, span).await?;
         }
-        let done = summary::summarize(store.as_ref(), &a.log, stretch).await?;
+        let done = summary::summarize_attested(store.as_ref(), &a.log, stretch, attester.as_ref()).await?;
         made += u64::from(done.created);
+        let attestation = done.attestation.as_ref().map(|at| match at {
+            summary::attest::Attested::Published {
+                name,
+                key_id,
+                created,
+            } => AttestationJson {
+                created: *created,
+                key_id: key_id.clone(),
+                name: Some(name.clone()),
+                refused: None,
+            },
+            summary::attest::Attested::Refused { key_id, reason } => AttestationJson {
+                created: false,
+                key_id: key_id.clone(),
+                name: None,
+                refused: Some(reason.clone()),
+            },
+        });
+        if let Some(AttestationJson {
+            refused: Some(why), ..
+        }) = &attestation
+        {
+            eprintln!("bagel summarize: summary {} NOT attested: {why}", done.name);
+        }
         if a.json {
             let out = SummaryMadeJson {
+                attestation,
                 bags: done.bags,
                 bytes: done.bytes,
                 created: done.created,
@@ -408,6 +484,17 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
                 done.bytes,
                 if done.created { "" } else { " (already published)" }
             );
+            if let Some(AttestationJson {
+                name: Some(name),
+                created,
+                ..
+            }) = &attestation
+            {
+                println!(
+                    "attestation {name}{}",
+                    if *created { "" } else { " (already published)" }
+                );
+            }
         }
         stretch = stretch.next();
     }
@@ -459,38 +546,15 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
                 .saturating_sub(Duration::from_micros(1)),
         ),
     );
-    let mut unchecked = Vec::new();
-    for stretch in bagel_bags::summary::list(store.as_ref(), log).await? {
-        if stretch.last() < first || stretch.from() > last {
-            continue;
-        }
-        let check = match bagel_bags::summary::check(store.as_ref(), log, stretch).await {
-            Ok(c) => c,
-            Err(e) => {
-                result.violations.push(bagel_bags::audit::Violation {
-                    kind: bagel_bags::audit::ViolationKind::SummaryMismatch,
-                    detail: format!("summary of {log} {stretch}: {e}"),
-                });
-                continue;
-            }
-        };
-        for m in check.mismatched {
-            result.violations.push(bagel_bags::audit::Violation {
-                kind: bagel_bags::audit::ViolationKind::SummaryMismatch,
-                detail: format!("summary of {log} {stretch}: {m}"),
-            });
-        }
-        if check.bags_gone > 0 {
-            unchecked.push(format!(
-                "summary of {log} {stretch}: {} of its source bags are gone, so whether it left messages of \
-                 them out cannot be checked (what it holds was checked like any bag)",
-                check.bags_gone
-            ));
-        }
-    }
+    // Every summary of the range, against its source bags while they
+    // exist, and every attestation of them.
+    let summaries = bagel_bags::audit::audit_summaries(store.as_ref(), log, first, last).await?;
+    result.violations.extend(summaries.violations);
+    let unchecked = summaries.unchecked;
     if a.json {
         let mut out = serde_json::to_value(&result)?;
         out["unchecked_summaries"] = json!(unchecked);
+        out["attestations_checked"] = json!(summaries.attestations_checked);
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
@@ -675,6 +739,10 @@ fn message_json(m: &Message, keys_given: bool) -> ReadMessageJson {
         time: m.timestamp.to_string(),
         timestamp_us: m.timestamp.as_micros(),
         verified: keys_given && m.verified(),
+        vouched_by: match &m.vouched {
+            bag::Vouched::Checked => None,
+            bag::Vouched::Attested { key_id } => Some(key_id.to_string()),
+        },
         writer_id: m.writer_id.clone(),
     }
 }
@@ -707,7 +775,9 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_close_past_due(!a.no_close)
         .with_summaries(!a.no_summaries)
         .with_keys(keys)
-        .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect());
+        .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect())
+        .with_trusted_summarizers(crate::keys::key_ring(&a.trust_summarizers).context("--trust-summarizer")?);
+    let trusting = !a.trust_summarizers.is_empty();
     let bar = Bar::new("read", "bags", a.json);
     let opts = opts.with_progress(bar.for_reader());
     let clock: Arc<dyn CheckedClock> = if a.no_close {
@@ -810,6 +880,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             open_bags_skipped: count(report.skipped_open.len()),
             problems: count(report.problems.len()),
             rejected: count(report.rejected.len()),
+            summaries_attested: trusting.then_some(report.summaries_attested),
             verified,
         };
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
