@@ -12,6 +12,16 @@
 //! and is acknowledged only if the lock lists it, so every reader still
 //! agrees.
 //!
+//! Nothing about safety depends on how soon the metronome closes a bag
+//! (see below), so it lists the open minute of a log that is idle less
+//! and less often: each listing that finds no bag due and not yet closed
+//! doubles the pause before the next one, up to
+//! [`Metronome::with_max_idle_listing`] (8 s by default), and any listing
+//! that finds one ends the pause. An idle log then costs a few listings a
+//! minute, not one a second. A bag written meanwhile is closed at the next
+//! listing (at most that pause after its close time) or by its minute's
+//! seal, which is never delayed: the seal lists the minute itself.
+//!
 //! The metronome closes only logs that exist (a log's first writer marks
 //! its start), from its start mark or `now - lookback`, whichever is later,
 //! rather than from the epoch. That is safe because writers never start a
@@ -180,7 +190,13 @@ pub struct Metronome {
     /// Summarize sealed stretches this long after their close time, this
     /// many minutes each.
     summarize: Option<(Duration, u32)>,
+    /// The longest pause between listings of an idle log's open minute
+    /// ([`Metronome::with_max_idle_listing`]).
+    max_idle_listing: Duration,
 }
+
+/// [`Metronome::with_max_idle_listing`] by default.
+pub const DEFAULT_MAX_IDLE_LISTING: Duration = Duration::from_secs(8);
 
 /// Where one log's closing stands.
 #[derive(Clone, Debug)]
@@ -191,6 +207,39 @@ struct Cursor {
     summary: Option<crate::summary::Stretch>,
     /// Bags of that minute or later that this metronome closed already.
     closed: std::collections::BTreeSet<Bucket>,
+    /// How long after a listing of the open minute the next one waits:
+    /// zero while the log is busy (every tick), doubled by each listing
+    /// that finds nothing to close, up to the metronome's cap.
+    idle_pause: Duration,
+    /// The open minute is not listed again before this (vouched) instant,
+    /// unless its seal is due first.
+    next_listing: Micros,
+    /// Every second through this one was listed past its close time (and
+    /// its bag closed) or sealed with its minute: what a tick in a pause
+    /// reports to [`CloseObserver::caught_up`].
+    listed_through: Option<Bucket>,
+}
+
+impl Cursor {
+    /// Notes a listing of the open (not yet sealable) minute at `now`:
+    /// `found` whether it found a bag due and not yet closed, `pending` the
+    /// earliest close time of a bag it found not yet due.
+    fn listed_open_minute(&mut self, now: Micros, found: bool, pending: Option<Micros>, cap: Duration) {
+        self.idle_pause = if found || cap.is_zero() {
+            Duration::ZERO
+        } else {
+            (self.idle_pause * 2).max(Duration::from_secs(1)).min(cap)
+        };
+        let next = now.saturating_add(self.idle_pause);
+        // A bag seen open is listed again at its close time, pause or not.
+        self.next_listing = pending.map_or(next, |p| p.min(next));
+    }
+
+    /// A listing or a seal found work: list the open minute at every tick.
+    fn busy(&mut self, now: Micros) {
+        self.idle_pause = Duration::ZERO;
+        self.next_listing = now;
+    }
 }
 
 /// Told of every bag a [`Metronome`] closes and every close that fails,
@@ -215,8 +264,20 @@ pub trait CloseObserver: Send + Sync {
     }
     /// A tick is done with `log`: every bag of it through `through` is
     /// closed, and the seconds without one are sealed with their minute.
+    /// `through` is only ever a second this metronome listed past its close
+    /// time, or sealed: while `log` is idle and its open minute is not
+    /// listed ([`CloseObserver::listing_paused`]), it stays where the last
+    /// listing or seal left it, up to that pause behind the close times.
     fn caught_up(&self, log: &str, through: Bucket) {
         let _ = (log, through);
+    }
+    /// `log`'s open minute is next listed `pause` after its last listing,
+    /// which found no bag due and not yet closed ([`Duration::ZERO`]: at
+    /// every tick again, the log is busy). Told when the pause changes. A
+    /// bag written meanwhile is closed at the next listing, up to `pause`
+    /// after its close time, or by its minute's seal, whichever is first.
+    fn listing_paused(&self, log: &str, pause: Duration) {
+        let _ = (log, pause);
     }
     /// `log` has no start mark: no writer ever wrote it, so nothing of it
     /// is closed (told at every tick until it has one).
@@ -258,7 +319,25 @@ impl Metronome {
             vouched: None,
             observer: None,
             summarize: None,
+            max_idle_listing: DEFAULT_MAX_IDLE_LISTING,
         })
+    }
+
+    /// The longest pause between listings of an idle log's open minute
+    /// (default [`DEFAULT_MAX_IDLE_LISTING`], 8 s). Each listing that finds
+    /// no bag due and not yet closed doubles the pause (from 1 s) up to
+    /// this; one that finds a bag to close ends it. A bag written during a
+    /// pause is closed by the next listing, at most `max` after its close
+    /// time, or by its minute's seal, which the pause never delays.
+    /// Writers, readers and the seal keep every acknowledged message safe
+    /// whenever the close comes (see the module docs); what a pause costs
+    /// is that a late write into such a bag may still be accepted (it
+    /// closes the bag itself) and that readers may close it first. Zero:
+    /// list every tick (one listing per log per second).
+    #[must_use]
+    pub fn with_max_idle_listing(mut self, max: Duration) -> Self {
+        self.max_idle_listing = max;
+        self
     }
 
     /// Also summarizes ([`crate::summary`]) every stretch of `minutes`
@@ -302,7 +381,9 @@ impl Metronome {
 
     /// How many seconds (over every log found) are past their close time
     /// and not yet closed or sealed by this metronome: the work the next
-    /// tick has. Zero until the clock has been vouched for
+    /// tick has, or for a log idle in a listing pause
+    /// ([`Metronome::with_max_idle_listing`]), the work of its next listing
+    /// or seal (its empty seconds all wait for their minute's seal). Zero until the clock has been vouched for
     /// ([`Metronome::check_clock`]) and the logs found
     /// ([`Metronome::find_logs`]).
     pub fn due(&self) -> u64 {
@@ -350,6 +431,9 @@ impl Metronome {
                 if st.from() < from.first() { st.next() } else { st }
             }),
             closed: Default::default(),
+            idle_pause: Duration::ZERO,
+            next_listing: Micros::ZERO,
+            listed_through: None,
         }
     }
 
@@ -410,44 +494,77 @@ impl Metronome {
             }
         }
         let cursor = self.cursors[i].as_mut().expect("set above");
+        let cap = self.max_idle_listing;
+        let pause_before = cursor.idle_pause;
         let lag_of = |close_at: Micros| now.duration_since(close_at);
+        // Whether this tick looked at every second due (false: the log is
+        // idle and its open minute waits for its next listing).
+        let mut listed = true;
         while now >= cursor.span.first().close_time(grace) {
             let span = cursor.span;
-            // Its bags that are due, as they appear.
-            let bags = seal::bags_of(store, log, span)
-                .await
-                .map_err(|e| (span.first(), e))?;
-            for b in bags {
-                if now < b.close_time(grace) || cursor.closed.contains(&b) {
-                    continue;
-                }
-                let listing = store.close(log, b).await.map_err(|e| (b, e))?;
-                let lag = lag_of(b.close_time(grace));
-                if let Some(o) = observer {
-                    o.closed(log, b, lag, listing.items.len());
-                }
-                report.add(b, lag);
-                cursor.closed.insert(b);
-            }
-            if now < span.close_time(grace) {
+            let sealable = now >= span.close_time(grace);
+            if !sealable && now < cursor.next_listing {
+                listed = false;
                 break;
+            }
+            // Its bags that are due, as they appear. An idle log's minute
+            // that is due whole is left to its seal, which lists it anyway.
+            if !sealable || cursor.idle_pause.is_zero() {
+                let bags = seal::bags_of(store, log, span)
+                    .await
+                    .map_err(|e| (span.first(), e))?;
+                let (mut found, mut pending) = (false, None::<Micros>);
+                for b in bags {
+                    if cursor.closed.contains(&b) {
+                        continue;
+                    }
+                    let close_at = b.close_time(grace);
+                    if now < close_at {
+                        pending = Some(pending.map_or(close_at, |p| p.min(close_at)));
+                        continue;
+                    }
+                    found = true;
+                    let listing = store.close(log, b).await.map_err(|e| (b, e))?;
+                    let lag = lag_of(close_at);
+                    if let Some(o) = observer {
+                        o.closed(log, b, lag, listing.items.len());
+                    }
+                    report.add(b, lag);
+                    cursor.closed.insert(b);
+                }
+                if !sealable {
+                    cursor.listed_open_minute(now, found, pending, cap);
+                    break;
+                }
+                if found {
+                    cursor.busy(now);
+                }
             }
             // The whole minute is due: its seal closes the rest.
             let sealed = seal::seal(store, log, span)
                 .await
                 .map_err(|e| (span.first(), e))?;
             let lag = lag_of(span.close_time(grace));
+            let mut found = false;
             for b in sealed.bags().filter(|b| !cursor.closed.contains(b)) {
+                // A bag written since the last listing (or closed by a
+                // reader): the seal closed it.
+                found = true;
+                let lag = lag_of(b.close_time(grace));
                 if let Some(o) = observer {
                     o.closed(log, b, lag, 1);
                 }
                 report.add(b, lag);
+            }
+            if found {
+                cursor.busy(now);
             }
             if let Some(o) = observer {
                 o.sealed(log, span.last(), lag, sealed.empty_seconds());
             }
             report.add_many(span.last(), lag, sealed.empty_seconds());
             report.sealed += sealed.empty_seconds();
+            cursor.listed_through = Some(cursor.listed_through.map_or(span.last(), |t| t.max(span.last())));
             cursor.span = span.next();
             let next = cursor.span.first();
             cursor.closed.retain(|b| *b >= next);
@@ -464,11 +581,23 @@ impl Metronome {
                 *stretch = stretch.next();
             }
         }
-        // Every second whose close time has passed is closed or sealed
-        // (or waits, empty, for its minute's seal).
-        let through = Bucket::of(now.saturating_sub(grace)).secs().checked_sub(1);
-        if let (Some(o), Some(t)) = (observer, through) {
-            o.caught_up(log, Bucket::from_secs(t));
+        // Every second whose close time had passed when its minute was
+        // last listed is closed or sealed (or waits, empty, for its
+        // minute's seal): every second due now, unless the log is idle in
+        // a pause.
+        if listed {
+            let due = Bucket::of(now.saturating_sub(grace)).secs().checked_sub(1);
+            if let Some(t) = due.map(Bucket::from_secs) {
+                cursor.listed_through = Some(cursor.listed_through.map_or(t, |l| l.max(t)));
+            }
+        }
+        if let Some(o) = observer {
+            if let Some(t) = cursor.listed_through {
+                o.caught_up(log, t);
+            }
+            if cursor.idle_pause != pause_before {
+                o.listing_paused(log, cursor.idle_pause);
+            }
         }
         Ok(())
     }
@@ -487,6 +616,7 @@ impl Metronome {
                 vouched: self.vouched,
                 observer: self.observer.clone(),
                 summarize: self.summarize,
+                max_idle_listing: self.max_idle_listing,
             })
             .collect()
     }
@@ -494,7 +624,10 @@ impl Metronome {
     /// Ticks at every close time until `shutdown`, handing each round's
     /// result (including errors, which do not stop the loop) to `on_tick`.
     /// Each log has its own loop: a log whose storage calls hang until
-    /// they time out delays no other log's closes.
+    /// they time out delays no other log's closes. A log idle in a listing
+    /// pause ([`Metronome::with_max_idle_listing`]) still ticks once a
+    /// second, but such a tick only checks the clock: it calls the store
+    /// only when its pause is over or its minute's seal is due.
     pub async fn run(self, shutdown: CancellationToken, on_tick: impl FnMut(&Result<CloseReport>) + Send) {
         let on_tick = std::sync::Mutex::new(on_tick);
         let loops = self.per_log().into_iter().map(|m| {
@@ -525,3 +658,6 @@ impl Metronome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
