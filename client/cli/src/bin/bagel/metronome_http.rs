@@ -2,11 +2,21 @@
 //! and for people. `/metrics` (prometheus-client's metrics, in classic
 //! Prometheus text or OpenMetrics as the scraper asks),
 //! `/` (a small status page, refreshing itself), `/healthz` (the process
-//! runs) and `/readyz` (every log is closed up to its last due bag).
+//! runs) and `/readyz` (every log is closed up to its last due bag, or
+//! for a log idle in a listing pause, up to its last listing, and that is
+//! not older than the pause).
 //!
 //! The metronome tells [`MetronomeStatus`] of every close as it happens
 //! ([`CloseObserver`]); the log label's values are the operator's own
 //! `--log` list, so the label stays small.
+//!
+//! "Closed through" is what the metronome told [`CloseObserver::caught_up`]:
+//! seconds it listed past their close time, or sealed. While a log is idle
+//! its open minute is listed only every few seconds
+//! ([`bagel_bags::Metronome::with_max_idle_listing`]), so `behind` then
+//! grows up to that pause between listings (a bag written meanwhile may
+//! wait that long for its close); the pause is exported
+//! (`bagel_metronome_listing_pause_seconds`) and `/readyz` allows for it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -64,6 +74,9 @@ struct LogState {
     failing: bool,
     /// The log has no start mark: nobody wrote it yet, nothing to close.
     missing: bool,
+    /// The log is idle: its open minute is listed this long after the
+    /// last listing (zero: at every tick).
+    listing_pause: Duration,
 }
 
 /// The metronome's metrics and status, shared with the HTTP side.
@@ -73,6 +86,7 @@ pub struct MetronomeStatus {
     errors: Family<ErrorLabels, Counter>,
     lag: Family<LogLabel, Gauge<f64, AtomicU64>>,
     behind: Family<LogLabel, Gauge<f64, AtomicU64>>,
+    pause: Family<LogLabel, Gauge<f64, AtomicU64>>,
     lag_seconds: Histogram,
     logs: Mutex<BTreeMap<String, LogState>>,
     /// Why the last tick closed nothing: its clock was not vouched for.
@@ -106,6 +120,7 @@ impl MetronomeStatus {
         let errors = Family::<ErrorLabels, Counter>::default();
         let lag = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
         let behind = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
+        let pause = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
         let lag_seconds = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
         registry.register(
             "bagel_metronome_bags_closed",
@@ -124,8 +139,15 @@ impl MetronomeStatus {
         );
         registry.register(
             "bagel_metronome_behind_seconds",
-            "Now minus the close time of the oldest bag not closed yet (0 when none is due)",
+            "Now minus the close time of the oldest second not known closed: not yet closed, or \
+             not listed since its close time while the log is idle (up to the listing pause more)",
             behind.clone(),
+        );
+        registry.register(
+            "bagel_metronome_listing_pause_seconds",
+            "How long an idle log's open minute goes unlisted after a listing that found nothing \
+             to close (0: listed every tick)",
+            pause.clone(),
         );
         registry.register(
             "bagel_metronome_close_lag_seconds",
@@ -139,6 +161,7 @@ impl MetronomeStatus {
             errors,
             lag,
             behind,
+            pause,
             lag_seconds,
             logs: Mutex::new(logs.iter().map(|l| (l.clone(), LogState::default())).collect()),
             clock_refused: Mutex::new(None),
@@ -157,6 +180,7 @@ impl MetronomeStatus {
                 });
             }
             let _ = status.lag.get_or_create(&LogLabel { log: log.clone() });
+            let _ = status.pause.get_or_create(&LogLabel { log: log.clone() });
         }
         status
     }
@@ -165,7 +189,10 @@ impl MetronomeStatus {
         self.logs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How long the oldest unclosed due bag of a log has been due.
+    /// How long the oldest second of a log not known closed has been due:
+    /// the first after what the metronome last closed or claimed
+    /// ([`CloseObserver::caught_up`]). For a log idle in a listing pause
+    /// that includes the seconds not listed since their close time.
     fn behind(&self, s: &LogState, now: Micros) -> Duration {
         if s.missing {
             return Duration::ZERO;
@@ -180,13 +207,14 @@ impl MetronomeStatus {
     /// Why the metronome is not ready, if it is not: its clock is not
     /// vouched for (it closes nothing), or every log whose last close
     /// failed or that is more than a second (one tick) plus the grace
-    /// behind, `; `-separated (an operator sees all stuck logs at once).
+    /// behind, plus its listing pause while it is idle (it is not listed
+    /// before then), `; `-separated (an operator sees all stuck logs at
+    /// once).
     fn not_ready(&self) -> Option<String> {
         if let Some(why) = &*self.clock_refused.lock().unwrap_or_else(PoisonError::into_inner) {
             return Some(format!("closing nothing until the clock is vouched for: {why}"));
         }
         let now = self.clock.now();
-        let limit = self.grace + Duration::from_secs(1);
         let why: Vec<String> = self
             .logs()
             .iter()
@@ -196,6 +224,7 @@ impl MetronomeStatus {
                     return Some(format!("log {log:?}: closing fails: {why}"));
                 }
                 let behind = self.behind(s, now);
+                let limit = self.grace + Duration::from_secs(1) + s.listing_pause;
                 (behind > limit).then(|| format!("log {log:?} is {behind:?} behind (limit {limit:?})"))
             })
             .collect();
@@ -270,6 +299,13 @@ impl CloseObserver for MetronomeStatus {
         s.last_closed = Some(s.last_closed.map_or(through, |b| b.max(through)));
         s.failing = false;
         s.missing = false;
+    }
+
+    fn listing_paused(&self, log: &str, pause: Duration) {
+        self.pause
+            .get_or_create(&LogLabel { log: log.to_owned() })
+            .set(pause.as_secs_f64());
+        self.logs().entry(log.to_owned()).or_default().listing_pause = pause;
     }
 
     fn log_missing(&self, log: &str) {
@@ -395,12 +431,12 @@ async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
     );
     html.push_str(
         "<table><thead><tr><th>log</th><th>closed through</th><th>lag ms</th><th>behind ms</th>\
-         <th>bags closed</th><th>empty</th><th>errors</th><th>last error</th></tr></thead><tbody>",
+         <th>listing pause ms</th><th>bags closed</th><th>empty</th><th>errors</th><th>last error</th></tr></thead><tbody>",
     );
     for (log, st) in s.logs().iter() {
         let _ = write!(
             html,
-            "<tr class=log><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=log><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(log),
             match (st.missing, st.last_closed) {
                 (true, _) => "no such log yet: no writer has started it".to_owned(),
@@ -409,6 +445,7 @@ async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
             },
             st.last_lag.as_millis(),
             s.behind(st, now).as_millis(),
+            st.listing_pause.as_millis(),
             st.closed,
             st.empty,
             st.errors,
@@ -419,4 +456,53 @@ async fn page(State(s): State<Arc<MetronomeStatus>>) -> Response {
     }
     html.push_str("</tbody></table></body></html>");
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bagel_proto::clock::ManualClock;
+
+    /// A log idle in a listing pause is not "behind" until it is later
+    /// than that pause too; the pause is exported; once the log is busy
+    /// again the limit is the grace and a tick.
+    #[test]
+    fn readiness_allows_an_idle_logs_listing_pause_and_no_more() {
+        let t = Micros::from_micros(1_900_000_000_000_000);
+        let clock = ManualClock::new(t);
+        let grace = Duration::from_secs(2);
+        let log = "idle".to_owned();
+        let s = MetronomeStatus::new(
+            std::slice::from_ref(&log),
+            "mem://",
+            grace,
+            Duration::from_secs(60),
+            Arc::new(clock.clone()),
+        );
+        // Listed at t: every second whose close time had passed.
+        let through = Bucket::from_secs(Bucket::of(t.saturating_sub(grace)).secs() - 1);
+        s.caught_up(&log, through);
+        assert_eq!(s.not_ready(), None);
+        // 6 s on, not listed since: behind beyond grace + 1 s.
+        clock.set(t.saturating_add(Duration::from_secs(6)));
+        assert!(s.not_ready().is_some_and(|w| w.contains("\"idle\" is")));
+        // ... unless it is idle with an 8 s pause: listed again by t + 8 s.
+        s.listing_paused(&log, Duration::from_secs(8));
+        assert_eq!(s.not_ready(), None);
+        assert!(
+            s.scrape()
+                .contains("bagel_metronome_listing_pause_seconds{log=\"idle\"} 8.0"),
+            "{}",
+            s.scrape()
+        );
+        // Later than the pause too (its limit: 2 s grace + 1 s + 8 s).
+        clock.set(t.saturating_add(Duration::from_secs(11)));
+        assert_eq!(s.not_ready(), None);
+        clock.set(t.saturating_add(Duration::from_secs(13)));
+        assert!(s.not_ready().is_some_and(|w| w.contains("\"idle\" is")));
+        // Busy again (the listing found a bag): the plain limit.
+        clock.set(t.saturating_add(Duration::from_secs(6)));
+        s.listing_paused(&log, Duration::ZERO);
+        assert!(s.not_ready().is_some());
+    }
 }
