@@ -64,6 +64,7 @@ conformance!(
     sealer_killed_between_any_two_steps_is_finished_by_another,
     concurrent_sealers_agree,
     summaries_read_the_same_messages_as_bags_byte_for_byte,
+    attested_summaries_read_the_same_messages_as_bags,
     retention_removes_only_bags_a_checked_summary_holds,
     expired_lease_messages_are_rejected_by_the_reader,
     closer_killed_between_any_two_steps_is_finished_by_another,
@@ -903,6 +904,124 @@ async fn summaries_read_the_same_messages_as_bags_byte_for_byte(backend: Backend
         .await
         .unwrap_err();
     assert!(matches!(err, Error::SummaryMismatch { .. }), "{err}");
+}
+
+/// Random writers over two minutes, and a corrupt record; summarized and
+/// attested by three summarizers at once with one key: exactly one
+/// publishes the attestation, all succeed. A reader that trusts the key
+/// reads the same messages, rejections and problems as from the bags, each
+/// message vouched for by that key; an attestation replaced by one over
+/// other bytes is reported and the summary checked in full.
+async fn attested_summaries_read_the_same_messages_as_bags(backend: Backend) {
+    use bagel_bags::Vouched;
+    use bagel_bags::summary::attest::{self, Attested, Attester};
+    use rand::{Rng as _, SeedableRng as _};
+    let seed = rand::random::<u64>();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let e = env(&backend).await;
+    let first = Span::of(Bucket::of(t0()));
+    let writers: Vec<Writer> = (0..rng.gen_range(1..4))
+        .map(|i| e.writer_ok(&format!("w{i}")))
+        .collect();
+    let mut at = t0();
+    let end = first.next().last().start();
+    while at < end {
+        e.clock.set(at);
+        let w = &writers[rng.gen_range(0..writers.len())];
+        w.write_batch(msgs("m", rng.gen_range(1..5))).await.unwrap();
+        at = at.saturating_add(Duration::from_millis(rng.gen_range(200..9000)));
+    }
+    let mut bad = frame::encode(b"not a batch").to_vec();
+    bad[9] ^= 0xff;
+    let _ = e
+        .store
+        .append(&e.log, Bucket::of(t0()).next(), "bad.0", 0, Bytes::from(bad))
+        .await
+        .unwrap();
+    e.clock.set(first.next().close_time(cfg().grace));
+    for span in [first, first.next()] {
+        seal::seal(e.store.as_ref(), &e.log, span).await.unwrap();
+    }
+    let stretch = Stretch::new(first, 2);
+    let attester = Attester {
+        signer: bagel_proto::Signer::generate(),
+        keys: e.leases.keys(),
+        roughtime_keys: Vec::new(),
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (store, log, attester) = (backend.store().await, e.log.clone(), attester.clone());
+        tasks.push(tokio::spawn(async move {
+            summary::summarize_attested(store.as_ref(), &log, stretch, Some(&attester))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        match t.await.unwrap().attestation {
+            Some(Attested::Published { created: c, .. }) => created += usize::from(c),
+            other => panic!("seed {seed}: {other:?}"),
+        }
+    }
+    assert_eq!(created, 1, "seed {seed}");
+    let trusted: KeyRing = [attester.signer.verifying_key()].into_iter().collect();
+    let opts = |use_summaries| {
+        ReadOptions::default()
+            .with_keys(Some(e.leases.keys()))
+            .with_summaries(use_summaries)
+            .with_trusted_summarizers(trusted.clone())
+    };
+    let clock = AssumedExact(e.clock.clone());
+    let from_bags = bag::read(e.store.as_ref(), &e.log, &opts(false), &cfg(), &clock)
+        .await
+        .unwrap();
+    assert!(!from_bags.problems.is_empty(), "seed {seed}");
+    let attested = bag::read(e.store.as_ref(), &e.log, &opts(true), &cfg(), &clock)
+        .await
+        .unwrap();
+    assert_eq!((attested.summaries_read, attested.summaries_attested), (1, 1));
+    let key_id: Arc<str> = Arc::from(attester.signer.key_id());
+    assert!(attested.messages.iter().all(|m| m.vouched
+        == Vouched::Attested {
+            key_id: key_id.clone()
+        }));
+    let plain = |r: &ReadReport| -> Vec<bag::reader::Message> {
+        r.messages
+            .iter()
+            .map(|m| bag::reader::Message {
+                vouched: Vouched::Checked,
+                ..m.clone()
+            })
+            .collect()
+    };
+    assert_eq!(plain(&attested), from_bags.messages, "seed {seed}");
+    assert_eq!(attested.rejected, from_bags.rejected, "seed {seed}");
+    assert_eq!(attested.problems, from_bags.problems, "seed {seed}");
+    let audit = bagel_bags::audit::audit_summaries(e.store.as_ref(), &e.log, stretch.from(), stretch.last())
+        .await
+        .unwrap();
+    assert_eq!(
+        (audit.attestations_checked, audit.violations.len()),
+        (1, 0),
+        "{audit:?}"
+    );
+    // Replaced by an attestation over other bytes: reported, not used.
+    let name = attest::name(stretch, attester.signer.key_id());
+    e.store.remove_named(&e.log, &name).await.unwrap();
+    let other = attest::encode(&attester.signer, &e.log, stretch, 2, &[0; 32]);
+    assert_eq!(e.store.put_first(&e.log, &name, other).await.unwrap(), None);
+    let r = bag::read(e.store.as_ref(), &e.log, &opts(true), &cfg(), &clock)
+        .await
+        .unwrap();
+    assert_eq!(r.summaries_attested, 0);
+    assert_eq!(r.messages, from_bags.messages, "seed {seed}");
+    assert_eq!(r.problems.len(), from_bags.problems.len() + 1);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.kind == bag::ProblemKind::Attestation && p.item == name)
+    );
 }
 
 /// Three minutes written; the first summarized honestly, the second with a
