@@ -43,6 +43,21 @@ pub struct BagScale {
     pub read_from_bags_s: f64,
     pub read_from_summaries_s: f64,
     pub read_plain_files_s: f64,
+    /// Reading the hour from summaries whose summarizer the reader trusts
+    /// (each summary attested: holder signatures and signed times not
+    /// verified again, every other check made).
+    pub read_from_attested_summaries_s: f64,
+    /// Messages per second of each read.
+    pub read_from_bags_msgs_per_s: f64,
+    pub read_from_summaries_msgs_per_s: f64,
+    pub read_from_attested_summaries_msgs_per_s: f64,
+    /// `read_from_bags_s / read_from_attested_summaries_s`.
+    pub attested_speedup: f64,
+    /// `read_from_attested_summaries_s / read_plain_files_s`.
+    pub attested_vs_plain: f64,
+    /// Summarizing and attesting the hour (60 summaries): building each
+    /// from its bags and verifying every signature in it before signing.
+    pub summarize_and_attest_s: f64,
     /// Verifying the hour's holder signatures alone, on `cores` threads.
     pub verify_signatures_s: f64,
     pub cores: usize,
@@ -153,32 +168,68 @@ async fn measure(dir: &Path) -> Result<BagScale> {
         span = span.next();
     }
     let bag_bytes = bytes_under(&dir.join("busy"), &|p| p.extension().is_some_and(|e| e == "log"));
+    let attester = summary::attest::Attester {
+        signer: bagel_proto::Signer::generate(),
+        keys: leases.keys(),
+        roughtime_keys: Vec::new(),
+    };
     let mut st = Stretch::new(first, 1);
+    let started = Instant::now();
     for _ in 0..60 {
-        summary::summarize(store.as_ref(), "busy", st).await?;
+        let done = summary::summarize_attested(store.as_ref(), "busy", st, Some(&attester)).await?;
+        anyhow::ensure!(
+            matches!(
+                done.attestation,
+                Some(summary::attest::Attested::Published { .. })
+            ),
+            "{st} not attested: {:?}",
+            done.attestation
+        );
         st = st.next();
     }
-    let summary_bytes = bytes_under(&dir.join("busy").join("_summary"), &|_| true);
-    let hour = |use_summaries| {
-        ReadOptions::default()
+    let summarize_and_attest_s = started.elapsed().as_secs_f64();
+    let summary_bytes = bytes_under(&dir.join("busy").join("_summary"), &|p| {
+        !p.to_string_lossy().ends_with(summary::attest::SUFFIX)
+    });
+    let trusted: bagel_proto::KeyRing = [attester.signer.verifying_key()].into_iter().collect();
+    let hour = |use_summaries, trust: bool| {
+        let o = ReadOptions::default()
             .with_range(t0, end)
-            .with_summaries(use_summaries)
+            .with_summaries(use_summaries);
+        if trust {
+            o.with_trusted_summarizers(trusted.clone())
+        } else {
+            o
+        }
     };
-    let timed = |use_summaries| {
-        let (store, checked, cfg, opts) = (store.clone(), checked.clone(), cfg.clone(), hour(use_summaries));
+    let timed = |use_summaries, trust| {
+        let (store, checked, cfg, opts) = (
+            store.clone(),
+            checked.clone(),
+            cfg.clone(),
+            hour(use_summaries, trust),
+        );
         async move {
             let started = Instant::now();
             let r = bagel_bags::read(store.as_ref(), "busy", &opts, &cfg, checked.as_ref()).await?;
+            let took = started.elapsed().as_secs_f64();
             anyhow::ensure!(
                 r.messages.len() as u64 == messages,
                 "read {} of {messages}",
                 r.messages.len()
             );
-            Ok::<f64, anyhow::Error>(started.elapsed().as_secs_f64())
+            anyhow::ensure!(
+                r.summaries_attested == if trust { 60 } else { 0 } && r.problems.is_empty(),
+                "{} summaries read on an attestation; problems {:?}",
+                r.summaries_attested,
+                r.problems
+            );
+            Ok::<f64, anyhow::Error>(took)
         }
     };
-    let from_bags = timed(false).await?;
-    let from_summaries = timed(true).await?;
+    let from_bags = timed(false, false).await?;
+    let from_summaries = timed(true, false).await?;
+    let from_attested = timed(true, true).await?;
     let (verify_signatures_s, cores) = signatures_alone(store.as_ref(), first, messages).await?;
     // The same bytes as plain files: every data file of the hour, read.
     let started = Instant::now();
@@ -193,6 +244,13 @@ async fn measure(dir: &Path) -> Result<BagScale> {
         read_from_bags_s: from_bags,
         read_from_summaries_s: from_summaries,
         read_plain_files_s: plain_s,
+        read_from_attested_summaries_s: from_attested,
+        read_from_bags_msgs_per_s: messages as f64 / from_bags,
+        read_from_summaries_msgs_per_s: messages as f64 / from_summaries,
+        read_from_attested_summaries_msgs_per_s: messages as f64 / from_attested,
+        attested_speedup: from_bags / from_attested,
+        attested_vs_plain: from_attested / plain_s,
+        summarize_and_attest_s,
         verify_signatures_s,
         cores,
         summaries_speedup: from_bags / from_summaries,
@@ -282,9 +340,11 @@ pub fn markdown(s: &BagScale) -> String {
          | measure | value |\n|---|--:|\n\
          | files+dirs an idle log leaves per day (metronome) | {} ({:.2} per minute) |\n\
          | one hour: messages / bags | {} / {} |\n\
-         | read the hour from bags | {:.3} s |\n\
-         | read the hour from summaries | {:.3} s ({:.1}x faster) |\n\
-         | read the same bytes as plain files | {:.3} s (summaries {:.2}x that) |\n\
+         | read the hour from bags | {:.3} s ({:.0} msgs/s) |\n\
+         | read the hour from summaries | {:.3} s ({:.1}x faster; {:.0} msgs/s) |\n\
+         | read the hour from summaries, summarizer trusted (attested) | {:.3} s ({:.1}x faster than bags; {:.0} msgs/s) |\n\
+         | read the same bytes as plain files | {:.3} s (summaries {:.2}x that; attested summaries {:.2}x) |\n\
+         | summarize and attest the hour (60 summaries, every signature verified) | {:.3} s |\n\
          | verify the hour's holder signatures alone ({} cores) | {:.3} s |\n\
          | stored bytes per {}-byte message: bags / summaries | {:.0} / {:.0} |\n",
         s.idle_inodes_per_day,
@@ -292,10 +352,17 @@ pub fn markdown(s: &BagScale) -> String {
         s.hour_messages,
         s.hour_bags,
         s.read_from_bags_s,
+        s.read_from_bags_msgs_per_s,
         s.read_from_summaries_s,
         s.summaries_speedup,
+        s.read_from_summaries_msgs_per_s,
+        s.read_from_attested_summaries_s,
+        s.attested_speedup,
+        s.read_from_attested_summaries_msgs_per_s,
         s.read_plain_files_s,
         s.summaries_vs_plain,
+        s.attested_vs_plain,
+        s.summarize_and_attest_s,
         s.cores,
         s.verify_signatures_s,
         s.payload_bytes,
