@@ -190,6 +190,8 @@ pub struct Metronome {
     /// Summarize sealed stretches this long after their close time, this
     /// many minutes each.
     summarize: Option<(Duration, u32)>,
+    /// Attest each summary ([`Metronome::with_attester`]).
+    attester: Option<Arc<crate::summary::attest::Attester>>,
     /// The longest pause between listings of an idle log's open minute
     /// ([`Metronome::with_max_idle_listing`]).
     max_idle_listing: Duration,
@@ -319,6 +321,7 @@ impl Metronome {
             vouched: None,
             observer: None,
             summarize: None,
+            attester: None,
             max_idle_listing: DEFAULT_MAX_IDLE_LISTING,
         })
     }
@@ -346,6 +349,14 @@ impl Metronome {
     #[must_use]
     pub fn with_summaries(mut self, after: Duration, minutes: u32) -> Self {
         self.summarize = Some((after, minutes.max(1)));
+        self
+    }
+
+    /// With [`Metronome::with_summaries`]: attests each summary
+    /// ([`crate::summary::attest`]).
+    #[must_use]
+    pub fn with_attester(mut self, attester: crate::summary::attest::Attester) -> Self {
+        self.attester = Some(Arc::new(attester));
         self
     }
 
@@ -574,7 +585,7 @@ impl Metronome {
             while stretch.last() < cursor.span.first()
                 && now >= stretch.close_time(grace).saturating_add(after)
             {
-                let done = crate::summary::summarize(store, log, *stretch)
+                let done = crate::summary::summarize_attested(store, log, *stretch, self.attester.as_deref())
                     .await
                     .map_err(|e| (stretch.from(), e))?;
                 report.summarized.push(done);
@@ -616,6 +627,7 @@ impl Metronome {
                 vouched: self.vouched,
                 observer: self.observer.clone(),
                 summarize: self.summarize,
+                attester: self.attester.clone(),
                 max_idle_listing: self.max_idle_listing,
             })
             .collect()

@@ -326,6 +326,14 @@ pub struct MetronomeArgs {
     /// With --summarize-after: the length of one summary (whole minutes).
     #[arg(long, default_value = "1m", value_parser = parse_minutes)]
     summary_span: u32,
+    /// With --summarize-after: attest each summary with the ed25519 key in
+    /// this file (see `bagel summarize --attest-key`).
+    #[arg(long, requires = "summarize_after")]
+    attest_key: Option<PathBuf>,
+    /// With --attest-key: a lease server's ed25519 public key to verify
+    /// witnesses and signed times with (as `bagel summarize --key`).
+    #[arg(long = "key")]
+    keys: Vec<String>,
     /// Serve /metrics (Prometheus), a status page, /healthz and /readyz
     /// on this address (e.g. 127.0.0.1:7422); prints `http on ADDR` first.
     #[arg(long, env = "BAGEL_METRONOME_HTTP")]
@@ -395,6 +403,31 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The attester of `--attest-key FILE` (the key created when missing, as
+/// the server's `--key`), verifying with the lease servers' keys.
+async fn attester(
+    path: &std::path::Path,
+    keys: &[String],
+    g: &Globals<'_>,
+    cmd: &str,
+) -> anyhow::Result<bagel_bags::summary::attest::Attester> {
+    let (signer, created) = bagel_proto::key_file::load_or_create(path)
+        .with_context(|| format!("--attest-key {}", path.display()))?;
+    if created {
+        eprintln!(
+            "bagel {cmd}: created attestation key {} in {} (public key {})",
+            signer.key_id(),
+            path.display(),
+            bagel_proto::hex::encode(signer.verifying_key().as_bytes())
+        );
+    }
+    Ok(bagel_bags::summary::attest::Attester {
+        signer,
+        keys: g.target.witness_keys(keys).await?,
+        roughtime_keys: g.roughtime.servers()?.into_iter().map(|s| s.key).collect(),
+    })
+}
+
 async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     use bagel_bags::summary::{self, Stretch};
     let cfg = a.timing.config();
@@ -412,23 +445,7 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     let from = a.from.map_or(start, bag::Bucket::of).max(start);
     let to = a.to.map_or(now, |t| t.min(now));
     let attester = match &a.attest_key {
-        Some(path) => {
-            let (signer, created) = bagel_proto::key_file::load_or_create(path)
-                .with_context(|| format!("--attest-key {}", path.display()))?;
-            if created {
-                eprintln!(
-                    "bagel summarize: created attestation key {} in {} (public key {})",
-                    signer.key_id(),
-                    path.display(),
-                    bagel_proto::hex::encode(signer.verifying_key().as_bytes())
-                );
-            }
-            Some(summary::attest::Attester {
-                signer,
-                keys: g.target.witness_keys(&a.keys).await?,
-                roughtime_keys: g.roughtime.servers()?.into_iter().map(|s| s.key).collect(),
-            })
-        }
+        Some(path) => Some(attester(path, &a.keys, g, "summarize").await?),
         None => None,
     };
     let mut stretch = Stretch::aligned(from, a.span);
@@ -939,6 +956,9 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     if let Some(after) = a.summarize_after {
         m = m.with_summaries(after, a.summary_span);
     }
+    if let Some(path) = &a.attest_key {
+        m = m.with_attester(attester(path, &a.keys, g, "metronome").await?);
+    }
     let shutdown = CancellationToken::new();
     if let Some(addr) = &a.http {
         let status = Arc::new(MetronomeStatus::new(
@@ -970,6 +990,16 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
                     done.bytes,
                     if done.created { "" } else { " (already published)" }
                 );
+                match &done.attestation {
+                    Some(bagel_bags::summary::attest::Attested::Published { name, created, .. }) => println!(
+                        "attestation {name}{}",
+                        if *created { "" } else { " (already published)" }
+                    ),
+                    Some(bagel_bags::summary::attest::Attested::Refused { reason, .. }) => {
+                        eprintln!("bagel metronome: summary {} NOT attested: {reason}", done.name)
+                    }
+                    None => {}
+                }
             }
             for log in &r.missing_logs {
                 if said_missing.insert(log.clone()) {
