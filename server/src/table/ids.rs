@@ -76,18 +76,56 @@ impl fmt::Debug for LeaseId {
     }
 }
 
-/// The secret a holder proves on renew, upgrade and release: 128 random
-/// bits. Compared in constant time.
+/// The secret a holder proves on renew, upgrade and release: 128 bits no
+/// one else can compute ([`TokenKey::token`]). Compared in constant time.
 #[derive(Clone, Copy)]
 pub struct Token([u8; 16]);
 
-impl Token {
+/// What a lease's token is made from: a random key of the table's, never
+/// shown. A token is derived, not stored: a held lease costs 16 bytes less
+/// (of about 200), and the token is checked by deriving it again from the
+/// lease id and the first name's fencing token, about 0.1 µs of SHA-256.
+///
+/// The derivation's input never repeats within a table: the lease id holds
+/// the first name's shard and slot, and a slot's fencing tokens only rise
+/// (across the records it ever holds too, through the fencing floor), so
+/// two grants never share a token, even one whose id repeats (same
+/// microsecond, slot and 24 random bits). A restarted server has a new key;
+/// no lease survives a restart anyway.
+pub struct TokenKey([u8; 32]);
+
+impl TokenKey {
     pub fn generate() -> Self {
-        let mut bytes = [0u8; 16];
-        rand::thread_rng().fill_bytes(&mut bytes);
-        Token(bytes)
+        let mut key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut key);
+        TokenKey(key)
     }
 
+    /// The token of the lease `lease` whose first name's fencing token is
+    /// `fencing`: SHA-256 over a label, the key, the id and the fencing
+    /// token, first 16 bytes.
+    pub fn token(&self, lease: LeaseId, fencing: u64) -> Token {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::new()
+            .chain_update(b"bagel lease token v1\0")
+            .chain_update(self.0)
+            .chain_update(lease.hi.get().to_be_bytes())
+            .chain_update(lease.lo.to_be_bytes())
+            .chain_update(fencing.to_be_bytes())
+            .finalize();
+        let mut token = [0u8; 16];
+        token.copy_from_slice(&digest[..16]);
+        Token(token)
+    }
+}
+
+impl fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+impl Token {
     pub fn parse(s: &str) -> Option<Self> {
         parse_hex128(s).map(|v| Token(v.to_be_bytes()))
     }
@@ -137,8 +175,20 @@ mod tests {
         let id = LeaseId::new(now, 300, 70_000);
         assert_eq!(LeaseId::parse(&id.to_string()), Some(id));
         assert_eq!((id.granted_at(), id.shard(), id.slot()), (now, 300, 70_000));
-        let token = Token::generate();
+        let token = TokenKey::generate().token(id, 1);
         assert!(Token::parse(&token.to_string()).unwrap().matches(&token));
+    }
+
+    #[test]
+    fn tokens_differ_by_key_lease_and_fencing_and_repeat_only_for_the_same_three() {
+        let key = TokenKey::generate();
+        let id = LeaseId::new(Micros::from_micros(1_700_000_000_000_001), 3, 7);
+        let other = LeaseId::new(Micros::from_micros(1_700_000_000_000_002), 3, 7);
+        let t = key.token(id, 10);
+        assert!(key.token(id, 10).matches(&t));
+        assert!(!key.token(id, 11).matches(&t));
+        assert!(!key.token(other, 10).matches(&t));
+        assert!(!TokenKey::generate().token(id, 10).matches(&t));
     }
 
     #[test]

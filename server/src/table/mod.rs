@@ -16,11 +16,13 @@
 //! keys share a shard. A shard array gives us the global lock order.
 //!
 //! There is no lease-id index: a [`LeaseId`] carries the shard and slot of
-//! its first name's record, whose holder carries the token and, for
-//! multi-name leases, the other names. Renew and release of a one-name lease
-//! thus take exactly one lock and no extra memory per lease. Memory per held
-//! one-name lease is the record in the slab (~152 bytes), the map entry
-//! (~24 bytes at 50-87% load) and the name itself.
+//! its first name's record, whose holder carries, for multi-name leases,
+//! the other names; the token is derived from the id (`ids::TokenKey`), not
+//! stored. Renew and release of a one-name lease thus take exactly one lock
+//! and no extra memory per lease. Memory per held one-name lease is the
+//! record with its name in the slab (144 bytes, in chunks that never move:
+//! see `slab`; a name over 24 bytes adds its own allocation) and the index
+//! entry (4-byte slot and a control byte, at 44-87% load).
 //!
 //! Locking rules: shard mutexes are never held across `.await` (the table
 //! has no async code). A thread holding a shard lock only ever takes
@@ -42,6 +44,7 @@ mod ids;
 mod queue;
 mod record;
 mod shard;
+mod slab;
 mod spec;
 mod stats;
 mod sweep;
@@ -56,7 +59,7 @@ use bagel_proto::Micros;
 
 pub use accounts::{Account, Accounts, HeldLimits, Usage};
 pub use history::{HistoryEntry, HistoryEvent, Metadata, NameHistory};
-pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token};
+pub use ids::{LeaseId, MAX_SHARDS, MAX_SLOTS, Token, TokenKey};
 pub use queue::Ticket;
 pub use record::{Ended, Holder, Mode, Previous};
 pub use stats::{BreakEvent, ByMode, Census, Counts, Tracked};
@@ -95,6 +98,8 @@ pub struct LeaseTable {
     /// Lease events for watchers (see `crate::watch`); one relaxed load
     /// per change while nobody watches.
     watch: Arc<Hub>,
+    /// Derives each lease's token (tokens are not stored).
+    tokens: TokenKey,
 }
 
 impl LeaseTable {
@@ -112,6 +117,7 @@ impl LeaseTable {
             shards,
             hasher: Default::default(),
             stats: Default::default(),
+            tokens: TokenKey::generate(),
         }
     }
 
@@ -258,10 +264,7 @@ impl LeaseTable {
         let fencing_floor = self.fencing_floor();
         let mut slots = Vec::with_capacity(spec.names.len());
         for (name, &shard) in spec.names.iter().zip(&shard_of_name) {
-            match locked
-                .state(shard)
-                .slot_or_insert(name, floor, fencing_floor, now)
-            {
+            match locked.state(shard).slot_or_insert(name, floor, fencing_floor) {
                 Ok(slot) => slots.push(slot),
                 Err(e) => {
                     self.accounts.unhold(&account, spec.names.len());
@@ -272,7 +275,6 @@ impl LeaseTable {
 
         // 3. Grant.
         let lease = LeaseId::new(now, shard_of_name[0], slots[0]);
-        let token = Token::generate();
         let mut names = Vec::with_capacity(spec.names.len());
         let mut min_timestamp = Micros::ZERO;
         let mut broken: Vec<Broken> = Vec::new();
@@ -324,10 +326,8 @@ impl LeaseTable {
             rec.charge(&account);
             rec.prev = previous.clone();
             rec.fencing = fencing;
-            rec.last_change = now;
             rec.holder = Some(Holder {
                 lease,
-                token,
                 deadline: spec.deadline,
                 mode: spec.mode,
                 counted: true,
@@ -353,6 +353,7 @@ impl LeaseTable {
         }
         self.shards[shard_of_name[0]].counters.granted(spec.mode);
         drop(locked);
+        let token = self.tokens.token(lease, names[0].fencing);
         for b in broken {
             self.free_broken(b, lease, now);
         }
@@ -475,7 +476,7 @@ impl LeaseTable {
             Some(h) if h.lease == lease => h,
             _ => return Err(Self::gone(lease, &entry.rec)),
         };
-        if !holder.token.matches(token) {
+        if !self.tokens.token(lease, entry.rec.fencing).matches(token) {
             return Err(Error::WrongToken { lease });
         }
         if !holder.is_live(now) {
@@ -486,7 +487,7 @@ impl LeaseTable {
         }
         let names = match &holder.all_names {
             Some(all) => all.to_vec(),
-            None => vec![Arc::clone(&entry.name)],
+            None => vec![entry.shared_name()],
         };
         let seen_deadline = holder.deadline;
         let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
@@ -588,7 +589,7 @@ impl LeaseTable {
                     Some(e) => match &e.rec.holder {
                         Some(h) if h.lease == b.lease => match &h.all_names {
                             Some(all) => all.to_vec(),
-                            None => vec![Arc::clone(&e.name)],
+                            None => vec![e.shared_name()],
                         },
                         _ => return,
                     },
@@ -617,7 +618,6 @@ impl LeaseTable {
                 // A tentative holder leaves no trace in the chain.
                 self.end_holding(rec);
                 rec.holder = None;
-                rec.last_change = now;
                 state.wake_first(name);
             }
         }
@@ -694,7 +694,6 @@ impl LeaseTable {
             let holder = rec.holder.as_mut().expect("checked by lock_lease");
             holder.deadline = new_deadline;
             let mode = holder.mode;
-            rec.last_change = now;
             if let Some(name) = watched {
                 self.watch.publish(NewEvent {
                     kind: EventKind::Renewed,
@@ -733,7 +732,6 @@ impl LeaseTable {
             let watched = self.watch.active().then(|| Arc::clone(&held.names[i]));
             let rec = held.rec(i);
             rec.holder.as_mut().expect("checked by lock_lease").mode = Mode::Full;
-            rec.last_change = now;
             if let Some(name) = watched {
                 self.watch.publish(NewEvent {
                     kind: EventKind::Upgraded,
@@ -820,7 +818,6 @@ impl LeaseTable {
                 };
             }
             stored = stored.max(rec.prev.watermark);
-            rec.last_change = now;
             let entry = NewEntry {
                 lease,
                 owner,

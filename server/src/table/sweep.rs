@@ -69,7 +69,7 @@ impl LeaseTable {
             .filter(|(_, r)| r.is_idle(now))
             .map(|(slot, r)| {
                 let weight = r.account.as_ref().map_or((0, 0), |a| a.weight());
-                (std::cmp::Reverse(weight), r.last_change, slot)
+                (std::cmp::Reverse(weight), r.last_change(), slot)
             })
             .collect();
         let take = excess.min(idle.len());

@@ -230,7 +230,9 @@ fn tentative_release_must_not_claim_writes() {
 fn only_the_token_holder_may_renew_upgrade_or_release() {
     let tbl = table();
     let a = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
-    let wrong = Token::generate();
+    // The token this lease would have under another table's key: right id,
+    // right fencing token, wrong secret.
+    let wrong = TokenKey::generate().token(a.lease, a.names[0].fencing);
     let now = t(T0 + 1);
     assert!(matches!(
         tbl.renew(a.lease, &wrong, t(T0 + 6 * SEC), None, now),

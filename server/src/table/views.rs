@@ -100,17 +100,18 @@ impl LeaseTable {
         for shard in self.shards.iter() {
             let state = shard.lock();
             for e in state.slab.iter().flatten() {
-                if !e.name.starts_with(prefix) || after.is_some_and(|a| &*e.name <= a) {
+                if !e.name.starts_with(prefix) || after.is_some_and(|a| e.name.as_str() <= a) {
                     continue;
                 }
-                if page.len() >= keep && page.last_key_value().is_some_and(|(k, _)| *k <= e.name) {
+                if page.len() >= keep && page.last_key_value().is_some_and(|(k, _)| **k <= *e.name) {
                     continue;
                 }
                 let Some(h) = e.rec.live_holder(now) else { continue };
+                let name = e.shared_name();
                 page.insert(
-                    Arc::clone(&e.name),
+                    Arc::clone(&name),
                     Listed {
-                        name: Arc::clone(&e.name),
+                        name,
                         lease: h.lease,
                         owner: e.rec.owner(),
                         mode: h.mode,
@@ -138,7 +139,7 @@ impl LeaseTable {
                 for e in state.slab.iter().flatten() {
                     if let Some(h) = e.rec.live_holder(now) {
                         self.watch
-                            .track(h.lease, &e.name, &e.rec.owner(), h.mode, h.deadline);
+                            .track(h.lease, &e.shared_name(), &e.rec.owner(), h.mode, h.deadline);
                     }
                 }
             }
