@@ -319,6 +319,11 @@ pub struct MetronomeArgs {
     /// Close what is due now, then exit.
     #[arg(long)]
     once: bool,
+    /// Longest pause between listings of an idle log's current minute:
+    /// each listing that finds no bag to close doubles it from 1 s; 0 lists
+    /// every second. Seals are never delayed by it.
+    #[arg(long, env = "BAGEL_METRONOME_MAX_IDLE_LISTING", default_value = "8s", value_parser = humantime::parse_duration)]
+    max_idle_listing: Duration,
     /// Also summarize each sealed stretch (see `bagel summarize`) this long
     /// after its close time.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -952,7 +957,8 @@ async fn metronome(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     // Only for the status page's display of uptime and lag.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = bag::open_store(&a.store, &cfg).await?;
-    let mut m = Metronome::new(store, a.log.clone(), cfg.clone(), checked)?;
+    let mut m =
+        Metronome::new(store, a.log.clone(), cfg.clone(), checked)?.with_max_idle_listing(a.max_idle_listing);
     if let Some(after) = a.summarize_after {
         m = m.with_summaries(after, a.summary_span);
     }
