@@ -29,6 +29,7 @@
 
 use bagel_proto::{KeyRing, Micros, pb};
 use bytes::Bytes;
+use futures::StreamExt as _;
 use prost::Message as _;
 
 use std::collections::{BTreeSet, HashMap};
@@ -297,11 +298,21 @@ pub struct ReadReport {
 }
 
 /// Where each batch read so far was found, by (writer, first sequence,
-/// SHA-256 of the record): a second copy is a duplicate. Two writers given
+/// record): a second copy of a record is a duplicate. Two writers given
 /// one id (two processes) write different records, which are not.
 #[derive(Default)]
-struct Seen {
-    batches: HashMap<(String, u64, [u8; 32]), String>,
+struct Seen<'a> {
+    /// The read's summaries (for records read from them).
+    summaries: &'a [PickedSummary],
+    /// Writer ids met, by their index in `batches`' keys.
+    writers: HashMap<String, u32>,
+    /// By (writer, first sequence, n): the n-th distinct record read with
+    /// that writer and first sequence (almost always only the 0th).
+    batches: HashMap<(u32, u64, u32), SeenBatch>,
+    /// The SHA-256 of each record of a summarized item (by summary, bag
+    /// and item), rebuilt only when a record of it has to be compared
+    /// (`None`: the item does not rebuild).
+    summarized: HashMap<(u32, u32, u32), ItemDigests>,
     /// Verdicts on the witnesses already checked in this read, by their
     /// encoded bytes: one lease's witness is cited by every batch written
     /// under it, so its signature is verified (and its holder key
@@ -323,6 +334,56 @@ struct Seen {
     checking: Option<Round>,
     /// Signed times sent to be verified whose verdicts are not back.
     times_asked: std::collections::HashSet<Vec<u8>>,
+}
+
+/// The SHA-256 of each record of an item, in order (`None`: it does not
+/// rebuild).
+type ItemDigests = Option<Vec<[u8; 32]>>;
+
+/// A batch read, for finding its copies (small: an hour holds 360,000).
+enum SeenBatch {
+    /// Read from a bag, or rebuilt from a summary: its record's SHA-256,
+    /// and where.
+    Read(Box<([u8; 32], Here)>),
+    /// Read from an attested summary without rebuilding it, at `offset`
+    /// in its item.
+    Summarized { at: SummaryAt, offset: u64 },
+}
+
+/// Batch `batch` of item `item` of bag `bag` of the read's summary
+/// `summary`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct SummaryAt {
+    summary: u32,
+    bag: u32,
+    item: u32,
+    batch: u32,
+}
+
+/// What tells a batch's record from another record of the same writer
+/// and first sequence.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// The SHA-256 of its bytes.
+    Digest([u8; 32]),
+    /// Where it is in a summary: a record read on a trusted summarizer's
+    /// word is not rebuilt, so its SHA-256 is computed only if another
+    /// record with its writer and first sequence is met.
+    Summarized(SummaryAt),
+}
+
+/// Where a batch was read (said when a copy of it is found).
+#[derive(Clone)]
+struct Here {
+    bucket: Bucket,
+    item: Arc<str>,
+    offset: u64,
+}
+
+impl std::fmt::Display for Here {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bag {} item {} offset {}", self.bucket, self.item, self.offset)
+    }
 }
 
 /// What a witness says, once its signature is checked (or not, without
@@ -376,7 +437,7 @@ const CHECK_ROUND: usize = if cfg!(test) { 80 } else { 4096 };
 /// The fewest signature checks worth a thread of their own.
 const PER_THREAD: usize = 32;
 
-impl Seen {
+impl Seen<'_> {
     /// The verdict on witness `w`: its signature verified against `keys`
     /// (or not, without keys), once per distinct witness in a read.
     fn witness(&mut self, w: &pb::Witness, keys: Option<&KeyRing>) -> Arc<WitnessVerdict> {
@@ -407,6 +468,90 @@ impl Seen {
                 .clone();
         self.last_witness = Some((w.clone(), Arc::clone(&verdict)));
         verdict
+    }
+
+    /// Where the same record as `record` (of `writer`, from
+    /// `first_sequence`) was read before; if it was not, it is remembered as
+    /// read `here`. `summaries` are the read's (for records read from them).
+    fn first_copy(
+        &mut self,
+        writer: &str,
+        first_sequence: u64,
+        record: Record,
+        offset: u64,
+        read_at: impl FnOnce() -> (Bucket, Arc<str>),
+    ) -> Option<Here> {
+        let writer = match self.writers.get(writer) {
+            Some(w) => *w,
+            None => {
+                let w = self.writers.len() as u32;
+                self.writers.insert(writer.to_owned(), w);
+                w
+            }
+        };
+        let (summarized, summaries) = (&mut self.summarized, self.summaries);
+        let mut digest_of = |r: Record| match r {
+            Record::Digest(d) => Some(d),
+            Record::Summarized(at) => summarized
+                .entry((at.summary, at.bag, at.item))
+                .or_insert_with(|| {
+                    let (_, s, _) = &summaries[at.summary as usize];
+                    let bag = &s.bags[at.bag as usize];
+                    match crate::summary::rebuild_item(s, bag, &bag.items[at.item as usize])
+                        .ok()?
+                        .records
+                    {
+                        crate::summary::Records::Batches(b) => {
+                            Some(b.iter().map(|r| Sha256::digest(&r.body).into()).collect())
+                        }
+                        crate::summary::Records::Raw(_) => None,
+                    }
+                })
+                .as_ref()
+                .and_then(|d| d.get(at.batch as usize).copied()),
+        };
+        let here = |seen: &SeenBatch| match seen {
+            SeenBatch::Read(read) => read.1.clone(),
+            SeenBatch::Summarized { at, offset } => {
+                let (_, s, _) = &summaries[at.summary as usize];
+                let bag = &s.bags[at.bag as usize];
+                let name = bag.items[at.item as usize].name as usize;
+                Here {
+                    bucket: Bucket::from_secs(bag.bucket_secs),
+                    item: Arc::from(s.item_names[name].as_str()),
+                    offset: *offset,
+                }
+            }
+        };
+        let mut mine: Option<Option<[u8; 32]>> = None;
+        for n in 0.. {
+            let Some(seen) = self.batches.get(&(writer, first_sequence, n)) else {
+                let seen = match (record, mine) {
+                    (Record::Summarized(at), None) => SeenBatch::Summarized { at, offset },
+                    (Record::Digest(d), _) | (_, Some(Some(d))) => {
+                        let (bucket, item) = read_at();
+                        SeenBatch::Read(Box::new((d, Here { bucket, item, offset })))
+                    }
+                    // Its item does not rebuild, so the read fails.
+                    (Record::Summarized(at), Some(None)) => SeenBatch::Summarized { at, offset },
+                };
+                self.batches.insert((writer, first_sequence, n), seen);
+                return None;
+            };
+            let theirs = match seen {
+                SeenBatch::Read(read) => Record::Digest(read.0),
+                SeenBatch::Summarized { at, .. } => Record::Summarized(*at),
+            };
+            if theirs == record {
+                return Some(here(seen));
+            }
+            let theirs = digest_of(theirs);
+            let mine = *mine.get_or_insert_with(|| digest_of(record));
+            if theirs.is_some() && theirs == mine {
+                return Some(here(seen));
+            }
+        }
+        unreachable!("fewer than 2^32 records share a writer and first sequence")
     }
 
     /// Sends the pending batches to be checked (their holder signatures,
@@ -609,13 +754,44 @@ pub async fn read(
     report.summaries_read = summaries.len() as u64;
     report.summaries_attested = summaries.iter().filter(|(_, _, v)| v.is_some()).count() as u64;
     let total = sources.len() as u64;
-    let mut seen = Seen::default();
+    // Room for the batches and messages of the attested summaries' bags in
+    // range, made in one go (not grown, and copied, step by step).
+    let (batches, messages) = summaries
+        .iter()
+        .filter(|(_, _, v)| v.is_some())
+        .flat_map(|(_, s, _)| &s.bags)
+        .filter(|b| (first..=last).contains(&Bucket::from_secs(b.bucket_secs)))
+        .flat_map(|b| &b.items)
+        .flat_map(|i| &i.batches)
+        .fold((0, 0), |(b, m), batch| (b + 1, m + batch.payloads.len()));
+    report.messages.reserve(messages);
+    let mut seen = Seen {
+        summaries: &summaries,
+        batches: HashMap::with_capacity(batches),
+        ..Seen::default()
+    };
+    // The attested summary being read without rebuilding its batches (by
+    // index; `None`: it is read as any summary).
+    let mut vouching: Option<(usize, Option<Vouching>)> = None;
     for (done, (bucket, from_summary)) in sources.into_iter().enumerate() {
         if let Some(p) = &opts.progress {
             p.report(done as u64, total);
         }
         if let Some((i, j)) = from_summary {
             let (_, summary, vouched) = &summaries[i];
+            if let Some(key_id) = vouched {
+                if vouching.as_ref().is_none_or(|(k, _)| *k != i) {
+                    vouching = Some((i, Vouching::new(summary, key_id, opts)));
+                }
+                if let Some((_, Some(v))) = &mut vouching {
+                    // What was read before becomes messages first: the
+                    // messages come in the order read, as from the bags.
+                    seen.finish(&mut report, opts, cfg).await;
+                    read_vouched_bag(&mut report, &mut seen, opts, cfg, &summaries, (i, j), v)?;
+                    report.closed_bags_read += 1;
+                    continue;
+                }
+            }
             read_summarized(
                 &mut report,
                 &mut seen,
@@ -649,6 +825,7 @@ pub async fn read(
             let at = Place {
                 log,
                 bucket,
+                name: Arc::from(item.name.as_str()),
                 item: &item,
                 open,
                 vouched: None,
@@ -675,13 +852,17 @@ pub async fn read(
     if let Some(p) = &opts.progress {
         p.report(total, total);
     }
-    // Compared in place: no key is built (or cloned) per comparison.
-    let order = |a: &Message, b: &Message| {
-        (a.timestamp, &a.writer_id, a.sequence).cmp(&(b.timestamp, &b.writer_id, b.sequence))
-    };
+    // Stable: messages that compare equal stay in the order read. The
+    // runs already in order (each attested bag's) are found, not moved.
     report.messages.sort_by(order);
     report.rejected.sort_by(|a, b| order(&a.message, &b.message));
     Ok(report)
+}
+
+/// The order of a read's messages: by `(timestamp, writer, sequence)`,
+/// compared in place (no key is built or cloned per comparison).
+fn order(a: &Message, b: &Message) -> std::cmp::Ordering {
+    (a.timestamp, &a.writer_id, a.sequence).cmp(&(b.timestamp, &b.writer_id, b.sequence))
 }
 
 /// The range being read, and the sealed minutes of its log.
@@ -798,7 +979,7 @@ async fn pick_summaries(
     report: &mut ReadReport,
 ) -> Result<Vec<PickedSummary>> {
     let mut out: Vec<PickedSummary> = Vec::new();
-    let attested = match &opts.trusted_summarizers {
+    let attested: Vec<(Stretch, String)> = match &opts.trusted_summarizers {
         Some(ring) => crate::summary::attest::list(store, log)
             .await?
             .into_iter()
@@ -806,16 +987,40 @@ async fn pick_summaries(
             .collect(),
         None => Vec::new(),
     };
+    let mut picked: Vec<Stretch> = Vec::new();
     for st in crate::summary::list(store, log).await? {
-        if st.last() < first || st.from() > last || out.last().is_some_and(|(p, _, _)| st.from() <= p.last())
-        {
+        if st.last() < first || st.from() > last || picked.last().is_some_and(|p| st.from() <= p.last()) {
             continue;
         }
-        let (summary, bytes) = crate::summary::load_bytes(store, log, st).await?;
+        picked.push(st);
+    }
+    // Fetched in order; decoded (and, where an attestation is to be
+    // checked, hashed) a few at once on the machine's cores.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let attested = &attested;
+    let mut loaded = futures::stream::iter(picked)
+        .map(|st| async move {
+            let bytes = crate::summary::fetch(store, log, st).await?;
+            let hash = attested.iter().any(|(a, _)| *a == st);
+            let log = log.to_owned();
+            let decoded = tokio::task::spawn_blocking(move || {
+                let digest = hash.then(|| crate::summary::attest::digest(&bytes));
+                crate::summary::parse(&log, st, bytes).map(|s| (s, digest))
+            })
+            .await;
+            match decoded {
+                Ok(decoded) => decoded.map(|(summary, digest)| (st, summary, digest)),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => panic!("a summary's decoding was cancelled: {e}"),
+            }
+        })
+        .buffered(cores.max(2));
+    while let Some(next) = loaded.next().await {
+        let (st, summary, digest) = next?;
         let mut vouched = None;
-        let mut digest = None;
         for (_, key_id) in attested.iter().filter(|(a, _)| *a == st) {
-            let digest = digest.get_or_insert_with(|| crate::summary::attest::digest(&bytes));
+            let digest = digest.as_ref().expect("hashed: it has an attestation to check");
             match crate::summary::attest::check(
                 store,
                 log,
@@ -872,7 +1077,7 @@ fn uncovered(first: Bucket, last: Bucket, summaries: &[PickedSummary]) -> Vec<(B
 /// Reads one summarized bag as [`read`] reads a closed bag.
 fn read_summarized(
     report: &mut ReadReport,
-    seen: &mut Seen,
+    seen: &mut Seen<'_>,
     opts: &ReadOptions,
     log: &str,
     summary: &Summary,
@@ -890,6 +1095,7 @@ fn read_summarized(
         let at = Place {
             log,
             bucket,
+            name: Arc::from(item.name.as_str()),
             item: &item,
             open: false,
             vouched: vouched.clone(),
@@ -910,6 +1116,299 @@ fn read_summarized(
             }
         }
     }
+    Ok(())
+}
+
+/// A summary a trusted summarizer attested, read without rebuilding or
+/// re-encoding its batches: what its tables decide for every batch citing
+/// them, worked out once per read of it. Its batches' holder signatures
+/// and (local) signed times are taken as the summarizer verified them;
+/// their witnesses (each once per read), bounds, signed-time congruence,
+/// copies and placement are checked as for any batch, with the same
+/// results, problems and messages as rebuilding them would give.
+struct Vouching {
+    vouched: Vouched,
+    /// The encoded length of each witness (to place each record in its
+    /// item as its bag holds it).
+    witness_lens: Vec<usize>,
+    /// Each signed time, by index (`None`: one that does not rebuild,
+    /// which no batch read can cite).
+    times: Vec<Option<VouchedTime>>,
+    /// What each distinct list of witnesses decides.
+    lists: HashMap<Vec<u32>, Arc<VouchedList>>,
+    /// The notes of the batch before, by its list and time note: every
+    /// batch of a lease gets the same.
+    last_notes: Option<NotesOf>,
+}
+
+/// The notes of batches citing a list of witnesses, with a signed time
+/// with this note (or none).
+type NotesOf = ((*const VouchedList, Option<&'static str>), Vec<String>);
+
+struct VouchedTime {
+    len: usize,
+    signed_time: Arc<pb::SignedTime>,
+    /// A note on its messages (not verified, and why), or its reading.
+    check: std::result::Result<std::result::Result<bagel_proto::TimeReading, String>, &'static str>,
+}
+
+/// What a list of witnesses decides for a batch citing it.
+struct VouchedList {
+    witnessed: Witnessed,
+    lease_ids: Vec<String>,
+    holder: crate::holder_sig::HolderCheck,
+    witnesses: Arc<[pb::Witness]>,
+}
+
+/// A batch of an item, walked ([`crate::summary::packed::walk_item`]).
+struct Walked {
+    batch: usize,
+    writer: u32,
+    first_sequence: u64,
+    time: u32,
+    list: Arc<VouchedList>,
+    timestamps: std::ops::Range<usize>,
+    offset: u64,
+}
+
+impl Vouching {
+    /// `None` where the summary must be read as any summary: it has a raw
+    /// item (read as a bag's), or a signed time this read verifies itself
+    /// (a Roughtime proof, given Roughtime keys).
+    fn new(summary: &Summary, key_id: &Arc<str>, opts: &ReadOptions) -> Option<Self> {
+        if summary.bags.iter().flat_map(|b| &b.items).any(|i| i.is_raw) {
+            return None;
+        }
+        let mut times = Vec::with_capacity(summary.signed_times.len());
+        for i in 0..summary.signed_times.len() {
+            let Ok(st) = crate::summary::packed::signed_time(summary, i) else {
+                times.push(None);
+                continue;
+            };
+            let check = match time_check(Some(&st), true, opts) {
+                TimeCheck::Note(note) => Err(note),
+                TimeCheck::Vouched(verdict) => Ok(verdict),
+                TimeCheck::Verify(_) => return None,
+            };
+            times.push(Some(VouchedTime {
+                len: st.encoded_len(),
+                signed_time: Arc::new(st),
+                check,
+            }));
+        }
+        Some(Vouching {
+            vouched: Vouched::Attested {
+                key_id: Arc::clone(key_id),
+            },
+            witness_lens: summary.witnesses.iter().map(|w| w.encoded_len()).collect(),
+            times,
+            lists: HashMap::new(),
+            last_notes: None,
+        })
+    }
+
+    /// What the witnesses `list` (indexes + 1) decide.
+    fn list(
+        &mut self,
+        seen: &mut Seen<'_>,
+        opts: &ReadOptions,
+        summary: &Summary,
+        list: &[u32],
+    ) -> Arc<VouchedList> {
+        if let Some(l) = self.lists.get(list) {
+            return Arc::clone(l);
+        }
+        let witnesses: Arc<[pb::Witness]> = list
+            .iter()
+            .map(|i| summary.witnesses[*i as usize - 1].clone())
+            .collect();
+        let witnessed = witnessed(seen, opts, witnesses.iter());
+        let l = Arc::new(VouchedList {
+            lease_ids: witnessed.leases.iter().map(|l| l.id.clone()).collect(),
+            holder: witnessed
+                .holders
+                .as_deref()
+                .map_or_else(not_all_witnesses_read, crate::holder_sig::assume_signed),
+            witnessed,
+            witnesses,
+        });
+        self.lists.insert(list.to_vec(), Arc::clone(&l));
+        l
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Bags read by [`read_vouched_bag`] on this thread (tests check that
+    /// an attested summary is read that way).
+    pub(crate) static VOUCHED_BAGS_READ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Reads bag `j` of the read's summary `i`, attested, as [`read_summarized`]
+/// would (the same problems and messages) without rebuilding its batches.
+fn read_vouched_bag(
+    report: &mut ReadReport,
+    seen: &mut Seen<'_>,
+    opts: &ReadOptions,
+    cfg: &BagConfig,
+    summaries: &[PickedSummary],
+    (i, j): (usize, usize),
+    v: &mut Vouching,
+) -> Result<()> {
+    let (_, summary, _) = &summaries[i];
+    let bag = &summary.bags[j];
+    let bucket = Bucket::from_secs(bag.bucket_secs);
+    let corrupt = |reason| Error::CorruptSummary {
+        log: summary.log.clone(),
+        from: Bucket::from_secs(summary.from_secs),
+        reason,
+    };
+    #[cfg(test)]
+    VOUCHED_BAGS_READ.with(|n| n.set(n.get() + 1));
+    // A read of the whole stretch keeps its payloads where they are, in
+    // the summary's bytes (as many messages as the summary holds, sharing
+    // it); a read of part of it copies those it keeps, so as not to hold
+    // the whole summary for a few.
+    let share = opts.from <= Bucket::from_secs(summary.from_secs).start()
+        && opts.to >= Bucket::from_secs(summary.to_secs).start();
+    let (first_message, first_rejected) = (report.messages.len(), report.rejected.len());
+    let mut walked: Vec<Walked> = Vec::new();
+    let mut timestamps: Vec<u64> = Vec::new();
+    for (k, si) in bag.items.iter().enumerate() {
+        let name = summary
+            .item_names
+            .get(si.name as usize)
+            .ok_or_else(|| corrupt(format!("item name index {} out of range", si.name)))?;
+        walked.clear();
+        timestamps.clear();
+        let mut offset = 0u64;
+        crate::summary::packed::walk_item(summary, bag, si, |p| {
+            let len = crate::summary::packed::record_len(
+                summary,
+                bag,
+                &p,
+                |w| v.witness_lens[w as usize - 1],
+                |t| v.times[t as usize - 1].as_ref().map_or(0, |t| t.len),
+            );
+            let from = timestamps.len();
+            timestamps.extend_from_slice(p.timestamps);
+            walked.push(Walked {
+                batch: walked.len(),
+                writer: p.writer,
+                first_sequence: p.first_sequence,
+                time: p.signed_time,
+                list: v.list(seen, opts, summary, p.witnesses),
+                timestamps: from..timestamps.len(),
+                offset,
+            });
+            offset += (frame::HEADER_LEN + len) as u64;
+        })
+        .map_err(corrupt)?;
+        let item = ListedItem {
+            name: name.clone(),
+            size: si.size.unwrap_or(offset),
+            etag: None,
+        };
+        let at = Place {
+            log: &summary.log,
+            bucket,
+            name: Arc::from(name.as_str()),
+            item: &item,
+            open: false,
+            vouched: None,
+        };
+        if let Some(p) = at.too_big(opts) {
+            report.problems.push(p);
+            continue;
+        }
+        for w in &walked {
+            let b = &si.batches[w.batch];
+            let writer_id = summary.writer_ids[w.writer as usize].as_str();
+            let (log, bucket_secs) = match b.elsewhere {
+                true => (b.log.as_str(), b.bucket_secs),
+                false => (summary.log.as_str(), bag.bucket_secs),
+            };
+            let record = Record::Summarized(SummaryAt {
+                summary: i as u32,
+                bag: j as u32,
+                item: k as u32,
+                batch: w.batch as u32,
+            });
+            if let Some(p) = copy_or_misplaced(
+                seen,
+                &at,
+                w.offset,
+                (writer_id, w.first_sequence, b.payloads.len()),
+                (log, bucket_secs),
+                record,
+            ) {
+                let duplicate = p.kind == ProblemKind::Duplicate;
+                report.problems.push(p);
+                if duplicate {
+                    continue;
+                }
+            }
+            let list = &*w.list;
+            let time = match w.time {
+                0 => None,
+                t => Some(v.times[t as usize - 1].as_ref().expect("walk_item checked it")),
+            };
+            // As `finish_batch` makes them: misplaced, witnesses, holder
+            // signatures, signed time; the notes in the same order.
+            let mut error =
+                misplaced_error(at.log, bucket, log, bucket_secs).or_else(|| list.witnessed.error.clone());
+            if let crate::holder_sig::HolderCheck::Bad { reason } = &list.holder {
+                error.get_or_insert_with(|| reason.clone());
+            }
+            let (time_ref, time_note) = match time.map(|t| &t.check) {
+                None => (None, Some("no signed time")),
+                Some(Err(note)) => (None, Some(*note)),
+                Some(Ok(verdict)) => (time_verdict(verdict, &mut error), None),
+            };
+            let key = (list as *const VouchedList, time_note);
+            if v.last_notes.as_ref().is_none_or(|(k, _)| *k != key) {
+                let mut notes = Vec::new();
+                if opts.keys.is_none() {
+                    notes.push(NO_KEY_NOTE.to_owned());
+                }
+                holder_verdict(&list.holder, &mut None, &mut notes);
+                notes.extend(time_note.map(str::to_owned));
+                v.last_notes = Some((key, notes));
+            }
+            let notes = &v.last_notes.as_ref().expect("set just above").1;
+            let batch_at = BatchAt {
+                bucket,
+                open: false,
+                writer_id,
+                first_sequence: w.first_sequence,
+                lease_ids: &list.lease_ids,
+                leases: &list.witnessed.leases,
+                notes,
+                witnesses: Arc::clone(&list.witnesses),
+                signed_time: time.map(|t| Arc::clone(&t.signed_time)),
+                holder: &list.holder,
+                vouched: &v.vouched,
+                error: &error,
+                time_ref,
+            };
+            batch_at.push_messages(
+                report,
+                opts,
+                cfg,
+                timestamps[w.timestamps.clone()]
+                    .iter()
+                    .zip(&b.payloads)
+                    .map(|(t, p)| match share {
+                        true => (*t, p.clone()),
+                        false => (*t, Bytes::copy_from_slice(p)),
+                    }),
+            );
+        }
+    }
+    // In order within the bag (its messages are all of its second): the
+    // final sort finds it in order.
+    report.messages[first_message..].sort_by(order);
+    report.rejected[first_rejected..].sort_by(|a, b| order(&a.message, &b.message));
     Ok(())
 }
 
@@ -945,6 +1444,8 @@ struct Place<'a> {
     log: &'a str,
     bucket: Bucket,
     item: &'a ListedItem,
+    /// The item's name, shared by every batch read from it.
+    name: Arc<str>,
     open: bool,
     /// Read from a summary a trusted summarizer attested.
     vouched: Option<Arc<str>>,
@@ -977,7 +1478,7 @@ impl Place<'_> {
     }
 }
 
-fn read_item(report: &mut ReadReport, seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, bytes: Bytes) {
+fn read_item(report: &mut ReadReport, seen: &mut Seen<'_>, opts: &ReadOptions, at: &Place<'_>, bytes: Bytes) {
     let (item, open) = (at.item, at.open);
     let problem = |offset, what: String| at.damaged(offset, what);
     if !open && (bytes.len() as u64) < item.size {
@@ -1017,7 +1518,7 @@ fn read_item(report: &mut ReadReport, seen: &mut Seen, opts: &ReadOptions, at: &
 /// a record read from a bag and one rebuilt from a summary.
 fn read_record(
     report: &mut ReadReport,
-    seen: &mut Seen,
+    seen: &mut Seen<'_>,
     opts: &ReadOptions,
     at: &Place<'_>,
     offset: u64,
@@ -1036,56 +1537,77 @@ fn read_record(
 #[allow(clippy::too_many_arguments)]
 fn read_batch(
     report: &mut ReadReport,
-    seen: &mut Seen,
+    seen: &mut Seen<'_>,
     opts: &ReadOptions,
     at: &Place<'_>,
     offset: u64,
     body: &[u8],
     batch: pb::Batch,
 ) {
-    let (bucket, item) = (at.bucket, at.item);
-    let problem = |offset, what: String| at.damaged(offset, what);
-    let key = (
-        batch.writer_id.clone(),
-        batch.first_sequence,
-        Sha256::digest(body).into(),
-    );
-    let here = format!("bag {bucket} item {} offset {offset}", item.name);
-    if let Some(first) = seen.batches.get(&key) {
-        report.problems.push(Problem {
-            kind: ProblemKind::Duplicate,
-            ..problem(
-                Some(offset),
-                format!(
-                    "duplicate batch: writer {:?} sequence {}..{} was already read from {first}; \
-                     its {} messages are counted once",
-                    batch.writer_id,
-                    batch.first_sequence,
-                    batch.first_sequence + batch.entries.len() as u64,
-                    batch.entries.len()
-                ),
-            )
-        });
-        return;
-    }
-    seen.batches.insert(key, here);
-    if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
-        report.problems.push(Problem {
-            kind: ProblemKind::Misplaced,
-            ..problem(
-                Some(offset),
-                format!(
-                    "misplaced batch: it names log {:?} bag {}, but was found in log {:?} bag \
-                     {bucket}; its {} messages are rejected",
-                    batch.log,
-                    Bucket::from_secs(batch.bucket_secs),
-                    at.log,
-                    batch.entries.len()
-                ),
-            )
-        });
+    let record = Record::Digest(Sha256::digest(body).into());
+    if let Some(p) = copy_or_misplaced(
+        seen,
+        at,
+        offset,
+        (&batch.writer_id, batch.first_sequence, batch.entries.len()),
+        (&batch.log, batch.bucket_secs),
+        record,
+    ) {
+        let duplicate = p.kind == ProblemKind::Duplicate;
+        report.problems.push(p);
+        if duplicate {
+            return;
+        }
     }
     check_batch(seen, opts, at, batch);
+}
+
+/// Whether a batch (`writer`, from `first_sequence`, with `entries`
+/// messages, naming `names` as its log and bag) read `at` `offset` is a
+/// copy of one read before (its messages are then counted once) or names
+/// another log or bag (its messages are then rejected): the problem to
+/// report, if any. A batch not read before is remembered.
+fn copy_or_misplaced(
+    seen: &mut Seen<'_>,
+    at: &Place<'_>,
+    offset: u64,
+    (writer, first_sequence, entries): (&str, u64, usize),
+    (log, bucket_secs): (&str, u64),
+    record: Record,
+) -> Option<Problem> {
+    let bucket = at.bucket;
+    let read_at = || (bucket, Arc::clone(&at.name));
+    if let Some(first) = seen.first_copy(writer, first_sequence, record, offset, read_at) {
+        return Some(Problem {
+            kind: ProblemKind::Duplicate,
+            ..at.damaged(
+                Some(offset),
+                format!(
+                    "duplicate batch: writer {writer:?} sequence {first_sequence}..{} was already read \
+                     from {first}; its {entries} messages are counted once",
+                    first_sequence + entries as u64,
+                ),
+            )
+        });
+    }
+    misplaced(at.log, bucket, log, bucket_secs).then(|| Problem {
+        kind: ProblemKind::Misplaced,
+        ..at.damaged(
+            Some(offset),
+            format!(
+                "misplaced batch: it names log {log:?} bag {}, but was found in log {:?} bag \
+                 {bucket}; its {entries} messages are rejected",
+                Bucket::from_secs(bucket_secs),
+                at.log,
+            ),
+        )
+    })
+}
+
+/// A batch naming `log` and `bucket_secs` found in `at_log`'s bag `bucket`
+/// is misplaced (a batch naming no log predates names and is not).
+fn misplaced(at_log: &str, bucket: Bucket, log: &str, bucket_secs: u64) -> bool {
+    !log.is_empty() && (log != at_log || bucket_secs != bucket.secs())
 }
 
 /// The verdict on a batch's witnesses: per lease, its bounds.
@@ -1095,26 +1617,29 @@ struct Lease {
     deadline: Micros,
 }
 
-/// Checks what a batch's witnesses decide now (once per distinct witness)
-/// and leaves its holder signatures and signed time to [`Seen::next_round`].
-fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::Batch) {
-    let bucket = at.bucket;
+/// What a batch's witnesses decide (each checked once per read): the
+/// first reason its messages are rejected, if any (no witness, a witness
+/// that does not verify or is tentative), each lease's bounds, and the
+/// holders they name when every witness could be read.
+struct Witnessed {
+    error: Option<String>,
+    leases: Vec<Lease>,
+    holders: Option<Vec<crate::holder_sig::Holder>>,
+}
+
+fn witnessed<'w>(
+    seen: &mut Seen<'_>,
+    opts: &ReadOptions,
+    witnesses: impl ExactSizeIterator<Item = &'w pb::Witness>,
+) -> Witnessed {
+    let n = witnesses.len();
     let mut error: Option<String> = None;
-    let mut notes = Vec::new();
-    let mut leases = Vec::with_capacity(batch.witnesses.len());
-    let mut holders = Vec::with_capacity(batch.witnesses.len());
-    if batch.witnesses.is_empty() {
+    let mut leases = Vec::with_capacity(n);
+    let mut holders = Vec::with_capacity(n);
+    if n == 0 {
         error = Some("cites no lease witness".into());
     }
-    if !batch.log.is_empty() && (batch.log != at.log || batch.bucket_secs != bucket.secs()) {
-        error = Some(format!(
-            "its batch names log {:?} bag {}, not log {:?} bag {bucket} where it was found (moved or copied)",
-            batch.log,
-            Bucket::from_secs(batch.bucket_secs),
-            at.log
-        ));
-    }
-    for w in &batch.witnesses {
+    for w in witnesses {
         match &*seen.witness(w, opts.keys.as_ref()) {
             Ok(b) if !b.full => {
                 error.get_or_insert_with(|| {
@@ -1137,23 +1662,40 @@ fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::B
             }
         }
     }
-    if opts.keys.is_none() {
-        notes.push("witness signatures NOT verified (no key given)".to_owned());
-    }
     // The holder's signature: checked against the key inside each witness,
     // so it needs no trusted key of its own (the witness's does).
-    let holders = (holders.len() == batch.witnesses.len() && !holders.is_empty()).then_some(holders);
-    // The signed time: a local proof with the same keys, a Roughtime
-    // proof with the Roughtime keys (plus its one-second resolution).
+    let holders = (holders.len() == n && !holders.is_empty()).then_some(holders);
+    Witnessed {
+        error,
+        leases,
+        holders,
+    }
+}
+
+/// Why a batch naming `log` and `bucket_secs`, found in `at_log`'s bag
+/// `bucket`, is misplaced, if it is: its messages are rejected for it.
+fn misplaced_error(at_log: &str, bucket: Bucket, log: &str, bucket_secs: u64) -> Option<String> {
+    misplaced(at_log, bucket, log, bucket_secs).then(|| {
+        format!(
+            "its batch names log {log:?} bag {}, not log {at_log:?} bag {bucket} where it was found (moved or copied)",
+            Bucket::from_secs(bucket_secs),
+        )
+    })
+}
+
+/// What is done with a signed time `st` of a batch read `vouched` (or not).
+fn time_check(st: Option<&pb::SignedTime>, vouched: bool, opts: &ReadOptions) -> TimeCheck {
+    // A local proof with the same keys, a Roughtime proof with the
+    // Roughtime keys (plus its one-second resolution).
     let is_roughtime = matches!(
-        batch.signed_time.as_ref().and_then(|t| t.proof.as_ref()),
+        st.and_then(|t| t.proof.as_ref()),
         Some(pb::signed_time::Proof::Roughtime(_))
     );
-    let vouched_time = match (&at.vouched, &batch.signed_time) {
-        (Some(_), Some(st)) => crate::summary::attest::vouched_time(st),
+    let vouched_time = match (vouched, st) {
+        (true, Some(st)) => crate::summary::attest::vouched_time(st),
         _ => None,
     };
-    let time = match (&batch.signed_time, &opts.keys) {
+    match (st, &opts.keys) {
         (None, _) => TimeCheck::Note("no signed time"),
         (Some(_), _) if vouched_time.is_some() => {
             TimeCheck::Vouched(vouched_time.expect("checked just above"))
@@ -1163,10 +1705,30 @@ fn check_batch(seen: &mut Seen, opts: &ReadOptions, at: &Place<'_>, batch: pb::B
         }
         (Some(_), None) if !is_roughtime => TimeCheck::Note("signed time NOT verified (no key given)"),
         (Some(st), _) => TimeCheck::Verify(st.encode_to_vec()),
-    };
+    }
+}
+
+/// The note on every message when witness signatures are not checked.
+const NO_KEY_NOTE: &str = "witness signatures NOT verified (no key given)";
+
+/// Checks what a batch's witnesses decide now (once per distinct witness)
+/// and leaves its holder signatures and signed time to [`Seen::next_round`].
+fn check_batch(seen: &mut Seen<'_>, opts: &ReadOptions, at: &Place<'_>, batch: pb::Batch) {
+    let Witnessed {
+        error,
+        leases,
+        holders,
+    } = witnessed(seen, opts, batch.witnesses.iter());
+    // Misplaced comes first, then what the witnesses say.
+    let error = misplaced_error(at.log, at.bucket, &batch.log, batch.bucket_secs).or(error);
+    let mut notes = Vec::new();
+    if opts.keys.is_none() {
+        notes.push(NO_KEY_NOTE.to_owned());
+    }
+    let time = time_check(batch.signed_time.as_ref(), at.vouched.is_some(), opts);
     seen.pending.push(Pending {
         batch,
-        bucket,
+        bucket: at.bucket,
         open: at.open,
         error,
         notes,
@@ -1199,10 +1761,64 @@ fn finish_batch(
         vouched,
         ..
     } = p;
-    let holder = holder.unwrap_or_else(|| crate::holder_sig::HolderCheck::Bad {
+    let holder = holder.unwrap_or_else(not_all_witnesses_read);
+    holder_verdict(&holder, &mut error, &mut notes);
+    let time_ref = match &time {
+        TimeCheck::Verify(key) => match times.get(key) {
+            Some(verdict) => time_verdict(verdict, &mut error),
+            None => unreachable!("every pending signed time is verified before its batch is finished"),
+        },
+        TimeCheck::Note(note) => {
+            notes.push((*note).to_owned());
+            None
+        }
+        TimeCheck::Vouched(verdict) => time_verdict(verdict, &mut error),
+    };
+    let vouched = match vouched {
+        Some(key_id) => Vouched::Attested { key_id },
+        None => Vouched::Checked,
+    };
+    let lease_ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
+    let batch_at = BatchAt {
+        bucket,
+        open,
+        writer_id: &batch.writer_id,
+        first_sequence: batch.first_sequence,
+        lease_ids: &lease_ids,
+        leases: &leases,
+        notes: &notes,
+        witnesses: Arc::from(batch.witnesses),
+        signed_time: batch.signed_time.map(Arc::new),
+        holder: &holder,
+        vouched: &vouched,
+        error: &error,
+        time_ref,
+    };
+    batch_at.push_messages(
+        report,
+        opts,
+        cfg,
+        batch
+            .entries
+            .into_iter()
+            .map(|e| (e.timestamp_us, Bytes::from(e.payload))),
+    );
+}
+
+/// The holder verdict of a batch whose witnesses could not all be read.
+fn not_all_witnesses_read() -> crate::holder_sig::HolderCheck {
+    crate::holder_sig::HolderCheck::Bad {
         reason: "its witnesses could not all be read, so its holder signatures were not checked".into(),
-    });
-    match &holder {
+    }
+}
+
+/// What a batch's holder verdict adds to its notes or error.
+fn holder_verdict(
+    holder: &crate::holder_sig::HolderCheck,
+    error: &mut Option<String>,
+    notes: &mut Vec<String>,
+) {
+    match holder {
         crate::holder_sig::HolderCheck::Bound => {}
         crate::holder_sig::HolderCheck::Unbound { lease_ids } => notes.push(format!(
             "NOT bound to its writer: lease(s) {} were acquired without a holder key, so anyone with a \
@@ -1213,78 +1829,103 @@ fn finish_batch(
             error.get_or_insert_with(|| reason.clone());
         }
     }
-    let mut time_ref: Option<bagel_proto::TimeReading> = None;
-    match &time {
-        TimeCheck::Note(note) => notes.push((*note).to_owned()),
-        TimeCheck::Verify(key) => match times.get(key) {
-            Some(Ok(r)) => time_ref = Some(*r),
-            Some(Err(e)) => {
-                error.get_or_insert_with(|| format!("signed time: {e}"));
-            }
-            None => unreachable!("every pending signed time is verified before its batch is finished"),
-        },
-        TimeCheck::Vouched(Ok(r)) => time_ref = Some(*r),
-        TimeCheck::Vouched(Err(e)) => {
+}
+
+/// A batch's signed time as verified (its reading), or why not (its error).
+fn time_verdict(
+    verdict: &std::result::Result<bagel_proto::TimeReading, String>,
+    error: &mut Option<String>,
+) -> Option<bagel_proto::TimeReading> {
+    match verdict {
+        Ok(r) => Some(*r),
+        Err(e) => {
             error.get_or_insert_with(|| format!("signed time: {e}"));
+            None
         }
     }
-    let vouched = match vouched {
-        Some(key_id) => Vouched::Attested { key_id },
-        None => Vouched::Checked,
-    };
-    let lease_ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
-    let witnesses: Arc<[pb::Witness]> = Arc::from(batch.witnesses);
-    let signed_time = batch.signed_time.map(Arc::new);
-    for (i, e) in batch.entries.into_iter().enumerate() {
-        let ts = Micros::from_micros(e.timestamp_us);
-        if ts < opts.from || ts >= opts.to {
-            continue;
-        }
-        let message = Message {
-            timestamp: ts,
-            writer_id: batch.writer_id.clone(),
-            sequence: batch.first_sequence + i as u64,
-            payload: Bytes::from(e.payload),
-            bucket,
-            lease_ids: lease_ids.clone(),
-            from_open_bag: open,
-            notes: notes.clone(),
-            witnesses: Arc::clone(&witnesses),
-            signed_time: signed_time.clone(),
-            holder: holder.clone(),
-            vouched: vouched.clone(),
-        };
-        let reason = error.clone().or_else(|| {
-            if Bucket::of(ts) != bucket {
-                return Some(format!("timestamp {ts} does not belong in bag {bucket}"));
+}
+
+/// A checked batch, all its messages share.
+struct BatchAt<'a> {
+    bucket: Bucket,
+    open: bool,
+    writer_id: &'a str,
+    first_sequence: u64,
+    lease_ids: &'a [String],
+    leases: &'a [Lease],
+    notes: &'a [String],
+    witnesses: Arc<[pb::Witness]>,
+    signed_time: Option<Arc<pb::SignedTime>>,
+    holder: &'a crate::holder_sig::HolderCheck,
+    vouched: &'a Vouched,
+    /// Why all its messages are rejected, if they are.
+    error: &'a Option<String>,
+    time_ref: Option<bagel_proto::TimeReading>,
+}
+
+impl BatchAt<'_> {
+    /// Its messages (timestamp, payload), in order, each accepted or
+    /// rejected with the first reason that applies; those outside the
+    /// read's range left out.
+    fn push_messages(
+        &self,
+        report: &mut ReadReport,
+        opts: &ReadOptions,
+        cfg: &BagConfig,
+        entries: impl Iterator<Item = (u64, Bytes)>,
+    ) {
+        let bucket = self.bucket;
+        for (i, (ts, payload)) in entries.enumerate() {
+            let ts = Micros::from_micros(ts);
+            if ts < opts.from || ts >= opts.to {
+                continue;
             }
-            for l in &leases {
-                if ts <= l.min {
+            let message = Message {
+                timestamp: ts,
+                writer_id: self.writer_id.to_owned(),
+                sequence: self.first_sequence + i as u64,
+                payload,
+                bucket,
+                lease_ids: self.lease_ids.to_vec(),
+                from_open_bag: self.open,
+                notes: self.notes.to_vec(),
+                witnesses: Arc::clone(&self.witnesses),
+                signed_time: self.signed_time.clone(),
+                holder: self.holder.clone(),
+                vouched: self.vouched.clone(),
+            };
+            let reason = self.error.clone().or_else(|| {
+                if Bucket::of(ts) != bucket {
+                    return Some(format!("timestamp {ts} does not belong in bag {bucket}"));
+                }
+                for l in self.leases {
+                    if ts <= l.min {
+                        return Some(format!(
+                            "timestamp {ts} is not after lease {}'s min_timestamp {}",
+                            l.id, l.min
+                        ));
+                    }
+                    if ts >= l.deadline {
+                        return Some(format!(
+                            "timestamp {ts} is at or after lease {}'s deadline {}",
+                            l.id, l.deadline
+                        ));
+                    }
+                }
+                if let Some(r) = self.time_ref
+                    && let Err((diff, limit)) = r.congruent(ts, cfg.signed_time_tolerance)
+                {
                     return Some(format!(
-                        "timestamp {ts} is not after lease {}'s min_timestamp {}",
-                        l.id, l.min
+                        "timestamp {ts} is {diff} us away from its signed time {} (limit {limit} us)",
+                        r.time
                     ));
                 }
-                if ts >= l.deadline {
-                    return Some(format!(
-                        "timestamp {ts} is at or after lease {}'s deadline {}",
-                        l.id, l.deadline
-                    ));
-                }
+                None
+            });
+            match reason {
+                Some(reason) => report.rejected.push(Rejected { message, reason }),
+                None => report.messages.push(message),
             }
-            if let Some(r) = time_ref
-                && let Err((diff, limit)) = r.congruent(ts, cfg.signed_time_tolerance)
-            {
-                return Some(format!(
-                    "timestamp {ts} is {diff} us away from its signed time {} (limit {limit} us)",
-                    r.time
-                ));
-            }
-            None
-        });
-        match reason {
-            Some(reason) => report.rejected.push(Rejected { message, reason }),
-            None => report.messages.push(message),
         }
     }
 }

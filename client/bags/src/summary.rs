@@ -402,16 +402,32 @@ pub async fn stored_bytes(store: &dyn BagStore, log: &str, stretch: Stretch) -> 
 
 /// [`load`], with the summary's stored bytes (what an attestation is over).
 pub async fn load_bytes(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<(Summary, Bytes)> {
+    let bytes = fetch(store, log, stretch).await?;
+    Ok((parse(log, stretch, bytes.clone())?, bytes))
+}
+
+/// A published summary's stored bytes; gone since it was listed is an
+/// error.
+pub(crate) async fn fetch(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Bytes> {
+    store
+        .get_named(log, &stretch.name(), MAX_SUMMARY_BYTES)
+        .await?
+        .ok_or_else(|| Error::CorruptSummary {
+            log: log.to_owned(),
+            from: stretch.from(),
+            reason: "listed a moment ago, and now gone".into(),
+        })
+}
+
+/// Decodes the stored bytes of the summary of `stretch` and checks their
+/// shape, as [`load`] does (no I/O: a reader decodes several at once).
+pub(crate) fn parse(log: &str, stretch: Stretch, bytes: Bytes) -> Result<Summary> {
     let bad = |reason: String| Error::CorruptSummary {
         log: log.to_owned(),
         from: stretch.from(),
         reason,
     };
-    let bytes = store
-        .get_named(log, &stretch.name(), MAX_SUMMARY_BYTES)
-        .await?
-        .ok_or_else(|| bad("listed a moment ago, and now gone".into()))?;
-    let s = packed::decode(bytes.clone()).map_err(bad)?;
+    let s = packed::decode(bytes).map_err(bad)?;
     if s.log != log || s.from_secs != stretch.from().secs() || s.to_secs != stretch.last().secs() + 1 {
         return Err(bad(format!(
             "it says log {:?} seconds {}..{}: not what its name says",
@@ -428,7 +444,7 @@ pub async fn load_bytes(store: &dyn BagStore, log: &str, stretch: Stretch) -> Re
         }
         prev = Some(bucket);
     }
-    Ok((s, bytes))
+    Ok(s)
 }
 
 /// What [`check`] found comparing a summary with its source bags.

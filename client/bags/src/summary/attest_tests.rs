@@ -424,3 +424,130 @@ async fn retention_removes_attestations_only_with_their_summary() {
     assert!(attest::list(f.store.as_ref(), LOG).await.unwrap().is_empty());
     assert!(super::list(f.store.as_ref(), LOG).await.unwrap().is_empty());
 }
+
+/// The data file of `writer` in `bag` (its name in the bag).
+fn data_file(f: &Fixture, bag: Bucket, writer: &str) -> String {
+    std::fs::read_dir(f.dir.path().join(LOG).join(bag.path()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with(&format!("{writer}.")) && n.ends_with(".log"))
+        .unwrap()
+}
+
+/// Lists `name` (a file of the closed `bag`, copied there from `from`, or
+/// already there) in its lock once more.
+fn list_again(f: &Fixture, bag: Bucket, name: &str, from: Option<(Bucket, &str)>) {
+    let dir = f.dir.path().join(LOG).join(bag.path());
+    if let Some((src, src_name)) = from {
+        let src = f.dir.path().join(LOG).join(src.path()).join(src_name);
+        std::fs::copy(src, dir.join(name)).unwrap();
+    }
+    let lock = dir.join("lock");
+    let mut listing = crate::Listing::decode(&std::fs::read(&lock).unwrap()).unwrap();
+    listing.items.push(crate::ListedItem {
+        name: name.to_owned(),
+        size: std::fs::metadata(dir.join(name)).unwrap().len(),
+        etag: None,
+    });
+    std::fs::write(&lock, listing.encode()).unwrap();
+}
+
+/// Read on a trusted summarizer's word, an attested summary's batches are
+/// not rebuilt, yet copies and misplaced batches are found and reported
+/// exactly as from the bags (the same problems, offsets and all, the same
+/// messages and rejections): a data file listed twice, one copied under
+/// another name, one copied into an earlier bag (misplaced there, and its
+/// original then a copy), one copied into a bag of the next minute (not
+/// summarized: a copy of a batch read from the summary), over the whole
+/// range and over part of it. With a damaged item, the summary is read by
+/// rebuilding it, with the same results.
+#[tokio::test]
+async fn a_trusted_read_finds_copies_and_misplaced_batches_as_the_bags_do() {
+    for damaged in [false, true] {
+        let f = Fixture::new().await;
+        let at = |s: u64| Bucket::of(f.t0.saturating_add(Duration::from_secs(s)));
+        for s in 0..5 {
+            f.store.close(LOG, at(s)).await.unwrap();
+        }
+        let w0 = data_file(&f, at(1), "w0");
+        list_again(&f, at(1), &w0, None);
+        let w1 = data_file(&f, at(2), "w1");
+        list_again(&f, at(2), "copy.0.log", Some((at(2), &w1)));
+        let w3 = data_file(&f, at(4), "w3");
+        list_again(&f, at(3), "moved.0.log", Some((at(4), &w3)));
+        if damaged {
+            let w2 = data_file(&f, at(0), "w2");
+            let file = f.dir.path().join(LOG).join(at(0).path()).join(&w2);
+            let mut bytes = std::fs::read(&file).unwrap();
+            let n = bytes.len();
+            bytes[n - 3] ^= 0xff;
+            std::fs::write(&file, bytes).unwrap();
+        }
+        // A closed bag of the next minute (not summarized) holding a copy.
+        let late = at(61);
+        let dir = f.dir.path().join(LOG).join(late.path());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("prelock"), b"").unwrap();
+        std::fs::write(dir.join("lock"), crate::Listing::default().encode()).unwrap();
+        let w2 = data_file(&f, at(2), "w2");
+        list_again(&f, late, "late.0.log", Some((at(2), &w2)));
+
+        let t = f.attester(1);
+        let done = f.summarize(Some(&t)).await;
+        assert!(
+            matches!(done.attestation, Some(Attested::Published { .. })),
+            "{:?}",
+            done.attestation
+        );
+        let until = f.t0.saturating_add(Duration::from_secs(62));
+        let ranges = [
+            (f.t0, until),
+            (
+                f.t0.saturating_add(Duration::from_millis(1_450)),
+                f.t0.saturating_add(Duration::from_millis(3_650)),
+            ),
+        ];
+        for (from, to) in ranges {
+            let opts = f.opts().with_range(from, to);
+            let bags = f.read(&opts.clone().with_summaries(false)).await;
+            let checked = f.read(&opts).await;
+            let before = crate::reader::VOUCHED_BAGS_READ.with(|n| n.get());
+            let trusted = f
+                .read(&opts.clone().with_trusted_summarizers(trusting(&[&t])))
+                .await;
+            let fast = crate::reader::VOUCHED_BAGS_READ.with(|n| n.get()) - before;
+            assert_eq!(trusted.summaries_attested, 1);
+            // Without damage, every summarized bag in range is read
+            // without rebuilding; with it, none is.
+            let in_range = (Bucket::of(from).secs()..=Bucket::of(to).secs().min(at(4).secs()))
+                .filter(|s| *s <= at(4).secs())
+                .count() as u64;
+            assert_eq!(fast, if damaged { 0 } else { in_range }, "{from}..{to}");
+            let kinds: Vec<ProblemKind> = bags.problems.iter().map(|p| p.kind).collect();
+            if from == f.t0 {
+                let dups = kinds.iter().filter(|k| **k == ProblemKind::Duplicate).count();
+                // w0 listed twice (10 batches), w1's copy (10), w3's
+                // original after its copy (10), w2's late copy (10).
+                assert_eq!(dups, 40, "{kinds:?}");
+                assert_eq!(kinds.iter().filter(|k| **k == ProblemKind::Misplaced).count(), 10);
+                assert_eq!(bags.rejected.len(), 10);
+                assert_eq!(
+                    kinds.iter().filter(|k| **k == ProblemKind::Damaged).count(),
+                    usize::from(damaged)
+                );
+            }
+            for r in [&checked, &trusted] {
+                assert_eq!(r.problems, bags.problems);
+                assert_eq!(plain(&r.messages), bags.messages);
+                let rejected = |r: &ReadReport| {
+                    r.rejected
+                        .iter()
+                        .map(|x| (plain(std::slice::from_ref(&x.message)), x.reason.clone()))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(rejected(r), rejected(&bags));
+            }
+            assert!(trusted.messages.iter().any(|m| m.vouched != Vouched::Checked));
+        }
+    }
+}

@@ -417,12 +417,6 @@ impl Builder {
 /// Rebuilds an item of `bag`; an index out of range or a batch that does
 /// not fit is refused (`Err` says why).
 pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<RebuiltItem, String> {
-    let pick = |i: u32, len: usize, what: &str| {
-        usize::try_from(i)
-            .ok()
-            .filter(|i| *i < len)
-            .ok_or_else(|| format!("{what} index {i} out of range"))
-    };
     let name = summary.item_names[pick(item.name, summary.item_names.len(), "item name")?].clone();
     if item.is_raw {
         return Ok(RebuiltItem {
@@ -431,67 +425,31 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
             records: Records::Raw(item.raw.clone()),
         });
     }
-    let mut prev = Previous::at_start_of(bag.bucket_secs);
     let mut offset = 0u64;
     let mut out = Vec::with_capacity(item.batches.len());
-    for b in &item.batches {
-        let writer = match (b.writer, prev.writer) {
-            (0, Some(w)) => w,
-            (0, None) => return Err("the first batch of an item names no writer".into()),
-            (w, _) => w - 1,
-        };
-        let writer_id = summary.writer_ids[pick(writer, summary.writer_ids.len(), "writer")?].clone();
-        prev.writer = Some(writer);
-        let first_sequence = prev.next_sequence.wrapping_add(b.sequence_gap);
-        prev.next_sequence = first_sequence.wrapping_add(b.timestamps.len() as u64);
-        let time = i64::from(prev.signed_time)
-            .checked_add(b.signed_time_step)
-            .and_then(|t| u32::try_from(t).ok())
-            .ok_or_else(|| format!("signed time step {} out of range", b.signed_time_step))?;
-        prev.signed_time = time;
-        let signed_time = match time {
-            0 => None,
-            t => Some(signed_time(
-                summary,
-                pick(t - 1, summary.signed_times.len(), "signed time")?,
-            )?),
-        };
-        match b.witnesses.as_slice() {
-            [] => {}
-            [0] => prev.witnesses.clear(),
-            list if list.contains(&0) => return Err("a witness list mixes none with witnesses".into()),
-            list => prev.witnesses = list.to_vec(),
-        }
-        let witnesses = prev
-            .witnesses
-            .iter()
-            .map(|i| Ok(summary.witnesses[pick(i - 1, summary.witnesses.len(), "witness")?].clone()))
-            .collect::<Result<Vec<_>, String>>()?;
-        if b.timestamps.len() != b.payloads.len() {
-            return Err(format!(
-                "a batch has {} timestamps and {} payloads",
-                b.timestamps.len(),
-                b.payloads.len()
-            ));
-        }
-        let entries = b
-            .timestamps
-            .iter()
-            .zip(&b.payloads)
-            .map(|(d, payload)| {
-                prev.timestamp = prev.timestamp.wrapping_add(*d as u64);
-                pb::Entry {
-                    timestamp_us: prev.timestamp,
-                    payload: payload.to_vec(),
-                }
-            })
-            .collect();
+    walk_item(summary, bag, item, |p| {
+        let b = p.batch;
         let batch = pb::Batch {
-            writer_id,
-            first_sequence,
-            signed_time,
-            witnesses,
-            entries,
+            writer_id: summary.writer_ids[p.writer as usize].clone(),
+            first_sequence: p.first_sequence,
+            signed_time: match p.signed_time {
+                0 => None,
+                t => Some(signed_time(summary, t as usize - 1).expect("walk_item checked it")),
+            },
+            witnesses: p
+                .witnesses
+                .iter()
+                .map(|i| summary.witnesses[*i as usize - 1].clone())
+                .collect(),
+            entries: p
+                .timestamps
+                .iter()
+                .zip(&b.payloads)
+                .map(|(t, payload)| pb::Entry {
+                    timestamp_us: *t,
+                    payload: payload.to_vec(),
+                })
+                .collect(),
             log: if b.elsewhere {
                 b.log.clone()
             } else {
@@ -508,7 +466,7 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
         let len = (frame::HEADER_LEN + body.len()) as u64;
         out.push(Rebuilt { offset, body, batch });
         offset += len;
-    }
+    })?;
     Ok(RebuiltItem {
         name,
         size: item.size.unwrap_or(offset),
@@ -516,7 +474,167 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
     })
 }
 
-fn signed_time(summary: &Summary, i: usize) -> Result<pb::SignedTime, String> {
+/// `i` as an index into a table of `len`, or why not.
+fn pick(i: u32, len: usize, what: &str) -> Result<usize, String> {
+    usize::try_from(i)
+        .ok()
+        .filter(|i| *i < len)
+        .ok_or_else(|| format!("{what} index {i} out of range"))
+}
+
+/// A batch of a (not raw) item as its packed parts give it, every index
+/// checked, before anything is rebuilt: what [`unpack_item`] rebuilds it
+/// from, and all a reader that need not rebuild it uses.
+pub(crate) struct Parts<'a> {
+    /// Index into `writer_ids`.
+    pub writer: u32,
+    pub first_sequence: u64,
+    /// Index + 1 into `signed_times` (0: none).
+    pub signed_time: u32,
+    /// Indexes + 1 into `witnesses`.
+    pub witnesses: &'a [u32],
+    /// One per payload of `batch`.
+    pub timestamps: &'a [u64],
+    /// The packed batch: payloads, holder signatures, where it says it
+    /// belongs.
+    pub batch: &'a SummaryBatch,
+}
+
+/// Calls `f` with each batch of a (not raw) item, in order, as
+/// [`unpack_item`] would rebuild it; a batch that does not fit is refused
+/// (`Err` says why, as [`unpack_item`] says it) and `f` is not called for
+/// it or any after it.
+pub(crate) fn walk_item(
+    summary: &Summary,
+    bag: &SummaryBag,
+    item: &SummaryItem,
+    mut f: impl FnMut(Parts<'_>),
+) -> Result<(), String> {
+    let mut prev = Previous::at_start_of(bag.bucket_secs);
+    let mut timestamps = Vec::new();
+    // The witness list last checked (a list is checked when it changes).
+    let mut checked_witnesses: Option<Vec<u32>> = None;
+    for b in &item.batches {
+        let writer = match (b.writer, prev.writer) {
+            (0, Some(w)) => w,
+            (0, None) => return Err("the first batch of an item names no writer".into()),
+            (w, _) => w - 1,
+        };
+        pick(writer, summary.writer_ids.len(), "writer")?;
+        prev.writer = Some(writer);
+        let first_sequence = prev.next_sequence.wrapping_add(b.sequence_gap);
+        prev.next_sequence = first_sequence.wrapping_add(b.timestamps.len() as u64);
+        let time = i64::from(prev.signed_time)
+            .checked_add(b.signed_time_step)
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or_else(|| format!("signed time step {} out of range", b.signed_time_step))?;
+        prev.signed_time = time;
+        if time != 0 {
+            check_signed_time(
+                summary,
+                pick(time - 1, summary.signed_times.len(), "signed time")?,
+            )?;
+        }
+        match b.witnesses.as_slice() {
+            [] => {}
+            [0] => prev.witnesses.clear(),
+            list if list.contains(&0) => return Err("a witness list mixes none with witnesses".into()),
+            list => prev.witnesses = list.to_vec(),
+        }
+        if checked_witnesses.as_ref() != Some(&prev.witnesses) {
+            for i in &prev.witnesses {
+                pick(i - 1, summary.witnesses.len(), "witness")?;
+            }
+            checked_witnesses = Some(prev.witnesses.clone());
+        }
+        if b.timestamps.len() != b.payloads.len() {
+            return Err(format!(
+                "a batch has {} timestamps and {} payloads",
+                b.timestamps.len(),
+                b.payloads.len()
+            ));
+        }
+        timestamps.clear();
+        for d in &b.timestamps {
+            prev.timestamp = prev.timestamp.wrapping_add(*d as u64);
+            timestamps.push(prev.timestamp);
+        }
+        f(Parts {
+            writer,
+            first_sequence,
+            signed_time: time,
+            witnesses: &prev.witnesses,
+            timestamps: &timestamps,
+            batch: b,
+        });
+    }
+    Ok(())
+}
+
+/// The length of the record [`unpack_item`] rebuilds from `p` (its
+/// batch's encoding), without rebuilding it: `witness_len` and `time_len`
+/// give the encoded length of a witness and of a signed time by index (as
+/// in [`Parts`]).
+pub(crate) fn record_len(
+    summary: &Summary,
+    bag: &SummaryBag,
+    p: &Parts<'_>,
+    witness_len: impl Fn(u32) -> usize,
+    time_len: impl Fn(u32) -> usize,
+) -> usize {
+    use prost::encoding::{encoded_len_varint as varint, key_len};
+    let bytes = |tag: u32, len: usize| key_len(tag) + varint(len as u64) + len;
+    let non_zero = |tag: u32, v: u64| if v == 0 { 0 } else { key_len(tag) + varint(v) };
+    let string = |tag: u32, s: &str| if s.is_empty() { 0 } else { bytes(tag, s.len()) };
+    let b = p.batch;
+    let (log, bucket_secs) = match b.elsewhere {
+        true => (b.log.as_str(), b.bucket_secs),
+        false => (summary.log.as_str(), bag.bucket_secs),
+    };
+    let mut len = string(1, &summary.writer_ids[p.writer as usize])
+        + non_zero(2, p.first_sequence)
+        + string(6, log)
+        + non_zero(7, bucket_secs);
+    if p.signed_time != 0 {
+        len += bytes(3, time_len(p.signed_time));
+    }
+    len += p
+        .witnesses
+        .iter()
+        .map(|i| bytes(4, witness_len(*i)))
+        .sum::<usize>();
+    for (t, payload) in p.timestamps.iter().zip(&b.payloads) {
+        let entry = non_zero(1, *t)
+            + if payload.is_empty() {
+                0
+            } else {
+                bytes(2, payload.len())
+            };
+        len += bytes(5, entry);
+    }
+    len + b
+        .holder_signatures
+        .iter()
+        .map(|s| bytes(8, s.len()))
+        .sum::<usize>()
+}
+
+/// Checks what [`signed_time`] needs of signed time `i` (in range).
+fn check_signed_time(summary: &Summary, i: usize) -> Result<(), String> {
+    let t = &summary.signed_times[i];
+    if t.other.is_none()
+        && usize::try_from(t.key_id)
+            .ok()
+            .and_then(|k| summary.key_ids.get(k))
+            .is_none()
+    {
+        return Err(format!("key id index {} out of range", t.key_id));
+    }
+    Ok(())
+}
+
+/// Signed time `i` (in range) of `summary`, as its batches hold it.
+pub(crate) fn signed_time(summary: &Summary, i: usize) -> Result<pb::SignedTime, String> {
     let t = &summary.signed_times[i];
     if let Some(other) = &t.other {
         return Ok(other.clone());
@@ -835,6 +953,26 @@ mod tests {
                     }
                     _ => prop_assert!(false, "raw and batches swapped"),
                 }
+            }
+            // Walked without rebuilding, each batch has the length of its
+            // record (what a reader that does not rebuild places it by).
+            for item in read.bags[0].items.iter().filter(|i| !i.is_raw) {
+                let Records::Batches(rebuilt) = unpack_item(&read, &read.bags[0], item).unwrap().records else {
+                    unreachable!("not raw");
+                };
+                let mut lens = Vec::new();
+                walk_item(&read, &read.bags[0], item, |p| {
+                    lens.push(record_len(
+                        &read,
+                        &read.bags[0],
+                        &p,
+                        |i| read.witnesses[i as usize - 1].encoded_len(),
+                        |t| signed_time(&read, t as usize - 1).unwrap().encoded_len(),
+                    ));
+                })
+                .unwrap();
+                let want: Vec<usize> = rebuilt.iter().map(|r| r.body.len()).collect();
+                prop_assert_eq!(lens, want);
             }
             let v1 = Bytes::from(format_1(&items).encode_to_vec());
             prop_assert_eq!(decode(v1).unwrap(), summary);
