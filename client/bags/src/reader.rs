@@ -787,7 +787,7 @@ pub async fn read(
                     // What was read before becomes messages first: the
                     // messages come in the order read, as from the bags.
                     seen.finish(&mut report, opts, cfg).await;
-                    read_vouched_bag(&mut report, &mut seen, opts, cfg, &summaries, (i, j), v)?;
+                    read_vouched_bag(&mut report, &mut seen, opts, cfg, &summaries, (i, j), v).await?;
                     report.closed_bags_read += 1;
                     continue;
                 }
@@ -1127,6 +1127,7 @@ fn read_summarized(
 /// copies and placement are checked as for any batch, with the same
 /// results, problems and messages as rebuilding them would give.
 struct Vouching {
+    key_id: Arc<str>,
     vouched: Vouched,
     /// The encoded length of each witness (to place each record in its
     /// item as its bag holds it).
@@ -1172,13 +1173,10 @@ struct Walked {
 }
 
 impl Vouching {
-    /// `None` where the summary must be read as any summary: it has a raw
-    /// item (read as a bag's), or a signed time this read verifies itself
-    /// (a Roughtime proof, given Roughtime keys).
+    /// `None` where the summary must be read as any summary: it has a
+    /// signed time this read verifies itself (a Roughtime proof, given
+    /// Roughtime keys).
     fn new(summary: &Summary, key_id: &Arc<str>, opts: &ReadOptions) -> Option<Self> {
-        if summary.bags.iter().flat_map(|b| &b.items).any(|i| i.is_raw) {
-            return None;
-        }
         let mut times = Vec::with_capacity(summary.signed_times.len());
         for i in 0..summary.signed_times.len() {
             let Ok(st) = crate::summary::packed::signed_time(summary, i) else {
@@ -1197,6 +1195,7 @@ impl Vouching {
             }));
         }
         Some(Vouching {
+            key_id: Arc::clone(key_id),
             vouched: Vouched::Attested {
                 key_id: Arc::clone(key_id),
             },
@@ -1246,7 +1245,7 @@ thread_local! {
 
 /// Reads bag `j` of the read's summary `i`, attested, as [`read_summarized`]
 /// would (the same problems and messages) without rebuilding its batches.
-fn read_vouched_bag(
+async fn read_vouched_bag(
     report: &mut ReadReport,
     seen: &mut Seen<'_>,
     opts: &ReadOptions,
@@ -1279,6 +1278,30 @@ fn read_vouched_bag(
             .item_names
             .get(si.name as usize)
             .ok_or_else(|| corrupt(format!("item name index {} out of range", si.name)))?;
+        if si.is_raw {
+            // Not all whole records that decode (damage): read as a bag's
+            // item, vouched for, and turned into messages at once (so the
+            // messages come in the order read).
+            let item = ListedItem {
+                name: name.clone(),
+                size: si.size.unwrap_or(si.raw.len() as u64),
+                etag: None,
+            };
+            let at = Place {
+                log: &summary.log,
+                bucket,
+                name: Arc::from(name.as_str()),
+                item: &item,
+                open: false,
+                vouched: Some(Arc::clone(&v.key_id)),
+            };
+            match at.too_big(opts) {
+                Some(p) => report.problems.push(p),
+                None => read_item(report, seen, opts, &at, si.raw.clone()),
+            }
+            seen.finish(report, opts, cfg).await;
+            continue;
+        }
         walked.clear();
         timestamps.clear();
         let mut offset = 0u64;
