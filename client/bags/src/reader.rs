@@ -1144,7 +1144,7 @@ struct Vouching {
 
 /// The notes of batches citing a list of witnesses, with a signed time
 /// with this note (or none).
-type NotesOf = ((*const VouchedList, Option<&'static str>), Vec<String>);
+type NotesOf = ((usize, Option<&'static str>), Vec<String>);
 
 struct VouchedTime {
     len: usize,
@@ -1155,6 +1155,8 @@ struct VouchedTime {
 
 /// What a list of witnesses decides for a batch citing it.
 struct VouchedList {
+    /// Its number among the summary's lists.
+    id: usize,
     witnessed: Witnessed,
     lease_ids: Vec<String>,
     holder: crate::holder_sig::HolderCheck,
@@ -1223,6 +1225,7 @@ impl Vouching {
             .collect();
         let witnessed = witnessed(seen, opts, witnesses.iter());
         let l = Arc::new(VouchedList {
+            id: self.lists.len(),
             lease_ids: witnessed.leases.iter().map(|l| l.id.clone()).collect(),
             holder: witnessed
                 .holders
@@ -1388,7 +1391,7 @@ async fn read_vouched_bag(
                 Some(Err(note)) => (None, Some(*note)),
                 Some(Ok(verdict)) => (time_verdict(verdict, &mut error), None),
             };
-            let key = (list as *const VouchedList, time_note);
+            let key = (list.id, time_note);
             if v.last_notes.as_ref().is_none_or(|(k, _)| *k != key) {
                 let mut notes = Vec::new();
                 if opts.keys.is_none() {
@@ -1965,6 +1968,18 @@ mod tests {
 
     fn secs(s: u64) -> Micros {
         Micros::from_micros(s * 1_000_000)
+    }
+
+    /// A read can be spawned: it holds nothing that is not `Send` across
+    /// its awaits.
+    #[test]
+    fn a_read_is_send() {
+        fn send<T: Send>(_: &T) {}
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirectoryStore::local(dir.path(), false);
+        let clock = bagel_proto::clock::AssumedExact(ManualClock::new(secs(1)));
+        let (opts, cfg) = (ReadOptions::default(), BagConfig::default());
+        send(&read(&store, "log", &opts, &cfg, &clock));
     }
 
     #[tokio::test]
