@@ -2043,32 +2043,9 @@ mod tests {
         let t0 = secs(1_800_000_000);
         let clock = ManualClock::new(t0);
         let leases = crate::testing::TestLeases::default();
-        let writers: Vec<crate::writer::Writer> = (0..4)
-            .map(|i| {
-                let lease = leases.lease(
-                    &format!("lease-{i}"),
-                    t0.saturating_sub(Duration::from_secs(60)),
-                    t0.saturating_add(Duration::from_secs(3600)),
-                );
-                crate::writer::Writer::new(
-                    Arc::clone(&store),
-                    "log",
-                    &format!("w{i}"),
-                    Arc::new(lease),
-                    Arc::new(clock.clone()),
-                    leases.time(Arc::new(clock.clone())),
-                    cfg.clone(),
-                )
-                .unwrap()
-            })
-            .collect();
-        // 5 s, 10 batches a second from each writer.
-        for tenth in 0..50u64 {
-            clock.set(t0.saturating_add(Duration::from_millis(100 * tenth)));
-            for w in &writers {
-                w.write(Bytes::from_static(b"deposit 10")).await.unwrap();
-            }
-        }
+        leases
+            .write_busy_stretch(&store, "log", 4, &clock, t0, &cfg)
+            .await;
         // Alter the 4th batch w2 wrote in the third second: same length,
         // a valid frame, the holder signature left as it was.
         let bag = Bucket::of(t0.saturating_add(Duration::from_secs(2)));

@@ -92,6 +92,49 @@ impl TestLeases {
         })
     }
 
+    /// A busy stretch for read and summary tests: `n` writers `w0`, `w1`,
+    /// … on `log`, each under a lease of its own (`lease-0`, …, valid from
+    /// a minute before `t0` for an hour), each writing `deposit 10` ten
+    /// times a second for 5 s of `clock` from `t0`; `clock` is left at the
+    /// last write.
+    pub async fn write_busy_stretch(
+        &self,
+        store: &Arc<dyn crate::BagStore>,
+        log: &str,
+        n: usize,
+        clock: &bagel_proto::clock::ManualClock,
+        t0: Micros,
+        cfg: &crate::BagConfig,
+    ) {
+        let writers: Vec<crate::writer::Writer> = (0..n)
+            .map(|i| {
+                let lease = self.lease(
+                    &format!("lease-{i}"),
+                    t0.saturating_sub(Duration::from_secs(60)),
+                    t0.saturating_add(Duration::from_secs(3600)),
+                );
+                crate::writer::Writer::new(
+                    Arc::clone(store),
+                    log,
+                    &format!("w{i}"),
+                    Arc::new(lease),
+                    Arc::new(clock.clone()),
+                    self.time(Arc::new(clock.clone())),
+                    cfg.clone(),
+                )
+                .expect("a test writer")
+            })
+            .collect();
+        for tenth in 0..50u64 {
+            clock.set(t0.saturating_add(Duration::from_millis(100 * tenth)));
+            for w in &writers {
+                w.write(bytes::Bytes::from_static(b"deposit 10"))
+                    .await
+                    .expect("a test write");
+            }
+        }
+    }
+
     /// A full lease valid from a minute ago for an hour: long enough for
     /// any test or benchmark run.
     pub fn lease_for_an_hour(&self, lease_id: &str) -> TestLease {

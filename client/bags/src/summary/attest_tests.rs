@@ -39,31 +39,7 @@ impl Fixture {
         let t0 = Micros::from_micros(1_800_000_000 * 1_000_000);
         let clock = ManualClock::new(t0);
         let leases = crate::testing::TestLeases::default();
-        let writers: Vec<crate::writer::Writer> = (0..4)
-            .map(|i| {
-                let lease = leases.lease(
-                    &format!("lease-{i}"),
-                    t0.saturating_sub(Duration::from_secs(60)),
-                    t0.saturating_add(Duration::from_secs(3600)),
-                );
-                crate::writer::Writer::new(
-                    Arc::clone(&store),
-                    LOG,
-                    &format!("w{i}"),
-                    Arc::new(lease),
-                    Arc::new(clock.clone()),
-                    leases.time(Arc::new(clock.clone())),
-                    cfg.clone(),
-                )
-                .unwrap()
-            })
-            .collect();
-        for tenth in 0..50u64 {
-            clock.set(t0.saturating_add(Duration::from_millis(100 * tenth)));
-            for w in &writers {
-                w.write(Bytes::from_static(b"deposit 10")).await.unwrap();
-            }
-        }
+        leases.write_busy_stretch(&store, LOG, 4, &clock, t0, &cfg).await;
         let span = Span::of(Bucket::of(t0));
         clock.set(span.close_time(cfg.grace));
         Fixture {
