@@ -15,6 +15,10 @@ struct Metronome {
 
 impl Metronome {
     fn start(root: &std::path::Path, logs: &[&str]) -> Metronome {
+        Self::start_with(root, logs, &[])
+    }
+
+    fn start_with(root: &std::path::Path, logs: &[&str], extra: &[&str]) -> Metronome {
         let store = format!("file://{}", root.display());
         let mut cmd = Command::new(bin("bagel"));
         // One host, one clock: these tests are about the HTTP side.
@@ -28,7 +32,8 @@ impl Metronome {
             "--lookback",
             "3s",
         ])
-        .args(["--http", "127.0.0.1:0"]);
+        .args(["--http", "127.0.0.1:0"])
+        .args(extra);
         for log in logs {
             cmd.args(["--log", log]);
         }
@@ -187,4 +192,51 @@ async fn a_metronome_that_keeps_up_is_ready() {
     }
     let behind = m.metric("bagel_metronome_behind_seconds", &[("log", &log)]).await;
     assert!(behind < 1.2 + 0.2, "behind {behind} s while ready");
+}
+
+/// `--max-idle-listing` caps the pause between listings of an idle log's
+/// open minute, as the metronome reports it: the pause doubles from 1 s
+/// to the cap and never beyond.
+#[tokio::test]
+async fn max_idle_listing_caps_an_idle_logs_listing_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("bags");
+    std::fs::create_dir_all(&root).unwrap();
+    let log = unique("idle");
+    // The log exists (one message by the real CLI), then nobody writes.
+    let server = ServerProcess::start_ready(&[]).await;
+    let lease = server.cli(&["acquire", "idle-name", "--json"]);
+    assert!(lease.status.success(), "{}", describe_output(&lease));
+    let lease_file = dir.path().join("lease.json");
+    std::fs::write(&lease_file, &lease.stdout).unwrap();
+    let store = format!("file://{}", root.display());
+    let wrote = server.cli(&[
+        "write",
+        "--store",
+        &store,
+        "--log",
+        &log,
+        "--lease",
+        lease_file.to_str().unwrap(),
+        "--grace",
+        "200ms",
+        "hello",
+    ]);
+    assert!(wrote.status.success(), "{}", describe_output(&wrote));
+
+    let m = Metronome::start_with(&root, &[&log], &["--max-idle-listing", "2s"]);
+    let gauge = "bagel_metronome_listing_pause_seconds";
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pause = m.metric(gauge, &[("log", &log)]).await;
+        assert!(pause <= 2.0, "pause {pause} s over the 2 s cap");
+        if pause == 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the pause never reached the cap: {pause} s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
