@@ -45,19 +45,18 @@ pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witn
         return Vec::new();
     }
     let leaves: Vec<merkle::Hash> = bodies.iter().map(|b| merkle::leaf_hash(b)).collect();
-    let (root, paths) = merkle::build(&leaves);
-    let signature = signer.sign(&merkle::root_message(&root));
+    let tree = merkle::Tree::new(&leaves);
+    let signature = signer.sign(&merkle::root_message(&tree.root()));
     bodies
         .into_iter()
-        .zip(paths)
         .enumerate()
-        .map(|(i, (body, path))| pb::Witness {
+        .map(|(i, body)| pb::Witness {
             body,
             signature: signature.clone(),
             key_id: signer.key_id().to_owned(),
             batched: true,
             leaf_index: i as u32,
-            merkle_path: path.iter().map(|h| h.to_vec()).collect(),
+            merkle_path: tree.path(i).map(|h| h.to_vec()).collect(),
         })
         .collect()
 }
