@@ -12,12 +12,13 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bagel_proto::{Micros, Signer, TimeProofKind, pb, sign_witness, sign_witness_batch};
-use prost::Message as _;
+use bagel_proto::{Micros, Signer, TimeProofKind, pb, sign_witness_batch};
 use tokio::sync::oneshot;
 
 use crate::table::{Grant, NameGrant};
 use crate::timekeeper::SignedReading;
+
+mod body;
 
 /// The most witnesses signed with one signature.
 const MAX_SIGN_BATCH: usize = 512;
@@ -76,20 +77,22 @@ impl WitnessSigner {
         now: Micros,
         time: &SignedReading,
     ) -> pb::Witness {
-        let body = self.body(grant, kind, now, time);
-        let answer = {
+        let body = self.encode_body(grant, kind, now, time);
+        // Our body back when this task is the signer, else where the
+        // signer will send our witness.
+        let turn = {
             let mut group = self.group();
             if group.signing {
                 let (reply, answer) = oneshot::channel();
-                group.waiting.push((body.encode_to_vec(), reply));
-                Some(answer)
+                group.waiting.push((body, reply));
+                Err(answer)
             } else {
                 group.signing = true;
-                None
+                Ok(body)
             }
         };
-        match answer {
-            None => {
+        match turn {
+            Ok(body) => {
                 // From here this task is the signer: however it ends,
                 // normally or dropped at the yield (its caller went away),
                 // the turn is handed over, or every later grant would wait
@@ -110,21 +113,21 @@ impl WitnessSigner {
                 self.group_sizes.observe(bodies.len() as u64 + 1);
                 // One body alone gets a plain signature, several a Merkle
                 // batch (`sign_witness_batch` decides).
-                let mut witnesses = sign_witness_batch(
-                    &self.signer,
-                    std::iter::once(body.encode_to_vec()).chain(bodies).collect(),
-                )
-                .into_iter();
+                let mut witnesses =
+                    sign_witness_batch(&self.signer, std::iter::once(body).chain(bodies).collect())
+                        .into_iter();
                 let own = witnesses.next().expect("one witness per body");
                 for (reply, witness) in replies.into_iter().zip(witnesses) {
                     let _ = reply.send(witness);
                 }
                 own
             }
-            Some(answer) => match answer.await {
+            Err(answer) => match answer.await {
                 Ok(witness) => witness,
-                // The runtime shut down with our job waiting.
-                Err(_) => sign_witness(&self.signer, &body),
+                // The runtime shut down with our job waiting: sign it alone.
+                Err(_) => sign_witness_batch(&self.signer, vec![self.encode_body(grant, kind, now, time)])
+                    .pop()
+                    .expect("one witness per body"),
             },
         }
     }
@@ -170,7 +173,7 @@ impl WitnessSigner {
     ) -> Vec<pb::Witness> {
         let bodies = grants
             .iter()
-            .map(|(g, kind)| self.body(g, *kind, now, time).encode_to_vec())
+            .map(|(g, kind)| self.encode_body(g, *kind, now, time))
             .collect::<Vec<_>>();
         if !bodies.is_empty() {
             self.group_sizes.observe(bodies.len() as u64);
@@ -178,8 +181,31 @@ impl WitnessSigner {
         sign_witness_batch(&self.signer, bodies)
     }
 
-    /// The witness body of `grant` as the server states it (public for
-    /// the micro-benchmarks in `benches/hot.rs`).
+    /// The encoded witness body of `grant`: the bytes of
+    /// [`body`](Self::body), written without building it (see
+    /// [`body`](mod@body)).
+    pub fn encode_body(
+        &self,
+        grant: &Grant,
+        kind: pb::WitnessKind,
+        now: Micros,
+        time: &SignedReading,
+    ) -> Vec<u8> {
+        body::encode(
+            grant,
+            &body::Statement {
+                kind,
+                now,
+                time,
+                server_id: &self.server_id,
+                epoch: self.epoch,
+            },
+        )
+    }
+
+    /// The witness body of `grant` as the server states it: the reference
+    /// that [`encode_body`](Self::encode_body)'s bytes are tested against
+    /// (public for the micro-benchmarks in `benches/hot.rs`).
     pub fn body(
         &self,
         grant: &Grant,

@@ -54,6 +54,18 @@ impl LeaseId {
         (self.lo & ((1 << SLOT_BITS) - 1)) as usize
     }
 
+    /// The 32 lowercase hex digits of its printed form, without a
+    /// `String` (witness bodies are written straight into their buffer).
+    pub fn hex(self) -> [u8; 32] {
+        let mut buf = [0; 32];
+        hex128(&mut buf, self.as_u128());
+        buf
+    }
+
+    fn as_u128(self) -> u128 {
+        (u128::from(self.hi.get()) << 64) | u128::from(self.lo)
+    }
+
     /// Parses the 32-hex-digit form.
     pub fn parse(s: &str) -> Option<Self> {
         let v = parse_hex128(s)?;
@@ -66,10 +78,7 @@ impl LeaseId {
 
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(hex128(
-            &mut [0; 32],
-            (u128::from(self.hi.get()) << 64) | u128::from(self.lo),
-        ))
+        f.write_str(hex128(&mut [0; 32], self.as_u128()))
     }
 }
 
