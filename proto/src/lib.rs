@@ -45,6 +45,7 @@ pub mod rights;
 pub mod side_port;
 pub mod signed_time;
 mod time;
+mod verified_batch;
 pub mod witness;
 
 pub use keys::{KeyRing, Signer, key_id};
@@ -53,6 +54,7 @@ pub use signed_time::{
     verify_signed_time,
 };
 pub use time::{Micros, duration_micros, human_duration};
+pub use verified_batch::VerifiedBatch;
 pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_signed_message};
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.

@@ -34,6 +34,15 @@ fn node(left: &Hash, right: &Hash) -> Hash {
         .into()
 }
 
+/// The node above `node` (at `index` on its level) and its `sibling`.
+pub fn parent(node: &Hash, sibling: &Hash, index: u32) -> Hash {
+    if index & 1 == 0 {
+        self::node(node, sibling)
+    } else {
+        self::node(sibling, node)
+    }
+}
+
 fn padding() -> Hash {
     Sha256::digest([2u8]).into()
 }
@@ -94,11 +103,7 @@ pub fn root_from_path(leaf: Hash, mut index: u32, path: &[Vec<u8>]) -> Option<Ha
     let mut cur = leaf;
     for sibling in path {
         let sibling: &Hash = sibling.as_slice().try_into().ok()?;
-        cur = if index & 1 == 0 {
-            node(&cur, sibling)
-        } else {
-            node(sibling, &cur)
-        };
+        cur = parent(&cur, sibling, index);
         index >>= 1;
     }
     (index == 0).then_some(cur)

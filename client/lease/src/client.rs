@@ -551,7 +551,7 @@ impl LeaseBackend for Client {
             reason: "acquire response has no grant".into(),
         })?;
         self.learn_key_of(grant.witness.as_ref()).await;
-        verify::grant(grant, Some(&self.keys()), &mut None)
+        verify::grant(grant, Some(&self.keys()), &mut verify::Verified::default())
     }
 
     async fn renew_lease(
@@ -563,7 +563,12 @@ impl LeaseBackend for Client {
         let req = renew_request(lease, deadline, metadata);
         let resp = self.call("Renew", Duration::ZERO, self.rpc().renew(req)).await?;
         self.learn_key_of(resp.witness.as_ref()).await;
-        verify::renewal(resp, &lease.id, Some(&self.keys()), &mut None)
+        verify::renewal(
+            resp,
+            &lease.id,
+            Some(&self.keys()),
+            &mut verify::Verified::default(),
+        )
     }
 
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
@@ -578,7 +583,7 @@ impl LeaseBackend for Client {
             reason: "upgrade response has no grant".into(),
         })?;
         self.learn_key_of(grant.witness.as_ref()).await;
-        verify::grant(grant, Some(&self.keys()), &mut None)
+        verify::grant(grant, Some(&self.keys()), &mut verify::Verified::default())
     }
 
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {

@@ -462,7 +462,13 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
             Ok(r) => {
                 let results = r.into_inner().results;
                 learn_new_keys(&client, &results, &options).await;
-                answer(replies, results, &options, &client, &mut None);
+                answer(
+                    replies,
+                    results,
+                    &options,
+                    &client,
+                    &mut verify::Verified::default(),
+                );
             }
             Err(status) => fail(replies, &from_status(status)),
         }
@@ -587,7 +593,7 @@ async fn read_answers(
         Err(status) => session_error(status),
         Ok(call) => {
             let mut answers = call.into_inner();
-            let mut verified = None;
+            let mut verified = verify::Verified::default();
             loop {
                 match answers.message().await {
                     Ok(Some(response)) => match next_waiting() {

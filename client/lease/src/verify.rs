@@ -8,14 +8,15 @@
 //! [`Verified`] remembers the last (signature, signed message) checked and
 //! the others cost only their Merkle path.
 
-use bagel_proto::{KeyRing, pb, verify_witness, witness_signed_message};
+use bagel_proto::{KeyRing, VerifiedBatch, pb};
 use prost::Message as _;
 
 use crate::error::{Error, Result};
 use crate::types::{Grant, NameGrant, Renewal, Witness};
 
-/// The (signature, signed message) verified last.
-pub(crate) type Verified = Option<(Vec<u8>, Vec<u8>)>;
+/// The batch whose signature was verified last, and the Merkle nodes its
+/// witnesses proved (see [`VerifiedBatch`]).
+pub(crate) type Verified = VerifiedBatch;
 
 fn bad(reason: impl Into<String>) -> Error {
     Error::Witness {
@@ -23,27 +24,18 @@ fn bad(reason: impl Into<String>) -> Error {
     }
 }
 
-/// Checks `witness`'s signature against `keys` (or finds it verified
-/// already) and decodes its body. With `keys` `None`, the body is only
-/// decoded: the caller turned verification off (benchmarks).
+/// Checks `witness`'s signature against `keys` (or finds it proven by its
+/// batch already) and decodes its body. With `keys` `None`, the body is
+/// only decoded: the caller turned verification off (benchmarks).
 pub(crate) fn body(
     witness: &pb::Witness,
     keys: Option<&KeyRing>,
     verified: &mut Verified,
 ) -> Result<pb::WitnessBody> {
-    let Some(keys) = keys else {
-        return pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()));
-    };
-    let message = witness_signed_message(witness).map_err(|e| bad(e.to_string()))?;
-    let known = verified
-        .as_ref()
-        .is_some_and(|(sig, msg)| *sig == witness.signature && *msg == message);
-    if known {
-        return pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()));
+    if let Some(keys) = keys {
+        verified.check(witness, keys).map_err(|e| bad(e.to_string()))?;
     }
-    let body = verify_witness(witness, keys).map_err(|e| bad(e.to_string()))?;
-    *verified = Some((witness.signature.clone(), message));
-    Ok(body)
+    pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()))
 }
 
 /// A grant whose witness verifies and states it exactly.
