@@ -53,6 +53,29 @@ pub(super) fn restartable_listing(e: &nfs::Error) -> bool {
         )
 }
 
+/// How often a read whose open state the server dropped is started over.
+pub(super) const READ_RESTARTS: u64 = 5;
+
+/// A path-based NFSv4 read opens the file, reads with that open's state
+/// and closes it, all in one call: a state error on it means the server
+/// let go of the open between two of our steps (ganesha 4.3 answered
+/// NFS4ERR_BAD_STATEID to the read of a summary while concurrent
+/// summarizers linked and removed their temporary names of the same
+/// file). A read holds nothing across calls, so it is simply started over.
+pub(super) fn restartable_read(e: &nfs::Error) -> bool {
+    matches!(
+        e,
+        nfs::Error::NfsV4 {
+            status: nfs::v4::Status::BadStateId
+                | nfs::v4::Status::OldStateId
+                | nfs::v4::Status::StaleStateId
+                | nfs::v4::Status::Expired
+                | nfs::v4::Status::AdminRevoked,
+            ..
+        }
+    )
+}
+
 impl Conn {
     pub(super) async fn list(&mut self, dir: &str) -> nfs::Result<Vec<DirEntry>> {
         match self {
@@ -257,4 +280,38 @@ pub(super) fn to_io(op: &str, path: &str, e: nfs::Error) -> io::Error {
         io::ErrorKind::Other
     };
     io::Error::new(kind, format!("NFS {op} {path}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use nfs::v4::Status;
+
+    use super::*;
+
+    fn v4(status: Status) -> nfs::Error {
+        nfs::Error::NfsV4 {
+            operation: "READ",
+            status,
+        }
+    }
+
+    /// Only the loss of the call's own open state starts a read over: a
+    /// missing file, a refusal or a broken connection is the caller's.
+    #[test]
+    fn a_read_restarts_only_when_its_open_state_was_dropped() {
+        for s in [
+            Status::BadStateId,
+            Status::OldStateId,
+            Status::StaleStateId,
+            Status::Expired,
+            Status::AdminRevoked,
+        ] {
+            assert!(restartable_read(&v4(s)), "{s:?}");
+        }
+        for s in [Status::NoEnt, Status::Access, Status::Io, Status::Stale] {
+            assert!(!restartable_read(&v4(s)), "{s:?}");
+        }
+        let io = nfs::Error::Io(io::Error::new(io::ErrorKind::ConnectionReset, "reset"));
+        assert!(!restartable_read(&io));
+    }
 }

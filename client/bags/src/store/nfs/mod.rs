@@ -37,7 +37,9 @@ mod target;
 
 use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
 
-use conn::{Conn, LIST_RESTARTS, connection_ok, join, restartable_listing, to_io};
+use conn::{
+    Conn, LIST_RESTARTS, READ_RESTARTS, connection_ok, join, restartable_listing, restartable_read, to_io,
+};
 pub use target::{NfsTarget, NfsVersion};
 
 struct Shared {
@@ -375,7 +377,23 @@ impl FsOps for NfsFs {
         let p = self.full(path);
         let st = self.plain(&p, false).await?;
         let n = limit.map_or(st.len, |l| l.min(st.len));
-        call!(self, "READ", &p, |c| c.read(&p, Some(n))).map(Bytes::from)
+        let mut tries = 0;
+        loop {
+            let r = {
+                let mut lease = self.lease().await;
+                let c = lease.conn(&self.shared).await?;
+                let r = c.read(&p, Some(n)).await;
+                lease.done(r)
+            };
+            match r {
+                Err(e) if restartable_read(&e) && tries < READ_RESTARTS => {
+                    tries += 1;
+                    tracing::debug!(path = %p, error = %e, "NFS read lost its open state; reading again");
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                r => return r.map(Bytes::from).map_err(|e| to_io("READ", &p, e)),
+            }
+        }
     }
 
     async fn chmod(&self, path: &str, mode: u32) -> io::Result<()> {
