@@ -58,15 +58,29 @@ impl Metronome {
 
     /// Polls `/metrics` (bounded) until `metric{labels}` reaches `at_least`.
     async fn wait_metric(&self, metric: &str, labels: &[(&str, &str)], at_least: f64) -> f64 {
-        let give_up = Instant::now() + Duration::from_secs(20);
+        self.wait_metric_until(metric, labels, &format!(">= {at_least}"), |v| v >= at_least)
+            .await
+    }
+
+    /// Polls `/metrics` (bounded: the metronome shows its state nowhere
+    /// else) until `reached` holds of `metric{labels}`. Every sample goes
+    /// through `reached`, so a caller may assert on each one it sees.
+    async fn wait_metric_until(
+        &self,
+        metric: &str,
+        labels: &[(&str, &str)],
+        wanted: &str,
+        mut reached: impl FnMut(f64) -> bool,
+    ) -> f64 {
+        let give_up = Instant::now() + Duration::from_secs(30);
         loop {
             let v = self.metric(metric, labels).await;
-            if v >= at_least {
+            if reached(v) {
                 return v;
             }
             assert!(
                 Instant::now() < give_up,
-                "{metric}{labels:?} stayed at {v} < {at_least}"
+                "{metric}{labels:?} stayed at {v}, never {wanted}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -81,6 +95,32 @@ impl Drop for Metronome {
 }
 
 /// Finds `name{...} value` in /metrics text (either format) with exactly `labels`.
+/// One message in `log` under `root`, written under a real lease by the
+/// real CLI (the lease server is gone once it is written): a log that
+/// exists, for the metronome to find.
+async fn write_one_message(root: &std::path::Path, log: &str) {
+    let server = ServerProcess::start_ready(&[]).await;
+    let lease = server.cli(&["acquire", &format!("{log}-name"), "--json"]);
+    assert!(lease.status.success(), "{}", describe_output(&lease));
+    let lease_dir = tempfile::tempdir().unwrap();
+    let lease_file = lease_dir.path().join("lease.json");
+    std::fs::write(&lease_file, &lease.stdout).unwrap();
+    let store = format!("file://{}", root.display());
+    let wrote = server.cli(&[
+        "write",
+        "--store",
+        &store,
+        "--log",
+        log,
+        "--lease",
+        lease_file.to_str().unwrap(),
+        "--grace",
+        "200ms",
+        "hello",
+    ]);
+    assert!(wrote.status.success(), "{}", describe_output(&wrote));
+}
+
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
@@ -124,25 +164,7 @@ async fn the_metronome_counts_closes_and_errors_per_log_and_says_why_it_is_not_r
     std::fs::write(root.join(&broken), b"not a directory").unwrap();
 
     // One message in `good`, written under a real lease by the real CLI.
-    let server = ServerProcess::start_ready(&[]).await;
-    let lease = server.cli(&["acquire", "m-name", "--json"]);
-    assert!(lease.status.success(), "{}", describe_output(&lease));
-    let lease_file = dir.path().join("lease.json");
-    std::fs::write(&lease_file, &lease.stdout).unwrap();
-    let store = format!("file://{}", root.display());
-    let wrote = server.cli(&[
-        "write",
-        "--store",
-        &store,
-        "--log",
-        &good,
-        "--lease",
-        lease_file.to_str().unwrap(),
-        "--grace",
-        "200ms",
-        "hello",
-    ]);
-    assert!(wrote.status.success(), "{}", describe_output(&wrote));
+    write_one_message(&root, &good).await;
 
     let m = Metronome::start(&root, &[&good, &broken]);
     let closed = "bagel_metronome_bags_closed_total";
@@ -204,39 +226,17 @@ async fn max_idle_listing_caps_an_idle_logs_listing_pause() {
     std::fs::create_dir_all(&root).unwrap();
     let log = unique("idle");
     // The log exists (one message by the real CLI), then nobody writes.
-    let server = ServerProcess::start_ready(&[]).await;
-    let lease = server.cli(&["acquire", "idle-name", "--json"]);
-    assert!(lease.status.success(), "{}", describe_output(&lease));
-    let lease_file = dir.path().join("lease.json");
-    std::fs::write(&lease_file, &lease.stdout).unwrap();
-    let store = format!("file://{}", root.display());
-    let wrote = server.cli(&[
-        "write",
-        "--store",
-        &store,
-        "--log",
-        &log,
-        "--lease",
-        lease_file.to_str().unwrap(),
-        "--grace",
-        "200ms",
-        "hello",
-    ]);
-    assert!(wrote.status.success(), "{}", describe_output(&wrote));
+    write_one_message(&root, &log).await;
 
     let m = Metronome::start_with(&root, &[&log], &["--max-idle-listing", "2s"]);
-    let gauge = "bagel_metronome_listing_pause_seconds";
-    let give_up = Instant::now() + Duration::from_secs(30);
-    loop {
-        let pause = m.metric(gauge, &[("log", &log)]).await;
-        assert!(pause <= 2.0, "pause {pause} s over the 2 s cap");
-        if pause == 2.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "the pause never reached the cap: {pause} s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    m.wait_metric_until(
+        "bagel_metronome_listing_pause_seconds",
+        &[("log", &log)],
+        "the 2 s cap",
+        |pause| {
+            assert!(pause <= 2.0, "pause {pause} s over the 2 s cap");
+            pause == 2.0
+        },
+    )
+    .await;
 }
