@@ -183,6 +183,19 @@ pub struct SummaryBatch {
     pub holder_signatures: Vec<Bytes>,
 }
 
+impl SummaryBatch {
+    /// The log and bag second the batch names: its own when `elsewhere`,
+    /// else those of the summary and bag it is stored under (which the
+    /// summary leaves out).
+    pub fn written_in<'a>(&'a self, summary: &'a Summary, bag: &SummaryBag) -> (&'a str, u64) {
+        if self.elsewhere {
+            (&self.log, self.bucket_secs)
+        } else {
+            (&summary.log, bag.bucket_secs)
+        }
+    }
+}
+
 /// An item's content, for [`Builder::item`].
 #[derive(Debug)]
 pub enum Content {
@@ -450,16 +463,8 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
                     payload: payload.to_vec(),
                 })
                 .collect(),
-            log: if b.elsewhere {
-                b.log.clone()
-            } else {
-                summary.log.clone()
-            },
-            bucket_secs: if b.elsewhere {
-                b.bucket_secs
-            } else {
-                bag.bucket_secs
-            },
+            log: b.written_in(summary, bag).0.to_owned(),
+            bucket_secs: b.written_in(summary, bag).1,
             holder_signatures: b.holder_signatures.iter().map(|s| s.to_vec()).collect(),
         };
         let body = Bytes::from(batch.encode_to_vec());
@@ -587,10 +592,7 @@ pub(crate) fn record_len(
     let non_zero = |tag: u32, v: u64| if v == 0 { 0 } else { key_len(tag) + varint(v) };
     let string = |tag: u32, s: &str| if s.is_empty() { 0 } else { bytes(tag, s.len()) };
     let b = p.batch;
-    let (log, bucket_secs) = match b.elsewhere {
-        true => (b.log.as_str(), b.bucket_secs),
-        false => (summary.log.as_str(), bag.bucket_secs),
-    };
+    let (log, bucket_secs) = b.written_in(summary, bag);
     let mut len = string(1, &summary.writer_ids[p.writer as usize])
         + non_zero(2, p.first_sequence)
         + string(6, log)
