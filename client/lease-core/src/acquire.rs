@@ -170,9 +170,18 @@ impl AcquireBuilder {
             }
             Err(e) => return Err(e),
         };
-        if let Some(warning) = ttl_check::short_grant(&grant, ttl) {
+        let left = ttl_check::left_at_grant(&grant.witnesses);
+        if let Some(warning) = ttl_check::short_grant(&grant, left, ttl) {
             tracing::warn!("{warning}");
         }
-        Ok(Lease::start(self.backend, grant, sent, ttl, self.options, holder))
+        Ok(Lease::start(
+            self.backend,
+            grant,
+            sent,
+            left,
+            ttl,
+            self.options,
+            holder,
+        ))
     }
 }

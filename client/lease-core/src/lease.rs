@@ -178,10 +178,18 @@ impl Drop for Lease {
 
 impl Lease {
     /// A handle on `grant`, whose request was sent at `sent`.
+    ///
+    /// `left` is what the grant's witnesses say was left when they were
+    /// issued ([`crate::ttl_check::left_at_grant`], which the caller has
+    /// read already to warn of a short grant). The witnesses move into the
+    /// lease's state, the one place they are read from: a copy kept in the
+    /// grant as well cost every acquire a clone of each witness's body,
+    /// signature and Merkle path.
     pub(crate) fn start(
         backend: Arc<dyn LeaseBackend>,
-        grant: Grant,
+        mut grant: Grant,
         sent: Instant,
+        left: Option<Duration>,
         ttl: Duration,
         options: LeaseOptions,
         holder: Arc<bagel_proto::Signer>,
@@ -189,8 +197,8 @@ impl Lease {
         let (state, _) = watch::channel(LeaseState {
             deadline: grant.deadline,
             mode: grant.mode,
-            valid_until: valid_until(&grant.witnesses, sent),
-            witnesses: grant.witnesses.clone(),
+            valid_until: left.map(|left| sent + left),
+            witnesses: std::mem::take(&mut grant.witnesses),
             lost: None,
             released: false,
         });
@@ -648,10 +656,12 @@ mod tests {
         let sent = Instant::now()
             .checked_sub(ago)
             .expect("the monotonic clock runs that long");
+        let left = crate::ttl_check::left_at_grant(&grant.witnesses);
         Lease::start(
             Arc::new(ClockOnly(clock)),
             grant,
             sent,
+            left,
             Duration::from_secs(5),
             LeaseOptions::default().with_auto_renew(false),
             std::sync::Arc::new(bagel_proto::Signer::generate()),

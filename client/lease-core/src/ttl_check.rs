@@ -45,9 +45,10 @@ pub(crate) fn left_at_grant(witnesses: &[Witness]) -> Option<Duration> {
         .min()
 }
 
-/// A warning when `grant` leaves much less than `asked`, naming both.
-pub(crate) fn short_grant(grant: &Grant, asked: Duration) -> Option<String> {
-    let left = left_at_grant(&grant.witnesses)?;
+/// A warning when `grant`, whose witnesses say `left` was left
+/// ([`left_at_grant`]), leaves much less than `asked`, naming both.
+pub(crate) fn short_grant(grant: &Grant, left: Option<Duration>, asked: Duration) -> Option<String> {
+    let left = left?;
     if left >= asked / 4 * SHORT_QUARTERS {
         return None;
     }
