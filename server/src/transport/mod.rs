@@ -14,6 +14,9 @@
 //!   `first_request_timeout` after it was accepted: a client that connects
 //!   and goes quiet (or never finishes its TLS handshake) no longer holds a
 //!   socket forever, and a silent one gives its slot back early.
+//! * [`corked`]: a connection's writes wait for one yield of its task, so
+//!   the answers that calls finish together go out in one system call
+//!   (each answer used to cost a `writev` and a TCP segment of its own).
 //! * [`layer`]: every request's body passes through [`layer::Framed`],
 //!   which takes each gRPC message whole before tonic sees it (tonic
 //!   reserves the length a message *announces* as soon as its 5-byte
@@ -21,6 +24,7 @@
 //!   2 GiB) and charges partly received messages to a per-connection and a
 //!   global budget.
 
+pub mod corked;
 pub mod layer;
 pub mod wire;
 
@@ -38,6 +42,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
+
+use self::corked::Corked;
 
 /// What the server knows of a connection, shared by the connection and its
 /// requests (as the tonic connect info).
@@ -114,7 +120,9 @@ pub struct ConnInfo {
 /// An accepted TCP connection that closes itself when idle.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    /// Writes wait for one yield of the connection's task, so answers
+    /// finished together share a system call (see [`corked`]).
+    stream: Corked<TcpStream>,
     info: ConnInfo,
     idle_timeout: Duration,
     /// Idle limit until the first call begins (never above `idle_timeout`).
@@ -376,7 +384,7 @@ async fn accept_loop(
             d => d.min(cfg.idle_timeout),
         };
         let conn = Conn {
-            stream,
+            stream: Corked::new(stream),
             info: ConnInfo {
                 remote: Some(remote),
                 state: Arc::new(ConnState::new()),
