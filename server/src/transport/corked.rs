@@ -39,7 +39,7 @@ pub const HIGH_WATER: usize = 256 * 1024;
 pub const CORK_BELOW: usize = 4 * 1024;
 
 /// Buffer capacity an emptied buffer keeps (more is given back).
-pub const KEEP_CAPACITY: usize = 16 * 1024;
+pub const KEEP_CAPACITY: usize = 8 * 1024;
 
 /// `S` with its writes held until the next flush after a yield.
 #[derive(Debug)]
