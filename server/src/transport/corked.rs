@@ -74,6 +74,26 @@ impl<S> Corked<S> {
     }
 }
 
+impl Corked<tokio::net::TcpStream> {
+    /// Hands what is held to the socket without waiting, as far as it
+    /// takes it: for a connection about to be dropped without a flush.
+    ///
+    /// Why: bytes written to a plain socket reach the kernel at once and
+    /// go out even if the connection is then dropped. A TLS acceptor that
+    /// fails a handshake (a plaintext client on a TLS port) writes its
+    /// alert and drops the connection without flushing; held here, the
+    /// alert was lost and the client could no longer be told that the
+    /// server speaks TLS.
+    pub fn send_held_now(&mut self) {
+        while self.sent < self.held.len() {
+            match self.inner.try_write(&self.held[self.sent..]) {
+                Ok(n) if n > 0 => self.sent += n,
+                _ => break,
+            }
+        }
+    }
+}
+
 impl<S: AsyncWrite + Unpin> Corked<S> {
     /// Writes out everything held (`Pending` while the socket is full).
     fn poll_send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -296,6 +316,24 @@ mod tests {
         ));
         assert_eq!(c.get_ref().writes, vec![b"last words".to_vec()]);
         assert!(c.get_ref().shut);
+    }
+
+    #[tokio::test]
+    async fn what_is_held_reaches_the_peer_when_a_socket_is_given_up_without_a_flush() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut peer = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (socket, _) = listener.accept().await.expect("accept");
+        let mut c = Corked::new(socket);
+        c.write_all(b"an alert").await.expect("held");
+        assert_eq!(c.held(), 8);
+        c.send_held_now();
+        drop(c);
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).await.expect("read until closed");
+        assert_eq!(got, b"an alert");
     }
 
     #[test]

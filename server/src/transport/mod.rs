@@ -160,6 +160,15 @@ impl Conn {
     }
 }
 
+/// What the connection's last writes left held goes to the socket as the
+/// connection is dropped, as it would have unheld (see
+/// [`Corked::send_held_now`]).
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.stream.send_held_now();
+    }
+}
+
 impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
