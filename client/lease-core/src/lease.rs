@@ -143,6 +143,8 @@ fn valid_until(witnesses: &[Witness], sent: Instant) -> Option<Instant> {
 #[derive(Debug)]
 struct Shared {
     backend: Arc<dyn LeaseBackend>,
+    /// The grant as answered, less its witnesses: they moved into `state`,
+    /// which every later answer updates.
     grant: Grant,
     lease: LeaseRef,
     ttl: Duration,

@@ -20,7 +20,9 @@
 //! Bounded: at most [`HIGH_WATER`] bytes wait here (a write beyond it
 //! first sends what waits, and is refused with `Pending` while the socket
 //! cannot take it, as a socket's own buffer would), and an idle connection
-//! keeps at most [`KEEP_CAPACITY`] bytes of buffer.
+//! keeps at most [`KEEP_CAPACITY`] bytes of buffer. A connection dropped
+//! without a flush hands what it holds to the socket on the way out
+//! ([`Corked::send_held_now`]), as a plain socket would have sent it.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
