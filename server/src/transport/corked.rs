@@ -23,6 +23,16 @@
 //! keeps at most [`KEEP_CAPACITY`] bytes of buffer. A connection dropped
 //! without a flush hands what it holds to the socket on the way out
 //! ([`Corked::send_held_now`]), as a plain socket would have sent it.
+//! A write of [`CORK_BELOW`] bytes or more with nothing held goes straight
+//! to the socket: it would be sent at its flush anyway, and copying a
+//! session's answers through the buffer gained nothing.
+//!
+//! Why not tokio's `BufWriter` with a yield in front of its flush: after a
+//! flush the socket took only in part, its `buffer()` still holds the
+//! bytes already sent (its count of them is private), so a connection
+//! dropped in that state could not tell what is left to hand over; and it
+//! allocates its whole capacity, which is also its most bytes per system
+//! call, for every connection up front.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -64,10 +74,6 @@ impl<S> Corked<S> {
             sent: 0,
             yielded: false,
         }
-    }
-
-    pub fn get_ref(&self) -> &S {
-        &self.inner
     }
 
     /// Bytes accepted and not yet written.
@@ -135,6 +141,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Corked<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if self.held() == 0 && buf.len() >= CORK_BELOW {
+            return Pin::new(&mut self.inner).poll_write(cx, buf);
+        }
         ready!(self.poll_room(cx, buf.len()))?;
         self.held.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
@@ -146,6 +155,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let n: usize = bufs.iter().map(|b| b.len()).sum();
+        if self.held() == 0 && n >= CORK_BELOW {
+            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        }
         ready!(self.poll_room(cx, n))?;
         self.held.reserve(n);
         for b in bufs {
@@ -254,12 +266,12 @@ mod tests {
         // The first flush yields: the task woke itself, nothing was written.
         assert!(flush(&mut c, &mut cx).is_pending());
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
-        assert!(c.get_ref().writes.is_empty());
+        assert!(c.inner.writes.is_empty());
         // More finished while it waited; the next flush sends all at once.
         assert!(matches!(write(&mut c, &mut cx, b" four"), Poll::Ready(Ok(5))));
         assert!(matches!(flush(&mut c, &mut cx), Poll::Ready(Ok(()))));
-        assert_eq!(c.get_ref().writes, vec![b"one two three four".to_vec()]);
-        assert_eq!((c.get_ref().flushed, c.held()), (1, 0));
+        assert_eq!(c.inner.writes, vec![b"one two three four".to_vec()]);
+        assert_eq!((c.inner.flushed, c.held()), (1, 0));
         // The next small answer yields again.
         taken(write(&mut c, &mut cx, b"five"));
         assert!(flush(&mut c, &mut cx).is_pending());
@@ -272,10 +284,20 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         let mut c = Corked::new(Socket::default());
         assert!(matches!(flush(&mut c, &mut cx), Poll::Ready(Ok(()))));
+        // A large answer with nothing held goes to the socket as written,
+        // not copied into the buffer first.
         let big = vec![7u8; CORK_BELOW];
         taken(write(&mut c, &mut cx, &big));
+        assert_eq!((c.inner.writes.len(), c.held()), (1, 0));
+        let parts = [IoSlice::new(&big[..10]), IoSlice::new(&big[10..])];
+        taken(Pin::new(&mut c).poll_write_vectored(&mut cx, &parts));
+        assert_eq!((c.inner.writes.len(), c.held()), (2, 0));
         assert!(matches!(flush(&mut c, &mut cx), Poll::Ready(Ok(()))));
-        assert_eq!(c.get_ref().writes, vec![big]);
+        // Held behind a small one, it is sent at the flush without a wait.
+        taken(write(&mut c, &mut cx, b"small"));
+        taken(write(&mut c, &mut cx, &big));
+        assert!(matches!(flush(&mut c, &mut cx), Poll::Ready(Ok(()))));
+        assert_eq!(c.inner.writes[2].len(), 5 + big.len());
         assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
     }
 
@@ -284,15 +306,16 @@ mod tests {
         let (_, waker) = waker();
         let mut cx = Context::from_waker(&waker);
         let mut c = Corked::new(Socket::default());
-        let chunk = vec![1u8; 64 * 1024];
+        // Chunks below CORK_BELOW: each is held, none goes straight out.
+        let chunk = vec![1u8; 1024];
         for _ in 0..HIGH_WATER / chunk.len() {
             taken(write(&mut c, &mut cx, &chunk));
         }
-        assert_eq!((c.held(), c.get_ref().writes.len()), (HIGH_WATER, 0));
+        assert_eq!((c.held(), c.inner.writes.len()), (HIGH_WATER, 0));
         // One more would pass the high water mark: what is held goes first.
         taken(write(&mut c, &mut cx, &chunk));
-        assert_eq!(c.get_ref().writes.len(), 1);
-        assert_eq!(c.get_ref().writes[0].len(), HIGH_WATER);
+        assert_eq!(c.inner.writes.len(), 1);
+        assert_eq!(c.inner.writes[0].len(), HIGH_WATER);
         assert_eq!(c.held(), chunk.len());
         // While the socket takes nothing, a write past the mark waits.
         c.inner.full = true;
@@ -316,8 +339,8 @@ mod tests {
             Pin::new(&mut c).poll_shutdown(&mut cx),
             Poll::Ready(Ok(()))
         ));
-        assert_eq!(c.get_ref().writes, vec![b"last words".to_vec()]);
-        assert!(c.get_ref().shut);
+        assert_eq!(c.inner.writes, vec![b"last words".to_vec()]);
+        assert!(c.inner.shut);
     }
 
     #[tokio::test]
