@@ -12,12 +12,20 @@
 //! The server encodes with [`conflict_details`]; every decoder in the
 //! workspace goes through [`conflict_of`], which also reads the old bare
 //! form (a newer client against an older server).
+//!
+//! A refused or ended Watch carries a `google.rpc.ErrorInfo` (domain
+//! [`ERROR_DOMAIN`], one of the `REASON_*` reasons, the numbers in its
+//! metadata), so that a client tells "list again" from "resume from your
+//! last revision" by a stable reason rather than by the message's words:
+//! [`error_info_details`] encodes, [`error_info_of`] decodes.
 
 use std::time::Duration;
 
 use prost::Message as _;
 use prost_types::Any;
-use tonic_types::pb::{RetryInfo, Status as RpcStatus};
+use std::collections::HashMap;
+
+use tonic_types::pb::{ErrorInfo, RetryInfo, Status as RpcStatus};
 
 use crate::pb;
 
@@ -26,6 +34,29 @@ pub const LEASE_CONFLICT_TYPE_URL: &str = "type.googleapis.com/bagel.v1.LeaseCon
 
 /// The `Any` type URL of a `google.rpc.RetryInfo` detail.
 pub const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
+
+/// The `Any` type URL of a `google.rpc.ErrorInfo` detail.
+pub const ERROR_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.ErrorInfo";
+
+/// The `ErrorInfo.domain` of this service's reasons.
+pub const ERROR_DOMAIN: &str = "bagel.v1";
+
+/// Watch: `from_revision` is older than the oldest event the server still
+/// keeps (OUT_OF_RANGE). Metadata: `from_revision`, `oldest_revision`
+/// (the oldest one a watch may start from), `retain`. List again.
+pub const REASON_REVISION_COMPACTED: &str = "REVISION_COMPACTED";
+/// Watch: `from_revision` is of another incarnation of the server (one
+/// before a restart, or another server's), OUT_OF_RANGE. Metadata:
+/// `from_revision`, `incarnation` (the revision's), `server_incarnation`.
+/// List again.
+pub const REASON_REVISION_OF_OTHER_INCARNATION: &str = "REVISION_OF_OTHER_INCARNATION";
+/// Watch: `from_revision` is ahead of the server's last (OUT_OF_RANGE).
+/// Metadata: `from_revision`, `last_revision`.
+pub const REASON_REVISION_AHEAD: &str = "REVISION_AHEAD";
+/// Watch: the watcher fell behind and was dropped (RESOURCE_EXHAUSTED).
+/// Metadata: `buffer`, `last_revision` (the last one it was sent: watch
+/// again from it).
+pub const REASON_WATCH_OVERFLOW: &str = "WATCH_OVERFLOW";
 
 /// The encoded `google.rpc.Status` of a refused acquire: `code` and
 /// `message` as the gRPC status has them (the model wants them repeated),
@@ -68,6 +99,46 @@ pub fn retry_details(code: tonic::Code, message: &str, retry_after: Duration) ->
         }],
     }
     .encode_to_vec()
+}
+
+/// The encoded `google.rpc.Status` of a refusal with a stable `reason` (in
+/// [`ERROR_DOMAIN`]) and the numbers that go with it.
+pub fn error_info_details(
+    code: tonic::Code,
+    message: &str,
+    reason: &str,
+    metadata: &[(&str, u64)],
+) -> Vec<u8> {
+    let info = ErrorInfo {
+        reason: reason.to_owned(),
+        domain: ERROR_DOMAIN.to_owned(),
+        metadata: metadata
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+            .collect(),
+    };
+    RpcStatus {
+        code: code as i32,
+        message: message.to_owned(),
+        details: vec![Any {
+            type_url: ERROR_INFO_TYPE_URL.to_owned(),
+            value: info.encode_to_vec(),
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// A reason of this service and its metadata, from a status's details:
+/// `None` when they hold no `ErrorInfo` of [`ERROR_DOMAIN`] (an older
+/// server, or another failure).
+pub fn error_info_of(details: &[u8]) -> Option<(String, HashMap<String, String>)> {
+    let status = RpcStatus::decode(details).ok()?;
+    let any = status
+        .details
+        .iter()
+        .find(|a| a.type_url == ERROR_INFO_TYPE_URL)?;
+    let info = ErrorInfo::decode(any.value.as_slice()).ok()?;
+    (info.domain == ERROR_DOMAIN).then_some((info.reason, info.metadata))
 }
 
 fn retry_info(retry_after: Duration) -> RetryInfo {
@@ -150,6 +221,37 @@ mod tests {
         let bytes = conflict().encode_to_vec();
         assert_eq!(conflict_of(&bytes), Some(conflict()));
         assert_eq!(retry_delay_of(&bytes), None);
+    }
+
+    #[test]
+    fn an_error_info_round_trips_and_another_domain_is_not_ours() {
+        let bytes = error_info_details(
+            tonic::Code::OutOfRange,
+            "too old",
+            REASON_REVISION_COMPACTED,
+            &[("from_revision", 5), ("oldest_revision", 9)],
+        );
+        let (reason, meta) = error_info_of(&bytes).unwrap();
+        assert_eq!(reason, REASON_REVISION_COMPACTED);
+        assert_eq!(meta["from_revision"], "5");
+        assert_eq!(meta["oldest_revision"], "9");
+        assert_eq!(conflict_of(&bytes), None);
+        let other = RpcStatus {
+            code: 11,
+            message: String::new(),
+            details: vec![Any {
+                type_url: ERROR_INFO_TYPE_URL.to_owned(),
+                value: ErrorInfo {
+                    reason: REASON_REVISION_COMPACTED.to_owned(),
+                    domain: "elsewhere".to_owned(),
+                    metadata: HashMap::new(),
+                }
+                .encode_to_vec(),
+            }],
+        }
+        .encode_to_vec();
+        assert_eq!(error_info_of(&other), None);
+        assert_eq!(error_info_of(&[]), None);
     }
 
     #[test]

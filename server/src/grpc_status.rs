@@ -24,9 +24,16 @@ impl Error {
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
             Error::Watch(e) => {
                 use crate::watch::WatchError;
+                // OUT_OF_RANGE for a revision the watch cannot start from
+                // (as etcd's "compacted"): the client lists again, then
+                // watches from the List's revision; the ErrorInfo's reason
+                // says why (see `watch_details`).
                 match e {
                     WatchError::Overflow { .. } | WatchError::TooMany { .. } => Code::ResourceExhausted,
-                    WatchError::TooOld { .. } | WatchError::Ahead { .. } => Code::OutOfRange,
+                    WatchError::TooOld { .. }
+                    | WatchError::OtherIncarnation { .. }
+                    | WatchError::Ahead { .. }
+                    | WatchError::Renumbered { .. } => Code::OutOfRange,
                 }
             }
         }
@@ -58,9 +65,58 @@ impl From<Error> for Status {
                 );
                 Status::with_details(Code::Unavailable, message, details.into())
             }
+            Error::Watch(w) => match watch_details(w) {
+                Some((reason, metadata)) => {
+                    let details =
+                        bagel_proto::details::error_info_details(e.code(), &message, reason, &metadata);
+                    Status::with_details(e.code(), message, details.into())
+                }
+                None => Status::new(e.code(), message),
+            },
             _ => Status::new(e.code(), message),
         }
     }
+}
+
+/// The stable reason of a watch's refusal or end, and its numbers, for a
+/// `google.rpc.ErrorInfo`: clients act on the reason (list again, or
+/// resume from the last revision) without reading the message.
+fn watch_details(e: &crate::watch::WatchError) -> Option<(&'static str, Vec<(&'static str, u64)>)> {
+    use crate::watch::WatchError;
+    use bagel_proto::details as d;
+    Some(match *e {
+        WatchError::TooOld { from, oldest, retain } => (
+            d::REASON_REVISION_COMPACTED,
+            vec![
+                ("from_revision", from),
+                ("oldest_revision", oldest),
+                ("retain", retain as u64),
+            ],
+        ),
+        WatchError::OtherIncarnation { from, theirs, ours } => (
+            d::REASON_REVISION_OF_OTHER_INCARNATION,
+            vec![
+                ("from_revision", from),
+                ("incarnation", u64::from(theirs)),
+                ("server_incarnation", u64::from(ours)),
+            ],
+        ),
+        // The revisions the watcher had are of the incarnation that ran
+        // out: the same remedy as a revision from before a restart.
+        WatchError::Renumbered { last } => (
+            d::REASON_REVISION_OF_OTHER_INCARNATION,
+            vec![("last_revision", last)],
+        ),
+        WatchError::Ahead { from, last } => (
+            d::REASON_REVISION_AHEAD,
+            vec![("from_revision", from), ("last_revision", last)],
+        ),
+        WatchError::Overflow { buffer, last } => (
+            d::REASON_WATCH_OVERFLOW,
+            vec![("buffer", buffer as u64), ("last_revision", last)],
+        ),
+        WatchError::TooMany { .. } => return None,
+    })
 }
 
 #[cfg(test)]
@@ -69,7 +125,8 @@ mod tests {
     use crate::watch::WatchError;
 
     /// A watch's refusals are domain errors now; the statuses they become
-    /// are the ones the watch always sent: its code, its message as is.
+    /// are the ones the watch always sent: its code, its message as is,
+    /// and now a stable reason in an ErrorInfo.
     #[test]
     fn a_watch_error_becomes_the_status_it_always_was() {
         let cases = [
@@ -87,12 +144,31 @@ mod tests {
                 Code::OutOfRange,
             ),
             (WatchError::Ahead { from: 9, last: 5 }, Code::OutOfRange),
+            (
+                WatchError::OtherIncarnation {
+                    from: 9,
+                    theirs: 1,
+                    ours: 2,
+                },
+                Code::OutOfRange,
+            ),
+            (WatchError::Renumbered { last: 9 }, Code::OutOfRange),
         ];
         for (e, code) in cases {
             let status = Status::from(Error::Watch(e.clone()));
             assert_eq!(status.code(), code, "{e}");
             assert_eq!(status.message(), e.to_string());
-            assert!(status.details().is_empty());
+            let reason = bagel_proto::details::error_info_of(status.details()).map(|(r, _)| r);
+            let want = watch_details(&e).map(|(r, _)| r.to_owned());
+            assert_eq!(reason, want, "{e}");
         }
+        let status = Status::from(Error::Watch(WatchError::TooOld {
+            from: 1,
+            oldest: 5,
+            retain: 10,
+        }));
+        let (reason, meta) = bagel_proto::details::error_info_of(status.details()).unwrap();
+        assert_eq!(reason, bagel_proto::details::REASON_REVISION_COMPACTED);
+        assert_eq!(meta["oldest_revision"], "5");
     }
 }

@@ -122,6 +122,7 @@ impl Server {
                 per_peer: cfg.limits.max_held_names_per_peer,
             },
             watch: cfg.watch,
+            incarnation: watch::incarnation(&cfg.server_id, started),
         });
         let highwater = HighWater::new(
             cfg.granted_until_file.clone(),
@@ -526,9 +527,10 @@ mod background {
     }
 
     /// Reports expiries to watchers (a lease's deadline passes without a
-    /// request) and lets the watch hub go idle when nobody watches. Every
-    /// 50 ms, so an expiry is reported within about that of its deadline;
-    /// a relaxed load when the hub is idle.
+    /// request; the table decides each under its names' locks) and lets the
+    /// watch hub go idle when nobody watches. Every 50 ms, so an expiry is
+    /// reported within about that of its deadline; a relaxed load when the
+    /// hub is idle.
     pub async fn watch_tick(inner: Arc<Inner>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -537,9 +539,8 @@ mod background {
                 _ = tick.tick() => {}
                 () = cancel.cancelled() => return,
             }
-            let hub = inner.table.watch_hub();
-            if hub.active() {
-                hub.tick(inner.time.now());
+            if inner.table.watch_hub().active() {
+                inner.table.watch_tick(inner.time.now());
             }
         }
     }

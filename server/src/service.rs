@@ -101,6 +101,8 @@ impl Inner {
             names,
             next_page_token,
             max_page_size: max as u32,
+            // The gRPC List sets it (see `Service::list`).
+            revision: 0,
         }
     }
 
@@ -550,6 +552,17 @@ fn op_error(e: Error) -> pb::OpError {
     }
 }
 
+fn watch_item_pb(item: crate::watch::Item) -> pb::WatchEvent {
+    match item {
+        crate::watch::Item::Event(e) => watch_event_pb(e),
+        crate::watch::Item::Progress(revision) => pb::WatchEvent {
+            revision,
+            kind: pb::WatchEventKind::Progress.into(),
+            ..Default::default()
+        },
+    }
+}
+
 fn watch_event_pb(e: crate::watch::Event) -> pb::WatchEvent {
     use crate::watch::EventKind;
     let kind = match e.event.kind {
@@ -569,6 +582,44 @@ fn watch_event_pb(e: crate::watch::Event) -> pb::WatchEvent {
         mode: pb::Mode::from(e.event.mode).into(),
         deadline_us: e.event.deadline.as_micros(),
         at_us: e.event.at.as_micros(),
+    }
+}
+
+/// A watch as its stream goes: the subscription, and what progress it
+/// asked for.
+struct WatchState {
+    sub: crate::watch::Subscription,
+    stopping: tokio_util::sync::CancellationToken,
+    /// The interval of progress messages, if it asked for them.
+    progress: Option<Duration>,
+    /// The progress message due once the events resumed are sent: the
+    /// revision it subscribed at.
+    announce: Option<u64>,
+}
+
+impl WatchState {
+    /// What to send next: an event, or a progress message when one is due
+    /// (after the resumed events; then after the interval without a
+    /// message); `None` never while the server runs.
+    async fn next(&mut self) -> Option<Result<crate::watch::Item, Error>> {
+        if !self.sub.has_backlog()
+            && let Some(revision) = self.announce.take()
+        {
+            return Some(Ok(crate::watch::Item::Progress(revision)));
+        }
+        let every = self.progress;
+        let quiet = async move {
+            match every {
+                Some(every) => tokio::time::sleep(every).await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = tokio::select! {
+            next = self.sub.next() => next.map(|r| r.map(crate::watch::Item::Event)),
+            () = quiet => self.sub.progress(),
+            () = self.stopping.cancelled() => return Some(Err(Error::ShuttingDown)),
+        };
+        next.map(|r| r.map_err(Error::Watch))
     }
 }
 
@@ -745,19 +796,30 @@ impl Service {
         }
     }
 
+    /// A page of held names and the watch revision it reflects, read
+    /// before the page (see `LeaseTable::list_revision`).
     pub(crate) fn list(&self, req: &pb::ListRequest) -> Result<pb::ListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
         let after = validate::prefix("page_token", &req.page_token, limits)?;
-        Ok(self.inner.list_page(&prefix, &after, req.page_size as usize))
+        let revision = self.inner.table.list_revision(self.now());
+        let page = self.inner.list_page(&prefix, &after, req.page_size as usize);
+        Ok(pb::ListResponse { revision, ..page })
     }
 
     /// The watch's events, ending with the error that ends it (a watcher
-    /// that fell behind, or the server shutting down).
+    /// that fell behind, or the server shutting down). With
+    /// `progress_notify`, a progress message once the events resumed are
+    /// sent, and whenever nothing was sent for the interval.
     pub(crate) fn watch(
         &self,
         req: &pb::WatchRequest,
     ) -> Result<impl Stream<Item = Result<pb::WatchEvent, Error>> + Send + 'static, Error> {
+        let progress = if req.progress_notify {
+            Some(self.progress_interval(req.progress_interval_us)?)
+        } else {
+            None
+        };
         let limits = &self.inner.cfg.limits;
         let filter = if req.names.is_empty() {
             crate::watch::Filter::Prefix(validate::prefix("prefix", &req.prefix, limits)?)
@@ -770,21 +832,41 @@ impl Service {
         };
         let from = (req.from_revision != 0).then_some(req.from_revision);
         let sub = self.inner.table.watch(filter, from, self.now())?;
-        let stopping = self.inner.stopping.clone();
-        let stream = futures::stream::unfold(Some((sub, stopping)), |state| async move {
-            let (mut sub, stopping) = state?;
-            let next = tokio::select! {
-                next = sub.next() => next,
-                () = stopping.cancelled() => {
-                    return Some((Err(Error::ShuttingDown), None));
-                }
-            };
+        let state = WatchState {
+            announce: progress.map(|_| sub.start_revision()),
+            sub,
+            stopping: self.inner.stopping.clone(),
+            progress,
+        };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let mut state = state?;
+            let next = state.next().await;
             match next? {
-                Ok(e) => Some((Ok(watch_event_pb(e)), Some((sub, stopping)))),
-                Err(e) => Some((Err(Error::Watch(e)), None)),
+                Ok(item) => Some((Ok(watch_item_pb(item)), Some(state))),
+                Err(e) => Some((Err(e), None)),
             }
         });
         Ok(stream)
+    }
+
+    /// The progress interval a watch asked for (0: the server's).
+    fn progress_interval(&self, us: u64) -> Result<Duration, Error> {
+        use crate::watch::{MAX_PROGRESS, MIN_PROGRESS};
+        if us == 0 {
+            return Ok(self.inner.cfg.watch.progress);
+        }
+        let asked = Duration::from_micros(us);
+        if !(MIN_PROGRESS..=MAX_PROGRESS).contains(&asked) {
+            return Err(Error::out_of_range(
+                "progress_interval_us",
+                format!(
+                    "{us} is outside [{}, {}] (10 ms to 1 h; 0 for the server's default)",
+                    MIN_PROGRESS.as_micros(),
+                    MAX_PROGRESS.as_micros()
+                ),
+            ));
+        }
+        Ok(asked)
     }
 
     pub(crate) fn signed_now(&self) -> Result<pb::SignedNowResponse, Error> {

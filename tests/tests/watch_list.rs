@@ -262,13 +262,13 @@ async fn a_watcher_resumes_after_a_revision_and_an_old_one_is_refused() {
         .await
         .unwrap_err();
     match &err {
-        Error::OutOfRange { reason, .. } => {
+        Error::WatchRevision { message, .. } => {
             assert!(
-                reason.contains(&format!("oldest revision to resume from is {r1}")),
-                "{reason}"
+                message.contains(&format!("oldest revision to resume from is {r1}")),
+                "{message}"
             );
         }
-        other => panic!("expected OUT_OF_RANGE, got {other:?}"),
+        other => panic!("expected a refused revision, got {other:?}"),
     }
     let mut again = client
         .watch(WatchTarget::Prefix("r/".into()), Some(r1))
@@ -280,7 +280,16 @@ async fn a_watcher_resumes_after_a_revision_and_an_old_one_is_refused() {
         .watch(WatchTarget::Names(vec!["r/1".into()]), Some(r4.revision + 10))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::OutOfRange { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::WatchRevision {
+                refusal: bagel_client::RevisionRefusal::Ahead { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 /// A watcher that does not read is dropped once its buffer (4 events,
@@ -463,6 +472,7 @@ async fn watch_refuses_names_and_prefix_together() {
             names: vec!["a".into()],
             prefix: "b".into(),
             from_revision: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -43,6 +43,22 @@ impl NotHeldReason {
     }
 }
 
+/// Why a watch cannot start from a revision (see
+/// [`Error::WatchRevision`]); the remedy is the same for each: list again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RevisionRefusal {
+    /// No longer kept: `oldest` is the oldest revision a watch may start
+    /// from.
+    Compacted { from: u64, oldest: u64 },
+    /// Of another incarnation: given out before the server restarted (or
+    /// by another server), or the server's revisions ran out and started
+    /// again.
+    OtherIncarnation { from: u64 },
+    /// Ahead of the server's last revision.
+    Ahead { from: u64, last: u64 },
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -154,6 +170,15 @@ pub enum Error {
     WatchDropped {
         message: String,
         last_revision: Option<u64>,
+    },
+    /// A watch cannot start from (or go on after) the revision it asked
+    /// for: list the names again and watch from the List's revision. The
+    /// server said why with a stable reason (`google.rpc.ErrorInfo`), not
+    /// only in its message.
+    #[error("{message}")]
+    WatchRevision {
+        refusal: RevisionRefusal,
+        message: String,
     },
     /// Any other failure, as the backend or its transport said it;
     /// `retryable` when the backend said the call may succeed later.
@@ -290,6 +315,10 @@ impl Error {
             } => Error::WatchDropped {
                 message: on(message),
                 last_revision,
+            },
+            Error::WatchRevision { refusal, message } => Error::WatchRevision {
+                refusal,
+                message: on(message),
             },
             Error::Other { message, retryable } => Error::Other {
                 message: on(message),

@@ -48,7 +48,7 @@ pub mod types;
 pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
 pub use bagel_proto::Micros;
-pub use error::{BoxError, Error, NotHeldReason, Result};
+pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use time_source::{TimeAuthority, TimeOptions, TimeSource};
 pub use types::{

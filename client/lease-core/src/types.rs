@@ -673,6 +673,10 @@ pub struct ListPage {
     pub next_page: Option<String>,
     /// The most names the server puts in one page.
     pub max_page_size: u32,
+    /// The watch revision the page reflects: every event up to it shows
+    /// (a later one may too). Watch from the first page's revision to miss
+    /// nothing after the listing. 0 from a server before revisions.
+    pub revision: u64,
 }
 
 impl From<pb::ListResponse> for ListPage {
@@ -698,6 +702,7 @@ impl From<pb::ListResponse> for ListPage {
                 .collect(),
             next_page: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
             max_page_size: r.max_page_size,
+            revision: r.revision,
         }
     }
 }
@@ -764,7 +769,8 @@ impl WatchEvent {
             pb::WatchEventKind::Released => WatchEventKind::Released,
             pb::WatchEventKind::Broken => WatchEventKind::Broken,
             pb::WatchEventKind::Expired => WatchEventKind::Expired,
-            pb::WatchEventKind::Unspecified => return None,
+            // Progress is not an event (see `bagel_client::WatchMessage`).
+            pb::WatchEventKind::Unspecified | pb::WatchEventKind::Progress => return None,
         };
         Some(WatchEvent {
             revision: e.revision,

@@ -14,7 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
 use crate::error::{Error, Result};
-use crate::grpc_error::{from_status, status_message};
+use crate::grpc_error::{from_status, is_watch_overflow, status_message};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
 use crate::types::{
@@ -353,7 +353,9 @@ impl Client {
     /// all), in name order: the first with `page: None`, then each with
     /// the previous page's [`ListPage::next_page`]. `page_size` 0 asks for
     /// the server's default (100); the server cuts a larger one to its
-    /// [`ListPage::max_page_size`].
+    /// [`ListPage::max_page_size`]. [`ListPage::revision`] is the watch
+    /// revision the page reflects: watch from the first page's to miss
+    /// nothing that happens after the listing.
     pub async fn list(&self, prefix: &str, page: Option<&str>, page_size: u32) -> Result<ListPage> {
         let req = pb::ListRequest {
             prefix: prefix.to_owned(),
@@ -366,12 +368,43 @@ impl Client {
             .into())
     }
 
+    /// Every name held now under `prefix`, through all pages, with the
+    /// first page's revision: [`Client::watch`] from it then sends every
+    /// event after the listing (or refuses with
+    /// [`Error::WatchRevision`]: list again). An event the listing already
+    /// shows may come again; each carries the name's state after it, so
+    /// applying it again changes nothing.
+    pub async fn list_all(&self, prefix: &str) -> Result<ListPage> {
+        let mut all = self.list(prefix, None, 0).await?;
+        while let Some(next) = all.next_page.take() {
+            let page = self.list(prefix, Some(&next), 0).await?;
+            all.names.extend(page.names);
+            all.next_page = page.next_page;
+        }
+        Ok(all)
+    }
+
     /// Follows what happens to `target`'s names: grants, renewals,
     /// upgrades, releases, breaks, expiries, as they happen. With
-    /// `from_revision`, first the events after that revision the server
-    /// still keeps ([`Error::Rejected`] with `OutOfRange` when it no longer
-    /// does). The client's timeout bounds the start only.
+    /// `from_revision` (one received, or a List's), first the events after
+    /// it; [`Error::WatchRevision`] when the server cannot start there (no
+    /// longer kept, of an earlier incarnation, ahead): list again. The
+    /// client's timeout bounds the start only. See
+    /// [`Client::watch_with`].
     pub async fn watch(&self, target: WatchTarget, from_revision: Option<u64>) -> Result<Watch> {
+        let options = WatchOptions {
+            from_revision,
+            ..Default::default()
+        };
+        self.watch_with(target, options).await
+    }
+
+    /// [`Client::watch`] with its options. The watch always asks for
+    /// progress messages, so [`Watch::last_revision`] is a revision to
+    /// resume from as soon as the watch has started, and stays one on a
+    /// quiet watch of few names (whose last event may be long gone from
+    /// the server's memory).
+    pub async fn watch_with(&self, target: WatchTarget, options: WatchOptions) -> Result<Watch> {
         let (names, prefix) = match target {
             WatchTarget::Names(names) => (names, String::new()),
             WatchTarget::Prefix(prefix) => (Vec::new(), prefix),
@@ -379,12 +412,16 @@ impl Client {
         let req = pb::WatchRequest {
             names,
             prefix,
-            from_revision: from_revision.unwrap_or(0),
+            from_revision: options.from_revision.unwrap_or(0),
+            progress_notify: true,
+            progress_interval_us: options
+                .progress_interval
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
         };
         let events = self.call("Watch", Duration::ZERO, self.rpc().watch(req)).await?;
         Ok(Watch {
             events,
-            last_revision: from_revision,
+            last_revision: options.from_revision,
         })
     }
 
@@ -650,6 +687,28 @@ pub(crate) fn release_request(lease: &LeaseRef, o: ReleaseOptions) -> pb::Releas
     }
 }
 
+/// How [`Client::watch_with`] starts a watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Resume: the events after this revision (one received, or a List's).
+    pub from_revision: Option<u64>,
+    /// How long the watch may go without a message before the server sends
+    /// a progress message (10 ms to 1 h); `None`: the server's (5 s).
+    pub progress_interval: Option<Duration>,
+}
+
+/// What a watch receives: an event, or how far it has got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchMessage {
+    Event(WatchEvent),
+    /// Every event of the watch up to `revision` has been received: resume
+    /// from it. Sent as the watch starts (after the events resumed) and
+    /// when it was quiet for the progress interval.
+    Progress {
+        revision: u64,
+    },
+}
+
 /// The events of [`Client::watch`], in revision order.
 #[derive(Debug)]
 pub struct Watch {
@@ -659,21 +718,35 @@ pub struct Watch {
 
 impl Watch {
     /// The next event; `Ok(None)` when the server ended the watch without
-    /// an error. A watcher that fell behind ends with
-    /// [`Error::WatchDropped`].
+    /// an error. Progress messages are taken in (they move
+    /// [`Watch::last_revision`]) and not returned. A watcher that fell
+    /// behind ends with [`Error::WatchDropped`]; one whose revisions the
+    /// server can no longer follow with [`Error::WatchRevision`].
     pub async fn next(&mut self) -> Result<Option<WatchEvent>> {
+        loop {
+            match self.next_message().await? {
+                Some(WatchMessage::Event(e)) => return Ok(Some(e)),
+                Some(WatchMessage::Progress { .. }) => {}
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// The next event or progress message; otherwise as [`Watch::next`].
+    pub async fn next_message(&mut self) -> Result<Option<WatchMessage>> {
         loop {
             match self.events.message().await {
                 Ok(Some(e)) => {
                     self.last_revision = Some(e.revision);
+                    if e.kind() == pb::WatchEventKind::Progress {
+                        return Ok(Some(WatchMessage::Progress { revision: e.revision }));
+                    }
                     if let Some(e) = WatchEvent::from_pb(e) {
-                        return Ok(Some(e));
+                        return Ok(Some(WatchMessage::Event(e)));
                     }
                 }
                 Ok(None) => return Ok(None),
-                Err(s)
-                    if s.code() == tonic::Code::ResourceExhausted && s.message().contains("fell behind") =>
-                {
+                Err(s) if is_watch_overflow(&s) => {
                     return Err(Error::WatchDropped {
                         message: status_message(&s),
                         last_revision: self.last_revision,
@@ -684,7 +757,8 @@ impl Watch {
         }
     }
 
-    /// The revision of the last event received (or the one resumed from).
+    /// The revision to resume from: of the last event or progress message
+    /// received (or the one resumed from, before any).
     pub fn last_revision(&self) -> Option<u64> {
         self.last_revision
     }

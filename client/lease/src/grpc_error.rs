@@ -5,7 +5,8 @@
 //! and a refusal's details (a `google.rpc.Status` with the conflict and a
 //! `RetryInfo`) become `conflict` and `retry_after`.
 
-use bagel_lease_core::{Conflict, Error, NotHeldReason};
+use bagel_lease_core::{Conflict, Error, NotHeldReason, RevisionRefusal};
+use bagel_proto::details as d;
 use tonic::{Code, Status};
 
 /// A status's message, followed by its source chain when it has one (a
@@ -62,10 +63,13 @@ pub(crate) fn from_status(s: Status) -> Error {
             let (field, reason) = split_field(message);
             Error::Invalid { field, reason }
         }
-        Code::OutOfRange => {
-            let (field, reason) = split_field(message);
-            Error::OutOfRange { field, reason }
-        }
+        Code::OutOfRange => match revision_refusal(s.details()) {
+            Some(refusal) => Error::WatchRevision { refusal, message },
+            None => {
+                let (field, reason) = split_field(message);
+                Error::OutOfRange { field, reason }
+            }
+        },
         Code::NotFound => Error::not_held(NotHeldReason::Gone, message),
         Code::PermissionDenied => Error::not_held(NotHeldReason::NotYours, message),
         Code::FailedPrecondition => Error::not_held(NotHeldReason::Ended, message),
@@ -78,6 +82,37 @@ pub(crate) fn from_status(s: Status) -> Error {
             message: format!("rpc failed ({code:?}): {message}"),
             retryable: matches!(code, Code::DeadlineExceeded | Code::Unknown),
         },
+    }
+}
+
+/// A watch's refusal of its revision, by the reason in the status's
+/// `ErrorInfo` (never by the message's words); `None` for another
+/// refusal, or a server before reasons.
+fn revision_refusal(details: &[u8]) -> Option<RevisionRefusal> {
+    let (reason, meta) = d::error_info_of(details)?;
+    let num = |k: &str| meta.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    match reason.as_str() {
+        d::REASON_REVISION_COMPACTED => Some(RevisionRefusal::Compacted {
+            from: num("from_revision"),
+            oldest: num("oldest_revision"),
+        }),
+        d::REASON_REVISION_OF_OTHER_INCARNATION => Some(RevisionRefusal::OtherIncarnation {
+            from: num("from_revision"),
+        }),
+        d::REASON_REVISION_AHEAD => Some(RevisionRefusal::Ahead {
+            from: num("from_revision"),
+            last: num("last_revision"),
+        }),
+        _ => None,
+    }
+}
+
+/// Whether a status ends a watch that fell behind: by its reason, or by
+/// its words from a server before reasons.
+pub(crate) fn is_watch_overflow(s: &Status) -> bool {
+    match d::error_info_of(s.details()) {
+        Some((reason, _)) => reason == d::REASON_WATCH_OVERFLOW,
+        None => s.code() == Code::ResourceExhausted && s.message().contains("fell behind"),
     }
 }
 
@@ -98,6 +133,27 @@ mod tests {
             "set either deadline_us or ttl_us: not both",
         ));
         assert_eq!(e.field(), None, "{e:?}");
+    }
+
+    #[test]
+    fn a_refused_revision_is_told_by_its_reason_not_its_words() {
+        let details = d::error_info_details(
+            Code::OutOfRange,
+            "whatever the words",
+            d::REASON_REVISION_COMPACTED,
+            &[("from_revision", 3), ("oldest_revision", 7)],
+        );
+        let s = Status::with_details(Code::OutOfRange, "whatever the words", details.into());
+        assert!(matches!(
+            from_status(s),
+            Error::WatchRevision {
+                refusal: RevisionRefusal::Compacted { from: 3, oldest: 7 },
+                ..
+            }
+        ));
+        // Without a reason (an older server): the plain OUT_OF_RANGE.
+        let e = from_status(Status::out_of_range("from_revision 3 is no longer retained"));
+        assert!(matches!(e, Error::OutOfRange { .. }), "{e:?}");
     }
 
     #[test]

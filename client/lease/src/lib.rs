@@ -68,10 +68,10 @@ pub use bagel_lease_core::{acquire, backend, error, holder_key, lease, long_wait
 pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
 pub use bagel_proto::Micros;
-pub use client::{Client, Watch};
+pub use client::{Client, Watch, WatchMessage, WatchOptions};
 pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
-pub use error::{BoxError, Error, NotHeldReason, Result};
+pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use options::{ClientOptions, TlsConfig};
 pub use time_source::{TimeAuthority, TimeOptions, TimeSource};

@@ -112,7 +112,7 @@ impl LeaseTable {
             grant_limit: AtomicU64::new(u64::MAX),
             waiting: AtomicUsize::new(0),
             accounts: Accounts::default(),
-            watch: Arc::new(Hub::new(cfg.watch, cfg.started.as_micros())),
+            watch: Arc::new(Hub::new(cfg.watch, cfg.incarnation)),
             cfg,
             shards,
             hasher: Default::default(),
@@ -342,6 +342,7 @@ impl LeaseTable {
                 counted: true,
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
                 holder_key: spec.holder_key.clone(),
+                expired: false,
             });
             if self.watch.active() {
                 self.watch.publish(NewEvent {
@@ -636,6 +637,42 @@ impl LeaseTable {
                 self.end_holding(rec);
                 rec.holder = None;
                 state.wake_first(name);
+            }
+        }
+    }
+
+    /// Reports to watchers the leases whose deadline passed by `now` (the
+    /// hub's candidates, see `crate::watch::Hub::tick`). Each is decided
+    /// here, with all its names' shards locked: a name still held by the
+    /// lease past its deadline is reported Expired and its holder marked
+    /// so that no later request revives it; a lease renewed meanwhile (the
+    /// hub tracks it again from its Renewed event) or whose name was
+    /// released or taken is left alone. So one lease's events reach
+    /// watchers in the order they happened in the table.
+    pub fn watch_tick(&self, now: Micros) {
+        for (lease, names) in self.watch.tick(now) {
+            let shard_of_name: Vec<usize> = names.iter().map(|n| self.shard_of(n)).collect();
+            let mut locked = self.lock_shards(&shard_of_name);
+            for (name, &shard) in names.iter().zip(&shard_of_name) {
+                let state = locked.state(shard);
+                let Some(slot) = state.slot_of(name) else { continue };
+                let rec = state.rec_mut(slot);
+                let owner = rec.owner();
+                let Some(h) = rec.holder.as_mut() else { continue };
+                if h.lease != lease || h.expired || now < h.deadline {
+                    continue;
+                }
+                h.expired = true;
+                let event = NewEvent {
+                    kind: EventKind::Expired,
+                    name: Arc::clone(name),
+                    lease,
+                    owner,
+                    mode: h.mode,
+                    deadline: h.deadline,
+                    at: now,
+                };
+                self.watch.publish(event);
             }
         }
     }

@@ -121,11 +121,16 @@ pub struct Holder {
     /// The holder's public key from its acquire: renewals and upgrades
     /// state the same key (a thief of the token cannot swap in its own).
     pub holder_key: Option<Arc<[u8; 32]>>,
+    /// Watchers were told it expired (`LeaseTable::watch_tick`): it is no
+    /// longer live whatever `now` a request brings. A renewal whose `now`
+    /// was read just before the deadline would otherwise revive a lease
+    /// already reported expired (Expired, then Renewed).
+    pub expired: bool,
 }
 
 impl Holder {
     pub fn is_live(&self, now: Micros) -> bool {
-        now < self.deadline
+        !self.expired && now < self.deadline
     }
 }
 

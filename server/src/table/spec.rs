@@ -38,6 +38,9 @@ pub struct TableConfig {
     pub held: HeldLimits,
     /// Watchers' buffers and the events kept for resuming.
     pub watch: crate::watch::WatchConfig,
+    /// The incarnation part of this table's watch revisions (see
+    /// [`crate::watch::incarnation`]).
+    pub incarnation: u32,
 }
 
 impl TableConfig {
@@ -57,6 +60,7 @@ impl TableConfig {
             max_waiters: 65_536,
             held: HeldLimits::default(),
             watch: Default::default(),
+            incarnation: 0,
         }
     }
 }

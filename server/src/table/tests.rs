@@ -951,3 +951,70 @@ fn churn_forgets_the_churners_records_not_others() {
     assert_eq!(view.previous.watermark, t(T0 + 10));
     assert_eq!(view.previous.lease, Some(keep.lease));
 }
+
+/// Issue 37 item 5: one lease's events reach watchers in the order they
+/// happened in the table. The expiry is decided by the table under the
+/// name's lock: once watchers were told a lease expired, a renewal whose
+/// `now` was read before the deadline (it raced the hub's tick) is refused
+/// rather than reported Renewed after Expired; a renewal that took the
+/// lock first keeps the lease, and no expiry is reported for it.
+#[test]
+fn an_expiry_is_decided_by_the_table_in_order_with_the_lease_s_other_events() {
+    use crate::watch::{EventKind, Filter};
+    let tbl = table();
+    let (mut sub, _) = tbl
+        .watch_hub()
+        .subscribe(Filter::Prefix(String::new()), None)
+        .unwrap();
+    let deadline = T0 + 5 * SEC;
+    let a = tbl.acquire(&full(&["a", "a2"], deadline), t(T0)).unwrap();
+    let b = tbl.acquire(&full(&["b"], deadline), t(T0)).unwrap();
+    // `b` renews with a `now` just before the deadline, before the tick.
+    tbl.renew(b.lease, &b.token, t(deadline + 5 * SEC), None, t(deadline - 1))
+        .unwrap();
+    tbl.watch_tick(t(deadline));
+    // `a`'s renewal read its `now` before the deadline but comes after the
+    // tick: too late, it is refused as expired.
+    let err = tbl
+        .renew(a.lease, &a.token, t(deadline + 5 * SEC), None, t(deadline - 1))
+        .unwrap_err();
+    assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+    let err = tbl.upgrade(a.lease, &a.token, t(deadline - 1)).unwrap_err();
+    assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+    // Nor is it listed or described as held any more.
+    assert!(tbl.list("a", None, 10, t(deadline - 1)).names.is_empty());
+    // The next holder breaks it.
+    tbl.acquire(&full(&["a"], deadline + 5 * SEC), t(deadline - 1))
+        .unwrap();
+    let mut events = Vec::new();
+    let mut last = 0;
+    while let Some(Ok(e)) = sub.try_next() {
+        assert!(e.revision > last, "revisions grow");
+        last = e.revision;
+        events.push((e.event.kind, e.event.name.to_string(), e.event.lease));
+    }
+    let of = |lease: LeaseId| -> Vec<(EventKind, String)> {
+        events
+            .iter()
+            .filter(|(_, _, l)| *l == lease)
+            .map(|(k, n, _)| (*k, n.clone()))
+            .collect()
+    };
+    assert_eq!(
+        of(a.lease),
+        [
+            (EventKind::Granted, "a".to_owned()),
+            (EventKind::Granted, "a2".to_owned()),
+            (EventKind::Expired, "a".to_owned()),
+            (EventKind::Expired, "a2".to_owned()),
+            (EventKind::Broken, "a".to_owned()),
+        ]
+    );
+    assert_eq!(
+        of(b.lease),
+        [
+            (EventKind::Granted, "b".to_owned()),
+            (EventKind::Renewed, "b".to_owned())
+        ]
+    );
+}

@@ -134,17 +134,32 @@ impl LeaseTable {
     pub fn watch(&self, filter: Filter, from: Option<u64>, now: Micros) -> Result<Subscription, WatchError> {
         let (sub, woke) = self.watch.subscribe(filter, from)?;
         if woke {
-            for shard in self.shards.iter() {
-                let state = shard.lock();
-                for e in state.slab.iter().flatten() {
-                    if let Some(h) = e.rec.live_holder(now) {
-                        self.watch
-                            .track(h.lease, &e.shared_name(), &e.rec.owner(), h.mode, h.deadline);
-                    }
+            self.seed_watch(now);
+        }
+        Ok(sub)
+    }
+
+    /// The watch revision a List reading the table from now on reflects
+    /// (see `crate::watch::Hub::keep_for_list`): call it before reading.
+    /// Wakes the hub if it is idle, so a Watch from the revision can follow.
+    pub fn list_revision(&self, now: Micros) -> u64 {
+        let (revision, woke) = self.watch.keep_for_list(now);
+        if woke {
+            self.seed_watch(now);
+        }
+        revision
+    }
+
+    /// Reads the live leases into a hub that just woke up.
+    fn seed_watch(&self, now: Micros) {
+        for shard in self.shards.iter() {
+            let state = shard.lock();
+            for e in state.slab.iter().flatten() {
+                if let Some(h) = e.rec.live_holder(now) {
+                    self.watch.track(h.lease, &e.shared_name(), h.deadline);
                 }
             }
         }
-        Ok(sub)
     }
 
     /// The watch hub, for its housekeeping and its numbers.

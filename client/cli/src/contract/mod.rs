@@ -36,7 +36,7 @@ pub use lease::{
 pub use lease_id::{LeaseId, LeaseIdPart, NotALeaseId};
 pub use names::{
     HistoryEntryJson, HistoryEventJson, HistoryJson, HolderJson, InheritedJson, ListedNameJson,
-    NameStateJson, WatchEventJson, WatchEventKindJson, metadata_text,
+    NameStateJson, WatchEventJson, WatchEventKindJson, WatchProgressJson, metadata_text,
 };
 pub use servers::{
     ClockJson, ClockSourceJson, KeyJson, LimitsJson, NextOwnerJson, RouteJson, ServerInfoJson,

@@ -1,8 +1,9 @@
 //! Names as the operator's commands print them: `describe --json` (an
 //! array of [`NameStateJson`]), `history --json` ([`HistoryJson`]), `list
 //! --json` and `watch --json` (one [`ListedNameJson`] or
-//! [`WatchEventJson`] per line). Keys in alphabetical order; an absent
-//! value is `null` (`server` of a listed name excepted).
+//! [`WatchEventJson`] per line; `watch --progress` adds
+//! [`WatchProgressJson`] lines). Keys in alphabetical order; an absent
+//! value is `null` (`revision` and `server` of a listed name excepted).
 
 use bagel_client::{
     History, HistoryEntry, HistoryEvent, Holder, ListedName, Metadata, NameState, Previous, WatchEvent,
@@ -101,6 +102,11 @@ pub struct ListedNameJson {
     pub mode: ModeJson,
     pub name: String,
     pub owner: String,
+    /// The watch revision the listing reflects (its server's first page's):
+    /// `watch --from-revision` it to follow on without missing an event.
+    /// Absent from a server before revisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
     /// The server that listed it (`--servers` only; absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
@@ -118,7 +124,16 @@ impl ListedNameJson {
             mode: h.mode,
             name: n.name.clone(),
             owner: h.owner,
+            revision: None,
             server: server.map(str::to_owned),
+        }
+    }
+
+    /// With the revision its listing reflects (0: none known).
+    pub fn at_revision(self, revision: u64) -> Self {
+        ListedNameJson {
+            revision: (revision != 0).then_some(revision),
+            ..self
         }
     }
 }
@@ -234,6 +249,24 @@ impl From<&WatchEvent> for WatchEventJson {
     }
 }
 
+/// A progress line of `watch --progress --json`: every event watched up to
+/// `revision` has been printed; resume with `--from-revision` it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchProgressJson {
+    /// Always `"progress"` (an event line's `kind` is never that).
+    pub kind: String,
+    pub revision: u64,
+}
+
+impl WatchProgressJson {
+    pub fn new(revision: u64) -> Self {
+        WatchProgressJson {
+            kind: "progress".to_owned(),
+            revision,
+        }
+    }
+}
+
 /// What happened to a name: the words of [`WatchEventKind::as_str`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -331,6 +364,14 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&ListedNameJson::new(&listed, Some("http://s"))).unwrap(),
             r#"{"deadline_us":30,"fencing_token":7,"granted_at_us":10,"lease_id":"ab","mode":"full","name":"n","owner":"me","server":"http://s"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&ListedNameJson::new(&listed, None).at_revision(42)).unwrap(),
+            r#"{"deadline_us":30,"fencing_token":7,"granted_at_us":10,"lease_id":"ab","mode":"full","name":"n","owner":"me","revision":42}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&WatchProgressJson::new(42)).unwrap(),
+            r#"{"kind":"progress","revision":42}"#
         );
 
         let history = History {
