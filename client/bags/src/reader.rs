@@ -59,7 +59,10 @@ pub struct ReadOptions {
     /// disagree.
     pub close_past_due: bool,
     /// Read minutes that have a published summary from it rather than from
-    /// their bags (default on); the messages are the same either way.
+    /// their bags (default on); the messages are the same either way
+    /// while the bags exist. Read without, the bags retention removed are
+    /// [`ProblemKind::Missing`] problems naming the summary that holds
+    /// them.
     pub use_summaries: bool,
     /// Trusted witness/time keys. `None`: signatures are not checked and
     /// every message carries a note saying so.
@@ -261,6 +264,14 @@ pub enum ProblemKind {
     /// every check. `item` names the attestation, `bucket` its stretch's
     /// first second.
     Attestation,
+    /// Bags a minute's seal lists (or items a bag's lock lists) that are
+    /// not there: their messages exist and this read could not show them.
+    /// Retention removes the bags a summary holds, so a read without
+    /// summaries meets this for every retained minute; `item` names the
+    /// summary that holds them (read them from it), else the seal. Never
+    /// a silent gap: a reader told "0 messages" would take the minute for
+    /// an empty one. `bucket` is the first bag missing.
+    Missing,
 }
 
 /// Something wrong in a bag: damage, a duplicated or a misplaced batch.
@@ -713,12 +724,15 @@ pub async fn read(
     let first = Bucket::of(opts.from);
     let last = Bucket::of(to.saturating_sub_us(1));
     // Summaries cover whole minutes: the ones used are read from them, and
-    // nothing of those minutes is listed, sealed or opened.
+    // nothing of those minutes is listed, sealed or opened. Listed even
+    // when not read from: they say where the messages of bags retention
+    // removed are.
+    let published = crate::summary::list(store, log).await?;
     let summaries = match opts.use_summaries {
-        true => pick_summaries(store, log, first, last, opts, &mut report).await?,
+        true => pick_summaries(store, log, &published, first, last, opts, &mut report).await?,
         false => Vec::new(),
     };
-    let summarized = |b: &Bucket| summaries.iter().any(|(st, _, _)| st.contains(*b));
+    let summarized = |b: &Bucket| summaries.iter().any(|(window, _, _)| window.contains(*b));
     // Seals first, then bags: a bag a seal lists existed when it was
     // sealed, so this listing sees it (unless retention removed it).
     let sealed_spans = crate::seal::sealed_spans(store, log).await?;
@@ -736,16 +750,21 @@ pub async fn read(
         last,
         sealed: &sealed_spans,
         summarized: &summarized,
+        published: &published,
     };
-    let (buckets, sealed) = settle(store, &range, existing, life, opts, cfg).await?;
-    report.sealed = sealed;
+    let settled = settle(store, &range, existing, life, opts, cfg).await?;
+    report.sealed = settled.sealed;
+    report
+        .problems
+        .extend(missing_problems(&settled.missing, &published));
+    let buckets = settled.buckets;
     // Bags and summarized bags, in one ascending order: a batch found twice
     // is reported at the same second copy either way.
     let mut sources: Vec<(Bucket, Option<(usize, usize)>)> = buckets.into_iter().map(|b| (b, None)).collect();
-    for (i, (_, s, _)) in summaries.iter().enumerate() {
+    for (i, (window, s, _)) in summaries.iter().enumerate() {
         for (j, bag) in s.bags.iter().enumerate() {
             let b = Bucket::from_secs(bag.bucket_secs);
-            if (first..=last).contains(&b) {
+            if (first..=last).contains(&b) && window.contains(b) {
                 sources.push((b, Some((i, j))));
             }
         }
@@ -759,8 +778,12 @@ pub async fn read(
     let (batches, messages) = summaries
         .iter()
         .filter(|(_, _, v)| v.is_some())
-        .flat_map(|(_, s, _)| &s.bags)
-        .filter(|b| (first..=last).contains(&Bucket::from_secs(b.bucket_secs)))
+        .flat_map(|(window, s, _)| s.bags.iter().map(move |b| (window, b)))
+        .filter(|(window, b)| {
+            let b = Bucket::from_secs(b.bucket_secs);
+            (first..=last).contains(&b) && window.contains(b)
+        })
+        .map(|(_, b)| b)
         .flat_map(|b| &b.items)
         .flat_map(|i| &i.batches)
         .fold((0, 0), |(b, m), batch| (b + 1, m + batch.payloads.len()));
@@ -841,6 +864,23 @@ pub async fn read(
                 Err(e @ (crate::Error::ItemChanged { .. } | crate::Error::ItemRefused { .. })) => {
                     report.problems.push(at.damaged(None, e.to_string()))
                 }
+                // Retention removes a bag's items before its lock: one
+                // removed under this read is missing, not a failed read.
+                Err(e) if !open && e.is_not_found() => report.problems.push(Problem {
+                    kind: ProblemKind::Missing,
+                    what: format!(
+                        "listed by the bag's lock, and gone{}",
+                        match published.iter().find(|st| st.contains(bucket)) {
+                            Some(st) => format!(
+                                " (removed by retention): its messages are in summary {} ({st}); read \
+                                 them with summaries",
+                                st.name()
+                            ),
+                            None => ", and no published summary holds it".into(),
+                        }
+                    ),
+                    ..at.damaged(None, String::new())
+                }),
                 Err(e) => return Err(e),
             }
         }
@@ -873,10 +913,24 @@ struct Range<'a> {
     sealed: &'a BTreeSet<Span>,
     /// Seconds read from a summary: nothing of them is sealed or opened.
     summarized: &'a (dyn Fn(&Bucket) -> bool + Sync),
+    /// Every published summary of the log, read from or not.
+    published: &'a [Stretch],
 }
 
-/// Which bags of `[first, last]` hold the range's messages, and how many
-/// missing seconds this read closed empty.
+/// What [`settle`] found.
+struct Settled {
+    /// The bags to read, ascending.
+    buckets: Vec<Bucket>,
+    /// Missing past-due seconds this read closed empty.
+    sealed: u64,
+    /// Bags a seal lists that are not there (retention removed them),
+    /// ascending: never read, never closed again.
+    missing: Vec<Bucket>,
+}
+
+/// Which bags of `[first, last]` hold the range's messages, how many
+/// missing seconds this read closed empty, and which bags a seal lists
+/// that are gone.
 ///
 /// A minute's seal decides its seconds: a second it does not list is
 /// closed empty, whatever bag a late writer made there since; one it lists
@@ -893,7 +947,7 @@ async fn settle(
     life: Option<(Micros, Bucket)>,
     opts: &ReadOptions,
     cfg: &BagConfig,
-) -> Result<(Vec<Bucket>, u64)> {
+) -> Result<Settled> {
     let (log, first, last) = (range.log, range.first, range.last);
     let in_range = |b: &Bucket| (first..=last).contains(b);
     let existing: BTreeSet<Bucket> = existing.into_iter().collect();
@@ -917,9 +971,22 @@ async fn settle(
             }
         }
     }
+    // The sealed minutes a summary holds, though no bag of theirs may be
+    // left (retention): their seals say which bags are gone. Only these:
+    // a bag is removed only under a summary, and reading the seal of
+    // every quiet minute of a long range would cost a request each.
+    for st in range.published {
+        if st.last() >= first && st.from() <= last {
+            spans.extend(
+                st.spans()
+                    .filter(|s| range.sealed.contains(s) && s.last() >= first && s.first() <= last),
+            );
+        }
+    }
     spans.retain(|s| !(range.summarized)(&s.first()));
     let mut out = BTreeSet::new();
     let mut sealed = 0u64;
+    let mut missing = Vec::new();
     for span in spans {
         let here = existing.range(span.first()..=span.last()).copied();
         if range.sealed.contains(&span) {
@@ -931,6 +998,9 @@ async fn settle(
                     reason: "listed a moment ago, and now gone".into(),
                 })?;
             out.extend(here.filter(|b| in_range(b) && seal.has_bag(*b)));
+            // Listed by the seal, so it existed and was closed: gone now.
+            // Not closed again (that would make it an empty bag).
+            missing.extend(seal.bags().filter(|b| in_range(b) && !existing.contains(b)));
             continue;
         }
         let Some((now, start)) = life else {
@@ -961,11 +1031,74 @@ async fn settle(
         }
         out.extend(here.filter(in_range));
     }
-    Ok((out.into_iter().collect(), sealed))
+    Ok(Settled {
+        buckets: out.into_iter().collect(),
+        sealed,
+        missing,
+    })
+}
+
+/// One [`ProblemKind::Missing`] per run of missing bags held by one
+/// summary (naming it, so a reader without summaries knows where the
+/// messages are) or, where no summary holds them, per minute.
+fn missing_problems(missing: &[Bucket], published: &[Stretch]) -> Vec<Problem> {
+    #[derive(PartialEq)]
+    enum Held {
+        By(Stretch),
+        Nowhere(Span),
+    }
+    let mut runs: Vec<(Held, Vec<Bucket>)> = Vec::new();
+    for &b in missing {
+        let held = match published.iter().find(|st| st.contains(b)) {
+            Some(st) => Held::By(*st),
+            None => Held::Nowhere(Span::of(b)),
+        };
+        match runs.last_mut() {
+            Some((h, bags)) if *h == held => bags.push(b),
+            _ => runs.push((held, vec![b])),
+        }
+    }
+    runs.into_iter()
+        .map(|(held, bags)| {
+            let (first, last, n) = (bags[0], bags[bags.len() - 1], bags.len());
+            let (item, what) = match held {
+                Held::By(st) => (
+                    st.name(),
+                    format!(
+                        "{n} bags from {first} to {last}, listed by their minute's seal, were removed by \
+                         retention: their messages are in summary {} ({st}); read them with summaries",
+                        st.name()
+                    ),
+                ),
+                Held::Nowhere(span) => (
+                    span.seal_name(),
+                    format!(
+                        "{n} bags from {first} to {last}, listed by the seal of the minute {span}, are gone \
+                         and no published summary holds them (retention removed them and then their \
+                         summary, or they were lost): their messages cannot be read"
+                    ),
+                ),
+            };
+            Problem {
+                kind: ProblemKind::Missing,
+                bucket: first,
+                item,
+                offset: None,
+                what,
+                in_open_bag: false,
+            }
+        })
+        .collect()
 }
 
 /// The published summaries to read `[first, last]` from: those that
-/// overlap it, earliest first, none overlapping another.
+/// overlap it, earliest first, each with the window of whole minutes it
+/// is read for (its stretch, less what an earlier one covers). Summaries
+/// of different lengths overlap (`--span 1m` and `--span 2m` over one
+/// log); each minute is read from the first that holds it, and a longer
+/// one is still read for the minutes beyond a shorter one: skipping it
+/// whole would read those minutes from their bags, which retention may
+/// have removed.
 ///
 /// With trusted summarizers, each comes with the key id of the first
 /// trusted attestation that holds over its stored bytes; one that is
@@ -973,6 +1106,7 @@ async fn settle(
 async fn pick_summaries(
     store: &dyn BagStore,
     log: &str,
+    published: &[Stretch],
     first: Bucket,
     last: Bucket,
     opts: &ReadOptions,
@@ -987,12 +1121,23 @@ async fn pick_summaries(
             .collect(),
         None => Vec::new(),
     };
-    let mut picked: Vec<Stretch> = Vec::new();
-    for st in crate::summary::list(store, log).await? {
-        if st.last() < first || st.from() > last || picked.last().is_some_and(|p| st.from() <= p.last()) {
+    // (stretch, window), windows disjoint and ascending: `published` is
+    // sorted by first minute, then length.
+    let mut picked: Vec<(Stretch, Stretch)> = Vec::new();
+    for &st in published {
+        if st.last() < first || st.from() > last {
             continue;
         }
-        picked.push(st);
+        let from = match picked.last() {
+            Some((_, w)) if w.last() >= st.from() => Span::of(w.last()).next(),
+            _ => st.first,
+        };
+        if from.first() > st.last() {
+            continue;
+        }
+        let minutes = (st.last().secs() + 1 - from.first().secs()) / crate::seal::SPAN_SECS;
+        let minutes = u32::try_from(minutes).expect("within the stretch, whose minutes fit");
+        picked.push((st, Stretch::new(from, minutes)));
     }
     // Fetched in order; decoded (and, where an attestation is to be
     // checked, hashed) a few at once on the machine's cores.
@@ -1000,7 +1145,7 @@ async fn pick_summaries(
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let attested = &attested;
     let mut loaded = futures::stream::iter(picked)
-        .map(|st| async move {
+        .map(|(st, window)| async move {
             let bytes = crate::summary::fetch(store, log, st).await?;
             let hash = attested.iter().any(|(a, _)| *a == st);
             let log = log.to_owned();
@@ -1010,14 +1155,14 @@ async fn pick_summaries(
             })
             .await;
             match decoded {
-                Ok(decoded) => decoded.map(|(summary, digest)| (st, summary, digest)),
+                Ok(decoded) => decoded.map(|(summary, digest)| (st, window, summary, digest)),
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 Err(e) => panic!("a summary's decoding was cancelled: {e}"),
             }
         })
         .buffered(cores.max(2));
     while let Some(next) = loaded.next().await {
-        let (st, summary, digest) = next?;
+        let (st, window, summary, digest) = next?;
         let mut vouched = None;
         for (_, key_id) in attested.iter().filter(|(a, _)| *a == st) {
             let digest = digest.as_ref().expect("hashed: it has an attestation to check");
@@ -1047,12 +1192,14 @@ async fn pick_summaries(
                 None => {}
             }
         }
-        out.push((st, summary, vouched));
+        out.push((window, summary, vouched));
     }
     Ok(out)
 }
 
-/// A summary a read uses, and the trusted summarizer that attested it.
+/// A summary a read uses: the minutes it is read for (its window, see
+/// [`pick_summaries`]), the summary, and the trusted summarizer that
+/// attested it.
 type PickedSummary = (Stretch, Summary, Option<Arc<str>>);
 
 /// The parts of `[first, last]` no summary covers.

@@ -16,7 +16,14 @@
 //! within a metronome's lookback or a lease's deadline, far newer than
 //! anything kept for [`MIN_KEEP`]. A reader that reads the removed bags
 //! from their summary is unaffected; one that reads with summaries off
-//! meets an error on a bag removed under it, never a silent gap.
+//! finds them missing from their minute's seal and reports a problem
+//! naming the summary that holds them
+//! ([`crate::ProblemKind::Missing`]), never a silent gap.
+//!
+//! A summary that does not check, or is corrupt, keeps its stretch's
+//! bags (a line of [`RetainReport::kept`]) and the run goes on with the
+//! other stretches: one bad summary must not stop the retention of a
+//! log.
 
 use std::time::Duration;
 
@@ -41,7 +48,10 @@ pub struct RetainReport {
     /// and never taken as a check: bags go only on [`summary::check`]).
     pub attestations_removed: u64,
     /// Stretches whose bags were kept, and why: their summary does not
-    /// match them.
+    /// match them, or it (or a seal or bag it is checked against) is
+    /// corrupt. Each names the stretch and its summary; the run goes on
+    /// with the other stretches, so one bad summary does not stop
+    /// retention of the log.
     pub kept: Vec<String>,
 }
 
@@ -104,19 +114,14 @@ pub async fn retain_within(
             continue;
         }
         report.summaries_checked += 1;
-        let check = summary::check(store, log, stretch).await?;
-        if !check.mismatched.is_empty() {
-            report
-                .kept
-                .push(format!("{stretch}: {}", check.mismatched.join("; ")));
-            continue;
-        }
-        let published = summary::load(store, log, stretch).await?;
-        for bag in &published.bags {
-            store
-                .remove_bag(log, crate::Bucket::from_secs(bag.bucket_secs))
-                .await?;
-            report.bags_removed += 1;
+        match remove_checked(store, log, stretch, &mut report.bags_removed).await? {
+            Checked::Removed => {}
+            Checked::Kept(why) => {
+                report
+                    .kept
+                    .push(format!("{stretch} (summary {}): {why}", stretch.name()));
+                continue;
+            }
         }
         if let Some(keep) = keep_summaries
             && ended_before(stretch, keep)
@@ -126,6 +131,54 @@ pub async fn retain_within(
         }
     }
     Ok(report)
+}
+
+/// What became of one stretch's bags.
+enum Checked {
+    Removed,
+    /// Kept, and why.
+    Kept(String),
+}
+
+/// Removes the bags of `stretch` (counting them in `removed`) if its
+/// summary checks against them. A summary that does not match, or that
+/// cannot be checked because it, or a seal or bag it is checked against,
+/// is corrupt, keeps them: that is a finding about this stretch, and the
+/// caller goes on with the others. Only a failing store (which another
+/// run may not meet) ends the run.
+async fn remove_checked(
+    store: &dyn BagStore,
+    log: &str,
+    stretch: Stretch,
+    removed: &mut u64,
+) -> Result<Checked> {
+    let bad = |e: Error| match e {
+        Error::CorruptSummary { .. }
+        | Error::CorruptSeal { .. }
+        | Error::CorruptLock { .. }
+        | Error::SummaryMismatch { .. }
+        | Error::ItemChanged { .. }
+        | Error::ItemRefused { .. } => Ok(Checked::Kept(e.to_string())),
+        e => Err(e),
+    };
+    let check = match summary::check(store, log, stretch).await {
+        Ok(check) => check,
+        Err(e) => return bad(e),
+    };
+    if !check.mismatched.is_empty() {
+        return Ok(Checked::Kept(check.mismatched.join("; ")));
+    }
+    let published = match summary::load(store, log, stretch).await {
+        Ok(published) => published,
+        Err(e) => return bad(e),
+    };
+    for bag in &published.bags {
+        store
+            .remove_bag(log, crate::Bucket::from_secs(bag.bucket_secs))
+            .await?;
+        *removed += 1;
+    }
+    Ok(Checked::Removed)
 }
 
 #[cfg(test)]

@@ -98,7 +98,8 @@ impl Span {
         (a..=b).step_by(SPAN_SECS as usize).map(Span)
     }
 
-    fn seal_name(self) -> String {
+    /// Its seal's object name in the log (`_seal/<first second>`).
+    pub(crate) fn seal_name(self) -> String {
         format!("{SEAL_DIR}/{}", self.0)
     }
 

@@ -108,7 +108,9 @@ impl Stretch {
         (self.from()..=self.last()).contains(&b)
     }
 
-    fn name(self) -> String {
+    /// Its summary's object name in the log
+    /// (`_summary/<first second>.<seconds>`).
+    pub fn name(self) -> String {
         format!(
             "{SUMMARY_DIR}/{}.{}",
             self.from().secs(),

@@ -181,6 +181,11 @@ pub enum ViolationKind {
     /// over the published summary's bytes), or that vouches for a summary
     /// that does not match its source bags; the detail names the key.
     BadAttestation,
+    /// Bags a minute's seal lists (or items a lock lists) that are gone
+    /// and that no summary the read used holds: messages that exist and
+    /// that the audit could not check (the detail says where they are,
+    /// if anywhere).
+    MissingBag,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -618,8 +623,9 @@ pub async fn audit_summaries(
 }
 
 /// The reader's problems that are violations: damage in a closed bag
-/// (a torn tail in an open bag may be a write in progress), and wherever it
-/// is found, a duplicated or misplaced batch.
+/// (a torn tail in an open bag may be a write in progress), a bag gone
+/// that no summary read holds, and wherever it is found, a duplicated or
+/// misplaced batch.
 pub fn problem_violations(problems: &[crate::Problem], log: &str) -> Vec<Violation> {
     problems
         .iter()
@@ -630,6 +636,7 @@ pub fn problem_violations(problems: &[crate::Problem], log: &str) -> Vec<Violati
                 crate::ProblemKind::Duplicate => ViolationKind::DuplicateBatch,
                 crate::ProblemKind::Misplaced => ViolationKind::MisplacedBatch,
                 crate::ProblemKind::Attestation => ViolationKind::BadAttestation,
+                crate::ProblemKind::Missing => ViolationKind::MissingBag,
             };
             Some(Violation {
                 kind,

@@ -40,10 +40,13 @@ pub enum BagCommand {
     /// Turn closed stretches of a log into one summary object each (whole
     /// minutes), sealing past-due minutes first. Idempotent: any number may
     /// run at once; readers then read those minutes from the summary.
+    /// Without --from, resumes at the oldest stretch not yet summarized.
     Summarize(SummarizeArgs),
     /// Remove old bags that a summary holds, once the summary checks
     /// against them (and, optionally, old summaries). Never removes what
-    /// no summary holds.
+    /// no summary holds. A summary that does not check, or is corrupt,
+    /// keeps its bags (a KEPT line) and the run goes on with the others,
+    /// then exits 1.
     Retain(RetainArgs),
 }
 
@@ -85,7 +88,8 @@ pub struct SummarizeArgs {
     #[arg(long)]
     log: String,
     /// From the stretch holding this timestamp (Unix microseconds or RFC
-    /// 3339); default: the log's start.
+    /// 3339); default: the oldest stretch from the log's start that
+    /// published summaries do not cover yet.
     #[arg(long, value_parser = parse_time)]
     from: Option<Micros>,
     /// Up to the stretches that start before this; default: every stretch
@@ -280,7 +284,8 @@ pub struct ReadArgs {
     #[arg(long)]
     no_close: bool,
     /// Read every minute from its bags, even where a summary exists (the
-    /// messages are the same).
+    /// messages are the same while the bags exist; bags retention removed
+    /// are PROBLEM lines naming the summary that holds them, exit 4).
     #[arg(long)]
     no_summaries: bool,
     /// One JSON object per line.
@@ -405,7 +410,19 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             println!("KEPT {k}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    // Every stretch was gone through; a summary that does not check (or
+    // is corrupt) is still a finding a scheduled run must not pass over
+    // as success, as `bagel audit` exits 1 on a violation.
+    if r.kept.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "bagel retain: kept the bags of {} stretches whose summaries do not check (the KEPT lines say \
+             why); every other stretch was retained",
+            r.kept.len()
+        );
+        Ok(ExitCode::from(1))
+    }
 }
 
 /// The attester of `--attest-key FILE` (the key created when missing, as
@@ -453,13 +470,52 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
         Some(path) => Some(attester(path, &a.keys, g, "summarize").await?),
         None => None,
     };
+    // The minutes published summaries hold: retention may have removed
+    // their bags, so they cannot be built again.
+    let published = summary::list(store.as_ref(), &a.log).await?;
+    let held: std::collections::BTreeSet<bagel_bags::seal::Span> =
+        published.iter().flat_map(|st| st.spans()).collect();
     let mut stretch = Stretch::aligned(from, a.span);
+    // Scheduled runs resume where summarizing stopped, rather than
+    // building (and reading every bag of) the whole log again.
+    if a.from.is_none() {
+        while stretch.spans().all(|s| held.contains(&s)) && stretch.close_time(cfg.grace) <= now {
+            stretch = stretch.next();
+        }
+    }
     let mut made = 0u64;
+    let mut skipped = 0u64;
     while stretch.close_time(cfg.grace) <= now && stretch.from().start() < to {
         for span in stretch.spans() {
             bagel_bags::seal::seal(store.as_ref(), &a.log, span).await?;
         }
-        let done = summary::summarize_attested(store.as_ref(), &a.log, stretch, attester.as_ref()).await?;
+        let done = match summary::summarize_attested(store.as_ref(), &a.log, stretch, attester.as_ref()).await
+        {
+            Ok(done) => done,
+            // Summarized before, and its bags are (partly) gone since:
+            // retention removed them, as it does once a summary holds
+            // them. Not an error: later stretches still get summarized.
+            Err(e) if stretch.spans().any(|s| held.contains(&s)) && bags_gone(&e) => {
+                let by: Vec<String> = published
+                    .iter()
+                    .filter(|p| stretch.spans().any(|s| p.contains(s.first())))
+                    .map(|p| p.name())
+                    .collect();
+                let note = format!(
+                    "stretch {stretch}: skipped: published summaries hold its minutes ({}) and its bags are \
+                     no longer all there to build it again (retention removed them): {e}",
+                    by.join(", ")
+                );
+                match a.json {
+                    true => eprintln!("bagel summarize: {note}"),
+                    false => println!("{note}"),
+                }
+                skipped += 1;
+                stretch = stretch.next();
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         made += u64::from(done.created);
         let attestation = done.attestation.as_ref().map(|at| match at {
             summary::attest::Attested::Published {
@@ -522,11 +578,22 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     }
     if !a.json {
         println!(
-            "{made} summaries published; the next stretch ({stretch}) closes at {}",
+            "{made} summaries published{}; the next stretch ({stretch}) closes at {}",
+            match skipped {
+                0 => String::new(),
+                n => format!(" ({n} stretches already summarized and retained skipped)"),
+            },
             stretch.close_time(cfg.grace)
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether building a stretch failed for want of bags it had: one its
+/// minute's seal lists is no longer closed (removed whole), or an item a
+/// lock lists is no longer there (removed part way).
+fn bags_gone(e: &bag::Error) -> bool {
+    matches!(e, bag::Error::NotSummarizable { .. }) || e.is_not_found()
 }
 
 async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
@@ -922,9 +989,20 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    // A script must not take a read with rejected messages or damaged
-    // closed bags for a clean one. (A torn tail in an open bag is a write
-    // in progress, not damage.)
+    // Missing bags a summary holds: retention's, readable with summaries.
+    let retained = report
+        .problems
+        .iter()
+        .any(|p| p.kind == bag::ProblemKind::Missing && p.item.starts_with(bagel_bags::summary::SUMMARY_DIR));
+    if a.no_summaries && retained {
+        eprintln!(
+            "bagel: bags retention removed were not read (the PROBLEM lines name their summaries): read \
+             without --no-summaries to read them from their summaries"
+        );
+    }
+    // A script must not take a read with rejected messages, damaged closed
+    // bags or bags gone for a clean one. (A torn tail in an open bag is a
+    // write in progress, not damage.)
     let damaged = report.problems.iter().any(|p| !p.in_open_bag);
     Ok(if report.rejected.is_empty() && !damaged {
         ExitCode::SUCCESS
