@@ -174,14 +174,45 @@ impl AcquireBuilder {
         if let Some(warning) = ttl_check::short_grant(&grant, left, ttl) {
             tracing::warn!("{warning}");
         }
-        Ok(Lease::start(
-            self.backend,
-            grant,
-            sent,
-            left,
-            ttl,
-            self.options,
-            holder,
-        ))
+        let answered_in = sent.elapsed();
+        let mut lease = Lease::start(self.backend, grant, sent, left, ttl, self.options, holder);
+        if needs_reanchor(answered_in, left) {
+            lease.reanchor().await?;
+        }
+        lease.start_renewing();
+        Ok(lease)
+    }
+}
+
+/// Whether a grant whose request took `answered_in` to be answered must be
+/// renewed at once to be counted from a fresh send.
+///
+/// The lease's local validity is counted from the send of the request that
+/// was answered (the grant was issued at some instant after it, and the
+/// monotonic clock cannot know which). For a request that waited for a
+/// busy name, that send was long before the grant: a standby that waited
+/// 6 s of a 10 s TTL would count 4 s left of a lease the server granted
+/// for 10 s from now, and be fenced a second after taking over. A renewal
+/// answered at once restarts the count from its own send. Waits shorter
+/// than a tenth of the grant cost too little to be worth the round trip.
+fn needs_reanchor(answered_in: Duration, left: Option<Duration>) -> bool {
+    left.is_some_and(|left| answered_in > left / 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_reanchor;
+    use std::time::Duration;
+
+    #[test]
+    fn only_a_grant_that_took_a_tenth_of_its_time_is_renewed_at_once() {
+        let ten = Some(Duration::from_secs(10));
+        assert!(!needs_reanchor(Duration::from_millis(3), ten));
+        assert!(!needs_reanchor(Duration::from_secs(1), ten));
+        assert!(needs_reanchor(Duration::from_millis(1001), ten));
+        assert!(needs_reanchor(Duration::from_secs(60), ten));
+        // No witness says when it was issued: nothing is counted from the
+        // send, so nothing to restart.
+        assert!(!needs_reanchor(Duration::from_secs(60), None));
     }
 }

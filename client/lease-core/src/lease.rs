@@ -186,7 +186,8 @@ impl Lease {
     /// read already to warn of a short grant). The witnesses move into the
     /// lease's state, the one place they are read from: a copy kept in the
     /// grant as well cost every acquire a clone of each witness's body,
-    /// signature and Merkle path.
+    /// signature and Merkle path. It does not renew until
+    /// [`Lease::start_renewing`].
     pub(crate) fn start(
         backend: Arc<dyn LeaseBackend>,
         mut grant: Grant,
@@ -215,15 +216,23 @@ impl Lease {
             settled_through: AtomicU64::new(0),
             holder,
         });
-        let cancel = CancellationToken::new();
-        let renewer = shared
-            .options
-            .auto_renew
-            .then(|| tokio::spawn(renew_loop(Arc::clone(&shared), cancel.clone())));
         Lease {
             shared,
-            cancel,
-            renewer,
+            cancel: CancellationToken::new(),
+            renewer: None,
+        }
+    }
+
+    /// Starts the background renewal, when the options ask for it. Not
+    /// part of [`Lease::start`]: an acquire may first renew once itself
+    /// ([`Lease::reanchor`]), and a background renewal must not race it on
+    /// the grant's shorter count.
+    pub(crate) fn start_renewing(&mut self) {
+        if self.shared.options.auto_renew && self.renewer.is_none() {
+            self.renewer = Some(tokio::spawn(renew_loop(
+                Arc::clone(&self.shared),
+                self.cancel.clone(),
+            )));
         }
     }
 
@@ -382,6 +391,24 @@ impl Lease {
         renew_once(&self.shared, None).await
     }
 
+    /// Renews now so that the lease's local validity counts from this
+    /// renewal's send rather than from the grant's (see
+    /// `acquire::needs_reanchor`). A refusal is the caller's error (the
+    /// lease is not held); a renewal that could not be made for now leaves
+    /// the grant's shorter count, and the background renewal, which starts
+    /// within a third of what is left, tries again.
+    pub(crate) async fn reanchor(&self) -> Result<()> {
+        match renew_once(&self.shared, None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(lease = %self.shared.lease.id, error = %e,
+                    "the renewal after a long-waited grant failed; its validity counts from the wait's start");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Renews now, attaching metadata that says where updates were stored.
     pub async fn renew_with_metadata(&self, metadata: Metadata) -> Result<Micros> {
         renew_once(&self.shared, Some(metadata)).await
@@ -513,7 +540,14 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
         .unwrap_or(shared.ttl / 3)
         .max(Duration::from_millis(1));
     let retry = (every / 10).clamp(Duration::from_millis(1), Duration::from_millis(200));
-    let mut next = every;
+    // Renew within a third of what is left, when that is less than the
+    // period: a grant counted from a long wait's start may leave less than
+    // the TTL (see `Lease::reanchor`).
+    let due = |shared: &Shared| {
+        let left = shared.state.borrow().time_left(shared.backend.clock().now());
+        every.min(left / 3).max(Duration::from_millis(1))
+    };
+    let mut next = due(&shared);
     loop {
         tokio::select! {
             () = tokio::time::sleep(next) => {}
@@ -539,7 +573,7 @@ async fn renew_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             }),
         };
         match outcome {
-            Ok(_) => next = every,
+            Ok(_) => next = due(&shared),
             Err(e) => {
                 let (deadline, left) = {
                     let s = shared.state.borrow();

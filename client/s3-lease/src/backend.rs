@@ -751,24 +751,39 @@ impl LeaseBackend for S3LeaseBackend {
     /// name with backoff and jitter (S3 cannot tell us when it frees up),
     /// waking no later than the holder's deadline plus the clock margin,
     /// and gives up while the requested deadline is still valid.
-    async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
+    ///
+    /// A TTL (`spec.ttl`) is counted from each attempt's signed time, as a
+    /// lease server counts it from its grant: a standby that polled for
+    /// seconds gets the whole TTL, not what was left of a deadline fixed
+    /// when it started waiting.
+    async fn acquire_lease(&self, mut spec: AcquireSpec) -> Result<Grant> {
         let names = validate::names(&spec.names, &self.cfg)?;
         validate::owner(&spec.owner, &self.cfg)?;
         validate::wait(spec.wait, &self.cfg)?;
         let clock = self.time.clock();
         let first = self.stamp().await?;
+        if let Some(ttl) = spec.ttl {
+            spec.deadline = first.now.saturating_add(ttl);
+        }
         validate::deadline(spec.deadline, first.now, &self.cfg)?;
-        // The deadline is absolute: waiting eats into the lease.
-        let usable = spec
-            .deadline
-            .saturating_sub(self.cfg.min_ttl)
-            .duration_since(first.now)
-            .saturating_sub(Duration::from_micros(1));
+        // An absolute deadline: waiting eats into the lease, so give up
+        // while it still leaves the min TTL. A TTL: wait as asked.
+        let usable = match spec.ttl {
+            Some(_) => spec.wait,
+            None => spec
+                .deadline
+                .saturating_sub(self.cfg.min_ttl)
+                .duration_since(first.now)
+                .saturating_sub(Duration::from_micros(1)),
+        };
         let give_up = tokio::time::Instant::now() + spec.wait.min(usable);
         let mut backoff = Backoff::new();
         let mut races = 0;
         let mut stamp = first;
         loop {
+            if let Some(ttl) = spec.ttl {
+                spec.deadline = stamp.now.saturating_add(ttl);
+            }
             match self.attempt(&names, &spec, &stamp).await {
                 Ok(grant) => return Ok(grant),
                 Err(Attempt::Failed(e)) => return Err(e),
