@@ -217,17 +217,36 @@ async fn a_server_down_fails_only_its_names_and_leaves_nothing_held() {
     assert_eq!(lease.witnesses().len(), 2);
     lease.release(None).await.unwrap();
 
-    // A client starting now, with no key pinned, routes as the first one
-    // (by the list, not by keys it cannot learn from the dead server):
-    // the live servers' names work, the dead one's fail naming it.
-    let late = Cluster::connect(
-        &all_urls
-            .iter()
-            .map(|(url, _)| ServerSpec::url(url.clone()))
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .expect("a client starts while one server is down");
+    // A client starting now without IDs cannot learn the dead member's
+    // identity, which routes names: it refuses, retryably, naming it.
+    let bare: Vec<ServerSpec> = all_urls
+        .iter()
+        .map(|(url, _)| ServerSpec::url(url.clone()))
+        .collect();
+    let refused = Cluster::connect(&bare)
+        .await
+        .expect_err("the dead member's identity is unknown");
+    assert!(refused.is_retryable(), "{refused:?}");
+    assert!(refused.to_string().contains(&down_url), "{refused}");
+    // With each member's ID (what the first client learned), it starts and
+    // routes as the first one (by identities, not by keys it cannot learn
+    // from the dead server): the live servers' names work, the dead one's
+    // fail naming it.
+    let identity = |url: &str| {
+        let n = names
+            .concat()
+            .into_iter()
+            .find(|n| cluster.route(n).current.0 == url)
+            .unwrap();
+        cluster.route(&n).current_identity
+    };
+    let with_ids: Vec<String> = all_urls
+        .iter()
+        .map(|(url, _)| format!("{}={url}", identity(url)))
+        .collect();
+    let late = Cluster::connect(&ServerSpec::parse_list(&with_ids.join(",")).unwrap())
+        .await
+        .expect("a client with IDs starts while one server is down");
     for n in names.concat() {
         assert_eq!(late.route(&n).current.0, cluster.route(&n).current.0, "{n}");
     }
@@ -241,8 +260,11 @@ async fn a_server_down_fails_only_its_names_and_leaves_nothing_held() {
     let err = late.acquire([names[2][0].clone()]).send().await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
     assert!(err.to_string().contains(&down_url), "{err}");
-    // With the keys pinned (`URL#KEY`) too.
-    let pinned: Vec<String> = all_urls.iter().map(|(url, key)| format!("{url}#{key}")).collect();
+    // With the keys pinned (`ID=URL#KEY`) too.
+    let pinned: Vec<String> = all_urls
+        .iter()
+        .map(|(url, key)| format!("{}={url}#{key}", identity(url)))
+        .collect();
     let out = bagel_tests::cli_no_server(&["--servers", &pinned.join(","), "route", &names[2][0], "--json"]);
     assert!(out.status.success(), "{}", describe_output(&out));
     let routes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -479,10 +501,13 @@ async fn worker(cluster: Cluster, bags: Arc<Bags>, id: String, rounds: usize) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrating_from_two_servers_to_three_with_clients_at_every_step_audits_clean() {
-    let servers = start_ready(3, &["--max-ttl", "2s"]).await;
     // Fixed member identities: names are routed by them, not by the
     // servers' random ports, so which names move is the same every run
     // (by URL, none of the 8 moved in about one run in 25: (2/3)^8).
+    let servers = futures::future::join_all((0..3).map(|i| async move {
+        ServerProcess::start_ready(&["--max-ttl", "2s", "--server-id", &format!("member-{i}")]).await
+    }))
+    .await;
     let member = |i: usize| ServerSpec {
         id: Some(format!("member-{i}")),
         ..spec(&servers[i])

@@ -59,6 +59,10 @@ struct Remote {
     /// The server's max wait per acquire, as it said at connect (longer
     /// waits are made of several, see [`crate::long_wait`]).
     max_wait: Duration,
+    /// The identity the server announced at connect (its `--server-id`,
+    /// or what it derives from its key or address): what a cluster routes
+    /// names by.
+    server_id: String,
 }
 
 impl Client {
@@ -146,6 +150,7 @@ impl Client {
                 endpoint,
                 call_timeout: options.call_timeout,
                 max_wait: Duration::from_secs(10),
+                server_id: String::new(),
             }),
             keys: Arc::new(ServerKeys::learned(KeyRing::new(), None)),
             clock: Arc::new(SystemClock),
@@ -179,6 +184,7 @@ impl Client {
             endpoint: client.remote.endpoint.clone(),
             call_timeout: client.remote.call_timeout,
             max_wait: info.max_wait,
+            server_id: info.server_id.clone(),
         });
         client.keys = Arc::new(match pinned {
             Some(keys) => {
@@ -291,6 +297,12 @@ impl Client {
     /// pinned key's when pinned).
     pub(crate) fn signing_key_id(&self) -> Option<String> {
         self.keys.signing()
+    }
+
+    /// The identity the server announced at connect (ServerInfo's
+    /// `server_id`): what a [`crate::Cluster`] routes its names by.
+    pub fn server_id(&self) -> &str {
+        &self.remote.server_id
     }
 
     /// The server's max TTL, as it said at connect.

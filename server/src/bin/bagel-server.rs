@@ -79,7 +79,10 @@ struct Args {
     /// it even with a smaller --max-ttl or a clock stepped back.
     #[arg(long, env = "BAGEL_KEY")]
     key: Option<PathBuf>,
-    /// Server id in witnesses (default: random).
+    /// This server's identity: in its witnesses and signed times, and
+    /// what cluster clients route names by (so it must not change while
+    /// clients run). Default: `key-<key id>` with --key, else
+    /// `<host name>:<port>`.
     #[arg(long, env = "BAGEL_SERVER_ID")]
     server_id: Option<String>,
     /// UNSAFE, development only: grant at once after a start instead of
@@ -396,6 +399,7 @@ async fn main() -> anyhow::Result<()> {
     // The granted-until mark lives beside the key file: a server with a
     // key of its own is the one whose restarts must not overlap.
     cfg = cfg.with_granted_until_file(args.key.as_deref().map(bagel_server::highwater::path_for_key));
+    let configured_id = args.server_id.is_some();
     if let Some(id) = args.server_id {
         cfg = cfg.with_server_id(id);
     }
@@ -421,6 +425,9 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    if !configured_id {
+        cfg = cfg.with_server_id(default_server_id(args.key.is_some(), &signer, addr.port()));
+    }
     let server_id = cfg.server_id.clone();
     let tls = cfg.tls.as_ref().map(|t| t.client_ca_pem.is_some());
     let clock: Arc<dyn Clock> = match args.unsafe_clock_offset {
@@ -478,4 +485,19 @@ async fn main() -> anyhow::Result<()> {
     );
     server.serve(listener, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The identity of a server started without `--server-id`: one that
+/// survives its restarts, since cluster clients route names by it. With a
+/// key file, the key's id (the member keeps it wherever the file goes);
+/// without one, the host name and the port it listens on (a keyless
+/// restart at the same address keeps it).
+fn default_server_id(durable_key: bool, signer: &bagel_proto::Signer, port: u16) -> String {
+    if durable_key {
+        return format!("key-{}", signer.key_id());
+    }
+    let uname = rustix::system::uname();
+    let host = uname.nodename().to_string_lossy();
+    let host = if host.is_empty() { "localhost".into() } else { host };
+    format!("{host}:{port}")
 }

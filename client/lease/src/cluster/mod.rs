@@ -3,13 +3,20 @@
 //!
 //! Names are independent, so the name space is split over servers with no
 //! consensus and no state transfer: each name belongs to one server by
-//! [`rendezvous`] hashing over the members' configured identities (the
-//! `ID=` of `ID=URL`, else the URL as written), and every client with the
-//! same server list routes it the same way. Routing never depends on what
-//! a server says (its key changes if it restarts without `--key`), so a
-//! restart cannot move names behind the clients' backs, and a member that
-//! is down fails only its own names. Keys are still learned (or pinned) to
-//! check witnesses; they play no part in routing. A lease on names that one
+//! [`rendezvous`] hashing over the members' identities, and every client
+//! with the same servers routes it the same way, however it spells their
+//! URLs. A member's identity is the one the *server* holds and announces
+//! (ServerInfo's `server_id`: its `--server-id`, else derived from its
+//! durable key, else its host name and port), never the URL as written:
+//! two clients that wrote `http://localhost:P` and `http://127.0.0.1:P/`
+//! route alike. A list may state it (`ID=URL`); the client then checks at
+//! connect that the member announces that identity, and refuses naming
+//! both if not. A member given without an ID must be reached at start to
+//! learn it (a client that cannot know a member's identity cannot know
+//! which names are its), so a list whose members may be down when clients
+//! start gives every ID; with IDs, a member that is down fails only its own
+//! names. Keys are learned (or pinned) to check witnesses; they play no
+//! part in routing. A lease on names that one
 //! server owns is today's single call; a lease on names spread over several
 //! servers is taken tentatively on each, in ascending member-id order (so
 //! two acquirers of overlapping sets meet at the same first server instead
@@ -75,13 +82,15 @@ use parts::Part;
 
 /// One server of a list: optionally an identity, its URL, and optionally
 /// the public key it must sign with. Written `[ID=]URL[#KEY]` (ID:
-/// letters, digits, `.`, `_`, `-`; KEY: 64 hex digits, the raw ed25519
+/// letters, digits, `.`, `_`, `-`, `:`; KEY: 64 hex digits, the raw ed25519
 /// public key `bagel-server` prints at start).
 ///
-/// Names are routed by the identity: the ID when given, else the URL
-/// exactly as written. Give IDs to move a server to another address
-/// without moving its names. A pinned key is trusted without asking the
-/// server; an unpinned one is learned when the server is first reached.
+/// Names are routed by the server's identity: the ID when given (the
+/// server must announce it: its `--server-id`), else what the server
+/// announces when first reached, at start. Give IDs so that clients can
+/// start while a member is down, and to catch a list that names the wrong
+/// server. A pinned key is trusted without asking the server; an unpinned
+/// one is learned when the server is first reached.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServerSpec {
     /// The identity names are routed by, when not the URL.
@@ -113,10 +122,11 @@ impl FromStr for ServerSpec {
             _ => (None, s),
         };
         if let Some(id) = id {
-            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':');
             if id.is_empty() || id.len() > 64 || !id.chars().all(ok) {
                 return Err(format!(
-                    "server {s:?}: the identity before '=' must be 1 to 64 letters, digits, '.', '_' or '-'"
+                    "server {s:?}: the identity before '=' must be 1 to 64 letters, digits, '.', '_', \
+                     '-' or ':' (the server's --server-id, as `bagel server-info` shows it)"
                 ));
             }
         }
@@ -151,7 +161,9 @@ impl ServerSpec {
         }
     }
 
-    /// What names are routed by: the ID, else the URL as written.
+    /// What names are routed by: the ID (given, or learned from the server
+    /// by [`Cluster::connect`]), else the URL as written (only until the
+    /// cluster has learned the ID).
     pub fn identity(&self) -> &str {
         self.id.as_deref().unwrap_or(&self.url)
     }
@@ -202,12 +214,16 @@ impl Member {
     }
 
     /// Connects, trusting the pinned key (the client checks the server
-    /// presents it), else the keys the server publishes.
+    /// presents it), else the keys the server publishes, and checks that
+    /// the server is the one names are routed to: it announces the
+    /// member's identity.
     async fn connect(&self) -> Result<Client> {
-        match &self.pinned {
-            None => Client::connect_with(&self.url, &self.options).await,
-            Some((ring, _)) => Client::connect_pinned_with(&self.url, ring.clone(), &self.options).await,
-        }
+        let client = match &self.pinned {
+            None => Client::connect_with(&self.url, &self.options).await?,
+            Some((ring, _)) => Client::connect_pinned_with(&self.url, ring.clone(), &self.options).await?,
+        };
+        check_identity(&self.identity, &self.url, client.server_id())?;
+        Ok(client)
     }
 
     /// The id of the key it signs with, when known (pinned, or learned).
@@ -218,6 +234,38 @@ impl Member {
             (None, None) => None,
         }
     }
+}
+
+/// Refuses a server that announces another identity than the one the
+/// list routes names to it by: two clients whose lists disagree on which
+/// server is which would route one name to two servers.
+fn check_identity(identity: &str, url: &str, announced: &str) -> Result<()> {
+    if identity == announced {
+        return Ok(());
+    }
+    Err(Error::Invalid {
+        field: None,
+        reason: format!(
+            "server {url} announces server id {announced:?}, but the server list names it {identity:?}: \
+             names are routed by the server's own id, so this list would send them to the wrong \
+             server; write {announced}={url} (or start that server with --server-id {identity})"
+        ),
+    })
+}
+
+/// The server id a grant's witness states (field 10 of `WitnessBody`,
+/// decoded alone: the client has verified the whole body already).
+fn witnessed_server_id(grant: &Grant) -> Option<String> {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct ServerId {
+        #[prost(string, tag = "10")]
+        server_id: String,
+    }
+    let w = grant.witnesses.first()?;
+    prost::Message::decode(w.body())
+        .ok()
+        .map(|b: ServerId| b.server_id)
+        .filter(|id| !id.is_empty())
 }
 
 /// Who owns a name, now and (while migrating) next.
@@ -267,10 +315,12 @@ impl List {
 }
 
 impl Cluster {
-    /// Connects to every server of `servers` and learns their keys (those
-    /// with a pinned key, and those that cannot be reached now: on first
-    /// use). Fails only for a bad list, or when no server can be reached
-    /// and none is pinned.
+    /// Connects to every server of `servers`, learning the identity of
+    /// each given without `ID=` (which routes its names) and the keys of
+    /// each not pinned (those given with an ID that cannot be reached now:
+    /// on first use). Fails for a bad list, a member that announces another
+    /// identity than its `ID=`, a member without an ID that cannot be
+    /// reached, or when no server can be reached and none is pinned.
     pub async fn connect(servers: &[ServerSpec]) -> Result<Self> {
         Self::open(servers, None, ClientOptions::default()).await
     }
@@ -302,18 +352,31 @@ impl Cluster {
         options: ClientOptions,
     ) -> Result<Self> {
         let options = Arc::new(options);
-        let mut members = BTreeMap::new();
-        let current = Self::join(current, "servers", &options, &mut members)?;
+        // Members without an ID are asked for theirs first: it routes names.
+        let mut reached = BTreeMap::new();
+        let current = Self::identify(current, "--servers", &options, &mut reached).await?;
         let next = match next {
-            Some(next) => Some(Self::join(next, "next servers", &options, &mut members)?),
+            Some(next) => Some(Self::identify(next, "--next-servers", &options, &mut reached).await?),
             None => None,
         };
-        // Reach every unpinned member now, to learn its keys and max TTL;
-        // one that is down is tried again when one of its names is used.
+        let mut members = BTreeMap::new();
+        let current = Self::join(&current, "servers", &options, &mut members)?;
+        let next = match next {
+            Some(next) => Some(Self::join(&next, "next servers", &options, &mut members)?),
+            None => None,
+        };
+        for m in members.values() {
+            if let Some(client) = reached.remove(&m.url) {
+                check_identity(&m.identity, &m.url, client.server_id())?;
+                let _ = m.client.set(client);
+            }
+        }
+        // Reach every other unpinned member now, to learn its keys and max
+        // TTL; one that is down is tried again when one of its names is used.
         let tried = join_all(
             members
                 .values()
-                .filter(|m| m.pinned.is_none())
+                .filter(|m| m.pinned.is_none() && m.client.get().is_none())
                 .map(|m| async move { (m, m.client().await.map(|_| ())) }),
         )
         .await;
@@ -339,6 +402,64 @@ impl Cluster {
                 clock: Arc::new(SystemClock),
             }),
         })
+    }
+
+    /// `list` with every member's identity: as given (`ID=`), else as the
+    /// server announces it, asked now (`reached` keeps the connections,
+    /// by URL). A member without an ID that cannot be reached is refused:
+    /// its identity decides which names are its.
+    async fn identify(
+        list: &[ServerSpec],
+        flag: &str,
+        options: &Arc<ClientOptions>,
+        reached: &mut BTreeMap<String, Client>,
+    ) -> Result<Vec<ServerSpec>> {
+        let ask: Vec<&ServerSpec> = list
+            .iter()
+            .filter(|s| s.id.is_none() && !reached.contains_key(&s.url))
+            .collect();
+        let answers = join_all(ask.iter().map(|spec| async move {
+            let client = match spec.key {
+                None => Client::connect_with(&spec.url, options).await,
+                Some(key) => {
+                    let mut ring = KeyRing::new();
+                    ring.insert_bytes(&key)
+                        .map_err(|e| Error::invalid("servers", e.to_string()))?;
+                    Client::connect_pinned_with(&spec.url, ring, options).await
+                }
+            };
+            // A refusal (a pinned key the server does not present, TLS
+            // set up wrong) says what it says; only a server that cannot be
+            // reached is told apart.
+            client.map_err(|e| {
+                if !e.is_retryable() {
+                    return e.at_server(&spec.url);
+                }
+                Error::Unavailable {
+                    retry_after: None,
+                    message: format!(
+                        "{flag}: {} has no ID and cannot be reached to learn its server id, which \
+                         decides which names are its ({e}); give each member as ID=URL (its \
+                         --server-id, as `bagel server-info` shows it) to start while a member is down",
+                        spec.url
+                    ),
+                }
+            })
+        }))
+        .await;
+        for (spec, answer) in ask.into_iter().zip(answers) {
+            reached.insert(spec.url.clone(), answer?);
+        }
+        Ok(list
+            .iter()
+            .map(|spec| ServerSpec {
+                id: spec
+                    .id
+                    .clone()
+                    .or_else(|| reached.get(&spec.url).map(|c| c.server_id().to_owned())),
+                ..spec.clone()
+            })
+            .collect())
     }
 
     /// The members of one list (each once, whichever lists name it).
@@ -676,7 +797,20 @@ impl LeaseBackend for Cluster {
             };
             let got = async { m.client().await?.acquire_lease(part).await }.await;
             match got {
-                Ok(g) => taken.push(((*member_id).to_owned(), m.url.clone(), g)),
+                Ok(g) => {
+                    // The member may have restarted under another identity
+                    // since this client connected (a new key file, another
+                    // --server-id): its names are no longer where this
+                    // client routes them.
+                    let witnessed = witnessed_server_id(&g);
+                    taken.push(((*member_id).to_owned(), m.url.clone(), g));
+                    if let Some(announced) = witnessed
+                        && let Err(e) = check_identity(&m.identity, &m.url, &announced)
+                    {
+                        self.abandon(&taken).await;
+                        return Err(e);
+                    }
+                }
                 Err(e) => {
                     self.abandon(&taken).await;
                     return Err(e.at_server(&m.url));
@@ -734,13 +868,30 @@ impl LeaseBackend for Cluster {
         Ok(parts::combine_renewals(renewals))
     }
 
+    /// Upgrades every part. A part refused (a full acquire broke it while
+    /// it was tentative) makes the whole lease unusable: every other part,
+    /// upgraded or not, is released before the refusal is returned, so a
+    /// failed upgrade never leaves names held full (or reserved) on the
+    /// servers that did upgrade until their deadline.
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
         let split = parts::split(lease)?;
-        let grants = self
-            .each_part(lease, |client, part| async move {
+        let answers = self
+            .all_parts(lease, |client, part| async move {
                 client.upgrade_lease(&part.lease).await
             })
             .await?;
+        let refused = |a: &Result<Grant>| a.as_ref().is_err_and(|e| !e.is_retryable());
+        if answers.iter().any(|(_, a)| refused(a)) {
+            let (refusals, rest): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(_, a)| refused(a));
+            let rest: Vec<&Part> = rest.iter().map(|(p, _)| p).collect();
+            self.release_parts(&rest, "a failed upgrade").await;
+            let (_, refusal) = refusals.into_iter().next().expect("one was refused");
+            return Err(not_upgraded(refusal.expect_err("refused")));
+        }
+        let mut grants = Vec::with_capacity(answers.len());
+        for (_, a) in answers {
+            grants.push(a?);
+        }
         let taken: Vec<(String, String, Grant)> = split
             .into_iter()
             .zip(grants)
@@ -768,17 +919,105 @@ impl LeaseBackend for Cluster {
         // the next list's owner of a name never heard of a predecessor
         // on the current list's owner.
         let options = options.carrying_inherited();
-        let stored = self
-            .each_part(lease, |client, part| {
+        let answers = self
+            .all_parts(lease, |client, part| {
                 let options = options.clone();
                 async move { client.release_lease(&part.lease, options).await }
             })
             .await?;
-        Ok(stored.into_iter().max().unwrap_or(Micros::ZERO))
+        released(answers)
+    }
+}
+
+/// A part's refusal of an upgrade, saying that the lease's other parts
+/// were released.
+fn not_upgraded(e: Error) -> Error {
+    match e {
+        Error::NotHeld { reason, message } => Error::NotHeld {
+            reason,
+            message: format!("{message}; the lease's other parts were released"),
+        },
+        e => e,
+    }
+}
+
+/// The outcome of releasing every part: the highest watermark stored when
+/// each part was released or already gone (a part that expired, or that a
+/// failed upgrade let go, has nothing left to release: the names' next
+/// holders see it ended), with a warning naming the parts already gone. A
+/// part that could not be reached fails the release (it may still be held);
+/// so does a lease none of whose parts was still held, as one server's
+/// release of a gone lease does.
+fn released(answers: Vec<(Part, Result<Micros>)>) -> Result<Micros> {
+    let mut stored = None;
+    let mut gone = Vec::new();
+    let mut failed = None;
+    for (part, answer) in answers {
+        match answer {
+            Ok(wm) => stored = stored.max(Some(wm)),
+            Err(e @ Error::NotHeld { .. }) => gone.push((part, e)),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    match stored {
+        None => Err(gone
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .unwrap_or_else(|| Error::invalid("lease_id", "a lease with no parts"))),
+        Some(wm) => {
+            for (part, e) in &gone {
+                tracing::warn!(server = %part.member_id, lease = %part.lease.id, error = %e,
+                    "released the lease's other parts; this part was already gone");
+            }
+            Ok(wm)
+        }
     }
 }
 
 impl Cluster {
+    /// Runs `op` on every part of `lease` at once, whatever each answers:
+    /// for the operations that must reach every part even when one refuses
+    /// (an upgrade unwinds the others, a release frees what is left).
+    async fn all_parts<'a, T, F, Fut>(&'a self, lease: &LeaseRef, op: F) -> Result<Vec<(Part, Result<T>)>>
+    where
+        F: Fn(&'a Client, Part) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let split = parts::split(lease)?;
+        let mut calls = Vec::with_capacity(split.len());
+        for part in split {
+            let m = self.member(&part.member_id)?;
+            let op = &op;
+            calls.push(async move {
+                let answer = async { op(m.client().await?, part.clone()).await }
+                    .await
+                    .map_err(|e| e.at_server(&m.url));
+                (part, answer)
+            });
+        }
+        Ok(join_all(calls).await)
+    }
+
+    /// Releases `parts` (of a lease being given up), best effort: a part
+    /// that cannot be released expires at its deadline.
+    async fn release_parts(&self, parts: &[&Part], why: &str) {
+        join_all(parts.iter().map(|part| async move {
+            let released = async {
+                let client = self.member(&part.member_id)?.client().await?;
+                client.release_lease(&part.lease, ReleaseOptions::default()).await
+            };
+            if let Err(e) = released.await {
+                tracing::warn!(server = %part.member_id, lease = %part.lease.id, error = %e,
+                    "could not release a part after {why}; it expires at its deadline");
+            }
+        }))
+        .await;
+    }
+
     /// Runs `op` on every part of `lease` at once; all answers in part
     /// order, or the first refusal (a refusal outranks a retryable error:
     /// one server refusing means the lease is gone there).
