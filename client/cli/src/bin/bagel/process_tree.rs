@@ -11,6 +11,11 @@
 //! saw cannot be replaced by an unrelated one with the same pid between
 //! the scan and the signal, except one that a still-running member of the
 //! tree reaped itself in that instant.
+//!
+//! The tree is known to be gone when `waitpid` says this process has no
+//! children left, never when a scan finds none: a member that forks and
+//! exits while `/proc` is being read can be missing from that scan, but as
+//! an orphan it is this subreaper's child until it is reaped.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
@@ -89,6 +94,8 @@ pub struct ProcessTree {
     main: i32,
     main_status: Option<ExitStatus>,
     sigchld: SignalStream,
+    /// How `/proc` is read ([`scan`]; a test makes it miss members).
+    scan: fn() -> Vec<ProcEntry>,
 }
 
 impl ProcessTree {
@@ -110,6 +117,7 @@ impl ProcessTree {
             main,
             main_status: None,
             sigchld,
+            scan,
         })
     }
 
@@ -127,18 +135,22 @@ impl ProcessTree {
     }
 
     /// Reaps every child that has ended, remembering the command's status.
-    fn reap(&mut self) {
+    /// Returns whether any child is left (live, or not yet reapable): an
+    /// orphaned member of the tree is a child of this subreaper, so none
+    /// left means the whole tree is gone.
+    fn reap(&mut self) -> bool {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) => {
                     self.ended(pid, ExitStatus::from_raw((code & 0xff) << 8))
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) => self.ended(pid, ExitStatus::from_raw(sig as i32)),
-                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(WaitStatus::StillAlive) => return true,
+                Err(Errno::ECHILD) => return false,
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "waitpid");
-                    return;
+                    return true;
                 }
             }
         }
@@ -153,7 +165,7 @@ impl ProcessTree {
     /// Every process of the tree that exists now (zombies included: they
     /// are gone only once reaped).
     fn members(&self) -> Vec<ProcEntry> {
-        descendants(&scan(), self.me)
+        descendants(&(self.scan)(), self.me)
     }
 
     /// Sends `sig` to every live process of the tree but those in `skip`;
@@ -173,14 +185,13 @@ impl ProcessTree {
 
     /// Stops the whole tree: SIGTERM to every process, SIGKILL to whatever
     /// is left after `grace`, and returns only once every process of it is
-    /// gone and reaped. Processes started meanwhile are caught by the next
-    /// pass.
+    /// gone and reaped (no child left, see the module docs). Processes
+    /// started meanwhile, or missed by a scan, are caught by the next pass.
     pub async fn stop(&mut self, grace: Duration) {
         let started = Instant::now();
         let mut termed = Vec::new();
         loop {
-            self.reap();
-            if self.members().is_empty() {
+            if !self.reap() {
                 return;
             }
             if started.elapsed() >= grace {
@@ -214,6 +225,28 @@ mod tests {
         assert!(parse_stat("9 (sh) Z 8 9 9").unwrap().zombie);
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("12 (x)"), None);
+    }
+
+    /// A scan that misses every member, as one can miss a member that
+    /// forked and exited while `/proc` was read.
+    fn blind_scan() -> Vec<ProcEntry> {
+        Vec::new()
+    }
+
+    /// Before: `stop` returned as soon as a scan found no member, while the
+    /// missed process still ran. It returns once no child is left.
+    #[tokio::test]
+    async fn stop_waits_for_children_a_scan_missed() {
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("0.3");
+        let mut tree = ProcessTree::spawn(cmd).unwrap();
+        tree.scan = blind_scan;
+        tree.stop(Duration::from_secs(5)).await;
+        let status = tree
+            .main_status()
+            .expect("the missed command was waited for and reaped");
+        assert!(status.success(), "{status:?}");
+        assert_eq!(kill(Pid::from_raw(tree.main), None), Err(Errno::ESRCH));
     }
 
     #[test]
