@@ -156,6 +156,13 @@ async fn a_list_naming_a_member_by_a_wrong_id_is_refused_naming_both() {
     let e = Cluster::connect(&specs).await.expect_err("a wrong identity");
     let e = e.to_string();
     assert!(e.contains("member-a") && e.contains("member-b"), "{e}");
+    // One wrong, one right: still refused (not "only its names fail").
+    let list = format!("member-a={},member-c={}", a.url, b.url);
+    let e = Cluster::connect(&ServerSpec::parse_list(&list).unwrap())
+        .await
+        .expect_err("one wrong identity");
+    let e = e.to_string();
+    assert!(e.contains("member-b") && e.contains("member-c"), "{e}");
     // Right: connects and routes by the IDs.
     let list = format!("member-a={},member-b={}", a.url, b.url);
     let ok = Cluster::connect(&ServerSpec::parse_list(&list).unwrap()).await;

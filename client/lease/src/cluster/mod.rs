@@ -246,7 +246,7 @@ fn check_identity(identity: &str, url: &str, announced: &str) -> Result<()> {
     Err(Error::Invalid {
         field: None,
         reason: format!(
-            "server {url} announces server id {announced:?}, but the server list names it {identity:?}: \
+            "it announces server id {announced:?}, but the server list names it {identity:?}: \
              names are routed by the server's own id, so this list would send them to the wrong \
              server; write {announced}={url} (or start that server with --server-id {identity})"
         ),
@@ -367,7 +367,7 @@ impl Cluster {
         };
         for m in members.values() {
             if let Some(client) = reached.remove(&m.url) {
-                check_identity(&m.identity, &m.url, client.server_id())?;
+                check_identity(&m.identity, &m.url, client.server_id()).map_err(|e| e.at_server(&m.url))?;
                 let _ = m.client.set(client);
             }
         }
@@ -382,10 +382,17 @@ impl Cluster {
         .await;
         let mut first_error = None;
         for (m, outcome) in tried {
-            if let Err(e) = outcome {
-                tracing::warn!(server = %m.url, error = %e,
-                    "lease server unreachable; only its names fail until it answers");
-                first_error = first_error.or(Some(e));
+            match outcome {
+                Ok(()) => {}
+                // Not a server that is down for now (a wrong ID, a pinned
+                // key or TLS set up wrong): the list is wrong, and using it
+                // would route names elsewhere than other clients do.
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(server = %m.url, error = %e,
+                        "lease server unreachable; only its names fail until it answers");
+                    first_error = first_error.or(Some(e));
+                }
             }
         }
         let reached = members
@@ -808,7 +815,7 @@ impl LeaseBackend for Cluster {
                         && let Err(e) = check_identity(&m.identity, &m.url, &announced)
                     {
                         self.abandon(&taken).await;
-                        return Err(e);
+                        return Err(e.at_server(&m.url));
                     }
                 }
                 Err(e) => {
