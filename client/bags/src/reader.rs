@@ -1864,8 +1864,14 @@ fn time_check(st: Option<&pb::SignedTime>, vouched: bool, opts: &ReadOptions) ->
         st.and_then(|t| t.proof.as_ref()),
         Some(pb::signed_time::Proof::Roughtime(_))
     );
-    let vouched_time = match (vouched, st) {
-        (true, Some(st)) => crate::summary::attest::vouched_time(st),
+    // A trusted summarizer vouches for a local proof's signature, not for
+    // whom it trusts: the signer must be one of this reader's own keys, as
+    // for any batch read from the bags. Without keys, or with a signer
+    // this reader does not know, the time is treated as unvouched.
+    let vouched_time = match (vouched, st, &opts.keys) {
+        (true, Some(st), Some(keys)) if local_signer_known(st, keys) => {
+            crate::summary::attest::vouched_time(st)
+        }
         _ => None,
     };
     match (st, &opts.keys) {
@@ -1878,6 +1884,14 @@ fn time_check(st: Option<&pb::SignedTime>, vouched: bool, opts: &ReadOptions) ->
         }
         (Some(_), None) if !is_roughtime => TimeCheck::Note("signed time NOT verified (no key given)"),
         (Some(st), _) => TimeCheck::Verify(st.encode_to_vec()),
+    }
+}
+
+/// Whether `st` is a local proof signed by a key of `keys` (by key id).
+fn local_signer_known(st: &pb::SignedTime, keys: &KeyRing) -> bool {
+    match &st.proof {
+        Some(pb::signed_time::Proof::Local(local)) => keys.get(&local.key_id).is_some(),
+        _ => false,
     }
 }
 
@@ -2115,6 +2129,33 @@ mod tests {
 
     fn secs(s: u64) -> Micros {
         Micros::from_micros(s * 1_000_000)
+    }
+
+    /// A local signed time in a trusted summary is taken as vouched only
+    /// when its signer is one of the reader's keys. Before, the
+    /// summarizer's key ring decided: a reader with no keys, or other
+    /// keys, took it as verified.
+    #[test]
+    fn a_vouched_local_time_needs_the_readers_key() {
+        let signer = bagel_proto::Signer::generate();
+        let st = bagel_proto::sign_local_time(&signer, "t", secs(1_800_000_000), 0);
+        let mine: KeyRing = [signer.verifying_key()].into_iter().collect();
+        let other: KeyRing = [bagel_proto::Signer::generate().verifying_key()]
+            .into_iter()
+            .collect();
+        let with = |keys: Option<KeyRing>| ReadOptions::default().with_keys(keys);
+        assert!(matches!(
+            time_check(Some(&st), true, &with(Some(mine))),
+            TimeCheck::Vouched(Ok(_))
+        ));
+        assert!(matches!(
+            time_check(Some(&st), true, &with(Some(other))),
+            TimeCheck::Verify(_)
+        ));
+        assert!(matches!(
+            time_check(Some(&st), true, &with(None)),
+            TimeCheck::Note(_)
+        ));
     }
 
     /// A read can be spawned: it holds nothing that is not `Send` across
