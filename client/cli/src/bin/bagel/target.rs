@@ -33,11 +33,13 @@ pub struct TargetArgs {
     )]
     pub server: String,
     /// Several lease servers, comma-separated, each `[ID=]URL[#KEY]`.
-    /// Names are routed over them by rendezvous hashing on each server's
-    /// identity (ID, else the URL as written), never on its key, so a
-    /// restart moves no name and a server that is down fails only its
-    /// names. KEY (the server's public key in hex) pins the key its
-    /// witnesses must carry. Overrides --server.
+    /// Names are routed over them by rendezvous hashing on the identity
+    /// each server announces (its --server-id), never on the URL as
+    /// written, so every spelling of a list routes alike. ID, when given,
+    /// must be what that server announces (checked); give every ID so
+    /// that a server that is down fails only its names (without its ID
+    /// the client cannot start). KEY (the server's public key in hex) pins
+    /// the key its witnesses must carry. Overrides --server.
     #[arg(long, global = true, env = "BAGEL_SERVERS")]
     pub servers: Option<String>,
     /// While migrating: the server list being moved to. Every name then
