@@ -10,7 +10,7 @@
 //! everyone else reads the winner's whole key.
 
 use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
 use rand::RngCore as _;
@@ -28,7 +28,11 @@ pub fn load_or_create(path: &Path) -> io::Result<(Signer, bool)> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::create_dir_all(dir)?;
+    // A directory made for a secret key is its owner's alone.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let signer = Signer::generate();
     let file_name = path
         .file_name()

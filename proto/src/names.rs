@@ -1,15 +1,36 @@
-//! Characters a lease name may not contain, one rule for every side (the
-//! server, the S3 lease backend, the CLI before it sends anything).
+//! Characters a lease name or owner may not contain, one rule for every
+//! side (the server, the S3 lease backend, the test double, the CLI
+//! before it sends anything), and how a name is shown escaped.
 //!
-//! Names are shown to operators (`describe`, conflicts, the status page,
-//! witnesses read by auditors). Besides control characters, a name may not
-//! hold characters that change how the text around them is displayed while
-//! being invisible themselves: bidirectional overrides, embeddings and
-//! isolates (`"tenant-\u{202E}7-tnanet"` would display as another name),
-//! bidirectional marks, and zero-width characters (two names that look
-//! the same but are not).
+//! Names and owners are shown to operators (`describe`, conflicts, the
+//! status page, witnesses read by auditors) and compared byte for byte.
+//! Two that differ must not look the same, and none may change how the
+//! text around it is displayed. The policy is to refuse, never to
+//! normalize (a server that rewrote a name would grant something else
+//! than what was asked, and a witness would name what nobody sent):
+//!
+//! * control characters (`Cc`) and the line and paragraph separators
+//!   U+2028, U+2029;
+//! * every `Default_Ignorable_Code_Point` (invisible: soft hyphen,
+//!   zero-width characters, bidirectional marks, embeddings, overrides and
+//!   isolates, Hangul fillers, variation selectors, tag characters), so
+//!   `"a\u{AD}b"` is not a second `"ab"`;
+//! * spaces other than U+0020 (no-break and typographic spaces look like
+//!   it);
+//! * the script-neutral combining diacritical marks (U+0300–U+036F,
+//!   U+1AB0–U+1AFF, U+1DC0–U+1DFF, U+20D0–U+20FF, U+FE20–U+FE2F): they
+//!   compose onto any letter, so `"e\u{301}"` would be a second `"é"`.
+//!   Marks that belong to a script (Devanagari, Thai, Hebrew points…) are
+//!   allowed: those scripts cannot be written without them.
+//!
+//! Not refused: look-alike letters of different scripts (Latin `a`,
+//! Cyrillic `а`) and compatibility characters (the Kelvin sign and `K`).
+//! Telling those apart needs the confusables tables of Unicode TS #39,
+//! which is more than a name check should carry; where people must tell
+//! names apart, keep them ASCII.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 /// The first character of a name that is not allowed, with what it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,18 +54,93 @@ impl fmt::Display for ForbiddenChar {
     }
 }
 
-/// What `c` is, when a name may not contain it.
+/// Unicode's `Default_Ignorable_Code_Point`, as DerivedCoreProperties.txt
+/// of Unicode 16.0.0 lists it (<https://www.unicode.org/Public/16.0.0/ucd/DerivedCoreProperties.txt>),
+/// ranges inclusive. The property is stable in practice: its reserved
+/// ranges (U+2065, U+FFF0–U+FFF8, U+E0000–U+E0FFF) were set aside so that
+/// characters assigned there later are default-ignorable already.
+const DEFAULT_IGNORABLE: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),   // SOFT HYPHEN
+    (0x034F, 0x034F),   // COMBINING GRAPHEME JOINER
+    (0x061C, 0x061C),   // ARABIC LETTER MARK
+    (0x115F, 0x1160),   // HANGUL CHOSEONG FILLER..HANGUL JUNGSEONG FILLER
+    (0x17B4, 0x17B5),   // KHMER VOWEL INHERENT AQ..AA
+    (0x180B, 0x180F),   // MONGOLIAN FREE VARIATION SELECTORS, VOWEL SEPARATOR
+    (0x200B, 0x200F),   // ZERO WIDTH SPACE..RIGHT-TO-LEFT MARK
+    (0x202A, 0x202E),   // LEFT-TO-RIGHT EMBEDDING..RIGHT-TO-LEFT OVERRIDE
+    (0x2060, 0x206F),   // WORD JOINER..NOMINAL DIGIT SHAPES (isolates included)
+    (0x3164, 0x3164),   // HANGUL FILLER
+    (0xFE00, 0xFE0F),   // VARIATION SELECTOR-1..16
+    (0xFEFF, 0xFEFF),   // ZERO WIDTH NO-BREAK SPACE
+    (0xFFA0, 0xFFA0),   // HALFWIDTH HANGUL FILLER
+    (0xFFF0, 0xFFF8),   // reserved
+    (0x1BCA0, 0x1BCA3), // SHORTHAND FORMAT LETTER OVERLAP..UP STEP
+    (0x1D173, 0x1D17A), // MUSICAL SYMBOL BEGIN BEAM..END PHRASE
+    (0xE0000, 0xE0FFF), // tags, VARIATION SELECTOR-17..256, reserved
+];
+
+/// The script-neutral combining diacritical blocks (Unicode's Blocks.txt):
+/// Combining Diacritical Marks, ... Extended, ... Supplement, ... for
+/// Symbols, Combining Half Marks.
+const COMBINING_DIACRITICS: &[(u32, u32)] = &[
+    (0x0300, 0x036F),
+    (0x1AB0, 0x1AFF),
+    (0x1DC0, 0x1DFF),
+    (0x20D0, 0x20FF),
+    (0xFE20, 0xFE2F),
+];
+
+fn in_ranges(c: char, ranges: &[(u32, u32)]) -> bool {
+    let c = u32::from(c);
+    ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// What `c` is, when a name or owner may not contain it (the policy of
+/// this module's documentation).
 pub fn forbidden_kind(c: char) -> Option<&'static str> {
     Some(match c {
         c if c.is_control() => "a control character",
+        '\u{2028}' | '\u{2029}' => "a line or paragraph separator",
         '\u{202A}' | '\u{202B}' | '\u{202D}' => "a bidirectional embedding or override",
         '\u{202E}' => "a bidirectional override",
         '\u{202C}' => "a bidirectional pop",
         '\u{2066}'..='\u{2069}' => "a bidirectional isolate",
         '\u{200E}' | '\u{200F}' | '\u{061C}' => "a bidirectional mark",
         '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}' | '\u{FEFF}' => "a zero-width character",
+        '\u{00AD}' => "a soft hyphen (invisible)",
+        '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}' => "a Hangul filler (blank)",
+        '\u{E0020}'..='\u{E007F}' | '\u{E0001}' => "a tag character (invisible)",
+        '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}' | '\u{180B}'..='\u{180D}' | '\u{180F}' => {
+            "a variation selector (invisible)"
+        }
+        c if in_ranges(c, DEFAULT_IGNORABLE) => "a default-ignorable character (invisible)",
+        '\u{00A0}' | '\u{1680}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => {
+            "a space other than U+0020 (looks like one)"
+        }
+        c if in_ranges(c, COMBINING_DIACRITICS) => {
+            "a combining diacritical mark (a letter plus a mark looks like another letter)"
+        }
         _ => return None,
     })
+}
+
+/// `text` with every character [`forbidden_kind`] refuses written as an
+/// escape (`\u{202e}`), the rest as it is: how a name, an owner or a
+/// query is shown where a person reads it (the status page), so that
+/// nothing reaching it can hide or reorder the text around it.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if forbidden_char(text).is_none() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if forbidden_kind(c).is_some() {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The first character `name` may not contain, if any.
@@ -61,12 +157,18 @@ pub const ECHO_CHARS: usize = 48;
 
 /// `raw`, quoted and escaped, cut to [`ECHO_CHARS`] characters (with its
 /// full length when cut): how every side quotes a caller's value back.
+/// Escaped as Rust's `{:?}` does, and so is every character the rule
+/// refuses ([`shown`]): a refusal never carries the invisible or blank
+/// character it refuses.
 pub fn echo(raw: &str) -> String {
     let mut chars = raw.char_indices();
-    match chars.nth(ECHO_CHARS) {
+    let quoted = match chars.nth(ECHO_CHARS) {
         None => format!("{raw:?}"),
         Some((end, _)) => format!("{:?}… ({} bytes)", &raw[..end], raw.len()),
-    }
+    };
+    // `{:?}` escaped every backslash, so an escape added here is the
+    // only reading of what it shows.
+    shown(&quoted).into_owned()
 }
 
 /// Why `name` cannot name a lease (empty, over `max_bytes`, or holding a
@@ -88,7 +190,8 @@ pub fn name_problem(name: &str, max_bytes: usize) -> Option<String> {
 
 /// Why `owner` cannot be a lease's owner: over `max_bytes`, or holding a
 /// character a name may not hold (owners are shown where names are:
-/// conflicts, describe, the status page, witnesses).
+/// conflicts, describe, the status page, witnesses). The same rule for an
+/// owner a client sends and one taken from its certificate's subject.
 pub fn owner_problem(owner: &str, max_bytes: usize) -> Option<String> {
     if owner.len() > max_bytes {
         return Some(format!(
@@ -126,6 +229,7 @@ mod tests {
                 .contains("over the limit of 8 bytes")
         );
         assert_eq!(echo("abc"), "\"abc\"");
+        assert_eq!(echo("a\u{3164}\u{a0}b"), "\"a\\u{3164}\\u{a0}b\"");
     }
 
     #[test]
@@ -152,6 +256,68 @@ mod tests {
         assert_eq!(
             forbidden_char("ab\u{202E}c").unwrap().to_string(),
             "U+202E (a bidirectional override) at character 2"
+        );
+    }
+
+    /// Two names that differ must not look alike: each of these would
+    /// pass for the plain name beside it.
+    #[test]
+    fn invisible_blank_and_combining_look_alikes_are_refused() {
+        let cases = [
+            ("ab", "a\u{AD}b", '\u{AD}', "soft hyphen"),
+            ("ab", "ab\u{E0041}", '\u{E0041}', "tag character"),
+            ("ab", "a\u{E0001}b", '\u{E0001}', "tag character"),
+            ("a b", "a\u{3164}b", '\u{3164}', "Hangul filler"),
+            ("a b", "a\u{115F}b", '\u{115F}', "Hangul filler"),
+            ("a b", "a\u{A0}b", '\u{A0}', "space other than U+0020"),
+            ("a b", "a\u{3000}b", '\u{3000}', "space other than U+0020"),
+            ("a b", "a\u{2028}b", '\u{2028}', "line or paragraph separator"),
+            ("\u{E9}", "e\u{301}", '\u{301}', "combining diacritical mark"),
+            ("a", "a\u{20DD}", '\u{20DD}', "combining diacritical mark"),
+            ("a", "a\u{FE0F}", '\u{FE0F}', "variation selector"),
+            ("a", "a\u{E0100}", '\u{E0100}', "variation selector"),
+            ("ab", "a\u{34F}b", '\u{34F}', "default-ignorable"),
+            ("ab", "a\u{2064}b", '\u{2064}', "default-ignorable"),
+            ("ab", "a\u{1D173}b", '\u{1D173}', "default-ignorable"),
+            ("ab", "a\u{E0FFF}b", '\u{E0FFF}', "default-ignorable"),
+        ];
+        for (plain, lookalike, ch, kind) in cases {
+            assert_eq!(forbidden_char(plain), None, "{plain:?}");
+            let bad = forbidden_char(lookalike).unwrap_or_else(|| panic!("{lookalike:?} accepted"));
+            assert_eq!(bad.ch, ch, "{lookalike:?}");
+            assert!(bad.kind.contains(kind), "{lookalike:?}: {}", bad.kind);
+            assert!(
+                owner_problem(lookalike, 64).is_some(),
+                "owner {lookalike:?} accepted"
+            );
+        }
+        // Every range of the table is refused at both ends.
+        for &(lo, hi) in DEFAULT_IGNORABLE.iter().chain(COMBINING_DIACRITICS) {
+            for c in [lo, hi] {
+                let c = char::from_u32(c).unwrap();
+                assert!(forbidden_kind(c).is_some(), "U+{:04X} accepted", u32::from(c));
+            }
+        }
+        // Scripts that need their own marks, and ordinary punctuation.
+        for ok in [
+            "\u{939}\u{93f}\u{928}\u{94d}\u{926}\u{940}", // Hindi: vowel signs and a virama
+            "\u{e20}\u{e32}\u{e29}\u{e32}\u{e44}\u{e17}\u{e22}", // Thai
+            "\u{5e9}\u{5c1}\u{5b8}\u{5dc}\u{5d5}\u{5b9}\u{5dd}", // Hebrew with points
+            "caf\u{e9} \u{65e5}\u{672c}/O=acme,CN=worker-1 +x_y.z~",
+        ] {
+            assert_eq!(forbidden_char(ok), None, "{ok:?}");
+        }
+    }
+
+    #[test]
+    fn shown_escapes_exactly_what_is_refused() {
+        assert!(matches!(
+            shown("tenant-7 caf\u{e9}"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            shown("CN=a\u{202E}b\u{AD}c\u{E0041}\n\u{e9}"),
+            "CN=a\\u{202e}b\\u{ad}c\\u{e0041}\\u{a}\u{e9}"
         );
     }
 }

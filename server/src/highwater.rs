@@ -19,6 +19,7 @@
 //! `step` longer than `max_ttl`.
 
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -150,12 +151,26 @@ impl HighWater {
 /// Writes `mark` to a temporary file, fsyncs it, renames it over `path`
 /// and fsyncs the directory: a crash leaves the old mark or the new one,
 /// never a torn one.
+///
+/// The temporary file is created exclusively (`O_EXCL`, which never
+/// follows a link), after removing whatever a crash left at its name: a
+/// link planted there (the key's directory writable by someone else) is
+/// removed, never written through, so the mark cannot overwrite the file
+/// it names.
 fn write(path: &Path, mark: Micros) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
         writeln!(f, "{} {}", mark.as_micros(), mark)?;
         f.sync_all()?;
     }
@@ -189,6 +204,34 @@ mod tests {
         assert!(matches!(load(Some(&path)), Found::Missing(_)));
         std::fs::write(&path, "garbage").unwrap();
         assert!(matches!(load(Some(&path)), Found::Unreadable(..)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A link planted at the temporary name is removed, not written
+    /// through: the file it names keeps its bytes, and the mark lands in
+    /// a regular file of its own.
+    #[tokio::test]
+    async fn a_planted_link_at_the_temporary_name_is_not_followed() {
+        let dir = std::env::temp_dir().join(format!("bagel-hw-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = path_for_key(&dir.join("server.key"));
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        let sec = Duration::from_secs(1);
+        let hw = HighWater::new(Some(path.clone()), Micros::ZERO, 10 * sec, sec);
+        let now = Micros::from_micros(1_000_000_000);
+        hw.cover(now.saturating_add(5 * sec), now).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file(), "{meta:?}");
+        assert!(matches!(load(Some(&path)), Found::Mark(m) if m == now.saturating_add(11 * sec)));
+        assert!(
+            std::fs::symlink_metadata(&tmp).is_err(),
+            "the temporary name is gone"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

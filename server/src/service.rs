@@ -272,7 +272,11 @@ impl Service {
 
     /// With mutual TLS, the caller's certificate subject, the owner of
     /// what it does; refused when the certificate was not issued directly
-    /// by a `--client-ca` certificate. `None` without mutual TLS.
+    /// by a `--client-ca` certificate, and when its subject breaks the
+    /// owner rule (`bagel_proto::names`): a CA may sign any subject, and
+    /// one holding a bidirectional override or an invisible character
+    /// would show operators another owner than the one holding the lease.
+    /// `None` without mutual TLS.
     fn identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
         let Some(tls) = self.inner.cfg.tls.as_ref().filter(|t| t.client_ca_pem.is_some()) else {
             return Ok(None);
@@ -281,7 +285,7 @@ impl Service {
         if let Some(issuer) = caller.untrusted_issuer(&tls.client_ca_der) {
             return Err(Error::UntrustedIssuer { subject, issuer });
         }
-        Ok(Some(subject))
+        validate::certificate_owner(subject, &self.inner.cfg.limits).map(Some)
     }
 
     /// With mutual TLS: refuses `caller` unless `lease` was granted to its

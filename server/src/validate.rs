@@ -89,6 +89,25 @@ pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
     Ok(Arc::from(raw))
 }
 
+/// The owner a client certificate makes (its subject, with mutual TLS):
+/// refused, naming the certificate, when it breaks the rule an owner sent
+/// in a request obeys. A CA signs whatever subject it is asked to, and a
+/// subject holding a bidirectional override or an invisible character
+/// would show operators another owner than the one holding the lease.
+pub fn certificate_owner(subject: Arc<str>, limits: &Limits) -> Result<Arc<str>, Error> {
+    match bagel_proto::names::owner_problem(&subject, limits.max_owner_bytes) {
+        None => Ok(subject),
+        Some(why) => Err(Error::invalid(
+            "owner",
+            format!(
+                "client certificate {} cannot own leases: its subject (the owner of its leases) {why}; \
+                 issue it a certificate whose subject obeys the owner rule",
+                echo(&subject)
+            ),
+        )),
+    }
+}
+
 pub fn mode(raw: i32) -> Result<Mode, Error> {
     match pb::Mode::try_from(raw) {
         Ok(pb::Mode::Unspecified | pb::Mode::Full) => Ok(Mode::Full),
@@ -247,6 +266,24 @@ mod tests {
         let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
         let err = names("names", &many, &l).unwrap_err().to_string();
         assert!(err.contains("65 names exceed the limit of 64"), "{err}");
+    }
+
+    #[test]
+    fn a_certificate_subject_obeys_the_owner_rule() {
+        let l = Limits::default();
+        let ok = Arc::from("O=bagel tests,CN=worker-1");
+        assert_eq!(certificate_owner(Arc::clone(&ok), &l).unwrap(), ok);
+        let err = certificate_owner(Arc::from("O=x,CN=a\u{202e}b"), &l)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("owner: client certificate \"O=x,CN=a\\u{202e}b\" cannot own leases")
+                && err.contains("U+202E (a bidirectional override) at character 8"),
+            "{err}"
+        );
+        let long = Arc::from(format!("CN={}", "x".repeat(300)));
+        let err = certificate_owner(long, &l).unwrap_err().to_string();
+        assert!(err.contains("303 bytes, over the limit of 256 bytes"), "{err}");
     }
 
     #[test]

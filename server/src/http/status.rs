@@ -176,7 +176,14 @@ pub(super) async fn favicon() -> Response {
 }
 
 /// Escapes text for HTML element content and quoted attribute values.
+/// `s` for HTML text or an attribute value: markup escaped, and every
+/// character a name or owner may not hold (`bagel_proto::names`: controls,
+/// bidirectional overrides, invisible and blank characters, combining
+/// diacritics) shown as `\u{…}`. The page shows what clients sent and
+/// what a search asked for; none of it may reorder or hide the text
+/// around it, whatever got past the rules (a query, an older record).
 fn esc(s: &str) -> String {
+    let s = bagel_proto::names::shown(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -573,6 +580,10 @@ mod tests {
         assert_eq!(
             esc(r#"<script>"a" & 'b'</script>"#),
             "&lt;script&gt;&quot;a&quot; &amp; &#39;b&#39;&lt;/script&gt;"
+        );
+        assert_eq!(
+            esc("CN=a\u{202e}<b\u{ad}\u{e0041}"),
+            "CN=a\\u{202e}&lt;b\\u{ad}\\u{e0041}"
         );
     }
 

@@ -104,6 +104,12 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
         );
     }
     crate::names::check("--name", &args.names)?;
+    // Where the lease file goes is checked before anything is acquired:
+    // a directory that must be refused costs no lease.
+    let run_dir = match &args.lease_file {
+        Some(f) => crate::lease_file::directory(f)?.path().to_owned(),
+        None => crate::written::state_subdir("run")?.path().to_owned(),
+    };
     let target = g.target.connect(g.roughtime).await?;
     let backend = target.backend();
     let mut acquire = AcquireBuilder::new(backend, args.names.clone())
@@ -128,9 +134,7 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     let own_file = args.lease_file.is_none();
     let file = match &args.lease_file {
         Some(f) => f.clone(),
-        None => crate::written::state_dir()
-            .join("run")
-            .join(format!("{}.json", lease.id())),
+        None => run_dir.join(format!("{}.json", lease.id())),
     };
     crate::lease_file::write(&file, &LeaseJson::from_lease(&lease, location.as_deref()))?;
 

@@ -73,14 +73,18 @@ impl StoreArgs {
         self.lease_store.as_deref().is_some_and(|s| !s.is_empty())
     }
 
-    fn key_path(&self) -> PathBuf {
-        self.lease_key
-            .clone()
-            .unwrap_or_else(|| crate::written::state_dir().join("lease-key"))
+    /// `--lease-key`, else `<state dir>/lease-key` (the state directory
+    /// created and checked to be this user's alone: a key someone else
+    /// could plant there would sign this user's leases).
+    fn key_path(&self) -> anyhow::Result<PathBuf> {
+        match &self.lease_key {
+            Some(path) => Ok(path.clone()),
+            None => Ok(crate::written::state_dir_checked()?.path().join("lease-key")),
+        }
     }
 
     fn signer(&self) -> anyhow::Result<bagel_proto::Signer> {
-        let path = self.key_path();
+        let path = self.key_path()?;
         bagel_s3_lease::load_or_create_key(&path)
             .with_context(|| format!("loading the lease key {}", path.display()))
     }

@@ -21,18 +21,32 @@
 //!   never leaves the lease unreleasable.
 //!
 //! The state directory is `$BAGEL_STATE_DIR`, else `$XDG_STATE_HOME/bagel`,
-//! else `~/.local/state/bagel`. A release on another machine than the
-//! writes must pass `--watermark`.
+//! else `~/.local/state/bagel`, else (no `HOME`) `$TMPDIR/bagel-<uid>`. A
+//! release on another machine than the writes must pass `--watermark`.
+//!
+//! Every file bagel keeps (these, `bagel run`'s lease files, the S3 lease
+//! key) holds or guards a secret, so it lives in a [`PrivateDir`]: a
+//! directory opened without following a link and checked to be this
+//! user's and writable by no one else, created 0700 when missing. Anything
+//! else is refused, naming it: in a directory another user can write to,
+//! a planted symbolic link would receive a lease's token and holder key
+//! (and a later write would overwrite whatever file the link names). The
+//! fallback without `HOME` is a directory per user, never one shared name
+//! in `/tmp` that whoever comes first owns.
 
 use std::fs::{File, TryLockError};
 use std::io::{Read as _, Seek as _, Write as _};
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
 use bagel_client::Micros;
 use bagel_proto::rights::WriteSummary;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
 use sha2::{Digest as _, Sha256};
 
 /// What a released lease's lock file says.
@@ -43,21 +57,189 @@ const RELEASED: &str = "released\n";
 const KEEP_RELEASED: Duration = Duration::from_secs(24 * 3600);
 
 /// Where the CLI keeps its state (written-state files, the S3 lease key,
-/// `bagel run`'s lease files).
-pub fn state_dir() -> PathBuf {
+/// `bagel run`'s lease files), before any check: [`state_subdir`] and
+/// [`state_dir_checked`] create and check it.
+fn state_dir() -> PathBuf {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     env("BAGEL_STATE_DIR")
         .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("bagel")))
         .or_else(|| env("HOME").map(|h| h.join(".local/state/bagel")))
-        .unwrap_or_else(|| std::env::temp_dir().join("bagel-state"))
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("bagel-{}", rustix::process::geteuid().as_raw()))
+        })
 }
 
-fn leases_dir() -> PathBuf {
-    state_dir().join("leases")
+/// A directory bagel writes private files in, opened and checked: not a
+/// symbolic link, a directory, owned by this user (effective uid) and not
+/// writable by group or others. Files are made relative to the open
+/// directory, so a path swapped after the check changes nothing.
+#[derive(Debug)]
+pub struct PrivateDir {
+    path: PathBuf,
+    fd: OwnedFd,
 }
 
-/// `<state dir>/leases/<stem>.<ext>` for a lease id.
-fn path(lease_id: &str, ext: &str) -> anyhow::Result<PathBuf> {
+impl PrivateDir {
+    /// Opens `path` as a private directory, creating it (and any missing
+    /// parent) mode 0700 first; `what` names it in refusals ("the state
+    /// directory"). Refused, naming it: a link, not a directory, owned by
+    /// another user, or writable by group or others.
+    pub fn open(path: &Path, what: &str) -> anyhow::Result<PrivateDir> {
+        if let Err(e) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+        {
+            // A link or a file there is refused below, by what it is.
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e).with_context(|| format!("creating {what} {}", path.display()));
+            }
+        }
+        let fd = rustix::fs::open(path, dir_flags(), Mode::empty()).map_err(|e| refusal(path, what, e))?;
+        check(&fd, path, what, FileType::Directory)?;
+        Ok(PrivateDir {
+            path: path.to_owned(),
+            fd,
+        })
+    }
+
+    /// Its subdirectory `name`, created 0700 when missing and checked
+    /// alike.
+    pub fn subdir(&self, name: &str, what: &str) -> anyhow::Result<PrivateDir> {
+        let path = self.path.join(name);
+        match rustix::fs::mkdirat(&self.fd, name, Mode::RWXU) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {what} {}", path.display())),
+        }
+        let fd = rustix::fs::openat(&self.fd, name, dir_flags(), Mode::empty())
+            .map_err(|e| refusal(&path, what, e))?;
+        check(&fd, &path, what, FileType::Directory)?;
+        Ok(PrivateDir { path, fd })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Opens the file `name` in it, creating it (0600) when missing, for
+    /// records that several `bagel` processes share (appended lines, a
+    /// lock): never through a link, and only a regular file of this user.
+    fn open_shared_file(&self, name: &str, flags: OFlags) -> anyhow::Result<File> {
+        let path = self.path.join(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            // NONBLOCK: a FIFO found there fails the check instead of
+            // hanging the open.
+            flags | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(|e| refusal(&path, "the state file", e))?;
+        check(&fd, &path, "the state file", FileType::RegularFile)?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens the file `name` in it for reading, `None` when there is none;
+    /// never through a link.
+    fn read_file(&self, name: &str) -> anyhow::Result<Option<String>> {
+        let path = self.path.join(name);
+        let fd = match rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(refusal(&path, "the state file", e)),
+        };
+        check(&fd, &path, "the state file", FileType::RegularFile)?;
+        let mut text = String::new();
+        File::from(fd)
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(Some(text))
+    }
+
+    /// Removes the entry `name` (a link itself, never what it names).
+    fn remove(&self, name: &str) {
+        let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
+    }
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+/// Why opening `path` failed, in words: a link is named as one.
+fn refusal(path: &Path, what: &str, e: Errno) -> anyhow::Error {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if is_link {
+        anyhow::anyhow!(
+            "refusing {what} {}: it is a symbolic link, and bagel never writes through one (in a \
+             directory others can write to, a planted link would receive lease tokens and keys)",
+            path.display()
+        )
+    } else if e == Errno::NOTDIR {
+        anyhow::anyhow!("refusing {what} {}: it is not a directory", path.display())
+    } else {
+        anyhow::Error::new(std::io::Error::from(e)).context(format!("opening {what} {}", path.display()))
+    }
+}
+
+/// Refuses `fd` (opened from `path`) unless it is a `kind` owned by this
+/// user that neither group nor others can write to.
+fn check(fd: &OwnedFd, path: &Path, what: &str, kind: FileType) -> anyhow::Result<()> {
+    let st = rustix::fs::fstat(fd).with_context(|| format!("checking {what} {}", path.display()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if FileType::from_raw_mode(st.st_mode) != kind {
+        let want = if kind == FileType::Directory {
+            "a directory"
+        } else {
+            "a regular file"
+        };
+        bail!("refusing {what} {}: it is not {want}", path.display());
+    }
+    if st.st_uid != me {
+        bail!(
+            "refusing {what} {}: it is owned by uid {}, not by this user (uid {me}); bagel keeps lease \
+             tokens and keys only where no one else can plant or swap files (remove it, or set \
+             BAGEL_STATE_DIR to a directory of yours)",
+            path.display(),
+            st.st_uid
+        );
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        bail!(
+            "refusing {what} {}: its mode {mode:04o} lets others write to it; bagel keeps lease tokens \
+             and keys only where no one else can plant or swap files (chmod go-w it, or choose another)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The state directory, created and checked (see [`PrivateDir`]).
+pub fn state_dir_checked() -> anyhow::Result<PrivateDir> {
+    PrivateDir::open(&state_dir(), "the state directory")
+}
+
+/// `<state dir>/<name>`, both created and checked.
+pub fn state_subdir(name: &str) -> anyhow::Result<PrivateDir> {
+    state_dir_checked()?.subdir(name, "the state directory")
+}
+
+fn leases_dir() -> anyhow::Result<PrivateDir> {
+    state_subdir("leases")
+}
+
+/// `<stem>.<ext>`, the name of a lease's state file in `<state dir>/leases/`.
+fn file_name(lease_id: &str, ext: &str) -> anyhow::Result<String> {
     if lease_id.is_empty() {
         bail!("an empty lease id names no state file");
     }
@@ -75,20 +257,12 @@ fn path(lease_id: &str, ext: &str) -> anyhow::Result<PathBuf> {
         let digest = Sha256::digest(lease_id.as_bytes());
         format!("sha256-{}", bagel_proto::hex::encode(&digest[..16]))
     };
-    Ok(leases_dir().join(format!("{stem}.{ext}")))
+    Ok(format!("{stem}.{ext}"))
 }
 
 fn open_lock(lease_id: &str) -> anyhow::Result<File> {
-    let path = path(lease_id, "lock")?;
-    let dir = path.parent().expect("a file in a directory");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))
+    let name = file_name(lease_id, "lock")?;
+    leases_dir()?.open_shared_file(&name, OFlags::RDWR)
 }
 
 fn says_released(lock: &mut File) -> anyhow::Result<bool> {
@@ -126,12 +300,8 @@ impl WriteRecord {
         if says_released(&mut lock)? {
             bail!("lease {lease_id} was released: no more writes under it (acquire a new one)");
         }
-        let path = path(lease_id, "written")?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let name = file_name(lease_id, "written")?;
+        let file = leases_dir()?.open_shared_file(&name, OFlags::WRONLY | OFlags::APPEND)?;
         let nanos = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -208,12 +378,10 @@ fn summarize(text: &str) -> WriteSummary {
 
 /// Everything recorded under `lease_id` (nothing when no file).
 pub fn load(lease_id: &str) -> anyhow::Result<WriteSummary> {
-    let path = path(lease_id, "written")?;
-    match std::fs::read_to_string(&path) {
-        Ok(t) => Ok(summarize(&t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(WriteSummary::default()),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    let name = file_name(lease_id, "written")?;
+    Ok(leases_dir()?
+        .read_file(&name)?
+        .map_or_else(WriteSummary::default, |t| summarize(&t)))
 }
 
 /// A lease's lock, held exclusively: no `bagel write` of the lease runs
@@ -267,32 +435,34 @@ impl ReleaseLock {
         if let Err(e) = marked {
             tracing::warn!(error = %e, lease = %self.lease_id, "could not mark the lease released");
         }
-        if let Ok(path) = path(&self.lease_id, "written") {
-            let _ = std::fs::remove_file(path);
+        if let (Ok(name), Ok(dir)) = (file_name(&self.lease_id, "written"), leases_dir()) {
+            dir.remove(&name);
+            prune_released(&dir);
         }
-        prune_released();
     }
 }
 
 /// Removes the lock files of leases released over [`KEEP_RELEASED`] ago,
 /// so the state directory does not grow with every lease ever used.
-fn prune_released() {
-    let Ok(dir) = std::fs::read_dir(leases_dir()) else {
+fn prune_released(dir: &PrivateDir) {
+    let Ok(entries) = std::fs::read_dir(dir.path()) else {
         return;
     };
-    for entry in dir.filter_map(Result::ok) {
-        let path = entry.path();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| n.ends_with(".lock")) else {
+            continue;
+        };
+        // Regular files only (`DirEntry::metadata` does not follow links).
         let old = entry
             .metadata()
-            .and_then(|m| m.modified())
             .ok()
+            .filter(std::fs::Metadata::is_file)
+            .and_then(|m| m.modified().ok())
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age > KEEP_RELEASED);
-        if old
-            && path.extension().is_some_and(|e| e == "lock")
-            && std::fs::read_to_string(&path).is_ok_and(|t| t == RELEASED)
-        {
-            let _ = std::fs::remove_file(&path);
+        if old && dir.read_file(name).is_ok_and(|t| t.as_deref() == Some(RELEASED)) {
+            dir.remove(name);
         }
     }
 }
