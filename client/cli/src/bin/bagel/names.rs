@@ -6,14 +6,17 @@
 
 use anyhow::bail;
 
-/// Refuses the first name holding a control, bidirectional or zero-width
-/// character, naming the code point (the name itself is quoted escaped).
+/// Refuses the first name holding a character the shared rule refuses
+/// (control, invisible or bidirectional, a space other than U+0020, a
+/// script-neutral combining mark), naming the code point (the name itself
+/// is quoted escaped).
 pub fn check<'a>(what: &str, names: impl IntoIterator<Item = &'a String>) -> anyhow::Result<()> {
     for name in names {
         if let Some(bad) = bagel_proto::names::forbidden_char(name) {
             bail!(
-                "{what} {name:?} contains {bad}; names may not hold control, bidirectional or zero-width \
-                 characters"
+                "{what} {name:?} contains {bad}; names may not hold control, invisible (default-ignorable) \
+                 or bidirectional characters, spaces other than U+0020, or combining marks that make \
+                 two names look alike"
             );
         }
     }
