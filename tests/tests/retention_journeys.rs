@@ -1,8 +1,10 @@
 //! Retention as operators walk it (issue 37, item 3): summarize, retain,
 //! then read with and without summaries, summarize again on a schedule,
 //! and retain over a bad summary, with the real `bagel` CLI on a real
-//! directory store. Every acknowledged message is read back, or the read
-//! fails naming where the messages are: never a silent gap.
+//! directory store (and on the test suite's S3 server). Every
+//! acknowledged message is read back, or the read fails naming where the
+//! messages are: never a silent gap. And a minute retention removed stays
+//! closed to a writer, closer or reader that comes back to it late.
 //!
 //! The messages are written by the real bag writer under test leases on a
 //! clock set half an hour back, so their minutes are long past for the
@@ -21,17 +23,19 @@ use bagel_bags::summary::{self, Stretch};
 use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, Writer};
 use bagel_proto::Micros;
 use bagel_proto::clock::ManualClock;
-use bagel_tests::{TestLeases, bagel_bin, describe_output, unique};
+use bagel_tests::{Backend, HookStore, TestLease, TestLeases, bagel_bin, describe_output, unique};
 use bytes::Bytes;
 use serde_json::Value;
 
 /// A log on a fresh directory, its minute `A` (even, so a 2-minute
 /// summary starts there) half an hour back, and one writer's lease.
 struct Journey {
-    _dir: tempfile::TempDir,
+    backend: Backend,
     url: String,
     log: String,
     leases: TestLeases,
+    /// The one lease every writer of the journey writes under.
+    lease: TestLease,
     clock: ManualClock,
     store: Arc<dyn BagStore>,
     writer: Writer,
@@ -43,8 +47,13 @@ struct Journey {
 
 impl Journey {
     async fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("file://{}", dir.path().display());
+        Self::on(Backend::posix()).await
+    }
+
+    /// The journey on `backend` (a directory, or a prefix of the test
+    /// suite's S3 server).
+    async fn on(backend: Backend) -> Self {
+        let url = backend.url();
         let now = Micros::now().as_micros() / 1_000_000;
         let a = (now - 30 * 60) / 120 * 120;
         let clock = ManualClock::new(Micros::from_micros(a * 1_000_000));
@@ -62,17 +71,18 @@ impl Journey {
             Arc::clone(&store),
             &log,
             "w",
-            Arc::new(lease),
+            Arc::new(lease.clone()),
             Arc::new(clock.clone()),
             leases.time(Arc::new(clock.clone())),
             BagConfig::default(),
         )
         .unwrap();
         Journey {
-            _dir: dir,
+            backend,
             url,
             log,
             leases,
+            lease,
             clock,
             store,
             writer,
@@ -120,25 +130,13 @@ impl Journey {
 
     /// `bagel <cmd> --store … --log … <args>` on this host's clock.
     fn cli(&self, cmd: &str, args: &[&str]) -> Output {
-        Command::new(bagel_bin())
-            .args([
-                "--unsafe-local-clock",
-                cmd,
-                "--store",
-                &self.url,
-                "--log",
-                &self.log,
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("bagel runs")
+        cli_on(&self.url, &self.log, cmd, args)
     }
 
     /// `bagel retain` of every summarized stretch that ended over a second
     /// ago.
     fn retain(&self, extra: &[&str]) -> Output {
-        let mut args = vec!["--keep-bags", "1s", "--unsafe-min-keep", "1s"];
+        let mut args = RETAIN.to_vec();
         args.extend(extra);
         self.cli("retain", &args)
     }
@@ -179,6 +177,21 @@ impl Journey {
             .len()
     }
 }
+
+/// `bagel <cmd> --store URL --log LOG <args>` on this host's clock (from
+/// a hook, which cannot borrow the journey).
+fn cli_on(url: &str, log: &str, cmd: &str, args: &[&str]) -> Output {
+    Command::new(bagel_bin())
+        .args(["--unsafe-local-clock", cmd, "--store", url, "--log", log])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bagel runs")
+}
+
+/// `bagel retain`'s flags in these journeys: every summarized stretch
+/// that ended over a second ago.
+const RETAIN: [&str; 4] = ["--keep-bags", "1s", "--unsafe-min-keep", "1s"];
 
 struct Read {
     code: Option<i32>,
@@ -335,7 +348,7 @@ async fn retain_keeps_the_bags_of_a_bad_summary_and_goes_on_with_the_others() {
     // Minute A's summary corrupted in place; minute A+1's replaced by a
     // forged one that leaves its bag out.
     let (corrupt, forged) = (j.minute(0), j.minute(1));
-    let path = j._dir.path().join(&j.log).join(name(corrupt));
+    let path = j.backend.local_root().unwrap().join(&j.log).join(name(corrupt));
     std::fs::remove_file(&path).unwrap();
     std::fs::write(&path, b"not a summary").unwrap();
     let mut fake = summary::build(j.store.as_ref(), &j.log, forged).await.unwrap();
@@ -442,4 +455,438 @@ async fn overlapping_summaries_of_different_spans_lose_no_second() {
         .filter(|v| !v["detail"].as_str().unwrap().ends_with("carries no signed time"))
         .collect();
     assert!(others.is_empty(), "{}", describe_output(&audit));
+}
+
+// Issue 37, items 3d and 3e: a removed bag stays closed for every writer,
+// closer and reader, however late it comes back to it.
+
+impl Journey {
+    /// Minute `minute` after `A`'s second `second` (a bag `w` wrote into
+    /// when `second` is 5, 12 or 19).
+    fn second(&self, minute: u64, second: u64) -> Bucket {
+        Bucket::from_secs(self.a + 60 * minute + second)
+    }
+
+    /// `bagel audit` over minutes `[from, to)` after `A`: its violations,
+    /// less what test leases always show (their witnesses carry no signed
+    /// time of their own, the server's do), and the whole output.
+    fn audit(&self, from: u64, to: u64) -> (Vec<String>, String) {
+        let key = self.leases.key_hex();
+        let (from, to) = (self.at(from), self.at(to));
+        let out = self.cli("audit", &["--json", "--key", &key, "--from", &from, "--to", &to]);
+        let v: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe_output(&out)));
+        let found = v["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| format!("{}: {}", v["kind"], v["detail"].as_str().unwrap()))
+            .filter(|d| !d.ends_with("carries no signed time"))
+            .collect();
+        (found, describe_output(&out))
+    }
+
+    /// After retention removed minute `minute` and something came back to
+    /// it (a late writer, a closer, a reader, a crash): every acknowledged
+    /// message is read from its summary; a read without summaries fails
+    /// naming it; the audit finds nothing; and the next retention exits 0
+    /// and leaves no bag there.
+    async fn assert_retained(&self, minute: u64) {
+        let with = self.read(minute, minute + 1, &[]);
+        assert_eq!(
+            (with.code, &with.payloads),
+            (Some(0), &self.acked_in(minute, minute + 1)),
+            "{}",
+            with.said
+        );
+        let without = self.read(minute, minute + 1, &["--no-summaries"]);
+        assert_eq!(without.code, Some(4), "{}", without.said);
+        assert!(without.payloads.is_empty(), "{}", without.said);
+        let items: Vec<&str> = without
+            .problems
+            .iter()
+            .map(|p| p["item"].as_str().unwrap())
+            .collect();
+        assert_eq!(items, [name(self.minute(minute))], "{}", without.said);
+        let (violations, said) = self.audit(minute, minute + 1);
+        assert!(violations.is_empty(), "{violations:?}\n{said}");
+        let again = self.retain(&[]);
+        assert_eq!(again.status.code(), Some(0), "{}", describe_output(&again));
+        assert_eq!(self.bags_left(minute).await, 0, "{}", describe_output(&again));
+        // And once more after the clean-up: still the same.
+        let (violations, said) = self.audit(minute, minute + 1);
+        assert!(violations.is_empty(), "{violations:?}\n{said}");
+    }
+
+    /// A writer of the journey's lease on its own clock, through `store`.
+    fn late_writer(&self, store: Arc<dyn BagStore>, clock: &ManualClock) -> Writer {
+        Writer::new(
+            store,
+            &self.log,
+            "late",
+            Arc::new(self.lease.clone()),
+            Arc::new(clock.clone()),
+            self.leases.time(Arc::new(clock.clone())),
+            BagConfig::default(),
+        )
+        .unwrap()
+    }
+}
+
+/// 3d: a writer held between its rights check and its append (here its
+/// store call waits, as on a hung mount, while minute A is summarized and
+/// retained) came back to a bag retention had removed. Its append made the
+/// bag again, the seal's finish closed it with a lock listing only the
+/// late record, and the write was acknowledged, although the summary
+/// readers use does not hold it. It must be `LateRejected`, as it is when
+/// the bag is still there.
+async fn a_writer_paused_past_retention_is_late_rejected(backend: Backend) {
+    let mut j = Journey::on(backend).await;
+    j.write(0, 3).await;
+    // In the second `w` wrote its first message into: the seal lists it.
+    let clock = ManualClock::new(Micros::from_micros(j.second(0, 5).secs() * 1_000_000 + 500_000));
+    let hooked = HookStore::new(Arc::clone(&j.store));
+    let late = j.late_writer(hooked.store(), &clock);
+    let (url, log, to, resumed) = (j.url.clone(), j.log.clone(), j.at(1), clock.clone());
+    hooked.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                ok(&cli_on(&url, &log, "summarize", &["--to", &to]));
+                let retained = ok(&cli_on(&url, &log, "retain", &RETAIN));
+                assert!(retained.contains("removed 3 bags"), "{retained}");
+            })
+            .await
+            .unwrap();
+            // It resumes half an hour on.
+            resumed.set(Micros::now());
+        })
+    }));
+    let err = late.write(Bytes::from("late")).await.unwrap_err();
+    assert!(
+        matches!(&err, bag::Error::LateRejected { bucket, .. } if *bucket == j.second(0, 5)),
+        "{err:?}"
+    );
+    // Its append made the bag again; the next retention removes it.
+    assert_eq!(j.bags_left(0).await, 1);
+    let again = ok(&j.retain(&[]));
+    assert!(
+        again.contains("removed 1 bags made again in minutes already removed"),
+        "{again}"
+    );
+    j.assert_retained(0).await;
+
+    // Retained, a bag stays closed to any later writer as well.
+    let clock = ManualClock::new(Micros::from_micros(j.second(0, 12).secs() * 1_000_000 + 250_000));
+    let hooked = HookStore::new(Arc::clone(&j.store));
+    let later = j.late_writer(hooked.store(), &clock);
+    let resumed = clock.clone();
+    hooked.before_next_append(Box::new(move || {
+        Box::pin(async move { resumed.set(Micros::now()) })
+    }));
+    let err = later.write(Bytes::from("later")).await.unwrap_err();
+    assert!(matches!(err, bag::Error::LateRejected { .. }), "{err:?}");
+    j.assert_retained(0).await;
+}
+
+/// The other side of 3d: a writer whose record landed in time, and that
+/// was held after its append (before it confirmed) while the minute was
+/// summarized and retained. Its record is in the summary, so it is
+/// acknowledged, although the lock it finds now is not the one it was
+/// listed in: the minute's tombstone names the summary, which decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_held_after_its_append_past_retention_is_acknowledged_when_the_summary_holds_it() {
+    let mut j = Journey::new().await;
+    j.write(0, 3).await;
+    let clock = ManualClock::new(Micros::from_micros(j.second(0, 5).secs() * 1_000_000 + 500_000));
+    let (url, log, to, resumed) = (j.url.clone(), j.log.clone(), j.at(1), clock.clone());
+    let store = bag::faults::AppendsThrough::new(Arc::clone(&j.store), move |inner, append| {
+        let (url, log, to, resumed) = (url.clone(), log.clone(), to.clone(), resumed.clone());
+        Box::pin(async move {
+            let landed = append.to(&*inner).await;
+            tokio::task::spawn_blocking(move || {
+                ok(&cli_on(&url, &log, "summarize", &["--to", &to]));
+                ok(&cli_on(&url, &log, "retain", &RETAIN));
+            })
+            .await
+            .unwrap();
+            resumed.set(Micros::now());
+            landed
+        })
+    });
+    let held = j.late_writer(Arc::new(store), &clock);
+    held.write(Bytes::from("m0-held")).await.unwrap();
+    j.acked.insert("m0-held".into());
+    j.assert_retained(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_paused_past_retention_is_late_rejected_on_a_directory() {
+    a_writer_paused_past_retention_is_late_rejected(Backend::posix()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_paused_past_retention_is_late_rejected_on_s3() {
+    a_writer_paused_past_retention_is_late_rejected(Backend::s3()).await;
+}
+
+/// 3e: a seal's finish listed minute A's bags, and retention removed them
+/// before it closed them: it closed them again, empty. The audit then took
+/// the honest summary for a forged one (its locks are not the ones
+/// summarized), retention kept the bags forever (exit 1), and a read
+/// without summaries read three empty bags and exited 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_finish_racing_retention_brings_no_bag_back() {
+    let mut j = Journey::new().await;
+    j.write(0, 3).await;
+    ok(&j.cli("summarize", &["--to", &j.at(1)]));
+    let hooked = Hooked::new(Arc::clone(&j.store));
+    let (url, log) = (j.url.clone(), j.log.clone());
+    hooked.before(Op::Close, j.second(0, 5), move || {
+        ok(&cli_on(&url, &log, "retain", &RETAIN));
+    });
+    seal::seal(&hooked, &j.log, j.minute(0).first).await.unwrap();
+    assert!(hooked.ran(), "the finish closed the bag it listed");
+    assert_eq!(
+        j.bags_left(0).await,
+        3,
+        "the finish made the removed bags again (the race of this test)"
+    );
+    j.assert_retained(0).await;
+}
+
+/// 3e: a reader without summaries listed minute A's bags, and retention
+/// removed them before it opened them: it found them open and past due,
+/// closed them empty, and read nothing, with no problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_racing_retention_fails_naming_the_summary() {
+    let mut j = Journey::new().await;
+    j.write(0, 3).await;
+    ok(&j.cli("summarize", &["--to", &j.at(1)]));
+    let hooked = Hooked::new(Arc::clone(&j.store));
+    let (url, log) = (j.url.clone(), j.log.clone());
+    hooked.before(Op::State, j.second(0, 5), move || {
+        ok(&cli_on(&url, &log, "retain", &RETAIN));
+    });
+    let mut opts = bag::ReadOptions::default().with_keys(Some(j.leases.keys()));
+    opts.from = Micros::from_micros(j.a * 1_000_000);
+    opts.to = Micros::from_micros((j.a + 60) * 1_000_000);
+    opts.use_summaries = false;
+    let clock = bagel_proto::clock::AssumedExact(bagel_proto::clock::SystemClock);
+    let report = bag::read(&hooked, &j.log, &opts, &BagConfig::default(), &clock)
+        .await
+        .unwrap();
+    assert!(hooked.ran(), "the reader opened the bag it listed");
+    let missing: Vec<&bag::Problem> = report
+        .problems
+        .iter()
+        .filter(|p| p.kind == bag::ProblemKind::Missing)
+        .collect();
+    // Retention ran before it opened the first bag, so it read less than
+    // the minute held: it must say so, naming the summary.
+    assert!(
+        missing.iter().any(|p| p.item == name(j.minute(0))),
+        "{} of 3 messages, and no problem naming the summary: {:?}",
+        report.messages.len(),
+        report.problems
+    );
+    j.assert_retained(0).await;
+}
+
+/// 3e: retention killed after removing a bag's lock and before removing
+/// its directory left an empty directory; the next closer (here a read
+/// without summaries) locked it empty, the read lost its message with exit
+/// 0, and the audit called the summary forged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_killed_before_a_bag_directory_went_leaves_it_closed() {
+    let mut j = Journey::new().await;
+    j.write(0, 3).await;
+    ok(&j.cli("summarize", &["--to", &j.at(1)]));
+    let root = j.backend.local_root().unwrap();
+    let fs = NoRmdir {
+        inner: Arc::new(bag::fsops::StdFs::new(root)),
+        path: format!("{}/{}", j.log, j.second(0, 5).path()),
+    };
+    let store = bag::directory::DirectoryStore::new(Arc::new(fs), false);
+    let second = Duration::from_secs(1);
+    let err = bag::retain::retain_within(&store, &j.log, Micros::now(), second, None, second)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("killed before rmdir"), "{err}");
+    j.assert_retained(0).await;
+}
+
+/// Which store call a [`Hooked`] store waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Close,
+    State,
+}
+
+type Blocking = Box<dyn FnOnce() + Send>;
+
+/// A store that runs a blocking hook (a CLI command) once, inside the
+/// first `Op` call on one bag, before the call itself: a closer or reader
+/// that listed the bag and is held before it opens it.
+#[derive(Debug)]
+struct Hooked {
+    inner: Arc<dyn BagStore>,
+    hook: std::sync::Mutex<Option<(Op, Bucket, HookFn)>>,
+    ran: std::sync::atomic::AtomicBool,
+}
+
+struct HookFn(Blocking);
+
+impl std::fmt::Debug for HookFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookFn")
+    }
+}
+
+impl Hooked {
+    fn new(inner: Arc<dyn BagStore>) -> Self {
+        Hooked {
+            inner,
+            hook: std::sync::Mutex::new(None),
+            ran: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn before(&self, op: Op, bucket: Bucket, hook: impl FnOnce() + Send + 'static) {
+        *self.hook.lock().unwrap() = Some((op, bucket, HookFn(Box::new(hook))));
+    }
+
+    fn ran(&self) -> bool {
+        self.ran.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn maybe(&self, op: Op, bucket: Bucket) {
+        let hook = {
+            let mut slot = self.hook.lock().unwrap();
+            match slot.take() {
+                Some((o, b, h)) if o == op && b == bucket => Some(h),
+                other => {
+                    *slot = other;
+                    None
+                }
+            }
+        };
+        if let Some(HookFn(h)) = hook {
+            tokio::task::spawn_blocking(h).await.unwrap();
+            self.ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BagStore for Hooked {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn append(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        writer_file: &str,
+        sequence: u64,
+        record: Bytes,
+    ) -> bag::Result<bag::Receipt> {
+        self.inner
+            .append(log, bucket, writer_file, sequence, record)
+            .await
+    }
+    async fn closing_started(&self, log: &str, bucket: Bucket) -> bag::Result<bool> {
+        self.inner.closing_started(log, bucket).await
+    }
+    async fn close(&self, log: &str, bucket: Bucket) -> bag::Result<bag::Listing> {
+        self.maybe(Op::Close, bucket).await;
+        self.inner.close(log, bucket).await
+    }
+    async fn state(&self, log: &str, bucket: Bucket) -> bag::Result<bag::BagState> {
+        self.maybe(Op::State, bucket).await;
+        self.inner.state(log, bucket).await
+    }
+    async fn read_item(
+        &self,
+        log: &str,
+        bucket: Bucket,
+        item: &bag::ListedItem,
+        limit: Option<u64>,
+    ) -> bag::Result<Bytes> {
+        self.inner.read_item(log, bucket, item, limit).await
+    }
+    async fn list_level(&self, log: &str, parts: &[String]) -> bag::Result<Vec<String>> {
+        self.inner.list_level(log, parts).await
+    }
+    async fn log_start(&self, log: &str) -> bag::Result<Option<Bucket>> {
+        self.inner.log_start(log).await
+    }
+    async fn mark_log_start(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
+        self.inner.mark_log_start(log, bucket).await
+    }
+    async fn put_first(&self, log: &str, name: &str, body: Bytes) -> bag::Result<Option<Bytes>> {
+        self.inner.put_first(log, name, body).await
+    }
+    async fn get_named(&self, log: &str, name: &str, max: u64) -> bag::Result<Option<Bytes>> {
+        self.inner.get_named(log, name, max).await
+    }
+    async fn remove_named(&self, log: &str, name: &str) -> bag::Result<()> {
+        self.inner.remove_named(log, name).await
+    }
+    async fn list_named(&self, log: &str, dir: &str) -> bag::Result<Vec<String>> {
+        self.inner.list_named(log, dir).await
+    }
+    async fn remove_bag(&self, log: &str, bucket: Bucket) -> bag::Result<()> {
+        self.inner.remove_bag(log, bucket).await
+    }
+}
+
+/// File operations of a process killed as it was about to remove the
+/// directory `path` (everything before that went through).
+#[derive(Debug)]
+struct NoRmdir {
+    inner: Arc<dyn bag::fsops::FsOps>,
+    path: String,
+}
+
+#[async_trait::async_trait]
+impl bag::fsops::FsOps for NoRmdir {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn list_dir(&self, dir: &str) -> std::io::Result<Vec<bag::fsops::DirEntry>> {
+        self.inner.list_dir(dir).await
+    }
+    async fn create_dir_all(&self, dir: &str) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir).await
+    }
+    async fn create_exclusive(&self, path: &str, contents: &[u8], sync: bool) -> std::io::Result<bool> {
+        self.inner.create_exclusive(path, contents, sync).await
+    }
+    async fn link(&self, from: &str, to: &str) -> std::io::Result<bool> {
+        self.inner.link(from, to).await
+    }
+    async fn open_append(
+        &self,
+        path: &str,
+    ) -> std::io::Result<(Box<dyn bag::fsops::AppendFile>, bag::fsops::FileStat)> {
+        self.inner.open_append(path).await
+    }
+    async fn stat(&self, path: &str) -> std::io::Result<bag::fsops::FileStat> {
+        self.inner.stat(path).await
+    }
+    async fn read(&self, path: &str, limit: Option<u64>) -> std::io::Result<Bytes> {
+        self.inner.read(path, limit).await
+    }
+    async fn chmod(&self, path: &str, mode: u32) -> std::io::Result<()> {
+        self.inner.chmod(path, mode).await
+    }
+    async fn remove(&self, path: &str) -> std::io::Result<()> {
+        self.inner.remove(path).await
+    }
+    async fn remove_dir(&self, path: &str) -> std::io::Result<()> {
+        if path == self.path {
+            return Err(std::io::Error::other("injected: killed before rmdir"));
+        }
+        self.inner.remove_dir(path).await
+    }
 }

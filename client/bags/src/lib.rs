@@ -55,6 +55,7 @@
 //! * [`seal`]: one object closes a minute's empty seconds.
 //! * [`summary`]: a closed stretch of a log as one deterministic object.
 //! * [`retain`]: removing old bags a checked summary holds.
+//! * [`tombstone`]: a minute retention removed stays closed forever.
 //! * [`metronome`]: closes past bags; [`close_through`].
 //! * [`vouched`]: the time closers act on: a checked clock less its bound.
 //! * [`reader`]: ordered, checked reads of a time range.
@@ -79,6 +80,7 @@ pub mod store;
 pub mod summary;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tombstone;
 pub mod vouched;
 pub mod writer;
 

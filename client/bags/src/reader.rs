@@ -734,8 +734,9 @@ pub async fn read(
     };
     let summarized = |b: &Bucket| summaries.iter().any(|(window, _, _)| window.contains(*b));
     // Seals first, then bags: a bag a seal lists existed when it was
-    // sealed, so this listing sees it (unless retention removed it).
-    let sealed_spans = crate::seal::sealed_spans(store, log).await?;
+    // sealed, so this listing sees it (unless retention removed it). The
+    // same listing names the minutes retention removed (their tombstones).
+    let (sealed_spans, removed_spans) = crate::seal::sealed_and_removed(store, log).await?;
     let mut existing = Vec::new();
     for (a, b) in uncovered(first, last, &summaries) {
         existing.extend(list_buckets(store, log, a, b).await?);
@@ -749,6 +750,7 @@ pub async fn read(
         first,
         last,
         sealed: &sealed_spans,
+        removed: &removed_spans,
         summarized: &summarized,
         published: &published,
     };
@@ -758,6 +760,11 @@ pub async fn read(
         .problems
         .extend(missing_problems(&settled.missing, &published));
     let buckets = settled.buckets;
+    let sealed_read: BTreeSet<Span> = buckets
+        .iter()
+        .map(|b| Span::of(*b))
+        .filter(|s| settled.sealed_read.contains(s))
+        .collect();
     // Bags and summarized bags, in one ascending order: a batch found twice
     // is reported at the same second copy either way.
     let mut sources: Vec<(Bucket, Option<(usize, usize)>)> = buckets.into_iter().map(|b| (b, None)).collect();
@@ -889,6 +896,9 @@ pub async fn read(
         }
     }
     seen.finish(&mut report, opts, cfg).await;
+    report
+        .problems
+        .extend(removed_meanwhile(store, log, first, sealed_read).await?);
     if let Some(p) = &opts.progress {
         p.report(total, total);
     }
@@ -911,6 +921,8 @@ struct Range<'a> {
     first: Bucket,
     last: Bucket,
     sealed: &'a BTreeSet<Span>,
+    /// The minutes retention removed ([`crate::tombstone`]).
+    removed: &'a BTreeSet<Span>,
     /// Seconds read from a summary: nothing of them is sealed or opened.
     summarized: &'a (dyn Fn(&Bucket) -> bool + Sync),
     /// Every published summary of the log, read from or not.
@@ -926,6 +938,9 @@ struct Settled {
     /// Bags a seal lists that are not there (retention removed them),
     /// ascending: never read, never closed again.
     missing: Vec<Bucket>,
+    /// The sealed minutes whose bags are read: retention may remove one
+    /// while they are read, so each one's tombstone is looked for after.
+    sealed_read: BTreeSet<Span>,
 }
 
 /// Which bags of `[first, last]` hold the range's messages, how many
@@ -983,13 +998,32 @@ async fn settle(
             );
         }
     }
+    // And the minutes retention removed, whose summary may be gone too:
+    // their seals say what was there (the listing told which, at no cost).
+    spans.extend(range.removed.range(Span::of(first)..=Span::of(last)).copied());
     spans.retain(|s| !(range.summarized)(&s.first()));
     let mut out = BTreeSet::new();
     let mut sealed = 0u64;
     let mut missing = Vec::new();
+    let mut sealed_read = BTreeSet::new();
     for span in spans {
         let here = existing.range(span.first()..=span.last()).copied();
+        if range.removed.contains(&span) {
+            // Closed for good: whatever its directory holds now (a bag
+            // made again after the removal) is no data, and is neither
+            // read nor closed. What its seal lists is missing.
+            let seal = crate::seal::seal_of(store, log, span)
+                .await?
+                .ok_or_else(|| Error::CorruptSeal {
+                    log: log.to_owned(),
+                    span: span.first(),
+                    reason: "its tombstone says retention removed it, and it has no seal".into(),
+                })?;
+            missing.extend(seal.bags().filter(in_range));
+            continue;
+        }
         if range.sealed.contains(&span) {
+            sealed_read.insert(span);
             let seal = crate::seal::seal_of(store, log, span)
                 .await?
                 .ok_or_else(|| Error::CorruptSeal {
@@ -1016,6 +1050,7 @@ async fn settle(
             let missing = missing(&|_| true);
             refuse_old_seal(log, &missing, now, opts)?;
             let seal = crate::seal::seal(store, log, span).await?;
+            sealed_read.insert(span);
             sealed += missing.iter().filter(|b| !seal.has_bag(**b)).count() as u64;
             // Bags made since the listing above, that the seal lists, are
             // read too.
@@ -1035,7 +1070,43 @@ async fn settle(
         buckets: out.into_iter().collect(),
         sealed,
         missing,
+        sealed_read,
     })
+}
+
+/// One [`ProblemKind::Missing`] per minute in `read` (sealed minutes
+/// whose bags this read read) that retention removed while it read them:
+/// it may have found a bag gone, or made again empty by a closer, so what
+/// it read of the minute may be short. Looked for after the reading:
+/// retention writes a minute's tombstone before it removes anything, so a
+/// minute without one now was read whole. Only sealed minutes: nothing
+/// else can be summarized, so nothing else removed.
+async fn removed_meanwhile(
+    store: &dyn BagStore,
+    log: &str,
+    first: Bucket,
+    read: BTreeSet<Span>,
+) -> Result<Vec<Problem>> {
+    let mut out = Vec::new();
+    for span in read {
+        if let Some(t) = crate::tombstone::of(store, log, span).await? {
+            out.push(Problem {
+                kind: ProblemKind::Missing,
+                bucket: span.first().max(first),
+                item: t.summary.name(),
+                offset: None,
+                what: format!(
+                    "the bags of the minute {span} were removed by retention while this read read \
+                     them, so it may have missed some of their messages: they are in summary {} \
+                     ({}); read them with summaries",
+                    t.summary.name(),
+                    t.summary
+                ),
+                in_open_bag: false,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// One [`ProblemKind::Missing`] per run of missing bags held by one

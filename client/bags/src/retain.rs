@@ -8,9 +8,19 @@
 //! gone counts, so an interrupted run resumes): nothing that no summary
 //! holds is ever removed, and whatever an auditor needs (every record with
 //! its witnesses, signed times and holder signatures) is in the summary.
-//! Each bag's lock goes last, so a bag half removed still reads as closed
-//! and the next run finishes it. Minute seals stay (one small object a
-//! minute): without them a reader would seal those minutes again.
+//!
+//! Before it removes anything of a minute, retention writes the minute's
+//! tombstone ([`crate::tombstone`]), naming the summary it checked, and
+//! never removes it: from then on the minute is closed for good, to a
+//! writer held for longer than the keep (its record is `LateRejected`
+//! unless the summary holds it), to a closer or reader that listed a bag
+//! just before it went, and across a run killed at any step. Each bag's
+//! lock still goes last, so a bag half removed reads as closed too. Then
+//! it removes every bag left in the minute: the summarized ones, and any
+//! made again since the tombstone (a late append, a closer's lock, a
+//! killed run's empty directory), which are no data. Minute seals stay
+//! (one small object a minute, the tombstone beside each): without them a
+//! reader would seal those minutes again.
 //!
 //! Safe beside writers, closers and summarizers: they only touch bags
 //! within a metronome's lookback or a lease's deadline, far newer than
@@ -29,6 +39,7 @@ use std::time::Duration;
 
 use bagel_proto::Micros;
 
+use crate::seal;
 use crate::summary::{self, Stretch};
 use crate::{BagStore, Error, Result};
 
@@ -42,6 +53,11 @@ pub struct RetainReport {
     pub summaries_checked: u64,
     /// Bags removed (or found removed) under a checked summary.
     pub bags_removed: u64,
+    /// Bags found made again in minutes already removed (see
+    /// [`summary::SummaryCheck::bags_recreated`]), and removed.
+    pub leftovers_removed: u64,
+    /// Minutes marked removed ([`crate::tombstone`]) by this run.
+    pub minutes_tombstoned: u64,
     /// Summaries removed (`keep_summaries`).
     pub summaries_removed: u64,
     /// Attestations removed, each with its summary (never on their own,
@@ -114,7 +130,7 @@ pub async fn retain_within(
             continue;
         }
         report.summaries_checked += 1;
-        match remove_checked(store, log, stretch, &mut report.bags_removed).await? {
+        match remove_checked(store, log, stretch, &mut report).await? {
             Checked::Removed => {}
             Checked::Kept(why) => {
                 report
@@ -140,9 +156,11 @@ enum Checked {
     Kept(String),
 }
 
-/// Removes the bags of `stretch` (counting them in `removed`) if its
-/// summary checks against them. A summary that does not match, or that
-/// cannot be checked because it, or a seal or bag it is checked against,
+/// Removes the bags of `stretch` (counting them in `report`) if its
+/// summary checks against them: first a tombstone for each of its minutes
+/// not yet removed, then the summarized bags, then whatever else is left
+/// in those minutes. A summary that does not match, or that cannot be
+/// checked because it, or a seal, tombstone or bag it is checked against,
 /// is corrupt, keeps them: that is a finding about this stretch, and the
 /// caller goes on with the others. Only a failing store (which another
 /// run may not meet) ends the run.
@@ -150,7 +168,7 @@ async fn remove_checked(
     store: &dyn BagStore,
     log: &str,
     stretch: Stretch,
-    removed: &mut u64,
+    report: &mut RetainReport,
 ) -> Result<Checked> {
     let bad = |e: Error| match e {
         Error::CorruptSummary { .. }
@@ -172,11 +190,33 @@ async fn remove_checked(
         Ok(published) => published,
         Err(e) => return bad(e),
     };
-    for bag in &published.bags {
-        store
-            .remove_bag(log, crate::Bucket::from_secs(bag.bucket_secs))
-            .await?;
-        *removed += 1;
+    for span in stretch.spans() {
+        if check.minutes_removed.contains(&span) {
+            continue;
+        }
+        if let Err(e) = crate::tombstone::put(store, log, span, stretch).await {
+            return bad(e);
+        }
+        report.minutes_tombstoned += 1;
+    }
+    let summarized: Vec<crate::Bucket> = published
+        .bags
+        .iter()
+        .map(|b| crate::Bucket::from_secs(b.bucket_secs))
+        .collect();
+    for &bag in &summarized {
+        store.remove_bag(log, bag).await?;
+        report.bags_removed += 1;
+    }
+    report.leftovers_removed += check.bags_recreated;
+    // A late writer may make a bag in a second the seal closed empty, and
+    // whatever was made again since a minute's tombstone is no data: one
+    // listing a minute finds them.
+    for span in stretch.spans() {
+        for bag in seal::bags_of(store, log, span).await? {
+            store.remove_bag(log, bag).await?;
+            report.leftovers_removed += 1;
+        }
     }
     Ok(Checked::Removed)
 }

@@ -10,6 +10,8 @@
 //! <log>/_seal/<span start, unix seconds>.intent   "a seal has started"
 //! <log>/_seal/<span start, unix seconds>          the seal: the seconds
 //!                                                 that held a bag
+//! <log>/_seal/<span start, unix seconds>.removed  retention removed its
+//!                                                 bags ([`crate::tombstone`])
 //! ```
 //!
 //! Sealing (any process, concurrently, each step idempotent; a closer on a
@@ -202,14 +204,23 @@ pub async fn seal_of(store: &dyn BagStore, log: &str, span: Span) -> Result<Opti
 
 /// Every sealed span of `log` (one listing of its seals).
 pub async fn sealed_spans(store: &dyn BagStore, log: &str) -> Result<BTreeSet<Span>> {
-    Ok(store
-        .list_named(log, SEAL_DIR)
-        .await?
+    Ok(sealed_and_removed(store, log).await?.0)
+}
+
+/// Every sealed span of `log`, and every one retention removed (its
+/// [`crate::tombstone`]), from one listing of `_seal/`.
+pub async fn sealed_and_removed(store: &dyn BagStore, log: &str) -> Result<(BTreeSet<Span>, BTreeSet<Span>)> {
+    let names = store.list_named(log, SEAL_DIR).await?;
+    let sealed = names
         .iter()
         .filter_map(|n| n.parse::<u64>().ok())
         .filter(|s| s % SPAN_SECS == 0)
         .map(Span)
-        .collect())
+        .collect();
+    Ok((
+        sealed,
+        crate::tombstone::removed_in(names.iter().map(String::as_str)),
+    ))
 }
 
 /// Whether some process has started sealing the span: its intent, then
@@ -264,15 +275,24 @@ pub async fn seal(store: &dyn BagStore, log: &str, span: Span) -> Result<Seal> {
 }
 
 /// Finishes a seal found published: closes the bags it lists that are
-/// still there.
+/// still there, unless retention removed the minute.
 ///
 /// Why not every bag it lists: a listed bag existed when the seal was
 /// made, and only retention removes bags, once a summary holds them. A
 /// listed bag that is gone was removed so, and closing it again (a new
 /// holder settling an old predecessor, a metronome with a long lookback)
-/// would recreate it empty, and the audit would take the honest summary
-/// for a forged one. One listing of the minute tells which are left.
+/// would recreate it empty. One listing of the minute tells which are
+/// left. And a minute with a tombstone ([`crate::tombstone`]) is closed
+/// for good: nothing of it is closed again (a bag retention is removing
+/// right now would come back empty). A finish that looked just before
+/// the tombstone was written may still close a bag retention then
+/// removes; that bag is no data (the tombstone decides the minute) and
+/// the next retention removes it.
 async fn finish(store: &dyn BagStore, log: &str, seal: Seal) -> Result<Seal> {
+    if crate::tombstone::of(store, log, seal.span).await?.is_some() {
+        remove_intent(store, log, seal.span).await;
+        return Ok(seal);
+    }
     let present: BTreeSet<Bucket> = bags_of(store, log, seal.span).await?.into_iter().collect();
     for b in seal.bags().filter(|b| present.contains(b)) {
         store.close(log, b).await?;

@@ -118,6 +118,11 @@ impl Stretch {
         )
     }
 
+    /// The stretch a summary's object name ([`Stretch::name`]) names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::parse(name.strip_prefix(SUMMARY_DIR)?.strip_prefix('/')?)
+    }
+
     fn parse(name: &str) -> Option<Self> {
         let (from, len) = name.split_once('.')?;
         let (from, len): (u64, u64) = (from.parse().ok()?, len.parse().ok()?);
@@ -460,10 +465,25 @@ pub struct SummaryCheck {
     /// Source bags gone (retention): what the summary says of them could
     /// not be checked.
     pub bags_gone: u64,
+    /// Of those, bags found made again in a minute retention removed (its
+    /// [`crate::tombstone`]): a late writer's append, a closer that listed
+    /// the bag before it was removed, or the empty directory of a killed
+    /// retention, closed since. Not the bag that was summarized, and no
+    /// data (the tombstone decides the minute): the next retention
+    /// removes them. Taken for a mismatch, they would make an honest
+    /// summary look forged and keep its bags forever.
+    pub bags_recreated: u64,
+    /// The minutes of the stretch retention removed (each with its
+    /// tombstone), ascending.
+    pub minutes_removed: Vec<Span>,
 }
 
 /// Compares a published summary, bag by bag, with the bags it was made
-/// from, while they exist.
+/// from, while they exist. In a minute retention removed, a bag whose
+/// lock is not the summarized one (or that is open) was made again after
+/// the removal began ([`SummaryCheck::bags_recreated`]), not forged: the
+/// lock is create-only and goes only in a removal, which the tombstone
+/// precedes.
 pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<SummaryCheck> {
     let published = load(store, log, stretch).await?;
     let mut out = SummaryCheck::default();
@@ -475,6 +495,10 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                 .push(format!("minute {span} is summarized but not sealed"));
             continue;
         };
+        let removed = crate::tombstone::of(store, log, span).await?.is_some();
+        if removed {
+            out.minutes_removed.push(span);
+        }
         for bucket in sealed.bags() {
             let Some(theirs) = by_second.remove(&bucket.secs()) else {
                 out.mismatched
@@ -484,6 +508,11 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
             match store.state(log, bucket).await? {
                 BagState::Closed(listing) => {
                     let digest = Sha256::digest(listing.encode()).to_vec();
+                    if digest != theirs.lock_sha256 && removed {
+                        out.bags_gone += 1;
+                        out.bags_recreated += 1;
+                        continue;
+                    }
                     if digest != theirs.lock_sha256 {
                         out.mismatched
                             .push(format!("bag {bucket}: its lock is not the one summarized"));
@@ -506,6 +535,10 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                     }
                 }
                 BagState::Open(items) if items.is_empty() => out.bags_gone += 1,
+                BagState::Open(_) if removed => {
+                    out.bags_gone += 1;
+                    out.bags_recreated += 1;
+                }
                 BagState::Open(_) => out
                     .mismatched
                     .push(format!("bag {bucket} is summarized but not closed")),

@@ -26,7 +26,10 @@
 //! the close time itself, closes the bag) and acknowledges the record only
 //! if the lock lists it. Past its minute's safe point it first looks for
 //! the minute's seal ([`crate::seal`]): a second the seal closed empty
-//! takes no record.
+//! takes no record. And after all that it looks for the minute's
+//! tombstone ([`crate::tombstone`]): a minute retention removed takes no
+//! record its summary does not hold, however long the writer was held
+//! before its append.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,20 +382,53 @@ impl Writer {
     /// to close is a closer: it closes only once its clock less its bound
     /// (the tolerance, when its time source measures none) is past the
     /// close time; before that it only looks for a close.
+    ///
+    /// Past its minute's safe point, the minute may be sealed, summarized
+    /// and removed by retention (a writer held between its rights check
+    /// and its append for longer than the retention keeps bags): its
+    /// append then made the removed bag again, and the lock its close
+    /// reads lists the record. So the minute's tombstone
+    /// ([`crate::tombstone`]) is looked for last, after the lock gave its
+    /// verdict: absent then, no removal had begun when that lock was read,
+    /// so it was the bag's own; present, the record counts only if the
+    /// summary that holds the removed minute holds it.
     async fn confirm(&self, bucket: Bucket, receipt: &crate::Receipt) -> Result<()> {
         let now = self.clock.now();
-        let bound = self.time.error_bound().unwrap_or(self.cfg.clock_tolerance);
-        let close_at = bucket.close_time(self.cfg.grace);
         if now < self.safe_point(bucket) {
             return Ok(());
         }
-        // Past its minute's safe point, a sealer may have listed the minute
-        // before this bag existed: the seal decides first (see
-        // [`crate::seal`]).
         let span = Span::of(bucket);
         let span_safe = span
             .close_time(self.cfg.grace)
             .saturating_sub(self.clock_margin());
+        let verdict = self.lock_verdict(bucket, receipt, now, span_safe).await;
+        if now < span_safe {
+            // Not sealed yet, so not removed either.
+            return verdict;
+        }
+        match crate::tombstone::of(self.store.as_ref(), &self.log, span).await {
+            Ok(Some(removed)) => self.removed_verdict(bucket, receipt, removed).await,
+            Ok(None) => verdict,
+            // Never acknowledged without looking.
+            Err(e) => verdict.and(Err(e)),
+        }
+    }
+
+    /// The record's verdict from its minute's seal and its bag's lock
+    /// ([`Self::confirm`]): `Ok`, `LateRejected`, or why it is unknown.
+    async fn lock_verdict(
+        &self,
+        bucket: Bucket,
+        receipt: &crate::Receipt,
+        now: Micros,
+        span_safe: Micros,
+    ) -> Result<()> {
+        let bound = self.time.error_bound().unwrap_or(self.cfg.clock_tolerance);
+        let close_at = bucket.close_time(self.cfg.grace);
+        // Past its minute's safe point, a sealer may have listed the minute
+        // before this bag existed: the seal decides first (see
+        // [`crate::seal`]).
+        let span = Span::of(bucket);
         if now >= span_safe && seal::sealing_started(self.store.as_ref(), &self.log, span).await? {
             let sealed = seal::seal(self.store.as_ref(), &self.log, span).await?;
             let listing = match sealed.has_bag(bucket) {
@@ -422,6 +458,41 @@ impl Writer {
                 bucket,
             })
         }
+    }
+
+    /// The verdict on a record of a minute retention removed: in, only if
+    /// the summary its tombstone names (the one retention checked the
+    /// minute's bags against) holds it, as far as the receipt says it
+    /// goes. A record appended after the removal is in no summary: it is
+    /// `LateRejected`, as it would be by the bag's lock. One whose summary
+    /// is gone too (`--keep-summaries`) is in nothing a reader reads.
+    async fn removed_verdict(
+        &self,
+        bucket: Bucket,
+        receipt: &crate::Receipt,
+        removed: crate::tombstone::Tombstone,
+    ) -> Result<()> {
+        let late = || {
+            Err(Error::LateRejected {
+                log: self.log.clone(),
+                bucket,
+            })
+        };
+        let store = self.store.as_ref();
+        let Some(bytes) = crate::summary::stored_bytes(store, &self.log, removed.summary).await? else {
+            return late();
+        };
+        let summary = crate::summary::parse(&self.log, removed.summary, bytes)?;
+        let Some(bag) = summary.bags.iter().find(|b| b.bucket_secs == bucket.secs()) else {
+            return late();
+        };
+        for item in &bag.items {
+            let item = crate::summary::rebuild_item(&summary, bag, item)?;
+            if item.name == receipt.item && item.size >= receipt.end {
+                return Ok(());
+            }
+        }
+        late()
     }
 }
 

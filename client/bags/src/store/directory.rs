@@ -7,7 +7,8 @@
 //!     prelock                         "a close has started"
 //!     lock                            the bag: `name size` per data file
 //! <root>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
-//! <root>/<log>/_seal/<minute start>    minute seals (see `crate::seal`)
+//! <root>/<log>/_seal/<minute start>    minute seals (see `crate::seal`), and
+//!                                     `.removed` tombstones (`crate::tombstone`)
 //! ```
 //!
 //! Close (any process, concurrently, every step idempotent):

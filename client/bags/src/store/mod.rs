@@ -109,8 +109,10 @@ pub trait BagStore: Send + Sync + fmt::Debug {
 
     /// Deletes a bag whole (its items, markers, lock and directory); one
     /// that does not exist is fine. Only retention calls it, and only for
-    /// bags a checked summary holds ([`crate::retain`]). Its lock goes
-    /// last, so a bag half removed still reads as closed.
+    /// bags a checked summary holds ([`crate::retain`]), once their
+    /// minute's tombstone exists ([`crate::tombstone`]), which keeps the
+    /// bag closed once it is gone. Its lock goes last, so a bag half
+    /// removed still reads as closed on its own too.
     async fn remove_bag(&self, log: &str, bucket: Bucket) -> Result<()>;
 }
 

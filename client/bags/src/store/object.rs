@@ -7,7 +7,8 @@
 //!     _prelock                          "a close has started"
 //!     _lock                             the bag: `key size etag` per object
 //! <prefix>/<log>/_start/<unix seconds>  writers' start marks (see the writer)
-//! <prefix>/<log>/_seal/<minute start>   minute seals (see `crate::seal`)
+//! <prefix>/<log>/_seal/<minute start>   minute seals (see `crate::seal`), and
+//!                                       `.removed` tombstones (`crate::tombstone`)
 //! ```
 //!
 //! Write: exactly one PUT per batch, create-only (`If-None-Match: *`), so

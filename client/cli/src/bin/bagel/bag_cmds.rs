@@ -397,13 +397,20 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
-            "checked {} summaries; removed {} bags and {} summaries{}",
+            "checked {} summaries; removed {} bags and {} summaries{}{}",
             r.summaries_checked,
             r.bags_removed,
             r.summaries_removed,
             match r.attestations_removed {
                 0 => String::new(),
                 n => format!(" (with {n} attestations)"),
+            },
+            // Said only when there were some: a late writer or closer came
+            // back to a minute already removed (its tombstone kept it
+            // closed; what it made there was no data).
+            match r.leftovers_removed {
+                0 => String::new(),
+                n => format!("; removed {n} bags made again in minutes already removed"),
             }
         );
         for k in &r.kept {
