@@ -21,6 +21,9 @@ use tokio::process::{Child, ChildStdin, Command};
 
 use crate::RunArgs;
 use crate::cli_roles::{self, CliSetup, RunFences};
+use crate::leaders::{FailoverReport, LeaderSetup};
+use crate::outages::Outages;
+use crate::spellings::{SpellingReport, SpellingSetup};
 use bagel_tests::sub_url;
 
 use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
@@ -89,6 +92,12 @@ struct Report {
     /// that sleeps past its lease's deadline, a server or a closer that
     /// freezes, as a long GC pause or a swapped-out host would.
     pauses: PauseReport,
+    /// Leader election: standby loops of `bagel run --wait forever` on
+    /// shared names (see leaders.rs).
+    failovers: FailoverReport,
+    /// Clients naming the cluster with differently written server lists
+    /// (see spellings.rs).
+    config_spellings: SpellingReport,
 }
 
 /// The SIGSTOP pauses of the run: how many of each kind of process, and
@@ -286,6 +295,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     // without it. Every key any member ever had is trusted by the readers.
     let mut servers = Vec::new();
     let mut urls = Vec::new();
+    let mut ports = Vec::new();
     let mut keys: BTreeSet<String> = BTreeSet::new();
     // One more than the cluster: the member a migration moves to.
     for i in 0..=a.servers {
@@ -303,12 +313,18 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 "200ms".into(),
                 "--key".into(),
                 key_file.display().to_string(),
+                // As deployed (deploy/README.md): a member keeps its
+                // identity, which routes names, even when it restarts on
+                // a fresh disk with a new key.
+                "--server-id".into(),
+                format!("member-{i}"),
             ],
             Vec::new(),
         );
         keys.insert(start_server(&mut server).await?);
         servers.push((server, key_file));
-        urls.push(format!("http://127.0.0.1:{port}"));
+        urls.push(format!("member-{i}=http://127.0.0.1:{port}"));
+        ports.push(port);
     }
     let server_url = urls[..a.servers].join(",");
     // After the migration: the last member replaced by the spare.
@@ -434,13 +450,56 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         Arc::clone(&violations),
     ));
     let mut side_runs = tokio::task::JoinSet::new();
+    // The user journeys, on the first list (the spare is not theirs): they
+    // stop with the CLI roles, and read the servers' outages at the end.
+    let started = Instant::now();
+    let outages = Outages::default();
+    let (stop_journeys, journeys_rx) = tokio::sync::watch::channel(false);
+    let leader_skew = *[300, -300, 2_500, -2_500].choose(&mut rng).expect("skews");
+    report
+        .clock_skews
+        .entry("standby".into())
+        .or_default()
+        .push(leader_skew);
+    let leaders = tokio::spawn(crate::leaders::run(
+        LeaderSetup {
+            bagel: bagel.clone(),
+            exe: std::env::current_exe()?,
+            servers: server_url.clone(),
+            roughtime: roughtime.clone(),
+            env: env.clone(),
+            dir: run_dir.join("leaders"),
+            ttl: a.max_ttl,
+            skew_ms: leader_skew,
+            outages: outages.clone(),
+            started,
+        },
+        rng.r#gen(),
+        journeys_rx.clone(),
+        Arc::clone(&violations),
+    ));
+    let spellings = tokio::spawn(crate::spellings::run(
+        SpellingSetup {
+            bagel: bagel.clone(),
+            env: env.clone(),
+            dir: run_dir.join("spellings"),
+            members: (0..a.servers)
+                .map(|i| (format!("member-{i}"), ports[i]))
+                .collect(),
+            ttl: a.max_ttl,
+            outages: outages.clone(),
+            started,
+        },
+        rng.r#gen(),
+        journeys_rx,
+        Arc::clone(&violations),
+    ));
     println!(
         "bagel-chaos: {} workers on {} names, stores {stores:?}, lease server {server_url} (max TTL {:?})",
         a.workers, a.names, a.max_ttl
     );
 
     // Faults.
-    let started = Instant::now();
     let at = || started.elapsed().as_secs_f64();
     let mut next = Duration::from_secs(3);
     let migrate_at = a.duration / 3;
@@ -470,6 +529,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                 let i = rng.gen_range(0..servers.len());
                 let keep_key = rng.gen_bool(0.5);
                 let (server, key_file) = &mut servers[i];
+                let from = Instant::now();
                 server.kill().await;
                 if !keep_key {
                     // A fresh disk: no key, no granted-until mark.
@@ -477,6 +537,8 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                     let _ = std::fs::remove_file(key_file.with_extension("key.granted-until"));
                 }
                 keys.insert(start_server(server).await?);
+                // It grants nothing until its restart wait (max TTL) is over.
+                outages.record(format!("member-{i}"), "kill", from, Instant::now() + a.max_ttl);
                 report.server_kills += 1;
                 if keep_key {
                     report.cluster_kills.with_key += 1;
@@ -570,6 +632,12 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
                     2 => {
                         let i = rng.gen_range(0..servers.len());
                         report.pauses.servers += 1;
+                        outages.record(
+                            format!("member-{i}"),
+                            "pause",
+                            Instant::now(),
+                            Instant::now() + pause,
+                        );
                         (format!("lease server {i}"), servers[i].0.pid())
                     }
                     _ => {
@@ -615,7 +683,10 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
 
     // Stop: workers finish their cycle and release; closers stop.
     let _ = stop_cli.send(true);
+    let _ = stop_journeys.send(true);
     report.run_fences = cli.await?;
+    report.failovers = leaders.await??;
+    report.config_spellings = spellings.await??;
     report
         .violations
         .extend(violations.lock().expect("violations").drain(..));
@@ -760,7 +831,10 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         "bagel-chaos: seed {seed}: {:.0} s, {} cycles, {} acked = {} read back ({} failed writes, {} refused acquires); \
          kills: {} lease server ({} without its key), {} S3 server, {} closers; CLI runs interrupted: {} fork, \
          {} SIGTERM, {} writer SIGKILL, {} --hold SIGINT; S3-lease workers: {} cycles, {} acked = {} read back; \
-         skewed starts: {}; SIGSTOP pauses: {} (longest {} ms); readers agree: {}; {} violations; {}",
+         skewed starts: {}; SIGSTOP pauses: {} (longest {} ms); leaders: {} failovers of {} leaders, longest gap \
+         {} ms (bound {} ms; {} explained by an outage, longest {} ms), {} overlaps, {} stale steps after a freeze; \
+         config spellings: {} grants over {} spellings, {} double grants, swapped IDs refused {} of {}; readers \
+         agree: {}; {} violations; {}",
         report.duration_s,
         report.cycles,
         report.acked_writes,
@@ -781,6 +855,19 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         report.clock_skews.values().flatten().filter(|&&s| s != 0).count(),
         report.pauses.workers + report.pauses.servers + report.pauses.metronomes,
         report.pauses.longest_ms,
+        report.failovers.count,
+        report.failovers.leaders,
+        report.failovers.longest_gap_ms,
+        report.failovers.gap_bound_ms,
+        report.failovers.explained_gaps,
+        report.failovers.longest_explained_gap_ms,
+        report.failovers.overlaps,
+        report.failovers.stale_steps_after_freeze,
+        report.config_spellings.grants,
+        report.config_spellings.spellings.len(),
+        report.config_spellings.double_grants,
+        report.config_spellings.wrong_id_refused,
+        report.config_spellings.wrong_id_tries,
         report.readers_agree,
         report.violations.len(),
         out.join("chaos.json").display()

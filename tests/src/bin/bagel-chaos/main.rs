@@ -14,10 +14,15 @@
 //! ahead (every write must be refused), and one delays appends past its
 //! leases' deadlines. Three more workers take their leases from the S3
 //! lease backend (no server) on a log of their own: two 300 ms off, one
-//! 4 s ahead whose every acquire must be refused. At the end two
-//! independent readers read every log
-//! and must agree, every acknowledged write must be read back, and `bagel
-//! audit` must find no violation.
+//! 4 s ahead whose every acquire must be refused. Beside the faults, two
+//! journeys walk what users do: standby loops of `bagel run --wait
+//! forever` on shared leader names, killed, frozen and skewed (at most one
+//! leader at a time, and a new one within the TTL and a margin: see
+//! `leaders.rs`), and clients that write the one cluster's server list
+//! differently (no name with two holders, and a list with swapped IDs
+//! refused: see `spellings.rs`). At the end two independent readers read
+//! every log and must agree, every acknowledged write must be read back,
+//! and `bagel audit` must find no violation.
 //!
 //! ```text
 //! bagel-chaos --duration 60s --seed N --out DIR
@@ -28,7 +33,10 @@
 
 mod cli_roles;
 mod driver;
+mod leaders;
+mod outages;
 mod services;
+mod spellings;
 mod worker;
 
 use std::path::PathBuf;
@@ -55,6 +63,9 @@ enum Cmd {
     /// One worker process (started by the driver).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// A leader's command under `bagel run` (started by the standbys).
+    #[command(hide = true)]
+    Leader(leaders::LeaderArgs),
 }
 
 /// What the driver runs.
@@ -93,6 +104,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Some(Cmd::Worker(w)) => worker::run(w).await.map(|()| true),
+        Some(Cmd::Leader(l)) => leaders::leader(l).await.map(|()| true),
         None => driver::run(cli.run).await,
     };
     match result {
