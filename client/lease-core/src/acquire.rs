@@ -176,8 +176,16 @@ impl AcquireBuilder {
         }
         let answered_in = sent.elapsed();
         let mut lease = Lease::start(self.backend, grant, sent, left, ttl, self.options, holder);
-        if needs_reanchor(answered_in, left) {
-            lease.reanchor().await?;
+        if needs_reanchor(answered_in, left)
+            && let Err(e) = lease.reanchor().await
+        {
+            // The server holds the names for a holder that cannot renew
+            // (its clock is too far off, say): give them back now rather
+            // than leave them held, with no one working, until the deadline.
+            if let Err(release) = lease.release(None).await {
+                tracing::warn!(error = %release, "could not release a grant whose first renewal was refused");
+            }
+            return Err(e);
         }
         lease.start_renewing();
         Ok(lease)

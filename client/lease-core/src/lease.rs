@@ -110,13 +110,25 @@ impl LeaseState {
     /// what is held: full before tentative, then the later deadline.
     /// Answers arrive in any order (a renewal in flight while another one
     /// or an upgrade lands); an older, lesser one never replaces a newer.
+    ///
+    /// Whatever it ranks, an answer's own count ([`LeaseState::valid_until`])
+    /// is kept when it runs later: every answer's count ends no later than
+    /// the deadline it states, and the server's deadline only grows. A
+    /// renewal the server could not extend (a client clock behind the
+    /// server's asks for less than is held) still restarts the count from
+    /// its own send, which a grant after a long wait needs.
     fn adopt(&mut self, deadline: Micros, mode: Mode, witnesses: Vec<Witness>, sent: Instant) {
         let rank = |mode: Mode, deadline: Micros| (mode == Mode::Full, deadline);
+        let counted = valid_until(&witnesses, sent);
         if rank(mode, deadline) > rank(self.mode, self.deadline) {
             self.deadline = deadline;
             self.mode = mode;
-            self.valid_until = valid_until(&witnesses, sent);
+            self.valid_until = counted;
             self.witnesses = witnesses;
+        } else if let (Some(now), Some(new)) = (self.valid_until, counted)
+            && new > now
+        {
+            self.valid_until = Some(new);
         }
     }
 
@@ -740,6 +752,53 @@ mod tests {
         assert_eq!(lease.time_left(), Duration::ZERO);
         let e = lease.rights().snapshot().unwrap_err();
         assert!(e.contains("ran out of time"), "{e}");
+    }
+
+    /// A witness of `deadline` issued at `issued` (µs).
+    fn timed(deadline: u64, issued: u64) -> Vec<Witness> {
+        let body = bagel_proto::pb::WitnessBody {
+            deadline_us: deadline,
+            issued_at_us: issued,
+            ..Default::default()
+        };
+        vec![Witness::from_parts(
+            body.encode_to_vec(),
+            Vec::new(),
+            String::new(),
+            None,
+        )]
+    }
+
+    /// A renewal the server could not extend (it answers the deadline held)
+    /// still restarts the count from its own send: before, an answer that
+    /// did not rank higher was dropped whole, and a standby 300 ms behind
+    /// the server was fenced right after a long wait.
+    #[test]
+    fn an_equal_answer_sent_later_restarts_the_count() {
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(9))
+            .expect("the monotonic clock runs that long");
+        let mut s = state(10_000_000, Mode::Full, 0);
+        s.valid_until = valid_until(&timed(10_000_000, 1), long_ago);
+        let before = s.valid_until.unwrap();
+        let now = Instant::now();
+        // Same deadline, issued 2 s before it, sent now.
+        s.adopt(
+            Micros::from_micros(10_000_000),
+            Mode::Full,
+            timed(10_000_000, 8_000_000),
+            now,
+        );
+        assert_eq!(s.valid_until, Some(now + Duration::from_secs(2)));
+        assert!(s.valid_until.unwrap() < before + Duration::from_secs(60));
+        // An answer counting less never shortens it.
+        s.adopt(
+            Micros::from_micros(10_000_000),
+            Mode::Full,
+            timed(10_000_000, 9_000_000),
+            long_ago,
+        );
+        assert_eq!(s.valid_until, Some(now + Duration::from_secs(2)));
     }
 
     #[test]

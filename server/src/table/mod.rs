@@ -740,6 +740,11 @@ impl LeaseTable {
         now: Micros,
     ) -> Result<Grant, Error> {
         let mut held = self.lock_lease(lease, token, now)?;
+        // A renewal asks for now + its TTL on the client's clock; a client
+        // ahead of this server by any amount would have every renewal of a
+        // lease at the max TTL refused (its first renewal fenced it). It is
+        // granted as far as may be: the witness states the deadline given.
+        let new_deadline = new_deadline.min(now.saturating_add(self.cfg.max_ttl));
         self.check_deadline(new_deadline, now)?;
         let new_deadline = new_deadline.max(held.deadline);
         for i in 0..held.names.len() {
