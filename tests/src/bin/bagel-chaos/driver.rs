@@ -23,7 +23,9 @@ use crate::RunArgs;
 use crate::cli_roles::{self, CliSetup, RunFences};
 use crate::leaders::{FailoverReport, LeaderSetup};
 use crate::outages::Outages;
+use crate::partitions::PartitionReport;
 use crate::spellings::{SpellingReport, SpellingSetup};
+use crate::watchers::{WatchReport, Watchers};
 use bagel_tests::sub_url;
 
 use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
@@ -98,6 +100,12 @@ struct Report {
     /// Clients naming the cluster with differently written server lists
     /// (see spellings.rs).
     config_spellings: SpellingReport,
+    /// List-then-watch clients whose rebuilt held sets must equal a final
+    /// List (see watchers.rs).
+    watch_checks: WatchReport,
+    /// Network partitions between a leader and its lease server, by kind
+    /// (see partitions.rs).
+    partitions: PartitionReport,
 }
 
 /// The SIGSTOP pauses of the run: how many of each kind of process, and
@@ -461,6 +469,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
         .entry("standby".into())
         .or_default()
         .push(leader_skew);
+    // List-then-watch clients, one on each member (the spare included: a
+    // migration moves names onto it).
+    let watchers = Watchers::start(
+        &ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>(),
+    );
     let leaders = tokio::spawn(crate::leaders::run(
         LeaderSetup {
             bagel: bagel.clone(),
@@ -820,11 +836,45 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             report.acked_writes
         ));
     }
+    // With the run quiet: each watcher's rebuilt set against a fresh List.
+    report.watch_checks = watchers.check().await;
+    for m in &report.watch_checks.mismatches {
+        report.violations.push(format!("watch: {m}"));
+    }
     s3.kill().await;
     for (server, _) in &mut servers {
         server.kill().await;
     }
+    // Partitions, on servers and clients of their own in network
+    // namespaces (after the run: their cuts must not fault the run's
+    // servers).
+    match crate::partitions::run(&bagel, &sibling("bagel-server")?, &run_dir).await {
+        Ok(p) => report.partitions = p,
+        Err(e) => report.violations.push(format!("partitions: {e:#}")),
+    }
 
+    println!(
+        "bagel-chaos: watchers: {} (events {}, relists {}, {} matched a final List); partitions: {} (longest {} ms)",
+        report.watch_checks.watchers,
+        report.watch_checks.events,
+        report.watch_checks.relists,
+        report.watch_checks.matched,
+        if report.partitions.ran {
+            report
+                .partitions
+                .kinds
+                .iter()
+                .map(|k| format!("{} takeover {} ms", k.kind, k.takeover_ms))
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            format!(
+                "NOT RUN: {}",
+                report.partitions.not_run_because.as_deref().unwrap_or("?")
+            )
+        },
+        report.partitions.longest_ms
+    );
     let ok = report.violations.is_empty() && report.read_back == report.acked_writes && report.readers_agree;
     std::fs::write(out.join("chaos.json"), serde_json::to_vec_pretty(&report)?)?;
     println!(

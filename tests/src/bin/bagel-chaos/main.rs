@@ -35,8 +35,10 @@ mod cli_roles;
 mod driver;
 mod leaders;
 mod outages;
+mod partitions;
 mod services;
 mod spellings;
+mod watchers;
 mod worker;
 
 use std::path::PathBuf;
