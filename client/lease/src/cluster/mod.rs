@@ -698,19 +698,15 @@ impl Cluster {
     /// cannot be released expires at its deadline; the caller gets the
     /// error that made the acquire fail.
     async fn abandon(&self, taken: &[(String, String, Grant)]) {
-        join_all(taken.iter().map(|(member_id, url, g)| async move {
-            let released = async {
-                let client = self.member(member_id)?.client().await?;
-                client
-                    .release_lease(&g.lease_ref(), ReleaseOptions::default())
-                    .await
-            };
-            if let Err(e) = released.await {
-                tracing::warn!(server = %url, lease = %g.lease_id, error = %e,
-                    "could not release a part of a failed acquire; it expires at its deadline");
-            }
-        }))
-        .await;
+        let parts: Vec<Part> = taken
+            .iter()
+            .map(|(member_id, _, g)| Part {
+                member_id: member_id.clone(),
+                lease: g.lease_ref(),
+            })
+            .collect();
+        self.release_parts(&parts.iter().collect::<Vec<_>>(), "a failed acquire")
+            .await;
     }
 }
 
@@ -1000,9 +996,11 @@ impl Cluster {
             let m = self.member(&part.member_id)?;
             let op = &op;
             calls.push(async move {
-                let answer = async { op(m.client().await?, part.clone()).await }
-                    .await
-                    .map_err(|e| e.at_server(&m.url));
+                // `Member::client` names the server already.
+                let answer = match m.client().await {
+                    Ok(client) => op(client, part.clone()).await.map_err(|e| e.at_server(&m.url)),
+                    Err(e) => Err(e),
+                };
                 (part, answer)
             });
         }
@@ -1033,19 +1031,9 @@ impl Cluster {
         F: Fn(&'a Client, Part) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let split = parts::split(lease)?;
-        let mut calls = Vec::with_capacity(split.len());
-        for part in split {
-            let m = self.member(&part.member_id)?;
-            let op = &op;
-            calls.push(async move {
-                let client = m.client().await?;
-                op(client, part).await.map_err(|e| e.at_server(&m.url))
-            });
-        }
-        let mut answers = Vec::with_capacity(calls.len());
+        let mut answers = Vec::new();
         let mut retryable = None;
-        for a in join_all(calls).await {
+        for (_, a) in self.all_parts(lease, op).await? {
             match a {
                 Ok(v) => answers.push(v),
                 Err(e) if e.is_retryable() => retryable = retryable.or(Some(e)),

@@ -158,36 +158,30 @@ async fn one(net: &Net, bagel: &Path, dir: &Path, kind: &'static str) -> anyhow:
          while :; do sleep 0.05; done",
         log = leader_log.display()
     );
-    let mut leader = net
-        .exec(&net.client_ns, bagel)
-        .args(["--server", &url, "run", "--name", &name, "--ttl", TTL])
-        .args(["--fence-margin", FENCE_MARGIN, "--kill-grace", KILL_GRACE])
-        .args(["--", "sh", "-c", &leader_script])
-        .env("BAGEL_STATE_DIR", state.join("leader"))
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the leader")?;
+    let mut leader = bagel_run(
+        net,
+        &net.client_ns,
+        bagel,
+        &url,
+        &name,
+        None,
+        &state.join("leader"),
+        &leader_script,
+    )
+    .context("starting the leader")?;
     await_file_line(&leader_log, "start").await?;
     let standby_script = format!("echo start $(date +%s%6N) >> {}", standby_log.display());
-    let mut standby = net
-        .exec(&net.server_ns, bagel)
-        .args([
-            "--server", &url, "run", "--name", &name, "--ttl", TTL, "--wait", "30s",
-        ])
-        .args(["--fence-margin", FENCE_MARGIN, "--kill-grace", KILL_GRACE])
-        .args(["--", "sh", "-c", &standby_script])
-        .env("BAGEL_STATE_DIR", state.join("standby"))
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the standby")?;
+    let mut standby = bagel_run(
+        net,
+        &net.server_ns,
+        bagel,
+        &url,
+        &name,
+        Some("30s"),
+        &state.join("standby"),
+        &standby_script,
+    )
+    .context("starting the standby")?;
 
     let cut = Instant::now();
     net.cut(kind).await?;
@@ -211,6 +205,35 @@ async fn one(net: &Net, bagel: &Path, dir: &Path, kind: &'static str) -> anyhow:
         one_leader: leader_end < standby_start,
         takeover_ms: standby_start.saturating_sub(leader_end) / 1000,
     })
+}
+
+/// `bagel run` of `sh -c SCRIPT` on `name` in namespace `ns`, waiting
+/// `wait` for it when given, with this module's TTL and margins.
+#[allow(clippy::too_many_arguments)]
+fn bagel_run(
+    net: &Net,
+    ns: &str,
+    bagel: &Path,
+    url: &str,
+    name: &str,
+    wait: Option<&str>,
+    state: &Path,
+    script: &str,
+) -> std::io::Result<Child> {
+    let mut cmd = net.exec(ns, bagel);
+    cmd.args(["--server", url, "run", "--name", name, "--ttl", TTL])
+        .args(["--fence-margin", FENCE_MARGIN, "--kill-grace", KILL_GRACE]);
+    if let Some(wait) = wait {
+        cmd.args(["--wait", wait]);
+    }
+    cmd.args(["--", "sh", "-c", script])
+        .env("BAGEL_STATE_DIR", state)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
 }
 
 /// The two namespaces and the veth pair between them.
