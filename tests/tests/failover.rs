@@ -242,3 +242,31 @@ fn bagel_run_standby_leads_after_the_leader_exits() {
 fn bagel_run_standby_leads_after_the_leader_is_killed() {
     bagel_run_standby_leads_after_its_wait(LeaderEnds::Killed);
 }
+
+/// A client whose clock is ahead of the server's by more than its TTL is
+/// granted a lease it counts as over at once: it gives the name back and
+/// says why, rather than hold it, useless, until the deadline (in the
+/// fault run, a standby 2.5 s ahead kept its name leaderless for a TTL
+/// after each grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_this_hosts_clock_counts_as_over_is_given_back() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let ahead: Arc<dyn bagel_proto::clock::Clock> = Arc::new(bagel_proto::clock::OffsetClock {
+        inner: bagel_proto::clock::SystemClock,
+        offset_us: 3_000_000,
+    });
+    let client = server.client().await.with_clock(ahead);
+    let e = client
+        .acquire(["ahead"])
+        .ttl(Duration::from_secs(2))
+        .send()
+        .await
+        .expect_err("a grant this host counts as over");
+    assert!(
+        matches!(e, bagel_client::Error::ClockOff { .. }) && e.to_string().contains("released"),
+        "{e}"
+    );
+    let on_time = server.client().await;
+    let states = on_time.describe(["ahead"]).await.unwrap();
+    assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
+}

@@ -187,6 +187,24 @@ impl AcquireBuilder {
             }
             return Err(e);
         }
+        // A grant this host's clocks already count as over (its wall clock
+        // ahead of the server's by more than what the grant leaves) can
+        // never be used: every writer refuses it and `bagel run` would
+        // fence at once. Holding it anyway keeps the names from everyone
+        // until the deadline, so it is given back at once. (A short grant
+        // that is merely inside the safety margin is the caller's to judge.)
+        if lease.time_left().is_zero() {
+            let deadline = lease.deadline();
+            if let Err(release) = lease.release(None).await {
+                tracing::warn!(error = %release, "could not release a grant this host counts as over");
+            }
+            return Err(crate::error::Error::ClockOff {
+                detail: format!(
+                    "the grant's deadline {deadline} has already passed on this host's clock: it is ahead \
+                     of the server's by more than the TTL; the names were released"
+                ),
+            });
+        }
         lease.start_renewing();
         Ok(lease)
     }
