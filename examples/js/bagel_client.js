@@ -435,7 +435,8 @@ async function runWith(leases, decode, pinnedKey, name) {
 
 const USAGE = `usage: node bagel_client.js [--server HOST:PORT] [--key HEX] [--name NAME]
 
-  --server HOST:PORT  the lease server (default $BAGEL_GRPC or 127.0.0.1:7420)
+  --server HOST:PORT  the lease server, also as http://HOST:PORT (default
+                      $BAGEL_SERVER, as the bagel CLI reads it, or 127.0.0.1:7420)
   --key HEX           the server's ed25519 public key, 64 hex digits (pin it)
   --name NAME         the prefix of the names to lease (default js-example-PID)`;
 
@@ -445,7 +446,7 @@ async function main(argv) {
     args = parseArgs({
       args: argv,
       options: {
-        server: { type: 'string', default: process.env.BAGEL_GRPC || '127.0.0.1:7420' },
+        server: { type: 'string', default: process.env.BAGEL_SERVER || '127.0.0.1:7420' },
         key: { type: 'string' },
         name: { type: 'string', default: `js-example-${process.pid}` },
         help: { type: 'boolean', short: 'h' },
@@ -464,6 +465,7 @@ async function main(argv) {
     return 2;
   }
   try {
+    args.server = args.server.replace(/^http:\/\//, '');
     await run(args.server, args.key && args.key.toLowerCase(), args.name);
   } catch (e) {
     if (e instanceof WitnessError || e instanceof CheckError) {

@@ -291,12 +291,16 @@ def run(server: str, pinned_key: str | None, name: str, gen_dir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default=os.environ.get("BAGEL_GRPC", "127.0.0.1:7420"), help="HOST:PORT")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("BAGEL_SERVER", "127.0.0.1:7420"),
+        help="HOST:PORT or http://HOST:PORT, as the bagel CLI takes it (default $BAGEL_SERVER)",
+    )
     parser.add_argument("--key", help="the server's ed25519 public key, 64 hex digits (pin it)")
     parser.add_argument("--name", default=f"python-example-{os.getpid()}", help="the name to lease")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bagel-pb-") as gen:
-        run(args.server, args.key, args.name, Path(gen))
+        run(args.server.removeprefix("http://"), args.key, args.name, Path(gen))
     print("ok")
     return 0
 

@@ -28,25 +28,37 @@ use tokio_util::sync::CancellationToken;
 pub enum BagCommand {
     /// Write messages under a lease; prints each message's timestamp once
     /// its batch is committed.
+    ///
+    /// Example: `printf 'a\nb\n' | bagel write --store file:///srv/bags --log orders --lease lease.json`
     Write(WriteArgs),
     /// Read a time range of a log in timestamp order, checking every message.
+    ///
+    /// Example: `bagel read --store file:///srv/bags --log orders --from 2026-11-27T17:00:00Z`
     Read(ReadArgs),
     /// Close every past bag of the given logs, continuously or once.
+    ///
+    /// Example: `bagel metronome --store file:///srv/bags --log orders`
     Metronome(MetronomeArgs),
     /// Check a time range of a log from the stored messages and witnesses
     /// alone: signatures, chains of grants, overlaps, out-of-lease
     /// timestamps, watermarks, signed times. Exits 1 on any violation.
+    ///
+    /// Example: `bagel audit --store file:///srv/bags --log orders --from 2026-11-27T17:00:00Z`
     Audit(AuditArgs),
     /// Turn closed stretches of a log into one summary object each (whole
     /// minutes), sealing past-due minutes first. Idempotent: any number may
     /// run at once; readers then read those minutes from the summary.
     /// Without --from, resumes at the oldest stretch not yet summarized.
+    ///
+    /// Example: `bagel summarize --store file:///srv/bags --log orders`
     Summarize(SummarizeArgs),
     /// Remove old bags that a summary holds, once the summary checks
     /// against them (and, optionally, old summaries). Never removes what
     /// no summary holds. A summary that does not check, or is corrupt,
     /// keeps its bags (a KEPT line) and the run goes on with the others,
     /// then exits 1.
+    ///
+    /// Example: `bagel retain --store file:///srv/bags --log orders --keep-bags 1d`
     Retain(RetainArgs),
 }
 
@@ -72,9 +84,6 @@ pub struct RetainArgs {
     /// readers that do not read its summary.
     #[arg(long, value_parser = humantime::parse_duration)]
     unsafe_min_keep: Option<Duration>,
-    /// Print one JSON object.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -114,9 +123,6 @@ pub struct SummarizeArgs {
     /// added.
     #[arg(long = "key")]
     keys: Vec<String>,
-    /// One JSON object per summary.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -209,9 +215,6 @@ pub struct AuditArgs {
     /// How far a timestamp may be ahead of its signed time.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     tolerance: Duration,
-    /// Print JSON; errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -253,9 +256,21 @@ pub struct WriteArgs {
     /// Defaults to `<host>-<pid>-<random>`; must be unique per process.
     #[arg(long)]
     writer_id: Option<String>,
-    /// Messages per batch when reading standard input.
+    /// Messages per batch when reading standard input: a batch is written
+    /// when this many lines have arrived or --linger has passed since its
+    /// first line, whichever comes first. A batch whose timestamps would
+    /// fall at or past the lease's deadline minus --deadline-margin (the
+    /// lease expired or was lost) is refused whole, nothing of it stored:
+    /// the run stops (exit 1, or 75 when trying again may help) unless
+    /// --keep-going.
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// Longest a line read from standard input waits for its batch to
+    /// fill before the batch is written anyway (as Kafka's `linger.ms`), so
+    /// a slow producer's lines are stored and acknowledged as they come,
+    /// not at end of input.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    linger: Duration,
     /// Refuse timestamps at or past the deadline minus this.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     deadline_margin: Duration,
@@ -288,9 +303,6 @@ pub struct ReadArgs {
     /// are PROBLEM lines naming the summary that holds them, exit 4).
     #[arg(long)]
     no_summaries: bool,
-    /// One JSON object per line.
-    #[arg(long)]
-    json: bool,
     /// Trusted witness key (64 hex digits, repeatable). With
     /// --lease-store, the keys published in the store are trusted too.
     /// Without either, signatures are not checked and every message says
@@ -386,7 +398,7 @@ async fn retain(a: RetainArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         min_keep,
     )
     .await?;
-    if a.json {
+    if crate::output::json() {
         let out = RetainJson {
             attestations_removed: r.attestations_removed,
             bags_removed: r.bags_removed,
@@ -492,6 +504,7 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
     }
     let mut made = 0u64;
     let mut skipped = 0u64;
+    let mut corrupt = 0u64;
     while stretch.close_time(cfg.grace) <= now && stretch.from().start() < to {
         for span in stretch.spans() {
             bagel_bags::seal::seal(store.as_ref(), &a.log, span).await?;
@@ -513,11 +526,21 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
                      no longer all there to build it again (retention removed them): {e}",
                     by.join(", ")
                 );
-                match a.json {
+                match crate::output::json() {
                     true => eprintln!("bagel summarize: {note}"),
                     false => println!("{note}"),
                 }
                 skipped += 1;
+                stretch = stretch.next();
+                continue;
+            }
+            // A corrupt object under the stretch's name (publication is
+            // create-only, so it stays until someone removes it): named,
+            // and the later stretches still get summarized; the run then
+            // exits 1, so a scheduled run does not pass over it.
+            Err(e @ bag::Error::CorruptSummary { .. }) => {
+                eprintln!("bagel summarize: stretch {stretch}: NOT summarized: {e}");
+                corrupt += 1;
                 stretch = stretch.next();
                 continue;
             }
@@ -548,7 +571,7 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
         {
             eprintln!("bagel summarize: summary {} NOT attested: {why}", done.name);
         }
-        if a.json {
+        if crate::output::json() {
             let out = SummaryMadeJson {
                 attestation,
                 bags: done.bags,
@@ -583,7 +606,7 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
         }
         stretch = stretch.next();
     }
-    if !a.json {
+    if !crate::output::json() {
         println!(
             "{made} summaries published{}; the next stretch ({stretch}) closes at {}",
             match skipped {
@@ -592,6 +615,13 @@ async fn summarize(a: SummarizeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode
             },
             stretch.close_time(cfg.grace)
         );
+    }
+    if corrupt > 0 {
+        eprintln!(
+            "bagel summarize: {corrupt} stretches NOT summarized: a corrupt summary is published under \
+             their names (the lines above name them; remove them to summarize those stretches)"
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -608,7 +638,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let keys = g.target.witness_keys(&a.keys).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
     let store = bag::open_store(&a.range.store, &cfg).await?;
-    let bar = Bar::new("audit: reading", "bags", a.json);
+    let bar = Bar::new("audit: reading", "bags", crate::output::json());
     let opts = a
         .range
         .read_options()
@@ -647,7 +677,7 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let summaries = bagel_bags::audit::audit_summaries(store.as_ref(), log, first, last).await?;
     result.violations.extend(summaries.violations);
     let unchecked = summaries.unchecked;
-    if a.json {
+    if crate::output::json() {
         let mut out = serde_json::to_value(&result)?;
         out["unchecked_summaries"] = json!(unchecked);
         out["attestations_checked"] = json!(summaries.attestations_checked);
@@ -770,26 +800,12 @@ impl WriteRights for FileRights {
 
 async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    let batches: Box<dyn Iterator<Item = std::io::Result<Vec<String>>>> = if a.messages.is_empty() {
-        let batch = a.batch.max(1);
-        let mut lines = std::io::stdin().lock().lines();
-        Box::new(std::iter::from_fn(move || {
-            let mut v = Vec::new();
-            for line in lines.by_ref() {
-                match line {
-                    Ok(l) => v.push(l),
-                    Err(e) => return Some(Err(e)),
-                }
-                if v.len() >= batch {
-                    break;
-                }
-            }
-            (!v.is_empty()).then_some(Ok(v))
-        }))
+    let mut batches = if a.messages.is_empty() {
+        Batches::Stdin(StdinBatches::start(a.batch.max(1), a.linger))
     } else {
-        Box::new(std::iter::once(Ok(a.messages.clone())))
+        Batches::Given(Some(a.messages.clone()))
     };
-    for batch in batches {
+    while let Some(batch) = batches.next().await {
         let batch = batch.context("reading standard input")?;
         let n = batch.len();
         let stamps = writer
@@ -817,6 +833,70 @@ async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The batches `bagel write` writes: the messages given on the command
+/// line, or standard input's lines as they arrive.
+enum Batches {
+    Given(Option<Vec<String>>),
+    Stdin(StdinBatches),
+}
+
+impl Batches {
+    async fn next(&mut self) -> Option<std::io::Result<Vec<String>>> {
+        match self {
+            Batches::Given(messages) => messages.take().map(Ok),
+            Batches::Stdin(lines) => lines.next().await,
+        }
+    }
+}
+
+/// Standard input's lines in batches of at most `batch`, each ended by
+/// its size or by `linger` after its first line. A thread reads the lines
+/// (stdin is blocking) into a bounded channel: while a batch is being
+/// written the next one fills, and a producer faster than the store is
+/// held back by the channel, not buffered without bound.
+struct StdinBatches {
+    lines: tokio::sync::mpsc::Receiver<std::io::Result<String>>,
+    batch: usize,
+    linger: Duration,
+}
+
+impl StdinBatches {
+    fn start(batch: usize, linger: Duration) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(batch);
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let failed = line.is_err();
+                if tx.blocking_send(line).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        StdinBatches {
+            lines: rx,
+            batch,
+            linger,
+        }
+    }
+
+    async fn next(&mut self) -> Option<std::io::Result<Vec<String>>> {
+        let first = match self.lines.recv().await? {
+            Ok(line) => line,
+            Err(e) => return Some(Err(e)),
+        };
+        let until = tokio::time::Instant::now() + self.linger;
+        let mut batch = vec![first];
+        while batch.len() < self.batch {
+            match tokio::time::timeout_at(until, self.lines.recv()).await {
+                Ok(Some(Ok(line))) => batch.push(line),
+                Ok(Some(Err(e))) => return Some(Err(e)),
+                // End of input, or the linger passed: write what came.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Some(Ok(batch))
+    }
 }
 
 /// A message as a line of `read --json` (`kind` `message`); `verified`:
@@ -874,7 +954,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         .with_roughtime_keys(g.roughtime.servers()?.into_iter().map(|s| s.key).collect())
         .with_trusted_summarizers(crate::keys::key_ring(&a.trust_summarizers).context("--trust-summarizer")?);
     let trusting = !a.trust_summarizers.is_empty();
-    let bar = Bar::new("read", "bags", a.json);
+    let bar = Bar::new("read", "bags", crate::output::json());
     let opts = opts.with_progress(bar.for_reader());
     let clock: Arc<dyn CheckedClock> = if a.no_close {
         Arc::new(Unvouched("--no-close".into()))
@@ -896,14 +976,14 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             .problems
             .iter()
             .all(|p| p.in_open_bag && p.kind == bag::ProblemKind::Damaged);
-    if !keys_given && !a.json {
+    if !keys_given && !crate::output::json() {
         writeln!(
             out,
             "# UNVERIFIED: no --key given; witness and time signatures were not checked"
         )?;
     }
     for m in &report.messages {
-        if a.json {
+        if crate::output::json() {
             writeln!(out, "{}", serde_json::to_string(&message_json(m, keys_given))?)?;
         } else {
             writeln!(
@@ -924,7 +1004,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         }
     }
     for r in &report.rejected {
-        if a.json {
+        if crate::output::json() {
             let line = ReadMessageJson {
                 kind: ReadItemKind::Rejected,
                 verified: false,
@@ -945,7 +1025,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         }
     }
     for p in &report.problems {
-        if a.json {
+        if crate::output::json() {
             let line = ProblemJson {
                 bag: p.bucket.to_string(),
                 in_open_bag: p.in_open_bag,
@@ -966,7 +1046,7 @@ async fn read(a: ReadArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
-    if a.json {
+    if crate::output::json() {
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let summary = ReadSummaryJson {
             close_refused: report.close_refused.clone(),

@@ -7,7 +7,6 @@
 //! "held by someone else": a retry-on-2 loop must not spin on a typo.
 
 use std::process::ExitCode;
-use std::sync::OnceLock;
 
 /// A command line clap refuses (unknown flag, missing argument, bad value).
 pub const EXIT_USAGE: u8 = 64;
@@ -21,13 +20,10 @@ pub const MAX_ECHO: usize = 200;
 /// values this module never saw (clap's, a server's).
 const MAX_MESSAGE: usize = 4096;
 
-static JSON_ERRORS: OnceLock<bool> = OnceLock::new();
-
-/// Whether errors go out as JSON: `--json` anywhere on the command line
-/// (decided from the raw arguments, so that even a command line clap
-/// refuses gets a JSON error).
+/// Whether errors go out as JSON: as the output (see `crate::output`),
+/// also for a command line clap refuses.
 pub fn json_errors() -> bool {
-    *JSON_ERRORS.get_or_init(|| std::env::args_os().skip(1).any(|a| a == "--json"))
+    crate::output::json()
 }
 
 /// Prints an error (`kind` is a stable word scripts may match: `usage`,

@@ -17,11 +17,13 @@
 mod bag_cmds;
 mod closer_clock;
 mod failure;
+mod human;
 mod keys;
 mod lease_cmds;
 mod lease_file;
 mod metronome_http;
 mod names;
+mod output;
 mod owner;
 mod process_tree;
 mod progress;
@@ -47,6 +49,13 @@ struct Cli {
     target: target::TargetArgs,
     #[command(flatten)]
     roughtime: time_cmds::RoughtimeArgs,
+    /// Print for people (text) or for scripts (json); errors then go to
+    /// stderr as one JSON object.
+    #[arg(long, short = 'o', global = true, help_heading = "Output", env = "BAGEL_OUTPUT", value_enum, default_value_t = output::Output::Text)]
+    output: output::Output,
+    /// The same as `--output json`.
+    #[arg(long, global = true, help_heading = "Output")]
+    json: bool,
     /// Log lines on stderr as text or as one JSON object per line.
     #[arg(long, global = true, help_heading = "Output", env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -65,13 +74,18 @@ enum Command {
     /// Hold a lease while a command runs: start it once the lease is held,
     /// renew in the background, fence it (SIGTERM, then SIGKILL, before the
     /// deadline) if renewal fails, release when it exits.
+    ///
+    /// Example: `bagel run --name leader --wait forever -- ./serve.sh`
     Run(run_cmd::RunArgs),
     /// Ask the time authority (Roughtime, else the lease server) once and
     /// say how far off this host's clock is; exit 1 if it is off.
+    ///
+    /// Example: `bagel time-check --roughtime 127.0.0.1:2002 --roughtime-key KEY`
     #[command(alias = "roughtime-check")]
     TimeCheck(time_cmds::TimeCheckArgs),
-    /// Print a shell completion script: `bagel completions bash >
-    /// /etc/bash_completion.d/bagel` (zsh, fish alike).
+    /// Print a shell completion script (bash, zsh, fish).
+    ///
+    /// Example: `bagel completions bash > /etc/bash_completion.d/bagel`
     Completions(CompletionsArgs),
 }
 
@@ -111,12 +125,39 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// A closed stdout (`bagel completions bash | head`, `bagel read … | head`)
+/// ends the process quietly with status 141 (128 + SIGPIPE), as a shell
+/// reports `cat` ended by it. The Rust runtime ignores SIGPIPE, so a print
+/// to a closed pipe panics ("failed printing to stdout: Broken pipe"); the
+/// workspace forbids the `unsafe` that restoring the signal would take, so
+/// the panic hook recognises that one panic instead. A `bagel write` cut
+/// off this way is a writer killed mid-run, which its lease record covers.
+/// The status of a run whose stdout was closed: 128 + SIGPIPE.
+const CLOSED_PIPE: u8 = 141;
+
+fn stop_quietly_on_closed_pipes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(CLOSED_PIPE.into());
+        }
+        default(info)
+    }));
+}
+
 /// How long the exit waits for storage calls still running on blocking
 /// threads: a call the command gave up on (a hung NFS mount, a FIFO) must
 /// not keep the process alive; its outcome was already reported unknown.
 const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn main() -> ExitCode {
+    stop_quietly_on_closed_pipes();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -134,6 +175,7 @@ async fn run() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return failure::clap_failure(&e),
     };
+    output::init(cli.output, cli.json);
     init_logging(cli.log_format);
     if let Command::Completions(args) = &cli.command {
         let shell = match args.shell {
@@ -142,8 +184,13 @@ async fn run() -> ExitCode {
             Shell::Fish => clap_complete::Shell::Fish,
         };
         let mut command = <Cli as clap::CommandFactory>::command();
-        clap_complete::generate(shell, &mut command, "bagel", &mut std::io::stdout());
-        return ExitCode::SUCCESS;
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut command, "bagel", &mut script);
+        return match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(CLOSED_PIPE),
+            Err(e) => failure::report("error", 1, &format!("cannot write the completion script: {e}")),
+        };
     }
     let g = lease_cmds::Globals {
         target: &cli.target,

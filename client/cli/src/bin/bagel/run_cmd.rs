@@ -214,7 +214,7 @@ fn command(args: &RunArgs, lease: &Lease, file: &Path, g: &Globals<'_>) -> std::
         // So that `bagel write` in the command finds the same time and
         // leases as this run, whether they came from flags or the
         // environment.
-        .env("BAGEL_SERVER", &g.target.server)
+        .env("BAGEL_SERVER", g.target.server_url())
         // Its own group, so that a terminal's Ctrl-C reaches it only
         // through `bagel run` (which forwards it to the whole tree).
         .process_group(0);

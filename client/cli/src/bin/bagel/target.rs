@@ -24,7 +24,8 @@ use crate::time_cmds::RoughtimeArgs;
 #[derive(Clone, Debug, clap::Args)]
 #[command(next_help_heading = "Lease servers")]
 pub struct TargetArgs {
-    /// The lease server.
+    /// The lease server: a URL, or HOST:PORT (http://, or https:// when
+    /// --ca is given).
     #[arg(
         long,
         global = true,
@@ -32,7 +33,8 @@ pub struct TargetArgs {
         default_value = "http://127.0.0.1:7420"
     )]
     pub server: String,
-    /// Several lease servers, comma-separated, each `[ID=]URL[#KEY]`.
+    /// Several lease servers, comma-separated, each `[ID=]URL[#KEY]` (URL
+    /// as for --server: HOST:PORT is accepted).
     /// Names are routed over them by rendezvous hashing on the identity
     /// each server announces (its --server-id), never on the URL as
     /// written, so every spelling of a list routes alike. ID, when given,
@@ -86,11 +88,12 @@ impl TargetArgs {
     pub fn time_server(&self) -> anyhow::Result<String> {
         match &self.servers {
             None => {
-                bagel_client::options::check_server_url(&self.server)
-                    .map_err(|e| anyhow::anyhow!("--server {e}"))?;
-                Ok(self.server.clone())
+                let url = self.server_url();
+                bagel_client::options::check_server_url(&url).map_err(|e| anyhow::anyhow!("--server {e}"))?;
+                Ok(url)
             }
-            Some(list) => Ok(parse(list, "--servers")?
+            Some(list) => Ok(self
+                .parse(list, "--servers")?
                 .first()
                 .map(|s| s.url.clone())
                 .context("--servers: the list is empty")?),
@@ -146,16 +149,17 @@ impl TargetArgs {
             ..LeaseBackendOptions::default()
         };
         let Some(list) = &self.servers else {
-            self.check_url("--server", &self.server)?;
+            let url = self.server_url();
+            self.check_url("--server", &url)?;
             return Ok(Target {
-                backend: open_lease_backend(&self.server, &options).await?,
+                backend: open_lease_backend(&url, &options).await?,
             });
         };
-        let current = parse(list, "--servers")?;
+        let current = self.parse(list, "--servers")?;
         let next = self
             .next_servers
             .as_deref()
-            .map(|n| parse(n, "--next-servers"))
+            .map(|n| self.parse(n, "--next-servers"))
             .transpose()?;
         for (flag, list) in [("--servers", Some(&current)), ("--next-servers", next.as_ref())] {
             for spec in list.into_iter().flatten() {
@@ -164,7 +168,7 @@ impl TargetArgs {
         }
         options.next_servers = next;
         Ok(Target {
-            backend: open_lease_backend(list, &options).await?,
+            backend: open_lease_backend(&self.with_schemes(list), &options).await?,
         })
     }
 }
@@ -204,8 +208,92 @@ impl TargetArgs {
     }
 }
 
-fn parse(list: &str, flag: &str) -> anyhow::Result<Vec<ServerSpec>> {
-    ServerSpec::parse_list(list).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+impl TargetArgs {
+    /// --server with its scheme (see [`with_scheme`]).
+    pub fn server_url(&self) -> String {
+        with_scheme(&self.server, self.ca.is_some())
+    }
+
+    /// A --servers list with each URL's scheme (see [`with_scheme`]).
+    pub fn with_schemes(&self, list: &str) -> String {
+        list.split(',')
+            .map(|entry| with_scheme(entry.trim(), self.ca.is_some()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn parse(&self, list: &str, flag: &str) -> anyhow::Result<Vec<ServerSpec>> {
+        ServerSpec::parse_list(&self.with_schemes(list)).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+    }
+}
+
+/// A server as written (`URL` or `ID=URL#KEY`) with `http://` (`https://`
+/// when `tls`) before a URL written as bare `HOST:PORT`, as etcdctl and
+/// redis-cli take addresses. Anything else is left for the URL check to
+/// judge and name.
+fn with_scheme(entry: &str, tls: bool) -> String {
+    let (id, rest) = match entry.split_once('=') {
+        Some((id, rest)) if !id.contains("://") => (Some(id), rest),
+        _ => (None, entry),
+    };
+    let (url, key) = match rest.split_once('#') {
+        Some((url, key)) => (url, Some(key)),
+        None => (rest, None),
+    };
+    let bare = !url.contains("://")
+        && url.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+        });
+    if !bare {
+        return entry.to_owned();
+    }
+    let scheme = if tls { "https" } else { "http" };
+    let mut out = String::new();
+    if let Some(id) = id {
+        out += id;
+        out.push('=');
+    }
+    out += &format!("{scheme}://{url}");
+    if let Some(key) = key {
+        out.push('#');
+        out += key;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_scheme;
+
+    #[test]
+    fn a_bare_host_and_port_is_a_url_with_the_scheme_tls_implies() {
+        assert_eq!(with_scheme("127.0.0.1:7420", false), "http://127.0.0.1:7420");
+        assert_eq!(
+            with_scheme("leases.example:7420", true),
+            "https://leases.example:7420"
+        );
+        assert_eq!(with_scheme("[::1]:7420", false), "http://[::1]:7420");
+        assert_eq!(
+            with_scheme("a=10.0.0.1:7420#00ff", false),
+            "a=http://10.0.0.1:7420#00ff"
+        );
+    }
+
+    #[test]
+    fn urls_and_what_is_not_an_address_are_left_to_the_url_check() {
+        for same in [
+            "http://127.0.0.1:7420",
+            "https://h:1",
+            "ftp://h:21",
+            "localhost",
+            "h:",
+            ":7420",
+            "h:port",
+        ] {
+            assert_eq!(with_scheme(same, false), same);
+        }
+        assert_eq!(with_scheme("a=http://h:1", false), "a=http://h:1");
+    }
 }
 
 /// A connected lease target: every lease operation goes through its

@@ -67,9 +67,6 @@ pub struct TimeCheckArgs {
     /// and half the round trip.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     clock_tolerance: Duration,
-    /// Print JSON; errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Exit 0 when the clock is within tolerance; 1 (with the reason) when it
@@ -85,7 +82,7 @@ pub async fn time_check(
     let signed = time.check().await?;
     let m = time.latest().context("checked, so measured")?;
     let v = time.verdict();
-    if args.json {
+    if crate::output::json() {
         let out = TimeCheckJson {
             detail: v.to_string(),
             error_bound_us: v.error_bound().map(bagel_proto::duration_micros),

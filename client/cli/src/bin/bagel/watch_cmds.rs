@@ -28,9 +28,13 @@ use crate::target::Target;
 pub enum FollowCommand {
     /// List the names held now (name, lease, owner, deadline, mode), in
     /// name order, paging through the server's bounded pages.
+    ///
+    /// Example: `bagel list --prefix jobs/ --watch`
     List(ListArgs),
     /// Print grants, renewals, upgrades, releases, breaks and expiries of
     /// names as they happen, until interrupted.
+    ///
+    /// Example: `bagel watch --prefix jobs/`
     Watch(WatchArgs),
 }
 
@@ -43,9 +47,6 @@ pub struct ListArgs {
     /// at most its --list-max-page).
     #[arg(long, default_value_t = 1000)]
     limit: usize,
-    /// Print one JSON object per name, one per line; errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
     /// Then follow the names under --prefix from the listing's revision, as
     /// `bagel watch --prefix P --from-revision R` would: every change after
     /// the listing is printed, none missed (one server only).
@@ -71,9 +72,6 @@ pub struct WatchArgs {
     /// is from before the server restarted.
     #[arg(long)]
     from_revision: Option<u64>,
-    /// Print one JSON object per event, one per line; errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
     /// Also print the server's progress messages: "REVISION progress" (or
     /// `{"kind":"progress","revision":R}` with --json) as the watch starts
     /// and when it was quiet a while: every event up to REVISION has been
@@ -159,7 +157,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
         |server: &Option<String>| revisions.iter().find(|(s, _)| s == server).map_or(0, |(_, r)| *r);
     for (server, n) in &names {
         let h = &n.holder;
-        if args.json {
+        if crate::output::json() {
             let line = ListedNameJson::new(n, server.as_deref()).at_revision(revision_of(server));
             println!("{}", serde_json::to_string(&line).expect("serializable"));
         } else {
@@ -169,7 +167,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
                 h.lease_id,
                 h.owner,
                 h.mode.as_str(),
-                h.deadline,
+                crate::human::at(h.deadline),
                 server
                     .as_ref()
                     .map(|s| format!(" (server {s})"))
@@ -184,7 +182,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
         // A server before revisions says 0: from now, as before.
         let from = (revision != 0).then_some(revision);
         let shown = Shown {
-            json: args.json,
+            json: crate::output::json(),
             progress: args.progress,
         };
         return follow(
@@ -198,7 +196,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
         )
         .await;
     }
-    if !args.json {
+    if !crate::output::json() {
         for (server, revision) in revisions.iter().filter(|(_, r)| *r != 0) {
             let at = server.as_ref().map(|s| format!(" of {s}")).unwrap_or_default();
             eprintln!(
@@ -238,7 +236,7 @@ async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
         progress_interval: args.progress_interval,
     };
     let shown = Shown {
-        json: args.json,
+        json: crate::output::json(),
         progress: args.progress,
     };
     follow(client, what, options, shown).await
@@ -319,7 +317,7 @@ fn print_event(e: &WatchEvent, json: bool) {
             e.lease_id,
             e.owner,
             e.mode.as_str(),
-            e.deadline
+            crate::human::at(e.deadline)
         );
     }
 }

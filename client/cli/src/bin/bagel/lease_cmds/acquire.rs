@@ -32,9 +32,6 @@ pub struct AcquireArgs {
     /// of the server's max wait, through its restarts), or `forever`.
     #[arg(long, value_parser = crate::names::parse_wait)]
     wait: Option<Duration>,
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
     /// Keep renewing until Ctrl-C, then release.
     #[arg(long)]
     hold: bool,
@@ -69,7 +66,7 @@ pub async fn run(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
     let lease = builder.send().await?;
     print_grant(
         &LeaseJson::from_lease(&lease, target.single_location().as_deref()),
-        args.json,
+        crate::output::json(),
     );
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
@@ -99,20 +96,24 @@ pub fn print_grant(l: &LeaseJson, as_json: bool) {
     println!("lease     {} ({})", l.lease_id, l.mode.as_str());
     println!("token     {}", l.token);
     println!(
-        "deadline  {} ({} us)",
-        Micros::from_micros(l.deadline_us),
-        l.deadline_us
+        "deadline  {}",
+        crate::human::at(Micros::from_micros(l.deadline_us))
     );
-    println!("write after {} us (min_timestamp)", l.min_timestamp_us);
+    match l.min_timestamp_us {
+        0 => println!("write after any timestamp (min_timestamp 0: no watermark to stay above)"),
+        us => println!("write after {} (min_timestamp, {us} us)", Micros::from_micros(us)),
+    }
     for n in &l.names {
         println!(
-            "  {}  fencing {}  previous: {} lease {:?} watermark {} ended at {}",
+            "  {}  fencing {}  previous: {}",
             crate::names::shown(&n.name),
             n.fencing_token,
-            n.previous.ended,
-            n.previous.lease_id,
-            n.previous.watermark_us,
-            n.previous.ended_at_us
+            crate::human::previous(
+                n.previous.ended.as_str(),
+                Some(&n.previous.lease_id),
+                Micros::from_micros(n.previous.watermark_us),
+                Micros::from_micros(n.previous.ended_at_us)
+            )
         );
     }
 }

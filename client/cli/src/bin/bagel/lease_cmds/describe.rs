@@ -13,9 +13,6 @@ pub struct DescribeArgs {
     /// The names (all or none).
     #[arg(required = true)]
     names: Vec<String>,
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 impl DescribeArgs {
@@ -28,7 +25,7 @@ impl DescribeArgs {
 pub async fn run(args: DescribeArgs, target: &Target) -> anyhow::Result<ExitCode> {
     let backend = target.backend();
     let states = backend.describe(&args.names).await?;
-    if args.json {
+    if crate::output::json() {
         let states: Vec<_> = states.iter().map(NameStateJson::from).collect();
         println!("{}", serde_json::to_string_pretty(&states)?);
     } else {
@@ -48,7 +45,7 @@ fn print_name_state(s: &NameState) {
             h.lease_id,
             h.owner,
             h.mode.as_str(),
-            h.deadline,
+            crate::human::at(h.deadline),
             h.fencing_token
         ),
         None => println!(
@@ -59,10 +56,7 @@ fn print_name_state(s: &NameState) {
     }
     let p = &s.previous;
     println!(
-        "  previous: {} lease {:?} watermark {} ended at {}",
-        p.ended.as_str(),
-        p.lease_id.as_deref().unwrap_or(""),
-        p.watermark.as_micros(),
-        p.ended_at.as_micros()
+        "  previous: {}",
+        crate::human::previous(p.ended.as_str(), p.lease_id.as_deref(), p.watermark, p.ended_at)
     );
 }

@@ -13,9 +13,6 @@ use crate::target::Target;
 pub struct HistoryArgs {
     /// The name.
     name: String,
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 impl HistoryArgs {
@@ -27,7 +24,7 @@ impl HistoryArgs {
 
 pub async fn run(args: HistoryArgs, target: &Target) -> anyhow::Result<ExitCode> {
     let h = target.backend().history(&args.name).await?;
-    if args.json {
+    if crate::output::json() {
         println!("{}", serde_json::to_string_pretty(&HistoryJson::from(&h))?);
     } else {
         print_history(&h);
@@ -43,7 +40,7 @@ fn print_history(h: &History) {
     for e in &h.entries {
         println!(
             "{} {} lease {} owner {:?} watermark {} metadata {}",
-            e.at,
+            crate::human::at(e.at),
             HistoryEventJson::from(e.event).as_str(),
             e.lease_id,
             e.owner,

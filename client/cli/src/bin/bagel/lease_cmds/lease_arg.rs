@@ -41,9 +41,6 @@ pub struct TokenArgs {
     /// its names. Read from the lease file when `--lease` is one.
     #[arg(long = "name")]
     pub names: Vec<String>,
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    pub json: bool,
 }
 
 impl TokenArgs {

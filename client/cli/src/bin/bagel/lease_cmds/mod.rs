@@ -30,24 +30,42 @@ pub const EXIT_BUSY: u8 = 2;
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
     /// Acquire a lease on one or more names (all or none).
+    ///
+    /// Example: `bagel acquire --ttl 10s --json jobs/nightly > lease.json`
     Acquire(acquire::AcquireArgs),
-    /// Renew a lease to now + TTL.
+    /// Renew a lease to now + TTL (never shortening it).
+    ///
+    /// Example: `bagel renew --lease lease.json --ttl 30s`
     Renew(renew::RenewArgs),
     /// Turn a tentative lease into a full one.
+    ///
+    /// Example: `bagel upgrade --lease lease.json`
     Upgrade(upgrade::UpgradeArgs),
     /// Release a lease, publishing its watermark.
+    ///
+    /// Example: `bagel release --lease lease.json`
     Release(release::ReleaseArgs),
     /// Show who holds names and what a new holder would inherit.
+    ///
+    /// Example: `bagel describe jobs/nightly jobs/hourly`
     Describe(describe::DescribeArgs),
     /// Show a name's recent renewals and releases with their metadata.
+    ///
+    /// Example: `bagel history jobs/nightly`
     History(history::HistoryArgs),
     /// Show the server's keys, limits, clock and readiness (with
     /// --servers: every server's).
+    ///
+    /// Example: `bagel server-info --server 127.0.0.1:7420`
     ServerInfo(server_info::ServerInfoArgs),
     /// Show which server owns each name (with --servers; and, with
     /// --next-servers, which owns it next).
+    ///
+    /// Example: `bagel route --servers a=10.0.0.1:7420,b=10.0.0.2:7420 jobs/nightly`
     Route(route::RouteArgs),
     /// Verify a witness (the JSON of `acquire --json`, or a bare witness).
+    ///
+    /// Example: `bagel verify-witness lease.json`
     VerifyWitness(verify_witness::VerifyArgs),
 }
 

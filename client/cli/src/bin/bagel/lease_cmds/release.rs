@@ -59,13 +59,16 @@ pub async fn run(args: ReleaseArgs, target: &Target) -> anyhow::Result<ExitCode>
     options.inherited = args.lease.inherited()?;
     let stored = backend.release_lease(&lease, options).await?;
     lock.released();
-    if args.lease.json {
+    if crate::output::json() {
         let released = ReleasedJson {
             watermark_us: stored.as_micros(),
         };
         println!("{}", serde_json::to_string(&released)?);
     } else {
-        println!("released; stored watermark {stored} ({} us)", stored.as_micros());
+        match stored.as_micros() {
+            0 => println!("released; stored watermark 0 (nothing written under it)"),
+            us => println!("released; stored watermark {us} us ({stored})"),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -14,9 +14,6 @@ pub struct RouteArgs {
     /// The names (all or none).
     #[arg(required = true)]
     names: Vec<String>,
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
 }
 
 impl RouteArgs {
@@ -42,7 +39,7 @@ pub async fn run(args: RouteArgs, target: &Target) -> anyhow::Result<ExitCode> {
             (None, Some(cluster)) => RouteJson::Servers(cluster.route(name).into()),
         })
         .collect();
-    if args.json {
+    if crate::output::json() {
         println!("{}", serde_json::to_string_pretty(&routes)?);
     } else {
         for r in &routes {

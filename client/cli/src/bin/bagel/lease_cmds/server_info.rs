@@ -13,16 +13,12 @@ use clap::Args;
 use crate::target::Target;
 
 #[derive(Debug, Args)]
-pub struct ServerInfoArgs {
-    /// Print JSON (a lease file for lease commands); errors then go to stderr as one JSON object.
-    #[arg(long)]
-    json: bool,
-}
+pub struct ServerInfoArgs {}
 
-pub async fn run(args: ServerInfoArgs, target: &Target) -> anyhow::Result<ExitCode> {
+pub async fn run(_args: ServerInfoArgs, target: &Target) -> anyhow::Result<ExitCode> {
     let infos = match target.backend().info().await? {
         BackendInfo::Store(store) => {
-            if args.json {
+            if crate::output::json() {
                 println!("{}", serde_json::to_string_pretty(&StoreInfoJson::from(&store))?);
             } else {
                 print_store_info(&store);
@@ -31,7 +27,7 @@ pub async fn run(args: ServerInfoArgs, target: &Target) -> anyhow::Result<ExitCo
         }
         // One server: the one object, as always.
         BackendInfo::Server { info, .. } => {
-            if args.json {
+            if crate::output::json() {
                 println!("{}", serde_json::to_string_pretty(&ServerInfoJson::from(&info))?);
             } else {
                 print_server_info(&info);
@@ -41,7 +37,7 @@ pub async fn run(args: ServerInfoArgs, target: &Target) -> anyhow::Result<ExitCo
         BackendInfo::Servers(infos) => infos,
         other => bail!("server-info: this lease backend says {other:?}, which this CLI cannot print"),
     };
-    if args.json {
+    if crate::output::json() {
         let all: Vec<_> = infos.iter().map(|(_, i)| ServerInfoJson::from(i)).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);
     } else {

@@ -19,6 +19,6 @@ pub async fn run(args: UpgradeArgs, target: &Target) -> anyhow::Result<ExitCode>
         json.server = json.server.or(file.server);
         crate::lease_file::write(path, &json)?;
     }
-    print_grant(&json, args.json);
+    print_grant(&json, crate::output::json());
     Ok(ExitCode::SUCCESS)
 }
