@@ -657,3 +657,56 @@ async fn plaintext_to_a_tls_server_says_it_speaks_tls() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("speaks TLS: use https:// and --ca"), "{text}");
 }
+
+/// The certificate mistakes people make get a hint naming the mistake and
+/// the fix, not only rustls's words: a CA certificate serving as the
+/// server's (what `openssl req -x509` makes by default), a host missing
+/// from the subjectAltName, a `--ca` that did not issue it.
+#[tokio::test]
+async fn certificate_mistakes_are_named_with_their_fix() {
+    let ca = Ca::new("bagel test CA");
+    let files = Files::new();
+    // The CA's own certificate as the server's.
+    let ca_key = files.write("ca.key", &ca.issuer.key().serialize_pem());
+    let ca_pem = files.write("ca.pem", &ca.pem);
+    let server = ServerProcess::spawn(&[
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &ca_pem,
+        "--tls-key",
+        &ca_key,
+    ])
+    .await;
+    let out = cli_tls(&server, &["--ca", &ca_pem], &["server-info"]);
+    let text = describe_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("the server's certificate is a CA certificate (CA:TRUE"),
+        "{text}"
+    );
+    drop(server);
+
+    // A leaf for another host; and a CA that did not issue it.
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["other.example".to_owned()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let server = ServerProcess::spawn(&[
+        "--unsafe-skip-restart-wait",
+        "--tls-cert",
+        &files.write("other.pem", &cert.pem()),
+        "--tls-key",
+        &files.write("other.key", &key.serialize_pem()),
+    ])
+    .await;
+    let out = cli_tls(&server, &["--ca", &ca_pem], &["server-info"]);
+    let text = describe_output(&out);
+    assert!(
+        text.contains("does not list the host of this URL in its subjectAltName"),
+        "{text}"
+    );
+    let stranger = files.write("stranger.pem", &Ca::new("another CA").pem);
+    let out = cli_tls(&server, &["--ca", &stranger], &["server-info"]);
+    let text = describe_output(&out);
+    assert!(text.contains("not issued by the --ca given"), "{text}");
+}

@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
-use crate::error::{Error, Result};
+use crate::error::{BoxError, Error, Result};
 use crate::grpc_error::{from_status, is_watch_overflow, status_message};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
@@ -114,7 +114,7 @@ impl Client {
         })?;
         let connect_error = |source: tonic::transport::Error| Error::Connect {
             url: url.clone(),
-            source: source.into(),
+            source: with_tls_hint(source.into()),
         };
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(connect_error)?
@@ -508,6 +508,40 @@ fn hint_client_certificate(s: tonic::Status, presented: bool) -> Error {
     }
     let message = format!("{}: {hint}", status_message(&s));
     from_status(tonic::Status::new(s.code(), message))
+}
+
+/// A TLS handshake failure in rustls's words (`invalid peer certificate:
+/// Other(OtherError(CaUsedAsEndEntity))`) with what it means and what to
+/// do, for the mistakes people make with certificates: a CA certificate
+/// used as the server's (`openssl req -x509` makes CA:TRUE by default), a
+/// host missing from the certificate's subjectAltName, a `--ca` that did
+/// not issue it, dates out of range. Other errors are left as they are.
+fn with_tls_hint(source: BoxError) -> BoxError {
+    let mut text = source.to_string();
+    let mut cause = source.source();
+    while let Some(c) = cause {
+        let step = c.to_string();
+        if !text.ends_with(&step) {
+            text = format!("{text}: {step}");
+        }
+        cause = c.source();
+    }
+    let hint = if text.contains("CaUsedAsEndEntity") {
+        "the server's certificate is a CA certificate (CA:TRUE, as `openssl req -x509` makes by \
+         default); give the server a certificate issued by the CA, with CA:FALSE and this host in \
+         its subjectAltName (the TLS recipe in docs/operating.md)"
+    } else if text.contains("not valid for name") {
+        "the server's certificate does not list the host of this URL in its subjectAltName; \
+         connect by a name it lists, or reissue it with this host (the TLS recipe in \
+         docs/operating.md)"
+    } else if text.contains("UnknownIssuer") {
+        "the server's certificate was not issued by the --ca given; pass the CA that issued it"
+    } else if text.contains("Expired") || text.contains("NotValidYet") {
+        "the server's certificate is outside its validity dates (or this host's clock is off)"
+    } else {
+        return source;
+    };
+    format!("{hint} ({text})").into()
 }
 
 /// A plaintext client of a TLS server only hears that the connection
