@@ -140,11 +140,14 @@ pub enum Error {
         name: String,
         reason: String,
     },
-    /// A published summary that does not parse or contradicts its name.
-    #[error("summary of log {log:?} from {from} is corrupt: {reason}")]
+    /// A published summary that does not parse, contradicts its name, or
+    /// would expand past [`crate::summary::MAX_SUMMARY_EXPANSION`]. `name`
+    /// is its object's name in the log (`_summary/<first second>.<seconds>`),
+    /// so an operator can find (and remove) the very object.
+    #[error("summary {name} of log {log:?} is corrupt: {reason}")]
     CorruptSummary {
         log: String,
-        from: Bucket,
+        name: String,
         reason: String,
     },
     #[error("invalid {what} {value:?}: {reason}")]

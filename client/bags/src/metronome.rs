@@ -585,9 +585,23 @@ impl Metronome {
             while stretch.last() < cursor.span.first()
                 && now >= stretch.close_time(grace).saturating_add(after)
             {
-                let done = crate::summary::summarize_attested(store, log, *stretch, self.attester.as_deref())
-                    .await
-                    .map_err(|e| (stretch.from(), e))?;
+                let done =
+                    match crate::summary::summarize_attested(store, log, *stretch, self.attester.as_deref())
+                        .await
+                    {
+                        Ok(done) => done,
+                        // A corrupt object under the stretch's name (one over
+                        // `MAX_SUMMARY_EXPANSION` included) cannot be replaced
+                        // (publication is create-only) and will not heal: this
+                        // round reports it, naming it, and the next goes on
+                        // with the next stretch instead of stopping at it.
+                        Err(e @ crate::Error::CorruptSummary { .. }) => {
+                            let at = stretch.from();
+                            *stretch = stretch.next();
+                            return Err((at, e));
+                        }
+                        Err(e) => return Err((stretch.from(), e)),
+                    };
                 report.summarized.push(done);
                 *stretch = stretch.next();
             }

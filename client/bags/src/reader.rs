@@ -250,7 +250,9 @@ pub struct Rejected {
 /// What kind of [`Problem`] a bag has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProblemKind {
-    /// A corrupt record, a torn tail, a short or changed item.
+    /// A corrupt record, a torn tail, a short or changed item; or a
+    /// corrupt summary (`item` names it, `bucket` is its first second),
+    /// whose minutes were read from their bags instead.
     Damaged,
     /// A batch read before, found again (an item listed twice, a copy of
     /// a data file under another name or in another bag); its messages
@@ -1217,7 +1219,7 @@ async fn pick_summaries(
     let attested = &attested;
     let mut loaded = futures::stream::iter(picked)
         .map(|(st, window)| async move {
-            let bytes = crate::summary::fetch(store, log, st).await?;
+            let bytes = crate::summary::fetch(store, log, st).await.map_err(|e| (st, e))?;
             let hash = attested.iter().any(|(a, _)| *a == st);
             let log = log.to_owned();
             let decoded = tokio::task::spawn_blocking(move || {
@@ -1226,14 +1228,35 @@ async fn pick_summaries(
             })
             .await;
             match decoded {
-                Ok(decoded) => decoded.map(|(summary, digest)| (st, window, summary, digest)),
+                Ok(decoded) => decoded
+                    .map(|(summary, digest)| (st, window, summary, digest))
+                    .map_err(|e| (st, e)),
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 Err(e) => panic!("a summary's decoding was cancelled: {e}"),
             }
         })
         .buffered(cores.max(2));
     while let Some(next) = loaded.next().await {
-        let (st, window, summary, digest) = next?;
+        let (st, window, summary, digest) = match next {
+            Ok(loaded) => loaded,
+            // A corrupt summary (one over `MAX_SUMMARY_EXPANSION`
+            // included) is a finding of the read, naming the object, not
+            // its end: its window is left uncovered, so its minutes are
+            // read from their bags (those retention removed are `Missing`
+            // problems naming it).
+            Err((st, e @ Error::CorruptSummary { .. })) => {
+                report.problems.push(Problem {
+                    kind: ProblemKind::Damaged,
+                    bucket: st.from(),
+                    item: st.name(),
+                    offset: None,
+                    what: format!("{e}; its minutes are read from their bags"),
+                    in_open_bag: false,
+                });
+                continue;
+            }
+            Err((_, e)) => return Err(e),
+        };
         let mut vouched = None;
         for (_, key_id) in attested.iter().filter(|(a, _)| *a == st) {
             let digest = digest.as_ref().expect("hashed: it has an attestation to check");
@@ -1480,7 +1503,7 @@ async fn read_vouched_bag(
     let bucket = Bucket::from_secs(bag.bucket_secs);
     let corrupt = |reason| Error::CorruptSummary {
         log: summary.log.clone(),
-        from: Bucket::from_secs(summary.from_secs),
+        name: crate::summary::object_name(summary),
         reason,
     };
     #[cfg(test)]

@@ -41,6 +41,7 @@ use crate::seal::{self, SPAN_SECS, Span};
 use crate::{BagState, BagStore, Bucket, Error, Result};
 
 pub mod attest;
+mod budget;
 pub mod packed;
 
 pub use packed::{Summary, SummaryBag, SummaryBatch, SummaryItem, SummaryTime};
@@ -50,6 +51,21 @@ pub const SUMMARY_DIR: &str = "_summary";
 /// The largest summary made or read. A minute over this is left to its
 /// bags ([`Error::NotSummarizable`]).
 pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
+/// The most one summary may expand to when read, in each of two ways:
+/// the memory its decoded form takes (counted on its stored bytes before
+/// they are decoded), and the bytes its records rebuild to (each witness
+/// and signed time counted in every batch that cites it; counted before
+/// any is rebuilt). A stored summary over either is corrupt
+/// ([`Error::CorruptSummary`], naming it): a reader reports it and reads
+/// its minutes from their bags, retention keeps their bags, a summarizer
+/// names it and goes on with the next stretch. A summarizer does not
+/// publish one over either (the stretch is left to its bags,
+/// [`Error::NotSummarizable`]); no honest summary's records are over, as
+/// they are the items it read, at most [`MAX_SUMMARY_BYTES`]. Without
+/// the bound, a 51 KB summary citing one 50 KB witness 1,000 times in
+/// each of ten batches made a read hold ~970 MB, and 4 MB of empty
+/// batches took 313 MB to decode.
+pub const MAX_SUMMARY_EXPANSION: u64 = MAX_SUMMARY_BYTES;
 
 /// The stretch a summary covers: `minutes` whole minutes from `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -262,9 +278,19 @@ pub enum Records {
 pub fn rebuild_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> Result<RebuiltItem> {
     packed::unpack_item(summary, bag, item).map_err(|reason| Error::CorruptSummary {
         log: summary.log.clone(),
-        from: Bucket::from_secs(summary.from_secs),
+        name: object_name(summary),
         reason,
     })
+}
+
+/// The object name of `summary` in its log, as its fields give it (those
+/// of a loaded summary are checked against the name it was loaded from).
+pub(crate) fn object_name(summary: &Summary) -> String {
+    format!(
+        "{SUMMARY_DIR}/{}.{}",
+        summary.from_secs,
+        summary.to_secs.saturating_sub(summary.from_secs)
+    )
 }
 
 /// A batch of a summarized item as [`rebuild_batches`] rebuilds it.
@@ -284,7 +310,12 @@ pub struct Rebuilt {
 /// call created it. One already there with other content is refused
 /// ([`Error::SummaryMismatch`]): the same closed bags give the same
 /// summary, so one of the two was not made from them. One there in format
-/// 1 that holds the same records is the same summary.
+/// 1 that holds the same records is the same summary. One there that is
+/// corrupt (it does not decode within [`MAX_SUMMARY_EXPANSION`]) is
+/// refused as such ([`Error::CorruptSummary`], naming it): the stretch
+/// cannot be published while it is there, and the caller goes on with the
+/// next. A summary that would itself be over [`MAX_SUMMARY_EXPANSION`] is
+/// not published ([`Error::NotSummarizable`]): readers would refuse it.
 pub async fn publish(
     store: &dyn BagStore,
     log: &str,
@@ -293,10 +324,24 @@ pub async fn publish(
 ) -> Result<(String, bool)> {
     let name = stretch.name();
     let ours = Bytes::from(summary.encode_to_vec());
-    let same =
-        |theirs: &Bytes| *theirs == ours || packed::decode(theirs.clone()).is_ok_and(|t| t == *summary);
+    budget::check_decoded(&ours, budget::FORMAT_2)
+        .and_then(|()| budget::check_records(budget::records_size(summary, MAX_SUMMARY_EXPANSION)?))
+        .map_err(|reason| not_summarizable(log, stretch, format!("{reason}: summarize shorter stretches")))?;
+    let same = |theirs: &Bytes| -> Result<bool> {
+        if *theirs == ours {
+            return Ok(true);
+        }
+        match packed::decode(theirs.clone()) {
+            Ok(t) => Ok(t == *summary),
+            Err(reason) => Err(Error::CorruptSummary {
+                log: log.to_owned(),
+                name: name.clone(),
+                reason: format!("{reason} (the summary of {stretch} cannot be published while it is there)"),
+            }),
+        }
+    };
     if let Some(theirs) = store.get_named(log, &name, MAX_SUMMARY_BYTES).await? {
-        return match same(&theirs) {
+        return match same(&theirs)? {
             true => Ok((name, false)),
             false => Err(Error::SummaryMismatch {
                 log: log.to_owned(),
@@ -307,7 +352,7 @@ pub async fn publish(
     }
     match store.put_first(log, &name, ours.clone()).await? {
         None => Ok((name, true)),
-        Some(first) if same(&first) => Ok((name, false)),
+        Some(first) if same(&first)? => Ok((name, false)),
         Some(_) => Err(Error::SummaryMismatch {
             log: log.to_owned(),
             name,
@@ -421,7 +466,7 @@ pub(crate) async fn fetch(store: &dyn BagStore, log: &str, stretch: Stretch) -> 
         .await?
         .ok_or_else(|| Error::CorruptSummary {
             log: log.to_owned(),
-            from: stretch.from(),
+            name: stretch.name(),
             reason: "listed a moment ago, and now gone".into(),
         })
 }
@@ -431,7 +476,7 @@ pub(crate) async fn fetch(store: &dyn BagStore, log: &str, stretch: Stretch) -> 
 pub(crate) fn parse(log: &str, stretch: Stretch, bytes: Bytes) -> Result<Summary> {
     let bad = |reason: String| Error::CorruptSummary {
         log: log.to_owned(),
-        from: stretch.from(),
+        name: stretch.name(),
         reason,
     };
     let s = packed::decode(bytes).map_err(bad)?;

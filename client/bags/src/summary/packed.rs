@@ -718,17 +718,36 @@ fn format_1_batches(
         .collect()
 }
 
-/// Decodes a stored summary of either format.
+/// Decodes a stored summary of either format, within
+/// [`super::MAX_SUMMARY_EXPANSION`] ([`super::budget`]): what it takes
+/// decoded is counted on its bytes before prost decodes them, and what
+/// its records rebuild to is counted before any is rebuilt (for format 1,
+/// before it is turned into format 2, which rebuilds them). Every
+/// reader, auditor, retention run and summarizer decodes through here, so
+/// a summary over the bound is refused as corrupt before it costs more
+/// than its bytes and its decoded form.
 pub fn decode(bytes: Bytes) -> Result<Summary, String> {
+    use super::budget::{self, check_decoded, check_records};
+    let cap = super::MAX_SUMMARY_EXPANSION;
+    check_decoded(&bytes, budget::FORMAT_2)?;
     let s = Summary::decode(bytes.clone()).map_err(|e| format!("does not decode: {e}"))?;
-    match s.format {
-        FORMAT => Ok(s),
+    let s = match s.format {
+        FORMAT => s,
         // No format field: format 1, whose fields format 2 skips.
-        0 => from_format_1(pb::Summary::decode(bytes).map_err(|e| format!("does not decode: {e}"))?),
-        other => Err(format!(
-            "format {other} is not one this reader knows (1 or {FORMAT})"
-        )),
-    }
+        0 => {
+            check_decoded(&bytes, budget::FORMAT_1)?;
+            let v1 = pb::Summary::decode(bytes).map_err(|e| format!("does not decode: {e}"))?;
+            check_records(budget::records_size_v1(&v1, cap))?;
+            from_format_1(v1)?
+        }
+        other => {
+            return Err(format!(
+                "format {other} is not one this reader knows (1 or {FORMAT})"
+            ));
+        }
+    };
+    check_records(budget::records_size(&s, cap)?)?;
+    Ok(s)
 }
 
 #[cfg(test)]
