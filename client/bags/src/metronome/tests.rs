@@ -489,3 +489,96 @@ async fn no_pause_lists_every_tick_as_before() {
     }
     assert_all_in_closed_bags(&env, &acked).await;
 }
+
+/// A corrupt object under the name of the next stretch's summary (here
+/// one over [`crate::summary::MAX_SUMMARY_EXPANSION`]: one 50 KB witness
+/// cited 1,000 times by each of ten batches) cannot be replaced, as
+/// publication is create-only. The tick that reaches it fails naming it,
+/// and the next goes on with the stretch after it, rather than every tick
+/// failing on it from then on (issue 38).
+#[tokio::test]
+async fn a_corrupt_summary_under_a_stretch_name_is_named_and_passed() {
+    use crate::summary::{Stretch, Summary, SummaryBag, SummaryBatch, SummaryItem};
+    use prost::Message as _;
+    let env = Env::new().await;
+    let leases = crate::testing::TestLeases::default();
+    let w = env.writer(&leases);
+    for m in 0..3 {
+        env.clock.set(at(T0_SECS + 60 * m + 5));
+        w.write_batch(vec![Bytes::from(format!("deposit {m}"))])
+            .await
+            .unwrap();
+    }
+    let minute = |m: u64| Stretch::new(Span::of(Bucket::from_secs(T0_SECS + 60 * m)), 1);
+    let mut batches = vec![SummaryBatch {
+        writer: 1,
+        witnesses: vec![1; 1000],
+        ..Default::default()
+    }];
+    batches.resize(10, SummaryBatch::default());
+    let hostile = Summary {
+        format: crate::summary::packed::FORMAT,
+        log: env.log.clone(),
+        from_secs: T0_SECS + 60,
+        to_secs: T0_SECS + 120,
+        witnesses: vec![bagel_proto::pb::Witness {
+            body: vec![7; 50_000],
+            ..Default::default()
+        }],
+        writer_ids: vec!["w".into()],
+        item_names: vec!["w.log".into()],
+        bags: vec![SummaryBag {
+            bucket_secs: T0_SECS + 65,
+            lock_sha256: vec![0; 32],
+            items: vec![SummaryItem {
+                batches,
+                ..Default::default()
+            }],
+        }],
+        ..Default::default()
+    };
+    let name = minute(1).name();
+    env.plain
+        .put_first(&env.log, &name, Bytes::from(hostile.encode_to_vec()))
+        .await
+        .unwrap();
+    let seen = Seen::new(&env.clock);
+    let mut m = env.metronome(&seen).with_summaries(Duration::ZERO, 1);
+    // Started at the log's start, so that its lookback reaches minute 0.
+    env.clock.set(at(T0_SECS));
+    m.tick().await.unwrap();
+    env.clock.set(at(T0_SECS + 240));
+    let err = m.tick().await.unwrap_err();
+    assert!(
+        matches!(&err, Error::CorruptSummary { name: n, .. } if *n == name),
+        "{err}"
+    );
+    assert!(err.to_string().contains("MAX_SUMMARY_EXPANSION"), "{err}");
+    let report = m.tick().await.unwrap();
+    let made: Vec<Stretch> = report.summarized.iter().map(|s| s.stretch).collect();
+    assert_eq!(made, vec![minute(2)]);
+    let published = crate::summary::list(env.plain.as_ref(), &env.log).await.unwrap();
+    assert_eq!(published, vec![minute(0), minute(1), minute(2)]);
+    // Minute 1 is read from its bag, and named.
+    let report = crate::read(
+        env.plain.as_ref(),
+        &env.log,
+        &ReadOptions::default()
+            .with_range(at(T0_SECS), at(T0_SECS + 180))
+            .with_close_past_due(false),
+        &BagConfig::default(),
+        &AssumedExact(env.clock.clone()),
+    )
+    .await
+    .unwrap();
+    let payloads: Vec<&[u8]> = report.messages.iter().map(|m| &m.payload[..]).collect();
+    assert_eq!(payloads, [&b"deposit 0"[..], b"deposit 1", b"deposit 2"]);
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.item == name && p.what.contains("corrupt")),
+        "{:?}",
+        report.problems
+    );
+}
