@@ -317,12 +317,14 @@ impl Service {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
         self.check_owner(lease, caller)?;
-        let deadline = validate::deadline(req.deadline_us)?;
-        let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
+        let cfg = &self.inner.cfg;
+        let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
+        let metadata = validate::metadata(req.metadata.as_ref(), &cfg.limits)?;
         self.inner.may_grant()?;
+        let now = self.now();
         self.inner
             .table
-            .renew(lease, &token, deadline, metadata, self.now())
+            .renew(lease, &token, lifetime.deadline_at(now), metadata, now)
     }
 
     fn release_op(&self, req: &pb::ReleaseRequest, caller: &Caller) -> Result<pb::ReleaseResponse, Error> {

@@ -119,16 +119,6 @@ pub fn mode(raw: i32) -> Result<Mode, Error> {
     }
 }
 
-pub fn deadline(raw: u64) -> Result<Micros, Error> {
-    if raw == 0 {
-        return Err(Error::invalid(
-            "deadline_us",
-            "is required: an absolute deadline in Unix microseconds",
-        ));
-    }
-    Ok(Micros::from_micros(raw))
-}
-
 /// How long an acquire asks to hold its names: until an instant, or for a
 /// span counted from the server's clock at the grant (which no slow path
 /// or wait can eat into).

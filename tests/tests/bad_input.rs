@@ -158,6 +158,7 @@ async fn bad_renewals_releases_and_upgrades_are_refused_precisely() {
         lease_id: lease_id.into(),
         token: token.into(),
         deadline_us,
+        ttl_us: 0,
         metadata: None,
     };
     let release = |lease_id: &str, token: &str, watermark_us: u64| pb::ReleaseRequest {

@@ -115,6 +115,7 @@ async fn a_batch_answers_every_operation_in_order() {
                     lease_id: a.lease_id.clone(),
                     token: a.token.clone(),
                     deadline_us: Micros::now().as_micros() + 8_000_000,
+                    ttl_us: 0,
                     metadata: None,
                 })),
             },

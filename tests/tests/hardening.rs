@@ -67,6 +67,7 @@ async fn echoed_values_are_capped() {
             lease_id: huge.clone(),
             token: "0".repeat(32),
             deadline_us: now() + SEC,
+            ttl_us: 0,
             metadata: None,
         })
         .await,

@@ -144,6 +144,7 @@ async fn json_logs_show_every_refusal_once_and_never_a_token() {
             lease_id: held.lease_id.clone(),
             token: wrong.clone(),
             deadline_us: now_us() + 5_000_000,
+            ttl_us: 0,
             metadata: None,
         })
         .await

@@ -536,6 +536,7 @@ async fn under_mutual_tls_only_the_granted_certificate_renews_upgrades_or_releas
         lease_id: lease_id.clone(),
         token: token.clone(),
         deadline_us: Micros::now().as_micros() + 9 * SEC,
+        ttl_us: 0,
         metadata: None,
     };
     let upgrade = pb::UpgradeRequest {

@@ -218,3 +218,60 @@ async fn an_absolute_deadline_that_comes_back_short_or_past_says_so() {
     );
     assert!(err.contains("this host's clock read"), "{err}");
 }
+
+/// `RenewRequest.ttl_us`, as `AcquireRequest.ttl_us`: the new deadline is
+/// the server's clock at the renewal plus the TTL; exactly one of
+/// `deadline_us` and `ttl_us`; a TTL out of range refused naming the
+/// server's flag.
+#[tokio::test]
+async fn a_renewal_may_ask_for_a_ttl_counted_from_the_servers_clock() {
+    let server = ServerProcess::start_ready(&["--max-ttl", "20s"]).await;
+    let mut raw = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
+    let granted = raw
+        .acquire(pb::AcquireRequest {
+            names: vec!["renewed-by-ttl".into()],
+            ttl_us: 2 * SEC,
+            owner: "ttl-test".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .expect("a grant");
+    let renew = |deadline_us: u64, ttl_us: u64| pb::RenewRequest {
+        lease_id: granted.lease_id.clone(),
+        token: granted.token.clone(),
+        deadline_us,
+        ttl_us,
+        metadata: None,
+    };
+    let asked_at = Micros::now().as_micros();
+    let renewed = raw.renew(renew(0, 15 * SEC)).await.unwrap().into_inner();
+    let w = pb::WitnessBody::decode(renewed.witness.expect("a witness").body.as_slice()).unwrap();
+    assert_eq!(renewed.deadline_us, w.deadline_us);
+    // Counted from the server's clock during the call (this host's: the
+    // same machine), at or before the witness was signed.
+    assert!(
+        w.deadline_us >= asked_at + 15 * SEC && w.deadline_us <= w.issued_at_us + 15 * SEC,
+        "deadline {} is not the renewal's time (asked at {asked_at}, signed at {}) plus the TTL",
+        w.deadline_us,
+        w.issued_at_us
+    );
+
+    let both = raw
+        .renew(renew(Micros::now().as_micros() + 5 * SEC, 5 * SEC))
+        .await
+        .unwrap_err();
+    assert_eq!(both.code(), tonic::Code::InvalidArgument, "{both:?}");
+    assert!(
+        both.message().contains("ttl_us") && both.message().contains("not both"),
+        "{both:?}"
+    );
+    let neither = raw.renew(renew(0, 0)).await.unwrap_err();
+    assert_eq!(neither.code(), tonic::Code::InvalidArgument, "{neither:?}");
+    assert!(neither.message().contains("deadline_us"), "{neither:?}");
+    let over = raw.renew(renew(0, 60 * SEC)).await.unwrap_err();
+    assert_eq!(over.code(), tonic::Code::OutOfRange, "{over:?}");
+    assert!(over.message().contains("--max-ttl of 20s"), "{over:?}");
+}

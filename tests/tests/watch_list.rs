@@ -156,6 +156,7 @@ async fn watch_sees_grant_renew_release_and_expiry_by_name_and_by_prefix() {
             lease_id: g.lease_id.clone(),
             token: g.token.clone(),
             deadline_us: Micros::now().as_micros() + 30 * SEC,
+            ttl_us: 0,
             metadata: None,
         })
         .await

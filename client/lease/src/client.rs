@@ -710,6 +710,7 @@ pub(crate) fn renew_request(
         lease_id: lease.id.clone(),
         token: lease.token.clone(),
         deadline_us: deadline.as_micros(),
+        ttl_us: 0,
         metadata: metadata.as_ref().map(pb::Metadata::from),
     }
 }
