@@ -7,6 +7,86 @@
 //! writes under only through [`bagel_proto::rights::WriteRights`], and gets
 //! its signed time through [`bagel_proto::SignedClock`].
 //!
+//! # Example
+//!
+//! Open a store, write under a lease, let a metronome close the bag, read
+//! it back with every message checked, and audit it. The store is a
+//! directory (`s3://bucket/prefix` and `nfs://host/export/dir` open the
+//! same way). With a lease server the rights come from
+//! `bagel_client::Lease::rights()` and signed time from a
+//! `bagel_client::TimeSource`; here both come from this crate's `testing`
+//! feature (a throwaway signing key), and a manual clock stands in for the
+//! seconds a bag waits before it closes, so the example runs alone and at
+//! once (with the feature on, as in `cargo test --workspace`).
+//!
+//! ```
+//! # #[cfg(feature = "testing")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use bagel_bags::audit::{AuditConfig, AuditMessage, audit};
+//! use bagel_bags::testing::TestLeases;
+//! use bagel_bags::{BagConfig, Metronome, ReadOptions, Writer, open_store, read};
+//! use bagel_proto::Micros;
+//! use bagel_proto::clock::{AssumedExact, Clock as _, ManualClock};
+//! # use bagel_bags::testing::TestLease;
+//! # /// What a lease server grants: a witness with a signed time (TestLeases'
+//! # /// own witnesses carry none, and the audit asks for one).
+//! # fn granted(leases: &TestLeases, now: Micros) -> TestLease {
+//! #     use prost::Message as _;
+//! #     let (min, deadline) = (now.saturating_sub(Duration::from_secs(1)), now.saturating_add(Duration::from_secs(3600)));
+//! #     let mut lease = leases.lease("lease-1", min, deadline);
+//! #     let mut body = bagel_proto::pb::WitnessBody::decode(&lease.witness.body[..]).expect("a body");
+//! #     body.signed_time = Some(bagel_proto::sign_local_time(&leases.signer, "test-server", min, 0));
+//! #     body.self_timed = true;
+//! #     lease.witness = bagel_proto::sign_witness(&leases.signer, &body);
+//! #     lease
+//! # }
+//!
+//! let dir = tempfile::tempdir()?;
+//! let cfg = BagConfig::default(); // every writer, closer and reader agrees on it
+//! let store = open_store(&format!("file://{}", dir.path().display()), &cfg).await?;
+//!
+//! let leases = TestLeases::default(); // stands in for a lease server
+//! let clock = ManualClock::new(Micros::now());
+//! let lease = granted(&leases, clock.now()); // a lease, its witness as a server signs it
+//! let writer = Writer::new(
+//!     Arc::clone(&store),
+//!     "ledger",
+//!     "writer-1",
+//!     Arc::new(lease),
+//!     Arc::new(clock.clone()),
+//!     leases.time(Arc::new(clock.clone())),
+//!     cfg.clone(),
+//! )?;
+//! // Acknowledged once its batch is in the store; the timestamp is inside
+//! // the lease and above every earlier holder's watermark.
+//! let at = writer.write("deposit 10".into()).await?;
+//!
+//! // A bag closes 1 s + grace after its second. Closers act on a checked
+//! // clock (Roughtime or the lease server's signed time in production).
+//! clock.advance(Duration::from_secs(5));
+//! let closer = Arc::new(AssumedExact(clock.clone()));
+//! let mut metronome = Metronome::new(Arc::clone(&store), vec!["ledger".into()], cfg.clone(), closer.clone())?;
+//! metronome.tick().await?;
+//!
+//! let mut options = ReadOptions::default(); // the whole log
+//! options.keys = Some(leases.keys()); // the lease servers' keys: check every signature
+//! let report = read(store.as_ref(), "ledger", &options, &cfg, closer.as_ref()).await?;
+//! assert_eq!(report.messages.len(), 1);
+//! assert_eq!(report.messages[0].timestamp, at);
+//! assert!(report.rejected.is_empty() && report.problems.is_empty());
+//!
+//! // From the stored messages and witnesses alone: signatures, leases,
+//! // chains of grants, watermarks.
+//! let audited = audit(&AuditMessage::from_report(&report, "ledger"), &AuditConfig::new(leases.keys()));
+//! assert!(audited.is_clean(), "{:?}", audited.violations);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "testing"))]
+//! # fn main() {}
+//! ```
+//!
 //! # The model
 //! A message goes to the bag of its timestamp's [`Bucket`] (one per UTC
 //! second). A bag is *closed* at `bucket_end + grace` (2 s by default): any

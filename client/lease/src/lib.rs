@@ -1,14 +1,44 @@
 //! bagel's lease client: leases on named domains with absolute deadlines,
 //! renewed in the background, each grant's witness verified.
 //!
+//! # Example
+//!
+//! Acquire, check, renew and release a lease on one server (start one
+//! with `target/release/bagel-server`; see the README), then the same over
+//! a cluster of servers:
+//!
 //! ```no_run
-//! # async fn demo() -> Result<(), bagel_client::Error> {
 //! use std::time::Duration;
-//! let client = bagel_client::Client::connect("http://127.0.0.1:7420").await?;
-//! let lease = client.acquire(["tenant-7"]).ttl(Duration::from_secs(5)).send().await?;
-//! // ... write messages with timestamps in (lease.min_timestamp(), lease.deadline()),
-//! // through a bag writer given lease.rights() ...
+//! use bagel_client::{Client, Cluster, ServerSpec};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::connect("http://127.0.0.1:7420").await?;
+//! let lease = client
+//!     .acquire(["tenant-7"])
+//!     .ttl(Duration::from_secs(5))
+//!     .owner("worker-1")
+//!     .wait(Duration::from_secs(30)) // a busy name: wait for its holder
+//!     .send()
+//!     .await?;
+//! let token = lease.fencing_token("tenant-7"); // give it to your storage
+//! // Valid means: the lease surely has not ended, on this host's clocks
+//! // (measured from when the request was sent, never past the deadline).
+//! assert!(lease.is_valid());
+//! println!("{token:?}, {:?} left", lease.time_left());
+//! // The handle renews every third of the TTL by itself; renew() asks now.
+//! let deadline = lease.renew().await?;
+//! assert!(deadline >= lease.min_timestamp());
+//! // Write through a bag writer given lease.rights() (crate bagel-bags):
+//! // every batch cites the witness it was checked against, and the lease
+//! // learns what was written. lease.lost() resolves if renewal fails.
 //! lease.release(None).await?; // publishes at least what its writers wrote
+//!
+//! // Several servers: names routed by rendezvous hashing over the members'
+//! // identities (`ID=URL`, as `bagel --servers` takes them).
+//! let servers = ServerSpec::parse_list("bagel-1=http://10.0.0.1:7420,bagel-2=http://10.0.0.2:7420")?;
+//! let cluster = Cluster::connect(&servers).await?;
+//! let lease = cluster.acquire(["tenant-7", "tenant-9"]).ttl(Duration::from_secs(5)).send().await?;
+//! lease.release(None).await?;
 //! # Ok(()) }
 //! ```
 //!

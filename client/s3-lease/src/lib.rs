@@ -2,26 +2,51 @@
 //! handle (renewal, `lost()`, `is_valid()`, `rights()` for the bag writer,
 //! release with a watermark) over S3 conditional writes.
 //!
-//! ```no_run
-//! # async fn demo(time: bagel_lease_core::TimeSource) -> Result<(), bagel_lease_core::Error> {
+//! # Example
+//!
+//! Two clients of one store: the first holds `tenant-7`, the second is
+//! refused until the first releases, then inherits its watermark. The
+//! store here is `object_store`'s in-memory one (it honours conditional
+//! writes, as S3 does) and the clock is this host's, unchecked, so the
+//! example runs alone; in production, `LeaseStore::from_url("s3://bucket/leases",
+//! cfg.op_timeout)?` (endpoint and credentials from the `AWS_*` variables)
+//! and `LeaseTime::Signed(time_source)`, a clock checked against Roughtime.
+//!
+//! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
+//! use bagel_lease_core::{AcquireBuilder, Error, LeaseBackend};
+//! use bagel_proto::clock::SystemClock;
 //! use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
 //!
-//! let cfg = S3LeaseConfig::default();
-//! let store = LeaseStore::from_url("s3://bucket/leases", cfg.op_timeout)?;
-//! // Probes the store (refused if it ignores conditional writes) and
-//! // publishes this client's witness key under the prefix.
-//! let backend = S3LeaseBackend::open(store, bagel_proto::Signer::generate(), LeaseTime::Signed(time), cfg).await?;
-//! let lease = bagel_lease_core::AcquireBuilder::new(Arc::new(backend), ["tenant-7"])
-//!     .ttl(Duration::from_secs(10))
-//!     .send()
-//!     .await?;
-//! lease.release(None).await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let bucket = Arc::new(object_store::memory::InMemory::new());
+//! let client = || async {
+//!     let cfg = S3LeaseConfig::default();
+//!     let store = LeaseStore::new(bucket.clone(), "leases", "memory://leases".into(), cfg.op_timeout);
+//!     // Probes the store (refused if it ignores conditional writes) and
+//!     // publishes this client's witness key under the prefix.
+//!     let time = LeaseTime::UnsafeLocalClock(Arc::new(SystemClock));
+//!     let backend = S3LeaseBackend::open(store, bagel_proto::Signer::generate(), time, cfg).await?;
+//!     Ok::<Arc<dyn LeaseBackend>, Error>(Arc::new(backend))
+//! };
+//! let (alice, bob) = (client().await?, client().await?);
+//!
+//! let lease = AcquireBuilder::new(alice, ["tenant-7"]).ttl(Duration::from_secs(10)).send().await?;
+//! assert!(lease.is_valid()); // renewed in the background, as on a server
+//! let refused = AcquireBuilder::new(bob.clone(), ["tenant-7"]).ttl(Duration::from_secs(10)).send().await;
+//! assert!(matches!(refused, Err(Error::Busy { .. })));
+//!
+//! let watermark = lease.release(None).await?;
+//! let next = AcquireBuilder::new(bob, ["tenant-7"]).ttl(Duration::from_secs(10)).send().await?;
+//! assert!(next.names()[0].previous.watermark >= watermark);
+//! assert!(next.min_timestamp() >= watermark); // bob writes strictly later
+//! next.release(None).await?;
 //! # Ok(()) }
 //! ```
 //!
-//! What S3 gives and what it cannot (the README's table): absolute
+//! What S3 gives and what it cannot (see `docs/leases-without-a-server.md`): absolute
 //! deadlines, watermarks and the previous holder's record handed on,
 //! fencing tokens strictly increasing per name, all-or-nothing multi-name
 //! acquires in name order, metadata on renew and release, tentative leases
