@@ -316,3 +316,37 @@ async fn a_piped_write_stores_each_line_within_its_linger_not_at_end_of_input() 
     let out = writer.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", describe_output(&out));
 }
+
+/// `bagel man DIR` writes a page for bagel and one per subcommand, from
+/// the definitions `--help` prints (each leads with what it does and an
+/// example).
+#[test]
+fn man_pages_are_written_from_the_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("man1");
+    let out = bagel_tests::cli_no_server(&["man", pages.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe_output(&out));
+    for (page, says) in [
+        ("bagel.1", "Leases with absolute deadlines"),
+        ("bagel-acquire.1", "Acquire a lease on one or more names"),
+        ("bagel-run.1", "bagel run \\-\\-name leader"),
+        ("bagel-write.1", "\\-\\-linger"),
+    ] {
+        let roff = std::fs::read_to_string(pages.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(
+            roff.starts_with(".ie") || roff.contains(".TH"),
+            "{page} is not a man page"
+        );
+        assert!(roff.contains(says), "{page} lacks {says:?}");
+    }
+    for sub in [
+        "acquire", "renew", "release", "list", "watch", "write", "read", "audit", "run",
+    ] {
+        let out = bagel_tests::cli_no_server(&[sub, "--help"]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains("Example: `bagel "),
+            "`bagel {sub} --help` has no example: {help}"
+        );
+    }
+}

@@ -87,6 +87,17 @@ enum Command {
     ///
     /// Example: `bagel completions bash > /etc/bash_completion.d/bagel`
     Completions(CompletionsArgs),
+    /// Write man pages (bagel.1 and one per subcommand, bagel-acquire.1
+    /// and so on) into a directory, from the same definitions as --help.
+    ///
+    /// Example: `bagel man /usr/local/share/man/man1 && man bagel-acquire`
+    Man(ManArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ManArgs {
+    /// The directory to write the pages into (created if missing).
+    dir: std::path::PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -192,6 +203,16 @@ async fn run() -> ExitCode {
             Err(e) => failure::report("error", 1, &format!("cannot write the completion script: {e}")),
         };
     }
+    if let Command::Man(args) = &cli.command {
+        let command = <Cli as clap::CommandFactory>::command();
+        return match write_man_pages(command, &args.dir) {
+            Ok(written) => {
+                eprintln!("wrote {written} man pages into {}", args.dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => failure::report("error", 1, &chain_text(&e)),
+        };
+    }
     let g = lease_cmds::Globals {
         target: &cli.target,
         roughtime: &cli.roughtime,
@@ -207,7 +228,7 @@ async fn run() -> ExitCode {
             };
             bag_cmds::run(cmd, g).await
         }
-        Command::Completions(_) => unreachable!("answered above"),
+        Command::Completions(_) | Command::Man(_) => unreachable!("answered above"),
         Command::TimeCheck(args) => match (cli.target.time_server(), cli.target.client_options()) {
             (Ok(server), Ok(options)) => time_cmds::time_check(args, &cli.roughtime, &server, &options).await,
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -217,6 +238,31 @@ async fn run() -> ExitCode {
         Ok(code) => code,
         Err(e) => failure::report("error", 1, &chain_text(&e)),
     }
+}
+
+/// `bagel.1`, and `bagel-<sub>.1` for each subcommand, into `dir`; how
+/// many were written.
+fn write_man_pages(command: clap::Command, dir: &std::path::Path) -> anyhow::Result<usize> {
+    use anyhow::Context as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut command = command;
+    command.build();
+    let mut written = 0;
+    let mut pages = vec![("bagel".to_owned(), command.clone())];
+    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("bagel-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().display_name(name)));
+    }
+    for (name, page) in pages {
+        let mut roff = Vec::new();
+        clap_mangen::Man::new(page)
+            .render(&mut roff)
+            .with_context(|| format!("rendering {name}.1"))?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, roff).with_context(|| format!("cannot write {}", path.display()))?;
+        written += 1;
+    }
+    Ok(written)
 }
 
 /// An error and its causes, `: `-separated like anyhow's `{:#}`, but each
