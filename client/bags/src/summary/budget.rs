@@ -179,7 +179,9 @@ fn varint(buf: &mut &[u8]) -> Result<u64, String> {
 /// witness and signed time counted in each batch that cites it, as in the
 /// bag), or a raw item's bytes; what a reader of its bags would read.
 /// Counted without rebuilding a batch, and no further once over `budget`.
-/// `Err`: parts that do not fit together (as rebuilding says it).
+/// `Err`: parts that do not fit together (as rebuilding says it), or a
+/// batch whose record would be longer than any frame of a bag holds
+/// ([`frame::MAX_RECORD_LEN`]).
 pub(crate) fn records_size(summary: &Summary, budget: u64) -> Result<u64, String> {
     let witness_len: Vec<usize> = summary.witnesses.iter().map(|w| w.encoded_len()).collect();
     let time_len: Vec<usize> = (0..summary.signed_times.len())
@@ -198,8 +200,9 @@ pub(crate) fn records_size(summary: &Summary, budget: u64) -> Result<u64, String
             // Once over, the rest of the item is only checked: a long
             // witness list cited again by each of many batches would
             // otherwise cost a walk of it per batch.
+            let mut too_long = None;
             packed::walk_item(summary, bag, item, |p| {
-                if total > budget {
+                if total > budget || too_long.is_some() {
                     return;
                 }
                 let len = packed::record_len(
@@ -209,8 +212,19 @@ pub(crate) fn records_size(summary: &Summary, budget: u64) -> Result<u64, String
                     |i| witness_len[i as usize - 1],
                     |t| time_len[t as usize - 1],
                 );
+                // A summarizer takes records from frames, which hold at
+                // most this: a longer one was never in a bag.
+                if len > frame::MAX_RECORD_LEN {
+                    too_long = Some(len);
+                }
                 total = total.saturating_add((frame::HEADER_LEN + len) as u64);
             })?;
+            if let Some(len) = too_long {
+                return Err(format!(
+                    "a batch rebuilds to a record of {len} bytes, over the {} a bag's frame holds",
+                    frame::MAX_RECORD_LEN
+                ));
+            }
             if total > budget {
                 return Ok(total);
             }
@@ -386,6 +400,23 @@ mod tests {
             .sum();
         assert_eq!(counted, rebuilt);
         assert!(counted > 10 * 10 * 50_000, "{counted}");
+    }
+
+    /// One batch citing a 1 MB witness 100 times rebuilds to a record no
+    /// frame of a bag holds: refused, though within the bound.
+    #[test]
+    fn a_batch_longer_than_any_record_of_a_bag_is_refused() {
+        let batch = |times: usize| {
+            vec![SummaryBatch {
+                writer: 1,
+                witnesses: vec![1; times],
+                ..Default::default()
+            }]
+        };
+        let bytes = Bytes::from(summary_of(batch(100), 1 << 20).encode_to_vec());
+        let err = decode(bytes).unwrap_err();
+        assert!(err.contains("over the 67108864 a bag's frame holds"), "{err}");
+        assert!(decode(Bytes::from(summary_of(batch(50), 1 << 20).encode_to_vec())).is_ok());
     }
 
     /// The same flood in format 1 (each batch citing the witness by index)
