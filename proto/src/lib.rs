@@ -15,6 +15,8 @@
 //!   that travel.
 //! * [`signed_time`]: time readings with their proofs (the lease server's
 //!   own, or Roughtime's, verified offline), and where writers get them.
+//! * `acl` (feature `acl`): the access policy (`bagel-server --acl`): who
+//!   may lease or read which names, for the server and `bagel acl check`.
 //! * [`authority`]: asking a time authority ([`authority::querier`]) and
 //!   judging the local clock by it ([`authority::monitor`]).
 //! * [`rights`]: what a bag writer needs from the leases it writes under,
@@ -28,6 +30,8 @@
 //! * [`names`]: characters a lease name may not contain (control,
 //!   bidirectional and zero-width characters), for every side alike.
 
+#[cfg(feature = "acl")]
+pub mod acl;
 pub mod authority;
 pub mod clock;
 #[cfg(feature = "grpc")]
