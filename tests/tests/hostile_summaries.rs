@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use bagel_bags::directory::DirectoryStore;
 use bagel_bags::seal::Span;
+use bagel_bags::summary::attest::digest;
 use bagel_bags::summary::{Stretch, Summary, SummaryBag, SummaryBatch, SummaryItem, packed};
-use bagel_bags::{BagConfig, BagStore, Bucket, Writer};
+use bagel_bags::{BagConfig, BagState, BagStore, Bucket, Writer};
 use bagel_proto::Micros;
 use bagel_proto::clock::{Clock as _, ManualClock, SystemClock};
 use bagel_proto::pb;
@@ -150,6 +151,17 @@ fn stretch_of(bag: Bucket) -> Stretch {
 /// appended as bytes), with one witness of `witness_bytes` bytes of body
 /// (it need not verify: it never gets that far).
 fn hostile(bag: Bucket, batches: Vec<SummaryBatch>, empty: usize, witness_bytes: usize) -> Bytes {
+    hostile_with_lock(bag, batches, empty, witness_bytes, vec![0; 32])
+}
+
+/// [`hostile`], saying its bag's lock has the SHA-256 `lock`.
+fn hostile_with_lock(
+    bag: Bucket,
+    batches: Vec<SummaryBatch>,
+    empty: usize,
+    witness_bytes: usize,
+    lock: Vec<u8>,
+) -> Bytes {
     use prost::encoding::{WireType, encode_key, encode_varint};
     // A message's fields may come in any order, and a repeated field's
     // elements in any number of runs: each part is appended as a field of
@@ -170,7 +182,7 @@ fn hostile(bag: Bucket, batches: Vec<SummaryBatch>, empty: usize, witness_bytes:
     }
     let mut bag_bytes = SummaryBag {
         bucket_secs: bag.secs(),
-        lock_sha256: vec![0; 32],
+        lock_sha256: lock,
         items: Vec::new(),
     }
     .encode_to_vec();
@@ -317,4 +329,66 @@ async fn a_summary_of_millions_of_empty_batches_is_named_and_read_around() {
 
     read_goes_on(&url, &name);
     audit_names_it(&url, &name, &leases.key_hex());
+}
+
+/// Within the bound, what a summary cites is held once, not once per
+/// citation: one 25 KB witness cited 1,000 times by each of ten batches
+/// (250 MB of records, under `MAX_SUMMARY_EXPANSION`), published with the
+/// real bag's lock digest so that the audit's comparison with the bag
+/// rebuilds it too. `read` takes it for the minute's summary (its copies
+/// of one batch are problems, exit 4) and `audit` finds it does not match
+/// its bag (exit 1), each holding the witness list once: `read` peaked
+/// at 506 MB when each batch got its own copy of the list and of its
+/// record.
+#[tokio::test]
+async fn within_the_bound_a_witness_cited_over_and_over_is_held_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let leases = TestLeases::default();
+    let bags = three_minutes(&root, &leases).await;
+    let batches = vec![SummaryBatch {
+        writer: 1,
+        witnesses: vec![1; 1000],
+        timestamps: vec![1],
+        payloads: vec![Bytes::from_static(b"withdraw 1")],
+        ..Default::default()
+    }];
+    let store = DirectoryStore::local(&root, false);
+    let BagState::Closed(listing) = store.state(LOG, bags[1]).await.unwrap() else {
+        panic!("bag {} is closed", bags[1]);
+    };
+    let lock = digest(&listing.encode()).to_vec();
+    // Sealed, as a summarized minute is: the audit then compares the
+    // summary with the bag its seal lists.
+    bagel_bags::seal::seal(&store, LOG, Span::of(bags[1]))
+        .await
+        .unwrap();
+    let bytes = hostile_with_lock(bags[1], batches, 9, 25_000, lock);
+    assert!(bytes.len() < 27_000, "{}", bytes.len());
+    let name = publish(&root, bags[1], bytes).await;
+    let url = format!("file://{}", root.display());
+
+    let out = bounded("read", bagel(&["read", "--store", &url, "--log", LOG]));
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{}", describe_output(&out));
+    assert!(all.contains("duplicate batch"), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for i in [0, 2] {
+        assert!(stdout.contains(&format!("deposit {i}")), "deposit {i}: {all}");
+    }
+
+    let key = leases.key_hex();
+    let out = bounded(
+        "audit",
+        bagel(&["audit", "--store", &url, "--log", LOG, "--key", &key]),
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    let stretch = stretch_of(bags[1]).to_string();
+    assert!(
+        all.lines().any(|l| l.starts_with("VIOLATION")
+            && l.contains(&stretch)
+            && l.contains("records are not the ones summarized")),
+        "{name}: {all}"
+    );
 }

@@ -52,12 +52,18 @@ fn put_count(out: &mut Vec<u8>, n: usize) {
 /// The exact bytes a batch's holder signatures are over (see the module
 /// docs). Reads every field but `signed_time` and `holder_signatures`.
 pub fn signing_message(batch: &pb::Batch) -> Vec<u8> {
+    signing_message_with(batch, &batch.witnesses)
+}
+
+/// [`signing_message`] of `batch` as if it cited `witnesses` (a reader
+/// that keeps a batch's witnesses apart, shared with other batches).
+pub fn signing_message_with(batch: &pb::Batch, witnesses: &[pb::Witness]) -> Vec<u8> {
     let mut m = Vec::with_capacity(
         DOMAIN.len()
             + 64
             + batch.log.len()
             + batch.writer_id.len()
-            + 32 * batch.witnesses.len()
+            + 32 * witnesses.len()
             + 40 * batch.entries.len(),
     );
     m.extend_from_slice(DOMAIN);
@@ -65,8 +71,8 @@ pub fn signing_message(batch: &pb::Batch) -> Vec<u8> {
     m.extend_from_slice(&batch.bucket_secs.to_be_bytes());
     put_lp(&mut m, batch.writer_id.as_bytes());
     m.extend_from_slice(&batch.first_sequence.to_be_bytes());
-    put_count(&mut m, batch.witnesses.len());
-    for w in &batch.witnesses {
+    put_count(&mut m, witnesses.len());
+    for w in witnesses {
         m.extend_from_slice(&Sha256::digest(&w.body));
     }
     put_count(&mut m, batch.entries.len());
@@ -230,7 +236,13 @@ pub fn check_cached(batch: &pb::Batch, bodies: &[pb::WitnessBody], keys: &mut Ke
 /// state, so that a reader can check many batches at once on several
 /// threads.
 pub fn check_holders(batch: &pb::Batch, holders: &[Holder]) -> HolderCheck {
-    let message = signing_message(batch);
+    check_holders_with(batch, &batch.witnesses, holders)
+}
+
+/// [`check_holders`] of `batch` as if it cited `witnesses` (see
+/// [`signing_message_with`]).
+pub fn check_holders_with(batch: &pb::Batch, witnesses: &[pb::Witness], holders: &[Holder]) -> HolderCheck {
+    let message = signing_message_with(batch, witnesses);
     let mut unbound = Vec::new();
     for (i, holder) in holders.iter().enumerate() {
         let bad = |why: &str| HolderCheck::Bad {

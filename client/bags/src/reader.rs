@@ -414,7 +414,11 @@ struct WitnessInfo {
 /// A batch waiting for its holder signatures and signed time to be
 /// checked ([`Seen::next_round`]), with what its witnesses already decided.
 struct Pending {
+    /// The batch, but for its witnesses (empty: see `witnesses`).
     batch: pb::Batch,
+    /// Its witnesses: shared by the batches of a summarized item that cite
+    /// the same list, and then by their messages.
+    witnesses: Arc<[pb::Witness]>,
     bucket: Bucket,
     open: bool,
     /// The first reason its messages are rejected, known before the
@@ -510,15 +514,12 @@ impl Seen<'_> {
                 .or_insert_with(|| {
                     let (_, s, _) = &summaries[at.summary as usize];
                     let bag = &s.bags[at.bag as usize];
-                    match crate::summary::rebuild_item(s, bag, &bag.items[at.item as usize])
-                        .ok()?
-                        .records
-                    {
-                        crate::summary::Records::Batches(b) => {
-                            Some(b.iter().map(|r| Sha256::digest(&r.body).into()).collect())
-                        }
-                        crate::summary::Records::Raw(_) => None,
+                    let item = &bag.items[at.item as usize];
+                    if item.is_raw {
+                        return None;
                     }
+                    let (batches, _) = crate::summary::packed::rebuild_shared(s, bag, item).ok()?;
+                    Some(batches.iter().map(|b| b.digest).collect())
                 })
                 .as_ref()
                 .and_then(|d| d.get(at.batch as usize).copied()),
@@ -593,7 +594,7 @@ impl Seen<'_> {
         let batches = on_cores(pending, |p| {
             p.holders.as_ref().map(|h| match p.vouched {
                 Some(_) => crate::holder_sig::assume_signed(h),
-                None => crate::holder_sig::check_holders(&p.batch, h),
+                None => crate::holder_sig::check_holders_with(&p.batch, &p.witnesses, h),
             })
         });
         self.checking = Some(Round { times, batches });
@@ -1326,8 +1327,30 @@ fn read_summarized(
     vouched: &Option<Arc<str>>,
 ) -> Result<()> {
     let bucket = Bucket::from_secs(bag.bucket_secs);
+    let corrupt = |reason| Error::CorruptSummary {
+        log: summary.log.clone(),
+        name: crate::summary::object_name(summary),
+        reason,
+    };
     for si in &bag.items {
-        let rebuilt = crate::summary::rebuild_item(summary, bag, si)?;
+        // Batches rebuilt with their witnesses shared, not copied into
+        // each (a summary may cite one witness in every batch of an item).
+        let records = match si.is_raw {
+            true => None,
+            false => Some(crate::summary::packed::rebuild_shared(summary, bag, si).map_err(corrupt)?),
+        };
+        let rebuilt = match &records {
+            None => crate::summary::rebuild_item(summary, bag, si)?,
+            Some((_, framed)) => crate::summary::RebuiltItem {
+                name: summary
+                    .item_names
+                    .get(si.name as usize)
+                    .ok_or_else(|| corrupt(format!("item name index {} out of range", si.name)))?
+                    .clone(),
+                size: si.size.unwrap_or(*framed),
+                records: crate::summary::Records::Batches(Vec::new()),
+            },
+        };
         let item = ListedItem {
             name: rebuilt.name,
             size: rebuilt.size,
@@ -1345,16 +1368,16 @@ fn read_summarized(
             report.problems.push(p);
             continue;
         }
-        match rebuilt.records {
-            crate::summary::Records::Raw(raw) => read_item(report, seen, opts, &at, raw),
-            // Rebuilt as batches: the bytes only name the record (for
-            // copies found twice) and place its frame; decoding them again
-            // would give the same batch.
-            crate::summary::Records::Batches(batches) => {
-                for r in batches {
-                    read_batch(report, seen, opts, &at, r.offset, &r.body, r.batch);
+        match (records, rebuilt.records) {
+            // Rebuilt as batches: the record's digest names it (for copies
+            // found twice) and its offset places its frame.
+            (Some((batches, _)), _) => {
+                for b in batches {
+                    read_batch(report, seen, opts, &at, b.offset, b.digest, (b.batch, b.witnesses));
                 }
             }
+            (None, crate::summary::Records::Raw(raw)) => read_item(report, seen, opts, &at, raw),
+            (None, crate::summary::Records::Batches(_)) => unreachable!("an item not raw is rebuilt shared"),
         }
     }
     Ok(())
@@ -1792,26 +1815,30 @@ fn read_record(
     body: Bytes,
 ) {
     match pb::Batch::decode(body.clone()) {
-        Ok(batch) => read_batch(report, seen, opts, at, offset, &body, batch),
+        Ok(mut batch) => {
+            let witnesses = Arc::from(std::mem::take(&mut batch.witnesses));
+            let record = Sha256::digest(&body).into();
+            read_batch(report, seen, opts, at, offset, record, (batch, witnesses))
+        }
         Err(e) => report
             .problems
             .push(at.damaged(Some(offset), format!("record does not decode as a batch: {e}"))),
     }
 }
 
-/// The record `body` at `offset`, decoded as `batch`: checked for copies
-/// and placement, and its messages checked ([`check_batch`]).
-#[allow(clippy::too_many_arguments)]
+/// The record at `offset` whose SHA-256 is `record`, as `batch` (but for
+/// its witnesses) and `witnesses`: checked for copies and placement, and
+/// its messages checked ([`check_batch`]).
 fn read_batch(
     report: &mut ReadReport,
     seen: &mut Seen<'_>,
     opts: &ReadOptions,
     at: &Place<'_>,
     offset: u64,
-    body: &[u8],
-    batch: pb::Batch,
+    record: [u8; 32],
+    (batch, witnesses): (pb::Batch, Arc<[pb::Witness]>),
 ) {
-    let record = Record::Digest(Sha256::digest(body).into());
+    let record = Record::Digest(record);
     if let Some(p) = copy_or_misplaced(
         seen,
         at,
@@ -1826,7 +1853,7 @@ fn read_batch(
             return;
         }
     }
-    check_batch(seen, opts, at, batch);
+    check_batch(seen, opts, at, batch, witnesses);
 }
 
 /// Whether a batch (`writer`, from `first_sequence`, with `entries`
@@ -1994,12 +2021,18 @@ const NO_KEY_NOTE: &str = "witness signatures NOT verified (no key given)";
 
 /// Checks what a batch's witnesses decide now (once per distinct witness)
 /// and leaves its holder signatures and signed time to [`Seen::next_round`].
-fn check_batch(seen: &mut Seen<'_>, opts: &ReadOptions, at: &Place<'_>, batch: pb::Batch) {
+fn check_batch(
+    seen: &mut Seen<'_>,
+    opts: &ReadOptions,
+    at: &Place<'_>,
+    batch: pb::Batch,
+    witnesses: Arc<[pb::Witness]>,
+) {
     let Witnessed {
         error,
         leases,
         holders,
-    } = witnessed(seen, opts, batch.witnesses.iter());
+    } = witnessed(seen, opts, witnesses.iter());
     // Misplaced comes first, then what the witnesses say.
     let error = misplaced_error(at.log, at.bucket, &batch.log, batch.bucket_secs).or(error);
     let mut notes = Vec::new();
@@ -2009,6 +2042,7 @@ fn check_batch(seen: &mut Seen<'_>, opts: &ReadOptions, at: &Place<'_>, batch: p
     let time = time_check(batch.signed_time.as_ref(), at.vouched.is_some(), opts);
     seen.pending.push(Pending {
         batch,
+        witnesses,
         bucket: at.bucket,
         open: at.open,
         error,
@@ -2032,6 +2066,7 @@ fn finish_batch(
 ) {
     let Pending {
         batch,
+        witnesses,
         bucket,
         open,
         mut error,
@@ -2068,7 +2103,7 @@ fn finish_batch(
         lease_ids: &lease_ids,
         leases: &leases,
         notes: &notes,
-        witnesses: Arc::from(batch.witnesses),
+        witnesses,
         signed_time: batch.signed_time.map(Arc::new),
         holder: &holder,
         vouched: &vouched,

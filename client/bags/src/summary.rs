@@ -600,43 +600,70 @@ pub async fn check(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
     Ok(out)
 }
 
-/// A closed bag's items as (name, size, record bodies or raw bytes), read
-/// as `listing` lists them, for comparison with [`rebuild_all`].
+/// A bag's items for [`check`]: (name, size, whether raw, the SHA-256 of
+/// each record or of the raw bytes).
+type ItemDigests = Vec<(String, u64, bool, Vec<[u8; 32]>)>;
+
+/// A closed bag's items, read as `listing` lists them, for comparison
+/// with [`rebuild_all`].
 async fn build_bag(
     store: &dyn BagStore,
     log: &str,
     bucket: Bucket,
     listing: &crate::Listing,
-) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
+) -> Result<ItemDigests> {
     let mut out = Vec::new();
     for item in &listing.items {
         let bytes = store.read_item(log, bucket, item, Some(item.size)).await?;
-        let records = match (bytes.len() as u64 == item.size)
+        let (raw, records) = match (bytes.len() as u64 == item.size)
             .then(|| as_batches(&bytes))
             .flatten()
         {
-            Some(batches) => batches
-                .into_iter()
-                .map(|b| Bytes::from(b.encode_to_vec()))
-                .collect(),
-            None => vec![bytes],
+            Some(batches) => (
+                false,
+                batches
+                    .iter()
+                    .map(|b| Sha256::digest(b.encode_to_vec()).into())
+                    .collect(),
+            ),
+            None => (true, vec![Sha256::digest(&bytes).into()]),
         };
-        out.push((item.name.clone(), item.size, records));
+        out.push((item.name.clone(), item.size, raw, records));
     }
     Ok(out)
 }
 
-/// The same shape as [`build_bag`], from a summary.
-fn rebuild_all(summary: &Summary, bag: &SummaryBag) -> Result<Vec<(String, u64, Vec<Bytes>)>> {
+/// The same shape as [`build_bag`], from a summary: its records hashed as
+/// rebuilt, with their witnesses shared rather than copied into each
+/// ([`packed::rebuild_shared`]), so a check holds what the summary and
+/// the bag hold, not what the summary's citations add up to.
+fn rebuild_all(summary: &Summary, bag: &SummaryBag) -> Result<ItemDigests> {
+    let corrupt = |reason| Error::CorruptSummary {
+        log: summary.log.clone(),
+        name: object_name(summary),
+        reason,
+    };
     bag.items
         .iter()
         .map(|item| {
-            let item = rebuild_item(summary, bag, item)?;
-            let records = match item.records {
-                Records::Raw(raw) => vec![raw],
-                Records::Batches(b) => b.into_iter().map(|r| r.body).collect(),
-            };
-            Ok((item.name, item.size, records))
+            if item.is_raw {
+                let rebuilt = rebuild_item(summary, bag, item)?;
+                let Records::Raw(raw) = rebuilt.records else {
+                    unreachable!("a raw item rebuilds raw");
+                };
+                return Ok((rebuilt.name, rebuilt.size, true, vec![Sha256::digest(&raw).into()]));
+            }
+            let name = summary
+                .item_names
+                .get(item.name as usize)
+                .ok_or_else(|| corrupt(format!("item name index {} out of range", item.name)))?;
+            let (batches, framed) = packed::rebuild_shared(summary, bag, item).map_err(corrupt)?;
+            Ok((
+                name.clone(),
+                item.size.unwrap_or(framed),
+                false,
+                batches.iter().map(|b| b.digest).collect(),
+            ))
         })
         .collect()
 }

@@ -479,6 +479,118 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
     })
 }
 
+/// A batch of a summarized item as [`rebuild_shared`] gives it: its
+/// witnesses apart, shared with the batches before it that cite the same
+/// list, and its record only as its SHA-256 and length.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedBatch {
+    /// Its frame's offset in the item.
+    pub offset: u64,
+    /// The SHA-256 of its record: of the bytes [`unpack_item`] rebuilds.
+    pub digest: [u8; 32],
+    /// The batch, but for its witnesses (left empty: see `witnesses`).
+    pub batch: pb::Batch,
+    /// Its witnesses, in order.
+    pub witnesses: std::sync::Arc<[pb::Witness]>,
+}
+
+/// The batches of a (not raw) item, as [`unpack_item`] rebuilds them but
+/// without copying a witness into each batch that cites it, or holding a
+/// record's bytes: a list of witnesses is built once and shared by every
+/// batch that cites it next ("same as the previous"), and each record is
+/// hashed as it would be encoded, a part at a time (each cited witness
+/// encoded once per item). With the item's size as its batches framed.
+/// What a reader holds for an item is then what it stores, not what its
+/// citations add up to (a list cited again by each of ten batches is one
+/// list, not ten).
+pub(crate) fn rebuild_shared(
+    summary: &Summary,
+    bag: &SummaryBag,
+    item: &SummaryItem,
+) -> Result<(Vec<SharedBatch>, u64), String> {
+    use prost::encoding::{WireType, encode_key, encode_varint, message, string, uint64};
+    use sha2::{Digest as _, Sha256};
+    use std::sync::Arc;
+    // Each cited witness as its field in a record (tag 4), encoded once.
+    let mut fields: HashMap<u32, Vec<u8>> = HashMap::new();
+    let mut last: Option<(Vec<u32>, Arc<[pb::Witness]>)> = None;
+    let mut out = Vec::with_capacity(item.batches.len());
+    let mut offset = 0u64;
+    walk_item(summary, bag, item, |p| {
+        let witnesses = match &last {
+            Some((list, shared)) if list[..] == *p.witnesses => Arc::clone(shared),
+            _ => {
+                let shared: Arc<[pb::Witness]> = p
+                    .witnesses
+                    .iter()
+                    .map(|i| summary.witnesses[*i as usize - 1].clone())
+                    .collect();
+                last = Some((p.witnesses.to_vec(), Arc::clone(&shared)));
+                shared
+            }
+        };
+        let b = p.batch;
+        let (log, bucket_secs) = b.written_in(summary, bag);
+        let batch = pb::Batch {
+            writer_id: summary.writer_ids[p.writer as usize].clone(),
+            first_sequence: p.first_sequence,
+            signed_time: match p.signed_time {
+                0 => None,
+                t => Some(signed_time(summary, t as usize - 1).expect("walk_item checked it")),
+            },
+            witnesses: Vec::new(),
+            entries: p
+                .timestamps
+                .iter()
+                .zip(&b.payloads)
+                .map(|(t, payload)| pb::Entry {
+                    timestamp_us: *t,
+                    payload: payload.to_vec(),
+                })
+                .collect(),
+            log: log.to_owned(),
+            bucket_secs,
+            holder_signatures: b.holder_signatures.iter().map(|s| s.to_vec()).collect(),
+        };
+        // prost encodes fields in tag order, and the default ones not at
+        // all: the record is fields 1 to 3, the witnesses (4), then 5 to 8.
+        let rest = batch.encode_to_vec();
+        let head = if batch.writer_id.is_empty() {
+            0
+        } else {
+            string::encoded_len(1, &batch.writer_id)
+        } + if batch.first_sequence == 0 {
+            0
+        } else {
+            uint64::encoded_len(2, &batch.first_sequence)
+        } + batch.signed_time.as_ref().map_or(0, |t| message::encoded_len(3, t));
+        let mut hash = Sha256::new();
+        hash.update(&rest[..head]);
+        let mut len = rest.len();
+        for i in p.witnesses {
+            let field = fields.entry(*i).or_insert_with(|| {
+                let w = &summary.witnesses[*i as usize - 1];
+                let mut f = Vec::with_capacity(w.encoded_len() + 10);
+                encode_key(4, WireType::LengthDelimited, &mut f);
+                encode_varint(w.encoded_len() as u64, &mut f);
+                w.encode(&mut f).expect("a Vec grows");
+                f
+            });
+            hash.update(&field[..]);
+            len += field.len();
+        }
+        hash.update(&rest[head..]);
+        out.push(SharedBatch {
+            offset,
+            digest: hash.finalize().into(),
+            batch,
+            witnesses,
+        });
+        offset += (frame::HEADER_LEN + len) as u64;
+    })?;
+    Ok((out, offset))
+}
+
 /// `i` as an index into a table of `len`, or why not.
 fn pick(i: u32, len: usize, what: &str) -> Result<usize, String> {
     usize::try_from(i)
@@ -994,6 +1106,20 @@ mod tests {
                 .unwrap();
                 let want: Vec<usize> = rebuilt.iter().map(|r| r.body.len()).collect();
                 prop_assert_eq!(lens, want);
+                // Rebuilt with shared witnesses and hashed a part at a
+                // time: the same batches, records, offsets and size.
+                let (shared, size) = rebuild_shared(&read, &read.bags[0], item).unwrap();
+                prop_assert_eq!(shared.len(), rebuilt.len());
+                let framed: u64 = rebuilt.iter().map(|r| (frame::HEADER_LEN + r.body.len()) as u64).sum();
+                prop_assert_eq!(size, framed);
+                for (s, r) in shared.into_iter().zip(&rebuilt) {
+                    use sha2::Digest as _;
+                    prop_assert_eq!(s.offset, r.offset);
+                    prop_assert_eq!(s.digest, <[u8; 32]>::from(sha2::Sha256::digest(&r.body)));
+                    let mut whole = s.batch;
+                    whole.witnesses = s.witnesses.to_vec();
+                    prop_assert_eq!(&whole, &r.batch);
+                }
             }
             let v1 = Bytes::from(format_1(&items).encode_to_vec());
             prop_assert_eq!(decode(v1).unwrap(), summary);
