@@ -4,7 +4,9 @@
 //! then nine "same as the previous" batches (500 MB of records rebuilt;
 //! a read held ~970 MB), and 4 MB of empty batches (313 MB to decode).
 //! Each command must name the object as corrupt, go on with the rest of
-//! the log, and stay under [`PEAK_RSS_KIB`] of memory.
+//! the log, and stay under [`PEAK_RSS_KIB`] of memory. And one within the
+//! bound (`MAX_SUMMARY_EXPANSION`), read as a summary, whose cited
+//! witnesses must be held once, not once per citation.
 //!
 //! Peak memory is the kernel's: `getrusage(RUSAGE_CHILDREN)`'s `ru_maxrss`,
 //! the largest peak resident set of any child this process has reaped. It
