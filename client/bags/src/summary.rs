@@ -53,9 +53,12 @@ pub const SUMMARY_DIR: &str = "_summary";
 pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
 /// The most one summary may expand to when read, in each of two ways:
 /// the memory its decoded form takes (counted on its stored bytes before
-/// they are decoded), and the bytes its records rebuild to (each witness
-/// and signed time counted in every batch that cites it; counted before
-/// any is rebuilt). A stored summary over either is corrupt
+/// they are decoded, each element at its size: vectors' spare capacity,
+/// up to as much again, is not counted), and the bytes its records
+/// rebuild to (each witness and signed time counted in every batch that
+/// cites it; counted before any is rebuilt, and never held whole: a
+/// reader shares a cited list of witnesses and hashes records as it
+/// goes). A stored summary over either is corrupt
 /// ([`Error::CorruptSummary`], naming it): a reader reports it and reads
 /// its minutes from their bags, retention keeps their bags, a summarizer
 /// names it and goes on with the next stretch. A summarizer does not
