@@ -70,6 +70,9 @@ pub struct Config {
     /// The most names one `List` page returns (a larger page size asked
     /// for is cut to this).
     pub list_max_page: usize,
+    /// The access policy file (`--acl`): who may lease or read which
+    /// names. `None`: anonymous access, every client may do anything.
+    pub acl: Option<std::path::PathBuf>,
 }
 
 /// TLS for the server, as PEM: its certificate chain and key, and the CA
@@ -229,6 +232,7 @@ impl Default for Config {
             status_interval: Duration::from_secs(1),
             watch: crate::watch::WatchConfig::default(),
             list_max_page: 1000,
+            acl: None,
         }
     }
 }
@@ -341,6 +345,12 @@ impl Config {
     #[must_use]
     pub fn with_list_max_page(mut self, n: usize) -> Self {
         self.list_max_page = n.max(1);
+        self
+    }
+
+    #[must_use]
+    pub fn with_acl(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.acl = path;
         self
     }
 

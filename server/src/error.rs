@@ -109,6 +109,26 @@ pub enum Error {
          client certificate that is itself a CA cannot vouch for others)"
     )]
     UntrustedIssuer { subject: Arc<str>, issuer: Arc<str> },
+    /// With an access policy (`--acl`), a caller the policy cannot name:
+    /// no client certificate nor bearer token, or a token it does not
+    /// know. The reason never quotes the token.
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated { reason: &'static str },
+    /// With an access policy, a call on a name (or a `List`/`Watch`
+    /// prefix) the caller's identity has no grant of `permission` on. It
+    /// names only what the caller sent, never what else exists.
+    #[error(
+        "permission denied: {identity:?} has no {permission} permission on {on} {name} (the \
+         server's access policy, bagel-server --acl)"
+    )]
+    PermissionDenied {
+        identity: Arc<str>,
+        permission: &'static str,
+        /// "name" or "prefix".
+        on: &'static str,
+        /// As the caller sent it, quoted and cut (`bagel_proto::names::echo`).
+        name: String,
+    },
     #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
     Expired { lease: LeaseId, deadline: Micros },
     #[error("lease {lease} lost name {name:?}: a full acquire by lease {by} broke it")]

@@ -41,6 +41,7 @@ fn caller<T>(request: &Request<T>) -> Caller {
     if caller.peer.is_none() {
         caller.peer = request.remote_addr().map(|a| a.ip());
     }
+    caller.bearer = crate::acl::bearer(request.metadata());
     caller
 }
 
@@ -126,27 +127,27 @@ impl LeaseService for GrpcService {
 
     async fn describe(&self, request: Request<pb::DescribeRequest>) -> Reply<pb::DescribeResponse> {
         let start = Instant::now();
-        let result = self.0.describe(request.get_ref());
+        let result = self.0.describe(request.get_ref(), &caller(&request));
         self.finish(Method::Describe, start, Subject::NONE, result)
     }
 
     async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
         let start = Instant::now();
         let req = request.get_ref();
-        let result = self.0.history(req);
+        let result = self.0.history(req, &caller(&request));
         let name = std::slice::from_ref(&req.name);
         self.finish(Method::History, start, Subject::names(name), result)
     }
 
-    async fn server_info(&self, _request: Request<pb::ServerInfoRequest>) -> Reply<pb::ServerInfoResponse> {
+    async fn server_info(&self, request: Request<pb::ServerInfoRequest>) -> Reply<pb::ServerInfoResponse> {
         let start = Instant::now();
-        let info = self.0.server_info();
+        let info = self.0.server_info(&caller(&request));
         self.finish(Method::ServerInfo, start, Subject::NONE, Ok(info))
     }
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
         let start = Instant::now();
-        let result = self.0.list(request.get_ref());
+        let result = self.0.list(request.get_ref(), &caller(&request));
         self.finish(Method::List, start, Subject::NONE, result)
     }
 
@@ -156,7 +157,7 @@ impl LeaseService for GrpcService {
     /// ends the stream later becomes its status here too.
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
         let start = Instant::now();
-        let result = self.0.watch(request.get_ref()).map(watch_stream);
+        let result = self.0.watch(request.get_ref(), &caller(&request)).map(watch_stream);
         self.finish(Method::Watch, start, Subject::NONE, result)
     }
 

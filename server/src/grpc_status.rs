@@ -18,9 +18,11 @@ impl Error {
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
             Error::Capacity { .. } | Error::Limit { .. } => Code::ResourceExhausted,
-            Error::WrongToken { .. } | Error::NotOwner { .. } | Error::UntrustedIssuer { .. } => {
-                Code::PermissionDenied
-            }
+            Error::WrongToken { .. }
+            | Error::NotOwner { .. }
+            | Error::UntrustedIssuer { .. }
+            | Error::PermissionDenied { .. } => Code::PermissionDenied,
+            Error::Unauthenticated { .. } => Code::Unauthenticated,
             Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
             Error::Watch(e) => {
                 use crate::watch::WatchError;

@@ -26,6 +26,7 @@
 //! [`Server::init_time`] asks Roughtime once before serving, so a server
 //! with a working time authority grants as soon as it is ready.
 
+mod acl;
 pub mod config;
 pub mod error;
 mod grpc;
@@ -143,6 +144,7 @@ impl Server {
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
+        let acl = acl::start(cfg.acl.as_deref())?;
         Ok(Server {
             service: Service {
                 inner: Arc::new(Inner {
@@ -160,6 +162,7 @@ impl Server {
                     sessions_dropped: Default::default(),
                     frames,
                     conn_slots,
+                    acl,
                 }),
             },
             http: None,
@@ -266,6 +269,9 @@ impl Server {
             ));
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
+        if let Some(acl) = &self.service.inner.acl {
+            tasks.spawn(acl::watch(Arc::clone(acl), acl::POLL, cancel.clone()));
+        }
         tasks.spawn(background::watch_tick(
             Arc::clone(&self.service.inner),
             cancel.clone(),

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bagel_proto::acl::Scope;
 use bagel_proto::{KeyRing, Micros, TimeProofKind, pb, verify_signed_time};
 use tokio_stream::Stream;
 
@@ -55,6 +56,8 @@ pub(crate) struct Inner {
     pub last_cover: std::sync::atomic::AtomicU64,
     /// Holder keys checked recently (see `crate::holder_keys`).
     pub holder_keys: crate::holder_keys::HolderKeys,
+    /// The access policy (`--acl`), if any: who may lease or read what.
+    pub acl: Option<Arc<crate::acl::Acl>>,
 }
 
 impl Inner {
@@ -258,6 +261,7 @@ impl Service {
             None => validate::owner(&req.owner, limits)?,
         };
         let names = validate::names("names", &req.names, limits)?;
+        self.permit(caller, bagel_proto::acl::Permission::Lease, &names)?;
         let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
         let spec = crate::table::AcquireSpec {
             names,
@@ -277,9 +281,10 @@ impl Service {
     /// one holding a bidirectional override or an invisible character
     /// would show operators another owner than the one holding the lease.
     /// `None` without mutual TLS.
-    fn identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
+    pub(crate) fn identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
         let Some(tls) = self.inner.cfg.tls.as_ref().filter(|t| t.client_ca_pem.is_some()) else {
-            return Ok(None);
+            // Without mutual TLS, a bearer token the access policy knows.
+            return self.token_identity(caller);
         };
         let subject = caller.subject.clone().unwrap_or_else(|| Arc::from(""));
         if let Some(issuer) = caller.untrusted_issuer(&tls.client_ca_der) {
@@ -309,6 +314,7 @@ impl Service {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
         self.check_owner(lease, caller)?;
+        self.permit_lease(caller, lease)?;
         self.inner.may_grant()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
@@ -317,6 +323,7 @@ impl Service {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
         self.check_owner(lease, caller)?;
+        self.permit_lease(caller, lease)?;
         let cfg = &self.inner.cfg;
         let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &cfg.limits)?;
@@ -331,6 +338,7 @@ impl Service {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
         self.check_owner(lease, caller)?;
+        self.permit_lease(caller, lease)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
         self.check_watermark_time(req)?;
         let spec = ReleaseSpec {
@@ -713,8 +721,13 @@ impl Service {
         Ok(pb::BatchResponse { results })
     }
 
-    pub(crate) fn describe(&self, req: &pb::DescribeRequest) -> Result<pb::DescribeResponse, Error> {
+    pub(crate) fn describe(
+        &self,
+        req: &pb::DescribeRequest,
+        caller: &Caller,
+    ) -> Result<pb::DescribeResponse, Error> {
         let names = validate::names("names", &req.names, &self.inner.cfg.limits)?;
+        self.permit(caller, bagel_proto::acl::Permission::Read, &names)?;
         let views = self.inner.table.describe(&names, self.now());
         let names = views
             .into_iter()
@@ -737,8 +750,9 @@ impl Service {
         Ok(pb::DescribeResponse { names })
     }
 
-    pub(crate) fn history(&self, req: &pb::HistoryRequest) -> Result<pb::HistoryResponse, Error> {
+    pub(crate) fn history(&self, req: &pb::HistoryRequest, caller: &Caller) -> Result<pb::HistoryResponse, Error> {
         let name = validate::name(&req.name, &self.inner.cfg.limits)?;
+        self.permit(caller, bagel_proto::acl::Permission::Read, std::slice::from_ref(&name))?;
         let (entries, truncated) = self.inner.table.history(&name);
         let entries = entries
             .into_iter()
@@ -755,7 +769,7 @@ impl Service {
     }
 
     /// Never refused: what this server is, its limits and its load.
-    pub(crate) fn server_info(&self) -> pb::ServerInfoResponse {
+    pub(crate) fn server_info(&self, caller: &Caller) -> pb::ServerInfoResponse {
         let inner = &*self.inner;
         let cfg = &inner.cfg;
         let tcfg = inner.table.config();
@@ -799,17 +813,20 @@ impl Service {
                 sessions_dropped: inner.sessions_dropped.load(std::sync::atomic::Ordering::Relaxed),
                 watchers: inner.table.watch_hub().watchers() as u64,
             }),
+            access: self.access_info(caller),
         }
     }
 
     /// A page of held names and the watch revision it reflects, read
     /// before the page (see `LeaseTable::list_revision`).
-    pub(crate) fn list(&self, req: &pb::ListRequest) -> Result<pb::ListResponse, Error> {
+    pub(crate) fn list(&self, req: &pb::ListRequest, caller: &Caller) -> Result<pb::ListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
+        let scope = self.read_scope(caller, &prefix)?;
         let after = validate::prefix("page_token", &req.page_token, limits)?;
         let revision = self.inner.table.list_revision(self.now());
-        let page = self.inner.list_page(&prefix, &after, req.page_size as usize);
+        let mut page = self.inner.list_page(&prefix, &after, req.page_size as usize);
+        crate::acl::filter_listed(&scope, &mut page.names);
         Ok(pb::ListResponse { revision, ..page })
     }
 
@@ -820,6 +837,7 @@ impl Service {
     pub(crate) fn watch(
         &self,
         req: &pb::WatchRequest,
+        caller: &Caller,
     ) -> Result<impl Stream<Item = Result<pb::WatchEvent, Error>> + Send + 'static, Error> {
         let progress = if req.progress_notify {
             Some(self.progress_interval(req.progress_interval_us)?)
@@ -827,14 +845,17 @@ impl Service {
             None
         };
         let limits = &self.inner.cfg.limits;
-        let filter = if req.names.is_empty() {
-            crate::watch::Filter::Prefix(validate::prefix("prefix", &req.prefix, limits)?)
+        let (filter, scope) = if req.names.is_empty() {
+            let prefix = validate::prefix("prefix", &req.prefix, limits)?;
+            let scope = self.read_scope(caller, &prefix)?;
+            (crate::watch::Filter::Prefix(prefix), scope)
         } else {
             if !req.prefix.is_empty() {
                 return Err(Error::invalid("prefix", "give names or a prefix, not both"));
             }
             let names = validate::names("names", &req.names, limits)?;
-            crate::watch::Filter::Names(names.into_iter().collect())
+            self.permit(caller, bagel_proto::acl::Permission::Read, &names)?;
+            (crate::watch::Filter::Names(names.into_iter().collect()), Scope::All)
         };
         let from = (req.from_revision != 0).then_some(req.from_revision);
         let sub = self.inner.table.watch(filter, from, self.now())?;
@@ -852,7 +873,7 @@ impl Service {
                 Err(e) => Some((Err(e), None)),
             }
         });
-        Ok(stream)
+        Ok(crate::acl::scoped(stream, scope))
     }
 
     /// The progress interval a watch asked for (0: the server's).

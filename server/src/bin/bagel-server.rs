@@ -243,6 +243,14 @@ struct Args {
     /// request's owner field is ignored), and per-owner quotas key on it.
     #[arg(long, env = "BAGEL_CLIENT_CA", value_name = "PEM", requires = "tls_cert")]
     client_ca: Option<PathBuf>,
+    /// Access policy (TOML): which identities (client certificate
+    /// subjects, or bearer tokens stored hashed) may lease or read which
+    /// name prefixes; everything else is refused. Reloaded on SIGHUP and
+    /// when the file changes; a file that does not parse keeps the policy
+    /// in effect. Without it callers are anonymous and may do anything.
+    /// See docs/security.md, "Permissions".
+    #[arg(long, env = "BAGEL_ACL", value_name = "FILE")]
+    acl: Option<PathBuf>,
     /// TESTS ONLY: pretend this host's clock is off by DUR (e.g. `20s`,
     /// `-20s`), to show that a server with a wrong clock refuses to grant.
     /// Never use it otherwise.
@@ -395,6 +403,18 @@ async fn main() -> anyhow::Result<()> {
             read(key)?,
             client_ca,
         )));
+    }
+    cfg = cfg.with_acl(args.acl.clone());
+    if args.acl.is_some() && args.tls_cert.is_none() {
+        tracing::warn!(
+            "--acl without --tls-cert: callers' bearer tokens cross the network in the clear"
+        );
+    }
+    if args.acl.is_some() && args.http.is_some_and(|a| !a.ip().is_loopback()) {
+        tracing::warn!(
+            "--acl does not cover the HTTP side port (--http): its status page and /holders show \
+             every name to whoever reaches it; bind it to 127.0.0.1 or a management network"
+        );
     }
     // The granted-until mark lives beside the key file: a server with a
     // key of its own is the one whose restarts must not overlap.

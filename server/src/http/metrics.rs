@@ -438,6 +438,9 @@ impl Collector for Exposition {
             Some(&Unit::Seconds),
             inner.table.config().started.as_micros() as f64 / 1e6,
         )?;
+        if let Some(acl) = &inner.acl {
+            crate::acl::encode_metrics(acl, e)?;
+        }
         Ok(())
     }
 }

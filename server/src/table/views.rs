@@ -50,6 +50,26 @@ impl LeaseTable {
             .map(|_| entry.rec.owner())
     }
 
+    /// The first of live lease `lease`'s names for which `refuse` says
+    /// why not (`None` when it refuses none, or the lease is not the live
+    /// holder of its first name: the operation then says why). The access
+    /// policy (`crate::acl`) checks renew, upgrade and release with it,
+    /// under the shard's lock and without copying the names.
+    pub fn refuse_lease_name<R>(
+        &self,
+        lease: super::LeaseId,
+        mut refuse: impl FnMut(&str) -> Option<R>,
+    ) -> Option<R> {
+        let shard = self.shards.get(lease.shard())?;
+        let state = shard.lock();
+        let entry = state.at(lease.slot())?;
+        let holder = entry.rec.holder.as_ref().filter(|h| h.lease == lease)?;
+        match &holder.all_names {
+            Some(all) => all.iter().find_map(|n| refuse(n)),
+            None => refuse(entry.name.as_str()),
+        }
+    }
+
     pub fn describe(&self, names: &[Arc<str>], now: Micros) -> Vec<NameView> {
         let floor = self.forgotten_floor();
         names

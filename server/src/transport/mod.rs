@@ -477,6 +477,9 @@ pub struct Caller {
     /// The certificates the client sent after its own: whatever chain the
     /// handshake verified its certificate through.
     pub chain: Option<Chain>,
+    /// The request's bearer token, hashed (the access policy's; see
+    /// `crate::acl::bearer`).
+    pub bearer: Option<crate::acl::Bearer>,
 }
 
 impl Caller {
@@ -516,6 +519,7 @@ impl Caller {
             peer: info.remote.map(|a| a.ip()),
             subject,
             chain,
+            bearer: None,
         }
     }
 }

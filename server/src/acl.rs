@@ -1,0 +1,518 @@
+//! The access policy (`--acl FILE`) as the server applies it: who the
+//! caller is, whether it may lease or read each name it names, and the
+//! file reloaded on SIGHUP and when it changes.
+//!
+//! The rules themselves are `bagel_proto::acl`'s (pure, shared with
+//! `bagel acl check`); this module holds the policy in effect, swaps it
+//! atomically on reload (a call sees the old policy or the new, whole),
+//! resolves each identity's grants once per policy version, and counts
+//! refusals by identity and permission.
+//!
+//! Identity: with mutual TLS the client certificate's subject (as
+//! before); without, the identity of the bearer token the request
+//! carries in `authorization: Bearer <token>`, which the policy stores as
+//! a SHA-256. The token itself goes no further than [`bearer`], which
+//! hashes it: it is in no log line, error or metric.
+//!
+//! Without a policy nothing here refuses anything: clients are anonymous,
+//! as before, and the server says so when it starts.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use bagel_proto::acl::{Grants, Permission, Policy, Scope};
+use bagel_proto::pb;
+use dashmap::DashMap;
+
+use crate::error::Error;
+use crate::service::Service;
+use crate::transport::Caller;
+
+/// The SHA-256 of the bearer token a request carried (or that its
+/// `authorization` value was not a bearer token). Never the token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Bearer {
+    Token([u8; 32]),
+    Malformed,
+}
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not even the hash: a log line has no use for it.
+        match self {
+            Bearer::Token(_) => f.write_str("Bearer(..)"),
+            Bearer::Malformed => f.write_str("Bearer(malformed)"),
+        }
+    }
+}
+
+/// The request's bearer token, hashed, if it has an `authorization`
+/// value.
+pub fn bearer(metadata: &tonic::metadata::MetadataMap) -> Option<Bearer> {
+    let value = metadata.get("authorization")?;
+    let Some(token) = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    else {
+        return Some(Bearer::Malformed);
+    };
+    Some(Bearer::Token(bagel_proto::acl::hash_token(token)))
+}
+
+/// A policy in effect, its version, and the grants of each identity seen
+/// under it (dropped with it on reload).
+#[derive(Debug)]
+struct Loaded {
+    policy: Policy,
+    version: u64,
+    resolved: DashMap<Arc<str>, Arc<Grants>>,
+}
+
+/// Identities whose grants are kept resolved at once; past it the memo
+/// starts again (a CA may sign any number of subjects).
+const RESOLVED_MAX: usize = 4096;
+
+/// Distinct identities counted in the refusal metric; the rest are
+/// counted as `(other)`, so the label's cardinality stays bounded.
+const METRIC_IDENTITIES: usize = 64;
+
+impl Loaded {
+    fn grants(&self, identity: &Arc<str>) -> Arc<Grants> {
+        if let Some(g) = self.resolved.get(identity) {
+            return Arc::clone(&g);
+        }
+        let grants = Arc::new(self.policy.grants_for(identity));
+        if self.resolved.len() >= RESOLVED_MAX {
+            self.resolved.clear();
+        }
+        self.resolved.insert(Arc::clone(identity), Arc::clone(&grants));
+        grants
+    }
+}
+
+/// The server's access policy: the file, the policy in effect, and what
+/// its refusals and reloads counted.
+#[derive(Debug)]
+pub struct Acl {
+    path: PathBuf,
+    current: RwLock<Arc<Loaded>>,
+    /// What the file looked like when last read (modified time, length).
+    seen: Mutex<Option<(SystemTime, u64)>>,
+    refusals: Mutex<HashMap<(Arc<str>, Permission), u64>>,
+    reload_failures: AtomicU64,
+}
+
+/// Why a policy file could not be used: unreadable, or refused by the
+/// parser (which names the line and the grant).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read the access policy {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("access policy {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: bagel_proto::acl::PolicyError,
+    },
+}
+
+fn read_policy(path: &Path) -> Result<(Policy, Option<(SystemTime, u64)>), LoadError> {
+    let shown = path.display().to_string();
+    let stamp = file_stamp(path);
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let policy = Policy::parse(&text).map_err(|source| LoadError::Parse { path: shown, source })?;
+    Ok((policy, stamp))
+}
+
+fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+impl Acl {
+    /// Reads and parses the policy at `path`: the server does not start
+    /// with a policy it cannot read.
+    pub fn load(path: &Path) -> Result<Acl, LoadError> {
+        let (policy, stamp) = read_policy(path)?;
+        tracing::info!(
+            path = %path.display(),
+            grants = policy.grant_count(),
+            tokens = policy.token_count(),
+            sha256 = %policy.sha256_hex(),
+            "access policy in effect (version 1): callers are identified by client certificate \
+             or bearer token, and may do only what it grants"
+        );
+        Ok(Acl {
+            path: path.to_owned(),
+            current: RwLock::new(Arc::new(Loaded {
+                policy,
+                version: 1,
+                resolved: DashMap::new(),
+            })),
+            seen: Mutex::new(stamp),
+            refusals: Mutex::new(HashMap::new()),
+            reload_failures: AtomicU64::new(0),
+        })
+    }
+
+    fn loaded(&self) -> Arc<Loaded> {
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reads the file again and puts it in effect if it parses and differs
+    /// from the policy in effect; otherwise the policy in effect stays and
+    /// the log says why. `why` is what prompted it (for the log line).
+    pub fn reload(&self, why: &str) {
+        let old = self.loaded();
+        match read_policy(&self.path) {
+            Ok((policy, stamp)) => {
+                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
+                if policy == old.policy {
+                    return;
+                }
+                let version = old.version + 1;
+                tracing::info!(
+                    path = %self.path.display(),
+                    version,
+                    grants = policy.grant_count(),
+                    tokens = policy.token_count(),
+                    sha256 = %policy.sha256_hex(),
+                    why,
+                    "access policy reloaded: new calls are checked against it; leases held stay"
+                );
+                let new = Arc::new(Loaded {
+                    policy,
+                    version,
+                    resolved: DashMap::new(),
+                });
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = new;
+            }
+            Err(e) => {
+                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = file_stamp(&self.path);
+                self.reload_failures.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    error = %e,
+                    version = old.version,
+                    why,
+                    "access policy not reloaded: kept the policy in effect"
+                );
+            }
+        }
+    }
+
+    /// Whether the file's modified time or length changed since it was
+    /// last read.
+    fn changed(&self) -> bool {
+        let now = file_stamp(&self.path);
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
+    }
+
+    fn count_refusal(&self, identity: &str, permission: Permission) {
+        let mut counts = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = counts.keys().any(|(i, _)| &**i == identity);
+        let distinct = || {
+            let mut ids: Vec<&Arc<str>> = counts.keys().map(|(i, _)| i).collect();
+            ids.sort();
+            ids.dedup();
+            ids.len()
+        };
+        let label: Arc<str> = if known || distinct() < METRIC_IDENTITIES {
+            Arc::from(identity)
+        } else {
+            Arc::from("(other)")
+        };
+        *counts.entry((label, permission)).or_default() += 1;
+    }
+
+    /// Refusals so far, by identity and permission (for `/metrics`).
+    pub fn refusal_counts(&self) -> Vec<(Arc<str>, Permission, u64)> {
+        let counts = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out: Vec<_> = counts.iter().map(|((i, p), n)| (Arc::clone(i), *p, *n)).collect();
+        out.sort();
+        out
+    }
+}
+
+/// The policy's numbers for `/metrics`: refusals by identity (at most
+/// [`METRIC_IDENTITIES`] of them, then `(other)`) and permission, the
+/// version in effect, and reloads that kept the old policy.
+pub(crate) fn encode_metrics(
+    acl: &Acl,
+    e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric as _;
+    use prometheus_client::metrics::MetricType;
+    use prometheus_client::metrics::counter::ConstCounter;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    let mut m = e.encode_descriptor(
+        "bagel_acl_refusals",
+        "Calls and operations the access policy refused, by the caller's identity ((none): no \
+         certificate nor token; (unknown token); (other): past the 64 identities counted) and \
+         the permission it lacked.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (identity, permission, n) in acl.refusal_counts() {
+        let labels = [("identity", &*identity), ("permission", permission.name())];
+        ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+    }
+    ConstGauge::new(i64::try_from(acl.loaded().version).unwrap_or(i64::MAX)).encode(e.encode_descriptor(
+        "bagel_acl_policy_version",
+        "Loads of the access policy that took effect since start (1: the one read at start).",
+        None,
+        MetricType::Gauge,
+    )?)?;
+    ConstCounter::new(acl.reload_failures.load(Relaxed)).encode(e.encode_descriptor(
+        "bagel_acl_reload_failures",
+        "Reloads of the access policy that kept the policy in effect (the file did not read or parse).",
+        None,
+        MetricType::Counter,
+    )?)
+}
+
+/// How often the policy file's modified time and length are looked at.
+pub const POLL: Duration = Duration::from_secs(1);
+
+/// The server's policy from `path`, or `None` (anonymous access) without
+/// one; either way the log says which, once, at start.
+pub fn start(path: Option<&Path>) -> Result<Option<Arc<Acl>>, Error> {
+    let Some(path) = path else {
+        tracing::info!(
+            "no access policy (--acl): callers are anonymous and any client may acquire, hold, \
+             list and watch any name"
+        );
+        return Ok(None);
+    };
+    Acl::load(path)
+        .map(|acl| Some(Arc::new(acl)))
+        .map_err(|e| Error::invalid("acl", e.to_string()))
+}
+
+/// Reloads `acl` on SIGHUP, and when the file's modified time or length
+/// changes (checked every `every`), until `cancel`.
+pub async fn watch(acl: Arc<Acl>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: the access policy reloads only when its file changes");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = hup => acl.reload("SIGHUP"),
+            _ = tick.tick() => {
+                if acl.changed() {
+                    acl.reload("the file changed");
+                }
+            }
+        }
+    }
+}
+
+/// The policy a call is checked against, and the caller's identity.
+type Checked = (Arc<Loaded>, Arc<str>);
+
+/// The part of a name or prefix a refusal quotes: cut as names are
+/// quoted in every other error.
+fn quoted(name: &str) -> String {
+    bagel_proto::names::echo(name)
+}
+
+impl Service {
+    /// The policy in effect and the caller's identity under it; `None`
+    /// without a policy (nothing is checked).
+    fn access(
+        &self,
+        caller: &Caller,
+        permission: Permission,
+    ) -> Result<Option<Checked>, Error> {
+        let Some(acl) = self.inner.acl.as_deref() else {
+            return Ok(None);
+        };
+        let identity = match self.identity(caller) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => {
+                acl.count_refusal("(none)", permission);
+                return Err(Error::Unauthenticated {
+                    reason: if self.inner.client_auth() {
+                        "this server identifies callers by client certificate"
+                    } else {
+                        "no bearer token (authorization: Bearer <token>): this server has an \
+                         access policy and serves no anonymous caller"
+                    },
+                });
+            }
+            Err(e) => {
+                if matches!(e, Error::Unauthenticated { .. }) {
+                    acl.count_refusal("(unknown token)", permission);
+                }
+                return Err(e);
+            }
+        };
+        Ok(Some((acl.loaded(), identity)))
+    }
+
+    fn denied(&self, identity: Arc<str>, permission: Permission, on: &'static str, name: &str) -> Error {
+        if let Some(acl) = self.inner.acl.as_deref() {
+            acl.count_refusal(&identity, permission);
+        }
+        Error::PermissionDenied {
+            identity,
+            permission: permission.name(),
+            on,
+            name: quoted(name),
+        }
+    }
+
+    /// Without mutual TLS, the identity of the caller's bearer token under
+    /// the policy (`None` without a policy or a token); a token the policy
+    /// does not know, or an `authorization` value that is no bearer
+    /// token, is refused.
+    pub(crate) fn token_identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
+        let Some(acl) = self.inner.acl.as_deref() else {
+            return Ok(None);
+        };
+        match caller.bearer {
+            None => Ok(None),
+            Some(Bearer::Malformed) => Err(Error::Unauthenticated {
+                reason: "the authorization value is not \"Bearer <token>\"",
+            }),
+            Some(Bearer::Token(digest)) => match acl.loaded().policy.token_identity(&digest) {
+                Some(identity) => Ok(Some(Arc::from(identity))),
+                None => Err(Error::Unauthenticated {
+                    reason: "the bearer token is not one the access policy knows",
+                }),
+            },
+        }
+    }
+
+    /// Refuses the call unless the caller has `permission` on every one
+    /// of `names` (a multi-name acquire needs `lease` on each).
+    pub(crate) fn permit(
+        &self,
+        caller: &Caller,
+        permission: Permission,
+        names: &[Arc<str>],
+    ) -> Result<(), Error> {
+        let Some((loaded, identity)) = self.access(caller, permission)? else {
+            return Ok(());
+        };
+        let grants = loaded.grants(&identity);
+        match names.iter().find(|n| !grants.allows(permission, n)) {
+            Some(name) => Err(self.denied(identity, permission, "name", name)),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a renewal, upgrade or release unless the caller has `lease`
+    /// on every name of the lease (a lease no longer held falls through to
+    /// the operation, which says why).
+    pub(crate) fn permit_lease(&self, caller: &Caller, lease: crate::table::LeaseId) -> Result<(), Error> {
+        let permission = Permission::Lease;
+        let Some((loaded, identity)) = self.access(caller, permission)? else {
+            return Ok(());
+        };
+        let grants = loaded.grants(&identity);
+        let refused = self.inner.table.refuse_lease_name(lease, |name| {
+            (!grants.allows(permission, name)).then(|| name.to_owned())
+        });
+        match refused {
+            Some(name) => Err(self.denied(identity, permission, "name", &name)),
+            None => Ok(()),
+        }
+    }
+
+    /// What of `prefix` the caller may read (a `List` or prefix `Watch`):
+    /// all of it, only narrower granted prefixes (the answer is then
+    /// filtered), or nothing (refused: a prefix it may not read is never
+    /// answered with an empty list that would look like nothing held).
+    pub(crate) fn read_scope(&self, caller: &Caller, prefix: &str) -> Result<Scope, Error> {
+        let permission = Permission::Read;
+        let Some((loaded, identity)) = self.access(caller, permission)? else {
+            return Ok(Scope::All);
+        };
+        match loaded.grants(&identity).scope(permission, prefix) {
+            Scope::Denied => Err(self.denied(identity, permission, "prefix", prefix)),
+            scope => Ok(scope),
+        }
+    }
+
+    /// The policy and the caller under it, for `ServerInfo`; `None`
+    /// without a policy.
+    pub(crate) fn access_info(&self, caller: &Caller) -> Option<pb::AccessInfo> {
+        let acl = self.inner.acl.as_deref()?;
+        let loaded = acl.loaded();
+        let mut info = pb::AccessInfo {
+            policy_version: loaded.version,
+            policy_sha256: loaded.policy.sha256_hex(),
+            ..Default::default()
+        };
+        match self.identity(caller) {
+            Ok(Some(identity)) => {
+                info.grants = loaded
+                    .grants(&identity)
+                    .summary()
+                    .into_iter()
+                    .map(|(prefix, perms)| pb::AccessGrant {
+                        prefix,
+                        permissions: perms.iter().map(|p| p.name().to_owned()).collect(),
+                    })
+                    .collect();
+                info.identity = identity.to_string();
+            }
+            Ok(None) => info.identity_problem = "no client certificate nor bearer token".to_owned(),
+            Err(e) => info.identity_problem = crate::error::bounded(e.to_string()),
+        }
+        Some(info)
+    }
+}
+
+/// Keeps, of a `List` page, only the names the scope lets the caller
+/// read; the page token still follows the unfiltered page, so paging goes
+/// on past names it may not see.
+pub(crate) fn filter_listed(scope: &Scope, names: &mut Vec<pb::ListedName>) {
+    if let Scope::Within(prefixes) = scope {
+        names.retain(|n| prefixes.iter().any(|p| n.name.starts_with(p.as_str())));
+    }
+}
+
+/// A watch's events, less those on names the scope does not let the
+/// caller read (progress messages pass: they carry only a revision).
+pub(crate) fn scoped<S, E>(
+    events: S,
+    scope: Scope,
+) -> impl tokio_stream::Stream<Item = Result<pb::WatchEvent, E>>
+where
+    S: tokio_stream::Stream<Item = Result<pb::WatchEvent, E>>,
+{
+    use tokio_stream::StreamExt as _;
+    events.filter(move |e| match (&scope, e) {
+        (Scope::Within(prefixes), Ok(ev)) if !ev.name.is_empty() => {
+            prefixes.iter().any(|p| ev.name.starts_with(p.as_str()))
+        }
+        _ => true,
+    })
+}

@@ -1,0 +1,623 @@
+//! The access policy (issue 43): `bagel-server --acl FILE` over real TLS,
+//! with identities from client certificates (mutual TLS) and from bearer
+//! tokens. An identity is refused outside its prefixes on every RPC
+//! (Batch and Session operations included); List and Watch answer only
+//! what it may read and refuse a prefix it may not; a reload takes effect
+//! for new calls and leaves held leases held; a file that does not parse
+//! is kept out; tokens appear in no log line or answer; per-owner quotas
+//! key on the identity.
+
+use std::io::BufRead as _;
+use std::net::{IpAddr, Ipv4Addr};
+
+use bagel_proto::pb;
+use bagel_proto::pb::lease_service_client::LeaseServiceClient;
+use bagel_tests::{ServerOptions, ServerProcess};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use tonic::Code;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+const SEC: u64 = 1_000_000;
+
+/// A certificate authority made for the test.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).unwrap();
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf certificate (CN `cn`, O `org`) and its key, as PEM.
+    fn leaf(&self, cn: &str, org: &str, server: bool) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.distinguished_name.push(DnType::OrganizationName, org);
+        params.extended_key_usages = vec![if server {
+            ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every call, when it has one.
+#[derive(Clone)]
+struct Token(Option<String>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        Ok(req)
+    }
+}
+
+type Client = LeaseServiceClient<InterceptedService<Channel, Token>>;
+
+/// A server over TLS (mutual, with `client_ca`) under the policy `policy`,
+/// and the directory holding its files.
+struct Setup {
+    ca: Ca,
+    dir: tempfile::TempDir,
+    server: ServerProcess,
+}
+
+impl Setup {
+    async fn start(policy: &str, mutual: bool, extra: &[&str], options: ServerOptions) -> Setup {
+        let ca = Ca::new("bagel acl test CA");
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_str().unwrap().to_owned()
+        };
+        let (cert, key) = ca.leaf("lease-server", "bagel tests", true);
+        let cert = write("server.pem", &cert);
+        let key = write("server.key", &key);
+        let ca_file = write("ca.pem", &ca.pem);
+        let acl = write("acl.toml", policy);
+        let mut args = vec![
+            "--unsafe-skip-restart-wait",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--acl",
+            &acl,
+        ];
+        if mutual {
+            args.extend(["--client-ca", &ca_file]);
+        }
+        args.extend_from_slice(extra);
+        let server = ServerProcess::spawn_with(&args, options).await;
+        Setup { ca, dir, server }
+    }
+
+    /// Replaces the policy file at once (written beside it, then renamed
+    /// over it, as docs/security.md tells operators to).
+    fn rewrite(&self, policy: &str) {
+        let tmp = self.dir.path().join("acl.toml.new");
+        std::fs::write(&tmp, policy).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("acl.toml")).unwrap();
+    }
+
+    /// A client showing the certificate of `cn` in `org` (mutual TLS) or
+    /// the bearer `token`; it retries until the server answers ServerInfo
+    /// (the start-up only).
+    async fn client(&self, cert_of: Option<(&str, &str)>, token: Option<&str>) -> Client {
+        let identity = cert_of.map(|(cn, org)| self.ca.leaf(cn, org, false));
+        loop {
+            let mut tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&self.ca.pem))
+                .domain_name("localhost");
+            if let Some((cert, key)) = &identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            let channel = Channel::from_shared(format!("https://{}", self.server.addr))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await;
+            if let Ok(channel) = channel {
+                let mut c = LeaseServiceClient::with_interceptor(channel, Token(token.map(str::to_owned)));
+                if c.server_info(pb::ServerInfoRequest {}).await.is_ok() {
+                    return c;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+fn acquire(names: &[&str]) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        names: names.iter().map(|n| (*n).to_owned()).collect(),
+        ttl_us: 9 * SEC,
+        owner: "whoever".into(),
+        mode: pb::Mode::Full.into(),
+        ..Default::default()
+    }
+}
+
+/// Asserts a PERMISSION_DENIED that names the identity, the permission
+/// and the name or prefix.
+#[track_caller]
+fn assert_denied(status: &tonic::Status, identity: &str, permission: &str, name: &str) {
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let m = status.message();
+    for needle in [identity, permission, &format!("{name:?}")] {
+        assert!(m.contains(needle), "{m:?} lacks {needle:?}");
+    }
+}
+
+fn op_error(r: &pb::BatchResult) -> &pb::OpError {
+    match r.result.as_ref().unwrap() {
+        pb::batch_result::Result::Error(e) => e,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+async fn holder(c: &mut Client, name: &str) -> Option<pb::Holder> {
+    let d = c
+        .describe(pb::DescribeRequest {
+            names: vec![name.to_owned()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    d.names[0].holder.clone()
+}
+
+const TEAMS: &str = r#"
+# Team A's machines: everything under team-a/, and read of shared/.
+[[grant]]
+subject = { CN = "team-a-*", O = "bagel tests" }
+prefixes = ["team-a/"]
+permissions = ["lease", "read"]
+
+[[grant]]
+subject = { CN = "team-a-*" }
+prefixes = ["shared/"]
+permissions = ["read"]
+
+[[grant]]
+subject = { CN = "team-b-*" }
+prefixes = ["team-b/", "shared/"]
+permissions = ["lease", "read"]
+"#;
+
+#[tokio::test]
+async fn an_identity_is_refused_outside_its_prefixes_on_every_rpc() {
+    let s = Setup::start(TEAMS, true, &[], ServerOptions::default()).await;
+    let mut a = s.client(Some(("team-a-1", "bagel tests")), None).await;
+    let mut b = s.client(Some(("team-b-1", "bagel tests")), None).await;
+
+    // ServerInfo says who the caller is and what it may do.
+    let info = a
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let access = info.access.unwrap();
+    assert_eq!(access.policy_version, 1);
+    let me = access.identity.clone();
+    assert!(me.contains("CN=team-a-1"), "{me:?}");
+    let grants: Vec<(String, Vec<String>)> = access
+        .grants
+        .iter()
+        .map(|g| (g.prefix.clone(), g.permissions.clone()))
+        .collect();
+    assert_eq!(
+        grants,
+        vec![
+            ("shared/".to_owned(), vec!["read".to_owned()]),
+            ("team-a/".to_owned(), vec!["lease".to_owned(), "read".to_owned()]),
+        ]
+    );
+
+    // Acquire: inside its prefix, yes; elsewhere, and where it may only
+    // read, no. A multi-name acquire needs every name, and takes none.
+    a.acquire(acquire(&["team-a/1"])).await.unwrap();
+    let e = a.acquire(acquire(&["team-b/1"])).await.unwrap_err();
+    assert_denied(&e, &me, "lease", "team-b/1");
+    let e = a.acquire(acquire(&["shared/1"])).await.unwrap_err();
+    assert_denied(&e, &me, "lease", "shared/1");
+    let e = a.acquire(acquire(&["team-a/2", "team-b/2"])).await.unwrap_err();
+    assert_denied(&e, &me, "lease", "team-b/2");
+    assert_eq!(holder(&mut a, "team-a/2").await, None);
+
+    // Reads: describe, history, list, watch (by prefix and by names).
+    let held_b = b
+        .acquire(acquire(&["team-b/held"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    let e = a
+        .describe(pb::DescribeRequest {
+            names: vec!["team-a/1".into(), "team-b/held".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, &me, "read", "team-b/held");
+    assert!(
+        !e.message().contains("CN=team-b-1"),
+        "a refusal says nothing of the holder: {e:?}"
+    );
+    let e = a
+        .history(pb::HistoryRequest {
+            name: "team-b/held".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, &me, "read", "team-b/held");
+    let e = a
+        .list(pb::ListRequest {
+            prefix: "team-b/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, &me, "read", "team-b/");
+    let e = a
+        .watch(pb::WatchRequest {
+            prefix: "team-b/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, &me, "read", "team-b/");
+    let e = a
+        .watch(pb::WatchRequest {
+            names: vec!["team-b/held".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, &me, "read", "team-b/held");
+
+    // Renew, upgrade, release of a lease on names it may not lease (with
+    // mutual TLS the owner check refuses it first: the lease is another
+    // certificate's).
+    let renew = pb::RenewRequest {
+        lease_id: held_b.lease_id.clone(),
+        token: held_b.token.clone(),
+        ttl_us: 9 * SEC,
+        ..Default::default()
+    };
+    assert_eq!(
+        a.renew(renew.clone()).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+
+    // Batch: each operation on its own.
+    let batch = pb::BatchRequest {
+        ops: vec![
+            pb::BatchOp {
+                op: Some(pb::batch_op::Op::Acquire(acquire(&["team-a/3"]))),
+            },
+            pb::BatchOp {
+                op: Some(pb::batch_op::Op::Acquire(acquire(&["team-b/3"]))),
+            },
+            pb::BatchOp {
+                op: Some(pb::batch_op::Op::Renew(renew.clone())),
+            },
+        ],
+    };
+    let results = a.batch(batch.clone()).await.unwrap().into_inner().results;
+    assert!(matches!(
+        results[0].result,
+        Some(pb::batch_result::Result::Grant(_))
+    ));
+    let e = op_error(&results[1]);
+    assert_eq!(e.code, Code::PermissionDenied as i32);
+    assert!(
+        e.message.contains("\"team-b/3\"") && e.message.contains("lease"),
+        "{e:?}"
+    );
+    assert_eq!(op_error(&results[2]).code, Code::PermissionDenied as i32);
+
+    // Session: the same operations on a stream.
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::BatchRequest>(1);
+    let mut answers = a
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut in_session = batch;
+    in_session.ops[0] = pb::BatchOp {
+        op: Some(pb::batch_op::Op::Acquire(acquire(&["team-a/4"]))),
+    };
+    tx.send(in_session).await.unwrap();
+    let results = answers.message().await.unwrap().unwrap().results;
+    assert!(matches!(
+        results[0].result,
+        Some(pb::batch_result::Result::Grant(_))
+    ));
+    assert_eq!(op_error(&results[1]).code, Code::PermissionDenied as i32);
+    assert_eq!(op_error(&results[2]).code, Code::PermissionDenied as i32);
+    drop(tx);
+
+    // Team B renews its own lease: the policy lets it.
+    b.renew(renew).await.unwrap();
+    // What it may read of shared/, it reads; it is still no holder there.
+    a.describe(pb::DescribeRequest {
+        names: vec!["shared/x".into()],
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn list_and_watch_answer_only_what_the_caller_may_read() {
+    let s = Setup::start(TEAMS, true, &[], ServerOptions::default()).await;
+    let mut a = s.client(Some(("team-a-1", "bagel tests")), None).await;
+    let mut b = s.client(Some(("team-b-1", "bagel tests")), None).await;
+    b.acquire(acquire(&["team-b/1"])).await.unwrap();
+    b.acquire(acquire(&["shared/1"])).await.unwrap();
+    a.acquire(acquire(&["team-a/1"])).await.unwrap();
+
+    let listed = |r: pb::ListResponse| r.names.into_iter().map(|n| n.name).collect::<Vec<_>>();
+    // All names: only those under its prefixes.
+    let all = a.list(pb::ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed(all), ["shared/1", "team-a/1"]);
+    let all_b = b.list(pb::ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed(all_b), ["shared/1", "team-b/1"]);
+    // A prefix inside its grant: all of it.
+    let own = a
+        .list(pb::ListRequest {
+            prefix: "team-a/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed(own), ["team-a/1"]);
+    // Pages of one name page past the names it may not see.
+    let mut token = String::new();
+    let mut seen = Vec::new();
+    loop {
+        let page = a
+            .list(pb::ListRequest {
+                page_size: 1,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        seen.extend(page.names.iter().map(|n| n.name.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(seen, ["shared/1", "team-a/1"]);
+
+    // A watch of every name sees team A's event and not team B's, which
+    // happened first.
+    let mut events = a.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+    b.acquire(acquire(&["team-b/2"])).await.unwrap();
+    a.acquire(acquire(&["team-a/2"])).await.unwrap();
+    let first = loop {
+        let e = events.message().await.unwrap().unwrap();
+        if e.kind() != pb::WatchEventKind::Progress {
+            break e;
+        }
+    };
+    assert_eq!(first.name, "team-a/2");
+}
+
+const TOKEN_V1: &str = r#"
+[[token]]
+identity = "ci"
+sha256 = "HASH"
+
+[[grant]]
+identity = "ci"
+prefixes = ["jobs/"]
+permissions = ["lease", "read"]
+"#;
+
+/// Version 2: the CI may only read jobs/ now, and lease deploys/.
+const TOKEN_V2: &str = r#"
+[[token]]
+identity = "ci"
+sha256 = "HASH"
+
+[[grant]]
+identity = "ci"
+prefixes = ["jobs/"]
+permissions = ["read"]
+
+[[grant]]
+identity = "ci"
+prefixes = ["deploys/"]
+permissions = ["lease"]
+"#;
+
+const SECRET: &str = "tok-3b6d0c2f9e-never-shown";
+
+fn with_hash(policy: &str) -> String {
+    policy.replace(
+        "HASH",
+        &bagel_proto::hex::encode(&bagel_proto::acl::hash_token(SECRET)),
+    )
+}
+
+async fn policy_version(c: &mut Client) -> u64 {
+    let info = c
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    info.access.unwrap().policy_version
+}
+
+#[tokio::test]
+async fn a_reload_applies_to_new_calls_and_leaves_held_leases_held() {
+    let s = Setup::start(&with_hash(TOKEN_V1), false, &[], ServerOptions::default()).await;
+    let mut ci = s.client(None, Some(SECRET)).await;
+    let grant = ci
+        .acquire(acquire(&["jobs/1"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    assert_eq!(policy_version(&mut ci).await, 1);
+
+    s.rewrite(&with_hash(TOKEN_V2));
+    // The server polls the file; wait for the version it reports to move.
+    while policy_version(&mut ci).await == 1 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(policy_version(&mut ci).await, 2);
+
+    // The lease is still held; new leases and renewals of it are refused.
+    let held = holder(&mut ci, "jobs/1").await.expect("still held");
+    assert_eq!(held.lease_id, grant.lease_id);
+    assert_eq!(held.owner, "ci", "with a token, the owner is its identity");
+    let e = ci.acquire(acquire(&["jobs/2"])).await.unwrap_err();
+    assert_denied(&e, "ci", "lease", "jobs/2");
+    let e = ci
+        .renew(pb::RenewRequest {
+            lease_id: grant.lease_id.clone(),
+            token: grant.token.clone(),
+            ttl_us: 9 * SEC,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_denied(&e, "ci", "lease", "jobs/1");
+    ci.acquire(acquire(&["deploys/1"])).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_policy_that_does_not_parse_is_kept_out_and_tokens_are_never_shown() {
+    let options = ServerOptions {
+        rust_log: "info,bagel_server::refusal=debug".into(),
+        capture_stderr: true,
+        ..ServerOptions::default()
+    };
+    let mut s = Setup::start(&with_hash(TOKEN_V1), false, &[], options).await;
+    let stderr = s.server.take_stderr().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut log = Vec::new();
+    // The start says a policy is in effect.
+    loop {
+        let line = lines.recv().await.expect("server log");
+        log.push(line.clone());
+        if line.contains("access policy in effect") {
+            break;
+        }
+    }
+    let mut ci = s.client(None, Some(SECRET)).await;
+
+    // An unknown token, a malformed authorization, none: refused, and
+    // the answer never quotes what was sent.
+    let wrong = "tok-wrong-9f1e77a0c3-never-shown";
+    for token in [Some(wrong), None] {
+        let mut c = s.client(None, token).await;
+        let e = c.acquire(acquire(&["jobs/1"])).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        assert!(!e.message().contains(wrong), "{e:?}");
+        let info = c
+            .server_info(pb::ServerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let access = info.access.unwrap();
+        assert_eq!(access.identity, "");
+        assert!(!access.identity_problem.is_empty());
+        assert!(!access.identity_problem.contains(wrong));
+    }
+    let e = ci.acquire(acquire(&["other/1"])).await.unwrap_err();
+    assert_denied(&e, "ci", "lease", "other/1");
+    assert!(!e.message().contains(SECRET));
+
+    // A file with an unknown permission on line 9: the log says so, the
+    // server keeps version 1, and version 1's grants still apply.
+    s.rewrite(&with_hash(TOKEN_V1).replace("[\"lease\", \"read\"]", "[\"lease\", \"write\"]"));
+    let why = loop {
+        let line = lines.recv().await.expect("server log");
+        log.push(line.clone());
+        if line.contains("access policy not reloaded") {
+            break line;
+        }
+    };
+    assert!(why.contains("line 9") && why.contains("write"), "{why}");
+    assert_eq!(policy_version(&mut ci).await, 1);
+    ci.acquire(acquire(&["jobs/1"])).await.unwrap();
+
+    // The refusals are counted by identity and permission (metrics are
+    // read in the side port's tests); nothing logged holds a token.
+    s.server.kill();
+    while let Some(line) = lines.recv().await {
+        log.push(line);
+    }
+    let log = log.join("\n");
+    assert!(log.contains("refused"), "the refusal log is on: {log}");
+    for secret in [SECRET, wrong] {
+        assert!(!log.contains(secret), "the log holds a token: {log}");
+    }
+}
+
+#[tokio::test]
+async fn per_identity_quotas_key_on_the_tokens_identity() {
+    let s = Setup::start(
+        &with_hash(TOKEN_V1),
+        false,
+        &["--max-held-names-per-owner", "1"],
+        ServerOptions::default(),
+    )
+    .await;
+    let mut ci = s.client(None, Some(SECRET)).await;
+    let mut first = acquire(&["jobs/1"]);
+    first.owner = "alice".into();
+    ci.acquire(first).await.unwrap();
+    // Another owner field changes nothing: the owner is the identity.
+    let mut second = acquire(&["jobs/2"]);
+    second.owner = "bob".into();
+    let e = ci.acquire(second).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(holder(&mut ci, "jobs/1").await.unwrap().owner, "ci");
+}
