@@ -57,6 +57,11 @@ pub const REASON_REVISION_AHEAD: &str = "REVISION_AHEAD";
 /// Metadata: `buffer`, `last_revision` (the last one it was sent: watch
 /// again from it).
 pub const REASON_WATCH_OVERFLOW: &str = "WATCH_OVERFLOW";
+/// Watch: the watcher's client read nothing it was owed for the server's
+/// stall bound, and was dropped (RESOURCE_EXHAUSTED). Metadata:
+/// `stall_ms`, `last_revision` (the last one it was sent: watch again
+/// from it).
+pub const REASON_WATCH_STALLED: &str = "WATCH_STALLED";
 
 /// The encoded `google.rpc.Status` of a refused acquire: `code` and
 /// `message` as the gRPC status has them (the model wants them repeated),

@@ -31,7 +31,9 @@ impl Error {
                 // watches from the List's revision; the ErrorInfo's reason
                 // says why (see `watch_details`).
                 match e {
-                    WatchError::Overflow { .. } | WatchError::TooMany { .. } => Code::ResourceExhausted,
+                    WatchError::Overflow { .. }
+                    | WatchError::Stalled { .. }
+                    | WatchError::TooMany { .. } => Code::ResourceExhausted,
                     WatchError::TooOld { .. }
                     | WatchError::OtherIncarnation { .. }
                     | WatchError::Ahead { .. }
@@ -116,6 +118,10 @@ fn watch_details(e: &crate::watch::WatchError) -> Option<(&'static str, Vec<(&'s
         WatchError::Overflow { buffer, last } => (
             d::REASON_WATCH_OVERFLOW,
             vec![("buffer", buffer as u64), ("last_revision", last)],
+        ),
+        WatchError::Stalled { after, last } => (
+            d::REASON_WATCH_STALLED,
+            vec![("stall_ms", after.as_millis() as u64), ("last_revision", last)],
         ),
         WatchError::TooMany { .. } => return None,
     })

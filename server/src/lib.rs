@@ -546,7 +546,13 @@ mod background {
                 () = cancel.cancelled() => return,
             }
             if inner.table.watch_hub().active() {
-                inner.table.watch_tick(inner.time.now());
+                // On a blocking thread: a mass expiry (bounded per tick,
+                // see `LeaseTable::watch_tick`) is no async worker's.
+                let inner = Arc::clone(&inner);
+                let _ = tokio::task::spawn_blocking(move || {
+                    inner.table.watch_tick(inner.time.now());
+                })
+                .await;
             }
         }
     }

@@ -568,7 +568,7 @@ fn op_error(e: Error) -> pb::OpError {
 
 fn watch_item_pb(item: crate::watch::Item) -> pb::WatchEvent {
     match item {
-        crate::watch::Item::Event(e) => watch_event_pb(e),
+        crate::watch::Item::Event(e) => watch_event_pb(&e),
         crate::watch::Item::Progress(revision) => pb::WatchEvent {
             revision,
             kind: pb::WatchEventKind::Progress.into(),
@@ -577,7 +577,7 @@ fn watch_item_pb(item: crate::watch::Item) -> pb::WatchEvent {
     }
 }
 
-fn watch_event_pb(e: crate::watch::Event) -> pb::WatchEvent {
+fn watch_event_pb(e: &crate::watch::Event) -> pb::WatchEvent {
     use crate::watch::EventKind;
     let kind = match e.event.kind {
         EventKind::Granted => pb::WatchEventKind::Granted,
@@ -609,13 +609,26 @@ struct WatchState {
     /// The progress message due once the events resumed are sent: the
     /// revision it subscribed at.
     announce: Option<u64>,
+    /// Events handed out since the stream last let go (see [`WATCH_BURST`]).
+    burst: usize,
 }
+
+/// Events a watch stream hands tonic before it lets go once: tonic encodes
+/// into one chunk for as long as the stream is ready (up to 32 KiB), and
+/// a client that reads nothing leaves that chunk held by the server. A
+/// burst of 64 events (~5 KiB) keeps what an unread watch holds small.
+const WATCH_BURST: usize = 64;
 
 impl WatchState {
     /// What to send next: an event, or a progress message when one is due
     /// (after the resumed events; then after the interval without a
     /// message); `None` never while the server runs.
     async fn next(&mut self) -> Option<Result<crate::watch::Item, Error>> {
+        self.burst += 1;
+        if self.burst > WATCH_BURST {
+            self.burst = 0;
+            tokio::task::yield_now().await;
+        }
         if !self.sub.has_backlog()
             && let Some(revision) = self.announce.take()
         {
@@ -834,7 +847,7 @@ impl Service {
     /// that fell behind, or the server shutting down). With
     /// `progress_notify`, a progress message once the events resumed are
     /// sent, and whenever nothing was sent for the interval.
-    pub(crate) fn watch(
+    pub(crate) async fn watch(
         &self,
         req: &pb::WatchRequest,
         caller: &Caller,
@@ -858,12 +871,25 @@ impl Service {
             (crate::watch::Filter::Names(names.into_iter().collect()), Scope::All)
         };
         let from = (req.from_revision != 0).then_some(req.from_revision);
-        let sub = self.inner.table.watch(filter, from, self.now())?;
+        // The first watcher wakes the hub, which reads every live lease
+        // (~2 s at 10^6): on a blocking thread, so no async worker's other
+        // requests wait for that. Later ones subscribe inline (a blocking
+        // thread each would cost more than the subscribing).
+        let now = self.now();
+        let sub = if self.inner.table.watch_hub().active() {
+            self.inner.table.watch(filter, from, now)?
+        } else {
+            let inner = Arc::clone(&self.inner);
+            tokio::task::spawn_blocking(move || inner.table.watch(filter, from, now))
+                .await
+                .map_err(|_| Error::ShuttingDown)??
+        };
         let state = WatchState {
             announce: progress.map(|_| sub.start_revision()),
             sub,
             stopping: self.inner.stopping.clone(),
             progress,
+            burst: 0,
         };
         let stream = futures::stream::unfold(Some(state), |state| async move {
             let mut state = state?;

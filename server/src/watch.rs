@@ -1,6 +1,6 @@
 //! The watch hub: lease events (grants, renewals, upgrades, releases,
-//! breaks, expiries) numbered by revision and fanned out to watchers, each
-//! through a bounded buffer.
+//! breaks, expiries) numbered by revision and fanned out to the watchers
+//! that want them, each through a bounded queue of shared events.
 //!
 //! * **Nobody watching costs one relaxed load.** The table calls
 //!   [`Hub::active`] before it builds an event; the hub is active from the
@@ -18,13 +18,26 @@
 //!   revision could fall among ours and be taken for one. Events are not
 //!   recorded while the hub is inactive; waking up skips one revision,
 //!   which marks the gap.
-//! * **Retention**: the last [`WatchConfig::retain`] events are kept, so a
-//!   watcher can resume from a revision it saw. A revision older than that
-//!   (or from before a gap) is refused naming the oldest one resumable.
-//! * **Slow watchers**: each watcher has a buffer of
-//!   [`WatchConfig::buffer`] events. A watcher whose buffer is full when an
-//!   event comes is dropped; it receives what was buffered, then
+//! * **Retention**: the last [`WatchConfig::retain`] events (within
+//!   [`WatchConfig::retain_bytes`]) are kept in one ring of `Arc`s, the
+//!   only copy of an event: a watcher's queue holds pointers into it, and a
+//!   watcher resuming from a revision reads the ring a chunk at a time (a
+//!   bounded view, never a copy per watcher: 1,000 watchers resuming from
+//!   the oldest of 10,000 events each copied them, 1.6 GB). A revision
+//!   older than the ring (or from before a gap) is refused naming the
+//!   oldest one resumable; a resume the ring moves past ends as an
+//!   overflow.
+//! * **Dispatch** goes through an index (names, prefixes by length, and the
+//!   watchers of every name): an event is offered only to the watchers that
+//!   want it ([`WatchStats::dispatched`]), so watchers of other names cost a
+//!   lease event nothing (every event used to check every watcher's filter).
+//! * **Slow watchers**: each watcher queues at most
+//!   [`WatchConfig::buffer`] events. A watcher whose queue is full when an
+//!   event comes is dropped; it receives what was queued, then
 //!   [`WatchError::Overflow`] naming the limit and the last revision it got.
+//!   One owed events that takes none for [`WatchConfig::stall`] (its client
+//!   reads nothing) is ended with [`WatchError::Stalled`], its queue freed
+//!   at once (see [`Hub::tick`]).
 //! * **Progress**: [`Subscription::progress`] says up to which revision a
 //!   watcher has been sent everything it asked for (read under the hub's
 //!   lock with its buffer empty, so no event it wants is numbered at or
@@ -40,15 +53,17 @@
 //!   `now` was read just before the deadline).
 //!
 //! Locking: the table publishes while holding shard locks, so the hub's
-//! mutex is always taken inside shard locks, never around them.
+//! mutex is always taken inside shard locks, never around them; under it a
+//! publish only numbers the event, appends it to the ring and queues it for
+//! the watchers that match (each queue's own lock, briefly). Expiries are
+//! handed out [`EXPIRY_CHUNK`] at a time, the lock let go between chunks.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bagel_proto::Micros;
-use tokio::sync::mpsc;
 
 use crate::table::{LeaseId, Mode};
 
@@ -90,7 +105,7 @@ pub struct Event {
 /// everything (see [`Subscription::progress`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
-    Event(Event),
+    Event(Arc<Event>),
     Progress(u64),
 }
 
@@ -122,7 +137,7 @@ pub fn incarnation(server_id: &str, started: Micros) -> u32 {
 }
 
 /// Which names a watcher wants.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Filter {
     Names(HashSet<Arc<str>>),
     /// Every name starting with this (the empty prefix: every name).
@@ -144,6 +159,13 @@ pub struct WatchConfig {
     pub buffer: usize,
     /// Events kept for watchers resuming from a revision.
     pub retain: usize,
+    /// ... and at most this many bytes of them (see `event_bytes`): the
+    /// ring is the only copy of an event, whatever the watchers.
+    pub retain_bytes: usize,
+    /// A watcher owed events that takes none for this long (its client
+    /// reads nothing: an HTTP/2 window left at 0) is ended with
+    /// [`WatchError::Stalled`] and its queue freed; zero: never.
+    pub stall: Duration,
     /// Watchers at once.
     pub max_watchers: usize,
     /// How long events are still recorded after the last watcher left (or
@@ -165,6 +187,8 @@ impl Default for WatchConfig {
         WatchConfig {
             buffer: 1024,
             retain: 10_000,
+            retain_bytes: 32 << 20,
+            stall: Duration::from_secs(30),
             max_watchers: 1024,
             linger: Duration::from_secs(60),
             progress: Duration::from_secs(5),
@@ -182,7 +206,8 @@ pub enum WatchError {
     Overflow { buffer: usize, last: u64 },
     #[error(
         "from_revision {from} is no longer retained: the oldest revision to resume from is \
-         {oldest} (the server keeps the last {retain} events, --watch-retain, and none from \
+         {oldest} (the server keeps the last {retain} events, --watch-retain, within \
+         --watch-retain-bytes, and none from \
          before it last had a watcher or from an earlier incarnation); list the names again and \
          watch from now"
     )]
@@ -201,18 +226,162 @@ pub enum WatchError {
          revision"
     )]
     Renumbered { last: u64 },
+    #[error(
+        "watcher stalled: its client read nothing it was owed for {after:?} (the server's \
+         --watch-stall-timeout); last revision sent {last}: watch again with from_revision {last}"
+    )]
+    Stalled { after: Duration, last: u64 },
     #[error("watchers on this server: limit {max} reached (the server's --max-watchers)")]
     TooMany { max: usize },
 }
 
+/// Expiries handed out by one [`Hub::tick`] or [`Hub::due`] call: the table
+/// reports each under its names' shard locks, a chunk at a time, so neither
+/// the hub's lock nor a shard's is held across a mass expiry.
+pub const EXPIRY_CHUNK: usize = 1024;
+
+/// Events a resuming watcher reads out of the retained ones per lock of
+/// the hub (it scans at most [`BACKLOG_SCAN`] per lock): the backlog is a
+/// view of the shared ring, read a little at a time, never a copy.
+const BACKLOG_CHUNK: usize = 64;
+const BACKLOG_SCAN: usize = 4096;
+
+/// What one retained event costs the ring's byte budget: the event, the
+/// `Arc` around it, and its name and owner (shared with the table, but
+/// kept alive by the ring once the table lets go).
+fn event_bytes(e: &Event) -> usize {
+    std::mem::size_of::<Event>() + 16 + e.event.name.len() + e.event.owner.len()
+}
+
+/// A watcher's queue: the events dispatched to it and not yet taken (each
+/// an `Arc` of the ring's event, never a copy), and how it ended.
 #[derive(Debug)]
-struct Watcher {
-    id: u64,
-    filter: Filter,
-    tx: mpsc::Sender<Event>,
-    /// The last revision put in its buffer.
+struct Queue {
+    items: VecDeque<Arc<Event>>,
+    /// The last revision queued (or, before any, the one it started at).
     last: u64,
-    ended: Arc<Mutex<Option<WatchError>>>,
+    /// The last revision taken by its stream.
+    sent: u64,
+    ended: Option<WatchError>,
+    /// Since when it has been owed something (a queued event or retained
+    /// ones it resumes from) without taking any: what the stall bound
+    /// ([`WatchConfig::stall`]) is measured against.
+    owed_since: Option<std::time::Instant>,
+    /// Retained events it resumes from are still to be read.
+    backlog: bool,
+}
+
+/// A watcher as the hub and its subscription share it.
+#[derive(Debug)]
+struct Shared {
+    id: u64,
+    queue: Mutex<Queue>,
+    notify: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Ends the watcher (unless it ended already); `clear` drops what was
+    /// queued for it (a stalled watcher: its memory is returned now, not
+    /// when its client comes back).
+    fn end(&self, error: WatchError, clear: bool) {
+        let mut q = lock(&self.queue);
+        if q.ended.is_none() {
+            q.ended = Some(error);
+        }
+        if clear {
+            q.items = VecDeque::new();
+            q.backlog = false;
+        }
+        drop(q);
+        self.notify.notify_one();
+    }
+}
+
+/// Which watchers want which names, so an event touches only those that
+/// match: by name, by prefix (looked up once per distinct prefix length),
+/// and the watchers of every name.
+#[derive(Debug, Default)]
+struct Index {
+    names: HashMap<Arc<str>, Vec<Arc<Shared>>>,
+    prefixes: HashMap<Box<str>, Vec<Arc<Shared>>>,
+    /// Distinct non-empty prefix lengths watched, and by how many watchers.
+    prefix_lens: std::collections::BTreeMap<usize, usize>,
+    all: Vec<Arc<Shared>>,
+}
+
+impl Index {
+    fn insert(&mut self, filter: &Filter, w: &Arc<Shared>) {
+        match filter {
+            Filter::Names(names) => {
+                for n in names {
+                    self.names.entry(Arc::clone(n)).or_default().push(Arc::clone(w));
+                }
+            }
+            Filter::Prefix(p) if p.is_empty() => self.all.push(Arc::clone(w)),
+            Filter::Prefix(p) => {
+                self.prefixes
+                    .entry(p.as_str().into())
+                    .or_default()
+                    .push(Arc::clone(w));
+                *self.prefix_lens.entry(p.len()).or_default() += 1;
+            }
+        }
+    }
+
+    fn remove(&mut self, filter: &Filter, id: u64) {
+        match filter {
+            Filter::Names(names) => {
+                for n in names {
+                    if let Some(v) = self.names.get_mut(&**n) {
+                        v.retain(|w| w.id != id);
+                        if v.is_empty() {
+                            self.names.remove(&**n);
+                        }
+                    }
+                }
+            }
+            Filter::Prefix(p) if p.is_empty() => self.all.retain(|w| w.id != id),
+            Filter::Prefix(p) => {
+                if let Some(v) = self.prefixes.get_mut(p.as_str()) {
+                    v.retain(|w| w.id != id);
+                    if v.is_empty() {
+                        self.prefixes.remove(p.as_str());
+                    }
+                }
+                if let Some(n) = self.prefix_lens.get_mut(&p.len()) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.prefix_lens.remove(&p.len());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with every watcher that wants `name`, once each.
+    fn for_each_match(&self, name: &str, mut f: impl FnMut(&Arc<Shared>)) {
+        self.all.iter().for_each(&mut f);
+        if let Some(v) = self.names.get(name) {
+            v.iter().for_each(&mut f);
+        }
+        for &len in self.prefix_lens.keys() {
+            if len > name.len() {
+                break;
+            }
+            if !name.is_char_boundary(len) {
+                continue;
+            }
+            if let Some(v) = self.prefixes.get(&name[..len]) {
+                v.iter().for_each(&mut f);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Registered {
+    filter: Filter,
+    shared: Arc<Shared>,
 }
 
 /// A live lease, for expiries: when, and which names the table is to
@@ -230,13 +399,30 @@ struct Inner {
     last_rev: u64,
     /// Revisions after this one are retained (while active).
     oldest: u64,
-    retained: VecDeque<Event>,
-    watchers: Vec<Watcher>,
+    /// The retained events, in revision order: one shared copy that every
+    /// watcher's queue and resume reads point into.
+    ring: VecDeque<Arc<Event>>,
+    ring_bytes: usize,
+    watchers: HashMap<u64, Registered>,
+    index: Index,
     next_id: u64,
     /// Since when nobody watches (while active).
     idle_since: Option<Micros>,
     live: HashMap<LeaseId, Live>,
     by_deadline: BTreeSet<(Micros, LeaseId)>,
+}
+
+/// What the hub counts, for the metrics.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    /// Watchers an event was offered to (each one that matched it): what a
+    /// lease event costs the hub beyond numbering it.
+    pub dispatched: AtomicU64,
+    /// Watchers dropped for a full buffer, or for a resume the ring moved
+    /// past.
+    pub overflowed: AtomicU64,
+    /// Watchers ended for taking nothing for the stall bound.
+    pub stalled: AtomicU64,
 }
 
 /// The hub. Share it behind an `Arc`.
@@ -245,33 +431,124 @@ pub struct Hub {
     cfg: WatchConfig,
     active: AtomicBool,
     inner: Mutex<Inner>,
+    stats: WatchStats,
 }
 
-/// A watcher's end: events already retained (a resume), then live ones.
-/// Dropping it unregisters the watcher.
+/// A watcher's end: events retained since the revision it resumes from
+/// (read from the ring a chunk at a time), then those dispatched to it.
+/// Dropping it unregisters the watcher and frees its queue.
 #[derive(Debug)]
 pub struct Subscription {
     hub: Arc<Hub>,
-    id: u64,
-    backlog: VecDeque<Event>,
-    rx: mpsc::Receiver<Event>,
-    ended: Arc<Mutex<Option<WatchError>>>,
-    /// The last revision when it subscribed: the backlog holds what it
-    /// asked for up to it, the buffer what comes after.
+    shared: Arc<Shared>,
+    filter: Filter,
+    /// Resumed events read from the ring, not yet taken.
+    chunk: VecDeque<Arc<Event>>,
+    /// The last revision of the ring read for the resume.
+    backlog_read: u64,
+    /// The last revision when it subscribed: the resume reads up to it,
+    /// the queue holds what comes after.
     start: u64,
+    /// Its end was handed out: nothing more comes.
+    done: bool,
 }
 
 impl Subscription {
-    /// The next event; `Err` once the watcher was dropped for falling
-    /// behind (after every event buffered for it), `None` never while the
-    /// hub lives.
-    pub async fn next(&mut self) -> Option<Result<Event, WatchError>> {
-        if let Some(e) = self.backlog.pop_front() {
-            return Some(Ok(e));
+    /// The next event; `Err` once the watcher was ended (dropped for
+    /// falling behind after every event buffered for it, stalled, or
+    /// renumbered), `None` after that.
+    pub async fn next(&mut self) -> Option<Result<Arc<Event>, WatchError>> {
+        loop {
+            if let Some(r) = self.poll_ready() {
+                return r;
+            }
+            // A notify between the look and the wait is kept as a permit.
+            self.shared.notify.notified().await;
         }
-        match self.rx.recv().await {
-            Some(e) => Some(Ok(e)),
-            None => lock(&self.ended).take().map(Err),
+    }
+
+    /// What is ready now: `Some(None)` once ended and handed out, `None`
+    /// when nothing is.
+    fn poll_ready(&mut self) -> Option<Option<Result<Arc<Event>, WatchError>>> {
+        if self.done {
+            return Some(None);
+        }
+        loop {
+            {
+                let mut q = lock(&self.shared.queue);
+                if matches!(q.ended, Some(WatchError::Stalled { .. })) {
+                    self.chunk.clear();
+                    self.backlog_read = self.start;
+                }
+                if let Some(e) = self.chunk.pop_front() {
+                    q.sent = e.revision;
+                    Self::delivered(&mut q, !self.chunk.is_empty() || self.backlog_read < self.start);
+                    return Some(Some(Ok(e)));
+                }
+                if self.backlog_read >= self.start {
+                    if q.backlog {
+                        q.backlog = false;
+                        Self::delivered(&mut q, false);
+                    }
+                    if let Some(e) = q.items.pop_front() {
+                        q.sent = e.revision;
+                        Self::delivered(&mut q, false);
+                        return Some(Some(Ok(e)));
+                    }
+                    if let Some(err) = q.ended.take() {
+                        self.done = true;
+                        return Some(Some(Err(err)));
+                    }
+                    return None;
+                }
+            }
+            self.read_backlog();
+        }
+    }
+
+    /// Stamps a delivery: it made progress, and is owed more only if its
+    /// queue (or resume) still holds some.
+    fn delivered(q: &mut Queue, more: bool) {
+        q.owed_since = (more || !q.items.is_empty()).then(std::time::Instant::now);
+    }
+
+    /// Reads the next chunk of the resume from the ring; if the ring moved
+    /// past it, the watcher is dropped as overflowed, naming the last
+    /// revision it was sent.
+    fn read_backlog(&mut self) {
+        let inner = lock(&self.hub.inner);
+        if self.backlog_read < inner.oldest {
+            drop(inner);
+            let mut q = lock(&self.shared.queue);
+            // This end, not one the live queue may have had meanwhile: the
+            // resume broke first, and nothing after it is sent.
+            q.ended = Some(WatchError::Overflow {
+                buffer: self.hub.cfg.buffer,
+                last: q.sent.max(self.backlog_read),
+            });
+            q.items = VecDeque::new();
+            q.backlog = false;
+            drop(q);
+            self.hub.stats.overflowed.fetch_add(1, Ordering::Relaxed);
+            self.backlog_read = self.start;
+            self.hub.unsubscribe(self.shared.id);
+            return;
+        }
+        let skip = inner.ring.partition_point(|e| e.revision <= self.backlog_read);
+        let mut scanned = 0;
+        for e in inner.ring.iter().skip(skip) {
+            if e.revision > self.start || self.chunk.len() >= BACKLOG_CHUNK || scanned >= BACKLOG_SCAN {
+                break;
+            }
+            scanned += 1;
+            self.backlog_read = e.revision;
+            if self.filter.matches(&e.event.name) {
+                self.chunk.push_back(Arc::clone(e));
+            }
+        }
+        if scanned == 0 || inner.ring.back().is_none_or(|e| e.revision <= self.backlog_read) {
+            // Nothing more retained up to its start.
+            self.backlog_read = self.backlog_read.max(self.start);
         }
     }
 
@@ -284,44 +561,43 @@ impl Subscription {
 
     /// Whether events resumed from before it subscribed are still to come.
     pub fn has_backlog(&self) -> bool {
-        !self.backlog.is_empty()
+        !self.done && (!self.chunk.is_empty() || self.backlog_read < self.start)
     }
 
     /// The next event if one is ready, else the revision up to which this
     /// watcher has been sent every event it wants: the hub's last revision,
-    /// read under its lock with the watcher's buffer empty (every event is
-    /// numbered and buffered under that lock, so none it wants is numbered
-    /// up to there and unsent). `Err` once the watcher was dropped, as
+    /// read under its lock with the watcher's queue empty (every event is
+    /// numbered and queued under that lock, so none it wants is numbered
+    /// up to there and unsent). `Err` once the watcher was ended, as
     /// [`Subscription::next`].
     pub fn progress(&mut self) -> Option<Result<Item, WatchError>> {
-        if let Some(e) = self.backlog.pop_front() {
-            return Some(Ok(Item::Event(e)));
+        if let Some(r) = self.poll_ready() {
+            return r.map(|r| r.map(Item::Event));
         }
         let inner = lock(&self.hub.inner);
-        match self.rx.try_recv() {
-            Ok(e) => Some(Ok(Item::Event(e))),
-            Err(mpsc::error::TryRecvError::Empty) => Some(Ok(Item::Progress(inner.last_rev))),
-            Err(mpsc::error::TryRecvError::Disconnected) => lock(&self.ended).take().map(Err),
+        let mut q = lock(&self.shared.queue);
+        if let Some(e) = q.items.pop_front() {
+            q.sent = e.revision;
+            Self::delivered(&mut q, false);
+            return Some(Ok(Item::Event(e)));
         }
+        if let Some(err) = q.ended.take() {
+            self.done = true;
+            return Some(Err(err));
+        }
+        Some(Ok(Item::Progress(inner.last_rev)))
     }
 
     /// Like [`Subscription::next`] without waiting: `None` when nothing is
     /// ready.
-    pub fn try_next(&mut self) -> Option<Result<Event, WatchError>> {
-        if let Some(e) = self.backlog.pop_front() {
-            return Some(Ok(e));
-        }
-        match self.rx.try_recv() {
-            Ok(e) => Some(Ok(e)),
-            Err(mpsc::error::TryRecvError::Empty) => None,
-            Err(mpsc::error::TryRecvError::Disconnected) => lock(&self.ended).take().map(Err),
-        }
+    pub fn try_next(&mut self) -> Option<Result<Arc<Event>, WatchError>> {
+        self.poll_ready().flatten()
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.unsubscribe(self.id);
+        self.hub.unsubscribe(self.shared.id);
     }
 }
 
@@ -345,18 +621,26 @@ impl Hub {
                 incarnation,
                 last_rev: start,
                 oldest: start,
-                retained: VecDeque::new(),
-                watchers: Vec::new(),
+                ring: VecDeque::new(),
+                ring_bytes: 0,
+                watchers: HashMap::new(),
+                index: Index::default(),
                 next_id: 0,
                 idle_since: None,
                 live: HashMap::new(),
                 by_deadline: BTreeSet::new(),
             }),
+            stats: WatchStats::default(),
         }
     }
 
     pub fn config(&self) -> &WatchConfig {
         &self.cfg
+    }
+
+    /// What the hub counted.
+    pub fn stats(&self) -> &WatchStats {
+        &self.stats
     }
 
     /// Whether events are recorded: check this before building one.
@@ -368,6 +652,12 @@ impl Hub {
     /// Watchers connected.
     pub fn watchers(&self) -> usize {
         lock(&self.inner).watchers.len()
+    }
+
+    /// Events retained now, and their bytes (see [`WatchConfig::retain_bytes`]).
+    pub fn retained(&self) -> (usize, usize) {
+        let inner = lock(&self.inner);
+        (inner.ring.len(), inner.ring_bytes)
     }
 
     /// The last revision given out.
@@ -389,7 +679,8 @@ impl Hub {
         }
         inner.last_rev += 1;
         inner.oldest = inner.last_rev;
-        inner.retained.clear();
+        inner.ring.clear();
+        inner.ring_bytes = 0;
         inner.live.clear();
         inner.by_deadline.clear();
         self.active.store(true, Ordering::Relaxed);
@@ -428,97 +719,106 @@ impl Hub {
             });
         }
         let woke = self.wake(&mut inner);
-        let mut backlog = VecDeque::new();
+        let last = inner.last_rev;
+        let mut backlog_read = last;
         if let Some(from) = from {
-            if incarnation_of(from) != inner.incarnation {
-                if woke {
-                    self.deactivate(&mut inner);
-                }
-                return Err(WatchError::OtherIncarnation {
+            let refused = if incarnation_of(from) != inner.incarnation {
+                Some(WatchError::OtherIncarnation {
                     from,
                     theirs: incarnation_of(from),
                     ours: inner.incarnation,
-                });
-            }
-            if from < inner.oldest {
-                if woke {
-                    self.deactivate(&mut inner);
-                }
-                return Err(WatchError::TooOld {
+                })
+            } else if from < inner.oldest {
+                Some(WatchError::TooOld {
                     from,
                     oldest: inner.oldest,
                     retain: self.cfg.retain,
-                });
-            }
-            if from > inner.last_rev {
+                })
+            } else if from > last {
+                Some(WatchError::Ahead { from, last })
+            } else {
+                None
+            };
+            if let Some(e) = refused {
                 if woke {
                     self.deactivate(&mut inner);
                 }
-                return Err(WatchError::Ahead {
-                    from,
-                    last: inner.last_rev,
-                });
+                return Err(e);
             }
-            let skip = inner.retained.partition_point(|e| e.revision <= from);
-            backlog.extend(
-                inner
-                    .retained
-                    .iter()
-                    .skip(skip)
-                    .filter(|e| filter.matches(&e.event.name))
-                    .cloned(),
-            );
+            backlog_read = from;
         }
-        let (tx, rx) = mpsc::channel(self.cfg.buffer);
         let id = inner.next_id;
         inner.next_id += 1;
-        let ended = Arc::new(Mutex::new(None));
-        let last = inner.last_rev;
-        inner.watchers.push(Watcher {
+        let shared = Arc::new(Shared {
             id,
-            filter,
-            tx,
-            last,
-            ended: Arc::clone(&ended),
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                last,
+                sent: backlog_read,
+                ended: None,
+                owed_since: (backlog_read < last).then(std::time::Instant::now),
+                backlog: backlog_read < last,
+            }),
+            notify: tokio::sync::Notify::new(),
         });
+        inner.index.insert(&filter, &shared);
+        inner.watchers.insert(
+            id,
+            Registered {
+                filter: filter.clone(),
+                shared: Arc::clone(&shared),
+            },
+        );
         inner.idle_since = None;
         drop(inner);
         let sub = Subscription {
             hub: Arc::clone(self),
-            id,
-            backlog,
-            rx,
-            ended,
+            shared,
+            filter,
+            chunk: VecDeque::new(),
+            backlog_read,
             start: last,
+            done: false,
         };
         Ok((sub, woke))
     }
 
     fn unsubscribe(&self, id: u64) {
         let mut inner = lock(&self.inner);
-        inner.watchers.retain(|w| w.id != id);
+        Self::unregister(&mut inner, id);
         if inner.watchers.is_empty() && inner.idle_since.is_none() {
             // The clock is the caller's; the next tick starts the linger.
             inner.idle_since = Some(Micros::ZERO);
         }
     }
 
+    fn unregister(inner: &mut Inner, id: u64) {
+        if let Some(w) = inner.watchers.remove(&id) {
+            inner.index.remove(&w.filter, id);
+        }
+    }
+
     fn deactivate(&self, inner: &mut Inner) {
         self.active.store(false, Ordering::Relaxed);
-        inner.retained.clear();
+        inner.ring.clear();
+        inner.ring_bytes = 0;
         inner.live.clear();
         inner.by_deadline.clear();
         inner.idle_since = None;
     }
 
     /// Records an event (call only when [`Hub::active`]; a late call after
-    /// the hub went idle is ignored).
+    /// the hub went idle is ignored). The table calls it under the name's
+    /// shard lock; what it does under the hub's lock is bounded: number
+    /// the event, append it to the ring, and queue it for the watchers
+    /// the index says want it (none is asked about a name it does not
+    /// watch).
     pub fn publish(&self, event: NewEvent) {
         let mut inner = lock(&self.inner);
         if !self.active() {
             return;
         }
-        self.track_locked(&mut inner, &event);
+        Self::track_locked(&mut inner, &event);
         self.emit(&mut inner, event);
     }
 
@@ -539,7 +839,7 @@ impl Hub {
         inner.by_deadline.insert((deadline, lease));
     }
 
-    fn track_locked(&self, inner: &mut Inner, e: &NewEvent) {
+    fn track_locked(inner: &mut Inner, e: &NewEvent) {
         match e.kind {
             EventKind::Granted | EventKind::Renewed | EventKind::Upgraded => {
                 let live = inner.live.entry(e.lease).or_insert_with(|| Live {
@@ -573,37 +873,50 @@ impl Hub {
             self.renumber(inner);
         }
         inner.last_rev += 1;
-        let event = Event {
+        let event = Arc::new(Event {
             revision: inner.last_rev,
             event,
-        };
-        if self.cfg.retain > 0 {
-            if inner.retained.len() >= self.cfg.retain
-                && let Some(old) = inner.retained.pop_front()
-            {
-                inner.oldest = old.revision;
-            }
-            inner.retained.push_back(event.clone());
-        } else {
-            inner.oldest = event.revision;
+        });
+        inner.ring_bytes += event_bytes(&event);
+        inner.ring.push_back(Arc::clone(&event));
+        while inner.ring.len() > self.cfg.retain || inner.ring_bytes > self.cfg.retain_bytes {
+            let Some(old) = inner.ring.pop_front() else { break };
+            inner.ring_bytes -= event_bytes(&old);
+            inner.oldest = old.revision;
         }
         let buffer = self.cfg.buffer;
-        inner.watchers.retain_mut(|w| {
-            if !w.filter.matches(&event.event.name) {
-                return true;
+        let mut overflowed = Vec::new();
+        let mut offered = 0;
+        inner.index.for_each_match(&event.event.name, |w| {
+            offered += 1;
+            let mut q = lock(&w.queue);
+            if q.ended.is_some() {
+                return;
             }
-            match w.tx.try_send(event.clone()) {
-                Ok(()) => {
-                    w.last = event.revision;
-                    true
-                }
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    *lock(&w.ended) = Some(WatchError::Overflow { buffer, last: w.last });
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            if q.items.len() >= buffer {
+                q.ended = Some(WatchError::Overflow { buffer, last: q.last });
+                drop(q);
+                w.notify.notify_one();
+                overflowed.push(w.id);
+                return;
             }
+            if q.owed_since.is_none() {
+                q.owed_since = Some(std::time::Instant::now());
+            }
+            q.items.push_back(Arc::clone(&event));
+            q.last = event.revision;
+            drop(q);
+            w.notify.notify_one();
         });
+        self.stats.dispatched.fetch_add(offered, Ordering::Relaxed);
+        if !overflowed.is_empty() {
+            self.stats
+                .overflowed
+                .fetch_add(overflowed.len() as u64, Ordering::Relaxed);
+            for id in overflowed {
+                Self::unregister(inner, id);
+            }
+        }
     }
 
     /// The count ran out: a new incarnation (the next one), the watchers
@@ -614,17 +927,22 @@ impl Hub {
         inner.incarnation = (inner.incarnation + 1) & INCARNATION_MASK;
         inner.last_rev = u64::from(inner.incarnation) << COUNT_BITS;
         inner.oldest = inner.last_rev;
-        inner.retained.clear();
-        for w in inner.watchers.drain(..) {
-            *lock(&w.ended) = Some(WatchError::Renumbered { last });
+        inner.ring.clear();
+        inner.ring_bytes = 0;
+        inner.index = Index::default();
+        for (_, w) in inner.watchers.drain() {
+            w.shared.end(WatchError::Renumbered { last }, false);
         }
     }
 
-    /// Housekeeping, run periodically: goes idle once nobody has watched
-    /// (or listed) for the linger time, and hands out the leases whose
-    /// deadline passed by `now`, each with its names, no longer tracked.
-    /// The table reports them (see `LeaseTable::watch_tick`): whether a
-    /// lease expired is the table's to say, under its names' locks.
+    /// Housekeeping, run periodically (off the request path): goes idle
+    /// once nobody has watched (or listed) for the linger time, ends the
+    /// watchers that took nothing they were owed for
+    /// [`WatchConfig::stall`] (their queues freed), and hands out up to
+    /// [`EXPIRY_CHUNK`] leases whose deadline passed by `now`, each with
+    /// its names, no longer tracked (more with [`Hub::due`]). The table
+    /// reports them (see `LeaseTable::watch_tick`): whether a lease
+    /// expired is the table's to say, under its names' locks.
     pub fn tick(&self, now: Micros) -> Vec<(LeaseId, Vec<Arc<str>>)> {
         let mut inner = lock(&self.inner);
         if !self.active() {
@@ -640,8 +958,25 @@ impl Hub {
                 Some(_) => {}
             }
         }
+        self.end_stalled(&mut inner, std::time::Instant::now());
+        Self::due_locked(&mut inner, now, EXPIRY_CHUNK)
+    }
+
+    /// Up to `max` more leases whose deadline passed by `now` (see
+    /// [`Hub::tick`]).
+    pub fn due(&self, now: Micros, max: usize) -> Vec<(LeaseId, Vec<Arc<str>>)> {
+        let mut inner = lock(&self.inner);
+        if !self.active() {
+            return Vec::new();
+        }
+        Self::due_locked(&mut inner, now, max)
+    }
+
+    fn due_locked(inner: &mut Inner, now: Micros, max: usize) -> Vec<(LeaseId, Vec<Arc<str>>)> {
         let mut due = Vec::new();
-        while let Some(&(deadline, lease)) = inner.by_deadline.first() {
+        while due.len() < max
+            && let Some(&(deadline, lease)) = inner.by_deadline.first()
+        {
             if deadline > now {
                 break;
             }
@@ -651,6 +986,40 @@ impl Hub {
             }
         }
         due
+    }
+
+    /// Ends the watchers owed something that took nothing for the stall
+    /// bound: their client reads nothing (an HTTP/2 window left at 0), so
+    /// what is queued for them is freed now and their stream ends with
+    /// [`WatchError::Stalled`] when the client reads again.
+    fn end_stalled(&self, inner: &mut Inner, now: std::time::Instant) {
+        let stall = self.cfg.stall;
+        if stall.is_zero() {
+            return;
+        }
+        let stalled: Vec<u64> = inner
+            .watchers
+            .iter()
+            .filter(|(_, w)| {
+                let q = lock(&w.shared.queue);
+                q.ended.is_none() && q.owed_since.is_some_and(|t| now.duration_since(t) >= stall)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stalled {
+            if let Some(w) = inner.watchers.get(&id) {
+                let sent = lock(&w.shared.queue).sent;
+                w.shared.end(
+                    WatchError::Stalled {
+                        after: stall,
+                        last: sent,
+                    },
+                    true,
+                );
+            }
+            Self::unregister(inner, id);
+            self.stats.stalled.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -681,6 +1050,8 @@ mod tests {
             max_watchers: 4,
             linger: Duration::from_secs(1),
             progress: Duration::from_secs(5),
+            retain_bytes: usize::MAX,
+            stall: Duration::ZERO,
         };
         Arc::new(Hub::new(cfg, 0))
     }
@@ -689,7 +1060,7 @@ mod tests {
         Filter::Prefix(String::new())
     }
 
-    fn drain(sub: &mut Subscription) -> Vec<Result<Event, WatchError>> {
+    fn drain(sub: &mut Subscription) -> Vec<Result<Arc<Event>, WatchError>> {
         std::iter::from_fn(|| sub.try_next()).collect()
     }
 
@@ -719,7 +1090,7 @@ mod tests {
         for n in ["a/1", "b", "a/2", "c"] {
             h.publish(ev(EventKind::Granted, n, lease, 50, 2));
         }
-        let names = |v: Vec<Result<Event, WatchError>>| {
+        let names = |v: Vec<Result<Arc<Event>, WatchError>>| {
             v.into_iter()
                 .map(|e| e.unwrap().event.name.to_string())
                 .collect::<Vec<_>>()
@@ -934,5 +1305,160 @@ mod tests {
         );
         drop(subs);
         assert!(h.subscribe(all(), None).is_ok());
+    }
+
+    fn hub_with(cfg: impl FnOnce(&mut WatchConfig)) -> Arc<Hub> {
+        let mut c = WatchConfig {
+            buffer: 16,
+            retain: 16,
+            max_watchers: 4096,
+            linger: Duration::from_secs(1),
+            progress: Duration::from_secs(5),
+            retain_bytes: usize::MAX,
+            stall: Duration::ZERO,
+        };
+        cfg(&mut c);
+        Arc::new(Hub::new(c, 0))
+    }
+
+    fn names(ns: &[&str]) -> Filter {
+        Filter::Names(ns.iter().map(|n| Arc::from(*n)).collect())
+    }
+
+    /// Issue 38, item 4: an event is offered only to the watchers that
+    /// want its name, found through the index; a thousand watchers of
+    /// other names (and prefixes) cost it nothing. The count is of
+    /// watchers touched, not time.
+    #[test]
+    fn an_event_touches_only_the_watchers_that_match_it() {
+        let h = hub_with(|_| {});
+        let lease = LeaseId::new(us(1), 0, 0);
+        let mut subs = Vec::new();
+        for i in 0..1000 {
+            let ns: Vec<String> = (0..8).map(|j| format!("w{i}/n{j}")).collect();
+            let ns: Vec<&str> = ns.iter().map(String::as_str).collect();
+            subs.push(h.subscribe(names(&ns), None).unwrap().0);
+        }
+        for i in 0..100 {
+            subs.push(h.subscribe(Filter::Prefix(format!("p{i}/")), None).unwrap().0);
+        }
+        h.publish(ev(EventKind::Granted, "unwatched", lease, 50, 2));
+        h.publish(ev(EventKind::Granted, "p1", lease, 50, 2));
+        assert_eq!(h.stats().dispatched.load(Ordering::Relaxed), 0);
+        h.publish(ev(EventKind::Granted, "w7/n3", lease, 50, 2));
+        h.publish(ev(EventKind::Granted, "p42/x", lease, 50, 2));
+        assert_eq!(h.stats().dispatched.load(Ordering::Relaxed), 2);
+        let (mut every, _) = h.subscribe(all(), None).unwrap();
+        h.publish(ev(EventKind::Granted, "p42/y", lease, 50, 2));
+        assert_eq!(h.stats().dispatched.load(Ordering::Relaxed), 4);
+        assert_eq!(drain(&mut subs[1042]).len(), 2);
+        assert_eq!(drain(&mut every).len(), 1);
+        // A prefix that cuts a character in two matches nothing, and
+        // panics not.
+        let (mut accent, _) = h.subscribe(Filter::Prefix("é".into()), None).unwrap();
+        h.publish(ev(EventKind::Granted, "éa", lease, 50, 2));
+        h.publish(ev(EventKind::Granted, "a", lease, 50, 2));
+        assert_eq!(drain(&mut accent).len(), 1);
+    }
+
+    /// Watchers resuming from the same revision read the one retained
+    /// copy of each event (the ring's `Arc`), not copies of their own;
+    /// a resume the ring moves past ends as an overflow naming the last
+    /// revision it was sent.
+    #[test]
+    fn resumes_are_views_of_the_shared_ring_and_end_when_it_moves_past_them() {
+        let h = hub_with(|c| {
+            c.retain = 100;
+            c.buffer = 1000;
+        });
+        let lease = LeaseId::new(us(1), 0, 0);
+        let (_keep, _) = h.subscribe(all(), None).unwrap();
+        let first = h.last_revision();
+        for i in 0..100 {
+            h.publish(ev(EventKind::Renewed, "a", lease, 50 + i, 2));
+        }
+        let (mut a, _) = h.subscribe(all(), Some(first)).unwrap();
+        let (mut b, _) = h.subscribe(all(), Some(first)).unwrap();
+        let ea = a.try_next().unwrap().unwrap();
+        let eb = b.try_next().unwrap().unwrap();
+        assert!(Arc::ptr_eq(&ea, &eb), "one copy of the event");
+        // `b` reads on while the ring moves on past `a`'s place.
+        let rest = drain(&mut b);
+        assert_eq!(rest.len(), 99);
+        for i in 0..100 {
+            h.publish(ev(EventKind::Renewed, "a", lease, 200 + i, 2));
+        }
+        let got = drain(&mut a);
+        let last = ea.revision + BACKLOG_CHUNK as u64 - 1;
+        assert_eq!(got.len(), BACKLOG_CHUNK);
+        assert_eq!(
+            got.last().unwrap().clone().unwrap_err(),
+            WatchError::Overflow { buffer: 1000, last }
+        );
+        assert!(a.try_next().is_none(), "ended");
+    }
+
+    /// The ring keeps at most `retain_bytes` of events, whatever `retain`.
+    #[test]
+    fn the_ring_is_bounded_by_bytes_too() {
+        let h = hub_with(|c| {
+            c.retain = 1000;
+            c.retain_bytes = 10_000;
+        });
+        let lease = LeaseId::new(us(1), 0, 0);
+        let (_keep, _) = h.subscribe(all(), None).unwrap();
+        let long = "n".repeat(1000);
+        for _ in 0..100 {
+            h.publish(ev(EventKind::Renewed, &long, lease, 50, 2));
+        }
+        let (n, bytes) = h.retained();
+        assert!(bytes <= 10_000 && n < 10, "{n} events, {bytes} bytes");
+    }
+
+    /// Issue 38, item 2: a watcher owed events that takes none for the
+    /// stall bound is ended, its queue freed at once, and its stream says
+    /// so (after nothing more) naming the limit and its last revision.
+    #[test]
+    fn a_watcher_that_takes_nothing_for_the_stall_bound_is_ended_and_freed() {
+        let h = hub_with(|c| c.stall = Duration::from_secs(30));
+        let lease = LeaseId::new(us(1), 0, 0);
+        let (mut stuck, _) = h.subscribe(all(), None).unwrap();
+        let (mut quiet, _) = h.subscribe(names(&["other"]), None).unwrap();
+        h.publish(ev(EventKind::Granted, "a", lease, 50, 2));
+        let first = stuck.try_next().unwrap().unwrap().revision;
+        h.publish(ev(EventKind::Renewed, "a", lease, 60, 2));
+        h.publish(ev(EventKind::Renewed, "a", lease, 70, 2));
+        let later = std::time::Instant::now() + Duration::from_secs(31);
+        h.end_stalled(&mut lock(&h.inner), later);
+        assert!(lock(&stuck.shared.queue).items.is_empty(), "freed");
+        assert_eq!(h.watchers(), 1, "the quiet one, owed nothing, stays");
+        let err = stuck.try_next().unwrap().unwrap_err();
+        assert_eq!(
+            err,
+            WatchError::Stalled {
+                after: Duration::from_secs(30),
+                last: first
+            }
+        );
+        assert!(err.to_string().contains("--watch-stall-timeout"), "{err}");
+        assert!(quiet.try_next().is_none());
+        assert_eq!(h.stats().stalled.load(Ordering::Relaxed), 1);
+    }
+
+    /// Issue 38, item 4: a mass expiry is handed out a chunk at a time,
+    /// the hub's lock let go between chunks.
+    #[test]
+    fn expiries_are_handed_out_in_bounded_chunks() {
+        let h = hub_with(|_| {});
+        let (_keep, _) = h.subscribe(names(&["x"]), None).unwrap();
+        let n = EXPIRY_CHUNK * 2 + 10;
+        for i in 0..n {
+            let lease = LeaseId::new(us(1), 0, i);
+            h.publish(ev(EventKind::Granted, &format!("n{i}"), lease, 50, 2));
+        }
+        assert_eq!(h.tick(us(100)).len(), EXPIRY_CHUNK);
+        assert_eq!(h.due(us(100), EXPIRY_CHUNK).len(), EXPIRY_CHUNK);
+        assert_eq!(h.due(us(100), EXPIRY_CHUNK).len(), 10);
+        assert!(h.due(us(100), EXPIRY_CHUNK).is_empty());
     }
 }

@@ -111,7 +111,7 @@ fn revision_refusal(details: &[u8]) -> Option<RevisionRefusal> {
 /// its words from a server before reasons.
 pub(crate) fn is_watch_overflow(s: &Status) -> bool {
     match d::error_info_of(s.details()) {
-        Some((reason, _)) => reason == d::REASON_WATCH_OVERFLOW,
+        Some((reason, _)) => reason == d::REASON_WATCH_OVERFLOW || reason == d::REASON_WATCH_STALLED,
         None => s.code() == Code::ResourceExhausted && s.message().contains("fell behind"),
     }
 }

@@ -113,6 +113,15 @@ struct Args {
     /// revision it saw; an older revision is refused with OUT_OF_RANGE.
     #[arg(long, env = "BAGEL_WATCH_RETAIN", default_value_t = 10_000)]
     watch_retain: usize,
+    /// Bytes of the events kept for resuming (~120 bytes each plus the
+    /// name and owner): the one copy every watcher reads from.
+    #[arg(long, env = "BAGEL_WATCH_RETAIN_BYTES", default_value_t = 32 << 20)]
+    watch_retain_bytes: usize,
+    /// End a watch whose client reads nothing it is owed for this long
+    /// (RESOURCE_EXHAUSTED naming this limit and the last revision sent),
+    /// freeing what was queued for it; 0: never.
+    #[arg(long, env = "BAGEL_WATCH_STALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    watch_stall_timeout: Duration,
     /// Watchers at once.
     #[arg(long, env = "BAGEL_MAX_WATCHERS", default_value_t = 1024)]
     max_watchers: usize,
@@ -380,6 +389,8 @@ async fn main() -> anyhow::Result<()> {
         .with_watch(bagel_server::watch::WatchConfig {
             buffer: args.watch_buffer,
             retain: args.watch_retain,
+            retain_bytes: args.watch_retain_bytes,
+            stall: args.watch_stall_timeout,
             max_watchers: args.max_watchers,
             ..Default::default()
         })

@@ -323,6 +323,50 @@ impl Collector for Exposition {
             None,
             inner.meters.sessions_open(),
         )?;
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            let hub = inner.table.watch_hub();
+            let w = hub.stats();
+            let (events, bytes) = hub.retained();
+            gauge(e, "bagel_watchers", "Watch streams open.", None, hub.watchers() as i64)?;
+            counter(
+                e,
+                "bagel_watch_dispatched",
+                "Watchers an event was queued for (found through the name and prefix index: \
+                 a watcher of other names costs an event nothing).",
+                None,
+                w.dispatched.load(Relaxed),
+            )?;
+            counter(
+                e,
+                "bagel_watch_overflowed",
+                "Watchers dropped for falling behind (--watch-buffer, or a resume the retained \
+                 events moved past).",
+                None,
+                w.overflowed.load(Relaxed),
+            )?;
+            counter(
+                e,
+                "bagel_watch_stalled",
+                "Watchers ended for reading nothing they were owed for --watch-stall-timeout.",
+                None,
+                w.stalled.load(Relaxed),
+            )?;
+            gauge(
+                e,
+                "bagel_watch_retained_events",
+                "Events kept for resuming (--watch-retain), one copy for all watchers.",
+                None,
+                events as i64,
+            )?;
+            gauge(
+                e,
+                "bagel_watch_retained",
+                "Bytes of the events kept for resuming (--watch-retain-bytes).",
+                Some(&Unit::Bytes),
+                bytes as i64,
+            )?;
+        }
 
         // Readiness and time.
         flag(
