@@ -621,3 +621,122 @@ async fn per_identity_quotas_key_on_the_tokens_identity() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert_eq!(holder(&mut ci, "jobs/1").await.unwrap().owner, "ci");
 }
+
+/// `bagel acl check` answers offline with the server's rules (exit 0
+/// allowed, 1 denied, the grant and line named; a bad file names its
+/// line), `bagel acl hash-token` makes a token's stored hash, and
+/// `bagel server-info` shows the caller its identity and permissions.
+#[tokio::test]
+async fn the_cli_checks_a_policy_offline_and_shows_the_callers_permissions() {
+    let s = Setup::start(TEAMS, true, &[], ServerOptions::default()).await;
+    let acl = s.dir.path().join("acl.toml");
+    let acl = acl.to_str().unwrap();
+    let check = |identity: &str, name: &str| {
+        bagel_tests::cli_no_server(&[
+            "acl",
+            "check",
+            "--acl",
+            acl,
+            "--identity",
+            identity,
+            "--name",
+            name,
+        ])
+    };
+    let out = check("CN=team-b-9,O=anyone", "team-b/jobs/1");
+    assert!(out.status.success(), "{}", bagel_tests::describe_output(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("lease \"team-b/jobs/1\": allowed") && text.contains("grant 3 (line 13)"),
+        "{text}"
+    );
+    let out = check("CN=team-a-1,O=bagel tests", "shared/x");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        bagel_tests::describe_output(&out)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("lease \"shared/x\": denied") && text.contains("read \"shared/x\": allowed"),
+        "{text}"
+    );
+    let bad = s.dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[grant]]\nidentity = \"x\"\nprefixes = [\"a/\"]\npermissions = [\"own\"]\n",
+    )
+    .unwrap();
+    let out = bagel_tests::cli_no_server(&[
+        "acl",
+        "check",
+        "--acl",
+        bad.to_str().unwrap(),
+        "--identity",
+        "x",
+        "--name",
+        "a/1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 4"),
+        "{}",
+        bagel_tests::describe_output(&out)
+    );
+
+    let mut hash = std::process::Command::new(bagel_tests::bin("bagel"))
+        .args(["acl", "hash-token"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut hash.stdin.take().unwrap(), format!("{SECRET}\n").as_bytes()).unwrap();
+    let out = hash.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        bagel_proto::hex::encode(&bagel_proto::acl::hash_token(SECRET))
+    );
+
+    let (cert, key) = s.ca.leaf("team-a-2", "bagel tests", false);
+    let write = |name: &str, text: &str| {
+        let path = s.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (ca, cert, key) = (
+        write("ca.pem", &s.ca.pem),
+        write("a2.pem", &cert),
+        write("a2.key", &key),
+    );
+    let url = format!("https://{}", s.server.addr);
+    let cli = |json: bool| {
+        let mut args = vec![
+            "--server",
+            &url,
+            "--ca",
+            &ca,
+            "--cert",
+            &cert,
+            "--cert-key",
+            &key,
+            "server-info",
+        ];
+        if json {
+            args.push("--json");
+        }
+        bagel_tests::cli_no_server(&args)
+    };
+    let out = cli(false);
+    assert!(out.status.success(), "{}", bagel_tests::describe_output(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("you: ") && text.contains("CN=team-a-2"), "{text}");
+    assert!(
+        text.contains("may lease and read names under \"team-a/\""),
+        "{text}"
+    );
+    let out = cli(true);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["access"]["policy_version"], 1);
+    assert_eq!(json["access"]["grants"][0]["prefix"], "shared/");
+}

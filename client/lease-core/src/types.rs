@@ -424,6 +424,28 @@ pub struct ServerInfo {
     pub max_owner_bytes: u32,
     pub max_metadata_bytes: u32,
     pub timestamp_tolerance: Duration,
+    /// The server's access policy (`--acl`) and this client under it;
+    /// `None` when the server has none (every client may do anything).
+    /// Boxed: most servers have none, and `ServerInfo` travels in enums.
+    pub access: Option<Box<AccessInfo>>,
+}
+
+/// A server's access policy as one client sees it: who the server takes
+/// it for, and what it may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AccessInfo {
+    /// Loads of the policy that took effect since the server started.
+    pub policy_version: u64,
+    /// SHA-256 (hex) of the policy file in effect.
+    pub policy_sha256: String,
+    /// Its client certificate's subject or its bearer token's identity;
+    /// empty when it has none.
+    pub identity: String,
+    /// Why it has none, when it has none.
+    pub identity_problem: String,
+    /// Name prefixes and the permissions ("lease", "read") on them.
+    pub grants: Vec<(String, Vec<String>)>,
 }
 
 /// Where a server's time comes from, and whether it trusts it.
@@ -654,6 +676,15 @@ impl ServerInfo {
             max_owner_bytes: info.max_owner_bytes,
             max_metadata_bytes: info.max_metadata_bytes,
             timestamp_tolerance: Duration::from_micros(info.timestamp_tolerance_us),
+            access: info.access.map(|a| {
+                Box::new(AccessInfo {
+                    policy_version: a.policy_version,
+                    policy_sha256: a.policy_sha256,
+                    identity: a.identity,
+                    identity_problem: a.identity_problem,
+                    grants: a.grants.into_iter().map(|g| (g.prefix, g.permissions)).collect(),
+                })
+            }),
         })
     }
 }

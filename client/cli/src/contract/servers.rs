@@ -47,6 +47,31 @@ pub struct ServerInfoJson {
     pub server_id: String,
     pub unsafe_skip_restart_wait: bool,
     pub version: String,
+    /// The server's access policy and this client under it; left out
+    /// (not null) when the server has none, so the JSON of a server
+    /// without one is as it always was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<AccessJson>,
+}
+
+/// A server's access policy as the caller sees it (`server-info`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessJson {
+    /// Name prefixes and the permissions (lease, read) on each.
+    pub grants: Vec<AccessGrantJson>,
+    /// The caller's identity (certificate subject or token identity);
+    /// empty when it has none.
+    pub identity: String,
+    /// Why it has none, when it has none.
+    pub identity_problem: String,
+    pub policy_sha256: String,
+    pub policy_version: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessGrantJson {
+    pub permissions: Vec<String>,
+    pub prefix: String,
 }
 
 impl From<&ServerInfo> for ServerInfoJson {
@@ -77,6 +102,20 @@ impl From<&ServerInfo> for ServerInfoJson {
             server_id: info.server_id.clone(),
             unsafe_skip_restart_wait: info.unsafe_skip_restart_wait,
             version: info.version.clone(),
+            access: info.access.as_ref().map(|a| AccessJson {
+                grants: a
+                    .grants
+                    .iter()
+                    .map(|(prefix, permissions)| AccessGrantJson {
+                        permissions: permissions.clone(),
+                        prefix: prefix.clone(),
+                    })
+                    .collect(),
+                identity: a.identity.clone(),
+                identity_problem: a.identity_problem.clone(),
+                policy_sha256: a.policy_sha256.clone(),
+                policy_version: a.policy_version,
+            }),
         }
     }
 }
@@ -283,6 +322,7 @@ mod tests {
             ready: false,
             ready_at_us: 7,
             server_id: "s".into(),
+            access: None,
             unsafe_skip_restart_wait: true,
             version: "0.1.0".into(),
         };

@@ -14,6 +14,7 @@
 //! message or found a closed bag damaged (what it could read was printed);
 //! 64 (`EX_USAGE`) a command line clap refuses (see `failure`).
 
+mod acl_cmd;
 mod bag_cmds;
 mod closer_clock;
 mod failure;
@@ -83,6 +84,12 @@ enum Command {
     /// Example: `bagel time-check --roughtime 127.0.0.1:2002 --roughtime-key KEY`
     #[command(alias = "roughtime-check")]
     TimeCheck(time_cmds::TimeCheckArgs),
+    /// A lease server's access policy (bagel-server --acl), offline: what
+    /// an identity may do to a name, and the hash a bearer token is
+    /// stored as.
+    ///
+    /// Example: `bagel acl check --acl acl.toml --identity 'CN=worker-1,O=team-b' --name team-b/jobs/7`
+    Acl(acl_cmd::AclArgs),
     /// Print a shell completion script (bash, zsh, fish).
     ///
     /// Example: `bagel completions bash > /etc/bash_completion.d/bagel`
@@ -229,6 +236,7 @@ async fn run() -> ExitCode {
             bag_cmds::run(cmd, g).await
         }
         Command::Completions(_) | Command::Man(_) => unreachable!("answered above"),
+        Command::Acl(args) => acl_cmd::run(args),
         Command::TimeCheck(args) => match (cli.target.time_server(), cli.target.client_options()) {
             (Ok(server), Ok(options)) => time_cmds::time_check(args, &cli.roughtime, &server, &options).await,
             (Err(e), _) | (_, Err(e)) => Err(e),

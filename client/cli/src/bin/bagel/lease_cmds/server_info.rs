@@ -103,4 +103,29 @@ fn print_server_info(info: &ServerInfo) {
         info.clock.detail,
         us(info.clock.error_bound)
     );
+    print_access(info.access.as_deref());
+}
+
+/// Who the server takes this client for under its access policy, and
+/// what it may do (or that it has no policy: anyone may do anything).
+fn print_access(access: Option<&bagel_client::types::AccessInfo>) {
+    let Some(a) = access else {
+        println!("access: no policy (anonymous: any client may lease and read any name)");
+        return;
+    };
+    println!(
+        "access: policy version {} (sha256 {})",
+        a.policy_version, a.policy_sha256
+    );
+    if a.identity.is_empty() {
+        println!("you: no identity ({}): refused everything", a.identity_problem);
+        return;
+    }
+    println!("you: {}", a.identity);
+    if a.grants.is_empty() {
+        println!("may: nothing (no grant names you)");
+    }
+    for (prefix, permissions) in &a.grants {
+        println!("may {} names under {prefix:?}", permissions.join(" and "));
+    }
 }
