@@ -70,6 +70,11 @@ pub struct Config {
     /// The most names one `List` page returns (a larger page size asked
     /// for is cut to this).
     pub list_max_page: usize,
+    /// `List` pages (and side-port searches) read at once, each on a
+    /// blocking thread; more wait their turn. A page costs about its size,
+    /// but clients paging in a loop could otherwise take every core from
+    /// the requests that hold leases.
+    pub list_pages: usize,
     /// The access policy file (`--acl`): who may lease or read which
     /// names. `None`: anonymous access, every client may do anything.
     pub acl: Option<std::path::PathBuf>,
@@ -232,6 +237,7 @@ impl Default for Config {
             status_interval: Duration::from_secs(1),
             watch: crate::watch::WatchConfig::default(),
             list_max_page: 1000,
+            list_pages: 2,
             acl: None,
         }
     }
@@ -345,6 +351,12 @@ impl Config {
     #[must_use]
     pub fn with_list_max_page(mut self, n: usize) -> Self {
         self.list_max_page = n.max(1);
+        self
+    }
+
+    #[must_use]
+    pub fn with_list_pages(mut self, n: usize) -> Self {
+        self.list_pages = n.max(1);
         self
     }
 

@@ -147,7 +147,7 @@ impl LeaseService for GrpcService {
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
         let start = Instant::now();
-        let result = self.0.list(request.get_ref(), &caller(&request));
+        let result = self.0.list(request.get_ref(), &caller(&request)).await;
         self.finish(Method::List, start, Subject::NONE, result)
     }
 

@@ -141,6 +141,7 @@ impl Server {
             limits.max_batch_ops,
         ));
         let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+        let list_pages = cfg.list_pages.max(1);
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
@@ -162,6 +163,7 @@ impl Server {
                     sessions_dropped: Default::default(),
                     frames,
                     conn_slots,
+                    list_slots: Arc::new(tokio::sync::Semaphore::new(list_pages)),
                     acl,
                 }),
             },

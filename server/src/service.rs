@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     pub frames: Arc<crate::transport::layer::FrameLimits>,
     /// One permit per connection the server may accept.
     pub conn_slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per `List` page read at once (`Config::list_pages`).
+    pub list_slots: Arc<tokio::sync::Semaphore>,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
     /// Holder keys checked recently (see `crate::holder_keys`).
@@ -73,6 +75,28 @@ impl Inner {
             return Err(Error::ShuttingDown);
         }
         self.time.check()
+    }
+
+    /// Runs `read` (a `List` page, a side-port search) on a blocking
+    /// thread once one of the `list_pages` turns is free, waiting for it
+    /// otherwise. `ShuttingDown` if the runtime is going away.
+    pub async fn off_workers<T: Send + 'static>(
+        self: Arc<Self>,
+        read: impl FnOnce(&Inner) -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let Ok(turn) = Arc::clone(&self.list_slots).acquire_owned().await else {
+            return Err(Error::ShuttingDown);
+        };
+        let done = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            read(&self)
+        });
+        match done.await {
+            Ok(answer) => Ok(answer),
+            // A panic is the caller's, as if the read ran inline.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Error::ShuttingDown),
+        }
     }
 
     /// One page of held names (the gRPC List and the side port's search).
@@ -831,16 +855,25 @@ impl Service {
     }
 
     /// A page of held names and the watch revision it reflects, read
-    /// before the page (see `LeaseTable::list_revision`).
-    pub(crate) fn list(&self, req: &pb::ListRequest, caller: &Caller) -> Result<pb::ListResponse, Error> {
+    /// before the page (see `LeaseTable::list_revision`). At most
+    /// `list_pages` pages are read at once, each on a blocking thread
+    /// (more wait for a turn): pages of 1,000 names in a loop would
+    /// otherwise hold the async workers that renewals need.
+    pub(crate) async fn list(&self, req: &pb::ListRequest, caller: &Caller) -> Result<pb::ListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
         let scope = self.read_scope(caller, &prefix)?;
         let after = validate::prefix("page_token", &req.page_token, limits)?;
-        let revision = self.inner.table.list_revision(self.now());
-        let mut page = self.inner.list_page(&prefix, &after, req.page_size as usize);
-        crate::acl::filter_listed(&scope, &mut page.names);
-        Ok(pb::ListResponse { revision, ..page })
+        let page_size = req.page_size as usize;
+        let inner = Arc::clone(&self.inner);
+        inner
+            .off_workers(move |inner| {
+                let revision = inner.table.list_revision(inner.time.now());
+                let mut page = inner.list_page(&prefix, &after, page_size);
+                crate::acl::filter_listed(&scope, &mut page.names);
+                pb::ListResponse { revision, ..page }
+            })
+            .await
     }
 
     /// The watch's events, ending with the error that ends it (a watcher

@@ -128,6 +128,9 @@ struct Args {
     /// The most names one List page returns.
     #[arg(long, env = "BAGEL_LIST_MAX_PAGE", default_value_t = 1000)]
     list_max_page: usize,
+    /// List pages (and side-port searches) read at once; more wait.
+    #[arg(long, env = "BAGEL_LIST_PAGES", default_value_t = 2)]
+    list_pages: usize,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
@@ -395,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         })
         .with_list_max_page(args.list_max_page)
+        .with_list_pages(args.list_pages)
         .with_limits(limits)
         .with_http_limits(
             SidePortLimits::default()

@@ -85,9 +85,9 @@ pub(super) async fn holders(State(state): State<Arc<Http>>, uri: axum::http::Uri
         let body = serde_json::json!({ "error": crate::error::bounded(e.to_string()) });
         return json_response(StatusCode::BAD_REQUEST, body.to_string());
     }
-    let me = Arc::clone(&state);
-    let Ok(page) = tokio::task::spawn_blocking(move || me.inner.list_page(&prefix, &after, limit)).await
-    else {
+    // A turn among the `List` pages (see `Inner::off_workers`).
+    let read = Arc::clone(&state.inner).off_workers(move |inner| inner.list_page(&prefix, &after, limit));
+    let Ok(page) = read.await else {
         return super::shutting_down();
     };
     let names: Vec<_> = page
@@ -133,7 +133,19 @@ pub(super) async fn page(State(state): State<Arc<Http>>, uri: axum::http::Uri) -
         return super::shutting_down();
     };
     let me = Arc::clone(&state);
-    let Ok(html) = tokio::task::spawn_blocking(move || render(&me, &snapshot, holder.as_deref())).await
+    // A search is a `List` page: it waits for a turn among them too.
+    let turn = match holder {
+        Some(_) => match Arc::clone(&state.inner.list_slots).acquire_owned().await {
+            Ok(turn) => Some(turn),
+            Err(_) => return super::shutting_down(),
+        },
+        None => None,
+    };
+    let Ok(html) = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        render(&me, &snapshot, holder.as_deref())
+    })
+    .await
     else {
         return super::shutting_down();
     };

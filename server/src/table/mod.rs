@@ -22,7 +22,8 @@
 //! and no extra memory per lease. Memory per held one-name lease is the
 //! record with its name in the slab (144 bytes, in chunks that never move:
 //! see `slab`; a name over 24 bytes adds its own allocation) and the index
-//! entry (4-byte slot and a control byte, at 44-87% load).
+//! entry (4-byte slot and a control byte, at 44-87% load), and its 4-byte
+//! slot in the shard's name order (`order`, which `List` pages through).
 //!
 //! Locking rules: shard mutexes are never held across `.await` (the table
 //! has no async code). A thread holding a shard lock only ever takes
@@ -41,6 +42,7 @@
 mod accounts;
 mod history;
 mod ids;
+mod order;
 mod queue;
 mod record;
 mod shard;
@@ -335,6 +337,8 @@ impl LeaseTable {
             }
             let previous = rec.inherit(now);
             let fencing = rec.next_fencing(now);
+            // A name stays in the order from one holder to the next.
+            let listed = rec.holder.as_ref().is_some_and(|h| h.listed);
             min_timestamp = min_timestamp.max(previous.watermark);
             self.end_holding(rec);
             rec.charge(&account);
@@ -348,6 +352,7 @@ impl LeaseTable {
                 all_names: (i == 0 && spec.names.len() > 1).then(|| Box::new(spec.names.clone())),
                 holder_key: spec.holder_key.clone(),
                 expired: false,
+                listed: true,
             });
             if self.watch.active() {
                 self.watch.publish(NewEvent {
@@ -365,6 +370,9 @@ impl LeaseTable {
                 fencing,
                 previous,
             });
+            if !listed {
+                locked.state(shard).list_slot(slots[i]);
+            }
         }
         self.shards[shard_of_name[0]].counters.granted(spec.mode);
         drop(locked);
@@ -640,7 +648,10 @@ impl LeaseTable {
                 }
                 // A tentative holder leaves no trace in the chain.
                 self.end_holding(rec);
-                rec.holder = None;
+                let listed = rec.holder.take().is_some_and(|h| h.listed);
+                if listed {
+                    state.unlist_slot(slot);
+                }
                 state.wake_first(name);
             }
         }
@@ -798,6 +809,7 @@ impl LeaseTable {
                 };
                 self.record_history(&mut held, i, entry);
             }
+            held.relist(i);
         }
         held.deadline = new_deadline;
         self.shards[lease.shard()].counters.renewed();
@@ -825,6 +837,7 @@ impl LeaseTable {
                     at: now,
                 });
             }
+            held.relist(i);
         }
         held.mode = Mode::Full;
         self.shards[lease.shard()].counters.upgraded();
@@ -910,6 +923,9 @@ impl LeaseTable {
             };
             self.record_history(&mut held, i, entry);
             let shard = held.shard_of_name[i];
+            if holder.listed {
+                held.locked.state(shard).unlist_slot(held.slots[i]);
+            }
             held.locked.state(shard).wake_first(&held.names[i]);
         }
         self.shards[lease.shard()].counters.released(held.mode);
@@ -946,3 +962,6 @@ mod tests;
 
 #[cfg(test)]
 mod concurrent_tests;
+
+#[cfg(test)]
+mod list_tests;

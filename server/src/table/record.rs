@@ -126,6 +126,12 @@ pub struct Holder {
     /// was read just before the deadline would otherwise revive a lease
     /// already reported expired (Expired, then Renewed).
     pub expired: bool,
+    /// The name is in its shard's name order (`order`), where `List`
+    /// finds it. Set at the grant; cleared when the sweep takes a lapsed
+    /// holder out of the order (so pages skip no pile of dead names), and
+    /// set again by a renewal or upgrade that raced the sweep (its `now`
+    /// read before the deadline). Fits in the struct's padding.
+    pub listed: bool,
 }
 
 impl Holder {

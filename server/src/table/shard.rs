@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bagel_proto::Micros;
 
 use super::history::HistoryLog;
+use super::order::NameOrder;
 use super::queue::Waiter;
 use super::record::NameRecord;
 use super::slab::Slab;
@@ -82,6 +83,9 @@ impl SlotIndex {
 #[derive(Debug, Default)]
 pub(super) struct ShardState {
     pub(super) slots: SlotIndex,
+    /// The names whose record has a holder (`Holder::listed`), in name
+    /// order: what `List` pages through.
+    pub(super) order: NameOrder,
     pub(super) slab: Slab,
     pub(super) free: Vec<u32>,
     pub(super) history: HistoryLog,
@@ -204,7 +208,22 @@ impl ShardState {
         }
     }
 
+    /// Puts `slot`, whose record just got a holder, in the name order.
+    pub(super) fn list_slot(&mut self, slot: usize) {
+        self.order.insert(slot as u32, &self.slab);
+    }
+
+    /// Takes `slot` out of the name order (its holder went).
+    pub(super) fn unlist_slot(&mut self, slot: usize) {
+        let removed = self.order.remove(slot as u32, &self.slab);
+        debug_assert!(removed, "slot {slot} was listed");
+    }
+
     pub(super) fn remove_slot(&mut self, slot: usize) -> Option<Entry> {
+        let listed = self.at(slot)?.rec.holder.as_ref().is_some_and(|h| h.listed);
+        if listed {
+            self.unlist_slot(slot);
+        }
         let entry = self.slab.get_mut(slot)?.take()?;
         self.slots.remove(&entry.name, slot);
         self.free.push(slot as u32);
@@ -257,5 +276,22 @@ impl HeldLease<'_> {
         let shard = self.shard_of_name[i];
         let slot = self.slots[i];
         self.locked.state(shard).rec_mut(slot)
+    }
+
+    /// Puts name `i` back in the name order if the sweep took it out (a
+    /// renewal or upgrade whose `now` was read before the deadline the
+    /// sweep saw passed keeps the lease live).
+    pub(super) fn relist(&mut self, i: usize) {
+        let holder = self
+            .rec(i)
+            .holder
+            .as_mut()
+            .expect("a held lease's name has a holder");
+        if !holder.listed {
+            holder.listed = true;
+            let shard = self.shard_of_name[i];
+            let slot = self.slots[i];
+            self.locked.state(shard).list_slot(slot);
+        }
     }
 }

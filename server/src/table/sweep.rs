@@ -45,15 +45,23 @@ impl LeaseTable {
         // expired anyway; after one more max TTL nobody asks.
         let keep_until = now.saturating_sub(self.cfg.max_ttl);
         state.broken.retain(|_, t| t.deadline > keep_until);
-        for entry in state.slab.iter_mut().flatten() {
-            if entry
-                .rec
-                .holder
-                .as_ref()
-                .is_some_and(|h| h.counted && !h.is_live(now))
-            {
+        // Lapsed holders also leave the name order, so that `List` pages
+        // do not wade through names a crashed client left behind.
+        let mut lapsed = Vec::new();
+        for (slot, entry) in state.slab.iter_mut().enumerate() {
+            let Some(entry) = entry else { continue };
+            let Some(h) = entry.rec.holder.as_mut().filter(|h| !h.is_live(now)) else {
+                continue;
+            };
+            if std::mem::take(&mut h.listed) {
+                lapsed.push(slot);
+            }
+            if h.counted {
                 self.end_holding(&mut entry.rec);
             }
+        }
+        for slot in lapsed {
+            state.unlist_slot(slot);
         }
         if state.slots.len() <= cap {
             return 0;

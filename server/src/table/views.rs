@@ -24,6 +24,31 @@ pub struct Listed {
     pub fencing: u64,
 }
 
+/// Where a shard's part of a page goes on from.
+#[derive(Clone, Debug)]
+enum Cursor {
+    /// At this name (a page's prefix) or after it.
+    From(compact_str::CompactString),
+    /// Just after this name (a page token, or the last name read).
+    After(compact_str::CompactString),
+    /// The shard has no more names under the prefix.
+    Done,
+}
+
+/// One shard's part of a page being merged.
+struct Source {
+    /// Held names read from the shard and not yet merged, in order.
+    buf: VecDeque<Listed>,
+    cursor: Cursor,
+    /// How many to read next time: doubled each time, so a shard holding
+    /// much of a page is locked a few times, not once per name.
+    want: usize,
+}
+
+/// Names a page looks at per shard lock at most: a shard full of lapsed
+/// holders (read and skipped) is not held for long at once.
+const READ_MAX: usize = 1024;
+
 /// A page of [`LeaseTable::list`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ListPage {
@@ -109,44 +134,114 @@ impl LeaseTable {
     }
 
     /// Up to `limit` names held at `now` (by a live holder) that start with
-    /// `prefix` and sort after `after`, in name order. Each page scans
-    /// every shard, one lock at a time, and keeps only the `limit + 1`
-    /// first names it meets: the cost is a pass over the records, the
-    /// memory the page. Names come and go between pages; a page never
-    /// repeats a name of an earlier one (it starts after the last).
+    /// `prefix` and sort after `after`, in name order. A merge of the
+    /// shards' name orders (`order`): each shard is read a few names at a
+    /// time, one lock at a time, from just after the last name read there,
+    /// so a page costs about its size plus a binary search per shard
+    /// (it used to be a pass over every record: 94 ms a page at 10^6
+    /// names). Names come and go between pages, and between the reads of
+    /// one page; a page never repeats a name of an earlier one (it starts
+    /// after the last).
     pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize, now: Micros) -> ListPage {
-        let mut page: std::collections::BTreeMap<Arc<str>, Listed> = Default::default();
+        self.list_touching(prefix, after, limit, now, &mut 0)
+    }
+
+    /// [`LeaseTable::list`], counting in `touched` the names it looked at
+    /// (compared while seeking, or read): what a page costs.
+    pub(super) fn list_touching(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        now: Micros,
+        touched: &mut usize,
+    ) -> ListPage {
         let keep = limit.saturating_add(1);
-        for shard in self.shards.iter() {
-            let state = shard.lock();
-            for e in state.slab.iter().flatten() {
-                if !e.name.starts_with(prefix) || after.is_some_and(|a| e.name.as_str() <= a) {
-                    continue;
+        // Names spread evenly over the shards: a first read of a little
+        // more than each one's share usually serves the whole page.
+        let first = keep.div_ceil(self.shards.len()) + 1;
+        let start = match after {
+            Some(a) if a >= prefix => Cursor::After(a.into()),
+            _ => Cursor::From(prefix.into()),
+        };
+        let mut sources: Vec<Source> = (0..self.shards.len())
+            .map(|_| Source {
+                buf: VecDeque::new(),
+                cursor: start.clone(),
+                want: first,
+            })
+            .collect();
+        let mut heads = std::collections::BinaryHeap::new();
+        for (i, src) in sources.iter_mut().enumerate() {
+            self.refill(i, src, prefix, now, touched);
+            if let Some(l) = src.buf.front() {
+                heads.push(std::cmp::Reverse((Arc::clone(&l.name), i)));
+            }
+        }
+        let mut names = Vec::with_capacity(keep.min(1024));
+        while names.len() < keep {
+            let Some(std::cmp::Reverse((_, i))) = heads.pop() else {
+                break;
+            };
+            let src = &mut sources[i];
+            names.push(src.buf.pop_front().expect("a head is buffered"));
+            if src.buf.is_empty() && names.len() < keep {
+                src.want = src.want.saturating_mul(2).min(keep - names.len()).max(1);
+                self.refill(i, src, prefix, now, touched);
+            }
+            if let Some(l) = src.buf.front() {
+                heads.push(std::cmp::Reverse((Arc::clone(&l.name), i)));
+            }
+        }
+        let more = names.len() > limit;
+        names.truncate(limit);
+        ListPage { names, more }
+    }
+
+    /// Reads up to `src.want` held names of shard `i` from its cursor into
+    /// its buffer (fewer if the shard's names under `prefix` end first),
+    /// under the shard's lock, looking at no more than [`READ_MAX`] names
+    /// at a time (lapsed holders not yet swept are skipped).
+    fn refill(&self, i: usize, src: &mut Source, prefix: &str, now: Micros, touched: &mut usize) {
+        let state = self.shards[i].lock();
+        while src.buf.is_empty() {
+            let (from, exclusive) = match &src.cursor {
+                Cursor::Done => return,
+                Cursor::From(n) => (n.as_str(), false),
+                Cursor::After(n) => (n.as_str(), true),
+            };
+            let mut read = 0;
+            let mut last = None;
+            let mut out_of_prefix = false;
+            let stopped = state.order.walk(from, exclusive, &state.slab, touched, |slot| {
+                let e = state.at(slot as usize).expect("an ordered slot is occupied");
+                if !e.name.starts_with(prefix) {
+                    out_of_prefix = true;
+                    return false;
                 }
-                if page.len() >= keep && page.last_key_value().is_some_and(|(k, _)| **k <= *e.name) {
-                    continue;
-                }
-                let Some(h) = e.rec.live_holder(now) else { continue };
-                let name = e.shared_name();
-                page.insert(
-                    Arc::clone(&name),
-                    Listed {
-                        name,
+                read += 1;
+                last = Some(slot);
+                if let Some(h) = e.rec.live_holder(now) {
+                    src.buf.push_back(Listed {
+                        name: e.shared_name(),
                         lease: h.lease,
                         owner: e.rec.owner(),
                         mode: h.mode,
                         deadline: h.deadline,
                         fencing: e.rec.fencing,
-                    },
-                );
-                if page.len() > keep {
-                    page.pop_last();
+                    });
                 }
-            }
+                src.buf.len() < src.want && read < READ_MAX
+            });
+            *touched += read + usize::from(out_of_prefix);
+            src.cursor = match last {
+                Some(slot) if stopped && !out_of_prefix => {
+                    let e = state.at(slot as usize).expect("an ordered slot is occupied");
+                    Cursor::After(e.name.clone())
+                }
+                _ => Cursor::Done,
+            };
         }
-        let more = page.len() > limit;
-        let names = page.into_values().take(limit).collect();
-        ListPage { names, more }
     }
 
     /// Starts a watcher (see `crate::watch`). When the hub wakes up, the
