@@ -350,3 +350,77 @@ fn man_pages_are_written_from_the_help() {
         );
     }
 }
+
+/// `bagel run --name N -- bagel write --lease "$BAGEL_LEASE_FILE"` fed by
+/// a pipe: `bagel run` renews the lease and rewrites the file; the
+/// writer follows it. It read the file once, so every batch after the
+/// first TTL was refused ("at or past the lease deadline") while the lease
+/// was alive and renewed.
+#[tokio::test]
+async fn a_piped_writer_under_bagel_run_writes_past_its_first_ttl() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let bagel = bagel_tests::bin("bagel");
+    let script = format!(
+        "exec {} write --store {store} --log l --lease \"$BAGEL_LEASE_FILE\" --linger 20ms",
+        bagel.display()
+    );
+    let mut run = Command::new("timeout")
+        .arg("60")
+        .arg(&bagel)
+        .args([
+            "--server",
+            &server.url,
+            "run",
+            "--name",
+            "piped-under-run",
+            "--ttl",
+            "1s",
+        ])
+        .args([
+            "--fence-margin",
+            "150ms",
+            "--kill-grace",
+            "150ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("BAGEL_STATE_DIR", state.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bagel run");
+    let mut stdin = run.stdin.take().unwrap();
+    let mut stdout = BufReader::new(run.stdout.take().unwrap());
+    // Lines until three TTLs have passed on the lease's own witness clock
+    // (the acknowledged timestamps): each one acknowledged.
+    let mut first = None;
+    for i in 0.. {
+        writeln!(stdin, "line-{i}").unwrap();
+        stdin.flush().unwrap();
+        let mut ack = String::new();
+        assert!(
+            stdout.read_line(&mut ack).unwrap() > 0,
+            "the writer ended at line {i}"
+        );
+        let stamp: u64 = ack
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("line {i} not acknowledged: {ack:?}"));
+        let first = *first.get_or_insert(stamp);
+        if stamp > first + 3_000_000 {
+            break;
+        }
+        // Paced, so the three TTLs take renewals, not a burst.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(stdin);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", describe_output(&out));
+}

@@ -755,7 +755,11 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let time = g.target.writer_time(g.roughtime, Arc::clone(&clock)).await?;
     let writer_id = a.writer_id.clone().unwrap_or_else(Writer::default_writer_id);
     let rights = Arc::new(FileRights {
-        lease,
+        path: a.lease.clone(),
+        lease: std::sync::Mutex::new(Followed {
+            stamp: file_stamp(&a.lease),
+            lease,
+        }),
         ledger: Arc::default(),
         record: Arc::clone(&record),
     });
@@ -778,15 +782,67 @@ async fn write(a: WriteArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
 
 /// A lease file's rights, with a ledger of what this run wrote and its
 /// durable record for the release.
+///
+/// The file is followed: whoever renews the lease rewrites it (`bagel
+/// renew --lease FILE`, `bagel run`'s `$BAGEL_LEASE_FILE`, by rename), and
+/// a long-running `bagel write` (a pipe) must see the new deadline, or
+/// every batch after the first TTL is refused while the lease is alive.
+/// Each batch's snapshot looks at the file's identity and mtime (one
+/// `stat`) and reads it again when it changed. The file may only go on
+/// naming the same lease; a file that is gone or cannot be read keeps the
+/// last rights read, which run out at their deadline.
 struct FileRights {
-    lease: LeaseJson,
+    path: PathBuf,
+    lease: std::sync::Mutex<Followed>,
     ledger: Arc<WriteLedger>,
     record: Arc<crate::written::WriteRecord>,
 }
 
+/// The lease file as last read, and which version of it that was.
+struct Followed {
+    lease: LeaseJson,
+    stamp: Option<FileStamp>,
+}
+
+/// What tells one version of a file from the next: a rename gives it a new
+/// inode; an in-place write a new mtime or length.
+type FileStamp = (u64, std::time::SystemTime, u64);
+
+fn file_stamp(path: &std::path::Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.ino(), meta.modified().ok()?, meta.len()))
+}
+
+impl FileRights {
+    /// The rights now: the file again if it changed since last read.
+    fn current(&self) -> Result<LeaseJson, String> {
+        let mut followed = self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stamp = file_stamp(&self.path);
+        if stamp.is_some() && stamp != followed.stamp {
+            let newer = std::fs::read_to_string(&self.path)
+                .ok()
+                .and_then(|text| serde_json::from_str::<LeaseJson>(&text).ok());
+            if let Some(newer) = newer {
+                if newer.lease_id != followed.lease.lease_id {
+                    return Err(format!(
+                        "lease file {} now holds lease {}, not the lease {} this run writes under",
+                        self.path.display(),
+                        newer.lease_id,
+                        followed.lease.lease_id
+                    ));
+                }
+                followed.lease = newer;
+                followed.stamp = stamp;
+            }
+        }
+        Ok(followed.lease.clone())
+    }
+}
+
 impl WriteRights for FileRights {
     fn snapshot(&self) -> Result<RightsSnapshot, String> {
-        self.lease.snapshot()
+        self.current()?.snapshot()
     }
 
     fn ledger(&self) -> Option<Arc<WriteLedger>> {
