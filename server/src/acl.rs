@@ -105,6 +105,8 @@ pub struct Acl {
     /// What the file looked like when last read (modified time, length).
     seen: Mutex<Option<(SystemTime, u64)>>,
     refusals: Mutex<HashMap<(Arc<str>, Permission), u64>>,
+    /// Callers refused for having no identity, by `Unauthenticated`.
+    unauthenticated: [AtomicU64; 3],
     reload_failures: AtomicU64,
 }
 
@@ -164,6 +166,7 @@ impl Acl {
             })),
             seen: Mutex::new(stamp),
             refusals: Mutex::new(HashMap::new()),
+            unauthenticated: Default::default(),
             reload_failures: AtomicU64::new(0),
         })
     }
@@ -220,6 +223,10 @@ impl Acl {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
     }
 
+    fn count_unauthenticated(&self, why: Unauthenticated) {
+        self.unauthenticated[why as usize].fetch_add(1, Relaxed);
+    }
+
     fn count_refusal(&self, identity: &str, permission: Permission) {
         let mut counts = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
         let known = counts.keys().any(|(i, _)| &**i == identity);
@@ -259,15 +266,26 @@ pub(crate) fn encode_metrics(
     use prometheus_client::metrics::gauge::ConstGauge;
     let mut m = e.encode_descriptor(
         "bagel_acl_refusals",
-        "Calls and operations the access policy refused, by the caller's identity ((none): no \
-         certificate nor token; (unknown token); (other): past the 64 identities counted) and \
-         the permission it lacked.",
+        "Calls and operations the access policy refused, by the caller's identity ((other): past \
+         the 64 identities counted) and the permission it lacked.",
         None,
         MetricType::Counter,
     )?;
     for (identity, permission, n) in acl.refusal_counts() {
         let labels = [("identity", &*identity), ("permission", permission.name())];
         ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+    }
+    let mut m = e.encode_descriptor(
+        "bagel_acl_unauthenticated",
+        "Calls and operations refused for want of an identity the access policy knows, by why: \
+         no certificate nor token, a token it does not know, an authorization value that is no \
+         bearer token.",
+        None,
+        MetricType::Counter,
+    )?;
+    for why in Unauthenticated::ALL {
+        let n = acl.unauthenticated[why as usize].load(Relaxed);
+        ConstCounter::new(n).encode(m.encode_family(&[("reason", why.label())])?)?;
     }
     ConstGauge::new(i64::try_from(acl.loaded().version).unwrap_or(i64::MAX)).encode(e.encode_descriptor(
         "bagel_acl_policy_version",
@@ -332,6 +350,54 @@ pub async fn watch(acl: Arc<Acl>, every: Duration, cancel: tokio_util::sync::Can
     }
 }
 
+/// Why a caller has no identity under the policy (a label of
+/// `bagel_acl_unauthenticated`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unauthenticated {
+    NoIdentity,
+    UnknownToken,
+    Malformed,
+}
+
+impl Unauthenticated {
+    const ALL: [Unauthenticated; 3] = [
+        Unauthenticated::NoIdentity,
+        Unauthenticated::UnknownToken,
+        Unauthenticated::Malformed,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Unauthenticated::NoIdentity => "no_identity",
+            Unauthenticated::UnknownToken => "unknown_token",
+            Unauthenticated::Malformed => "malformed_authorization",
+        }
+    }
+}
+
+/// The identity of the caller's bearer token under `acl`'s policy, or
+/// why it has none.
+fn token_identity_of(acl: &Acl, caller: &Caller) -> Result<Option<Arc<str>>, (Unauthenticated, Error)> {
+    match caller.bearer {
+        None => Ok(None),
+        Some(Bearer::Malformed) => Err((
+            Unauthenticated::Malformed,
+            Error::Unauthenticated {
+                reason: "the authorization value is not \"Bearer <token>\"",
+            },
+        )),
+        Some(Bearer::Token(digest)) => match acl.loaded().policy.token_identity(&digest) {
+            Some(identity) => Ok(Some(Arc::from(identity))),
+            None => Err((
+                Unauthenticated::UnknownToken,
+                Error::Unauthenticated {
+                    reason: "the bearer token is not one the access policy knows",
+                },
+            )),
+        },
+    }
+}
+
 /// The policy a call is checked against, and the caller's identity.
 type Checked = (Arc<Loaded>, Arc<str>);
 
@@ -344,18 +410,14 @@ fn quoted(name: &str) -> String {
 impl Service {
     /// The policy in effect and the caller's identity under it; `None`
     /// without a policy (nothing is checked).
-    fn access(
-        &self,
-        caller: &Caller,
-        permission: Permission,
-    ) -> Result<Option<Checked>, Error> {
+    fn access(&self, caller: &Caller) -> Result<Option<Checked>, Error> {
         let Some(acl) = self.inner.acl.as_deref() else {
             return Ok(None);
         };
         let identity = match self.identity(caller) {
             Ok(Some(identity)) => identity,
             Ok(None) => {
-                acl.count_refusal("(none)", permission);
+                acl.count_unauthenticated(Unauthenticated::NoIdentity);
                 return Err(Error::Unauthenticated {
                     reason: if self.inner.client_auth() {
                         "this server identifies callers by client certificate"
@@ -365,12 +427,8 @@ impl Service {
                     },
                 });
             }
-            Err(e) => {
-                if matches!(e, Error::Unauthenticated { .. }) {
-                    acl.count_refusal("(unknown token)", permission);
-                }
-                return Err(e);
-            }
+            // Counted where the token was refused (`token_identity`).
+            Err(e) => return Err(e),
         };
         Ok(Some((acl.loaded(), identity)))
     }
@@ -391,22 +449,15 @@ impl Service {
     /// the policy (`None` without a policy or a token); a token the policy
     /// does not know, or an `authorization` value that is no bearer
     /// token, is refused.
+    /// Each refusal is counted (`bagel_acl_unauthenticated`).
     pub(crate) fn token_identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
         let Some(acl) = self.inner.acl.as_deref() else {
             return Ok(None);
         };
-        match caller.bearer {
-            None => Ok(None),
-            Some(Bearer::Malformed) => Err(Error::Unauthenticated {
-                reason: "the authorization value is not \"Bearer <token>\"",
-            }),
-            Some(Bearer::Token(digest)) => match acl.loaded().policy.token_identity(&digest) {
-                Some(identity) => Ok(Some(Arc::from(identity))),
-                None => Err(Error::Unauthenticated {
-                    reason: "the bearer token is not one the access policy knows",
-                }),
-            },
-        }
+        token_identity_of(acl, caller).map_err(|(why, e)| {
+            acl.count_unauthenticated(why);
+            e
+        })
     }
 
     /// Refuses the call unless the caller has `permission` on every one
@@ -417,7 +468,7 @@ impl Service {
         permission: Permission,
         names: &[Arc<str>],
     ) -> Result<(), Error> {
-        let Some((loaded, identity)) = self.access(caller, permission)? else {
+        let Some((loaded, identity)) = self.access(caller)? else {
             return Ok(());
         };
         let grants = loaded.grants(&identity);
@@ -432,7 +483,7 @@ impl Service {
     /// the operation, which says why).
     pub(crate) fn permit_lease(&self, caller: &Caller, lease: crate::table::LeaseId) -> Result<(), Error> {
         let permission = Permission::Lease;
-        let Some((loaded, identity)) = self.access(caller, permission)? else {
+        let Some((loaded, identity)) = self.access(caller)? else {
             return Ok(());
         };
         let grants = loaded.grants(&identity);
@@ -451,7 +502,7 @@ impl Service {
     /// answered with an empty list that would look like nothing held).
     pub(crate) fn read_scope(&self, caller: &Caller, prefix: &str) -> Result<Scope, Error> {
         let permission = Permission::Read;
-        let Some((loaded, identity)) = self.access(caller, permission)? else {
+        let Some((loaded, identity)) = self.access(caller)? else {
             return Ok(Scope::All);
         };
         match loaded.grants(&identity).scope(permission, prefix) {
@@ -470,7 +521,14 @@ impl Service {
             policy_sha256: loaded.policy.sha256_hex(),
             ..Default::default()
         };
-        match self.identity(caller) {
+        // Not `identity`: a ServerInfo is no refused call, so nothing is
+        // counted.
+        let identity = if self.inner.client_auth() {
+            self.identity(caller)
+        } else {
+            token_identity_of(acl, caller).map_err(|(_, e)| e)
+        };
+        match identity {
             Ok(Some(identity)) => {
                 info.grants = loaded
                     .grants(&identity)

@@ -530,7 +530,7 @@ async fn a_policy_that_does_not_parse_is_kept_out_and_tokens_are_never_shown() {
         capture_stderr: true,
         ..ServerOptions::default()
     };
-    let mut s = Setup::start(&with_hash(TOKEN_V1), false, &[], options).await;
+    let mut s = Setup::start(&with_hash(TOKEN_V1), false, &["--http", "127.0.0.1:0"], options).await;
     let stderr = s.server.take_stderr().unwrap();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -588,8 +588,25 @@ async fn a_policy_that_does_not_parse_is_kept_out_and_tokens_are_never_shown() {
     assert_eq!(policy_version(&mut ci).await, 1);
     ci.acquire(acquire(&["jobs/1"])).await.unwrap();
 
-    // The refusals are counted by identity and permission (metrics are
-    // read in the side port's tests); nothing logged holds a token.
+    // The refusals are counted by identity and permission, and the
+    // reload that kept the old policy; no token is in the metrics.
+    let metrics = reqwest::get(format!("{}/metrics", s.server.http_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "bagel_acl_refusals_total{identity=\"ci\",permission=\"lease\"} 1",
+        "bagel_acl_unauthenticated_total{reason=\"unknown_token\"} 1",
+        "bagel_acl_unauthenticated_total{reason=\"no_identity\"} 1",
+        "bagel_acl_reload_failures_total 1",
+        "bagel_acl_policy_version 1",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in {metrics}");
+    }
+    assert!(!metrics.contains(SECRET) && !metrics.contains(wrong));
+    // Nothing logged holds a token.
     s.server.kill();
     while let Some(line) = lines.recv().await {
         log.push(line);
