@@ -106,6 +106,8 @@ struct Report {
     /// Network partitions between a leader and its lease server, by kind
     /// (see partitions.rs).
     partitions: PartitionReport,
+    /// Retention as operators run it, under faults (see retention.rs).
+    retention_journeys: crate::retention::RetentionReport,
 }
 
 /// The SIGSTOP pauses of the run: how many of each kind of process, and
@@ -851,6 +853,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
     match crate::partitions::run(&bagel, &sibling("bagel-server")?, &run_dir).await {
         Ok(p) => report.partitions = p,
         Err(e) => report.violations.push(format!("partitions: {e:#}")),
+    }
+    match crate::retention::run(&bagel, &run_dir, seed).await {
+        Ok((r, violations)) => {
+            report.retention_journeys = r;
+            report.violations.extend(violations);
+        }
+        Err(e) => report.violations.push(format!("retention: {e:#}")),
     }
 
     println!(
