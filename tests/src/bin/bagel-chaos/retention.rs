@@ -400,10 +400,10 @@ async fn writer(
                             l.pending.pop_front();
                             l.refused += 1;
                         }
-                    } else if let Some(t) = line.split_whitespace().next().and_then(|t| t.parse().ok()) {
-                        if let Some(payload) = l.pending.pop_front() {
-                            l.acked.insert(payload, t);
-                        }
+                    } else if let Some(t) = line.split_whitespace().next().and_then(|t| t.parse().ok())
+                        && let Some(payload) = l.pending.pop_front()
+                    {
+                        l.acked.insert(payload, t);
                     }
                 }
             })
