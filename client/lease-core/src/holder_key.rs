@@ -11,7 +11,7 @@
 //! base-point multiplication, and a fresh key per lease was more than half
 //! of the client's CPU per acquire+release in the session benchmark (and
 //! the server's point check of each new key over a third of its own; see
-//! the README, Performance). So the leases one process acquires within
+//! bench/README.md, the CPU rounds). So the leases one process acquires within
 //! [`ROTATION`] share a key, and a new one is made on the first acquire
 //! after that. The key never leaves the process unless a caller exports
 //! it ([`crate::Lease::holder_key`], e.g. `bagel`'s lease files); a lease

@@ -21,8 +21,8 @@ const SHORT_QUARTERS: u32 = 3;
 /// The two fields of a `WitnessBody` (`witness.proto`) this module reads.
 /// Decoding only them skips the names, owner and signed time without
 /// allocating them: a whole body was decoded twice more per acquire,
-/// after its verification had decoded it once (see the README,
-/// Performance).
+/// after its verification had decoded it once (see bench/README.md,
+/// the CPU rounds).
 #[derive(Clone, Copy, PartialEq, prost::Message)]
 struct Timing {
     #[prost(uint64, tag = "6")]

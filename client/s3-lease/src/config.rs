@@ -20,7 +20,7 @@ pub struct S3LeaseConfig {
     /// this, and later when the holder's stored clock error bound plus
     /// their own is more. A client refuses to act when its own bound is
     /// over half of it, so any two clients of one margin are covered (see
-    /// the README's clock-margin argument). Default 14 s: twice the 5 s
+    /// docs/leases-without-a-server.md, "The clock margin"). Default 14 s: twice the 5 s
     /// radius of a roughenough 2.2 server plus 2 s of offset and RTT.
     pub clock_margin: Duration,
     /// The longest `wait` an acquire may ask for.

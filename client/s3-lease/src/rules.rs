@@ -12,7 +12,7 @@
 //! earlier still, by its safety margin). The holder's clock reads at most
 //! its bound behind true time and the taker's at most its bound ahead, so
 //! the holder's deadline has passed in true time before anyone may take
-//! over, whatever the bounds (README, "The clock margin").
+//! over, whatever the bounds (docs/leases-without-a-server.md, "The clock margin").
 
 use std::time::Duration;
 
