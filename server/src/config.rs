@@ -237,7 +237,7 @@ impl Default for Config {
             status_interval: Duration::from_secs(1),
             watch: crate::watch::WatchConfig::default(),
             list_max_page: 1000,
-            list_pages: 2,
+            list_pages: 1,
             acl: None,
         }
     }

@@ -129,7 +129,7 @@ struct Args {
     #[arg(long, env = "BAGEL_LIST_MAX_PAGE", default_value_t = 1000)]
     list_max_page: usize,
     /// List pages (and side-port searches) read at once; more wait.
-    #[arg(long, env = "BAGEL_LIST_PAGES", default_value_t = 2)]
+    #[arg(long, env = "BAGEL_LIST_PAGES", default_value_t = 1)]
     list_pages: usize,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
