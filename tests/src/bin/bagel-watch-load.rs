@@ -52,6 +52,10 @@ async fn idle_watchers(server: &ServerProcess, n: usize) -> Vec<tokio::task::Joi
     let mut tasks = Vec::new();
     let mut c = client(server).await;
     for w in 0..n {
+        // At most 100 streams per connection (the server's default).
+        if w % 64 == 0 {
+            c = client(server).await;
+        }
         let names = (0..64).map(|j| format!("idle/{w}/{j}")).collect();
         let mut s = c
             .watch(pb::WatchRequest {
