@@ -757,3 +757,42 @@ async fn the_cli_checks_a_policy_offline_and_shows_the_callers_permissions() {
     assert_eq!(json["access"]["policy_version"], 1);
     assert_eq!(json["access"]["grants"][0]["prefix"], "shared/");
 }
+
+/// The CLI (and so the client library) sends a bearer token from
+/// `--token-file`: the server knows it by its identity, and nothing the
+/// CLI prints holds the token.
+#[tokio::test]
+async fn the_cli_sends_a_bearer_token_from_a_file() {
+    let s = Setup::start(&with_hash(TOKEN_V1), false, &[], ServerOptions::default()).await;
+    s.client(None, Some(SECRET)).await;
+    let write = |name: &str, text: &str| {
+        let path = s.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let ca = write("ca.pem", &s.ca.pem);
+    let token = write("ci.token", &format!("{SECRET}\n"));
+    let url = format!("https://{}", s.server.addr);
+    let cli = |args: &[&str]| {
+        let mut all = vec!["--server", &url, "--ca", &ca, "--token-file", &token];
+        all.extend_from_slice(args);
+        bagel_tests::cli_no_server(&all)
+    };
+    let out = cli(&["server-info"]);
+    assert!(out.status.success(), "{}", bagel_tests::describe_output(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("you: ci") && text.contains("may lease and read names under \"jobs/\""),
+        "{text}"
+    );
+    let out = cli(&["acquire", "jobs/cli", "--ttl", "5s"]);
+    assert!(out.status.success(), "{}", bagel_tests::describe_output(&out));
+    let out = cli(&["acquire", "other/cli", "--ttl", "5s"]);
+    assert!(!out.status.success());
+    let said = bagel_tests::describe_output(&out);
+    assert!(
+        said.contains("permission denied") && said.contains("\"other/cli\""),
+        "{said}"
+    );
+    assert!(!said.contains(SECRET), "{said}");
+}

@@ -35,9 +35,28 @@ use crate::verify;
 const RECEIVE_CONNECTION_WINDOW: u32 = 4 << 20;
 const RECEIVE_STREAM_WINDOW: u32 = 1 << 20;
 
+/// Adds the bearer token of [`ClientOptions::bearer_token`], if any, to
+/// every call.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Auth(Option<crate::options::BearerToken>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            req.metadata_mut().insert("authorization", token.0.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub(crate) type Rpc = LeaseServiceClient<tonic::service::interceptor::InterceptedService<Channel, Auth>>;
+
 #[derive(Clone, Debug)]
 pub struct Client {
-    rpc: LeaseServiceClient<Channel>,
+    rpc: Rpc,
     /// The URL, and what else is fixed per connection (one pointer, so a
     /// `Client` stays small to clone and to hold).
     remote: Arc<Remote>,
@@ -56,6 +75,8 @@ struct Remote {
     endpoint: Endpoint,
     /// Bound on each unary call ([`ClientOptions::call_timeout`]).
     call_timeout: Option<Duration>,
+    /// The bearer token every call carries, if any.
+    auth: Auth,
     /// The server's max wait per acquire, as it said at connect (longer
     /// waits are made of several, see [`crate::long_wait`]).
     max_wait: Duration,
@@ -103,7 +124,10 @@ impl Client {
     /// ([`crate::CoalesceOptions::with_connections`]).
     pub fn on_new_connection(&self) -> Client {
         Client {
-            rpc: LeaseServiceClient::new(self.remote.endpoint.connect_lazy()),
+            rpc: LeaseServiceClient::with_interceptor(
+                self.remote.endpoint.connect_lazy(),
+                self.remote.auth.clone(),
+            ),
             ..self.clone()
         }
     }
@@ -143,12 +167,14 @@ impl Client {
                 after: options.connect_timeout,
             })?
             .map_err(connect_error)?;
+        let auth = Auth(options.bearer_token.clone());
         let mut client = Client {
-            rpc: LeaseServiceClient::new(channel),
+            rpc: LeaseServiceClient::with_interceptor(channel, auth.clone()),
             remote: Arc::new(Remote {
                 url,
                 endpoint,
                 call_timeout: options.call_timeout,
+                auth,
                 max_wait: Duration::from_secs(10),
                 server_id: String::new(),
             }),
@@ -183,6 +209,7 @@ impl Client {
             url: client.remote.url.clone(),
             endpoint: client.remote.endpoint.clone(),
             call_timeout: client.remote.call_timeout,
+            auth: client.remote.auth.clone(),
             max_wait: info.max_wait,
             server_id: info.server_id.clone(),
         });
@@ -314,7 +341,7 @@ impl Client {
         &self.clock
     }
 
-    pub(crate) fn rpc(&self) -> LeaseServiceClient<Channel> {
+    pub(crate) fn rpc(&self) -> Rpc {
         self.rpc.clone()
     }
 

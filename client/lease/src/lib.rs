@@ -103,7 +103,7 @@ pub use cluster::{Cluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
-pub use options::{ClientOptions, TlsConfig};
+pub use options::{BearerToken, ClientOptions, TlsConfig};
 pub use time_source::{TimeAuthority, TimeOptions, TimeSource};
 pub use types::{
     ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, Inherited,

@@ -139,6 +139,36 @@ pub struct ClientOptions {
     /// [`crate::Coalescer`] are not bounded by it; a lease's background
     /// renewals are always bounded by its deadline.
     pub call_timeout: Option<Duration>,
+    /// A bearer token sent with every call (`authorization: Bearer
+    /// <token>`): this client's identity on a server whose access policy
+    /// (`bagel-server --acl`) knows it. Use it over TLS only.
+    pub bearer_token: Option<BearerToken>,
+}
+
+/// A bearer token, which `Debug` never prints.
+#[derive(Clone)]
+pub struct BearerToken(pub(crate) tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl BearerToken {
+    /// `token` as an `authorization` value, refused when it is empty or
+    /// not visible ASCII (the message never quotes it).
+    pub fn new(token: &str) -> std::result::Result<Self, String> {
+        let token = token.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("a bearer token must be non-empty visible ASCII (no spaces)".into());
+        }
+        let mut value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| "a bearer token must be visible ASCII".to_owned())?;
+        value.set_sensitive(true);
+        Ok(BearerToken(value))
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(..)")
+    }
 }
 
 impl Default for ClientOptions {
@@ -147,6 +177,7 @@ impl Default for ClientOptions {
             tls: None,
             connect_timeout: Duration::from_secs(5),
             call_timeout: None,
+            bearer_token: None,
         }
     }
 }
@@ -167,6 +198,12 @@ impl ClientOptions {
     #[must_use]
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = Some(timeout);
+        self
+    }
+
+    #[must_use]
+    pub fn with_bearer_token(mut self, token: BearerToken) -> Self {
+        self.bearer_token = Some(token);
         self
     }
 

@@ -77,6 +77,12 @@ pub struct TargetArgs {
         requires = "cert"
     )]
     pub cert_key: Option<PathBuf>,
+    /// For servers with an access policy (bagel-server --acl) and no
+    /// client certificates: a file holding this client's bearer token
+    /// (one line), sent with every call as `authorization: Bearer`. A
+    /// file rather than a flag, so the token is in no process listing.
+    #[arg(long, global = true, env = "BAGEL_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Leases with no server (`--lease-store`), which replace all of the above.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -116,6 +122,13 @@ impl TargetArgs {
             }
             tls.validate().with_context(|| files)?;
             options = options.with_tls(tls);
+        }
+        if let Some(path) = &self.token_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--token-file {}: cannot read it", path.display()))?;
+            let token = bagel_client::BearerToken::new(&text)
+                .map_err(|why| anyhow::anyhow!("--token-file {}: {why}", path.display()))?;
+            options = options.with_bearer_token(token);
         }
         Ok(options)
     }
