@@ -796,3 +796,63 @@ async fn the_cli_sends_a_bearer_token_from_a_file() {
     );
     assert!(!said.contains(SECRET), "{said}");
 }
+
+/// SIGHUP reloads the policy even when the file looks unchanged (same
+/// length, its modified time put back), as an operator's `kill -HUP` after
+/// an edit that kept the time does.
+#[tokio::test]
+async fn sighup_reloads_the_policy() {
+    let options = ServerOptions {
+        rust_log: "info".into(),
+        capture_stderr: true,
+        ..ServerOptions::default()
+    };
+    let mut s = Setup::start(&with_hash(TOKEN_V1), false, &[], options).await;
+    let stderr = s.server.take_stderr().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut ci = s.client(None, Some(SECRET)).await;
+    ci.acquire(acquire(&["jobs/1"])).await.unwrap();
+
+    // The new file gets the old one's modified time before it is renamed
+    // over it: the server's poll never sees the file change.
+    let path = s.dir.path().join("acl.toml");
+    let new = s.dir.path().join("acl.toml.new");
+    std::fs::write(&new, with_hash(TOKEN_V1).replace("jobs/", "jabs/")).unwrap();
+    let touched = std::process::Command::new("touch")
+        .arg("-r")
+        .arg(&path)
+        .arg(&new)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    std::fs::rename(&new, &path).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &s.server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    // A guard against a server that ignores the signal, not a timing.
+    let reloaded = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let line = lines.recv().await.expect("server log");
+            if line.contains("access policy reloaded") {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("no reload within 60 s of SIGHUP");
+    assert!(reloaded.contains("SIGHUP"), "{reloaded}");
+    assert_eq!(policy_version(&mut ci).await, 2);
+    let e = ci.acquire(acquire(&["jobs/2"])).await.unwrap_err();
+    assert_denied(&e, "ci", "lease", "jobs/2");
+    ci.acquire(acquire(&["jabs/1"])).await.unwrap();
+}
