@@ -548,13 +548,54 @@ impl Service {
     }
 }
 
-/// Keeps, of a `List` page, only the names the scope lets the caller
-/// read; the page token still follows the unfiltered page, so paging goes
-/// on past names it may not see.
-pub(crate) fn filter_listed(scope: &Scope, names: &mut Vec<pb::ListedName>) {
-    if let Scope::Within(prefixes) = scope {
-        names.retain(|n| prefixes.iter().any(|p| n.name.starts_with(p.as_str())));
+/// One `List` page of the names under `prefix` the caller may read. With
+/// [`Scope::Within`] the granted prefixes under it are listed one after
+/// another, each with the table's own paging, so every name and every
+/// page token is one the caller may read (a token taken from an unfiltered
+/// page would be the last name scanned: possibly one it may not read). A
+/// page may end early at a prefix's end; its token then resumes there.
+pub(crate) fn list_scoped(
+    inner: &crate::service::Inner,
+    scope: &Scope,
+    prefix: &str,
+    after: &str,
+    page_size: usize,
+) -> pb::ListResponse {
+    let Scope::Within(within) = scope else {
+        return inner.list_page(prefix, after, page_size);
+    };
+    // A prefix under another granted one would list its names twice.
+    let roots = within
+        .iter()
+        .filter(|w| !within.iter().any(|o| o != *w && w.starts_with(o.as_str())));
+    let limit = if page_size == 0 { 100 } else { page_size }.min(inner.cfg.list_max_page);
+    let mut out = pb::ListResponse {
+        max_page_size: inner.cfg.list_max_page as u32,
+        ..Default::default()
+    };
+    for root in roots {
+        // Every name under `root` sorts before `after` when `root` does
+        // and is not a prefix of it: skip it.
+        let from = if after.starts_with(root.as_str()) {
+            after
+        } else if !after.is_empty() && root.as_str() < after {
+            continue;
+        } else {
+            ""
+        };
+        let page = inner.list_page(root, from, limit - out.names.len());
+        out.max_page_size = page.max_page_size;
+        out.names.extend(page.names);
+        if out.names.len() >= limit {
+            break;
+        }
     }
+    if out.names.len() >= limit
+        && let Some(last) = out.names.last()
+    {
+        out.next_page_token = last.name.clone();
+    }
+    out
 }
 
 /// A watch's events, less those on names the scope does not let the

@@ -869,8 +869,7 @@ impl Service {
         inner
             .off_workers(move |inner| {
                 let revision = inner.table.list_revision(inner.time.now());
-                let mut page = inner.list_page(&prefix, &after, page_size);
-                crate::acl::filter_listed(&scope, &mut page.names);
+                let page = crate::acl::list_scoped(inner, &scope, &prefix, &after, page_size);
                 pb::ListResponse { revision, ..page }
             })
             .await

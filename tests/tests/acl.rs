@@ -420,6 +420,14 @@ async fn list_and_watch_answer_only_what_the_caller_may_read() {
         if page.next_page_token.is_empty() {
             break;
         }
+        // A page token is a name it may read, never one of team B's.
+        assert!(
+            ["shared/", "team-a/"]
+                .iter()
+                .any(|p| page.next_page_token.starts_with(p)),
+            "{:?}",
+            page.next_page_token
+        );
         token = page.next_page_token;
     }
     assert_eq!(seen, ["shared/1", "team-a/1"]);
