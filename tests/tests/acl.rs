@@ -864,3 +864,102 @@ async fn sighup_reloads_the_policy() {
     assert_denied(&e, "ci", "lease", "jobs/2");
     ci.acquire(acquire(&["jabs/1"])).await.unwrap();
 }
+
+/// `bagel audit --acl FILE` names the writes made under a lease the
+/// policy does not allow its owner (here a server run without one, so
+/// owners are what clients said): once per lease and name, exit 1.
+#[tokio::test]
+async fn the_audit_flags_writes_under_leases_the_policy_did_not_allow() {
+    use bagel_bags::{self as bag, BagConfig, Writer};
+    use bagel_client::{LeaseOptions, TimeOptions, TimeSource};
+    use bagel_proto::clock::{AssumedExact, Clock, SystemClock};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let server = ServerProcess::start_ready(&[]).await;
+    let client = server.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_url = format!("file://{}", dir.path().display());
+    let log = bagel_tests::unique("acl-audit");
+    let cfg = BagConfig::default().with_grace(Duration::from_millis(200));
+    let no_renew = LeaseOptions::default()
+        .with_auto_renew(false)
+        .with_safety_margin(Duration::from_millis(50));
+    for (owner, name) in [("writer-a", "team-a/orders"), ("rogue", "team-b/orders")] {
+        let lease = client
+            .acquire([name])
+            .owner(owner)
+            .options(no_renew.clone())
+            .send()
+            .await
+            .unwrap();
+        let store = bag::open_store(&store_url, &cfg).await.unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let time = TimeSource::lease_server(client.clone(), TimeOptions::default());
+        let writer = Writer::new(
+            store,
+            &log,
+            owner,
+            lease.rights(),
+            clock,
+            Arc::new(time),
+            cfg.clone(),
+        )
+        .unwrap();
+        for i in 0..2 {
+            writer
+                .write(bytes::Bytes::from(format!("{owner}-{i}")))
+                .await
+                .unwrap();
+        }
+        lease
+            .release(Some(writer.watermark(bagel_client::Micros::ZERO)))
+            .await
+            .unwrap();
+    }
+    let store = bag::open_store(&store_url, &cfg).await.unwrap();
+    let until = bagel_client::Micros::now().saturating_add(Duration::from_secs(1));
+    bag::close_through(store.as_ref(), &log, until, &cfg, &AssumedExact(SystemClock))
+        .await
+        .unwrap();
+
+    let policy = dir.path().join("acl.toml");
+    std::fs::write(
+        &policy,
+        "[[grant]]\nidentity = \"writer-a\"\nprefixes = [\"team-a/\"]\npermissions = [\"lease\"]\n\n\
+         [[grant]]\nidentity = \"rogue\"\nprefixes = [\"team-b/\"]\npermissions = [\"read\"]\n",
+    )
+    .unwrap();
+    let audit = |acl: bool| {
+        let mut args = vec![
+            "audit",
+            "--store",
+            &store_url,
+            "--log",
+            &log,
+            "--grace",
+            "200ms",
+            "--key",
+            &server.public_key_hex,
+            "--json",
+        ];
+        if acl {
+            args.extend(["--acl", policy.to_str().unwrap()]);
+        }
+        server.cli(&args)
+    };
+    let clean = audit(false);
+    assert!(clean.status.success(), "{}", bagel_tests::describe_output(&clean));
+    let out = audit(true);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        bagel_tests::describe_output(&out)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let flagged = json["not_granted"].as_array().unwrap();
+    assert_eq!(flagged.len(), 1, "{json}");
+    assert_eq!(flagged[0]["owner"], "rogue");
+    assert_eq!(flagged[0]["name"], "team-b/orders");
+}

@@ -163,3 +163,67 @@ fn hash_token() -> anyhow::Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+/// A write under a lease the access policy would not have granted: its
+/// witness's owner has no `lease` permission on one of its names.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NotGranted {
+    pub lease_id: String,
+    pub owner: String,
+    pub name: String,
+    /// Where the first such message was read from.
+    pub location: String,
+}
+
+impl std::fmt::Display for NotGranted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lease {} of {:?} was used to write under {:?} ({}), which the policy grants it no lease on",
+            self.lease_id, self.owner, self.name, self.location
+        )
+    }
+}
+
+/// `bagel audit --acl FILE`: the leases messages were written under whose
+/// owner the policy does not allow to lease one of their names, once per
+/// lease and name. A witness that does not verify is the audit's own
+/// violation and is left to it. With mutual TLS or tokens the owner is
+/// the server-checked identity, so this names grants made to identities
+/// the policy did not allow (an older policy, a server run without one).
+pub fn not_granted(
+    policy_path: &std::path::Path,
+    messages: &[bagel_bags::audit::AuditMessage],
+    keys: &bagel_proto::KeyRing,
+) -> anyhow::Result<Vec<NotGranted>> {
+    let text = std::fs::read_to_string(policy_path)
+        .with_context(|| format!("--acl {}: cannot read it", policy_path.display()))?;
+    let policy =
+        Policy::parse(&text).with_context(|| format!("--acl {} does not parse", policy_path.display()))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut grants = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for m in messages {
+        for w in m.witnesses.iter() {
+            let Ok(body) = bagel_proto::verify_witness(w, keys) else {
+                continue;
+            };
+            let g = grants
+                .entry(body.owner.clone())
+                .or_insert_with(|| policy.grants_for(&body.owner));
+            for n in &body.names {
+                if !g.allows(Permission::Lease, &n.name)
+                    && seen.insert((body.lease_id.clone(), n.name.clone()))
+                {
+                    out.push(NotGranted {
+                        lease_id: body.lease_id.clone(),
+                        owner: body.owner.clone(),
+                        name: n.name.clone(),
+                        location: m.location.clone(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}

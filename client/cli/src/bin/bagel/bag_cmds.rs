@@ -215,6 +215,11 @@ pub struct AuditArgs {
     /// How far a timestamp may be ahead of its signed time.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     tolerance: Duration,
+    /// A lease server's access policy (bagel-server --acl): also report
+    /// writes under leases whose owner it gives no lease permission on
+    /// one of their names (NOT GRANTED; exit 1).
+    #[arg(long, value_name = "FILE")]
+    acl: Option<std::path::PathBuf>,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -677,8 +682,15 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let summaries = bagel_bags::audit::audit_summaries(store.as_ref(), log, first, last).await?;
     result.violations.extend(summaries.violations);
     let unchecked = summaries.unchecked;
+    let not_granted = match &a.acl {
+        Some(path) => crate::acl_cmd::not_granted(path, &messages, &keys)?,
+        None => Vec::new(),
+    };
     if crate::output::json() {
         let mut out = serde_json::to_value(&result)?;
+        if a.acl.is_some() {
+            out["not_granted"] = json!(not_granted);
+        }
         out["unchecked_summaries"] = json!(unchecked);
         out["attestations_checked"] = json!(summaries.attestations_checked);
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -705,8 +717,11 @@ async fn audit(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
         for u in &unchecked {
             println!("UNCHECKED {u}");
         }
+        for n in &not_granted {
+            println!("NOT GRANTED {n}");
+        }
     }
-    Ok(if result.is_clean() {
+    Ok(if result.is_clean() && not_granted.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
