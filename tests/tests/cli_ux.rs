@@ -245,13 +245,17 @@ fn help_is_grouped_and_every_argument_explained() {
     ] {
         let out = cli_no_server(&[cmd, "--help"]);
         let help = String::from_utf8_lossy(&out.stdout);
-        // An argument line (`  --flag <X>`) has its text on the same
-        // line or, when long, on the next lines, indented deeper.
+        // An argument line (`  --flag <X>`, indented at most 6) has its
+        // text on the same line or, when long, on the next lines, indented
+        // deeper; in the long layout (a command whose help has an example)
+        // `[env: …]`, `[default: …]` and possible values are indented as
+        // that text is, and are not arguments.
         let lines: Vec<&str> = help.lines().collect();
         for (i, line) in lines.iter().enumerate() {
             let t = line.trim_start();
             let indent = line.len() - t.len();
-            if indent == 0 || !(t.starts_with('-') || t.starts_with('<') || t.starts_with('[')) {
+            if indent == 0 || indent > 6 || !(t.starts_with('-') || t.starts_with('<') || t.starts_with('['))
+            {
                 continue;
             }
             let same_line = t.split("  ").filter(|s| !s.trim().is_empty()).count() > 1;

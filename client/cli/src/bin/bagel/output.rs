@@ -6,14 +6,15 @@
 
 use std::sync::OnceLock;
 
-/// The output format.
+/// The output format: `text`, lines for people (times as RFC 3339 with a
+/// relative hint), or `json` for scripts (times in µs since the epoch;
+/// errors on stderr as one JSON object). The variants carry no doc
+/// comments of their own: clap would then print every command's help in
+/// its long, one-line-per-part layout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
-    /// Lines for people: times as RFC 3339 with a relative hint.
     #[default]
     Text,
-    /// JSON for scripts (times in µs since the epoch); errors go to stderr
-    /// as one JSON object.
     Json,
 }
 
