@@ -424,3 +424,37 @@ async fn a_piped_writer_under_bagel_run_writes_past_its_first_ttl() {
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", describe_output(&out));
 }
+
+/// `bagel-server --help` groups its flags by purpose, and every flag can
+/// be set from the environment (`BAGEL_<FLAG>`), as a unit file or a
+/// container sets them.
+#[test]
+fn the_servers_help_is_grouped_and_every_flag_has_an_environment_variable() {
+    let out = Command::new(bagel_tests::bin("bagel-server"))
+        .arg("--help")
+        .output()
+        .expect("bagel-server --help");
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for heading in [
+        "Listening:",
+        "Leases:",
+        "Watch and List:",
+        "Connections and sessions:",
+        "TLS and access:",
+    ] {
+        assert!(help.lines().any(|l| l == heading), "no {heading:?} group: {help}");
+    }
+    // Each flag's entry runs from its `--flag` line to the next flag's.
+    let mut flags = 0;
+    let mut entries = help.split("\n      --").skip(1);
+    for entry in entries.by_ref() {
+        let flag = entry.split_whitespace().next().unwrap_or("");
+        // `BAGEL_<FLAG>`, or the list form the CLI shares
+        // (`--roughtime-key`: `BAGEL_ROUGHTIME_KEYS`).
+        let env = format!("[env: BAGEL_{}", flag.replace('-', "_").to_uppercase());
+        assert!(entry.contains(&env), "--{flag} has no {env}…]: {entry}");
+        flags += 1;
+    }
+    assert!(flags > 40, "only {flags} flags found: {help}");
+}

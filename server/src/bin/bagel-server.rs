@@ -21,204 +21,250 @@ use clap::Parser;
 struct Args {
     /// Address to listen on (port 0 picks a free port; the bound address is
     /// printed).
-    #[arg(long, env = "BAGEL_LISTEN", default_value = bagel_server::config::DEFAULT_LISTEN)]
+    #[arg(help_heading = "Listening", long, env = "BAGEL_LISTEN", default_value = bagel_server::config::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Also serve HTTP on this address (e.g. 127.0.0.1:7421): /metrics
     /// (Prometheus), a status page at /, /healthz and /readyz. Off unless
     /// given. Port 0 picks a free port; the bound address is printed.
-    #[arg(long, env = "BAGEL_HTTP", value_name = "ADDR")]
+    #[arg(
+        help_heading = "Side port (HTTP)",
+        long,
+        env = "BAGEL_HTTP",
+        value_name = "ADDR"
+    )]
     http: Option<SocketAddr>,
     /// HTTP side port: connections at once; one more is answered 503 and
     /// closed.
-    #[arg(long, env = "BAGEL_HTTP_MAX_CONNECTIONS", default_value_t = SidePortLimits::default().max_connections)]
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_HTTP_MAX_CONNECTIONS", default_value_t = SidePortLimits::default().max_connections)]
     http_max_connections: usize,
     /// HTTP side port: time to send a request's head (and to begin the
     /// next one on a kept-alive connection).
-    #[arg(long, env = "BAGEL_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     http_header_timeout: Duration,
     /// HTTP side port: close a connection on which no byte moved either
     /// way for this long (0: never).
-    #[arg(long, env = "BAGEL_HTTP_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_HTTP_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     http_idle_timeout: Duration,
     /// HTTP side port: largest request head (request line and headers), at
     /// least 8192.
-    #[arg(long, env = "BAGEL_HTTP_MAX_HEADER_BYTES", default_value_t = SidePortLimits::default().max_header_bytes as u64,
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_HTTP_MAX_HEADER_BYTES", default_value_t = SidePortLimits::default().max_header_bytes as u64,
           value_parser = clap::value_parser!(u64).range(bagel_proto::side_port::MIN_HEADER_BYTES as u64..))]
     http_max_header_bytes: u64,
     /// HTTP side port: file descriptors kept free for the lease port; a
     /// side-port connection that would leave fewer is answered 503.
-    #[arg(long, env = "BAGEL_HTTP_RESERVED_FDS", default_value_t = SidePortLimits::default().reserved_fds)]
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_HTTP_RESERVED_FDS", default_value_t = SidePortLimits::default().reserved_fds)]
     http_reserved_fds: u64,
     /// The status page's census of the table (a scan of every record) is
     /// computed at most once per this interval, whatever the number of
     /// viewers (/metrics scrapes always take a fresh one, shared by
     /// concurrent scrapes).
-    #[arg(long, env = "BAGEL_STATUS_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Side port (HTTP)", long, env = "BAGEL_STATUS_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     status_interval: Duration,
     /// Log format on stderr: `text` for people, `json` (one object per
     /// line) for log collectors. RUST_LOG sets the level (refusals are
     /// logged at debug).
-    #[arg(long, env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(help_heading = "Listening", long, env = "BAGEL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Longest lease a client may take; also how long a restart waits.
-    #[arg(long, env = "BAGEL_MAX_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_MAX_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     max_ttl: Duration,
     /// Shortest lease a client may take.
-    #[arg(long, env = "BAGEL_MIN_TTL", default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_MIN_TTL", default_value = "10ms", value_parser = humantime::parse_duration)]
     min_ttl: Duration,
     /// Longest server-side wait for a busy name a request may ask for.
-    #[arg(long, env = "BAGEL_MAX_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_MAX_WAIT", default_value = "10s", value_parser = humantime::parse_duration)]
     max_wait: Duration,
     /// How far this host's clock may be off; added to the restart wait.
-    #[arg(long, env = "BAGEL_CLOCK_TOLERANCE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_CLOCK_TOLERANCE", default_value = "500ms", value_parser = humantime::parse_duration)]
     clock_tolerance: Duration,
     /// ed25519 signing key file (64 hex digits of the secret seed). Created
     /// (mode 0600) if it does not exist. Without it, a fresh key is made and
     /// its public key printed. Beside it, `<KEY>.granted-until` keeps the
     /// latest deadline this server may have granted, so a restart waits for
     /// it even with a smaller --max-ttl or a clock stepped back.
-    #[arg(long, env = "BAGEL_KEY")]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_KEY")]
     key: Option<PathBuf>,
     /// This server's identity: in its witnesses and signed times, and
     /// what cluster clients route names by (so it must not change while
     /// clients run). Default: `key-<key id>` with --key, else
     /// `<host name>:<port>`.
-    #[arg(long, env = "BAGEL_SERVER_ID")]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_SERVER_ID")]
     server_id: Option<String>,
     /// UNSAFE, development only: grant at once after a start instead of
     /// waiting out leases a previous incarnation may have granted.
-    #[arg(long, env = "BAGEL_UNSAFE_SKIP_RESTART_WAIT")]
+    #[arg(help_heading = "Leases", long, env = "BAGEL_UNSAFE_SKIP_RESTART_WAIT")]
     unsafe_skip_restart_wait: bool,
     /// Number of lock shards.
-    #[arg(long, env = "BAGEL_SHARDS", default_value_t = 256)]
+    #[arg(
+        help_heading = "Table and memory",
+        long,
+        env = "BAGEL_SHARDS",
+        default_value_t = 256
+    )]
     shards: usize,
     /// Name records kept (held and idle, ~300 bytes each) before idle ones
     /// are forgotten: those of the address, then the owner, with the most
     /// records first.
-    #[arg(long, env = "BAGEL_MAX_RECORDS", default_value_t = 2_000_000)]
+    #[arg(
+        help_heading = "Table and memory",
+        long,
+        env = "BAGEL_MAX_RECORDS",
+        default_value_t = 2_000_000
+    )]
     max_records: usize,
     /// Renewal/release entries (with their metadata) kept per name for
     /// History.
-    #[arg(long, env = "BAGEL_HISTORY_PER_NAME", default_value_t = 8)]
+    #[arg(
+        help_heading = "Table and memory",
+        long,
+        env = "BAGEL_HISTORY_PER_NAME",
+        default_value_t = 8
+    )]
     history_per_name: usize,
     /// Bytes of history kept over all names; the oldest entries go first.
-    #[arg(long, env = "BAGEL_HISTORY_BUDGET_BYTES", default_value_t = 64 << 20)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_HISTORY_BUDGET_BYTES", default_value_t = 64 << 20)]
     history_budget_bytes: usize,
     /// Events buffered for one watcher (Watch) that does not read fast
     /// enough; one more and it is dropped with RESOURCE_EXHAUSTED naming
     /// this limit and the last revision it got, to resume from.
-    #[arg(long, env = "BAGEL_WATCH_BUFFER", default_value_t = 1024)]
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_WATCH_BUFFER",
+        default_value_t = 1024
+    )]
     watch_buffer: usize,
     /// Events kept (~200 bytes each) so a watcher can resume from a
     /// revision it saw; an older revision is refused with OUT_OF_RANGE.
-    #[arg(long, env = "BAGEL_WATCH_RETAIN", default_value_t = 10_000)]
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_WATCH_RETAIN",
+        default_value_t = 10_000
+    )]
     watch_retain: usize,
     /// Bytes of the events kept for resuming (~120 bytes each plus the
     /// name and owner): the one copy every watcher reads from.
-    #[arg(long, env = "BAGEL_WATCH_RETAIN_BYTES", default_value_t = 32 << 20)]
+    #[arg(help_heading = "Watch and List", long, env = "BAGEL_WATCH_RETAIN_BYTES", default_value_t = 32 << 20)]
     watch_retain_bytes: usize,
     /// End a watch whose client reads nothing it is owed for this long
     /// (RESOURCE_EXHAUSTED naming this limit and the last revision sent),
     /// freeing what was queued for it; 0: never.
-    #[arg(long, env = "BAGEL_WATCH_STALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Watch and List", long, env = "BAGEL_WATCH_STALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     watch_stall_timeout: Duration,
     /// Watchers at once.
-    #[arg(long, env = "BAGEL_MAX_WATCHERS", default_value_t = 1024)]
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_MAX_WATCHERS",
+        default_value_t = 1024
+    )]
     max_watchers: usize,
     /// The most names one List page returns.
-    #[arg(long, env = "BAGEL_LIST_MAX_PAGE", default_value_t = 1000)]
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_LIST_MAX_PAGE",
+        default_value_t = 1000
+    )]
     list_max_page: usize,
     /// List pages (and side-port searches) read at once; more wait.
-    #[arg(long, env = "BAGEL_LIST_PAGES", default_value_t = 1)]
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_LIST_PAGES",
+        default_value_t = 1
+    )]
     list_pages: usize,
     /// Names held at once over all clients (~300 bytes each).
-    #[arg(long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
     /// Names one owner may hold at once (with --client-ca the owner is the
     /// client certificate's subject; otherwise what the client says).
-    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_OWNER", default_value_t = Limits::default().max_held_names_per_owner)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_HELD_NAMES_PER_OWNER", default_value_t = Limits::default().max_held_names_per_owner)]
     max_held_names_per_owner: usize,
     /// Names one client address may hold at once.
-    #[arg(long, env = "BAGEL_MAX_HELD_NAMES_PER_PEER", default_value_t = Limits::default().max_held_names_per_peer)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_HELD_NAMES_PER_PEER", default_value_t = Limits::default().max_held_names_per_peer)]
     max_held_names_per_peer: usize,
     /// Max names in one request.
-    #[arg(long, default_value_t = Limits::default().max_names_per_request)]
+    #[arg(help_heading = "Request sizes", env = "BAGEL_MAX_NAMES", long, default_value_t = Limits::default().max_names_per_request)]
     max_names: usize,
     /// Max bytes of metadata on renew/release.
-    #[arg(long, default_value_t = Limits::default().max_metadata_bytes)]
+    #[arg(help_heading = "Request sizes", env = "BAGEL_MAX_METADATA_BYTES", long, default_value_t = Limits::default().max_metadata_bytes)]
     max_metadata_bytes: usize,
     /// Max bytes of one name.
-    #[arg(long, default_value_t = Limits::default().max_name_bytes)]
+    #[arg(help_heading = "Request sizes", env = "BAGEL_MAX_NAME_BYTES", long, default_value_t = Limits::default().max_name_bytes)]
     max_name_bytes: usize,
     /// Max bytes of an owner.
-    #[arg(long, default_value_t = Limits::default().max_owner_bytes)]
+    #[arg(help_heading = "Request sizes", env = "BAGEL_MAX_OWNER_BYTES", long, default_value_t = Limits::default().max_owner_bytes)]
     max_owner_bytes: usize,
     /// Max operations in one Batch call (or one Session request).
-    #[arg(long, default_value_t = Limits::default().max_batch_ops)]
+    #[arg(help_heading = "Request sizes", env = "BAGEL_MAX_BATCH_OPS", long, default_value_t = Limits::default().max_batch_ops)]
     max_batch_ops: usize,
     /// Largest request message, in bytes; larger ones are refused at their
     /// 5-byte prefix with RESOURCE_EXHAUSTED.
-    #[arg(long, env = "BAGEL_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
+    #[arg(help_heading = "Request sizes", long, env = "BAGEL_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
     max_message_bytes: usize,
     /// HTTP/2 streams (calls, sessions) at once on one connection.
-    #[arg(long, env = "BAGEL_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().max_streams_per_connection)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().max_streams_per_connection)]
     max_streams_per_connection: u32,
     /// Bytes of partly received request messages buffered per connection
     /// (beyond, the stream that would pass it is refused).
-    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES_PER_CONNECTION", default_value_t = Limits::default().max_inflight_bytes_per_connection)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_INFLIGHT_BYTES_PER_CONNECTION", default_value_t = Limits::default().max_inflight_bytes_per_connection)]
     max_inflight_bytes_per_connection: usize,
     /// Bytes of partly received request messages buffered over all
     /// connections.
-    #[arg(long, env = "BAGEL_MAX_INFLIGHT_BYTES", default_value_t = Limits::default().max_inflight_bytes)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_INFLIGHT_BYTES", default_value_t = Limits::default().max_inflight_bytes)]
     max_inflight_bytes: usize,
     /// Connections at once; at the limit the server stops accepting until
     /// one closes. Keep it below the file-descriptor limit (ulimit -n).
-    #[arg(long, env = "BAGEL_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
     max_connections: usize,
     /// Connections at once from one client address; beyond, its new
     /// connections are closed at accept.
-    #[arg(long, env = "BAGEL_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = Limits::default().max_connections_per_address)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = Limits::default().max_connections_per_address)]
     max_connections_per_address: usize,
     /// Close a connection that has not begun a call (nor finished its TLS
     /// handshake) this long after it was accepted (0: only --idle-timeout).
-    #[arg(long, env = "BAGEL_FIRST_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_FIRST_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     first_request_timeout: Duration,
     /// Close a connection with no call in flight for this long (0: never).
-    #[arg(long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
     /// Ping each connection this often (HTTP/2 keepalive; 0: never) ...
-    #[arg(long, env = "BAGEL_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     keepalive_interval: Duration,
     /// ... and drop it if the answer takes longer than this.
-    #[arg(long, env = "BAGEL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     keepalive_timeout: Duration,
     /// Session streams open at once.
-    #[arg(long, env = "BAGEL_MAX_SESSIONS", default_value_t = Limits::default().max_sessions)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_SESSIONS", default_value_t = Limits::default().max_sessions)]
     max_sessions: usize,
     /// Bytes of answers buffered towards one session's reader; beyond, the
     /// session stops reading requests.
-    #[arg(long, env = "BAGEL_SESSION_BUFFER_BYTES", default_value_t = Limits::default().session_buffer_bytes)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_SESSION_BUFFER_BYTES", default_value_t = Limits::default().session_buffer_bytes)]
     session_buffer_bytes: usize,
     /// A session whose reader takes no answer for this long while its
     /// buffer is full is closed (RESOURCE_EXHAUSTED).
-    #[arg(long, env = "BAGEL_SESSION_STALL_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_SESSION_STALL_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     session_stall_timeout: Duration,
     /// On SIGTERM/SIGINT: stop granting at once (health NOT_SERVING first),
     /// answer calls in flight, close sessions, and exit within this much
     /// time even if clients keep connections open.
-    #[arg(long, env = "BAGEL_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Listening", long, env = "BAGEL_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
     /// Acquires that may wait server-side for one name (served first come,
     /// first served). Each takes about 1 KiB while it waits.
-    #[arg(long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_WAITERS_PER_NAME", default_value_t = Limits::default().max_waiters_per_name)]
     max_waiters_per_name: usize,
     /// Acquires that may wait server-side in all.
-    #[arg(long, env = "BAGEL_MAX_WAITERS", default_value_t = Limits::default().max_waiters)]
+    #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_WAITERS", default_value_t = Limits::default().max_waiters)]
     max_waiters: usize,
     /// A Roughtime server (HOST:PORT) to take signed time from. Repeatable
     /// (tried in order); each needs a --roughtime-key, given in the same
     /// order. Without it this server signs its own clock (local time agent).
     #[arg(
+        help_heading = "Signed time (Roughtime)",
         long = "roughtime",
         value_name = "HOST:PORT",
         env = "BAGEL_ROUGHTIME",
@@ -228,6 +274,7 @@ struct Args {
     /// The long-term public key (hex or base64) of the Roughtime server at
     /// the same position. Repeatable.
     #[arg(
+        help_heading = "Signed time (Roughtime)",
         long = "roughtime-key",
         value_name = "KEY",
         env = "BAGEL_ROUGHTIME_KEYS",
@@ -235,25 +282,43 @@ struct Args {
     )]
     roughtime_key: Vec<String>,
     /// How often to ask Roughtime.
-    #[arg(long, env = "BAGEL_ROUGHTIME_REFRESH", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Signed time (Roughtime)", long, env = "BAGEL_ROUGHTIME_REFRESH", default_value = "1s", value_parser = humantime::parse_duration)]
     roughtime_refresh: Duration,
     /// How long to wait for a Roughtime answer before asking again (3
     /// attempts per server).
-    #[arg(long, env = "BAGEL_ROUGHTIME_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Signed time (Roughtime)", long, env = "BAGEL_ROUGHTIME_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     roughtime_timeout: Duration,
     /// Stop granting when the latest Roughtime answer is older than this.
-    #[arg(long, env = "BAGEL_ROUGHTIME_MAX_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "Signed time (Roughtime)", long, env = "BAGEL_ROUGHTIME_MAX_AGE", default_value = "10s", value_parser = humantime::parse_duration)]
     roughtime_max_age: Duration,
     /// Serve TLS with this certificate chain (PEM); needs --tls-key.
-    #[arg(long, env = "BAGEL_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    #[arg(
+        help_heading = "TLS and access",
+        long,
+        env = "BAGEL_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, env = "BAGEL_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    #[arg(
+        help_heading = "TLS and access",
+        long,
+        env = "BAGEL_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
     tls_key: Option<PathBuf>,
     /// Require client certificates that chain to this CA (PEM): mutual TLS.
     /// Each lease's owner is then the client certificate's subject (the
     /// request's owner field is ignored), and per-owner quotas key on it.
-    #[arg(long, env = "BAGEL_CLIENT_CA", value_name = "PEM", requires = "tls_cert")]
+    #[arg(
+        help_heading = "TLS and access",
+        long,
+        env = "BAGEL_CLIENT_CA",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
     client_ca: Option<PathBuf>,
     /// Access policy (TOML): which identities (client certificate
     /// subjects, or bearer tokens stored hashed) may lease or read which
@@ -261,7 +326,7 @@ struct Args {
     /// when the file changes; a file that does not parse keeps the policy
     /// in effect. Without it callers are anonymous and may do anything.
     /// See docs/security.md, "Permissions".
-    #[arg(long, env = "BAGEL_ACL", value_name = "FILE")]
+    #[arg(help_heading = "TLS and access", long, env = "BAGEL_ACL", value_name = "FILE")]
     acl: Option<PathBuf>,
     /// TESTS ONLY: pretend this host's clock is off by DUR (e.g. `20s`,
     /// `-20s`), to show that a server with a wrong clock refuses to grant.
@@ -421,9 +486,7 @@ async fn main() -> anyhow::Result<()> {
     }
     cfg = cfg.with_acl(args.acl.clone());
     if args.acl.is_some() && args.tls_cert.is_none() {
-        tracing::warn!(
-            "--acl without --tls-cert: callers' bearer tokens cross the network in the clear"
-        );
+        tracing::warn!("--acl without --tls-cert: callers' bearer tokens cross the network in the clear");
     }
     if args.acl.is_some() && args.http.is_some_and(|a| !a.ip().is_loopback()) {
         tracing::warn!(
