@@ -68,7 +68,14 @@ impl Drop for Server {
 
 fn start(binary: &str, cpus: &str, acl: Option<&std::path::Path>) -> Server {
     let mut cmd = Command::new("taskset");
-    cmd.args(["-c", cpus, binary, "--listen", "127.0.0.1:0", "--unsafe-skip-restart-wait"]);
+    cmd.args([
+        "-c",
+        cpus,
+        binary,
+        "--listen",
+        "127.0.0.1:0",
+        "--unsafe-skip-restart-wait",
+    ]);
     if let Some(acl) = acl {
         cmd.arg("--acl").arg(acl);
     }
@@ -166,7 +173,9 @@ async fn cycle(c: &mut Client, name: &str) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let binary = args.get(1).expect("usage: acl_cost SERVER_BINARY CPUS [SECS] [ROUNDS]");
+    let binary = args
+        .get(1)
+        .expect("usage: acl_cost SERVER_BINARY CPUS [SECS] [ROUNDS]");
     let cpus = args.get(2).map_or("0", String::as_str);
     let secs: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
     let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
@@ -174,7 +183,9 @@ async fn main() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let acl = dir.join("acl.toml");
     std::fs::write(&acl, policy()).expect("policy");
-    println!("server on CPUs {cpus}; {WORKERS} clients, {secs} s per phase, {rounds} rounds; policy of {GRANTS} grants");
+    println!(
+        "server on CPUs {cpus}; {WORKERS} clients, {secs} s per phase, {rounds} rounds; policy of {GRANTS} grants"
+    );
     let mut per = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         for (i, with) in [None, Some(acl.as_path())].into_iter().enumerate() {

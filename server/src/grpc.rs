@@ -157,7 +157,11 @@ impl LeaseService for GrpcService {
     /// ends the stream later becomes its status here too.
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
         let start = Instant::now();
-        let result = self.0.watch(request.get_ref(), &caller(&request)).await.map(watch_stream);
+        let result = self
+            .0
+            .watch(request.get_ref(), &caller(&request))
+            .await
+            .map(watch_stream);
         self.finish(Method::Watch, start, Subject::NONE, result)
     }
 

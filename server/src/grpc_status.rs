@@ -31,9 +31,9 @@ impl Error {
                 // watches from the List's revision; the ErrorInfo's reason
                 // says why (see `watch_details`).
                 match e {
-                    WatchError::Overflow { .. }
-                    | WatchError::Stalled { .. }
-                    | WatchError::TooMany { .. } => Code::ResourceExhausted,
+                    WatchError::Overflow { .. } | WatchError::Stalled { .. } | WatchError::TooMany { .. } => {
+                        Code::ResourceExhausted
+                    }
                     WatchError::TooOld { .. }
                     | WatchError::OtherIncarnation { .. }
                     | WatchError::Ahead { .. }

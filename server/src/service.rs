@@ -787,9 +787,17 @@ impl Service {
         Ok(pb::DescribeResponse { names })
     }
 
-    pub(crate) fn history(&self, req: &pb::HistoryRequest, caller: &Caller) -> Result<pb::HistoryResponse, Error> {
+    pub(crate) fn history(
+        &self,
+        req: &pb::HistoryRequest,
+        caller: &Caller,
+    ) -> Result<pb::HistoryResponse, Error> {
         let name = validate::name(&req.name, &self.inner.cfg.limits)?;
-        self.permit(caller, bagel_proto::acl::Permission::Read, std::slice::from_ref(&name))?;
+        self.permit(
+            caller,
+            bagel_proto::acl::Permission::Read,
+            std::slice::from_ref(&name),
+        )?;
         let (entries, truncated) = self.inner.table.history(&name);
         let entries = entries
             .into_iter()
@@ -859,7 +867,11 @@ impl Service {
     /// `list_pages` pages are read at once, each on a blocking thread
     /// (more wait for a turn): pages of 1,000 names in a loop would
     /// otherwise hold the async workers that renewals need.
-    pub(crate) async fn list(&self, req: &pb::ListRequest, caller: &Caller) -> Result<pb::ListResponse, Error> {
+    pub(crate) async fn list(
+        &self,
+        req: &pb::ListRequest,
+        caller: &Caller,
+    ) -> Result<pb::ListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
         let scope = self.read_scope(caller, &prefix)?;
@@ -900,7 +912,10 @@ impl Service {
             }
             let names = validate::names("names", &req.names, limits)?;
             self.permit(caller, bagel_proto::acl::Permission::Read, &names)?;
-            (crate::watch::Filter::Names(names.into_iter().collect()), Scope::All)
+            (
+                crate::watch::Filter::Names(names.into_iter().collect()),
+                Scope::All,
+            )
         };
         let from = (req.from_revision != 0).then_some(req.from_revision);
         // The first watcher wakes the hub, which reads every live lease

@@ -1373,7 +1373,15 @@ fn read_summarized(
             // found twice) and its offset places its frame.
             (Some((batches, _)), _) => {
                 for b in batches {
-                    read_batch(report, seen, opts, &at, b.offset, b.digest, (b.batch, b.witnesses));
+                    read_batch(
+                        report,
+                        seen,
+                        opts,
+                        &at,
+                        b.offset,
+                        b.digest,
+                        (b.batch, b.witnesses),
+                    );
                 }
             }
             (None, crate::summary::Records::Raw(raw)) => read_item(report, seen, opts, &at, raw),

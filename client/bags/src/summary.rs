@@ -654,7 +654,12 @@ fn rebuild_all(summary: &Summary, bag: &SummaryBag) -> Result<ItemDigests> {
                 let Records::Raw(raw) = rebuilt.records else {
                     unreachable!("a raw item rebuilds raw");
                 };
-                return Ok((rebuilt.name, rebuilt.size, true, vec![Sha256::digest(&raw).into()]));
+                return Ok((
+                    rebuilt.name,
+                    rebuilt.size,
+                    true,
+                    vec![Sha256::digest(&raw).into()],
+                ));
             }
             let name = summary
                 .item_names

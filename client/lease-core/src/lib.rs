@@ -52,8 +52,7 @@ pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
 pub use time_source::{TimeAuthority, TimeOptions, TimeSource};
 pub use types::{
-    AccessInfo,
-    ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent, Holder, Inherited,
-    LeaseRef, ListPage, ListedName, Metadata, Mode, NameGrant, NameState, Previous, ReleaseOptions, Renewal,
-    ServerInfo, ServerPart, WatchEvent, WatchEventKind, WatchTarget, Witness,
+    AccessInfo, ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent,
+    Holder, Inherited, LeaseRef, ListPage, ListedName, Metadata, Mode, NameGrant, NameState, Previous,
+    ReleaseOptions, Renewal, ServerInfo, ServerPart, WatchEvent, WatchEventKind, WatchTarget, Witness,
 };

@@ -328,7 +328,13 @@ impl Collector for Exposition {
             let hub = inner.table.watch_hub();
             let w = hub.stats();
             let (events, bytes) = hub.retained();
-            gauge(e, "bagel_watchers", "Watch streams open.", None, hub.watchers() as i64)?;
+            gauge(
+                e,
+                "bagel_watchers",
+                "Watch streams open.",
+                None,
+                hub.watchers() as i64,
+            )?;
             counter(
                 e,
                 "bagel_watch_dispatched",

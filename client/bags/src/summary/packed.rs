@@ -563,7 +563,10 @@ pub(crate) fn rebuild_shared(
             0
         } else {
             uint64::encoded_len(2, &batch.first_sequence)
-        } + batch.signed_time.as_ref().map_or(0, |t| message::encoded_len(3, t));
+        } + batch
+            .signed_time
+            .as_ref()
+            .map_or(0, |t| message::encoded_len(3, t));
         let mut hash = Sha256::new();
         hash.update(&rest[..head]);
         let mut len = rest.len();

@@ -832,7 +832,10 @@ fn file_stamp(path: &std::path::Path) -> Option<FileStamp> {
 impl FileRights {
     /// The rights now: the file again if it changed since last read.
     fn current(&self) -> Result<LeaseJson, String> {
-        let mut followed = self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut followed = self
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let stamp = file_stamp(&self.path);
         if stamp.is_some() && stamp != followed.stamp {
             let newer = std::fs::read_to_string(&self.path)
