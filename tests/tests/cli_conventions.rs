@@ -36,7 +36,9 @@ async fn every_spelling_of_json_output_before_or_after_the_subcommand_prints_a_l
     let server = ServerProcess::start_ready(&[]).await;
     let state = tempfile::tempdir().unwrap();
     let url = server.url.as_str();
-    let spellings: [(&[(&str, &str)], Vec<&str>); 6] = [
+    /// Environment variables, and the command line.
+    type Spelling<'a> = (&'a [(&'a str, &'a str)], Vec<&'a str>);
+    let spellings: [Spelling; 6] = [
         (
             &[],
             vec!["--json", "--server", url, "acquire", "o-1", "--ttl", "5s"],
