@@ -108,6 +108,8 @@ struct Report {
     partitions: PartitionReport,
     /// Retention as operators run it, under faults (see retention.rs).
     retention_journeys: crate::retention::RetentionReport,
+    /// Workers under an access policy (see policy.rs).
+    policy: crate::policy::PolicyReport,
 }
 
 /// The SIGSTOP pauses of the run: how many of each kind of process, and
@@ -860,6 +862,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             report.violations.extend(violations);
         }
         Err(e) => report.violations.push(format!("retention: {e:#}")),
+    }
+    match crate::policy::run(&run_dir, seed).await {
+        Ok((p, violations)) => {
+            report.policy = p;
+            report.violations.extend(violations);
+        }
+        Err(e) => report.violations.push(format!("policy: {e:#}")),
     }
 
     println!(

@@ -36,6 +36,7 @@ mod driver;
 mod leaders;
 mod outages;
 mod partitions;
+mod policy;
 mod retention;
 mod services;
 mod spellings;
@@ -69,6 +70,15 @@ enum Cmd {
     /// A leader's command under `bagel run` (started by the standbys).
     #[command(hide = true)]
     Leader(leaders::LeaderArgs),
+    /// Only the policy phase (see policy.rs), on its own.
+    Policy {
+        /// The seed of its random choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where its files go.
+        #[arg(long, default_value = "chaos-out")]
+        out: PathBuf,
+    },
     /// Only the retention phase (see retention.rs), on its own, to rerun
     /// what a run's `retention_journeys` found.
     Retention {
@@ -119,6 +129,7 @@ async fn main() -> ExitCode {
         Some(Cmd::Worker(w)) => worker::run(w).await.map(|()| true),
         Some(Cmd::Leader(l)) => leaders::leader(l).await.map(|()| true),
         Some(Cmd::Retention { seed, out }) => retention::run_alone(seed, &out).await,
+        Some(Cmd::Policy { seed, out }) => policy::run_alone(seed, &out).await,
         None => driver::run(cli.run).await,
     };
     match result {
