@@ -230,6 +230,19 @@ async fn text_output_reads_as_people_speak_of_time_and_holders() {
     );
     let after: LeaseJson = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert!(after.deadline_us >= before.deadline_us, "never shortened");
+
+    // A run that wrote nothing says so, not "watermark 1970-01-01…".
+    let out = bagel(
+        state.path(),
+        &[],
+        &["--server", url, "run", "--name", "tx-run", "--", "true"],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", describe_output(&out));
+    assert!(
+        said.contains("released, no watermark") && !said.contains("1970"),
+        "{said}"
+    );
 }
 
 #[test]

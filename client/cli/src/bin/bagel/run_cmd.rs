@@ -168,10 +168,13 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
             let released = release(lease).await;
             match released {
                 Ok(wm) => {
+                    let watermark = match wm.as_micros() {
+                        0 => "no watermark (nothing written under it)".to_owned(),
+                        us => format!("watermark {wm} ({us} us)"),
+                    };
                     eprintln!(
-                        "bagel run: command {}; released, watermark {wm} ({} us)",
-                        describe_status(status),
-                        wm.as_micros()
+                        "bagel run: command {}; released, {watermark}",
+                        describe_status(status)
                     );
                     Ok(ExitCode::from(code))
                 }

@@ -82,7 +82,10 @@ pub async fn run(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
         reason = lease.lost() => bail!("lease lost while waiting for its writers to end: {reason}"),
     };
     let wm = crate::run_cmd::release_locked(lease, lock).await?;
-    eprintln!("released; stored watermark {wm}");
+    match wm.as_micros() {
+        0 => eprintln!("released; stored watermark 0 (nothing written under it)"),
+        us => eprintln!("released; stored watermark {us} us ({wm})"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
