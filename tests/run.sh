@@ -44,6 +44,8 @@ bindfs_start
 log "running tests"
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast --failure-output final
+  # nextest runs no doctests: the crates' examples (which run) are here.
+  cargo test --workspace --doc --locked
 else
   cargo test --workspace --locked --no-fail-fast
 fi

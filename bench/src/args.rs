@@ -180,7 +180,7 @@ pub struct Args {
     pub etcd_bin: String,
     #[arg(long, default_value = "redis-server")]
     pub redis_bin: String,
-    /// Python of a venv with moto[server] [default: the one tests/support/s3.sh installs].
+    /// Python of a venv with `moto[server]` [default: the one tests/support/s3.sh installs].
     #[arg(long, env = "BAGEL_MOTO_PYTHON")]
     pub moto_python: Option<PathBuf>,
     /// The serialized moto server script.

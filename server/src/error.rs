@@ -1,6 +1,6 @@
 //! The server's one error type. How it goes on the wire (its gRPC code,
 //! the status and its details) is the gRPC edge's business:
-//! [`crate::grpc_status`].
+//! `crate::grpc_status`.
 
 use std::sync::Arc;
 

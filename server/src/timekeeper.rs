@@ -20,7 +20,7 @@
 //!   rather than per grant.
 //!
 //! In both modes a **wall-clock step** is a clock fault: the wall clock is
-//! compared with the monotonic clock since start ([`StepGuard`]), and when
+//! compared with the monotonic clock since start (`StepGuard`), and when
 //! they diverge by more than `clock_tolerance` (someone set the clock, or
 //! NTP stepped it) the server stops granting and signing time and says so
 //! in readiness, in `ServerInfo`'s clock status and in its log, rather
@@ -234,7 +234,7 @@ impl TimeKeeper {
         }
     }
 
-    /// [`TimeKeeper::check_step`]'s judgement at (`wall`, `mono`), separate
+    /// `TimeKeeper::check_step`'s judgement at (`wall`, `mono`), separate
     /// so that tests are exact: on a change, logs it and tells the health
     /// service.
     pub fn watch_step_at(&self, wall: Micros, mono: Instant) {

@@ -183,7 +183,7 @@ impl WitnessSigner {
 
     /// The encoded witness body of `grant`: the bytes of
     /// [`body`](Self::body), written without building it (see
-    /// [`body`](mod@body)).
+    /// `body`).
     pub fn encode_body(
         &self,
         grant: &Grant,

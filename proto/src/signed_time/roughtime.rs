@@ -23,7 +23,7 @@
 //! * no thread parked per query (we run a tokio UDP socket with our own
 //!   timeout and retries), and no C build of aws-lc in every crate that
 //!   only wants to *verify* a stored proof (auditors);
-//! * we choose the nonce. [`Querier`] chains its requests as RFC 10049
+//! * we choose the nonce. `Querier` chains its requests as RFC 10049
 //!   section 8.4.1 describes: `nonce = SHA-512(previous response ||
 //!   blind)[0:32]`, with `blind` kept in the proof. A sequence of signed times
 //!   from one process thus proves its own order ([`follows`]): each request

@@ -834,7 +834,7 @@ fn format_1_batches(
 }
 
 /// Decodes a stored summary of either format, within
-/// [`super::MAX_SUMMARY_EXPANSION`] ([`super::budget`]): what it takes
+/// [`super::MAX_SUMMARY_EXPANSION`] (`super::budget`): what it takes
 /// decoded is counted on its bytes before prost decodes them, and what
 /// its records rebuild to is counted before any is rebuilt (for format 1,
 /// before it is turned into format 2, which rebuilds them). Every
