@@ -110,6 +110,9 @@ struct Report {
     retention_journeys: crate::retention::RetentionReport,
     /// Workers under an access policy (see policy.rs).
     policy: crate::policy::PolicyReport,
+    /// Unread watch streams and greedy listers beside workers (see
+    /// hostile.rs).
+    hostile_readers: crate::hostile::HostileReport,
 }
 
 /// The SIGSTOP pauses of the run: how many of each kind of process, and
@@ -869,6 +872,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<bool> {
             report.violations.extend(violations);
         }
         Err(e) => report.violations.push(format!("policy: {e:#}")),
+    }
+    match crate::hostile::run().await {
+        Ok((h, violations)) => {
+            report.hostile_readers = h;
+            report.violations.extend(violations);
+        }
+        Err(e) => report.violations.push(format!("hostile readers: {e:#}")),
     }
 
     println!(

@@ -33,6 +33,7 @@
 
 mod cli_roles;
 mod driver;
+mod hostile;
 mod leaders;
 mod outages;
 mod partitions;
@@ -70,6 +71,8 @@ enum Cmd {
     /// A leader's command under `bagel run` (started by the standbys).
     #[command(hide = true)]
     Leader(leaders::LeaderArgs),
+    /// Only the hostile readers phase (see hostile.rs), on its own.
+    Hostile,
     /// Only the policy phase (see policy.rs), on its own.
     Policy {
         /// The seed of its random choices.
@@ -130,6 +133,13 @@ async fn main() -> ExitCode {
         Some(Cmd::Leader(l)) => leaders::leader(l).await.map(|()| true),
         Some(Cmd::Retention { seed, out }) => retention::run_alone(seed, &out).await,
         Some(Cmd::Policy { seed, out }) => policy::run_alone(seed, &out).await,
+        Some(Cmd::Hostile) => hostile::run().await.map(|(report, violations)| {
+            println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+            for v in &violations {
+                println!("VIOLATION {v}");
+            }
+            violations.is_empty()
+        }),
         None => driver::run(cli.run).await,
     };
     match result {
