@@ -429,11 +429,11 @@ async fn a_piped_writer_under_bagel_run_writes_past_its_first_ttl() {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("line {i} not acknowledged: {ack:?}"));
         let first = *first.get_or_insert(stamp);
+        // One line at a time, each sent once the last is acknowledged
+        // (each waits out its --linger): the three TTLs take renewals.
         if stamp > first + 3_000_000 {
             break;
         }
-        // Paced, so the three TTLs take renewals, not a burst.
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     drop(stdin);
     let out = run.wait_with_output().unwrap();

@@ -130,12 +130,7 @@ pub async fn run(bagel: &Path, dir: &Path, seed: u64) -> anyhow::Result<(Retenti
     }
 
     // The log exists once a first message is acknowledged.
-    let first = tokio::time::timeout(Duration::from_secs(30), async {
-        while ledgers.iter().all(|l| l.lock().expect("ledger").acked.is_empty()) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let first = tokio::time::timeout(Duration::from_secs(30), FIRST_ACK.notified()).await;
     if first.is_err() {
         STOP.store(true, std::sync::atomic::Ordering::SeqCst);
         anyhow::bail!("no writer got a message acknowledged within 30 s");
@@ -335,6 +330,11 @@ pub async fn run_alone(seed: u64, out: &Path) -> anyhow::Result<bool> {
     Ok(violations.is_empty())
 }
 
+/// Told of the phase's first acknowledgement (a permit, so one that comes
+/// before the wait starts is not lost).
+static FIRST_ACK: std::sync::LazyLock<tokio::sync::Notify> =
+    std::sync::LazyLock::new(tokio::sync::Notify::new);
+
 /// Set when the writers are to stop.
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -404,6 +404,7 @@ async fn writer(
                         && let Some(payload) = l.pending.pop_front()
                     {
                         l.acked.insert(payload, t);
+                        FIRST_ACK.notify_one();
                     }
                 }
             })
