@@ -1191,6 +1191,112 @@ mod tests {
         assert_eq!(old, pb::Summary::default());
     }
 
+    /// A summary of every kind of part: two bags, writers changing and
+    /// coming back, a sequence jump, local and Roughtime signed times (and
+    /// none), witnesses changing and missing, timestamps stepping back, a
+    /// misplaced batch, a raw item and sizes that are not what was framed.
+    fn every_kind_of_part() -> Summary {
+        let roughtime = pb::SignedTime {
+            proof: Some(pb::signed_time::Proof::Roughtime(pb::RoughtimeProof {
+                request: vec![1, 2],
+                response: vec![3, 4, 5],
+                public_key: vec![6; 32],
+                blind: vec![7; 4],
+            })),
+        };
+        let batch =
+            |writer: &str, first_sequence: u64, time: Option<pb::SignedTime>, witnesses: Vec<u8>| pb::Batch {
+                writer_id: writer.into(),
+                first_sequence,
+                signed_time: time,
+                witnesses: witnesses.into_iter().map(witness).collect(),
+                entries: vec![
+                    pb::Entry {
+                        timestamp_us: SECS * 1_000_000 + 700_000 + first_sequence,
+                        payload: format!("{writer} {first_sequence}").into_bytes(),
+                    },
+                    pb::Entry {
+                        timestamp_us: SECS * 1_000_000 + 5,
+                        payload: Vec::new(),
+                    },
+                ],
+                log: LOG.into(),
+                bucket_secs: SECS,
+                holder_signatures: vec![vec![9; 64], vec![first_sequence as u8; 3]],
+            };
+        let first = vec![
+            batch("w0", 0, Some(local_time(1, "key0")), vec![1, 2]),
+            batch("w0", 2, Some(local_time(1, "key0")), vec![1, 2]),
+            batch("w1", 9, Some(roughtime.clone()), vec![]),
+            batch("w0", 11, None, vec![3]),
+            pb::Batch {
+                log: "other".into(),
+                bucket_secs: SECS + 7,
+                ..batch("w2", 3, Some(local_time(2, "key1")), vec![1])
+            },
+        ];
+        let mut b = Builder::new(LOG, SECS, SECS + 60);
+        b.bag(SECS, vec![1; 32]);
+        b.item("w0.00000001.0.log", framed(&first), Content::Batches(first));
+        b.item("raw.log", 3, Content::Raw(Bytes::from_static(b"abc")));
+        b.bag(SECS + 1, vec![2; 32]);
+        let second = vec![batch("w1", 13, Some(roughtime), vec![2])];
+        b.item("w0.00000001.0.log", 1, Content::Batches(second));
+        b.item("raw.log", 99, Content::Raw(Bytes::from_static(b"de")));
+        b.finish()
+    }
+
+    /// [`every_kind_of_part`] as format 2 stores it (hex): the bytes a
+    /// summary is published as, and every reader's input, fixed.
+    const EVERY_KIND_OF_PART: &str = concat!(
+        "8001028a01066c65646765729001d8e5fe8907980194e6fe8907a201700a280101010101010101010101010101010101",
+        "010101010101010101010101010101010101010101010112400101010101010101010101010101010101010101010101",
+        "01010101010101010101010101010101010101010101010101010101010101010101010101010101011a026b31a20170",
+        "0a2802020202020202020202020202020202020202020202020202020202020202020202020202020202124002020202",
+        "020202020202020202020202020202020202020202020202020202020202020202020202020202020202020202020202",
+        "0202020202020202020202021a026b32a201700a28030303030303030303030303030303030303030303030303030303",
+        "030303030303030303030303031240030303030303030303030303030303030303030303030303030303030303030303",
+        "030303030303030303030303030303030303030303030303030303030303031a026b33aa014c0a080000000000000001",
+        "124007070707070707070707070707070707070707070707070707070707070707070707070707070707070707070707",
+        "070707070707070707070707070707070707aa0135223312310a02010212030304051a20060606060606060606060606",
+        "0606060606060606060606060606060606060606220407070707aa014e0a080000000000000002124007070707070707",
+        "070707070707070707070707070707070707070707070707070707070707070707070707070707070707070707070707",
+        "0707070707070707071801b201027730b201027731b201027732ba01046b657930ba01046b657931c2011177302e3030",
+        "3030303030312e302e6c6f67c201077261772e6c6f67ca01ad0408d8e5fe890712200101010101010101010101010101",
+        "0101010101010101010101010101010101011af7031a5f08011802220201022a06c0b955b5b955320477302030320052",
+        "400909090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909",
+        "090909090909090909090909090909090952030000001a572a06bab955b9b95532047730203232005240090909090909",
+        "090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909",
+        "0909090909090909090952030202021a600802100518022201002a06c8b955c7b9553204773120393200524009090909",
+        "090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909",
+        "09090909090909090909090952030909091a5f080118032201032a06ccb955cbb9553205773020313132005240090909",
+        "090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909090909",
+        "0909090909090909090909090952030b0b0b1a78080310f6ffffffffffffffff0118062201012a06bcb955bbb9553204",
+        "773220333200380142056f7468657248dfe5fe8907524009090909090909090909090909090909090909090909090909",
+        "09090909090909090909090909090909090909090909090909090909090909090909090909090952030303031a090801",
+        "22036162632801ca01ab0108d9e5fe890712200202020202020202020202020202020202020202020202020202020202",
+        "0202021a7510011a710802100d18042201022a06a5cf24cfb955320577312031333200380142066c656467657248d8e5",
+        "fe8907524009090909090909090909090909090909090909090909090909090909090909090909090909090909090909",
+        "09090909090909090909090909090909090909090952030d0d0d1a0a08011063220264652801",
+    );
+
+    /// The schema and the encoder stay byte for byte what published
+    /// summaries hold: the same summary encodes to the same bytes, and
+    /// those bytes decode to it.
+    #[test]
+    fn a_known_summary_encodes_to_its_fixed_bytes() {
+        let want: Vec<u8> = (0..EVERY_KIND_OF_PART.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&EVERY_KIND_OF_PART[i..i + 2], 16).expect("hex"))
+            .collect();
+        let summary = every_kind_of_part();
+        assert_eq!(
+            bagel_proto::hex::encode(&summary.encode_to_vec()),
+            EVERY_KIND_OF_PART
+        );
+        assert_eq!(decode(Bytes::from(want)).unwrap(), summary);
+    }
+
     #[test]
     fn unknown_formats_and_parts_that_do_not_fit_are_refused() {
         let mut s = Builder::new(LOG, SECS, SECS + 60).finish();
