@@ -160,6 +160,14 @@ pub struct Limits {
     pub first_request_timeout: Duration,
     /// A connection with no call in flight for this long is closed.
     pub idle_timeout: Duration,
+    /// Bytes of unary answers made and not yet read that one connection,
+    /// and the whole server, may hold before new calls from connections
+    /// holding some are refused; and how long a connection may leave its
+    /// answers unread (writing next to nothing) before it is closed (see
+    /// `transport::answers`).
+    pub max_unread_answer_bytes_per_connection: usize,
+    pub max_unread_answer_bytes: usize,
+    pub answer_stall_timeout: Duration,
     /// HTTP/2 pings to each connection, and how long to wait for the
     /// answer before dropping it.
     pub keepalive_interval: Duration,
@@ -196,6 +204,9 @@ impl Default for Limits {
             max_connections_per_address: 100,
             first_request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            max_unread_answer_bytes_per_connection: 16 << 20,
+            max_unread_answer_bytes: 256 << 20,
+            answer_stall_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_sessions: 1024,

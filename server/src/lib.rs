@@ -139,7 +139,12 @@ impl Server {
             limits.max_inflight_bytes,
             limits.max_names_per_request,
             limits.max_batch_ops,
-        ));
+        )
+        .with_answers(transport::answers::AnswerBudget::new(
+            limits.max_unread_answer_bytes_per_connection,
+            limits.max_unread_answer_bytes,
+            limits.answer_stall_timeout,
+        )));
         let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let list_pages = cfg.list_pages.max(1);
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
@@ -291,6 +296,7 @@ impl Server {
                 per_address: transport::PerAddress::new(limits.max_connections_per_address),
                 idle_timeout: limits.idle_timeout,
                 first_request_timeout: limits.first_request_timeout,
+                answers: Arc::clone(&self.service.inner.frames.answers),
             },
             cancel.clone(),
         );

@@ -231,6 +231,19 @@ struct Args {
     /// Close a connection with no call in flight for this long (0: never).
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
+    /// Bytes of unary answers made and not yet read by its client that one
+    /// connection may hold; beyond, its new calls are refused
+    /// (RESOURCE_EXHAUSTED) until it reads them.
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_UNREAD_ANSWER_BYTES_PER_CONNECTION", default_value_t = Limits::default().max_unread_answer_bytes_per_connection)]
+    max_unread_answer_bytes_per_connection: usize,
+    /// ... and all connections together; beyond, every connection holding
+    /// unread answers has its new calls refused (clients that read are not).
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_UNREAD_ANSWER_BYTES", default_value_t = Limits::default().max_unread_answer_bytes)]
+    max_unread_answer_bytes: usize,
+    /// Close a connection that holds unread answers and takes next to
+    /// nothing of them (under 1 KiB) for this long, freeing them (0: never).
+    #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_ANSWER_STALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    answer_stall_timeout: Duration,
     /// Ping each connection this often (HTTP/2 keepalive; 0: never) ...
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     keepalive_interval: Duration,
@@ -438,6 +451,9 @@ async fn main() -> anyhow::Result<()> {
     limits.max_connections_per_address = args.max_connections_per_address;
     limits.first_request_timeout = args.first_request_timeout;
     limits.idle_timeout = args.idle_timeout;
+    limits.max_unread_answer_bytes_per_connection = args.max_unread_answer_bytes_per_connection;
+    limits.max_unread_answer_bytes = args.max_unread_answer_bytes;
+    limits.answer_stall_timeout = args.answer_stall_timeout;
     limits.keepalive_interval = args.keepalive_interval;
     limits.keepalive_timeout = args.keepalive_timeout;
     limits.max_sessions = args.max_sessions;

@@ -324,6 +324,31 @@ impl Collector for Exposition {
             inner.meters.sessions_open(),
         )?;
         {
+            let answers = &inner.frames.answers;
+            gauge(
+                e,
+                "bagel_unread_answers",
+                "Unary answers made and not yet taken by their clients, over all connections.",
+                Some(&Unit::Bytes),
+                i64::try_from(answers.held()).unwrap_or(i64::MAX),
+            )?;
+            counter(
+                e,
+                "bagel_unread_answers_refused",
+                "Calls refused because their connection, or the server, held too many unread \
+                 answers (--max-unread-answer-bytes-per-connection, --max-unread-answer-bytes).",
+                None,
+                answers.refused(),
+            )?;
+            counter(
+                e,
+                "bagel_unread_answers_closed",
+                "Connections closed for leaving their answers unread (--answer-stall-timeout).",
+                None,
+                answers.closed(),
+            )?;
+        }
+        {
             use std::sync::atomic::Ordering::Relaxed;
             let hub = inner.table.watch_hub();
             let w = hub.stats();

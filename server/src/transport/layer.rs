@@ -1,5 +1,6 @@
 //! The tower layer every gRPC request passes through before tonic decodes
-//! it: message framing with limits, and calls in flight per connection.
+//! it: message framing with limits, calls in flight per connection, and
+//! the unread-answer budget (see [`super::answers`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -14,6 +15,7 @@ use http_body::{Body as HttpBody, Frame};
 use tonic::Status;
 use tonic::body::Body;
 
+use super::answers::{self, AnswerBudget, Charge};
 use super::{CallGuard, ConnState, conn_info, wire};
 use crate::error::Error;
 
@@ -29,6 +31,8 @@ pub struct FrameLimits {
     pub total: usize,
     pub max_names: usize,
     pub max_batch_ops: usize,
+    /// The bounds on answers made and not yet read.
+    pub answers: Arc<AnswerBudget>,
     buffered: AtomicUsize,
 }
 
@@ -46,8 +50,15 @@ impl FrameLimits {
             total,
             max_names,
             max_batch_ops,
+            answers: AnswerBudget::new(usize::MAX, usize::MAX, std::time::Duration::ZERO),
             buffered: AtomicUsize::new(0),
         }
+    }
+
+    /// The same, with bounds on unread answers.
+    pub fn with_answers(mut self, answers: Arc<AnswerBudget>) -> Self {
+        self.answers = answers;
+        self
     }
 
     /// Bytes of partly received messages buffered now, over all connections.
@@ -60,11 +71,13 @@ impl FrameLimits {
 #[derive(Clone, Debug)]
 pub struct LimitLayer {
     limits: Arc<FrameLimits>,
+    answers: Arc<AnswerBudget>,
 }
 
 impl LimitLayer {
     pub fn new(limits: Arc<FrameLimits>) -> Self {
-        LimitLayer { limits }
+        let answers = Arc::clone(&limits.answers);
+        LimitLayer { limits, answers }
     }
 }
 
@@ -75,6 +88,7 @@ impl<S> tower::Layer<S> for LimitLayer {
         LimitService {
             inner,
             limits: Arc::clone(&self.limits),
+            answers: Arc::clone(&self.answers),
         }
     }
 }
@@ -83,6 +97,7 @@ impl<S> tower::Layer<S> for LimitLayer {
 pub struct LimitService<S> {
     inner: S,
     limits: Arc<FrameLimits>,
+    answers: Arc<AnswerBudget>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -91,7 +106,10 @@ impl<S, B> tower::Service<Request<Body>> for LimitService<S>
 where
     S: tower::Service<Request<Body>, Response = Response<B>>,
     S::Future: Send + 'static,
-    B: HttpBody + Unpin,
+    S::Error: Send + 'static,
+    B: HttpBody + Default + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Send,
 {
     type Response = Response<Tracked<B>>;
     type Error = S::Error;
@@ -103,45 +121,115 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let conn = conn_info(req.extensions()).map(|c| Arc::clone(&c.state));
+        // A connection that leaves its answers unread gets no new ones.
+        if let Some(refusal) = conn.as_deref().and_then(|c| self.answers.admit(c).err()) {
+            let response = refusal.into_http::<B>().map(Tracked::new);
+            return Box::pin(std::future::ready(Ok(response)));
+        }
         // The call is in flight until its response body is done: the
         // connection is not idle meanwhile (a long Session included).
         let guard = conn.as_ref().map(ConnState::begin);
-        let scan = Scan::for_path(req.uri().path());
+        let path = req.uri().path();
+        let scan = Scan::for_path(path);
+        let charged = answers::is_unary(path).then(|| Arc::clone(&self.answers));
         let limits = Arc::clone(&self.limits);
-        let req = req.map(|body| Body::new(Framed::new(body, limits, conn, scan)));
+        let req = req.map(|body| Body::new(Framed::new(body, limits, conn.clone(), scan)));
         let response = self.inner.call(req);
         Box::pin(async move {
-            let response = response.await?;
-            Ok(response.map(|inner| Tracked { inner, _call: guard }))
+            let (parts, inner) = response.await?.into_parts();
+            let mut body = Tracked::new(inner);
+            body.call = guard;
+            if let (Some(budget), Some(conn)) = (charged, conn) {
+                body.charge_answer(&budget, &conn).await;
+            }
+            Ok(Response::from_parts(parts, body))
         })
     }
 }
+/// What a body's `poll_frame` gives once ready.
+type Polled<B> = Option<Result<Frame<<B as HttpBody>::Data>, <B as HttpBody>::Error>>;
 
 /// A response body that keeps its call counted as in flight until it is
-/// finished or dropped.
-#[derive(Debug)]
-pub struct Tracked<B> {
+/// finished or dropped, and a unary answer charged to the unread-answer
+/// budget until then.
+pub struct Tracked<B: HttpBody> {
     inner: B,
-    _call: Option<CallGuard>,
+    /// What the answer's first poll gave, taken early to size the answer
+    /// (see [`Tracked::charge_answer`]); yielded first.
+    peeked: Option<Polled<B>>,
+    charge: Option<Charge>,
+    call: Option<CallGuard>,
+}
+
+/// Nothing of it is pinned but `inner`, itself `Unpin`: the peeked frame
+/// is moved out by value.
+impl<B: HttpBody + Unpin> Unpin for Tracked<B> {}
+
+impl<B: HttpBody> std::fmt::Debug for Tracked<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracked")
+            .field("peeked", &self.peeked.is_some())
+            .field("charge", &self.charge)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: HttpBody + Unpin> Tracked<B> {
+    fn new(inner: B) -> Self {
+        Tracked {
+            inner,
+            peeked: None,
+            charge: None,
+            call: None,
+        }
+    }
+
+    /// Encodes the answer now (a unary answer's body is ready at once: its
+    /// one message) and charges its bytes to `conn` and the server until
+    /// the body is finished or dropped.
+    async fn charge_answer(&mut self, budget: &Arc<AnswerBudget>, conn: &Arc<ConnState>) {
+        let first = std::future::poll_fn(|cx| Pin::new(&mut self.inner).poll_frame(cx)).await;
+        let bytes = match &first {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.remaining()),
+            _ => 0,
+        };
+        if bytes > 0 {
+            self.charge = Some(budget.charge(conn, bytes));
+        }
+        self.peeked = Some(first);
+    }
 }
 
 impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Polled<B>> {
+        let this = &mut *self;
+        let polled = match this.peeked.take() {
+            Some(first) => first,
+            None => std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)),
+        };
+        if polled.is_none() {
+            // Finished: the client has taken the answer into its window.
+            this.charge = None;
+            this.call = None;
+        }
+        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.peeked {
+            Some(first) => first.is_none(),
+            None => self.inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        match &self.peeked {
+            Some(_) => http_body::SizeHint::default(),
+            None => self.inner.size_hint(),
+        }
     }
 }
 

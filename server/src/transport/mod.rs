@@ -17,6 +17,9 @@
 //! * [`corked`]: a connection's writes wait for one yield of its task, so
 //!   the answers that calls finish together go out in one system call
 //!   (each answer used to cost a `writev` and a TCP segment of its own).
+//! * [`answers`]: what the server holds of answers made and not yet read,
+//!   bounded in bytes (new calls refused) and in time (a connection that
+//!   leaves its answers unread is closed, see [`Conn`]).
 //! * [`layer`]: every request's body passes through [`layer::Framed`],
 //!   which takes each gRPC message whole before tonic sees it (tonic
 //!   reserves the length a message *announces* as soon as its 5-byte
@@ -24,6 +27,7 @@
 //!   2 GiB) and charges partly received messages to a per-connection and a
 //!   global budget.
 
+pub mod answers;
 pub mod corked;
 pub mod layer;
 pub mod wire;
@@ -61,6 +65,13 @@ pub struct ConnState {
     subject: OnceLock<Option<(Arc<str>, Chain)>>,
     /// Whether a call ever began on the connection.
     began: std::sync::atomic::AtomicBool,
+    /// Unary answers made and not yet finished, and their bytes (see
+    /// [`answers`]).
+    pub(crate) answers: AtomicUsize,
+    pub(crate) answer_bytes: AtomicUsize,
+    /// Bytes written to the socket: whether a client with unfinished
+    /// answers reads them.
+    written: AtomicU64,
 }
 
 impl ConnState {
@@ -71,6 +82,9 @@ impl ConnState {
             inflight: AtomicUsize::new(0),
             subject: OnceLock::new(),
             began: std::sync::atomic::AtomicBool::new(false),
+            answers: AtomicUsize::new(0),
+            answer_bytes: AtomicUsize::new(0),
+            written: AtomicU64::new(0),
         }
     }
 
@@ -117,7 +131,8 @@ pub struct ConnInfo {
     pub state: Arc<ConnState>,
 }
 
-/// An accepted TCP connection that closes itself when idle.
+/// An accepted TCP connection that closes itself when idle, or when it
+/// leaves its answers unread.
 #[derive(Debug)]
 pub struct Conn {
     /// Writes wait for one yield of the connection's task, so answers
@@ -127,36 +142,102 @@ pub struct Conn {
     idle_timeout: Duration,
     /// Idle limit until the first call begins (never above `idle_timeout`).
     first_request_timeout: Duration,
-    /// Fires when the connection may have gone idle for long enough.
+    /// The bound on unread answers (see [`answers`]).
+    answers: Arc<answers::AnswerBudget>,
+    /// Since when the connection has held unfinished answers without
+    /// writing [`answers::MIN_PROGRESS`] bytes, and the bytes written then.
+    stalled_since: Option<(u64, u64)>,
+    /// Fires when the connection may have gone idle, or stalled, for long
+    /// enough.
     timer: Pin<Box<Sleep>>,
     closed: bool,
     _slot: OwnedSemaphorePermit,
     _address_slot: AddressSlot,
 }
 
+/// Why a connection closes itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    Idle,
+    UnreadAnswers,
+}
+
 impl Conn {
-    /// Whether the connection has been idle for the whole timeout; if not,
-    /// re-arms the timer for the earliest moment it could have been.
-    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Whether the connection is to close now; if not, re-arms the timer
+    /// for the earliest moment it could have to.
+    fn should_close(&mut self, cx: &mut Context<'_>) -> Option<Close> {
+        let stall = self.answers.stall_timeout.as_millis() as u64;
+        if stall > 0 && self.stalled_since.is_none() && self.info.state.answers.load(Ordering::Acquire) > 0 {
+            // Answers appeared since the timer was armed (for as much as
+            // the idle timeout): check them within the stall bound.
+            self.stalled_since = Some((now_ms(), self.info.state.written.load(Ordering::Acquire)));
+            let at = Instant::now() + Duration::from_millis(stall);
+            if self.timer.deadline() > at {
+                self.timer.as_mut().reset(at);
+            }
+        }
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = now_ms();
+            let idle = match self.idle_check(now) {
+                Ok(next) => next,
+                Err(close) => return Some(close),
+            };
+            let stalled = match self.stall_check(now, stall) {
+                Ok(next) => next,
+                Err(close) => return Some(close),
+            };
+            let next = idle.into_iter().chain(stalled).min().unwrap_or(u64::MAX);
+            // Nothing to watch for: look again in a minute (a call that
+            // begins re-arms it through `stalled_since`).
+            let next = if next == u64::MAX { 60_000 } else { next };
+            let at = Instant::now() + Duration::from_millis(next.max(1));
+            self.timer.as_mut().reset(at);
+        }
+        None
+    }
+
+    /// `Err(Close::Idle)` once no call has been in flight for the whole
+    /// idle timeout, else the milliseconds until that could be.
+    fn idle_check(&self, now: u64) -> Result<Option<u64>, Close> {
         let timeout = if self.info.state.began.load(Ordering::Acquire) {
             self.idle_timeout
         } else {
             self.first_request_timeout
         };
         if timeout.is_zero() {
-            return false;
+            return Ok(None);
         }
-        while self.timer.as_mut().poll(cx).is_ready() {
-            let timeout = timeout.as_millis() as u64;
-            let next = match self.info.state.idle_since() {
-                Some(since) if now_ms() >= since + timeout => return true,
-                Some(since) => since + timeout - now_ms(),
-                None => timeout,
-            };
-            let at = Instant::now() + Duration::from_millis(next.max(1));
-            self.timer.as_mut().reset(at);
+        let timeout = timeout.as_millis() as u64;
+        Ok(Some(match self.info.state.idle_since() {
+            Some(since) if now >= since + timeout => return Err(Close::Idle),
+            Some(since) => since + timeout - now,
+            None => timeout,
+        }))
+    }
+
+    /// `Err(Close::UnreadAnswers)` once the connection has held unfinished
+    /// answers for `stall` ms while writing less than
+    /// [`answers::MIN_PROGRESS`] bytes, else the milliseconds until the
+    /// next look.
+    fn stall_check(&mut self, now: u64, stall: u64) -> Result<Option<u64>, Close> {
+        let state = &self.info.state;
+        if stall == 0 || state.answers.load(Ordering::Acquire) == 0 {
+            self.stalled_since = None;
+            return Ok(None);
         }
-        false
+        let written = state.written.load(Ordering::Acquire);
+        match self.stalled_since {
+            Some((since, at)) if written.saturating_sub(at) < answers::MIN_PROGRESS => {
+                if now >= since + stall {
+                    return Err(Close::UnreadAnswers);
+                }
+                Ok(Some(since + stall - now))
+            }
+            _ => {
+                self.stalled_since = Some((now, written));
+                Ok(Some(stall))
+            }
+        }
     }
 }
 
@@ -180,10 +261,26 @@ impl AsyncRead for Conn {
         }
         let this = &mut *self;
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Pending if this.idle_expired(cx) => {
+            Poll::Pending => {
+                let Some(why) = this.should_close(cx) else {
+                    return Poll::Pending;
+                };
                 // End of stream: the HTTP/2 connection (or the TLS
-                // handshake) ends, and the socket is closed.
-                tracing::debug!(peer = ?this.info.remote, "closing an idle connection");
+                // handshake) ends, the socket is closed, and the streams
+                // on it are dropped with what they held.
+                match why {
+                    Close::Idle => tracing::debug!(peer = ?this.info.remote, "closing an idle connection"),
+                    Close::UnreadAnswers => {
+                        this.answers.count_closed();
+                        tracing::warn!(
+                            peer = ?this.info.remote,
+                            unread_bytes = this.info.state.answer_bytes.load(Ordering::Acquire),
+                            "closing a connection that left its answers unread for {:?} \
+                             (bagel-server --answer-stall-timeout)",
+                            this.answers.stall_timeout
+                        );
+                    }
+                }
                 this.closed = true;
                 Poll::Ready(Ok(()))
             }
@@ -192,9 +289,19 @@ impl AsyncRead for Conn {
     }
 }
 
+impl Conn {
+    fn count_written(&self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written {
+            self.info.state.written.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.count_written(&written);
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -210,7 +317,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.count_written(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -237,6 +346,8 @@ pub struct AcceptConfig {
     pub idle_timeout: Duration,
     /// `--first-request-timeout`; zero: only `idle_timeout` applies.
     pub first_request_timeout: Duration,
+    /// Unread answers: the bound in time is the connection's to keep.
+    pub answers: Arc<answers::AnswerBudget>,
 }
 
 /// How many connections each client address holds, against a cap.
@@ -400,6 +511,8 @@ async fn accept_loop(
             },
             idle_timeout: cfg.idle_timeout,
             first_request_timeout,
+            answers: Arc::clone(&cfg.answers),
+            stalled_since: None,
             timer: Box::pin(tokio::time::sleep(
                 first_request_timeout.max(Duration::from_millis(1)),
             )),
