@@ -270,3 +270,40 @@ async fn a_grant_this_hosts_clock_counts_as_over_is_given_back() {
     let states = on_time.describe(["ahead"]).await.unwrap();
     assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
 }
+
+/// A host whose clock is ahead of the server's by less than the TTL but
+/// more than the safety margin gets a grant it counts as inside the margin
+/// from the start: no writer would use it and `bagel run` would fence at
+/// once. It is given back, and the refusal says by about how much the
+/// clock is ahead; the same TTL from a host on time is a usable lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_this_hosts_clock_puts_inside_the_safety_margin_is_given_back() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let ahead: Arc<dyn bagel_proto::clock::Clock> = Arc::new(bagel_proto::clock::OffsetClock {
+        inner: bagel_proto::clock::SystemClock,
+        offset_us: 3_000_000,
+    });
+    let client = server.client().await.with_clock(ahead);
+    let e = client
+        .acquire(["nearly-over"])
+        .ttl(Duration::from_millis(3_300))
+        .send()
+        .await
+        .expect_err("a grant inside the safety margin on this host's clock");
+    assert!(
+        matches!(e, bagel_client::Error::ClockOff { .. })
+            && e.to_string().contains("inside the safety margin")
+            && e.to_string().contains("released"),
+        "{e}"
+    );
+    let on_time = server.client().await;
+    let states = on_time.describe(["nearly-over"]).await.unwrap();
+    assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
+    let lease = on_time
+        .acquire(["nearly-over"])
+        .ttl(Duration::from_millis(3_300))
+        .send()
+        .await
+        .unwrap();
+    assert!(lease.is_valid());
+}

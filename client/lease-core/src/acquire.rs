@@ -175,6 +175,7 @@ impl AcquireBuilder {
             tracing::warn!("{warning}");
         }
         let answered_in = sent.elapsed();
+        let margin = self.options.safety_margin;
         let mut lease = Lease::start(self.backend, grant, sent, left, ttl, self.options, holder);
         if needs_reanchor(answered_in, left)
             && let Err(e) = lease.reanchor().await
@@ -187,22 +188,41 @@ impl AcquireBuilder {
             }
             return Err(e);
         }
-        // A grant this host's clocks already count as over (its wall clock
-        // ahead of the server's by more than what the grant leaves) can
+        // A grant this host's wall clock already counts as over, or as
+        // inside the safety margin although the server granted more (its
+        // clock is ahead of the server's by more than the margin), can
         // never be used: every writer refuses it and `bagel run` would
         // fence at once. Holding it anyway keeps the names from everyone
-        // until the deadline, so it is given back at once. (A short grant
-        // that is merely inside the safety margin is the caller's to judge.)
-        if lease.time_left().is_zero() {
-            let deadline = lease.deadline();
+        // until the deadline, so it is given back at once. (A grant that is
+        // short because it was asked short is the caller's to judge.)
+        let deadline = lease.deadline();
+        let wall_left = deadline.duration_since(clock.now());
+        let unusable = if lease.time_left().is_zero() {
+            Some("it is ahead of the server's by more than the TTL; the names were released".to_owned())
+        } else {
+            left.filter(|&granted| wall_left <= margin && granted > margin)
+                .map(|granted| {
+                    format!(
+                        "it leaves {} of the {} the server granted, inside the safety margin of {}: this \
+                     host's clock is ahead of the server's by about {}; the names were released",
+                        bagel_proto::human_duration(wall_left),
+                        bagel_proto::human_duration(granted),
+                        bagel_proto::human_duration(margin),
+                        bagel_proto::human_duration(granted.saturating_sub(wall_left)),
+                    )
+                })
+        };
+        if let Some(why) = unusable {
             if let Err(release) = lease.release(None).await {
-                tracing::warn!(error = %release, "could not release a grant this host counts as over");
+                tracing::warn!(error = %release, "could not release a grant this host cannot use");
             }
+            let when = if wall_left.is_zero() {
+                "has already passed on this host's clock"
+            } else {
+                "is too close on this host's clock"
+            };
             return Err(crate::error::Error::ClockOff {
-                detail: format!(
-                    "the grant's deadline {deadline} has already passed on this host's clock: it is ahead \
-                     of the server's by more than the TTL; the names were released"
-                ),
+                detail: format!("the grant's deadline {deadline} {when}: {why}"),
             });
         }
         lease.start_renewing();
