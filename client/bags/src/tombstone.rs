@@ -30,7 +30,7 @@
 //! the bag's own, create-only lock. So each party looks at the tombstone
 //! *after* what it decides on:
 //! * a writer whose record finished past its minute's safe point takes its
-//!   verdict from the bag's lock as before, then looks for the tombstone;
+//!   verdict from the bag's lock, then looks for the tombstone;
 //!   finding it, its record counts only if the named summary holds it (so
 //!   a record appended into a removed bag is `LateRejected`, as it is
 //!   while the bag is there);

@@ -92,7 +92,8 @@ mod server_keys;
 mod server_time;
 mod verify;
 
-// The lease core, under the paths this crate always had them.
+// The lease core's modules, reachable from this crate too: a program that
+// takes leases from a server needs only `bagel-client`.
 pub use bagel_lease_core::{acquire, backend, error, holder_key, lease, long_wait, time_source, types};
 
 pub use acquire::AcquireBuilder;

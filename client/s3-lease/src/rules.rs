@@ -63,15 +63,6 @@ fn not_held(reason: NotHeldReason, message: String) -> Error {
 }
 
 impl Rules {
-    /// Whether `name` (its object `obj`, absent if never written) can be
-    /// taken in `mode` at `now`, and what the grant inherits.
-    ///
-    /// A live full holder refuses; a live tentative holder refuses a
-    /// tentative request and is broken by a full one (it could not write,
-    /// so it leaves no trace in the chain). A full holder past its
-    /// deadline plus the margin is *broken*: its deadline becomes the
-    /// watermark (it may have written anything below it) and its bags are
-    /// unsettled.
     /// When others (whose clock errs by at most `own_bound`) may treat
     /// `h`'s lease as over: `deadline + max(margin, holder's bound +
     /// own_bound)`. A holder from an older client, with no bound stored,
@@ -81,6 +72,15 @@ impl Rules {
         Micros::from_micros(h.deadline_us).saturating_add(self.margin.max(holder_bound + own_bound))
     }
 
+    /// Whether `name` (its object `obj`, absent if never written) can be
+    /// taken in `mode` at `now`, and what the grant inherits.
+    ///
+    /// A live full holder refuses; a live tentative holder refuses a
+    /// tentative request and is broken by a full one (it could not write,
+    /// so it leaves no trace in the chain). A full holder past when others
+    /// may treat it as over ([`Rules::free_from`]) is *broken*: its
+    /// deadline becomes the watermark (it may have written anything below
+    /// it) and its bags are unsettled.
     pub fn decide(
         &self,
         name: &str,

@@ -369,7 +369,7 @@ impl LeaseStore {
     /// was skipped (a garbage object under `keys/`, one too large, records
     /// beyond [`MAX_KEY_RECORDS`]). A witness signed by a skipped key then
     /// fails as signed by an unknown key, naming it; everything else reads
-    /// as before. Only failing to list the prefix is an error.
+    /// normally. Only failing to list the prefix is an error.
     pub async fn keys_report(&self) -> Result<(KeyRing, Vec<String>), Error> {
         let dir = Path::from(self.prefix.as_str()).join("keys");
         let list = self.store.list(Some(&dir)).try_collect::<Vec<_>>();

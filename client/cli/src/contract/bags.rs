@@ -92,7 +92,7 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetainJson {
     /// Attestations removed, each with its summary (absent when none, so
-    /// a store without attestations prints as before).
+    /// the output of a store without attestations has no such key).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attestations_removed: u64,
     pub bags_removed: u64,
