@@ -101,10 +101,6 @@ impl Backend {
         }
     }
 
-    pub fn is_s3(&self) -> bool {
-        matches!(self, Backend::S3 { .. })
-    }
-
     /// A store handle; `kill` makes it die after that many low-level
     /// operations (file ops or S3 requests).
     pub async fn store_with(&self, kill: KillSwitch) -> (Arc<dyn BagStore>, Option<Arc<RequestCounts>>) {
@@ -136,6 +132,56 @@ impl Backend {
     pub async fn store(&self) -> Arc<dyn BagStore> {
         let (s, _) = self.store_with(KillSwitch::never()).await;
         s
+    }
+}
+
+/// The three stores of the bag conformance suite: a directory holds a bag
+/// in one file, S3 each batch in an object of its own.
+#[async_trait::async_trait]
+impl crate::conformance::bags::BagEnv for Backend {
+    async fn store(&self) -> Arc<dyn BagStore> {
+        Backend::store(self).await
+    }
+
+    async fn store_with(&self, kill: KillSwitch) -> Arc<dyn BagStore> {
+        Backend::store_with(self, kill).await.0
+    }
+
+    async fn read_raw(&self, key: &str) -> Vec<u8> {
+        match self {
+            Backend::Posix { .. } | Backend::Nfs { .. } => {
+                let path = self.local_root().expect("a directory").join(key);
+                std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            }
+            Backend::S3 { bucket, prefix } => {
+                let os = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
+                let key = object_store::path::Path::from(format!("{prefix}/{key}"));
+                let got = os
+                    .get_opts(&key, Default::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("get {key}: {e}"));
+                got.bytes()
+                    .await
+                    .unwrap_or_else(|e| panic!("read {key}: {e}"))
+                    .to_vec()
+            }
+        }
+    }
+
+    async fn write_raw(&self, key: &str, bytes: Vec<u8>) {
+        match self {
+            Backend::Posix { .. } | Backend::Nfs { .. } => {
+                let path = self.local_root().expect("a directory").join(key);
+                std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write {}: {e}", path.display()))
+            }
+            Backend::S3 { bucket, prefix } => {
+                let os = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
+                let key = object_store::path::Path::from(format!("{prefix}/{key}"));
+                os.put_opts(&key, bytes.into(), Default::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("put {key}: {e}"));
+            }
+        }
     }
 }
 

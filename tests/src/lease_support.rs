@@ -60,8 +60,8 @@ pub fn s3_lease_url(prefix: &str) -> String {
 
 /// Where the leases of a conformance test live: any [`LeaseBackend`],
 /// with what keeps it running. Every operation goes through the trait, so
-/// a new backend joins the suite with a constructor here and a module in
-/// `tests/tests/lease_conformance.rs`.
+/// a new backend joins the suite ([`crate::conformance::lease`]) through
+/// [`LeaseEnv::of`], with a module in `tests/tests/lease_conformance.rs`.
 #[derive(Debug)]
 pub struct LeaseEnv {
     backend: Arc<dyn LeaseBackend>,

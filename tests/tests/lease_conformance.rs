@@ -1,57 +1,36 @@
-//! The lease-handle conformance suite: every scenario is written once,
-//! against `bagel_client::LeaseBackend` (an `Arc<dyn LeaseBackend>`) and
-//! the `Lease` handle, and runs on the real `bagel-server`, on three of
-//! them as a `Cluster`, on S3 conditional writes on the real S3 server,
-//! and on `MemoryLeaseBackend` (`tests/src/memory_lease.rs`: the smallest
-//! backend that passes, the one a new backend copies). A cluster's lease id joins its parts' (`MEMBER:ID,...`), and
-//! what a server reports names the part it holds ([`names_lease`]). What
-//! differs otherwise is only when an expired lease may be taken over: at
-//! its deadline on servers, after the deadline plus the clock margin (which
-//! covers both clocks' error bounds) on S3 (each waiter waits through the
-//! backend, never by a sleep of the test).
+//! The lease-handle conformance suite ([`bagel_tests::conformance::lease`])
+//! on every lease backend: the real `bagel-server`, three of them as a
+//! `Cluster`, S3 conditional writes on the real S3 server, and
+//! `MemoryLeaseBackend` (`tests/src/memory_lease.rs`: the smallest backend
+//! that passes, the one a new backend copies, with its module here). Each
+//! module names its environment, declares its capabilities and runs every
+//! scenario they allow, one test each on a fresh environment.
 
-use std::time::Duration;
+use bagel_tests::LeaseEnv;
+use bagel_tests::conformance::lease::Capabilities;
 
-use bagel_client::{Ended, Error, HistoryEvent, LeaseOptions, Metadata, Micros, Mode, ReleaseOptions};
-use bagel_proto::{pb, verify_witness};
-use bagel_tests::{LeaseEnv, wire};
-
-/// One test per scenario, each on a fresh environment from `LeaseEnv::$env`.
-macro_rules! on {
-    ($env:ident: $($name:ident),* $(,)?) => {
+/// One `#[tokio::test]` per scenario named: `lease::$name` on a fresh
+/// environment (`$env`, evaluated in each test) with `$caps`.
+macro_rules! scenarios {
+    ($env:expr, $caps:expr; $($name:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                super::$name(bagel_tests::LeaseEnv::$env().await).await
+                bagel_tests::conformance::lease::$name(&$env, $caps).await
             }
         )*
     };
 }
 
-/// `everywhere`: on one server, on a cluster of three, on S3 and in memory.
-/// `one_witness`: scenarios that read the grant's one witness whole, not on
-/// a cluster, where a lease of names on several servers has a witness per
-/// part, each of its own part, taken tentatively and upgraded (tests/tests/
-/// cluster.rs checks those).
-macro_rules! conformance {
-    (everywhere: [$($name:ident),* $(,)?], one_witness: [$($one:ident),* $(,)?] $(,)?) => {
-        mod server {
-            on!(server: $($name,)* $($one,)*);
-        }
-        mod cluster {
-            on!(cluster: $($name,)*);
-        }
-        mod s3 {
-            on!(s3: $($name,)* $($one,)*);
-        }
-        mod memory {
-            on!(memory: $($name,)* $($one,)*);
-        }
-    };
-}
+/// One `bagel-server`: one witness per grant.
+mod server {
+    use super::*;
 
-conformance!(
-    everywhere: [
+    const CAPS: Capabilities = Capabilities {
+        one_witness_per_grant: true,
+    };
+
+    scenarios!(LeaseEnv::server().await, CAPS;
         a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_taken,
         release_hands_the_watermark_and_the_lease_id_to_the_next_holder,
         an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark,
@@ -66,487 +45,94 @@ conformance!(
         bad_input_is_refused_naming_the_field,
         unsettled_bags_of_a_broken_lease_travel_down_the_chain,
         a_release_publishes_what_the_writers_wrote,
-    ],
-    one_witness: [witnesses_state_the_grant_and_a_flipped_byte_fails],
-);
-
-/// The ids a server knows a lease by: the lease's own, or on a cluster
-/// (`MEMBER:ID,MEMBER:ID`) each part's on its server.
-fn part_ids(lease_id: &str) -> impl Iterator<Item = &str> {
-    lease_id
-        .split(',')
-        .map(|part| part.split_once(':').map_or(part, |(_, id)| id))
+        witnesses_state_the_grant_and_a_flipped_byte_fails,
+    );
 }
 
-/// Whether an id a backend reports (a conflict's holder, a previous holder,
-/// describe, history) names the lease `lease_id` (on a cluster: a part).
-fn names_lease(reported: &str, lease_id: &str) -> bool {
-    reported == lease_id || part_ids(lease_id).any(|id| id == reported)
-}
+/// Three `bagel-server`s as one `Cluster`: a lease of names on several
+/// servers is held in parts, a witness per part, each of its own part
+/// (tests/tests/cluster.rs checks those), so the scenarios that read the
+/// one witness whole are not run.
+mod cluster {
+    use super::*;
 
-fn no_renew() -> LeaseOptions {
-    LeaseOptions::default().with_auto_renew(false)
-}
-
-async fn a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_taken(env: LeaseEnv) {
-    let first = env
-        .acquire(["orders"])
-        .owner("alice")
-        .ttl(Duration::from_secs(5))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    // "stock" sorts after "orders": a refused acquire takes no name.
-    let err = env
-        .acquire(["stock", "orders"])
-        .owner("bob")
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap_err();
-    assert!(err.is_retryable());
-    assert_eq!(err.retry_after(), Some(first.deadline()));
-    let Error::Busy {
-        conflict: Some(c), ..
-    } = &err
-    else {
-        panic!("expected Busy, got {err:?}")
+    const CAPS: Capabilities = Capabilities {
+        one_witness_per_grant: false,
     };
-    assert_eq!((c.name.as_str(), c.holder_owner.as_str()), ("orders", "alice"));
-    assert!(names_lease(&c.holder_lease_id, first.id()), "{c:?}");
-    assert_eq!(c.holder_mode, Mode::Full);
-    env.acquire(["stock"]).options(no_renew()).send().await.unwrap();
-    // Names sorting before the busy one are not kept either.
-    let err = env
-        .acquire(["aardvark", "orders"])
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    env.acquire(["aardvark"])
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
+
+    scenarios!(LeaseEnv::cluster().await, CAPS;
+        a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_taken,
+        release_hands_the_watermark_and_the_lease_id_to_the_next_holder,
+        an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark,
+        a_waiting_acquire_gets_the_name_when_it_is_released,
+        fencing_tokens_strictly_increase_per_name,
+        a_full_acquire_breaks_a_tentative_lease_and_its_upgrade_fails,
+        tentative_then_upgrade_gives_a_full_lease,
+        background_renewal_extends_the_deadline_and_the_witness_follows,
+        a_renewal_never_shortens_the_lease,
+        a_taken_over_lease_reports_loss_and_cannot_renew_or_release,
+        metadata_on_renew_and_release_is_kept_in_the_history,
+        bad_input_is_refused_naming_the_field,
+        unsettled_bags_of_a_broken_lease_travel_down_the_chain,
+        a_release_publishes_what_the_writers_wrote,
+    );
 }
 
-async fn release_hands_the_watermark_and_the_lease_id_to_the_next_holder(env: LeaseEnv) {
-    let a = env.acquire(["t1"]).options(no_renew()).send().await.unwrap();
-    let a_id = a.id().to_owned();
-    let wm = env.backend().clock().now();
-    assert_eq!(a.release(Some(wm)).await.unwrap(), wm);
-    let b = env
-        .acquire(["t1", "t2"])
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        b.min_timestamp(),
-        wm,
-        "the next holder writes strictly after the watermark"
-    );
-    let prev = b.names()[0].previous.clone();
-    assert_eq!((prev.ended, prev.watermark), (Ended::Released, wm));
-    assert!(names_lease(prev.lease_id.as_deref().unwrap(), &a_id), "{prev:?}");
-    assert!(
-        b.close_before_reading().is_none(),
-        "a released predecessor leaves nothing unsettled"
-    );
-    assert_eq!(b.names()[1].previous.ended, Ended::None, "t2 was never held");
-}
+/// S3 conditional writes on the real S3 server: one witness per grant; an
+/// expired lease is taken over after the clock margin
+/// ([`LeaseEnv::takeover_wait`]).
+mod s3 {
+    use super::*;
 
-async fn an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark(env: LeaseEnv) {
-    let a = env
-        .acquire(["job"])
-        .ttl(Duration::from_millis(300))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let b = env
-        .acquire(["job"])
-        .wait(env.takeover_wait())
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let prev = b.names()[0].previous.clone();
-    assert_eq!(prev.ended, Ended::Broken);
-    assert!(names_lease(prev.lease_id.as_deref().unwrap(), a.id()), "{prev:?}");
-    assert_eq!(prev.watermark, a.deadline());
-    assert!(prev.ended_at >= a.deadline());
-    assert_eq!(b.min_timestamp(), a.deadline());
-    assert!(b.fencing_token("job").unwrap() > a.fencing_token("job").unwrap());
-    let err = a.renew().await.unwrap_err();
-    assert!(
-        matches!(&err, Error::NotHeld { message, .. } if message.contains("expired")),
-        "{err:?}"
-    );
-    assert!(!err.is_retryable());
-    let err = a.release(None).await.unwrap_err();
-    assert!(matches!(err, Error::NotHeld { .. }), "{err:?}");
-}
-
-async fn a_waiting_acquire_gets_the_name_when_it_is_released(env: LeaseEnv) {
-    let a = env
-        .acquire(["q"])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let waiter = {
-        let b = env
-            .acquire(["q"])
-            .wait(Duration::from_secs(9))
-            .options(no_renew());
-        tokio::spawn(b.send())
+    const CAPS: Capabilities = Capabilities {
+        one_witness_per_grant: true,
     };
-    let a_deadline = a.deadline();
-    a.release(None).await.unwrap();
-    let b = waiter.await.unwrap().unwrap();
-    assert_eq!(b.names()[0].previous.ended, Ended::Released);
-    assert!(
-        env.backend().clock().now() < a_deadline,
-        "it came with the release, not with the expiry"
+
+    scenarios!(LeaseEnv::s3().await, CAPS;
+        a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_taken,
+        release_hands_the_watermark_and_the_lease_id_to_the_next_holder,
+        an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark,
+        a_waiting_acquire_gets_the_name_when_it_is_released,
+        fencing_tokens_strictly_increase_per_name,
+        a_full_acquire_breaks_a_tentative_lease_and_its_upgrade_fails,
+        tentative_then_upgrade_gives_a_full_lease,
+        background_renewal_extends_the_deadline_and_the_witness_follows,
+        a_renewal_never_shortens_the_lease,
+        a_taken_over_lease_reports_loss_and_cannot_renew_or_release,
+        metadata_on_renew_and_release_is_kept_in_the_history,
+        bad_input_is_refused_naming_the_field,
+        unsettled_bags_of_a_broken_lease_travel_down_the_chain,
+        a_release_publishes_what_the_writers_wrote,
+        witnesses_state_the_grant_and_a_flipped_byte_fails,
     );
 }
 
-async fn fencing_tokens_strictly_increase_per_name(env: LeaseEnv) {
-    let mut last = 0;
-    for _ in 0..5 {
-        let l = env.acquire(["f"]).options(no_renew()).send().await.unwrap();
-        let token = l.fencing_token("f").unwrap();
-        assert!(token > last, "fencing token {token} after {last}");
-        last = token;
-        l.release(None).await.unwrap();
-    }
-}
+/// `MemoryLeaseBackend` on the system clock: one witness per grant. The
+/// module to copy for a new backend: its environment
+/// (`LeaseEnv::of(Arc::new(backend), takeover_wait)`), its capabilities,
+/// every scenario.
+mod memory {
+    use super::*;
 
-async fn a_full_acquire_breaks_a_tentative_lease_and_its_upgrade_fails(env: LeaseEnv) {
-    let tentative = env
-        .acquire(["x", "y"])
-        .tentative()
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(tentative.mode(), Mode::Tentative);
-    assert!(!tentative.is_valid(), "a tentative lease gives no right to write");
-    // Another tentative acquire is refused; a full one breaks it.
-    let err = env
-        .acquire(["y"])
-        .tentative()
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    let full = env.acquire(["y"]).options(no_renew()).send().await.unwrap();
-    assert_eq!(
-        full.names()[0].previous.ended,
-        Ended::None,
-        "a tentative holder leaves no trace"
-    );
-    let err = tentative.upgrade().await.unwrap_err();
-    let Error::NotHeld { message, .. } = &err else {
-        panic!("{err:?}")
+    const CAPS: Capabilities = Capabilities {
+        one_witness_per_grant: true,
     };
-    assert!(
-        message.contains("\"y\"") && part_ids(full.id()).any(|id| message.contains(id)),
-        "{message}"
-    );
-}
 
-async fn tentative_then_upgrade_gives_a_full_lease(env: LeaseEnv) {
-    let lease = env
-        .acquire(["m", "n"])
-        .tentative()
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    lease.upgrade().await.unwrap();
-    assert_eq!(lease.mode(), Mode::Full);
-    assert!(lease.is_valid());
-    let body = verify_witness(&wire(&lease.witness()), &env.keys().await).unwrap();
-    assert_eq!(
-        (body.mode(), body.kind()),
-        (pb::Mode::Full, pb::WitnessKind::Upgrade)
+    scenarios!(LeaseEnv::memory().await, CAPS;
+        a_held_name_is_refused_with_its_holder_and_deadline_and_nothing_is_taken,
+        release_hands_the_watermark_and_the_lease_id_to_the_next_holder,
+        an_expired_lease_is_broken_and_its_deadline_becomes_the_watermark,
+        a_waiting_acquire_gets_the_name_when_it_is_released,
+        fencing_tokens_strictly_increase_per_name,
+        a_full_acquire_breaks_a_tentative_lease_and_its_upgrade_fails,
+        tentative_then_upgrade_gives_a_full_lease,
+        background_renewal_extends_the_deadline_and_the_witness_follows,
+        a_renewal_never_shortens_the_lease,
+        a_taken_over_lease_reports_loss_and_cannot_renew_or_release,
+        metadata_on_renew_and_release_is_kept_in_the_history,
+        bad_input_is_refused_naming_the_field,
+        unsettled_bags_of_a_broken_lease_travel_down_the_chain,
+        a_release_publishes_what_the_writers_wrote,
+        witnesses_state_the_grant_and_a_flipped_byte_fails,
     );
-    assert!(names_lease(&body.lease_id, lease.id()), "{}", body.lease_id);
-    assert!(env.acquire(["n"]).options(no_renew()).send().await.is_err());
-}
-
-async fn background_renewal_extends_the_deadline_and_the_witness_follows(env: LeaseEnv) {
-    let lease = env
-        .acquire(["keep"])
-        .ttl(Duration::from_millis(900))
-        .options(LeaseOptions::default().with_safety_margin(Duration::from_millis(100)))
-        .send()
-        .await
-        .unwrap();
-    let first_deadline = lease.deadline();
-    let mut state = lease.subscribe();
-    for _ in 0..3 {
-        state.changed().await.unwrap();
-    }
-    assert!(lease.deadline() > first_deadline);
-    assert!(lease.state().lost.is_none());
-    let held = env.describe(&["keep"]).await;
-    assert!(names_lease(
-        &held[0].holder.as_ref().unwrap().lease_id,
-        lease.id()
-    ));
-    assert!(held[0].holder.as_ref().unwrap().deadline >= lease.deadline());
-    let body = verify_witness(&wire(&lease.witness()), &env.keys().await).unwrap();
-    assert_eq!(body.kind(), pb::WitnessKind::Renew);
-    assert_eq!(body.deadline_us, lease.deadline().as_micros());
-    lease.release(None).await.unwrap();
-}
-
-async fn a_renewal_never_shortens_the_lease(env: LeaseEnv) {
-    let lease = env
-        .acquire(["long"])
-        .ttl(Duration::from_secs(8))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let long = lease.deadline();
-    let backend = env.backend();
-    let short = backend.clock().now().saturating_add(Duration::from_secs(2));
-    let r = backend.renew_lease(lease.lease_ref(), short, None).await.unwrap();
-    assert_eq!(r.deadline, long, "a renewal asking for less keeps what is held");
-}
-
-async fn a_taken_over_lease_reports_loss_and_cannot_renew_or_release(env: LeaseEnv) {
-    // Background renewal against a lease whose name a full acquire takes
-    // after it expired: the renewal is refused, the handle says lost.
-    let a = env
-        .acquire(["lost"])
-        .ttl(Duration::from_millis(300))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let b = env
-        .acquire(["lost"])
-        .wait(env.takeover_wait())
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let err = env
-        .backend()
-        .renew_lease(
-            a.lease_ref(),
-            env.backend().clock().now().saturating_add(Duration::from_secs(5)),
-            None,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::NotHeld { .. }), "{err:?}");
-    // The winner holds on.
-    assert!(b.is_valid());
-    b.renew().await.unwrap();
-}
-
-async fn witnesses_state_the_grant_and_a_flipped_byte_fails(env: LeaseEnv) {
-    let lease = env
-        .acquire(["w2", "w1"])
-        .owner("auditor-test")
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let keys = env.keys().await;
-    let witness = wire(&lease.witness());
-    let body = verify_witness(&witness, &keys).unwrap();
-    assert!(names_lease(&body.lease_id, lease.id()), "{}", body.lease_id);
-    assert_eq!(body.owner, "auditor-test");
-    assert_eq!(body.deadline_us, lease.deadline().as_micros());
-    assert_eq!(body.min_timestamp_us, lease.min_timestamp().as_micros());
-    assert_eq!(
-        (body.mode(), body.kind()),
-        (pb::Mode::Full, pb::WitnessKind::Acquire)
-    );
-    assert_eq!(
-        body.names
-            .iter()
-            .map(|n| (n.name.as_str(), n.fencing_token))
-            .collect::<Vec<_>>(),
-        lease
-            .names()
-            .iter()
-            .map(|n| (n.name.as_str(), n.fencing_token))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(body.names[0].name, "w1", "names in their fixed (sorted) order");
-    assert!(body.signed_time.is_some());
-    assert!(!body.server_id.is_empty());
-    for i in [0, witness.body.len() / 2, witness.body.len() - 1] {
-        let mut bad = witness.clone();
-        bad.body[i] ^= 0x01;
-        assert!(
-            verify_witness(&bad, &keys).is_err(),
-            "flipped body byte {i} verified"
-        );
-    }
-    let mut bad = witness.clone();
-    bad.signature[0] ^= 0x01;
-    assert!(verify_witness(&bad, &keys).is_err());
-}
-
-async fn metadata_on_renew_and_release_is_kept_in_the_history(env: LeaseEnv) {
-    let lease = env
-        .acquire(["h"])
-        .owner("w-1")
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let meta = |s: &str| Metadata::Data(s.as_bytes().to_vec());
-    lease.renew_with_metadata(meta("s3://b/p/1")).await.unwrap();
-    let wm = env.backend().clock().now();
-    lease
-        .release_with(
-            ReleaseOptions::default()
-                .with_watermark(wm)
-                .with_metadata(Metadata::Wildcard),
-        )
-        .await
-        .unwrap();
-    let h = env.history("h").await;
-    assert_eq!(h.entries.len(), 2);
-    assert_eq!(h.entries[0].event, HistoryEvent::Renewed);
-    assert_eq!(h.entries[0].metadata, Some(meta("s3://b/p/1")));
-    assert_eq!(h.entries[1].event, HistoryEvent::Released);
-    assert_eq!(h.entries[1].metadata, Some(Metadata::Wildcard));
-    assert_eq!((h.entries[1].watermark, h.entries[1].owner.as_str()), (wm, "w-1"));
-    let d = env.describe(&["h", "never-used"]).await;
-    assert!(d[0].holder.is_none() && d[0].known);
-    assert_eq!(d[0].previous.watermark, wm);
-    assert!(!d[1].known);
-}
-
-async fn bad_input_is_refused_naming_the_field(env: LeaseEnv) {
-    // Every backend names the field it refuses (as a field, not only in
-    // the text) and says why.
-    let refused = |e: Error, field: &str, why: &str| {
-        let reason = match &e {
-            Error::Invalid { reason, .. } | Error::OutOfRange { reason, .. } => reason,
-            other => panic!("expected a refusal of {field}: {other:?}"),
-        };
-        assert_eq!(e.field(), Some(field), "{e:?}");
-        assert!(reason.contains(why), "expected {why:?} in {reason:?}");
-        assert!(!e.is_retryable());
-    };
-    let empty: [&str; 0] = [];
-    refused(
-        env.acquire(empty).send().await.unwrap_err(),
-        "names",
-        "at least one",
-    );
-    refused(
-        env.acquire(["a", "a"]).send().await.unwrap_err(),
-        "names",
-        "duplicate",
-    );
-    refused(
-        env.acquire(["x".repeat(300)]).send().await.unwrap_err(),
-        "names",
-        "256 bytes",
-    );
-    refused(
-        env.acquire(["a\u{7}"]).send().await.unwrap_err(),
-        "names",
-        "control character",
-    );
-    refused(
-        env.acquire(["a"])
-            .owner("o".repeat(300))
-            .send()
-            .await
-            .unwrap_err(),
-        "owner",
-        "bytes",
-    );
-    // A TTL over the limit names the limit: the server counts a TTL itself
-    // (`ttl_us`, "--max-ttl"), the S3 backend checks the deadline it
-    // computed (`deadline_us`, "max_ttl").
-    let too_long = env
-        .acquire(["a"])
-        .ttl(Duration::from_secs(3600))
-        .send()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&too_long, Error::OutOfRange { field: Some(f), reason }
-            if (f == "ttl_us" && reason.contains("--max-ttl")) || (f == "deadline_us" && reason.contains("max_ttl"))),
-        "expected a refusal naming the max TTL: {too_long:?}"
-    );
-    assert!(!too_long.is_retryable());
-    let lease = env.acquire(["a"]).options(no_renew()).send().await.unwrap();
-    refused(
-        lease
-            .renew_with_metadata(Metadata::Data(vec![0; 5000]))
-            .await
-            .unwrap_err(),
-        "metadata.data",
-        "over the limit",
-    );
-    let beyond = lease.deadline().saturating_add(Duration::from_secs(1));
-    refused(
-        lease.release(Some(beyond)).await.unwrap_err(),
-        "watermark_us",
-        "ahead of",
-    );
-}
-
-async fn unsettled_bags_of_a_broken_lease_travel_down_the_chain(env: LeaseEnv) {
-    let a = env
-        .acquire(["u"])
-        .ttl(Duration::from_millis(300))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let b = env
-        .acquire(["u"])
-        .wait(env.takeover_wait())
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(b.close_before_reading(), Some(a.deadline().next()));
-    // B releases without closing them: C must still close.
-    b.release(None).await.unwrap();
-    let c = env.acquire(["u"]).options(no_renew()).send().await.unwrap();
-    assert_eq!(c.close_before_reading(), Some(a.deadline().next()));
-    // C closes through them and says so: D inherits nothing unsettled.
-    c.settled_through(a.deadline().next());
-    c.release(None).await.unwrap();
-    let d = env.acquire(["u"]).options(no_renew()).send().await.unwrap();
-    assert_eq!(d.close_before_reading(), None);
-}
-
-async fn a_release_publishes_what_the_writers_wrote(env: LeaseEnv) {
-    let lease = env.acquire(["wr"]).options(no_renew()).send().await.unwrap();
-    let ledger = lease.rights().ledger().expect("a lease keeps a ledger");
-    let ts = env.backend().clock().now();
-    ledger.begin(ts).expect("writes are open").settled();
-    let below = Micros::from_micros(ts.as_micros() - 1);
-    let err = lease.release(Some(below)).await.unwrap_err();
-    assert!(matches!(err, Error::WatermarkBelowWritten { .. }), "{err:?}");
-    let lease = env.acquire(["wr2"]).options(no_renew()).send().await.unwrap();
-    let ledger = lease.rights().ledger().unwrap();
-    let ts = env.backend().clock().now();
-    ledger.begin(ts).unwrap().settled();
-    assert_eq!(lease.release(None).await.unwrap(), ts);
-    let next = env.acquire(["wr2"]).options(no_renew()).send().await.unwrap();
-    assert_eq!(next.min_timestamp(), ts);
 }
