@@ -18,6 +18,13 @@
 //! metadata), so that a client tells "list again" from "resume from your
 //! last revision" by a stable reason rather than by the message's words:
 //! [`error_info_details`] encodes, [`error_info_of`] decodes.
+//!
+//! Every refusal of a request field carries a `google.rpc.BadRequest`
+//! naming the field ([`field_violation_of`]), and the refusals a client
+//! acts on an `ErrorInfo` with their numbers: a wait over the server's max
+//! ([`REASON_WAIT_TOO_LONG`]), a lifetime outside its TTL range
+//! ([`REASON_TTL_OUT_OF_RANGE`]), a call the access policy does not allow
+//! ([`REASON_PERMISSION_DENIED`]). [`Details`] builds any mix of them.
 
 use std::time::Duration;
 
@@ -25,7 +32,7 @@ use prost::Message as _;
 use prost_types::Any;
 use std::collections::HashMap;
 
-use tonic_types::pb::{ErrorInfo, RetryInfo, Status as RpcStatus};
+use tonic_types::pb::{BadRequest, ErrorInfo, RetryInfo, Status as RpcStatus, bad_request::FieldViolation};
 
 use crate::pb;
 
@@ -37,6 +44,9 @@ pub const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo"
 
 /// The `Any` type URL of a `google.rpc.ErrorInfo` detail.
 pub const ERROR_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.ErrorInfo";
+
+/// The `Any` type URL of a `google.rpc.BadRequest` detail.
+pub const BAD_REQUEST_TYPE_URL: &str = "type.googleapis.com/google.rpc.BadRequest";
 
 /// The `ErrorInfo.domain` of this service's reasons.
 pub const ERROR_DOMAIN: &str = "bagel.v1";
@@ -62,6 +72,94 @@ pub const REASON_WATCH_OVERFLOW: &str = "WATCH_OVERFLOW";
 /// `stall_ms`, `last_revision` (the last one it was sent: watch again
 /// from it).
 pub const REASON_WATCH_STALLED: &str = "WATCH_STALLED";
+
+/// An acquire asked to wait longer than the server allows (OUT_OF_RANGE,
+/// field `wait_us`). Metadata: `wait_us`, `max_wait_us` (wait in rounds
+/// of at most that).
+pub const REASON_WAIT_TOO_LONG: &str = "WAIT_TOO_LONG";
+/// A lease's lifetime outside the server's TTL range (OUT_OF_RANGE, field
+/// `ttl_us` or `deadline_us`). Metadata: `min_ttl_us`, `max_ttl_us`, and
+/// `ttl_us` or `deadline_us` and `now_us` (the server's clock).
+pub const REASON_TTL_OUT_OF_RANGE: &str = "TTL_OUT_OF_RANGE";
+/// The server's access policy gives the caller no grant of a permission
+/// on a name or prefix (PERMISSION_DENIED). Metadata: `permission`, `on`
+/// (`name` or `prefix`). Other PERMISSION_DENIED refusals (a lease's
+/// token, another certificate's lease) carry no reason.
+pub const REASON_PERMISSION_DENIED: &str = "PERMISSION_DENIED";
+
+/// A `google.rpc.Status` for a status's `grpc-status-details-bin`, built
+/// up detail by detail: `code` and `message` as the gRPC status has them
+/// (the model wants them repeated).
+#[derive(Clone, Debug)]
+pub struct Details(RpcStatus);
+
+impl Details {
+    pub fn new(code: tonic::Code, message: &str) -> Self {
+        Details(RpcStatus {
+            code: code as i32,
+            message: message.to_owned(),
+            details: Vec::new(),
+        })
+    }
+
+    /// A `google.rpc.BadRequest` naming `field` and why (`description`).
+    #[must_use]
+    pub fn field_violation(mut self, field: &str, description: &str) -> Self {
+        let bad = BadRequest {
+            field_violations: vec![FieldViolation {
+                field: field.to_owned(),
+                description: description.to_owned(),
+                ..FieldViolation::default()
+            }],
+        };
+        self.0.details.push(Any {
+            type_url: BAD_REQUEST_TYPE_URL.to_owned(),
+            value: bad.encode_to_vec(),
+        });
+        self
+    }
+
+    /// A `google.rpc.ErrorInfo` of [`ERROR_DOMAIN`] with `reason` and
+    /// its metadata.
+    #[must_use]
+    pub fn error_info<'a>(
+        mut self,
+        reason: &str,
+        metadata: impl IntoIterator<Item = (&'a str, String)>,
+    ) -> Self {
+        let info = ErrorInfo {
+            reason: reason.to_owned(),
+            domain: ERROR_DOMAIN.to_owned(),
+            metadata: metadata.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        };
+        self.0.details.push(Any {
+            type_url: ERROR_INFO_TYPE_URL.to_owned(),
+            value: info.encode_to_vec(),
+        });
+        self
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.0.encode_to_vec()
+    }
+}
+
+/// The first field violation of a `google.rpc.BadRequest` in a status's
+/// details: the field and why. `None` when there is none (an older
+/// server, or a refusal of no one field).
+pub fn field_violation_of(details: &[u8]) -> Option<(String, String)> {
+    let status = RpcStatus::decode(details).ok()?;
+    let any = status
+        .details
+        .iter()
+        .find(|a| a.type_url == BAD_REQUEST_TYPE_URL)?;
+    let violation = BadRequest::decode(any.value.as_slice())
+        .ok()?
+        .field_violations
+        .into_iter()
+        .next()?;
+    (!violation.field.is_empty()).then_some((violation.field, violation.description))
+}
 
 /// The encoded `google.rpc.Status` of a refused acquire: `code` and
 /// `message` as the gRPC status has them (the model wants them repeated),
@@ -257,6 +355,30 @@ mod tests {
         .encode_to_vec();
         assert_eq!(error_info_of(&other), None);
         assert_eq!(error_info_of(&[]), None);
+    }
+
+    #[test]
+    fn a_field_violation_and_a_reason_go_together() {
+        let bytes = Details::new(tonic::Code::OutOfRange, "wait_us: too long")
+            .field_violation("wait_us", "too long")
+            .error_info(
+                REASON_WAIT_TOO_LONG,
+                [("max_wait_us", "10".to_owned()), ("wait_us", "20".to_owned())],
+            )
+            .encode();
+        assert_eq!(
+            field_violation_of(&bytes),
+            Some(("wait_us".to_owned(), "too long".to_owned()))
+        );
+        let (reason, meta) = error_info_of(&bytes).unwrap();
+        assert_eq!(reason, REASON_WAIT_TOO_LONG);
+        assert_eq!(meta["max_wait_us"], "10");
+        assert_eq!(conflict_of(&bytes), None);
+        let status = RpcStatus::decode(bytes.as_slice()).unwrap();
+        assert_eq!(status.message, "wait_us: too long");
+        assert_eq!(field_violation_of(&[]), None);
+        let none = Details::new(tonic::Code::OutOfRange, "x").encode();
+        assert_eq!(field_violation_of(&none), None);
     }
 
     #[test]

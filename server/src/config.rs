@@ -465,3 +465,33 @@ impl Config {
         Ok(())
     }
 }
+
+impl Config {
+    /// The bounds of a lease request, for the rules every backend checks
+    /// alike (`bagel_lease_core::LeaseLimits`).
+    pub fn lease_limits(&self) -> bagel_lease_core::LeaseLimits {
+        self.limits
+            .lease_limits(self.min_ttl, self.max_ttl, self.max_wait)
+    }
+}
+
+impl Limits {
+    /// These limits' request sizes, with a TTL range and a max wait (a
+    /// [`Config`]'s), as the rules of a lease request take them.
+    pub fn lease_limits(
+        &self,
+        min_ttl: Duration,
+        max_ttl: Duration,
+        max_wait: Duration,
+    ) -> bagel_lease_core::LeaseLimits {
+        bagel_lease_core::LeaseLimits {
+            min_ttl,
+            max_ttl,
+            max_wait,
+            max_names_per_request: self.max_names_per_request,
+            max_name_bytes: self.max_name_bytes,
+            max_owner_bytes: self.max_owner_bytes,
+            max_metadata_bytes: self.max_metadata_bytes,
+        }
+    }
+}

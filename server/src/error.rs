@@ -67,6 +67,18 @@ pub enum Error {
         min_ttl: std::time::Duration,
         max_ttl: std::time::Duration,
     },
+    /// A wait longer than the server's `--max-wait`. A variant of its own
+    /// because a client acts on it (it waits in rounds of the max), which
+    /// the status's details tell it.
+    #[error(
+        "wait_us: {} exceeds the server's max wait of {} us",
+        bagel_proto::duration_micros(*.wait),
+        .max.as_micros()
+    )]
+    WaitTooLong {
+        wait: std::time::Duration,
+        max: std::time::Duration,
+    },
     #[error(
         "not ready: this server started at {started} and refuses grants until {ready_at}, \
          to wait out any lease a previous incarnation may have granted (max TTL + clock tolerance)"
@@ -165,6 +177,41 @@ pub enum Error {
     /// message names the revision to resume from, or the limit.
     #[error(transparent)]
     Watch(#[from] crate::watch::WatchError),
+}
+
+/// A refusal of the rules every backend shares, in the server's words:
+/// its TTL and wait refusals name the server's flags and clock.
+impl From<bagel_lease_core::Refusal> for Error {
+    fn from(r: bagel_lease_core::Refusal) -> Self {
+        use bagel_lease_core::Refusal;
+        match r {
+            Refusal::WaitTooLong { wait, max } => Error::WaitTooLong { wait, max },
+            Refusal::TtlOutOfRange {
+                ttl,
+                min_ttl,
+                max_ttl,
+            } => Error::TtlOutOfRange {
+                ttl,
+                min_ttl,
+                max_ttl,
+            },
+            Refusal::DeadlineOutOfRange {
+                deadline,
+                now,
+                min_ttl,
+                max_ttl,
+            } => Error::DeadlineOutOfRange {
+                deadline,
+                now,
+                min_ttl,
+                max_ttl,
+            },
+            other => Error::InvalidArgument {
+                field: other.field(),
+                reason: other.reason(),
+            },
+        }
+    }
 }
 
 /// The longest status message the server sends. Messages echo parts of

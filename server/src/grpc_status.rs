@@ -3,6 +3,7 @@
 //! `RetryInfo`; the time a restart wait has left). The domain error names
 //! the failure; only this module names a gRPC code for it.
 
+use bagel_proto::details as d;
 use tonic::{Code, Status};
 
 use crate::error::{Error, bounded};
@@ -11,9 +12,10 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::OutOfRange { .. } | Error::DeadlineOutOfRange { .. } | Error::TtlOutOfRange { .. } => {
-                Code::OutOfRange
-            }
+            Error::OutOfRange { .. }
+            | Error::DeadlineOutOfRange { .. }
+            | Error::TtlOutOfRange { .. }
+            | Error::WaitTooLong { .. } => Code::OutOfRange,
             Error::NotReady { .. } | Error::ClockUnhealthy { .. } | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
@@ -69,6 +71,64 @@ impl From<Error> for Status {
                 );
                 Status::with_details(Code::Unavailable, message, details.into())
             }
+            Error::InvalidArgument { field, .. } | Error::OutOfRange { field, .. } => {
+                let details = refused_field(&e, &message, field).encode();
+                Status::with_details(e.code(), message, details.into())
+            }
+            Error::WaitTooLong { wait, max } => {
+                let details = refused_field(&e, &message, "wait_us")
+                    .error_info(
+                        d::REASON_WAIT_TOO_LONG,
+                        [("wait_us", micros(*wait)), ("max_wait_us", micros(*max))],
+                    )
+                    .encode();
+                Status::with_details(e.code(), message, details.into())
+            }
+            Error::TtlOutOfRange {
+                ttl,
+                min_ttl,
+                max_ttl,
+            } => {
+                let details = refused_field(&e, &message, "ttl_us")
+                    .error_info(
+                        d::REASON_TTL_OUT_OF_RANGE,
+                        [
+                            ("ttl_us", micros(*ttl)),
+                            ("min_ttl_us", micros(*min_ttl)),
+                            ("max_ttl_us", micros(*max_ttl)),
+                        ],
+                    )
+                    .encode();
+                Status::with_details(e.code(), message, details.into())
+            }
+            Error::DeadlineOutOfRange {
+                deadline,
+                now,
+                min_ttl,
+                max_ttl,
+            } => {
+                let details = refused_field(&e, &message, "deadline_us")
+                    .error_info(
+                        d::REASON_TTL_OUT_OF_RANGE,
+                        [
+                            ("deadline_us", deadline.as_micros().to_string()),
+                            ("now_us", now.as_micros().to_string()),
+                            ("min_ttl_us", micros(*min_ttl)),
+                            ("max_ttl_us", micros(*max_ttl)),
+                        ],
+                    )
+                    .encode();
+                Status::with_details(e.code(), message, details.into())
+            }
+            Error::PermissionDenied { permission, on, .. } => {
+                let details = d::Details::new(e.code(), &message)
+                    .error_info(
+                        d::REASON_PERMISSION_DENIED,
+                        [("permission", (*permission).to_owned()), ("on", (*on).to_owned())],
+                    )
+                    .encode();
+                Status::with_details(e.code(), message, details.into())
+            }
             Error::Watch(w) => match watch_details(w) {
                 Some((reason, metadata)) => {
                     let details =
@@ -80,6 +140,22 @@ impl From<Error> for Status {
             _ => Status::new(e.code(), message),
         }
     }
+}
+
+fn micros(d: std::time::Duration) -> String {
+    bagel_proto::duration_micros(d).to_string()
+}
+
+/// The details of a refusal of `field`: a `google.rpc.BadRequest` naming
+/// it, with the message's words after the field (the message is
+/// `field: reason`, so a client shows `field` and the reason as the
+/// message said them, cut or not).
+fn refused_field(e: &Error, message: &str, field: &str) -> d::Details {
+    let description = message
+        .strip_prefix(field)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(message);
+    d::Details::new(e.code(), message).field_violation(field, description)
 }
 
 /// The stable reason of a watch's refusal or end, and its numbers, for a

@@ -1,10 +1,12 @@
 //! Request fields → domain values, at the edge. Every refusal names the
-//! field and the limit it broke.
+//! field and the limit it broke. The rules of names, owners, metadata,
+//! TTLs and waits are every backend's ([`LeaseLimits`]); the words of a
+//! refusal of a TTL or a wait are the server's (`crate::error`).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bagel_lease_core::LeaseLimits;
 use bagel_proto::{Micros, pb};
 
 use crate::config::Limits;
@@ -34,58 +36,38 @@ pub fn holder_key(raw: &[u8], known: &HolderKeys) -> Result<Option<Arc<[u8; 32]>
         .ok_or_else(|| Error::invalid("holder_key", "32 bytes that are not an ed25519 public key"))
 }
 
+/// The rules of a request's sizes (names, owners, metadata). The TTL
+/// range and the max wait are the [`crate::config::Config`]'s, checked
+/// where they are given ([`lifetime`], [`wait`]).
+fn sizes(limits: &Limits) -> LeaseLimits {
+    limits.lease_limits(Duration::ZERO, Duration::MAX, Duration::MAX)
+}
+
 /// Checks and sorts a list of names. Duplicates are refused rather than
 /// silently merged: a caller listing a name twice has a bug worth seeing.
 pub fn names(field: &'static str, raw: &[String], limits: &Limits) -> Result<Vec<Arc<str>>, Error> {
-    if raw.is_empty() {
-        return Err(Error::invalid(field, "at least one name is required"));
-    }
-    if raw.len() > limits.max_names_per_request {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{} names exceed the limit of {} per request",
-                raw.len(),
-                limits.max_names_per_request
-            ),
-        ));
-    }
-    let mut seen = HashSet::with_capacity(raw.len());
-    for (i, name) in raw.iter().enumerate() {
-        name_ok(name, limits).map_err(|reason| Error::invalid(field, format!("[{i}] {reason}")))?;
-        if !seen.insert(name.as_str()) {
-            return Err(Error::invalid(
-                field,
-                format!("[{i}] duplicate name {}", echo(name)),
-            ));
-        }
-    }
-    let mut names: Vec<Arc<str>> = raw.iter().map(|n| Arc::from(n.as_str())).collect();
-    names.sort_unstable();
-    Ok(names)
-}
-
-fn name_ok(name: &str, limits: &Limits) -> Result<(), String> {
-    bagel_proto::names::name_problem(name, limits.max_name_bytes).map_or(Ok(()), Err)
+    Ok(sizes(limits)
+        .check_names(field, raw)?
+        .into_iter()
+        .map(Arc::from)
+        .collect())
 }
 
 pub fn name(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
-    name_ok(raw, limits).map_err(|reason| Error::invalid("name", reason))?;
+    sizes(limits).check_name("name", raw)?;
     Ok(Arc::from(raw))
 }
 
 /// A name prefix (List, Watch) or page token: empty, or what a name may be.
 pub fn prefix(field: &'static str, raw: &str, limits: &Limits) -> Result<String, Error> {
     if !raw.is_empty() {
-        name_ok(raw, limits).map_err(|reason| Error::invalid(field, reason))?;
+        sizes(limits).check_name(field, raw)?;
     }
     Ok(raw.to_owned())
 }
 
 pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
-    if let Some(why) = bagel_proto::names::owner_problem(raw, limits.max_owner_bytes) {
-        return Err(Error::invalid("owner", why));
-    }
+    sizes(limits).check_owner(raw)?;
     Ok(Arc::from(raw))
 }
 
@@ -95,14 +77,15 @@ pub fn owner(raw: &str, limits: &Limits) -> Result<Arc<str>, Error> {
 /// subject holding a bidirectional override or an invisible character
 /// would show operators another owner than the one holding the lease.
 pub fn certificate_owner(subject: Arc<str>, limits: &Limits) -> Result<Arc<str>, Error> {
-    match bagel_proto::names::owner_problem(&subject, limits.max_owner_bytes) {
-        None => Ok(subject),
-        Some(why) => Err(Error::invalid(
+    match sizes(limits).check_owner(&subject) {
+        Ok(()) => Ok(subject),
+        Err(refusal) => Err(Error::invalid(
             "owner",
             format!(
-                "client certificate {} cannot own leases: its subject (the owner of its leases) {why}; \
+                "client certificate {} cannot own leases: its subject (the owner of its leases) {}; \
                  issue it a certificate whose subject obeys the owner rule",
-                echo(&subject)
+                echo(&subject),
+                refusal.reason()
             ),
         )),
     }
@@ -155,13 +138,12 @@ pub fn lifetime(
         (_, 0) => Ok(Lifetime::Until(Micros::from_micros(deadline_us))),
         (0, _) => {
             let ttl = Duration::from_micros(ttl_us);
-            if ttl <= min_ttl || ttl > max_ttl {
-                return Err(Error::TtlOutOfRange {
-                    ttl,
-                    min_ttl,
-                    max_ttl,
-                });
+            LeaseLimits {
+                min_ttl,
+                max_ttl,
+                ..LeaseLimits::default()
             }
+            .check_ttl(ttl)?;
             Ok(Lifetime::For(ttl))
         }
         (_, _) => Err(Error::invalid(
@@ -173,12 +155,11 @@ pub fn lifetime(
 
 pub fn wait(raw_us: u64, max: Duration) -> Result<Duration, Error> {
     let wait = Duration::from_micros(raw_us);
-    if wait > max {
-        return Err(Error::out_of_range(
-            "wait_us",
-            format!("{raw_us} exceeds the server's max wait of {} us", max.as_micros()),
-        ));
+    LeaseLimits {
+        max_wait: max,
+        ..LeaseLimits::default()
     }
+    .check_wait(wait)?;
     Ok(wait)
 }
 
@@ -206,16 +187,7 @@ pub fn metadata(raw: Option<&pb::Metadata>, limits: &Limits) -> Result<Option<Me
         }
         return Ok(Some(Metadata::Wildcard));
     }
-    if m.data.len() > limits.max_metadata_bytes {
-        return Err(Error::invalid(
-            "metadata.data",
-            format!(
-                "is {} bytes, over the limit of {} bytes",
-                m.data.len(),
-                limits.max_metadata_bytes
-            ),
-        ));
-    }
+    sizes(limits).check_metadata_bytes(m.data.len())?;
     Ok(Some(Metadata::Data(m.data.clone().into_boxed_slice())))
 }
 

@@ -122,7 +122,7 @@ impl LeaseEnv {
     /// is taken over at its deadline, within the max wait.
     pub async fn memory() -> Self {
         let backend = MemoryLeaseBackend::new(Arc::new(SystemClock));
-        let takeover_wait = backend.limits().max_wait;
+        let takeover_wait = backend.limits().lease.max_wait;
         LeaseEnv::of(Arc::new(backend), takeover_wait)
     }
 

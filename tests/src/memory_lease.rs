@@ -30,10 +30,14 @@
 //!   the handle acts on them: [`Error::Busy`] with the [`Conflict`] (who,
 //!   which mode, until when) is retried and waited on; [`Error::NotHeld`]
 //!   ends the lease (its message says `expired` when it did);
-//!   [`Error::Invalid`] and [`Error::OutOfRange`] name the field.
+//!   [`Error::Invalid`] and [`Error::OutOfRange`] name the field, and
+//!   [`Error::WaitTooLong`] carries the max wait that a long wait is cut
+//!   into rounds of.
 //! * **A clock and limits**: `clock` is what TTLs count on and what the
 //!   handle judges validity by; `max_ttl` is the default TTL; `max_wait`
-//!   cuts long waits into rounds.
+//!   cuts long waits into rounds. The request's values are checked by
+//!   [`LeaseLimits`], the rules the server and every backend check them
+//!   by.
 //!
 //! Which items of the trait matter: the four lease operations, `clock` and
 //! `max_ttl` have no default. `max_wait`, `describe`, `history`,
@@ -54,7 +58,7 @@
 //! time, marked `self_timed` like the S3 backend's unsafe local clock mode:
 //! in one process there is nobody else to vouch for either.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,11 +68,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Ended, Error, Grant, History, HistoryEntry, HistoryEvent, Holder,
-    LeaseBackend, LeaseRef, Metadata, Micros, Mode, NameGrant, NameState, NotHeldReason, Previous,
-    ReleaseOptions, Renewal, Result, StoreInfo, Witness,
+    LeaseBackend, LeaseLimits, LeaseRef, Metadata, Micros, Mode, NameGrant, NameState, NotHeldReason,
+    Previous, ReleaseOptions, Renewal, Result, StoreInfo, Witness,
 };
 use bagel_proto::clock::Clock;
-use bagel_proto::names::{echo, name_problem, owner_problem};
+use bagel_proto::names::name_problem;
 use bagel_proto::{KeyRing, Signer, pb, sign_local_time, sign_witness};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -78,19 +82,12 @@ use tokio::time::Instant;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct MemoryLimits {
-    /// A deadline must be later than `now + min_ttl`.
-    pub min_ttl: Duration,
-    /// ...and at most `now + max_ttl`.
-    pub max_ttl: Duration,
-    /// The longest `wait` one acquire may ask for.
-    pub max_wait: Duration,
+    /// What a request may ask for, checked by the rules every backend
+    /// checks it by.
+    pub lease: LeaseLimits,
     /// How far a release's watermark may be ahead of the time it is
     /// checked against (its signed time, else this backend's clock).
     pub timestamp_tolerance: Duration,
-    pub max_names_per_request: usize,
-    pub max_name_bytes: usize,
-    pub max_owner_bytes: usize,
-    pub max_metadata_bytes: usize,
     /// Renewals with metadata and releases kept per name.
     pub history_per_name: usize,
 }
@@ -98,14 +95,8 @@ pub struct MemoryLimits {
 impl Default for MemoryLimits {
     fn default() -> Self {
         MemoryLimits {
-            min_ttl: Duration::from_millis(10),
-            max_ttl: Duration::from_secs(10),
-            max_wait: Duration::from_secs(10),
+            lease: LeaseLimits::default(),
             timestamp_tolerance: Duration::from_secs(1),
-            max_names_per_request: 64,
-            max_name_bytes: 256,
-            max_owner_bytes: 256,
-            max_metadata_bytes: 4096,
             history_per_name: 8,
         }
     }
@@ -340,96 +331,23 @@ fn push_history(rec: &mut NameRecord, entry: HistoryEntry, keep: usize) {
     }
 }
 
-// --- the request's values, checked with the server's words ----------------
+// --- the request's values, checked by the rules every backend shares --------
 
 /// A lease's names, checked and sorted: every acquirer takes names in one
 /// fixed order, and witnesses list them in it.
-fn check_names(raw: &[String], limits: &MemoryLimits) -> Result<Vec<String>> {
-    if raw.is_empty() {
-        return Err(Error::invalid("names", "at least one name is required"));
-    }
-    if raw.len() > limits.max_names_per_request {
-        return Err(Error::invalid(
-            "names",
-            format!(
-                "{} names exceed the limit of {} per request",
-                raw.len(),
-                limits.max_names_per_request
-            ),
-        ));
-    }
-    let mut seen = HashSet::with_capacity(raw.len());
-    for (i, name) in raw.iter().enumerate() {
-        if let Some(why) = name_problem(name, limits.max_name_bytes) {
-            return Err(Error::invalid("names", format!("[{i}] {why}")));
-        }
-        if !seen.insert(name.as_str()) {
-            return Err(Error::invalid(
-                "names",
-                format!("[{i}] duplicate name {}", echo(name)),
-            ));
-        }
-    }
-    let mut sorted = raw.to_vec();
-    sorted.sort_unstable();
-    Ok(sorted)
+fn check_names(raw: &[String], limits: &LeaseLimits) -> Result<Vec<String>> {
+    Ok(limits
+        .check_names("names", raw)?
+        .into_iter()
+        .map(str::to_owned)
+        .collect())
 }
 
-fn check_owner(owner: &str, limits: &MemoryLimits) -> Result<()> {
-    owner_problem(owner, limits.max_owner_bytes).map_or(Ok(()), |why| Err(Error::invalid("owner", why)))
-}
-
-fn check_metadata(metadata: Option<&Metadata>, limits: &MemoryLimits) -> Result<()> {
+fn check_metadata(metadata: Option<&Metadata>, limits: &LeaseLimits) -> Result<()> {
     match metadata {
-        Some(Metadata::Data(d)) if d.len() > limits.max_metadata_bytes => Err(Error::invalid(
-            "metadata.data",
-            format!(
-                "is {} bytes, over the limit of {} bytes",
-                d.len(),
-                limits.max_metadata_bytes
-            ),
-        )),
+        Some(Metadata::Data(d)) => Ok(limits.check_metadata_bytes(d.len())?),
         _ => Ok(()),
     }
-}
-
-/// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`.
-fn check_deadline(deadline: Micros, now: Micros, limits: &MemoryLimits) -> Result<()> {
-    let (lo, hi) = (
-        now.saturating_add(limits.min_ttl),
-        now.saturating_add(limits.max_ttl),
-    );
-    if deadline <= lo || deadline > hi {
-        return Err(Error::out_of_range(
-            "deadline_us",
-            format!(
-                "{} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] (min_ttl {:?}, \
-                 max_ttl {:?}, now {now})",
-                deadline.as_micros(),
-                lo.as_micros(),
-                hi.as_micros(),
-                limits.min_ttl,
-                limits.max_ttl
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a longer wait than the backend allows, in the words
-/// `long_wait` reads the max wait from (`max wait of N us`).
-fn check_wait(wait: Duration, limits: &MemoryLimits) -> Result<()> {
-    if wait > limits.max_wait {
-        return Err(Error::out_of_range(
-            "wait_us",
-            format!(
-                "{} exceeds this backend's max wait of {} us",
-                bagel_proto::duration_micros(wait),
-                bagel_proto::duration_micros(limits.max_wait)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 // --- the backend ------------------------------------------------------------
@@ -510,7 +428,7 @@ impl MemoryLeaseBackend {
                 ),
             ));
         }
-        check_names(&lease.names, &self.limits)
+        check_names(&lease.names, &self.limits.lease)
     }
 
     /// One try at taking every name of `spec` at `now`: all, or none and
@@ -519,7 +437,7 @@ impl MemoryLeaseBackend {
         // A TTL counts from the grant, so time spent waiting for a busy
         // name is not taken off the lease.
         let deadline = spec.ttl.map_or(spec.deadline, |ttl| now.saturating_add(ttl));
-        check_deadline(deadline, now, &self.limits)?;
+        self.limits.lease.check_deadline(deadline, now)?;
         let mut records = self.lock();
         let fresh = NameRecord::new();
         let inherited = names
@@ -683,7 +601,7 @@ impl LeaseBackend for MemoryLeaseBackend {
     /// and what a grant would inherit (an expired full holder as broken).
     async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
         for (i, name) in names.iter().enumerate() {
-            if let Some(why) = name_problem(name, self.limits.max_name_bytes) {
+            if let Some(why) = name_problem(name, self.limits.lease.max_name_bytes) {
                 return Err(Error::invalid("names", format!("[{i}] {why}")));
             }
         }
@@ -721,7 +639,7 @@ impl LeaseBackend for MemoryLeaseBackend {
     }
 
     async fn history(&self, name: &str) -> Result<History> {
-        check_names(&[name.to_owned()], &self.limits)?;
+        check_names(&[name.to_owned()], &self.limits.lease)?;
         Ok(self
             .lock()
             .get(name)
@@ -740,9 +658,9 @@ impl LeaseBackend for MemoryLeaseBackend {
         Ok(BackendInfo::Store(StoreInfo {
             location: self.location(),
             key_id: self.key_id().to_owned(),
-            min_ttl: self.limits.min_ttl,
-            max_ttl: self.limits.max_ttl,
-            max_wait: self.limits.max_wait,
+            min_ttl: self.limits.lease.min_ttl,
+            max_ttl: self.limits.lease.max_ttl,
+            max_wait: self.limits.lease.max_wait,
             // One clock decides every takeover: none is needed.
             clock_margin: Duration::ZERO,
             keys: self.trusted_keys().await?,
@@ -754,11 +672,11 @@ impl LeaseBackend for MemoryLeaseBackend {
     }
 
     fn max_ttl(&self) -> Duration {
-        self.limits.max_ttl
+        self.limits.lease.max_ttl
     }
 
     fn max_wait(&self) -> Option<Duration> {
-        Some(self.limits.max_wait)
+        Some(self.limits.lease.max_wait)
     }
 
     /// Takes every name or none. While a name is busy and the wait lasts,
@@ -767,9 +685,9 @@ impl LeaseBackend for MemoryLeaseBackend {
     /// again. The deadline is slept on the monotonic clock: with a manual
     /// clock, only a release or the end of the wait wakes a waiter.
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
-        let names = check_names(&spec.names, &self.limits)?;
-        check_owner(&spec.owner, &self.limits)?;
-        check_wait(spec.wait, &self.limits)?;
+        let names = check_names(&spec.names, &self.limits.lease)?;
+        self.limits.lease.check_owner(&spec.owner)?;
+        self.limits.lease.check_wait(spec.wait)?;
         let give_up = Instant::now() + spec.wait;
         loop {
             // Listen before looking: a release between the look and the
@@ -804,10 +722,10 @@ impl LeaseBackend for MemoryLeaseBackend {
         deadline: Micros,
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
-        check_metadata(metadata.as_ref(), &self.limits)?;
+        check_metadata(metadata.as_ref(), &self.limits.lease)?;
         let names = self.names_of(lease)?;
         let now = self.clock.now();
-        check_deadline(deadline, now, &self.limits)?;
+        self.limits.lease.check_deadline(deadline, now)?;
         let keep = self.limits.history_per_name;
         let (holder, grants) = self.change_held(
             &names,
@@ -866,7 +784,7 @@ impl LeaseBackend for MemoryLeaseBackend {
     /// wakes the waiters. `options.inherited` is for a lease held on
     /// several backends; this one carries its own chain.
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
-        check_metadata(options.metadata.as_ref(), &self.limits)?;
+        check_metadata(options.metadata.as_ref(), &self.limits.lease)?;
         let names = self.names_of(lease)?;
         let now = self.clock.now();
         bagel_lease_core::rules::check_watermark(

@@ -169,7 +169,9 @@ fn acquire(names: &[&str]) -> pb::AcquireRequest {
 }
 
 /// Asserts a PERMISSION_DENIED that names the identity, the permission
-/// and the name or prefix.
+/// and the name or prefix, and says it is the policy's refusal in its
+/// details (a client tells it from a lease that is not the caller's by
+/// them, not by the words).
 #[track_caller]
 fn assert_denied(status: &tonic::Status, identity: &str, permission: &str, name: &str) {
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
@@ -177,6 +179,9 @@ fn assert_denied(status: &tonic::Status, identity: &str, permission: &str, name:
     for needle in [identity, permission, &format!("{name:?}")] {
         assert!(m.contains(needle), "{m:?} lacks {needle:?}");
     }
+    let (reason, meta) = bagel_proto::details::error_info_of(status.details()).expect("an ErrorInfo");
+    assert_eq!(reason, bagel_proto::details::REASON_PERMISSION_DENIED);
+    assert_eq!(meta["permission"], permission, "{meta:?}");
 }
 
 fn op_error(r: &pb::BatchResult) -> &pb::OpError {

@@ -93,9 +93,31 @@ pub enum Error {
     /// Retrying the same request won't help.
     #[error("out of range: {}{reason}", field_prefix(.field))]
     OutOfRange { field: Option<String>, reason: String },
+    /// An acquire asked to wait longer than the backend allows: `max` is
+    /// its max wait, which a longer wait is cut into rounds of
+    /// ([`crate::long_wait`]). Retrying the same request won't help.
+    #[error("out of range: wait_us: {reason}")]
+    WaitTooLong { max: Duration, reason: String },
+    /// A lease's lifetime is outside the backend's TTL range
+    /// `(min_ttl, max_ttl]`: asked as `field` (`ttl_us`, a relative TTL,
+    /// or `deadline_us`, an absolute deadline already past, too close or
+    /// too far). The reason says which, by the backend's clock. Retrying
+    /// the same request won't help.
+    #[error("out of range: {field}: {reason}")]
+    TtlOutOfRange {
+        field: String,
+        min_ttl: Duration,
+        max_ttl: Duration,
+        reason: String,
+    },
     /// The lease is not (or no longer) held: `reason` says which way.
     #[error("lease not held ({}): {message}", .reason.as_str())]
     NotHeld { reason: NotHeldReason, message: String },
+    /// An access policy gives the caller no right to do this on the names
+    /// (or prefix) it asked for. Said as the backends before it said
+    /// every refusal of a lease that is not the caller's.
+    #[error("lease not held ({}): {message}", NotHeldReason::NotYours.as_str())]
+    PermissionDenied { message: String },
     /// The request is over a bound the backend keeps (leases per client,
     /// names per lease, waiters, held names): the message names it and
     /// what sets it.
@@ -266,11 +288,14 @@ impl Error {
         }
     }
 
-    /// The field a refused request named, for [`Error::Invalid`] and
-    /// [`Error::OutOfRange`] (`deadline_us`, `names[2]`, `watermark_us`).
+    /// The field a refused request named, for [`Error::Invalid`],
+    /// [`Error::OutOfRange`], [`Error::WaitTooLong`] and
+    /// [`Error::TtlOutOfRange`] (`deadline_us`, `names`, `watermark_us`).
     pub fn field(&self) -> Option<&str> {
         match self {
             Error::Invalid { field, .. } | Error::OutOfRange { field, .. } => field.as_deref(),
+            Error::WaitTooLong { .. } => Some("wait_us"),
+            Error::TtlOutOfRange { field, .. } => Some(field),
             _ => None,
         }
     }
@@ -301,10 +326,26 @@ impl Error {
                 field,
                 reason: on(reason),
             },
+            Error::WaitTooLong { max, reason } => Error::WaitTooLong {
+                max,
+                reason: on(reason),
+            },
+            Error::TtlOutOfRange {
+                field,
+                min_ttl,
+                max_ttl,
+                reason,
+            } => Error::TtlOutOfRange {
+                field,
+                min_ttl,
+                max_ttl,
+                reason: on(reason),
+            },
             Error::NotHeld { reason, message } => Error::NotHeld {
                 reason,
                 message: on(message),
             },
+            Error::PermissionDenied { message } => Error::PermissionDenied { message: on(message) },
             Error::LimitExceeded { message } => Error::LimitExceeded { message: on(message) },
             Error::Witness { reason } => Error::Witness { reason: on(reason) },
             Error::ClockOff { detail } => Error::ClockOff { detail: on(detail) },

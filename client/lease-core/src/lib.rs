@@ -15,6 +15,8 @@
 //!   notification, and the rights a writer writes under.
 //! * [`long_wait`]: waits of any length (or forever) for busy names, in
 //!   rounds of at most the backend's max wait.
+//! * [`limits`]: [`LeaseLimits`], the bounds of a lease request and the
+//!   rules that check it, for the server and every backend alike.
 //! * [`rules`]: what every backend that judges releases itself checks
 //!   alike (a watermark ahead of its time).
 //! * [`holder_key`]: the key a lease's witnesses name and its batches are
@@ -39,6 +41,7 @@ pub mod backend;
 pub mod error;
 pub mod holder_key;
 pub mod lease;
+pub mod limits;
 pub mod long_wait;
 pub mod rules;
 pub mod time_source;
@@ -50,6 +53,7 @@ pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
 pub use bagel_proto::Micros;
 pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};
+pub use limits::{LeaseLimits, Refusal};
 pub use time_source::{TimeAuthority, TimeOptions, TimeSource};
 pub use types::{
     AccessInfo, ClockSource, ClockStatus, Conflict, Ended, Grant, History, HistoryEntry, HistoryEvent,

@@ -3,8 +3,8 @@
 //! `--max-wait`, an S3 lease store's `max_wait`).
 //!
 //! The wait is cut into rounds, each at most the backend's max wait
-//! ([`crate::LeaseBackend::max_wait`], or learnt from the refusal naming
-//! it): a round that ends busy is re-issued at once, so a waiter is back
+//! ([`crate::LeaseBackend::max_wait`], or the max an
+//! [`Error::WaitTooLong`] refusal carries): a round that ends busy is re-issued at once, so a waiter is back
 //! in the server's queue straight away (FIFO fairness as far as one
 //! server's queue goes: a waiter re-queues behind those already queued). A
 //! server that cannot serve for now (its restart wait, a lost connection,
@@ -63,18 +63,12 @@ pub async fn acquire(
                 pause = FIRST_PAUSE;
                 continue;
             }
-            // Refused as a longer wait than the server allows: learn its
-            // max from the refusal and go on in rounds of that.
-            Error::OutOfRange {
-                field: Some(field),
-                reason,
-            } if field == "wait_us" && !round.is_zero() => match stated_max_wait(reason) {
-                Some(max) if max < round => {
-                    round_cap = max;
-                    continue;
-                }
-                _ => return Err(error),
-            },
+            // Refused as a longer wait than the backend allows: go on in
+            // rounds of the max it stated.
+            Error::WaitTooLong { max, .. } if *max < round => {
+                round_cap = *max;
+                continue;
+            }
             // A backend that said until when it cannot serve (a server in
             // its restart wait): ask again then, not before.
             Error::Unavailable {
@@ -97,29 +91,5 @@ pub async fn acquire(
         }
         tokio::time::sleep(pause.min(left)).await;
         pause = (pause * 2).min(MAX_PAUSE);
-    }
-}
-
-/// The max wait a server's refusal of `wait_us` states (`N exceeds the
-/// server's max wait of M us`).
-fn stated_max_wait(message: &str) -> Option<Duration> {
-    let rest = &message[message.find("max wait of ")? + "max wait of ".len()..];
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    rest[digits.len()..]
-        .starts_with(" us")
-        .then(|| digits.parse().ok().map(Duration::from_micros))
-        .flatten()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_servers_max_wait_is_read_from_its_refusal() {
-        let m = "300000000 exceeds the server's max wait of 10000000 us";
-        assert_eq!(
-            super::stated_max_wait(m),
-            Some(std::time::Duration::from_secs(10))
-        );
-        assert_eq!(super::stated_max_wait("ttl too long"), None);
     }
 }

@@ -69,11 +69,15 @@ pub(crate) fn short_grant(grant: &Grant, left: Option<Duration>, asked: Duration
 /// server's time), so a clock behind the server's shows as such.
 pub(crate) fn past_deadline(e: Error, deadline: Micros, sent: Micros, refused: Micros) -> Error {
     match e {
-        Error::OutOfRange {
-            field: Some(field),
+        Error::TtlOutOfRange {
+            field,
+            min_ttl,
+            max_ttl,
             reason,
-        } if field == "deadline_us" => Error::OutOfRange {
-            field: Some(field),
+        } if field == "deadline_us" => Error::TtlOutOfRange {
+            field,
+            min_ttl,
+            max_ttl,
             reason: format!(
                 "{reason}; this host's clock read {sent} when the request was sent ({} before the \
                  deadline asked, {deadline}) and {refused} at the refusal",

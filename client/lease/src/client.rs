@@ -14,7 +14,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::acquire::AcquireBuilder;
 use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
 use crate::error::{BoxError, Error, Result};
-use crate::grpc_error::{from_status, is_watch_overflow, status_message};
+use crate::grpc_error::{from_status, status_message};
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
 use crate::types::{
@@ -820,13 +820,20 @@ impl Watch {
                     }
                 }
                 Ok(None) => return Ok(None),
-                Err(s) if is_watch_overflow(&s) => {
-                    return Err(Error::WatchDropped {
-                        message: status_message(&s),
-                        last_revision: self.last_revision,
+                // The last revision received is where to watch again from
+                // (the server's says what it sent, which is the same).
+                Err(s) => {
+                    return Err(match from_status(s) {
+                        Error::WatchDropped {
+                            message,
+                            last_revision,
+                        } => Error::WatchDropped {
+                            message,
+                            last_revision: self.last_revision.or(last_revision),
+                        },
+                        other => other,
                     });
                 }
-                Err(s) => return Err(from_status(s)),
             }
         }
     }

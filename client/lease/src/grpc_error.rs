@@ -1,9 +1,14 @@
 //! The gRPC edge of the lease core's [`Error`]: the one place a status
-//! code is read. A status becomes the variant that names its failure; the
-//! server's messages begin with the field they refuse (`deadline_us: …`),
-//! which becomes [`Error::Invalid`]'s or [`Error::OutOfRange`]'s `field`,
-//! and a refusal's details (a `google.rpc.Status` with the conflict and a
-//! `RetryInfo`) become `conflict` and `retry_after`.
+//! code is read. A status becomes the variant that names its failure, by
+//! its code and its details (a `google.rpc.Status` in
+//! `grpc-status-details-bin`), never by its message's words: a
+//! `BadRequest` names the refused field, an `ErrorInfo`'s reason and
+//! metadata make a typed refusal (a wait over the max, a TTL out of
+//! range, a watch dropped, an access policy's refusal), a conflict and a
+//! `RetryInfo` become `conflict` and `retry_after`. The message is kept
+//! as it came, for people.
+
+use std::time::Duration;
 
 use bagel_lease_core::{Conflict, Error, NotHeldReason, RevisionRefusal};
 use bagel_proto::details as d;
@@ -26,23 +31,6 @@ pub(crate) fn status_message(s: &Status) -> String {
     message
 }
 
-/// `(field, reason)` of a message that begins with the field it is
-/// about (`names[2]: …`, `metadata.data: …`); `(None, message)` else.
-fn split_field(message: String) -> (Option<String>, String) {
-    let Some((field, reason)) = message.split_once(": ") else {
-        return (None, message);
-    };
-    let is_field = field.starts_with(|c: char| c.is_ascii_alphabetic())
-        && field
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']'));
-    if is_field {
-        (Some(field.to_owned()), reason.to_owned())
-    } else {
-        (None, message)
-    }
-}
-
 /// The core's error for a status from a lease server (or made on this
 /// side by the transport).
 pub(crate) fn from_status(s: Status) -> Error {
@@ -60,20 +48,17 @@ pub(crate) fn from_status(s: Status) -> Error {
             message,
         },
         Code::InvalidArgument => {
-            let (field, reason) = split_field(message);
+            let (field, reason) = field_and_reason(s.details(), message);
             Error::Invalid { field, reason }
         }
-        Code::OutOfRange => match revision_refusal(s.details()) {
-            Some(refusal) => Error::WatchRevision { refusal, message },
-            None => {
-                let (field, reason) = split_field(message);
-                Error::OutOfRange { field, reason }
-            }
-        },
+        Code::OutOfRange => out_of_range(s.details(), message),
         Code::NotFound => Error::not_held(NotHeldReason::Gone, message),
-        Code::PermissionDenied => Error::not_held(NotHeldReason::NotYours, message),
+        Code::PermissionDenied => match d::error_info_of(s.details()) {
+            Some((reason, _)) if reason == d::REASON_PERMISSION_DENIED => Error::PermissionDenied { message },
+            _ => Error::not_held(NotHeldReason::NotYours, message),
+        },
         Code::FailedPrecondition => Error::not_held(NotHeldReason::Ended, message),
-        Code::ResourceExhausted => Error::LimitExceeded { message },
+        Code::ResourceExhausted => resource_exhausted(s.details(), message),
         Code::Unimplemented => Error::Other {
             message: format!("the server does not know this call (an older server?): {message}"),
             retryable: false,
@@ -82,6 +67,48 @@ pub(crate) fn from_status(s: Status) -> Error {
             message: format!("rpc failed ({code:?}): {message}"),
             retryable: matches!(code, Code::DeadlineExceeded | Code::Unknown),
         },
+    }
+}
+
+/// The field a refusal names in its `google.rpc.BadRequest`, and the
+/// reason the violation gives; `(None, message)` without one (an older
+/// server, or a refusal of no one field): the words are shown as they
+/// came, never taken apart.
+fn field_and_reason(details: &[u8], message: String) -> (Option<String>, String) {
+    match d::field_violation_of(details) {
+        Some((field, reason)) => (Some(field), reason),
+        None => (None, message),
+    }
+}
+
+/// An OUT_OF_RANGE refusal, by the reason in its `ErrorInfo`: a watch's
+/// revision, a wait over the max, a lifetime outside the TTL range; else
+/// a refusal of the field its `BadRequest` names.
+fn out_of_range(details: &[u8], message: String) -> Error {
+    if let Some(refusal) = revision_refusal(details) {
+        return Error::WatchRevision { refusal, message };
+    }
+    let info = d::error_info_of(details);
+    let micros = |k: &str| -> Option<Duration> {
+        let (_, meta) = info.as_ref()?;
+        meta.get(k)?.parse().ok().map(Duration::from_micros)
+    };
+    let (field, reason) = field_and_reason(details, message);
+    match (info.as_ref().map(|(r, _)| r.as_str()), field) {
+        (Some(d::REASON_WAIT_TOO_LONG), _) if let Some(max) = micros("max_wait_us") => {
+            Error::WaitTooLong { max, reason }
+        }
+        (Some(d::REASON_TTL_OUT_OF_RANGE), Some(field))
+            if let (Some(min_ttl), Some(max_ttl)) = (micros("min_ttl_us"), micros("max_ttl_us")) =>
+        {
+            Error::TtlOutOfRange {
+                field,
+                min_ttl,
+                max_ttl,
+                reason,
+            }
+        }
+        (_, field) => Error::OutOfRange { field, reason },
     }
 }
 
@@ -107,12 +134,18 @@ fn revision_refusal(details: &[u8]) -> Option<RevisionRefusal> {
     }
 }
 
-/// Whether a status ends a watch that fell behind: by its reason, or by
-/// its words from a server before reasons.
-pub(crate) fn is_watch_overflow(s: &Status) -> bool {
-    match d::error_info_of(s.details()) {
-        Some((reason, _)) => reason == d::REASON_WATCH_OVERFLOW || reason == d::REASON_WATCH_STALLED,
-        None => s.code() == Code::ResourceExhausted && s.message().contains("fell behind"),
+/// A RESOURCE_EXHAUSTED status: a watch dropped for falling behind (or
+/// reading too slowly), told by its reason, with the last revision the
+/// server sent it; any other, a limit.
+fn resource_exhausted(details: &[u8], message: String) -> Error {
+    match d::error_info_of(details) {
+        Some((reason, meta)) if reason == d::REASON_WATCH_OVERFLOW || reason == d::REASON_WATCH_STALLED => {
+            Error::WatchDropped {
+                message,
+                last_revision: meta.get("last_revision").and_then(|v| v.parse().ok()),
+            }
+        }
+        _ => Error::LimitExceeded { message },
     }
 }
 
@@ -120,19 +153,115 @@ pub(crate) fn is_watch_overflow(s: &Status) -> bool {
 mod tests {
     use super::*;
 
+    fn with(code: Code, message: &str, details: d::Details) -> Status {
+        Status::with_details(code, message, details.encode().into())
+    }
+
     #[test]
-    fn a_refusal_names_its_field_and_a_message_without_one_has_none() {
-        let e = from_status(Status::out_of_range("deadline_us: 5 is already past"));
+    fn a_refusal_names_the_field_its_details_name_and_never_reads_the_words() {
+        let message = "deadline_us: 5 is already past";
+        let s = with(
+            Code::OutOfRange,
+            message,
+            d::Details::new(Code::OutOfRange, message).field_violation("deadline_us", "5 is already past"),
+        );
+        let e = from_status(s);
         assert!(
             matches!(&e, Error::OutOfRange { field: Some(f), reason } if f == "deadline_us" && reason == "5 is already past"),
             "{e:?}"
         );
+        assert_eq!(e.to_string(), format!("out of range: {message}"));
+        // Without a BadRequest (an older server) the words stay whole,
+        // field-like or not, and say the same.
         let e = from_status(Status::invalid_argument("names[2]: empty"));
-        assert_eq!(e.field(), Some("names[2]"));
-        let e = from_status(Status::invalid_argument(
-            "set either deadline_us or ttl_us: not both",
+        assert!(
+            matches!(&e, Error::Invalid { field: None, reason } if reason == "names[2]: empty"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "invalid names[2]: empty");
+    }
+
+    #[test]
+    fn a_wait_over_the_max_carries_the_max_from_its_details() {
+        let message = "wait_us: 30000000 exceeds the server's max wait of 2000000 us";
+        let details = d::Details::new(Code::OutOfRange, message)
+            .field_violation("wait_us", "30000000 exceeds the server's max wait of 2000000 us")
+            .error_info(
+                d::REASON_WAIT_TOO_LONG,
+                [
+                    ("wait_us", "30000000".to_owned()),
+                    ("max_wait_us", "2000000".to_owned()),
+                ],
+            );
+        let e = from_status(with(Code::OutOfRange, message, details));
+        assert!(
+            matches!(&e, Error::WaitTooLong { max, .. } if *max == Duration::from_secs(2)),
+            "{e:?}"
+        );
+        assert_eq!(e.field(), Some("wait_us"));
+        assert_eq!(e.to_string(), format!("out of range: {message}"));
+        // The same words without the reason: no max is made up from them.
+        let e = from_status(Status::out_of_range(message));
+        assert!(matches!(e, Error::OutOfRange { field: None, .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_lifetime_out_of_range_carries_the_range() {
+        let message = "ttl_us: ttl 1h is over the server's --max-ttl of 10s";
+        let details = d::Details::new(Code::OutOfRange, message)
+            .field_violation("ttl_us", "ttl 1h is over the server's --max-ttl of 10s")
+            .error_info(
+                d::REASON_TTL_OUT_OF_RANGE,
+                [
+                    ("ttl_us", "3600000000".to_owned()),
+                    ("min_ttl_us", "10000".to_owned()),
+                    ("max_ttl_us", "10000000".to_owned()),
+                ],
+            );
+        let e = from_status(with(Code::OutOfRange, message, details));
+        assert!(
+            matches!(&e, Error::TtlOutOfRange { field, max_ttl, min_ttl, .. }
+                if field == "ttl_us" && *max_ttl == Duration::from_secs(10) && *min_ttl == Duration::from_millis(10)),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), format!("out of range: {message}"));
+    }
+
+    #[test]
+    fn a_dropped_watch_is_told_by_its_reason_not_its_words() {
+        let dropped = d::error_info_details(
+            Code::ResourceExhausted,
+            "any words",
+            d::REASON_WATCH_OVERFLOW,
+            &[("buffer", 4), ("last_revision", 17)],
+        );
+        let e = from_status(Status::with_details(
+            Code::ResourceExhausted,
+            "any words",
+            dropped.into(),
         ));
-        assert_eq!(e.field(), None, "{e:?}");
+        assert!(
+            matches!(&e, Error::WatchDropped { last_revision: Some(17), message } if message == "any words"),
+            "{e:?}"
+        );
+        // The words of a dropped watch without its reason: a limit.
+        let e = from_status(Status::resource_exhausted("watcher fell behind and was dropped"));
+        assert!(matches!(e, Error::LimitExceeded { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn an_access_policy_refusal_is_its_own_variant_and_says_what_it_said() {
+        let message = "permission denied: \"cli\" has no acquire permission on name \"x\"";
+        let details = d::Details::new(Code::PermissionDenied, message).error_info(
+            d::REASON_PERMISSION_DENIED,
+            [("permission", "acquire".to_owned()), ("on", "name".to_owned())],
+        );
+        let e = from_status(with(Code::PermissionDenied, message, details));
+        assert!(matches!(&e, Error::PermissionDenied { .. }), "{e:?}");
+        let not_yours = from_status(Status::permission_denied(message));
+        assert!(matches!(not_yours, Error::NotHeld { .. }));
+        assert_eq!(e.to_string(), not_yours.to_string());
+        assert!(!e.is_retryable());
     }
 
     #[test]

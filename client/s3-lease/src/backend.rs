@@ -151,7 +151,7 @@ impl S3LeaseBackend {
     fn plausible(&self, obj: &LeaseObject, now: Micros, bound: Duration) -> Result<()> {
         let limits = plausible::Limits {
             now,
-            max_ttl: self.cfg.max_ttl,
+            max_ttl: self.cfg.limits.max_ttl,
             slack: self.cfg.clock_margin + bound,
         };
         plausible::check(obj, &limits).map_err(|why| self.corrupt(&obj.name, &why))
@@ -382,7 +382,7 @@ impl S3LeaseBackend {
             }
         }
         let granted_at = Rules::grant_time(reads.iter().map(|r| r.as_ref().map(|(o, _)| o)), now);
-        if spec.deadline <= granted_at.saturating_add(self.cfg.min_ttl) {
+        if spec.deadline <= granted_at.saturating_add(self.cfg.limits.min_ttl) {
             return Err(Attempt::Failed(Error::out_of_range(
                 "deadline_us",
                 format!(
@@ -390,7 +390,7 @@ impl S3LeaseBackend {
                      of the names was made by a clock ahead of this one",
                     spec.deadline.as_micros(),
                     granted_at.as_micros(),
-                    self.cfg.min_ttl
+                    self.cfg.limits.min_ttl
                 ),
             )));
         }
@@ -727,9 +727,9 @@ impl LeaseBackend for S3LeaseBackend {
         Ok(BackendInfo::Store(StoreInfo {
             location: self.location(),
             key_id: self.key_id().to_owned(),
-            min_ttl: self.cfg.min_ttl,
-            max_ttl: self.cfg.max_ttl,
-            max_wait: self.cfg.max_wait,
+            min_ttl: self.cfg.limits.min_ttl,
+            max_ttl: self.cfg.limits.max_ttl,
+            max_wait: self.cfg.limits.max_wait,
             clock_margin: self.cfg.clock_margin,
             keys: self.keys().await?,
         }))
@@ -740,11 +740,11 @@ impl LeaseBackend for S3LeaseBackend {
     }
 
     fn max_ttl(&self) -> Duration {
-        self.cfg.max_ttl
+        self.cfg.limits.max_ttl
     }
 
     fn max_wait(&self) -> Option<Duration> {
-        Some(self.cfg.max_wait)
+        Some(self.cfg.limits.max_wait)
     }
 
     /// Takes every name or none, in name order. With `wait`, polls a busy
@@ -772,7 +772,7 @@ impl LeaseBackend for S3LeaseBackend {
             Some(_) => spec.wait,
             None => spec
                 .deadline
-                .saturating_sub(self.cfg.min_ttl)
+                .saturating_sub(self.cfg.limits.min_ttl)
                 .duration_since(first.now)
                 .saturating_sub(Duration::from_micros(1)),
         };

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use bagel_lease_core::LeaseLimits;
+
 /// Limits and margins. Defaults: TTLs in `(1 s, 60 s]`, a 14 s clock
 /// margin, waits up to 60 s, 5 s per store call, the server's size limits.
 ///
@@ -12,10 +14,10 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct S3LeaseConfig {
-    /// A deadline must be later than `now + min_ttl`.
-    pub min_ttl: Duration,
-    /// A deadline may be at most `now + max_ttl`.
-    pub max_ttl: Duration,
+    /// What a request may ask for (the TTL range, the longest wait, the
+    /// sizes of names, owners and metadata), checked by the rules the
+    /// server checks them by.
+    pub limits: LeaseLimits,
     /// Others treat a lease as over no earlier than its deadline plus
     /// this, and later when the holder's stored clock error bound plus
     /// their own is more. A client refuses to act when its own bound is
@@ -23,18 +25,12 @@ pub struct S3LeaseConfig {
     /// docs/leases-without-a-server.md, "The clock margin"). Default 14 s: twice the 5 s
     /// radius of a roughenough 2.2 server plus 2 s of offset and RTT.
     pub clock_margin: Duration,
-    /// The longest `wait` an acquire may ask for.
-    pub max_wait: Duration,
     /// Each store call is given up (as retryable) after this long.
     pub op_timeout: Duration,
     /// How far a release's watermark may be ahead of its signed time (or
     /// of the releaser's checked clock), as the server's
     /// `--timestamp-tolerance`.
     pub timestamp_tolerance: Duration,
-    pub max_names_per_request: usize,
-    pub max_name_bytes: usize,
-    pub max_owner_bytes: usize,
-    pub max_metadata_bytes: usize,
     /// Renewals with metadata and releases kept per name, in its object.
     pub history_per_name: usize,
 }
@@ -42,16 +38,15 @@ pub struct S3LeaseConfig {
 impl Default for S3LeaseConfig {
     fn default() -> Self {
         S3LeaseConfig {
-            min_ttl: Duration::from_secs(1),
-            max_ttl: Duration::from_secs(60),
+            limits: LeaseLimits {
+                min_ttl: Duration::from_secs(1),
+                max_ttl: Duration::from_secs(60),
+                max_wait: Duration::from_secs(60),
+                ..LeaseLimits::default()
+            },
             clock_margin: Duration::from_secs(14),
-            max_wait: Duration::from_secs(60),
             op_timeout: Duration::from_secs(5),
             timestamp_tolerance: Duration::from_secs(1),
-            max_names_per_request: 64,
-            max_name_bytes: 256,
-            max_owner_bytes: 256,
-            max_metadata_bytes: 4096,
             history_per_name: 8,
         }
     }
@@ -60,13 +55,13 @@ impl Default for S3LeaseConfig {
 impl S3LeaseConfig {
     #[must_use]
     pub fn with_min_ttl(mut self, d: Duration) -> Self {
-        self.min_ttl = d;
+        self.limits.min_ttl = d;
         self
     }
 
     #[must_use]
     pub fn with_max_ttl(mut self, d: Duration) -> Self {
-        self.max_ttl = d;
+        self.limits.max_ttl = d;
         self
     }
 
@@ -78,7 +73,7 @@ impl S3LeaseConfig {
 
     #[must_use]
     pub fn with_max_wait(mut self, d: Duration) -> Self {
-        self.max_wait = d;
+        self.limits.max_wait = d;
         self
     }
 

@@ -1,104 +1,46 @@
-//! Request values checked at the backend's edge, with the server's limits
-//! and wording: every refusal names the field and the limit it broke, so a
+//! Request values checked at the backend's edge by the rules the server
+//! checks them by (`bagel_lease_core::LeaseLimits`): every refusal names
+//! the field and the limit it broke, and the refusals a caller acts on (a
+//! wait over the max, a lifetime out of range) carry their numbers, so a
 //! caller moving between the server and S3 sees the same errors.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use bagel_lease_core::{Error, Metadata, Micros};
-use bagel_proto::names;
 
 use crate::config::S3LeaseConfig;
-
-fn invalid(field: &str, reason: String) -> Error {
-    Error::invalid(field, reason)
-}
 
 /// Checks and sorts a lease's names (the fixed order every acquirer takes
 /// them in). Duplicates are refused rather than merged.
 pub fn names(raw: &[String], cfg: &S3LeaseConfig) -> Result<Vec<String>, Error> {
-    if raw.is_empty() {
-        return Err(invalid("names", "at least one name is required".into()));
-    }
-    if raw.len() > cfg.max_names_per_request {
-        return Err(invalid(
-            "names",
-            format!(
-                "{} names exceed the limit of {} per request",
-                raw.len(),
-                cfg.max_names_per_request
-            ),
-        ));
-    }
-    let mut seen = HashSet::with_capacity(raw.len());
-    for (i, name) in raw.iter().enumerate() {
-        if let Some(why) = names::name_problem(name, cfg.max_name_bytes) {
-            return Err(invalid("names", format!("[{i}] {why}")));
-        }
-        if !seen.insert(name.as_str()) {
-            return Err(invalid(
-                "names",
-                format!("[{i}] duplicate name {}", names::echo(name)),
-            ));
-        }
-    }
-    let mut sorted = raw.to_vec();
-    sorted.sort_unstable();
-    Ok(sorted)
+    Ok(cfg
+        .limits
+        .check_names("names", raw)?
+        .into_iter()
+        .map(str::to_owned)
+        .collect())
 }
 
 pub fn owner(raw: &str, cfg: &S3LeaseConfig) -> Result<(), Error> {
-    match names::owner_problem(raw, cfg.max_owner_bytes) {
-        Some(why) => Err(invalid("owner", why)),
-        None => Ok(()),
-    }
+    Ok(cfg.limits.check_owner(raw)?)
 }
 
 pub fn metadata(m: Option<&Metadata>, cfg: &S3LeaseConfig) -> Result<(), Error> {
-    if let Some(Metadata::Data(d)) = m
-        && d.len() > cfg.max_metadata_bytes
-    {
-        return Err(invalid(
-            "metadata.data",
-            format!(
-                "is {} bytes, over the limit of {} bytes",
-                d.len(),
-                cfg.max_metadata_bytes
-            ),
-        ));
+    match m {
+        Some(Metadata::Data(d)) => Ok(cfg.limits.check_metadata_bytes(d.len())?),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Refuses a deadline outside `(now + min_ttl, now + max_ttl]`.
 pub fn deadline(deadline: Micros, now: Micros, cfg: &S3LeaseConfig) -> Result<(), Error> {
-    let lo = now.saturating_add(cfg.min_ttl);
-    let hi = now.saturating_add(cfg.max_ttl);
-    if deadline <= lo || deadline > hi {
-        return Err(Error::out_of_range(
-            "deadline_us",
-            format!(
-                "{} ({deadline}) must lie in (now + min_ttl, now + max_ttl] = ({}, {}] (min_ttl \
-                 {:?}, max_ttl {:?}, now {now})",
-                deadline.as_micros(),
-                lo.as_micros(),
-                hi.as_micros(),
-                cfg.min_ttl,
-                cfg.max_ttl,
-            ),
-        ));
-    }
-    Ok(())
+    Ok(cfg.limits.check_deadline(deadline, now)?)
 }
 
+/// Refuses a wait over `max_wait`, as an [`Error::WaitTooLong`] that
+/// carries it (a longer wait goes on in rounds of it).
 pub fn wait(wait: Duration, cfg: &S3LeaseConfig) -> Result<(), Error> {
-    if wait > cfg.max_wait {
-        return Err(Error::out_of_range(
-            "wait_us",
-            format!("{wait:?} is over the limit of {:?}", cfg.max_wait),
-        ));
-    }
-    Ok(())
+    Ok(cfg.limits.check_wait(wait)?)
 }
 
 #[cfg(test)]
@@ -154,9 +96,22 @@ mod tests {
         for bad in [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(61)] {
             let err = deadline(now.saturating_add(bad), now, &cfg).unwrap_err();
             assert!(
-                err.field() == Some("deadline_us") && matches!(err, Error::OutOfRange { .. }),
+                err.field() == Some("deadline_us")
+                    && matches!(err, Error::TtlOutOfRange { max_ttl, .. } if max_ttl == Duration::from_secs(60)),
                 "{err:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_wait_over_the_max_carries_the_max() {
+        let cfg = S3LeaseConfig::default().with_max_wait(Duration::from_secs(5));
+        assert!(wait(Duration::from_secs(5), &cfg).is_ok());
+        let err = wait(Duration::from_secs(6), &cfg).unwrap_err();
+        assert!(
+            matches!(&err, Error::WaitTooLong { max, .. } if *max == Duration::from_secs(5)),
+            "{err:?}"
+        );
+        assert_eq!(err.field(), Some("wait_us"));
     }
 }
