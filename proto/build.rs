@@ -11,6 +11,18 @@ const PROTOS: &[&str] = &[
     "proto/bagel/v1/witness.proto",
     "proto/bagel/v1/lease.proto",
     "proto/bagel/v1/bag.proto",
+    "proto/bagel/v1/summary.proto",
+];
+
+/// The bytes fields of summary format 2 held as `Bytes`: its payloads,
+/// holder signatures, raw items and signed-time parts are handed on by
+/// reference when a summary is read, not copied.
+const SHARED_BYTES: &[&str] = &[
+    ".bagel.v1.SummaryV2.Time.body",
+    ".bagel.v1.SummaryV2.Time.signature",
+    ".bagel.v1.SummaryV2.Item.raw",
+    ".bagel.v1.SummaryV2.Batch.payloads",
+    ".bagel.v1.SummaryV2.Batch.holder_signatures",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -23,7 +35,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The messages alone (prost), for every side: a crate that only stores
     // or checks witnesses (the S3 lease backend, the bag engine) needs no
     // gRPC.
-    prost_build::Config::new().compile_fds(fds.clone())?;
+    prost_build::Config::new()
+        .bytes(SHARED_BYTES)
+        .compile_fds(fds.clone())?;
     #[cfg(feature = "grpc")]
     stubs(&fds, &out_dir)?;
     Ok(())

@@ -29,53 +29,9 @@
 //! refuses it as corrupt (its name says otherwise), rather than reading
 //! it wrong. So readers are upgraded before summarizers.
 //!
-//! The schema, for readers in other languages (proto3, package
-//! `bagel.v1`; `Witness` and `SignedTime` as in the `.proto` files):
-//!
-//! ```proto
-//! message SummaryV2 {
-//!   uint32 format = 16;                // 2
-//!   string log = 17;
-//!   uint64 from_secs = 18;             // first second covered
-//!   uint64 to_secs = 19;               // first second not covered
-//!   repeated Witness witnesses = 20;
-//!   repeated SummaryTime signed_times = 21;
-//!   repeated string writer_ids = 22;
-//!   repeated string key_ids = 23;      // of local signed times
-//!   repeated string item_names = 24;
-//!   repeated SummaryBag bags = 25;     // ascending by second
-//! }
-//! message SummaryTime {                // a SignedTime
-//!   bytes body = 1;                    // a local proof: LocalTimeProof.body,
-//!   bytes signature = 2;               //   .signature,
-//!   uint32 key_id = 3;                 //   .key_id by index into key_ids
-//!   SignedTime other = 4;              // set: any other signed time, whole
-//! }
-//! message SummaryBag {
-//!   uint64 bucket_secs = 1;
-//!   bytes lock_sha256 = 2;             // of the bag's lock listing
-//!   repeated SummaryItem items = 3;
-//! }
-//! message SummaryItem {
-//!   uint32 name = 1;                   // index into item_names
-//!   optional uint64 size = 2;          // absent: its batches framed (raw: raw's length)
-//!   repeated SummaryBatch batches = 3;
-//!   bytes raw = 4;                     // the item's bytes, when is_raw
-//!   bool is_raw = 5;
-//! }
-//! message SummaryBatch {               // a Batch; "previous": the batch before it in the item
-//!   uint32 writer = 1;                 // index + 1 into writer_ids; 0: the previous one's
-//!   uint64 sequence_gap = 2;           // first_sequence less the previous one's next (first: 0), mod 2^64
-//!   sint64 signed_time_step = 3;       // (index + 1 into signed_times, 0: none) less the previous one's (first: 0)
-//!   repeated uint32 witnesses = 4;     // indexes + 1; none: the previous one's (first: none); [0]: none
-//!   repeated sint64 timestamps = 5;    // each less the item's timestamp before it (first: bucket_secs * 10^6), mod 2^64
-//!   repeated bytes payloads = 6;       // one per timestamp
-//!   bool elsewhere = 7;                // the batch names another log or bag:
-//!   string log = 8;                    //   this one
-//!   uint64 bucket_secs = 9;            //   and this one
-//!   repeated bytes holder_signatures = 10;
-//! }
-//! ```
+//! The schema is `SummaryV2` in `proto/bagel/v1/summary.proto`, for
+//! readers in other languages; its messages are generated into
+//! [`bagel_proto::pb`] and named here as the summary's parts.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -91,108 +47,26 @@ use crate::frame;
 pub const FORMAT: u32 = 2;
 
 /// A summary: every record of every bag of `[from_secs, to_secs)` of a
-/// log (see the module docs for each field's meaning).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Summary {
-    #[prost(uint32, tag = "16")]
-    pub format: u32,
-    #[prost(string, tag = "17")]
-    pub log: String,
-    #[prost(uint64, tag = "18")]
-    pub from_secs: u64,
-    #[prost(uint64, tag = "19")]
-    pub to_secs: u64,
-    #[prost(message, repeated, tag = "20")]
-    pub witnesses: Vec<pb::Witness>,
-    #[prost(message, repeated, tag = "21")]
-    pub signed_times: Vec<SummaryTime>,
-    #[prost(string, repeated, tag = "22")]
-    pub writer_ids: Vec<String>,
-    #[prost(string, repeated, tag = "23")]
-    pub key_ids: Vec<String>,
-    #[prost(string, repeated, tag = "24")]
-    pub item_names: Vec<String>,
-    /// Every bag of the stretch (its minute's seal lists it), ascending.
-    #[prost(message, repeated, tag = "25")]
-    pub bags: Vec<SummaryBag>,
-}
-
+/// log (see `summary.proto` for each field's meaning).
+pub use pb::SummaryV2 as Summary;
+/// A source bag of the summary.
+pub use pb::summary_v2::Bag as SummaryBag;
+/// A batch, as a change from the batch before it in its item.
+pub use pb::summary_v2::Batch as SummaryBatch;
+/// An item of a bag, as its lock lists it.
+pub use pb::summary_v2::Item as SummaryItem;
 /// A signed time: a local proof in parts (its key id by index), any
 /// other whole.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryTime {
-    #[prost(bytes = "bytes", tag = "1")]
-    pub body: Bytes,
-    #[prost(bytes = "bytes", tag = "2")]
-    pub signature: Bytes,
-    #[prost(uint32, tag = "3")]
-    pub key_id: u32,
-    #[prost(message, optional, tag = "4")]
-    pub other: Option<pb::SignedTime>,
-}
+pub use pb::summary_v2::Time as SummaryTime;
 
-/// A source bag of the summary.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryBag {
-    #[prost(uint64, tag = "1")]
-    pub bucket_secs: u64,
-    /// SHA-256 of the bag's lock listing (its text form).
-    #[prost(bytes = "vec", tag = "2")]
-    pub lock_sha256: Vec<u8>,
-    #[prost(message, repeated, tag = "3")]
-    pub items: Vec<SummaryItem>,
-}
-
-/// An item of a bag, as its lock lists it.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryItem {
-    #[prost(uint32, tag = "1")]
-    pub name: u32,
-    #[prost(uint64, optional, tag = "2")]
-    pub size: Option<u64>,
-    #[prost(message, repeated, tag = "3")]
-    pub batches: Vec<SummaryBatch>,
-    #[prost(bytes = "bytes", tag = "4")]
-    pub raw: Bytes,
-    #[prost(bool, tag = "5")]
-    pub is_raw: bool,
-}
-
-/// A batch, as a change from the batch before it in its item.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryBatch {
-    #[prost(uint32, tag = "1")]
-    pub writer: u32,
-    #[prost(uint64, tag = "2")]
-    pub sequence_gap: u64,
-    #[prost(sint64, tag = "3")]
-    pub signed_time_step: i64,
-    #[prost(uint32, repeated, tag = "4")]
-    pub witnesses: Vec<u32>,
-    #[prost(sint64, repeated, tag = "5")]
-    pub timestamps: Vec<i64>,
-    #[prost(bytes = "bytes", repeated, tag = "6")]
-    pub payloads: Vec<Bytes>,
-    #[prost(bool, tag = "7")]
-    pub elsewhere: bool,
-    #[prost(string, tag = "8")]
-    pub log: String,
-    #[prost(uint64, tag = "9")]
-    pub bucket_secs: u64,
-    #[prost(bytes = "bytes", repeated, tag = "10")]
-    pub holder_signatures: Vec<Bytes>,
-}
-
-impl SummaryBatch {
-    /// The log and bag second the batch names: its own when `elsewhere`,
-    /// else those of the summary and bag it is stored under (which the
-    /// summary leaves out).
-    pub fn written_in<'a>(&'a self, summary: &'a Summary, bag: &SummaryBag) -> (&'a str, u64) {
-        if self.elsewhere {
-            (&self.log, self.bucket_secs)
-        } else {
-            (&summary.log, bag.bucket_secs)
-        }
+/// The log and bag second `batch` names: its own when `elsewhere`, else
+/// those of the summary and bag it is stored under (which the summary
+/// leaves out).
+pub fn written_in<'a>(batch: &'a SummaryBatch, summary: &'a Summary, bag: &SummaryBag) -> (&'a str, u64) {
+    if batch.elsewhere {
+        (&batch.log, batch.bucket_secs)
+    } else {
+        (&summary.log, bag.bucket_secs)
     }
 }
 
@@ -463,8 +337,8 @@ pub fn unpack_item(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) -> R
                     payload: payload.to_vec(),
                 })
                 .collect(),
-            log: b.written_in(summary, bag).0.to_owned(),
-            bucket_secs: b.written_in(summary, bag).1,
+            log: written_in(b, summary, bag).0.to_owned(),
+            bucket_secs: written_in(b, summary, bag).1,
             holder_signatures: b.holder_signatures.iter().map(|s| s.to_vec()).collect(),
         };
         let body = Bytes::from(batch.encode_to_vec());
@@ -530,7 +404,7 @@ pub(crate) fn rebuild_shared(
             }
         };
         let b = p.batch;
-        let (log, bucket_secs) = b.written_in(summary, bag);
+        let (log, bucket_secs) = written_in(b, summary, bag);
         let batch = pb::Batch {
             writer_id: summary.writer_ids[p.writer as usize].clone(),
             first_sequence: p.first_sequence,
@@ -707,7 +581,7 @@ pub(crate) fn record_len(
     let non_zero = |tag: u32, v: u64| if v == 0 { 0 } else { key_len(tag) + varint(v) };
     let string = |tag: u32, s: &str| if s.is_empty() { 0 } else { bytes(tag, s.len()) };
     let b = p.batch;
-    let (log, bucket_secs) = b.written_in(summary, bag);
+    let (log, bucket_secs) = written_in(b, summary, bag);
     let mut len = string(1, &summary.writer_ids[p.writer as usize])
         + non_zero(2, p.first_sequence)
         + string(6, log)
