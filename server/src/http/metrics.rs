@@ -360,6 +360,14 @@ impl Collector for Exposition {
                 None,
                 hub.watchers() as i64,
             )?;
+            gauge(
+                e,
+                "bagel_watch_tracked_leases",
+                "Live leases the watch hub tracks for their expiry while anyone watches or \
+                 listed within the linger (read from the table a few shards per tick after it wakes).",
+                None,
+                hub.tracked() as i64,
+            )?;
             counter(
                 e,
                 "bagel_watch_dispatched",

@@ -24,11 +24,15 @@ impl LeaseTable {
     /// released or taken is left alone. So one lease's events reach
     /// watchers in the order they happened in the table.
     ///
+    /// First, after the hub woke, the next chunk of live leases is read
+    /// into it (`LeaseTable::seed_watch`).
+    ///
     /// At most [`EXPIRY_PER_TICK`] leases per call, taken from the hub a
     /// chunk at a time (`crate::watch::EXPIRY_CHUNK`); the rest wait for
     /// the next tick. Run it off the async workers: a mass expiry is work
     /// proportional to the leases, not a request's.
     pub fn watch_tick(&self, now: Micros) {
+        self.seed_watch();
         let mut left = EXPIRY_PER_TICK;
         let mut due = self.watch.tick(now);
         while !due.is_empty() {

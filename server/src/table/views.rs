@@ -58,6 +58,11 @@ pub struct ListPage {
     pub more: bool,
 }
 
+/// Records the seeding of a woken watch hub reads per tick (at least one
+/// shard whatever its size): a million held names are read over about a
+/// second of ticks, not on the request that woke the hub.
+pub const SEED_RECORDS_PER_TICK: usize = 65_536;
+
 impl LeaseTable {
     /// The owner lease `lease` was granted to, while it is the live holder
     /// of its first name (`None` otherwise: the operation itself then says
@@ -245,11 +250,12 @@ impl LeaseTable {
     }
 
     /// Starts a watcher (see `crate::watch`). When the hub wakes up, the
-    /// live leases are read into it, so their expiries are reported.
+    /// live leases are read into it by the next ticks (see
+    /// `LeaseTable::seed_watch`), so their expiries are reported.
     pub fn watch(&self, filter: Filter, from: Option<u64>, now: Micros) -> Result<Subscription, WatchError> {
         let (sub, woke) = self.watch.subscribe(filter, from)?;
         if woke {
-            self.seed_watch(now);
+            self.watch.seed_from(now);
         }
         Ok(sub)
     }
@@ -260,18 +266,32 @@ impl LeaseTable {
     pub fn list_revision(&self, now: Micros) -> u64 {
         let (revision, woke) = self.watch.keep_for_list(now);
         if woke {
-            self.seed_watch(now);
+            self.watch.seed_from(now);
         }
         revision
     }
 
-    /// Reads the live leases into a hub that just woke up.
-    fn seed_watch(&self, now: Micros) {
-        for shard in self.shards.iter() {
-            let state = shard.lock();
-            for e in state.slab.iter().flatten() {
-                if let Some(h) = e.rec.live_holder(now) {
-                    self.watch.track(h.lease, &e.shared_name(), h.deadline);
+    /// Reads the live leases into a hub that woke up, a few shards at a
+    /// time: at least [`SEED_RECORDS_PER_TICK`] records (or every shard)
+    /// per call, each shard under its own lock. Called by
+    /// [`LeaseTable::watch_tick`], off the request path.
+    pub(super) fn seed_watch(&self) {
+        let mut read = 0;
+        while read < SEED_RECORDS_PER_TICK {
+            let Some(work) = self.watch.seed_work(1, self.shards.len()) else {
+                return;
+            };
+            for shard in &self.shards[work.shards] {
+                let state = shard.lock();
+                for e in state.slab.iter().flatten() {
+                    read += 1;
+                    if let Some(h) = &e.rec.holder
+                        && !h.expired
+                        && h.deadline > work.since
+                    {
+                        self.watch
+                            .track_seeded(work.generation, h.lease, &e.shared_name(), h.deadline);
+                    }
                 }
             }
         }

@@ -1,8 +1,16 @@
 //! The live leases the hub tracks for expiries: seeded from the table
-//! when the hub wakes ([`Hub::track`]), kept up to date from the events
-//! it records, and handed back to the table, earliest deadline first and
-//! a chunk at a time, once their deadline passed (the table decides and
-//! reports each expiry under its names' shard locks).
+//! after the hub wakes, kept up to date from the events it records, and
+//! handed back to the table, earliest deadline first and a chunk at a
+//! time, once their deadline passed (the table decides and reports each
+//! expiry under its names' shard locks).
+//!
+//! Seeding reads every live lease, which at a million held names took
+//! 2.5 s inline, on the request that woke the hub. It is done instead by
+//! the periodic tick, some shards at a time ([`Hub::seed_work`]), each
+//! under its own lock: the first watcher is answered at once, and a lease
+//! whose deadline passes before its shard is read is still reported,
+//! since the seeding takes every holder not yet reported expired whose
+//! deadline is after the wake-up.
 
 use std::sync::Arc;
 
@@ -24,11 +32,72 @@ pub(super) struct Live {
     pub(super) names: Vec<Arc<str>>,
 }
 
+/// Where the seeding after a wake-up stands.
+#[derive(Debug)]
+pub(crate) struct Seeding {
+    /// The next shard of the table to read.
+    next: usize,
+    /// When the hub woke: holders whose deadline is after it are tracked.
+    since: Micros,
+}
+
+/// A chunk of seeding: read `shards` of the table, tracking with
+/// [`Hub::track_seeded`] every holder not reported expired whose deadline
+/// is after `since`.
+#[derive(Debug)]
+pub struct SeedWork {
+    pub generation: u64,
+    pub shards: std::ops::Range<usize>,
+    pub since: Micros,
+}
+
 impl Hub {
-    /// Seeds a live lease's name (idempotent), when the hub wakes up.
-    pub fn track(&self, lease: LeaseId, name: &Arc<str>, deadline: Micros) {
+    /// Starts seeding the live leases after a wake-up at `now` (the table
+    /// calls it when a watch or a List woke the hub).
+    pub fn seed_from(&self, now: Micros) {
         let mut inner = lock(&self.inner);
-        if !self.active() {
+        if self.active() {
+            inner.seeding = Some(Seeding { next: 0, since: now });
+        }
+    }
+
+    /// The next `shards` of the `of` shards to seed, if seeding is under way.
+    pub fn seed_work(&self, shards: usize, of: usize) -> Option<SeedWork> {
+        let mut inner = lock(&self.inner);
+        let generation = inner.generation;
+        let seeding = inner.seeding.as_mut()?;
+        let start = seeding.next;
+        let end = (start + shards.max(1)).min(of);
+        let since = seeding.since;
+        seeding.next = end;
+        if end >= of {
+            inner.seeding = None;
+        }
+        Some(SeedWork {
+            generation,
+            shards: start..end,
+            since,
+        })
+    }
+
+    /// Whether seeding is under way.
+    pub fn seeding(&self) -> bool {
+        lock(&self.inner).seeding.is_some()
+    }
+
+    /// Live leases tracked for their expiry (~360 bytes each while the hub
+    /// is active: the sizing's).
+    pub fn tracked(&self) -> usize {
+        lock(&self.inner).live.len()
+    }
+
+    /// Seeds a live lease's name (idempotent), read by a chunk of
+    /// [`Hub::seed_work`] of `generation` (ignored if the hub went idle
+    /// since). Called under the name's shard lock, so it is in order with
+    /// the lease's events.
+    pub fn track_seeded(&self, generation: u64, lease: LeaseId, name: &Arc<str>, deadline: Micros) {
+        let mut inner = lock(&self.inner);
+        if !self.active() || inner.generation != generation {
             return;
         }
         let live = inner.live.entry(lease).or_insert_with(|| Live {

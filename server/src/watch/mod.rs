@@ -44,7 +44,8 @@
 //!   below it and still unsent), for the progress messages of quiet
 //!   streams.
 //! * **Expiries** happen without a request: the hub tracks the deadline of
-//!   every live lease while active (seeded from the table when it wakes up,
+//!   every live lease while active (seeded from the table by the ticks
+//!   after it wakes up, a few shards at a time,
 //!   see `LeaseTable::watch`), and [`Hub::tick`] hands the table the leases
 //!   whose deadline passed. The table decides and reports each expiry under
 //!   the name's shard lock (`LeaseTable::watch_tick`), in order with the
@@ -93,11 +94,11 @@ use bagel_proto::Micros;
 pub use config::{MAX_PROGRESS, MIN_PROGRESS, WatchConfig};
 pub use error::WatchError;
 pub use event::{Event, EventKind, Filter, Item, NewEvent};
-pub use expiry::EXPIRY_CHUNK;
+pub use expiry::{EXPIRY_CHUNK, SeedWork};
 pub use revision::{COUNT_BITS, INCARNATION_BITS, incarnation, incarnation_of};
 pub use subscription::Subscription;
 
-use expiry::Live;
+use expiry::{Live, Seeding};
 use index::Index;
 use revision::INCARNATION_MASK;
 use watcher::{Queue, Registered, Shared};
@@ -122,6 +123,12 @@ struct Inner {
     idle_since: Option<Micros>,
     live: HashMap<LeaseId, Live>,
     by_deadline: BTreeSet<(Micros, LeaseId)>,
+    /// Counts wake-ups: a seeding chunk taken before the hub went idle and
+    /// woke again is not applied to the new one.
+    generation: u64,
+    /// The live leases still to read from the table after a wake-up
+    /// (see [`Hub::seed_from`]).
+    seeding: Option<Seeding>,
 }
 
 /// What the hub counts, for the metrics.
@@ -174,6 +181,8 @@ impl Hub {
                 idle_since: None,
                 live: HashMap::new(),
                 by_deadline: BTreeSet::new(),
+                generation: 0,
+                seeding: None,
             }),
             stats: WatchStats::default(),
         }
@@ -228,6 +237,8 @@ impl Hub {
         inner.ring_bytes = 0;
         inner.live.clear();
         inner.by_deadline.clear();
+        inner.generation += 1;
+        inner.seeding = None;
         self.active.store(true, Ordering::Relaxed);
         true
     }
@@ -236,7 +247,8 @@ impl Hub {
     /// table after this returns (every event numbered up to it has been
     /// applied to the table under the lock of its name's shard, which the
     /// List takes after this). Wakes the hub if it is idle (the caller then
-    /// seeds the live leases with [`Hub::track`], as for a watcher) and,
+    /// starts seeding the live leases with [`Hub::seed_from`], as for a
+    /// watcher) and,
     /// while nobody watches, starts the linger again: events after the
     /// List are numbered and kept for a watch from its revision.
     pub fn keep_for_list(&self, now: Micros) -> (u64, bool) {
@@ -251,7 +263,7 @@ impl Hub {
     /// Registers a watcher for `filter`. With `from`, it first gets the
     /// retained events after revision `from`. Returns the subscription and
     /// whether the hub just woke up (the caller then seeds the live leases
-    /// with [`Hub::track`]).
+    /// with [`Hub::seed_from`]).
     pub fn subscribe(
         self: &Arc<Self>,
         filter: Filter,
@@ -350,6 +362,7 @@ impl Hub {
         inner.live.clear();
         inner.by_deadline.clear();
         inner.idle_since = None;
+        inner.seeding = None;
     }
 }
 
