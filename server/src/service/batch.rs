@@ -1,0 +1,166 @@
+//! Batch (and Session, which shares it): many operations in one call,
+//! each on its own, in order, each metered and answered with its own
+//! error; one signature over all the grants' witnesses.
+
+use std::time::Duration;
+
+use bagel_proto::{Micros, pb};
+
+use super::Service;
+use crate::error::Error;
+use crate::refusal::{self, Subject};
+use crate::transport::Caller;
+
+impl Service {
+    pub(crate) async fn batch(
+        &self,
+        req: &pb::BatchRequest,
+        caller: &Caller,
+    ) -> Result<pb::BatchResponse, Error> {
+        self.inner.cover(batch_deadline(&req.ops, self.now())).await?;
+        let results = self.batch_ops(&req.ops, caller)?;
+        Ok(pb::BatchResponse { results })
+    }
+
+    /// Runs a batch: every operation on its own, in order; then one
+    /// signature over all the grants' witnesses. Each operation is metered
+    /// (and a refused one logged) here, from its domain error, before that
+    /// error becomes its `OpError`: `Batch` and `Session` share this.
+    pub(crate) fn batch_ops(
+        &self,
+        ops: &[pb::BatchOp],
+        caller: &Caller,
+    ) -> Result<Vec<pb::BatchResult>, Error> {
+        use pb::batch_op::Op;
+        use pb::batch_result::Result as R;
+        let max = self.inner.cfg.limits.max_batch_ops;
+        if ops.len() > max {
+            return Err(Error::invalid(
+                "ops",
+                format!("{} operations exceed the limit of {max} per batch", ops.len()),
+            ));
+        }
+        // Grants need a healthy clock; releases do not.
+        let clock = self.inner.may_grant();
+        enum Outcome {
+            Released(pb::ReleaseResponse),
+            Granted(crate::table::Grant, pb::WitnessKind),
+            Refused(Error),
+        }
+        let outcomes: Vec<Outcome> = ops
+            .iter()
+            .map(|op| {
+                let result = match &op.op {
+                    None => Err(Error::invalid("ops.op", "is empty: set one operation")),
+                    Some(Op::Acquire(a)) if a.wait_us != 0 => Err(Error::invalid(
+                        "wait_us",
+                        "must be 0 in a batch (acquires in a batch cannot wait); use Acquire",
+                    )),
+                    Some(Op::Acquire(a)) => clock
+                        .clone()
+                        .and_then(|()| self.acquire_spec(a, caller))
+                        .and_then(|(mut spec, lifetime)| {
+                            let now = self.now();
+                            spec.deadline = lifetime.deadline_at(now);
+                            self.inner.table.acquire(&spec, now)
+                        })
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
+                    Some(Op::Renew(r)) => self
+                        .renew_op(r, caller)
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Renew)),
+                    Some(Op::Upgrade(u)) => self
+                        .upgrade_op(u, caller)
+                        .map(|g| Outcome::Granted(g, pb::WitnessKind::Upgrade)),
+                    Some(Op::Release(r)) => self.release_op(r, caller).map(Outcome::Released),
+                };
+                result.unwrap_or_else(Outcome::Refused)
+            })
+            .collect();
+        let grants: Vec<(&crate::table::Grant, pb::WitnessKind)> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Granted(g, k) => Some((g, *k)),
+                Outcome::Released(_) | Outcome::Refused(_) => None,
+            })
+            .collect();
+        let time = self.inner.time.signed()?;
+        let mut witnesses = self
+            .inner
+            .witness
+            .sign_batch(&grants, self.now(), &time)
+            .into_iter();
+        self.inner.meters.batch_sizes.observe(ops.len() as u64);
+        let results: Vec<pb::BatchResult> = ops
+            .iter()
+            .zip(outcomes)
+            .map(|(op, o)| {
+                let result = match o {
+                    Outcome::Released(r) => Ok(R::Released(r)),
+                    Outcome::Refused(e) => Err(e),
+                    Outcome::Granted(g, kind) => {
+                        let w = witnesses.next().expect("one witness per grant");
+                        Ok(if kind == pb::WitnessKind::Renew {
+                            R::Renewed(pb::RenewResponse {
+                                deadline_us: g.deadline.as_micros(),
+                                witness: Some(w),
+                            })
+                        } else {
+                            R::Grant(crate::witness::grant_pb(&g, w))
+                        })
+                    }
+                };
+                self.meter_op(op, result.as_ref().err());
+                let result = result.unwrap_or_else(|e| R::Error(op_error(e)));
+                pb::BatchResult { result: Some(result) }
+            })
+            .collect();
+        Ok(results)
+    }
+
+    /// Counts one operation of a batch by its outcome (a refused acquire's
+    /// conflict by the mode it asked for) and logs it if refused.
+    fn meter_op(&self, op: &pb::BatchOp, refused: Option<&Error>) {
+        let meters = &self.inner.meters;
+        let kind = crate::meter::Op::of(op);
+        meters.op(kind, refused.map_or(tonic::Code::Ok, Error::code));
+        let Some(e) = refused else { return };
+        if let (Some(pb::batch_op::Op::Acquire(a)), Error::Conflict(_)) = (&op.op, e) {
+            meters.conflict(a.mode);
+        }
+        refusal::log(kind.name(), &Subject::of_op(op), e);
+    }
+}
+
+/// The latest deadline a batch's operations ask for (acquires, renewals),
+/// for the granted-until mark; a relative TTL counts from `now`.
+pub(crate) fn batch_deadline(ops: &[pb::BatchOp], now: Micros) -> Micros {
+    use pb::batch_op::Op;
+    let deadline = ops
+        .iter()
+        .filter_map(|op| match &op.op {
+            Some(Op::Acquire(a)) if a.deadline_us == 0 => {
+                Some(now.saturating_add(Duration::from_micros(a.ttl_us)).as_micros())
+            }
+            Some(Op::Acquire(a)) => Some(a.deadline_us),
+            Some(Op::Renew(r)) => Some(r.deadline_us),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    Micros::from_micros(deadline)
+}
+
+/// An operation's failure inside a batch, as the unary call's status.
+fn op_error(e: Error) -> pb::OpError {
+    let conflict = match &e {
+        Error::Conflict(c) => Some(c.to_pb()),
+        _ => None,
+    };
+    let status = tonic::Status::from(e);
+    pb::OpError {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        conflict,
+        details: status.details().to_vec(),
+    }
+}
