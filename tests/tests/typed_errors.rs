@@ -9,7 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_client::{AcquireSpec, Error, LeaseBackend, Micros, Mode};
+use bagel_client::{
+    AcquireSpec, CoalesceOptions, Coalescer, Error, LeaseBackend, LeaseOptions, Metadata, Micros, Mode,
+    Transport,
+};
 use bagel_proto::clock::SystemClock;
 use bagel_proto::details as d;
 use bagel_proto::pb;
@@ -115,7 +118,10 @@ async fn the_details_name_the_field_and_carry_the_numbers() {
         Some(("names".to_owned(), "[1] duplicate name \"a\"".to_owned()))
     );
 
-    let s = c.acquire(acquire(&["w"], 5_000_000, 3_000_000)).await.unwrap_err();
+    let s = c
+        .acquire(acquire(&["w"], 5_000_000, 3_000_000))
+        .await
+        .unwrap_err();
     assert_eq!(s.code(), Code::OutOfRange);
     assert_eq!(
         s.message(),
@@ -137,4 +143,43 @@ async fn the_details_name_the_field_and_carry_the_numbers() {
     assert_eq!(reason, d::REASON_TTL_OUT_OF_RANGE);
     assert_eq!(meta["max_ttl_us"], "10000000");
     assert_eq!(meta["ttl_us"], "3600000000");
+}
+
+/// A batched operation's refusal carries the unary call's details, so a
+/// lease taken through the coalescer (Batch or Session) is refused with
+/// the same typed error, naming the same field, as a unary call.
+#[tokio::test]
+async fn a_batched_refusal_names_its_field_as_a_unary_one_does() {
+    let server = ServerProcess::start_ready(&["--max-ttl", "10s"]).await;
+    let client = server.client().await;
+    for transport in [Transport::Batch, Transport::Session] {
+        let coalescer = Coalescer::new(
+            client.clone(),
+            CoalesceOptions::default().with_transport(transport),
+        );
+        let unary = client.acquire(["dup", "dup"]).send().await.unwrap_err();
+        let batched = client
+            .acquire(["dup", "dup"])
+            .via(&coalescer)
+            .send()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&batched, Error::Invalid { field: Some(f), .. } if f == "names"),
+            "{transport:?}: {batched:?}"
+        );
+        assert_eq!(batched.to_string(), unary.to_string(), "{transport:?}");
+        let lease = client
+            .acquire([unique("batched")])
+            .options(LeaseOptions::default().with_auto_renew(false))
+            .via(&coalescer)
+            .send()
+            .await
+            .unwrap();
+        let big = lease
+            .renew_with_metadata(Metadata::Data(vec![0; 5000]))
+            .await
+            .unwrap_err();
+        assert_eq!(big.field(), Some("metadata.data"), "{transport:?}: {big:?}");
+    }
 }

@@ -330,7 +330,13 @@ fn unexpected(wanted: &str, got: &Outcome) -> Error {
 
 /// A failed operation of a batch, as the error the unary call gives.
 fn op_error(e: &pb::OpError) -> Error {
-    let details = e.conflict.as_ref().map(|c| c.encode_to_vec()).unwrap_or_default();
+    // The unary call's details; a server before them sent the conflict
+    // alone.
+    let details = if e.details.is_empty() {
+        e.conflict.as_ref().map(|c| c.encode_to_vec()).unwrap_or_default()
+    } else {
+        e.details.clone()
+    };
     from_status(tonic::Status::with_details(
         tonic::Code::from_i32(e.code),
         e.message.clone(),
