@@ -54,6 +54,10 @@ fi
 # discovery by gRPC reflection, and /metrics parsed by prometheus-client.
 python_tests
 
+# The `bagel` Python package (PyO3): its wheel built with maturin, and its
+# pytest suite against the real server, S3 (moto) and a directory store.
+python_package_tests
+
 # The JavaScript example: the same steps, witnesses verified with Node's
 # crypto, conflict details decoded from grpc-status-details-bin.
 js_tests

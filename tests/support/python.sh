@@ -11,6 +11,11 @@
 #                 * tests/python/metrics_test.py: /metrics counter deltas of
 #                   a known call sequence, parsed by prometheus-client.
 #                 Any failure, or a missing package, stops the run.
+#   python_package_tests: builds the `bagel` Python package (client/python)
+#                 into a wheel with maturin from PyPI (no system protoc),
+#                 installs it into a venv, and runs its pytest suite against
+#                 the real server, the S3 and Roughtime services s3_start
+#                 and roughtime_start exported, and a directory store.
 
 python_venv() {
   local reqs=examples/python/requirements.txt
@@ -69,4 +74,37 @@ python_tests() {
   py_server_start
   "$py" tests/python/metrics_test.py --server "$PY_GRPC" --http "$PY_HTTP" || die "tests/python/metrics_test.py failed"
   py_server_stop
+}
+
+# The venv of the `bagel` package's build, tests and bench: the example's
+# packages plus maturin, pytest and redis-py; sets PKG_VENV.
+python_package_venv() {
+  local reqs=client/python/requirements-dev.txt base=examples/python/requirements.txt
+  local hash; hash=$(cat "$base" "$reqs" | sha256sum | cut -c1-12)
+  PKG_VENV="$BAGEL_TOOLS/venv-python-package-$hash"
+  if [ ! -x "$PKG_VENV/bin/maturin" ] || ! "$PKG_VENV/bin/python" -c 'import pytest, redis, grpc' 2>/dev/null; then
+    log "installing maturin, pytest and the bench's packages into $PKG_VENV"
+    rm -rf "$PKG_VENV"
+    python3 -m venv "$PKG_VENV" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+    "$PKG_VENV/bin/pip" install -q -r "$base" -r "$reqs" >&2 || die "pip install -r $reqs failed"
+  fi
+}
+
+# Builds the wheel (debug profile, in the workspace's target directory, so
+# it reuses the workspace build) and installs it into PKG_VENV.
+python_package_install() {
+  python_package_venv
+  local out; out=$(mktemp -d -t bagel-wheel.XXXXXX)
+  log "building the bagel wheel (maturin)"
+  (cd client/python && "$PKG_VENV/bin/maturin" build --locked --interpreter "$PKG_VENV/bin/python" --out "$out") >&2 \
+    || die "maturin build failed"
+  "$PKG_VENV/bin/pip" install -q --force-reinstall --no-deps "$out"/bagel-*.whl >&2 || die "installing the bagel wheel failed"
+  rm -rf "$out"
+}
+
+python_package_tests() {
+  python_package_install
+  log "Python package: pytest client/python/tests (leases, leader failover, bags, the CLI on one log)"
+  PYTHONDONTWRITEBYTECODE=1 "$PKG_VENV/bin/python" -m pytest -q -p no:cacheprovider client/python/tests \
+    || die "the bagel Python package's tests failed"
 }

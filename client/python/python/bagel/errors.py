@@ -1,0 +1,84 @@
+"""The exceptions bagel raises: the domain errors of the Rust crates.
+
+Every exception has ``retryable``: whether the same call may succeed later.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class BagelError(Exception):
+    """Any bagel failure; the base of every class below. A failure no
+    narrower class names (a new kind of error in a newer bagel) is raised
+    as this, with its message."""
+
+    retryable: bool = False
+
+
+class InvalidArgument(BagelError, ValueError):
+    """A value given is malformed or out of range (the message names it).
+    Retrying the same call will not help."""
+
+
+class Closed(BagelError, ValueError):
+    """The object was closed: a store after ``close()``, a lease after its
+    release, anything after the interpreter began to exit."""
+
+
+class HeldError(BagelError):
+    """A name is held by another lease.
+
+    ``name``: the name; ``holder``: the holder's lease id; ``owner``: who
+    holds it; ``mode``: ``full`` or ``tentative``; ``deadline``: when the
+    holder's lease ends unless renewed (µs since the epoch): retry then,
+    or acquire with ``wait=``."""
+
+    name: Optional[str] = None
+    holder: Optional[str] = None
+    owner: Optional[str] = None
+    mode: Optional[str] = None
+    deadline: Optional[int] = None
+
+
+class LeaseLost(BagelError):
+    """The lease is no longer held (its deadline passed, another holder
+    broke it, it was refused a renewal), or it no longer gives the right to
+    write. Stop acting as its holder: in Python nothing fences the process
+    for you. ``reason`` (when the server said): ``expired``, ``unknown``,
+    ``released``, ..."""
+
+    reason: Optional[str] = None
+
+
+class LateRejected(BagelError):
+    """A closer closed the bag before the batch landed in it: the batch is
+    in no reader's view and was not acknowledged. Write it again (it gets
+    a new, later timestamp)."""
+
+
+class ClockOff(BagelError):
+    """This host's clock is further from signed time than the tolerance
+    allows, or cannot be vouched for: nothing is timestamped or closed on
+    it. Fix the clock; retrying will not help until then."""
+
+
+class Unavailable(BagelError):
+    """The lease server, the time authority or the store cannot serve now
+    (down, restarting, a timeout). ``retry_after``: seconds until it
+    expects to, when it said; else ``None``."""
+
+    retryable = True
+    retry_after: Optional[float] = None
+
+
+__all__ = [
+    "BagelError",
+    "InvalidArgument",
+    "Closed",
+    "HeldError",
+    "LeaseLost",
+    "LateRejected",
+    "ClockOff",
+    "Unavailable",
+]

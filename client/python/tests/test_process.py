@@ -1,0 +1,51 @@
+"""The module's runtime: the interpreter exits promptly with leases held,
+a metronome running and an acquire waiting, leaving no thread behind."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+from conftest import PYTHON
+
+
+def test_the_interpreter_exits_with_work_in_flight(server, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import threading
+        import bagel
+        client = bagel.Client({server.url!r})
+        held = client.acquire("exit-held", ttl=5)
+        store = bagel.open_store({str(tmp_path)!r}, client=client)
+        metronome = store.metronome("log")
+        metronome.start()
+        # An acquire that would wait forever, in a daemon thread: at exit
+        # it raises Closed.
+        def wait():
+            try:
+                client.acquire("exit-held", wait=None)
+            except bagel.Closed:
+                pass
+        threading.Thread(target=wait, daemon=True).start()
+        """
+    )
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr
+
+
+def test_after_shutdown_calls_raise_closed(server):
+    script = textwrap.dedent(
+        f"""
+        import bagel
+        client = bagel.Client({server.url!r})
+        bagel._bagel._shutdown()
+        try:
+            client.acquire("after-shutdown", ttl=5)
+        except bagel.Closed:
+            print("closed")
+        """
+    )
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "closed"
