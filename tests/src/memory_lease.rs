@@ -43,6 +43,10 @@
 //! `max_ttl` have no default. `max_wait`, `describe`, `history`,
 //! `trusted_keys` and `info` do (unknown, or "unsupported"), but the
 //! conformance suite uses all of them except `info`, and the CLI all.
+//! The operator's calls not every backend answers (`list_names`,
+//! `watch_names`, `route_name`) are refused by default; `offers` states
+//! which a backend answers and `describe_self` names it in the refusal.
+//! This one lists and routes (every name here), and does not watch.
 //!
 //! # How this one is built
 //!
@@ -66,9 +70,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bagel_lease_core::backend::{Call, Listed, ListedAt, Listing, NameRoute, Offer};
 use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Ended, Error, Grant, History, HistoryEntry, HistoryEvent, Holder,
-    LeaseBackend, LeaseLimits, LeaseRef, Metadata, Micros, Mode, NameGrant, NameState, NotHeldReason,
+    LeaseBackend, LeaseLimits, LeaseRef, ListedName, Metadata, Micros, Mode, NameGrant, NameState, NotHeldReason,
     Previous, ReleaseOptions, Renewal, Result, StoreInfo, Witness,
 };
 use bagel_proto::clock::Clock;
@@ -595,6 +600,62 @@ fn busy(c: Conflict) -> Error {
 impl LeaseBackend for MemoryLeaseBackend {
     fn location(&self) -> String {
         self.location.clone()
+    }
+
+    fn describe_self(&self) -> String {
+        format!("the in-memory lease backend {}", self.location)
+    }
+
+    /// Lists (the records are at hand), but sends no change notifications.
+    fn offers(&self, call: Call) -> Offer {
+        match call {
+            Call::List => Offer::Yes,
+            Call::Watch => Offer::No {
+                why: Some("it sends no change notifications".into()),
+            },
+        }
+    }
+
+    /// The live holders, in name order; no revisions (0): nothing watches.
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<Listing> {
+        let now = self.clock.now();
+        let records = self.lock();
+        let mut names: Vec<Listed> = records
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter_map(|(name, rec)| {
+                let h = rec.live_holder(now)?;
+                let holder = Holder {
+                    lease_id: h.lease_id.clone(),
+                    owner: h.owner.clone(),
+                    mode: h.mode,
+                    deadline: h.deadline,
+                    fencing_token: rec.fencing_token,
+                    granted_at: h.granted_at,
+                };
+                Some(Listed {
+                    server: None,
+                    name: ListedName {
+                        name: name.clone(),
+                        holder,
+                    },
+                })
+            })
+            .collect();
+        names.sort_by(|a, b| a.name.name.cmp(&b.name.name));
+        names.truncate(limit);
+        Ok(Listing {
+            names,
+            revisions: vec![ListedAt {
+                server: None,
+                revision: 0,
+            }],
+        })
+    }
+
+    /// Every name here, with no server: a lease store.
+    fn route_name(&self, _name: &str) -> Result<NameRoute> {
+        Ok(NameRoute::Store(self.location.clone()))
     }
 
     /// What the next holder of each name would find now: a live holder,

@@ -22,7 +22,8 @@ use bagel_proto::{KeyRing, Micros};
 
 use crate::error::{Error, Result};
 use crate::types::{
-    Grant, History, LeaseRef, Metadata, Mode, NameState, ReleaseOptions, Renewal, ServerInfo,
+    Grant, History, LeaseRef, ListedName, Metadata, Mode, NameState, ReleaseOptions, Renewal, ServerInfo,
+    WatchEvent, WatchTarget,
 };
 
 /// One acquire, as the [`crate::AcquireBuilder`] resolved it.
@@ -96,22 +97,187 @@ pub fn not_supported(what: &str, location: &str) -> Error {
     }
 }
 
+/// An operator's call that not every backend answers: whether one does is
+/// what it states in [`LeaseBackend::offers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// [`LeaseBackend::list_names`].
+    List,
+    /// [`LeaseBackend::watch_names`].
+    Watch,
+}
+
+impl Call {
+    /// The call as an operator names it (`list`, `watch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Call::List => "list",
+            Call::Watch => "watch",
+        }
+    }
+}
+
+/// Whether a backend answers a [`Call`], as it states it: so that a tool
+/// can refuse before starting (a `list --watch` that could list but not
+/// watch) and say why in the backend's own words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// It does.
+    Yes,
+    /// Each of its servers does, alone; the backend as a whole does not
+    /// (`why`: "revisions are per server").
+    EachServer { why: String },
+    /// It does not (`why`: "S3 has no change notifications"; `None`: it
+    /// says no more).
+    No { why: Option<String> },
+}
+
+/// The held names of [`LeaseBackend::list_names`]: at most the limit
+/// asked, in name order, and the revision each listing reflects.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// A name held on two servers (while migrating) is listed by each.
+    pub names: Vec<Listed>,
+    /// The revision of each place listed: every event up to it shows in
+    /// the listing, so a watch from it misses nothing after. One entry for
+    /// a backend that is one place; one per server for several.
+    pub revisions: Vec<ListedAt>,
+}
+
+/// A held name, and the server that listed it when the backend is several.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// `None`: the backend is one place.
+    pub server: Option<String>,
+    pub name: ListedName,
+}
+
+/// The watch revision a listing of one place reflects (0: that place
+/// keeps no revisions, as a server from before them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedAt {
+    /// `None`: the backend is one place.
+    pub server: Option<String>,
+    pub revision: u64,
+}
+
+/// How [`LeaseBackend::watch_names`] starts a watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Resume: the events after this revision (one received, or a List's).
+    pub from_revision: Option<u64>,
+    /// How long the watch may go without a message before the server sends
+    /// a progress message (10 ms to 1 h); `None`: the server's (5 s).
+    pub progress_interval: Option<Duration>,
+}
+
+/// What a watch receives: an event, or how far it has got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchMessage {
+    Event(WatchEvent),
+    /// Every event of the watch up to `revision` has been received: resume
+    /// from it. Sent as the watch starts (after the events resumed) and
+    /// when it was quiet for the progress interval.
+    Progress {
+        revision: u64,
+    },
+}
+
+/// A started watch, as [`LeaseBackend::watch_names`] returns it.
+#[async_trait]
+pub trait WatchStream: Send + fmt::Debug {
+    /// The next event or progress message; `Ok(None)` when the backend
+    /// ended the watch without an error. A watcher that fell behind ends
+    /// with [`Error::WatchDropped`]; one whose revisions the backend can
+    /// no longer follow with [`Error::WatchRevision`].
+    async fn next_message(&mut self) -> Result<Option<WatchMessage>>;
+
+    /// The revision to resume from: of the last event or progress message
+    /// received (or the one resumed from, before any).
+    fn last_revision(&self) -> Option<u64>;
+}
+
+/// Who owns a name among several servers, now and (while migrating) next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub name: String,
+    /// The owner in the current list: (URL, key id, empty while not
+    /// known: names are routed by identity, not by key).
+    pub current: (String, String),
+    /// The owner in the next list, while migrating.
+    pub next: Option<(String, String)>,
+    /// The identity of the current owner (what the name is routed by).
+    pub current_identity: String,
+    /// The identity of the next owner, while migrating.
+    pub next_identity: Option<String>,
+}
+
+/// Where a name is leased, as [`LeaseBackend::route_name`] answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NameRoute {
+    /// One lease server, at this URL (every name's).
+    Server(String),
+    /// A lease store without a server, at this URL (every name's).
+    Store(String),
+    /// Among several servers: the one owning the name, and next.
+    Servers(Route),
+}
+
 /// The operations a lease handle needs from where leases live, and those
-/// an operator asks of it (describe, history, trusted keys, info), which
-/// have defaults refusing them for a backend that cannot answer.
+/// an operator asks of it (describe, history, trusted keys, info, list,
+/// watch, routing), which have defaults refusing them for a backend that
+/// cannot answer.
 ///
 /// Operations name a lease by [`LeaseRef`] (id, token and names) so that
 /// another process holding only the lease file can renew or release it.
 ///
-/// `Any` is a supertrait so that what only one backend has (a cluster's
-/// routing, a server's watch) is reached by downcasting an
-/// `Arc<dyn LeaseBackend>` (`Arc<dyn Any + Send + Sync>` by upcasting);
-/// everything else goes through the trait.
+/// Whatever only some backends answer (list, watch, routing) is a method
+/// too, refused by default, and [`Self::offers`] states it beforehand: a
+/// tool holding an `Arc<dyn LeaseBackend>` never asks which backend it
+/// holds, and names it as it names itself ([`Self::describe_self`]). A
+/// backend owns what it holds (`'static`): the lease handle keeps it, as
+/// an `Arc<dyn LeaseBackend>`, for as long as the lease lives.
 #[async_trait]
-pub trait LeaseBackend: std::any::Any + Send + Sync + fmt::Debug {
+pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// Where the leases live, for messages and lease files (a server URL,
     /// an S3 prefix).
     fn location(&self) -> String;
+
+    /// The backend as a message names it: "the lease server at URL", "the
+    /// S3 lease backend"; by default "the lease backend at LOCATION".
+    fn describe_self(&self) -> String {
+        format!("the lease backend at {}", self.location())
+    }
+
+    /// Whether the backend answers `call` (by default: no, and
+    /// [`Self::list_names`] and [`Self::watch_names`] refuse).
+    fn offers(&self, call: Call) -> Offer {
+        let _ = call;
+        Offer::No { why: None }
+    }
+
+    /// Up to `limit` held names starting with `prefix` (`""`: all), in
+    /// name order (see [`Listing`]).
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<Listing> {
+        let _ = (prefix, limit);
+        Err(not_supported(Call::List.as_str(), &self.location()))
+    }
+
+    /// Follows what happens to `target`'s names as it happens: grants,
+    /// renewals, upgrades, releases, breaks, expiries. With
+    /// `options.from_revision`, first the events after it, or
+    /// [`Error::WatchRevision`] when the backend cannot start there (list
+    /// again).
+    async fn watch_names(&self, target: WatchTarget, options: WatchOptions) -> Result<Box<dyn WatchStream>> {
+        let _ = (target, options);
+        Err(not_supported(Call::Watch.as_str(), &self.location()))
+    }
+
+    /// Where `name` is leased.
+    fn route_name(&self, name: &str) -> Result<NameRoute> {
+        let _ = name;
+        Err(not_supported("routing", &self.location()))
+    }
 
     /// Where a grant came from when that is one place, as lease files
     /// name it (a server URL, a lease store URL): [`Self::location`] by
@@ -185,6 +351,21 @@ impl<B: LeaseBackend + ?Sized> LeaseBackend for Arc<B> {
     }
     fn single_location(&self) -> Option<String> {
         (**self).single_location()
+    }
+    fn describe_self(&self) -> String {
+        (**self).describe_self()
+    }
+    fn offers(&self, call: Call) -> Offer {
+        (**self).offers(call)
+    }
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<Listing> {
+        (**self).list_names(prefix, limit).await
+    }
+    async fn watch_names(&self, target: WatchTarget, options: WatchOptions) -> Result<Box<dyn WatchStream>> {
+        (**self).watch_names(target, options).await
+    }
+    fn route_name(&self, name: &str) -> Result<NameRoute> {
+        (**self).route_name(name)
     }
     async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
         (**self).describe(names).await

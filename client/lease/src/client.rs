@@ -12,7 +12,9 @@ use bagel_proto::{KeyRing, Micros, pb};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::acquire::AcquireBuilder;
-use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
+use crate::backend::{
+    AcquireSpec, BackendInfo, Call, LeaseBackend, Listed, ListedAt, Listing, NameRoute, Offer, WatchStream,
+};
 use crate::error::{BoxError, Error, Result};
 use crate::grpc_error::{from_status, status_message};
 use crate::options::{ClientOptions, check_server_url};
@@ -621,6 +623,51 @@ impl LeaseBackend for Client {
         self.remote.url.clone()
     }
 
+    fn describe_self(&self) -> String {
+        format!("the lease server at {}", self.url())
+    }
+
+    fn offers(&self, _call: Call) -> Offer {
+        Offer::Yes
+    }
+
+    /// Pages through the server's bounded pages; the revision is the
+    /// first page's (every later page reflects at least that one).
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<Listing> {
+        let mut names = Vec::new();
+        let mut page: Option<String> = None;
+        let mut revision = None;
+        while names.len() < limit || revision.is_none() {
+            let want = u32::try_from(limit.saturating_sub(names.len()).max(1)).unwrap_or(u32::MAX);
+            let p = self.list(prefix, page.as_deref(), want).await?;
+            revision.get_or_insert(p.revision);
+            names.extend(p.names);
+            match p.next_page {
+                Some(next) => page = Some(next),
+                None => break,
+            }
+        }
+        names.truncate(limit);
+        Ok(Listing {
+            names: names
+                .into_iter()
+                .map(|name| Listed { server: None, name })
+                .collect(),
+            revisions: vec![ListedAt {
+                server: None,
+                revision: revision.unwrap_or(0),
+            }],
+        })
+    }
+
+    async fn watch_names(&self, target: WatchTarget, options: WatchOptions) -> Result<Box<dyn WatchStream>> {
+        Ok(Box::new(self.watch_with(target, options).await?))
+    }
+
+    fn route_name(&self, _name: &str) -> Result<NameRoute> {
+        Ok(NameRoute::Server(self.url().to_owned()))
+    }
+
     async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {
         Client::describe(self, names.iter().cloned()).await
     }
@@ -761,27 +808,9 @@ pub(crate) fn release_request(lease: &LeaseRef, o: ReleaseOptions) -> pb::Releas
     }
 }
 
-/// How [`Client::watch_with`] starts a watch.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WatchOptions {
-    /// Resume: the events after this revision (one received, or a List's).
-    pub from_revision: Option<u64>,
-    /// How long the watch may go without a message before the server sends
-    /// a progress message (10 ms to 1 h); `None`: the server's (5 s).
-    pub progress_interval: Option<Duration>,
-}
-
-/// What a watch receives: an event, or how far it has got.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchMessage {
-    Event(WatchEvent),
-    /// Every event of the watch up to `revision` has been received: resume
-    /// from it. Sent as the watch starts (after the events resumed) and
-    /// when it was quiet for the progress interval.
-    Progress {
-        revision: u64,
-    },
-}
+/// How [`Client::watch_with`] starts a watch, and what it receives: the
+/// same for every backend that watches.
+pub use bagel_lease_core::backend::{WatchMessage, WatchOptions};
 
 /// The events of [`Client::watch`], in revision order.
 #[derive(Debug)]
@@ -854,5 +883,16 @@ impl Watch {
                 Err(e) => Some((Err(e), None)),
             }
         })
+    }
+}
+
+#[async_trait]
+impl WatchStream for Watch {
+    async fn next_message(&mut self) -> Result<Option<WatchMessage>> {
+        Watch::next_message(self).await
+    }
+
+    fn last_revision(&self) -> Option<u64> {
+        Watch::last_revision(self)
     }
 }

@@ -268,6 +268,30 @@ impl LeaseBackend for Coalescer {
         LeaseBackend::info(&self.inner.client).await
     }
 
+    fn describe_self(&self) -> String {
+        self.inner.client.describe_self()
+    }
+
+    fn offers(&self, call: crate::backend::Call) -> crate::backend::Offer {
+        self.inner.client.offers(call)
+    }
+
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<crate::backend::Listing> {
+        self.inner.client.list_names(prefix, limit).await
+    }
+
+    async fn watch_names(
+        &self,
+        target: crate::types::WatchTarget,
+        options: crate::backend::WatchOptions,
+    ) -> Result<Box<dyn crate::backend::WatchStream>> {
+        self.inner.client.watch_names(target, options).await
+    }
+
+    fn route_name(&self, name: &str) -> Result<crate::backend::NameRoute> {
+        self.inner.client.route_name(name)
+    }
+
     /// Acquires without waiting (batched acquires cannot wait).
     async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
         if !spec.wait.is_zero() {

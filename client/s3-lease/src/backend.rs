@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bagel_lease_core::backend::{Call, NameRoute, Offer};
 use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Error, Grant, History, Holder, LeaseBackend, LeaseRef, Metadata,
     Micros, Mode, NameGrant, NameState, NotHeldReason, ReleaseOptions, Renewal, Result, StoreInfo,
@@ -706,6 +707,26 @@ impl Backoff {
 impl LeaseBackend for S3LeaseBackend {
     fn location(&self) -> String {
         self.store.location().to_owned()
+    }
+
+    fn describe_self(&self) -> String {
+        "the S3 lease backend".into()
+    }
+
+    /// Neither list nor watch: the store is one object per name, found by
+    /// its name.
+    fn offers(&self, call: Call) -> Offer {
+        let why = match call {
+            Call::List => "it would have to read every lease object of the store",
+            Call::Watch => "S3 has no change notifications",
+        };
+        Offer::No {
+            why: Some(why.into()),
+        }
+    }
+
+    fn route_name(&self, _name: &str) -> Result<NameRoute> {
+        Ok(NameRoute::Store(self.location()))
     }
 
     async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {

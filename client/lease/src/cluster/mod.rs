@@ -73,7 +73,9 @@ use futures::future::join_all;
 use tokio::sync::OnceCell;
 
 use crate::acquire::AcquireBuilder;
-use crate::backend::{AcquireSpec, BackendInfo, LeaseBackend};
+use crate::backend::{
+    AcquireSpec, BackendInfo, Call, LeaseBackend, Listed, ListedAt, Listing, NameRoute, Offer,
+};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::options::ClientOptions;
@@ -269,19 +271,7 @@ fn witnessed_server_id(grant: &Grant) -> Option<String> {
 }
 
 /// Who owns a name, now and (while migrating) next.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub name: String,
-    /// The owner in the current list: (URL, key id, empty while not
-    /// known: names are routed by identity, not by key).
-    pub current: (String, String),
-    /// The owner in the next list, while migrating.
-    pub next: Option<(String, String)>,
-    /// The identity of the current owner (what the name is routed by).
-    pub current_identity: String,
-    /// The identity of the next owner, while migrating.
-    pub next_identity: Option<String>,
-}
+pub use crate::backend::Route;
 
 /// Leases over several servers. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -715,6 +705,49 @@ impl LeaseBackend for Cluster {
     /// None: each part of a grant names its own server.
     fn single_location(&self) -> Option<String> {
         None
+    }
+
+    fn describe_self(&self) -> String {
+        format!("the lease servers {}", self.location())
+    }
+
+    /// Lists over every server; watches only on one server at a time.
+    fn offers(&self, call: Call) -> Offer {
+        match call {
+            Call::List => Offer::Yes,
+            Call::Watch => Offer::EachServer {
+                why: "revisions are per server".into(),
+            },
+        }
+    }
+
+    /// Asks each server (by member id) for up to `limit` names and merges
+    /// them in name order, each saying its server: each name lives on one
+    /// server, but during a migration both owners may list it. The first
+    /// server that fails fails it, naming the server.
+    async fn list_names(&self, prefix: &str, limit: usize) -> Result<Listing> {
+        let mut all = Listing::default();
+        for (url, member_id) in self.servers() {
+            let one = async { self.client_of(&member_id).await?.list_names(prefix, limit).await }
+                .await
+                .map_err(|e| e.at_server(&url))?;
+            let here = || Some(url.clone());
+            all.names
+                .extend(one.names.into_iter().map(|n| Listed { server: here(), ..n }));
+            all.revisions.extend(
+                one.revisions
+                    .into_iter()
+                    .map(|r| ListedAt { server: here(), ..r }),
+            );
+        }
+        all.names
+            .sort_by(|a, b| (a.name.name.cmp(&b.name.name)).then_with(|| a.server.cmp(&b.server)));
+        all.names.truncate(limit);
+        Ok(all)
+    }
+
+    fn route_name(&self, name: &str) -> Result<NameRoute> {
+        Ok(NameRoute::Servers(self.route(name)))
     }
 
     async fn describe(&self, names: &[String]) -> Result<Vec<NameState>> {

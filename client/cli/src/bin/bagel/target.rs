@@ -3,17 +3,16 @@
 //! (`--lease-store s3://...`, see `crate::store`). One URL in `--servers`
 //! is the same as `--server`: the same calls, the same JSON. Every lease
 //! command, `bagel run` and `bagel write` go through [`Target`], so the
-//! rest of the CLI never asks which one it is; what only one kind has (a
-//! server's list and watch, a cluster's routing) is had by downcasting.
+//! rest of the CLI never asks which one it is: what only some backends
+//! answer (list, watch, routing) the backend states and answers itself.
 
-use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bagel_cli::{LeaseBackendOptions, open_lease_backend};
-use bagel_client::{Client, ClientOptions, Cluster, LeaseBackend, ServerSpec, TlsConfig};
+use bagel_client::{ClientOptions, LeaseBackend, ServerSpec, TlsConfig};
 use bagel_proto::clock::Clock;
 use bagel_proto::{KeyRing, SignedClock};
 
@@ -151,7 +150,10 @@ impl TargetArgs {
     /// [`bagel_cli::open_lease_backend`].
     pub async fn connect(&self, rt: &RoughtimeArgs) -> anyhow::Result<Target> {
         if let Some(s3) = self.store.open(rt).await? {
-            return Ok(Target { backend: s3 });
+            return Ok(Target {
+                backend: s3,
+                flag: "--lease-store",
+            });
         }
         self.connect_servers().await
     }
@@ -166,6 +168,7 @@ impl TargetArgs {
             self.check_url("--server", &url)?;
             return Ok(Target {
                 backend: open_lease_backend(&url, &options).await?,
+                flag: "--server",
             });
         };
         let current = self.parse(list, "--servers")?;
@@ -182,6 +185,7 @@ impl TargetArgs {
         options.next_servers = next;
         Ok(Target {
             backend: open_lease_backend(&self.with_schemes(list), &options).await?,
+            flag: "--servers",
         })
     }
 }
@@ -310,11 +314,11 @@ mod tests {
 }
 
 /// A connected lease target: every lease operation goes through its
-/// [`LeaseBackend`]; what only one kind of backend has (a server's list
-/// and watch, a cluster's routing) is reached by downcasting it.
+/// [`LeaseBackend`], and the flag that chose it names it in messages.
 #[derive(Clone, Debug)]
 pub struct Target {
     backend: Arc<dyn LeaseBackend>,
+    flag: &'static str,
 }
 
 impl Target {
@@ -329,18 +333,9 @@ impl Target {
         self.backend.single_location()
     }
 
-    fn downcast<T: 'static>(&self) -> Option<&T> {
-        let any: &dyn Any = self.backend.as_ref();
-        any.downcast_ref()
-    }
-
-    /// One lease server (`--server`, or one URL in `--servers`).
-    pub fn server(&self) -> Option<&Client> {
-        self.downcast()
-    }
-
-    /// Several lease servers (`--servers`, `--next-servers`).
-    pub fn cluster(&self) -> Option<&Cluster> {
-        self.downcast()
+    /// The backend as messages name it: what it says of itself and the
+    /// flag that chose it ("the S3 lease backend (--lease-store)").
+    pub fn named(&self) -> String {
+        format!("{} ({})", self.backend.describe_self(), self.flag)
     }
 }

@@ -4,9 +4,9 @@
 //! Over several servers (`--servers`), `list` asks each server and merges
 //! the names in name order (each name lives on one server; during a
 //! migration a name may be listed by both, each line saying its server);
-//! `watch` follows one server only (revisions are per server). With
-//! `--lease-store` (S3) neither is offered: the error says why and what to
-//! use instead.
+//! `watch` follows one server only (revisions are per server). A backend
+//! that offers neither (the S3 lease store) says why, and the error says
+//! that and what to use instead.
 //!
 //! List then watch misses nothing: `list` says the revision its listing
 //! reflects (`--json`: each line's `revision`; else on stderr), `watch
@@ -18,7 +18,8 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use bagel_cli::contract::{ListedNameJson, WatchEventJson, WatchProgressJson};
-use bagel_client::{Client, Error, ListedName, WatchEvent, WatchMessage, WatchOptions, WatchTarget};
+use bagel_client::backend::{Call, Offer, WatchStream};
+use bagel_client::{Error, WatchEvent, WatchMessage, WatchOptions, WatchTarget};
 use clap::{Args, Subcommand};
 
 use crate::lease_cmds::Globals;
@@ -102,60 +103,48 @@ pub async fn run(cmd: FollowCommand, g: Globals<'_>) -> anyhow::Result<ExitCode>
     }
 }
 
-/// Up to `limit` held names of one server starting with `prefix`, and the
-/// revision of the first page (every page reflects at least that one, so
-/// a watch from it misses nothing after the listing).
-async fn list_one(client: &Client, prefix: &str, limit: usize) -> anyhow::Result<(Vec<ListedName>, u64)> {
-    let mut out = Vec::new();
-    let mut page: Option<String> = None;
-    let mut revision = None;
-    while out.len() < limit || revision.is_none() {
-        let want = u32::try_from(limit.saturating_sub(out.len()).max(1)).unwrap_or(u32::MAX);
-        let p = client.list(prefix, page.as_deref(), want).await?;
-        revision.get_or_insert(p.revision);
-        out.extend(p.names);
-        match p.next_page {
-            Some(next) => page = Some(next),
-            None => break,
+/// What to do instead of a list or watch the backend does not offer.
+const LIST_INSTEAD: &str = "ask for names with `bagel describe NAME...`";
+const WATCH_INSTEAD: &str = "poll `bagel describe NAME...` instead";
+
+/// Refuses `what` (as the user asked it) unless the backend offers
+/// `call`, in the words the backend states: why not, and `instead` when it
+/// offers it not at all, or `per_server` when each of its servers does
+/// alone.
+fn check_offered(
+    target: &Target,
+    call: Call,
+    what: &str,
+    instead: &str,
+    per_server: &str,
+) -> anyhow::Result<()> {
+    match target.backend().offers(call) {
+        Offer::Yes => Ok(()),
+        Offer::EachServer { why } => {
+            bail!("{what} follows one server ({why}): give it with --server URL{per_server}")
+        }
+        Offer::No { why } => {
+            let why = why.map(|w| format!(": {w}")).unwrap_or_default();
+            bail!("{what} is not supported on {}{why}; {instead}", target.named())
         }
     }
-    out.truncate(limit);
-    Ok((out, revision.unwrap_or(0)))
 }
 
 async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    if args.watch && target.server().is_none() {
-        bail!("list --watch follows one server (revisions are per server): give it with --server URL");
+    check_offered(target, Call::List, "list", LIST_INSTEAD, "")?;
+    if args.watch {
+        check_offered(target, Call::Watch, "list --watch", WATCH_INSTEAD, "")?;
     }
-    let mut revisions: Vec<(Option<String>, u64)> = Vec::new();
-    let names: Vec<(Option<String>, ListedName)> = match (target.server(), target.cluster()) {
-        (Some(c), _) => {
-            let (names, revision) = list_one(c, &args.prefix, args.limit).await?;
-            revisions.push((None, revision));
-            names.into_iter().map(|n| (None, n)).collect()
-        }
-        (None, Some(cluster)) => {
-            let mut all = Vec::new();
-            for (url, id) in cluster.servers() {
-                let client = cluster.client_of(&id).await.map_err(|e| e.at_server(&url))?;
-                let (names, revision) = list_one(client, &args.prefix, args.limit)
-                    .await
-                    .map_err(|e| e.context(format!("server {url}")))?;
-                revisions.push((Some(url.clone()), revision));
-                all.extend(names.into_iter().map(|n| (Some(url.clone()), n)));
-            }
-            all.sort_by(|a, b| a.1.name.cmp(&b.1.name).then_with(|| a.0.cmp(&b.0)));
-            all.truncate(args.limit);
-            all
-        }
-        (None, None) => bail!(
-            "list is not supported on the S3 lease backend (--lease-store): it would have to read \
-             every lease object of the store; ask for names with `bagel describe NAME...`"
-        ),
+    let listing = target.backend().list_names(&args.prefix, args.limit).await?;
+    let (names, revisions) = (listing.names, listing.revisions);
+    let revision_of = |server: &Option<String>| {
+        revisions
+            .iter()
+            .find(|r| &r.server == server)
+            .map_or(0, |r| r.revision)
     };
-    let revision_of =
-        |server: &Option<String>| revisions.iter().find(|(s, _)| s == server).map_or(0, |(_, r)| *r);
-    for (server, n) in &names {
+    for listed in &names {
+        let (server, n) = (&listed.server, &listed.name);
         let h = &n.holder;
         if crate::output::json() {
             let line = ListedNameJson::new(n, server.as_deref()).at_revision(revision_of(server));
@@ -176,8 +165,8 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
         }
     }
     if args.watch {
-        let client = target.server().expect("checked above");
-        let revision = revision_of(&None);
+        // Offered whole: the backend is one place, with one revision.
+        let revision = revisions.first().map_or(0, |r| r.revision);
         let what = WatchTarget::Prefix(args.prefix);
         // A server before revisions says 0: from now, as before.
         let from = (revision != 0).then_some(revision);
@@ -186,7 +175,7 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
             progress: args.progress,
         };
         return follow(
-            client,
+            target,
             what,
             WatchOptions {
                 from_revision: from,
@@ -197,8 +186,9 @@ async fn list(args: ListArgs, target: &Target) -> anyhow::Result<ExitCode> {
         .await;
     }
     if !crate::output::json() {
-        for (server, revision) in revisions.iter().filter(|(_, r)| *r != 0) {
-            let at = server.as_ref().map(|s| format!(" of {s}")).unwrap_or_default();
+        for r in revisions.iter().filter(|r| r.revision != 0) {
+            let revision = r.revision;
+            let at = r.server.as_ref().map(|s| format!(" of {s}")).unwrap_or_default();
             eprintln!(
                 "listed at revision {revision}{at}: `bagel watch --from-revision {revision}` follows \
                  on from here"
@@ -216,17 +206,13 @@ struct Shown {
 }
 
 async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let client = match (target.server(), target.cluster()) {
-        (Some(c), _) => c,
-        (None, Some(_)) => bail!(
-            "watch follows one server (revisions are per server): give it with --server URL, once \
-             per server to watch several"
-        ),
-        (None, None) => bail!(
-            "watch is not supported on the S3 lease backend (--lease-store): S3 has no change \
-             notifications; poll `bagel describe NAME...` instead"
-        ),
-    };
+    check_offered(
+        target,
+        Call::Watch,
+        "watch",
+        WATCH_INSTEAD,
+        ", once per server to watch several",
+    )?;
     let what = match args.prefix {
         Some(prefix) => WatchTarget::Prefix(prefix),
         None => WatchTarget::Names(args.names),
@@ -239,7 +225,7 @@ async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
         json: crate::output::json(),
         progress: args.progress,
     };
-    follow(client, what, options, shown).await
+    follow(target, what, options, shown).await
 }
 
 /// Prints a watch's events until it ends. When it breaks, the error says
@@ -247,12 +233,16 @@ async fn watch(args: WatchArgs, target: &Target) -> anyhow::Result<ExitCode> {
 /// or, when the server cannot start from the revision asked, to list
 /// again.
 async fn follow(
-    client: &Client,
+    target: &Target,
     what: WatchTarget,
     options: WatchOptions,
     shown: Shown,
 ) -> anyhow::Result<ExitCode> {
-    let mut events = client.watch_with(what, options).await.map_err(relist_hint)?;
+    let mut events: Box<dyn WatchStream> = target
+        .backend()
+        .watch_names(what, options)
+        .await
+        .map_err(relist_hint)?;
     loop {
         match events.next_message().await {
             Ok(Some(WatchMessage::Event(e))) => print_event(&e, shown.json),

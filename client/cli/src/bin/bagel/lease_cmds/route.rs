@@ -1,10 +1,11 @@
 //! `bagel route`: which server owns each name (with `--servers`; with
-//! `--next-servers`, also which owns it next).
+//! `--next-servers`, also which owns it next), as the backend answers it:
+//! one server or one lease store holds every name.
 
 use std::process::ExitCode;
 
 use bagel_cli::contract::{RouteJson, ServerRouteJson, StoreRouteJson};
-use bagel_client::LeaseBackend as _;
+use bagel_client::backend::NameRoute;
 use clap::Args;
 
 use crate::target::Target;
@@ -24,21 +25,24 @@ impl RouteArgs {
 }
 
 pub async fn run(args: RouteArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let routes: Vec<RouteJson> = args
+    let backend = target.backend();
+    let routes = args
         .names
         .iter()
-        .map(|name| match (target.server(), target.cluster()) {
-            (Some(c), _) => RouteJson::Server(ServerRouteJson {
-                name: name.clone(),
-                server: c.url().to_owned(),
-            }),
-            (None, None) => RouteJson::Store(StoreRouteJson {
-                lease_store: target.backend().location(),
-                name: name.clone(),
-            }),
-            (None, Some(cluster)) => RouteJson::Servers(cluster.route(name).into()),
+        .map(|name| {
+            Ok(match backend.route_name(name)? {
+                NameRoute::Server(server) => RouteJson::Server(ServerRouteJson {
+                    name: name.clone(),
+                    server,
+                }),
+                NameRoute::Store(lease_store) => RouteJson::Store(StoreRouteJson {
+                    lease_store,
+                    name: name.clone(),
+                }),
+                NameRoute::Servers(route) => RouteJson::Servers(route.into()),
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<Vec<RouteJson>>>()?;
     if crate::output::json() {
         println!("{}", serde_json::to_string_pretty(&routes)?);
     } else {
