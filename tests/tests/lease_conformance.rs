@@ -51,8 +51,7 @@ mod server {
 
 /// Three `bagel-server`s as one `Cluster`: a lease of names on several
 /// servers is held in parts, a witness per part, each of its own part
-/// (tests/tests/cluster.rs checks those), so the scenarios that read the
-/// one witness whole are not run.
+/// (tests/tests/cluster.rs checks more of them).
 mod cluster {
     use super::*;
 
@@ -75,6 +74,7 @@ mod cluster {
         bad_input_is_refused_naming_the_field,
         unsettled_bags_of_a_broken_lease_travel_down_the_chain,
         a_release_publishes_what_the_writers_wrote,
+        witnesses_state_the_grant_and_a_flipped_byte_fails,
     );
 }
 

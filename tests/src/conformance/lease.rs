@@ -10,7 +10,8 @@
 //! * when an expired lease may be taken over: [`LeaseEnv::takeover_wait`]
 //!   (at its deadline on servers, after the deadline plus the clock margin
 //!   on S3; each waiter waits through the backend, never by a sleep);
-//! * whether a grant has one witness: [`Capabilities::one_witness_per_grant`].
+//! * whether a grant has one witness or one per part:
+//!   [`Capabilities::one_witness_per_grant`].
 //!
 //! A lease id may join parts (a cluster's `MEMBER:ID,...`), and what a
 //! backend reports then names the part it holds: the scenarios compare ids
@@ -28,9 +29,11 @@ use crate::{LeaseEnv, wire};
 #[derive(Clone, Copy, Debug)]
 pub struct Capabilities {
     /// A grant, upgrade or renewal carries one witness covering every name
-    /// of the lease (one server, one store). A backend that holds a lease
-    /// in parts (a cluster) has one witness per part, each of its own part,
-    /// and does not run the scenarios that read the one witness whole.
+    /// of the lease, stating its deadline and minimum timestamp (one
+    /// server, one store). Without it a lease may be held in parts (a
+    /// cluster), a witness per part, each of its own part's names and
+    /// deadline; a lease in several parts is taken tentatively on each and
+    /// upgraded.
     pub one_witness_per_grant: bool,
 }
 
@@ -366,16 +369,16 @@ pub async fn a_taken_over_lease_reports_loss_and_cannot_renew_or_release(
     b.renew().await.unwrap();
 }
 
-/// The grant's one witness verifies with the backend's keys and states the
-/// grant (lease, owner, deadline, minimum timestamp, names in sorted order
-/// with their fencing tokens, signed time, server); one flipped byte of its
-/// body or signature fails verification. Needs
-/// [`Capabilities::one_witness_per_grant`].
+/// Every witness of the grant verifies with the backend's keys and states
+/// it: the lease (or its part), the owner, a full lease (acquired, or
+/// upgraded where it is in several parts), its names in their fixed
+/// (sorted) order with their fencing tokens, signed time and the server;
+/// one flipped byte of its body or signature fails verification. With [`Capabilities::one_witness_per_grant`] the one
+/// witness states the lease's deadline, minimum timestamp and every name;
+/// without it the witnesses of the parts state each name once between
+/// them, and each part's deadline is at least the lease's (the earliest)
+/// and its minimum timestamp at most the lease's (the latest).
 pub async fn witnesses_state_the_grant_and_a_flipped_byte_fails(env: &LeaseEnv, caps: Capabilities) {
-    assert!(
-        caps.one_witness_per_grant,
-        "this scenario reads the grant's one witness whole: a backend with a witness per part checks its witnesses itself"
-    );
     let lease = env
         .acquire(["w2", "w1"])
         .owner("auditor-test")
@@ -384,41 +387,67 @@ pub async fn witnesses_state_the_grant_and_a_flipped_byte_fails(env: &LeaseEnv, 
         .await
         .unwrap();
     let keys = env.keys().await;
-    let witness = wire(&lease.witness());
-    let body = verify_witness(&witness, &keys).unwrap();
-    assert!(names_lease(&body.lease_id, lease.id()), "{}", body.lease_id);
-    assert_eq!(body.owner, "auditor-test");
-    assert_eq!(body.deadline_us, lease.deadline().as_micros());
-    assert_eq!(body.min_timestamp_us, lease.min_timestamp().as_micros());
-    assert_eq!(
-        (body.mode(), body.kind()),
-        (pb::Mode::Full, pb::WitnessKind::Acquire)
-    );
-    assert_eq!(
-        body.names
-            .iter()
-            .map(|n| (n.name.as_str(), n.fencing_token))
-            .collect::<Vec<_>>(),
-        lease
-            .names()
-            .iter()
-            .map(|n| (n.name.as_str(), n.fencing_token))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(body.names[0].name, "w1", "names in their fixed (sorted) order");
-    assert!(body.signed_time.is_some());
-    assert!(!body.server_id.is_empty());
-    for i in [0, witness.body.len() / 2, witness.body.len() - 1] {
-        let mut bad = witness.clone();
-        bad.body[i] ^= 0x01;
-        assert!(
-            verify_witness(&bad, &keys).is_err(),
-            "flipped body byte {i} verified"
-        );
+    let granted: Vec<(String, u64)> = lease
+        .names()
+        .iter()
+        .map(|n| (n.name.clone(), n.fencing_token))
+        .collect();
+    let witnesses = lease.witnesses();
+    if caps.one_witness_per_grant {
+        assert_eq!(witnesses.len(), 1, "one witness per grant");
     }
-    let mut bad = witness.clone();
-    bad.signature[0] ^= 0x01;
-    assert!(verify_witness(&bad, &keys).is_err());
+    // A lease in several parts is taken tentatively on each, then upgraded.
+    let kind = if witnesses.len() > 1 {
+        pb::WitnessKind::Upgrade
+    } else {
+        pb::WitnessKind::Acquire
+    };
+    let mut stated = Vec::new();
+    for witness in witnesses.iter().map(wire) {
+        let body = verify_witness(&witness, &keys).unwrap();
+        assert!(names_lease(&body.lease_id, lease.id()), "{}", body.lease_id);
+        assert_eq!(body.owner, "auditor-test");
+        if caps.one_witness_per_grant {
+            assert_eq!(body.deadline_us, lease.deadline().as_micros());
+            assert_eq!(body.min_timestamp_us, lease.min_timestamp().as_micros());
+        } else {
+            assert!(body.deadline_us >= lease.deadline().as_micros());
+            assert!(body.min_timestamp_us <= lease.min_timestamp().as_micros());
+        }
+        assert_eq!((body.mode(), body.kind()), (pb::Mode::Full, kind));
+        let names: Vec<(String, u64)> = body
+            .names
+            .iter()
+            .map(|n| (n.name.clone(), n.fencing_token))
+            .collect();
+        assert!(
+            names.is_sorted(),
+            "names in their fixed (sorted) order: {names:?}"
+        );
+        stated.extend(names);
+        assert!(body.signed_time.is_some());
+        assert!(!body.server_id.is_empty());
+        for i in [0, witness.body.len() / 2, witness.body.len() - 1] {
+            let mut bad = witness.clone();
+            bad.body[i] ^= 0x01;
+            assert!(
+                verify_witness(&bad, &keys).is_err(),
+                "flipped body byte {i} verified"
+            );
+        }
+        let mut bad = witness.clone();
+        bad.signature[0] ^= 0x01;
+        assert!(verify_witness(&bad, &keys).is_err());
+    }
+    if caps.one_witness_per_grant {
+        assert_eq!(stated, granted);
+        assert_eq!(stated[0].0, "w1", "names in their fixed (sorted) order");
+    } else {
+        let mut want = granted;
+        want.sort();
+        stated.sort();
+        assert_eq!(stated, want, "each name stated by one part's witness");
+    }
 }
 
 /// Metadata given on renew and release is kept in the name's history with
