@@ -9,7 +9,12 @@
 pub enum Error {
     /// Not an `s3://bucket/prefix` URL.
     #[error("invalid store URL {url:?}: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No credentials in the environment, and instance credentials not
     /// asked for.
     #[error("invalid S3 environment {location:?}: {}", NO_CREDENTIALS)]
@@ -20,15 +25,20 @@ pub enum Error {
     /// `object_store` refused the configuration.
     #[error("object store configure {location}: {source}")]
     Configure {
+        /// `s3://bucket`.
         location: String,
+        /// What `object_store` said.
         #[source]
         source: object_store::Error,
     },
     /// A call to the store failed.
     #[error("object store {op} {path}: {source}")]
     Store {
+        /// The call: `get`, `put`, `list`, ...
         op: &'static str,
+        /// The object's key (or the prefix listed).
         path: String,
+        /// What the store answered.
         #[source]
         source: object_store::Error,
     },
@@ -37,7 +47,9 @@ pub enum Error {
         "the object store {store} ignores conditional writes (a PUT of {key} with {condition}, which must be refused, succeeded); bags cannot be closed, nor leases held, safely on it: refusing to run"
     )]
     ConditionalWritesIgnored {
+        /// The store (its URL).
         store: String,
+        /// The probe object the PUT wrote.
         key: String,
         /// The header the store ignored: `If-None-Match: *` or `If-Match`.
         condition: &'static str,
@@ -69,4 +81,5 @@ impl Error {
     }
 }
 
+/// This crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -8,6 +8,7 @@
 //! * [`s3`]: [`S3Url`] (`s3://bucket/prefix`) and [`s3_from_env`].
 //! * [`probe`]: the conditional-write probes, over any `ObjectStore`.
 //! * [`error`]: the one error type.
+#![warn(missing_docs)]
 
 pub mod error;
 pub mod probe;

@@ -10,6 +10,7 @@ use crate::{Error, Result};
 /// A parsed `s3://bucket/prefix`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct S3Url {
+    /// The bucket's name.
     pub bucket: String,
     /// Key prefix without leading or trailing `/`; may be empty.
     pub prefix: String,
