@@ -75,8 +75,20 @@ Names = Union[str, Iterable[str]]
 
 
 class Client(_bagel.Client):
-    """A connection to where leases live: one lease server, several, or an
-    S3 lease store (see the constructor's arguments in ``_bagel.Client``).
+    """A connection to where leases live.
+
+    ``servers``: one lease server URL (``http://host:port``, or
+    ``https://...`` with ``ca``), several comma-separated or as a list
+    (names are routed by rendezvous hashing); default
+    ``http://127.0.0.1:7420``. ``ca``, ``cert``, ``cert_key``: PEM files for
+    TLS and mutual TLS. ``lease_store="s3://bucket/prefix"`` keeps leases
+    on S3 conditional writes instead (endpoint and credentials from the
+    ``AWS_*`` environment), with ``lease_key`` (the file of this client's
+    ed25519 key, created if missing) and ``roughtime``. ``roughtime``:
+    ``[("host:port", "public key"), ...]``, signed time for writers and
+    closers; without it signed time comes from the first lease server.
+    ``timeout``: seconds for each call. Raises ``Unavailable`` when the
+    servers cannot be reached.
 
     Besides ``acquire`` (and ``acquire_async``), it makes the context
     managers ``lease`` and ``leader``.
