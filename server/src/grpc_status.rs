@@ -208,6 +208,53 @@ mod tests {
     use super::*;
     use crate::watch::WatchError;
 
+    /// A refused field names itself in a BadRequest, beside the message
+    /// it always had; the refusals a client acts on carry their numbers.
+    #[test]
+    fn a_refusal_carries_its_field_and_numbers_beside_its_message() {
+        use bagel_proto::details::{error_info_of, field_violation_of};
+        let status = Status::from(Error::invalid("names", "[1] duplicate name \"a\""));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "names: [1] duplicate name \"a\"");
+        assert_eq!(
+            field_violation_of(status.details()),
+            Some(("names".to_owned(), "[1] duplicate name \"a\"".to_owned()))
+        );
+        assert_eq!(error_info_of(status.details()), None);
+
+        let e = Error::WaitTooLong {
+            wait: std::time::Duration::from_secs(3),
+            max: std::time::Duration::from_secs(1),
+        };
+        let status = Status::from(e);
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert_eq!(
+            status.message(),
+            "wait_us: 3000000 exceeds the server's max wait of 1000000 us"
+        );
+        let (reason, meta) = error_info_of(status.details()).unwrap();
+        assert_eq!(reason, d::REASON_WAIT_TOO_LONG);
+        assert_eq!(meta["max_wait_us"], "1000000");
+        assert_eq!(
+            field_violation_of(status.details()).map(|(f, _)| f).as_deref(),
+            Some("wait_us")
+        );
+
+        let status = Status::from(Error::PermissionDenied {
+            identity: "ci".into(),
+            permission: "lease",
+            on: "name",
+            name: "\"x\"".to_owned(),
+        });
+        assert_eq!(status.code(), Code::PermissionDenied);
+        let (reason, meta) = error_info_of(status.details()).unwrap();
+        assert_eq!(reason, d::REASON_PERMISSION_DENIED);
+        assert_eq!(
+            (meta["permission"].as_str(), meta["on"].as_str()),
+            ("lease", "name")
+        );
+    }
+
     /// A watch's refusals are domain errors now; the statuses they become
     /// are the ones the watch always sent: its code, its message as is,
     /// and now a stable reason in an ErrorInfo.
