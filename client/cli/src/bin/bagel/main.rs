@@ -18,6 +18,7 @@ mod acl_cmd;
 mod bag_cmds;
 mod closer_clock;
 mod failure;
+mod globals;
 mod human;
 mod keys;
 mod lease_cmds;
@@ -220,7 +221,7 @@ async fn run() -> ExitCode {
             Err(e) => failure::report("error", 1, &chain_text(&e)),
         };
     }
-    let g = lease_cmds::Globals {
+    let g = globals::Globals {
         target: &cli.target,
         roughtime: &cli.roughtime,
     };
@@ -228,13 +229,7 @@ async fn run() -> ExitCode {
         Command::Lease(cmd) => lease_cmds::run(cmd, g).await,
         Command::Follow(cmd) => watch_cmds::run(cmd, g).await,
         Command::Run(args) => run_cmd::run(args, g).await,
-        Command::Bag(cmd) => {
-            let g = bag_cmds::Globals {
-                target: &cli.target,
-                roughtime: &cli.roughtime,
-            };
-            bag_cmds::run(cmd, g).await
-        }
+        Command::Bag(cmd) => bag_cmds::run(cmd, g).await,
         Command::Completions(_) | Command::Man(_) => unreachable!("answered above"),
         Command::Acl(args) => acl_cmd::run(args),
         Command::TimeCheck(args) => match (cli.target.time_server(), cli.target.client_options()) {

@@ -12,8 +12,6 @@ mod write;
 
 use std::process::ExitCode;
 
-use crate::time_cmds::RoughtimeArgs;
-
 #[derive(clap::Subcommand, Debug)]
 pub enum BagCommand {
     /// Write messages under a lease; prints each message's timestamp once
@@ -52,12 +50,7 @@ pub enum BagCommand {
     Retain(retain::RetainArgs),
 }
 
-/// What the bag commands need from the global flags.
-#[derive(Debug)]
-pub struct Globals<'a> {
-    pub target: &'a crate::target::TargetArgs,
-    pub roughtime: &'a RoughtimeArgs,
-}
+pub use crate::globals::Globals;
 
 pub async fn run(cmd: BagCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {

@@ -21,8 +21,7 @@ use std::process::ExitCode;
 use bagel_client::Error;
 use clap::Subcommand;
 
-use crate::target::{Target, TargetArgs};
-use crate::time_cmds::RoughtimeArgs;
+use crate::target::Target;
 
 /// Exit code of a refused acquire (name held by someone else).
 pub const EXIT_BUSY: u8 = 2;
@@ -69,12 +68,7 @@ pub enum LeaseCommand {
     VerifyWitness(verify_witness::VerifyArgs),
 }
 
-/// What the lease commands need from the global flags.
-#[derive(Clone, Copy, Debug)]
-pub struct Globals<'a> {
-    pub target: &'a TargetArgs,
-    pub roughtime: &'a RoughtimeArgs,
-}
+pub use crate::globals::Globals;
 
 pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
