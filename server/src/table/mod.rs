@@ -186,18 +186,15 @@ impl LeaseTable {
         Ok(())
     }
 
+    /// The deadline rule every backend checks (`LeaseLimits`), against
+    /// this table's TTL range.
     fn check_range(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
-        let lo = now.saturating_add(self.cfg.min_ttl);
-        let hi = now.saturating_add(self.cfg.max_ttl);
-        if deadline <= lo || deadline > hi {
-            return Err(Error::DeadlineOutOfRange {
-                deadline,
-                now,
-                min_ttl: self.cfg.min_ttl,
-                max_ttl: self.cfg.max_ttl,
-            });
-        }
-        Ok(())
+        let rules = bagel_lease_core::LeaseLimits {
+            min_ttl: self.cfg.min_ttl,
+            max_ttl: self.cfg.max_ttl,
+            ..bagel_lease_core::LeaseLimits::default()
+        };
+        Ok(rules.check_deadline(deadline, now)?)
     }
 
     fn check_ready(&self, now: Micros) -> Result<(), Error> {
