@@ -281,7 +281,14 @@ impl Run<'_> {
     /// readers.
     async fn after_run(&mut self) -> anyhow::Result<()> {
         let (report, bagel, run_dir) = (&mut self.report, &self.bagel, &self.run_dir);
-        match crate::partitions::run(bagel, &crate::services::sibling("bagel-server")?, run_dir).await {
+        match crate::partitions::run(
+            bagel,
+            &crate::services::sibling("bagel-server")?,
+            run_dir,
+            self.seed,
+        )
+        .await
+        {
             Ok(p) => report.partitions = p,
             Err(e) => report.violations.push(format!("partitions: {e:#}")),
         }

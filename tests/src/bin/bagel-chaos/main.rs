@@ -41,6 +41,7 @@ mod policy;
 mod retention;
 mod services;
 mod spellings;
+mod store_partitions;
 mod watchers;
 mod worker;
 
@@ -71,10 +72,23 @@ enum Cmd {
     /// A leader's command under `bagel run` (started by the standbys).
     #[command(hide = true)]
     Leader(leaders::LeaderArgs),
+    /// A writer of the store partitions (started in their namespace).
+    #[command(hide = true)]
+    StoreWriter(store_partitions::StoreWriterArgs),
     /// Only the hostile readers phase (see hostile.rs), on its own.
     Hostile,
     /// Only the policy phase (see policy.rs), on its own.
     Policy {
+        /// The seed of its random choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where its files go.
+        #[arg(long, default_value = "chaos-out")]
+        out: PathBuf,
+    },
+    /// Only the network partitions (see partitions.rs and
+    /// store_partitions.rs), on their own; they need root.
+    Partitions {
         /// The seed of its random choices.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -131,6 +145,8 @@ async fn main() -> ExitCode {
     let result = match cli.cmd {
         Some(Cmd::Worker(w)) => worker::run(w).await.map(|()| true),
         Some(Cmd::Leader(l)) => leaders::leader(l).await.map(|()| true),
+        Some(Cmd::StoreWriter(w)) => store_partitions::writer(w).await.map(|()| true),
+        Some(Cmd::Partitions { seed, out }) => partitions::run_alone(seed, &out).await,
         Some(Cmd::Retention { seed, out }) => retention::run_alone(seed, &out).await,
         Some(Cmd::Policy { seed, out }) => policy::run_alone(seed, &out).await,
         Some(Cmd::Hostile) => hostile::run().await.map(|(report, violations)| {

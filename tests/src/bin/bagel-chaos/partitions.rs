@@ -22,17 +22,26 @@
 //! their instants on this host's clock (one clock: the namespaces share
 //! it), so the comparison is exact.
 //!
+//! Then the cuts between the bag store and its writers and closer (see
+//! `store_partitions.rs`), reported beside these under `store`, and every
+//! kind's count and longest cut under `by_kind`.
+//!
 //! Needs root and iproute2 (`ip netns`, veth pairs). The namespaces'
 //! addresses are private ones inside namespaces this run makes and
 //! removes; no traffic leaves them.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use rand::SeedableRng as _;
+use rand::rngs::StdRng;
 use serde::Serialize;
 use tokio::process::{Child, Command};
+
+use crate::store_partitions::{self, StorePhase};
 
 /// The lease's TTL, and `bagel run`'s margins (fencing starts at
 /// deadline − 600 ms).
@@ -42,7 +51,7 @@ const KILL_GRACE: &str = "300ms";
 
 /// The longest any step may take before the run fails (a leader that is
 /// never fenced, a standby that never takes over).
-const BOUND: Duration = Duration::from_secs(30);
+pub(crate) const BOUND: Duration = Duration::from_secs(30);
 
 /// How long a standby may lead late after the leader's command stopped:
 /// the leader stops no later than its known deadline − the fence margin;
@@ -61,6 +70,26 @@ pub struct PartitionReport {
     pub kinds: Vec<PartitionOutcome>,
     /// The longest partition, ms.
     pub longest_ms: u64,
+    /// The cuts between the bag store and its clients.
+    pub store: StorePhase,
+    /// Every kind of cut (these and the store's): how many, the longest.
+    pub by_kind: BTreeMap<&'static str, KindCount>,
+}
+
+/// How often one kind of cut ran, and its longest, ms.
+#[derive(Debug, Default, Serialize)]
+pub struct KindCount {
+    pub count: u64,
+    pub longest_ms: u64,
+}
+
+impl PartitionReport {
+    fn count(&mut self, kind: &'static str, length_ms: u64) {
+        let k = self.by_kind.entry(kind).or_default();
+        k.count += 1;
+        k.longest_ms = k.longest_ms.max(length_ms);
+        self.longest_ms = self.longest_ms.max(length_ms);
+    }
 }
 
 /// What one partition did.
@@ -80,10 +109,10 @@ pub struct PartitionOutcome {
 /// The cut kinds, in the order they run.
 const KINDS: [&str; 3] = ["both", "client_to_server", "server_to_client"];
 
-/// Runs every kind of partition once. `Err` only for a failed check or a
-/// setup that fails as root; without root the report says why it did not
-/// run.
-pub async fn run(bagel: &Path, server: &Path, dir: &Path) -> anyhow::Result<PartitionReport> {
+/// Runs every kind of partition once, the store's cuts drawn from `seed`.
+/// `Err` only for a failed check or a setup that fails as root; without
+/// root the report says why it did not run.
+pub async fn run(bagel: &Path, server: &Path, dir: &Path, seed: u64) -> anyhow::Result<PartitionReport> {
     let mut report = PartitionReport::default();
     // `/proc/self` belongs to this process's effective uid.
     let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) == 0;
@@ -121,7 +150,7 @@ pub async fn run(bagel: &Path, server: &Path, dir: &Path) -> anyhow::Result<Part
                 "partitions: {kind}: leader exit {:?}, one leader {}, takeover {} ms, cut {} ms",
                 outcome.leader_exit, outcome.one_leader, outcome.takeover_ms, outcome.length_ms
             );
-            report.longest_ms = report.longest_ms.max(outcome.length_ms);
+            report.count(kind, outcome.length_ms);
             report.kinds.push(outcome);
         }
         anyhow::Ok(())
@@ -130,7 +159,27 @@ pub async fn run(bagel: &Path, server: &Path, dir: &Path) -> anyhow::Result<Part
     net.remove().await;
     outcome?;
     report.ran = true;
-    let bad: Vec<String> = report
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5707e);
+    let (store, store_violations) = store_partitions::run(bagel, server, dir, &mut rng).await?;
+    for cut in &store.cuts {
+        report.count(cut.kind, cut.length_ms);
+    }
+    println!(
+        "partitions: store: {} acked = {} read back ({} read unacknowledged; failed batches: {} timed out, {} \
+         late, {} other; longest batch {} ms of {} ms); readers agree: {}; {} violations",
+        store.acked,
+        store.read_back,
+        store.read_unacknowledged,
+        store.failed_timeout,
+        store.failed_late,
+        store.failed_other,
+        store.longest_batch_ms,
+        store.batch_bound_ms,
+        store.readers_agree,
+        store_violations.len()
+    );
+    report.store = store;
+    let mut bad: Vec<String> = report
         .kinds
         .iter()
         .filter(|o| {
@@ -138,6 +187,7 @@ pub async fn run(bagel: &Path, server: &Path, dir: &Path) -> anyhow::Result<Part
         })
         .map(|o| format!("{o:?}"))
         .collect();
+    bad.extend(store_violations.into_iter().map(|v| format!("store: {v}")));
     if !bad.is_empty() {
         bail!("partitions: {}", bad.join("; "));
     }
@@ -343,7 +393,7 @@ impl Net {
 }
 
 /// Runs `ip ARGS...`, failing with its error output.
-async fn ip(args: &[String]) -> anyhow::Result<()> {
+pub(crate) async fn ip(args: &[String]) -> anyhow::Result<()> {
     let out = Command::new("ip")
         .args(args)
         .stdin(Stdio::null())
@@ -396,4 +446,23 @@ fn instant_in(file: &Path, what: &str) -> anyhow::Result<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
         .with_context(|| format!("{} has no {what} line", file.display()))
+}
+
+/// Only the partitions (`bagel-chaos partitions`): the report goes to
+/// `OUT/partitions.json`, each failed check is printed as a `VIOLATION`
+/// line.
+pub async fn run_alone(seed: u64, out: &Path) -> anyhow::Result<bool> {
+    std::fs::create_dir_all(out)?;
+    let out = out.canonicalize()?;
+    let server = crate::services::sibling("bagel-server")?;
+    let bagel = crate::services::sibling("bagel")?;
+    let (report, violations) = match run(&bagel, &server, &out, seed).await {
+        Ok(report) => (report, Vec::new()),
+        Err(e) => (PartitionReport::default(), vec![format!("{e:#}")]),
+    };
+    std::fs::write(out.join("partitions.json"), serde_json::to_vec_pretty(&report)?)?;
+    for v in &violations {
+        println!("VIOLATION {v}");
+    }
+    Ok(violations.is_empty())
 }
