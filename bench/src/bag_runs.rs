@@ -29,7 +29,9 @@ impl Bench {
             let rows = bags::posix_writes(&dir.path, medium, &[1000, 100], writes_for).await?;
             let lag_root = dir.path.join("lag");
             std::fs::create_dir_all(&lag_root)?;
-            let store = Arc::new(bagel_bags::directory::DirectoryStore::local(&lag_root, true));
+            let store = Arc::new(bagel_bags::store::directory::DirectoryStore::local(
+                &lag_root, true,
+            ));
             let lag =
                 bags::metronome_lag(store, &format!("posix ({medium}, fsync)"), BAG_GRACE, lag_for).await?;
             anyhow::Ok((rows, lag))
@@ -223,11 +225,12 @@ impl Bench {
                 let root = root.join(format!("logs-{n}"));
                 let r = async {
                     std::fs::create_dir_all(&root)?;
-                    let writes = Arc::new(bagel_bags::directory::DirectoryStore::local(&root, true));
-                    let counting =
-                        bagel_bags::counting::CountingFs::new(Arc::new(bagel_bags::fsops::StdFs::new(&root)));
+                    let writes = Arc::new(bagel_bags::store::directory::DirectoryStore::local(&root, true));
+                    let counting = bagel_bags::store::counting::CountingFs::new(Arc::new(
+                        bagel_bags::store::fsops::StdFs::new(&root),
+                    ));
                     let counter = bags::many_logs::Counter::Fs(counting.counts.clone());
-                    let closes = Arc::new(bagel_bags::directory::DirectoryStore::new(
+                    let closes = Arc::new(bagel_bags::store::directory::DirectoryStore::new(
                         Arc::new(counting),
                         true,
                     ));

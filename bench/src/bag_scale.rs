@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use bagel_bags::directory::DirectoryStore;
 use bagel_bags::seal::Span;
+use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::summary::{self, Stretch};
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Bucket, Metronome, ReadOptions, Writer};

@@ -29,9 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bagel_bags::directory::DirectoryStore;
-use bagel_bags::faults::{KillSwitch, RequestCounts, TestObjectStore};
-use bagel_bags::s3::ObjectBagStore;
+use bagel_bags::store::directory::DirectoryStore;
+use bagel_bags::store::faults::{KillSwitch, RequestCounts, TestObjectStore};
+use bagel_bags::store::object::ObjectBagStore;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Metronome, Writer};
 use bagel_proto::clock::{AssumedExact, Clock, SystemClock};

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::directory::DirectoryStore;
-use bagel_bags::faults::{AppendsThrough, FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
-use bagel_bags::fsops::{FsOps, StdFs};
-use bagel_bags::nfs::NfsFs;
-use bagel_bags::s3::ObjectBagStore;
+use bagel_bags::store::directory::DirectoryStore;
+use bagel_bags::store::faults::{AppendsThrough, FaultyFs, KillSwitch, RequestCounts, TestObjectStore};
+use bagel_bags::store::fsops::{FsOps, StdFs};
+use bagel_bags::store::nfs::NfsFs;
+use bagel_bags::store::object::ObjectBagStore;
 use bagel_bags::{self as bag, BagStore, TimeoutStore};
 use bagel_proto::Micros;
 use object_store::ObjectStore;
@@ -111,7 +111,7 @@ impl Backend {
                 (Arc::new(DirectoryStore::new(fs, true)), None)
             }
             Backend::S3 { bucket, prefix } => {
-                let inner = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
+                let inner = bag::store::url::s3_from_env(bucket).expect("S3 client from env");
                 let test = TestObjectStore::new(inner, kill);
                 let counts = test.counts.clone();
                 let os: Arc<dyn ObjectStore> = Arc::new(test);
@@ -154,7 +154,7 @@ impl crate::conformance::bags::BagEnv for Backend {
                 std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
             }
             Backend::S3 { bucket, prefix } => {
-                let os = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
+                let os = bag::store::url::s3_from_env(bucket).expect("S3 client from env");
                 let key = object_store::path::Path::from(format!("{prefix}/{key}"));
                 let got = os
                     .get_opts(&key, Default::default())
@@ -175,7 +175,7 @@ impl crate::conformance::bags::BagEnv for Backend {
                 std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write {}: {e}", path.display()))
             }
             Backend::S3 { bucket, prefix } => {
-                let os = bag::store_url::s3_from_env(bucket).expect("S3 client from env");
+                let os = bag::store::url::s3_from_env(bucket).expect("S3 client from env");
                 let key = object_store::path::Path::from(format!("{prefix}/{key}"));
                 os.put_opts(&key, bytes.into(), Default::default())
                     .await

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::directory::DirectoryStore;
-use bagel_bags::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
+use bagel_bags::store::directory::DirectoryStore;
+use bagel_bags::store::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
 use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, Error, ReadOptions, Writer, frame};
 use bagel_proto::clock::{AssumedExact, ManualClock};
 use bagel_tests::{TestLeases, t0};

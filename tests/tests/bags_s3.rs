@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::faults::KillSwitch;
-use bagel_bags::s3::ObjectBagStore;
+use bagel_bags::store::faults::KillSwitch;
+use bagel_bags::store::object::ObjectBagStore;
 use bagel_bags::{self as bag, BagConfig, Error, Writer};
 use bagel_proto::clock::ManualClock;
 use bagel_tests::{Backend, Ignores, IgnoresConditions, TestLeases, t0, unique};
@@ -60,7 +60,7 @@ async fn happy_path_is_exactly_one_put_per_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_ignores_conditional_writes_is_refused() {
     let bucket = bagel_tests::s3_bucket();
-    let real = bag::store_url::s3_from_env(&bucket).unwrap();
+    let real = bag::store::url::s3_from_env(&bucket).unwrap();
     let honest = ObjectBagStore::new(real.clone(), &unique("p"), "honest".into());
     honest.probe_conditional_put().await.unwrap();
     honest.probe_conditional_update().await.unwrap();

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bagel_bags::directory::DirectoryStore;
-use bagel_bags::fsops::{FsOps, StdFs};
+use bagel_bags::store::directory::DirectoryStore;
+use bagel_bags::store::fsops::{FsOps, StdFs};
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{self as bag, BagConfig, BagStore, Error, Metronome, ReadOptions, Writer};
 use bagel_proto::clock::{AssumedExact, OffsetClock, SystemClock};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bagel_bags::directory::DirectoryStore;
+use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::{BagConfig, BagStore, Bucket, ListedItem, Listing, Writer};
 use bagel_proto::clock::{Clock as _, ManualClock, SystemClock};
 use bagel_tests::{TestLeases, bin, describe_output, unique};

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use bagel_bags::directory::DirectoryStore;
 use bagel_bags::seal::Span;
+use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::summary::attest::digest;
 use bagel_bags::summary::{Stretch, Summary, SummaryBag, SummaryBatch, SummaryItem, packed};
 use bagel_bags::{BagConfig, BagState, BagStore, Bucket, Writer};

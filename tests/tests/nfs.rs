@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::fsops::FsOps;
-use bagel_bags::nfs::NfsFs;
+use bagel_bags::store::fsops::FsOps;
+use bagel_bags::store::nfs::NfsFs;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{self as bag, BagConfig, BagState, Bucket, Writer};
 use bagel_proto::clock::{AssumedExact, SystemClock};
@@ -226,17 +226,17 @@ async fn links_and_special_files_are_refused(version: u8) {
     ] {
         let e = fs.read(path, Some(1 << 20)).await.unwrap_err();
         assert!(
-            bagel_bags::fsops::is_not_plain(&e) && e.to_string().contains(what),
+            bagel_bags::store::fsops::is_not_plain(&e) && e.to_string().contains(what),
             "v{version} read {path}: {e}"
         );
         let e = fs.stat(path).await.unwrap_err();
         assert!(
-            bagel_bags::fsops::is_not_plain(&e) && e.to_string().contains(what),
+            bagel_bags::store::fsops::is_not_plain(&e) && e.to_string().contains(what),
             "v{version} stat {path}: {e}"
         );
         let e = fs.chmod(path, 0o444).await.unwrap_err();
         assert!(
-            bagel_bags::fsops::is_not_plain(&e),
+            bagel_bags::store::fsops::is_not_plain(&e),
             "v{version} chmod {path}: {e}"
         );
     }

@@ -599,7 +599,7 @@ async fn a_writer_held_after_its_append_past_retention_is_acknowledged_when_the_
     j.write(0, 3).await;
     let clock = ManualClock::new(Micros::from_micros(j.second(0, 5).secs() * 1_000_000 + 500_000));
     let (url, log, to, resumed) = (j.url.clone(), j.log.clone(), j.at(1), clock.clone());
-    let store = bag::faults::AppendsThrough::new(Arc::clone(&j.store), move |inner, append| {
+    let store = bag::store::faults::AppendsThrough::new(Arc::clone(&j.store), move |inner, append| {
         let (url, log, to, resumed) = (url.clone(), log.clone(), to.clone(), resumed.clone());
         Box::pin(async move {
             let landed = append.to(&*inner).await;
@@ -703,10 +703,10 @@ async fn retention_killed_before_a_bag_directory_went_leaves_it_closed() {
     ok(&j.cli("summarize", &["--to", &j.at(1)]));
     let root = j.backend.local_root().unwrap();
     let fs = NoRmdir {
-        inner: Arc::new(bag::fsops::StdFs::new(root)),
+        inner: Arc::new(bag::store::fsops::StdFs::new(root)),
         path: format!("{}/{}", j.log, j.second(0, 5).path()),
     };
-    let store = bag::directory::DirectoryStore::new(Arc::new(fs), false);
+    let store = bag::store::directory::DirectoryStore::new(Arc::new(fs), false);
     let second = Duration::from_secs(1);
     let err = bag::retain::retain_within(&store, &j.log, Micros::now(), second, None, second)
         .await
@@ -844,16 +844,16 @@ impl BagStore for Hooked {
 /// directory `path` (everything before that went through).
 #[derive(Debug)]
 struct NoRmdir {
-    inner: Arc<dyn bag::fsops::FsOps>,
+    inner: Arc<dyn bag::store::fsops::FsOps>,
     path: String,
 }
 
 #[async_trait::async_trait]
-impl bag::fsops::FsOps for NoRmdir {
+impl bag::store::fsops::FsOps for NoRmdir {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    async fn list_dir(&self, dir: &str) -> std::io::Result<Vec<bag::fsops::DirEntry>> {
+    async fn list_dir(&self, dir: &str) -> std::io::Result<Vec<bag::store::fsops::DirEntry>> {
         self.inner.list_dir(dir).await
     }
     async fn create_dir_all(&self, dir: &str) -> std::io::Result<()> {
@@ -868,10 +868,13 @@ impl bag::fsops::FsOps for NoRmdir {
     async fn open_append(
         &self,
         path: &str,
-    ) -> std::io::Result<(Box<dyn bag::fsops::AppendFile>, bag::fsops::FileStat)> {
+    ) -> std::io::Result<(
+        Box<dyn bag::store::fsops::AppendFile>,
+        bag::store::fsops::FileStat,
+    )> {
         self.inner.open_append(path).await
     }
-    async fn stat(&self, path: &str) -> std::io::Result<bag::fsops::FileStat> {
+    async fn stat(&self, path: &str) -> std::io::Result<bag::store::fsops::FileStat> {
         self.inner.stat(path).await
     }
     async fn read(&self, path: &str, limit: Option<u64>) -> std::io::Result<Bytes> {

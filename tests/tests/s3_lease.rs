@@ -146,7 +146,7 @@ async fn racing_acquirer_processes_get_exactly_one_winner_per_round() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_ignores_conditional_writes_is_refused_at_start() {
-    let real = bag::store_url::s3_from_env(&s3_bucket()).unwrap();
+    let real = bag::store::url::s3_from_env(&s3_bucket()).unwrap();
     for ignores in [Ignores::IfNoneMatch, Ignores::IfMatch] {
         let liar = IgnoresConditions {
             inner: real.clone(),
@@ -805,8 +805,8 @@ async fn lease_commands_work_on_an_s3_lease_store() {
 /// renewal from a process holding only the lease file adds `n` GET.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_operation() {
-    use bagel_bags::faults::{KillSwitch, TestObjectStore};
-    let real = bag::store_url::s3_from_env(&s3_bucket()).unwrap();
+    use bagel_bags::store::faults::{KillSwitch, TestObjectStore};
+    let real = bag::store::url::s3_from_env(&s3_bucket()).unwrap();
     let counted = TestObjectStore::new(real, KillSwitch::never());
     let counts = Arc::clone(&counted.counts);
     let counted: Arc<dyn object_store::ObjectStore> = Arc::new(counted);
@@ -832,7 +832,7 @@ async fn requests_per_operation() {
     };
     let backend = open().await;
     let other_process = open().await;
-    let take = |c: &bagel_bags::faults::RequestCounts| {
+    let take = |c: &bagel_bags::store::faults::RequestCounts| {
         let got = (c.gets(), c.puts(), c.heads() + c.lists());
         c.reset();
         got

@@ -76,7 +76,7 @@ async fn a_takeover_waits_for_the_stored_bound_of_the_holder_plus_its_own() {
         .join("leases")
         .join(PathPart::from("n"));
     let stored: serde_json::Value = serde_json::from_slice(
-        &bagel_bags::store_url::s3_from_env(&s3_bucket())
+        &bagel_bags::store::url::s3_from_env(&s3_bucket())
             .unwrap()
             .get(&object)
             .await

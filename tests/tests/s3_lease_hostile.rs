@@ -85,7 +85,7 @@ impl Prefix {
 }
 
 fn s3() -> std::sync::Arc<dyn ObjectStore> {
-    bagel_bags::store_url::s3_from_env(&s3_bucket()).unwrap()
+    bagel_bags::store::url::s3_from_env(&s3_bucket()).unwrap()
 }
 
 /// Asserts `out` failed with exit 1 and a message naming `field` in the

@@ -112,7 +112,7 @@ impl ObjectStore for LosesReplies {
 async fn every_operation_survives_a_lost_answer(how: Lost) {
     let armed = Arc::new(AtomicU32::new(0));
     let store = LosesReplies {
-        inner: bagel_bags::store_url::s3_from_env(&s3_bucket()).unwrap(),
+        inner: bagel_bags::store::url::s3_from_env(&s3_bucket()).unwrap(),
         armed: Arc::clone(&armed),
         how,
     };

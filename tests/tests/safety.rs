@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bagel_bags::faults::AppendsThrough;
+use bagel_bags::store::faults::AppendsThrough;
 use bagel_bags::{self as bag, BagConfig, BagStore, ReadOptions, Writer};
 use bagel_client::{Client, Ended, Error, Lease, LeaseOptions, Micros, TimeOptions, TimeSource};
 use bagel_proto::clock::{AssumedExact, SystemClock};
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 fn posix_store(dir: &std::path::Path) -> Arc<dyn BagStore> {
-    Arc::new(bag::directory::DirectoryStore::local(dir, false))
+    Arc::new(bag::store::directory::DirectoryStore::local(dir, false))
 }
 
 fn writer(client: &Client, lease: &Lease, store: Arc<dyn BagStore>, log: &str, cfg: &BagConfig) -> Writer {

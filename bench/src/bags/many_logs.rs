@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bagel_bags::counting::OpCounts;
-use bagel_bags::faults::RequestCounts;
+use bagel_bags::store::counting::OpCounts;
+use bagel_bags::store::faults::RequestCounts;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Bucket, CloseObserver, Error, Metronome, TimeoutStore, Writer};
 use bagel_proto::clock::{AssumedExact, Clock, SystemClock};

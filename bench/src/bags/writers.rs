@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use bagel_bags::directory::DirectoryStore;
+use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore, Writer};
 use bagel_proto::clock::SystemClock;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bagel_bags::directory::DirectoryStore;
+use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, Writer};
 use bagel_proto::clock::SystemClock;

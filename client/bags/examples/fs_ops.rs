@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use bagel_bags::counting::CountingFs;
-use bagel_bags::directory::DirectoryStore;
-use bagel_bags::fsops::{FsOps, StdFs};
-use bagel_bags::nfs::NfsFs;
+use bagel_bags::store::counting::CountingFs;
+use bagel_bags::store::directory::DirectoryStore;
+use bagel_bags::store::fsops::{FsOps, StdFs};
+use bagel_bags::store::nfs::NfsFs;
 use bagel_bags::testing::TestLeases;
 use bagel_bags::{BagConfig, BagStore as _, Bucket, Writer};
 use bagel_proto::Micros;

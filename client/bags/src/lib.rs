@@ -120,17 +120,17 @@
 //! * [`frame`]: record framing (length + CRC-32C) in files and objects.
 //! * [`holder_sig`]: the holder's signature binding a batch to its leases,
 //!   log, bag, writer and sequence numbers.
-//! * [`fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
-//! * [`nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
+//! * [`store::fsops`]: the small trait of NFS-safe file operations, and `std::fs`.
+//! * [`store::nfs`]: the same trait over a userspace NFSv3/NFSv4.2 client
 //!   (`nfs://host[:port]/export/dir`); see `store/NFS.md`.
-//! * [`counting`]: an `FsOps` wrapper counting calls, to measure the cost
+//! * [`store::counting`]: an `FsOps` wrapper counting calls, to measure the cost
 //!   of writes and closes per backend.
-//! * [`directory`]: the bag of single-writer logs on a directory, over any
+//! * [`store::directory`]: the bag of single-writer logs on a directory, over any
 //!   `FsOps`: prelock, read-only data files, a private listing linked to
 //!   `lock` (only operations that are safe on NFS).
-//! * [`s3`]: the maildir-style bag on an S3 prefix, via `object_store`.
-//! * [`timeout`]: [`TimeoutStore`], every call of any store bounded in time.
-//! * [`store_url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
+//! * [`store::object`]: the maildir-style bag on an S3 prefix, via `object_store`.
+//! * [`store::timeout`]: [`TimeoutStore`], every call of any store bounded in time.
+//! * [`store::url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
 //! * [`writer`]: timestamps, batches, commit protocol.
 //! * [`seal`]: one object closes a minute's empty seconds.
 //! * [`summary`]: a closed stretch of a log as one deterministic object.
@@ -141,7 +141,7 @@
 //! * [`reader`]: ordered, checked reads of a time range.
 //! * [`audit`]: from stored messages and witnesses alone, no two writers
 //!   of a name overlapped.
-//! * `faults`, `testing` (feature `testing`): fault-injecting wrappers, and
+//! * `store::faults`, `testing` (feature `testing`): fault-injecting wrappers, and
 //!   leases and signed time from a throwaway key, for tests and benches.
 
 pub mod audit;
@@ -164,13 +164,6 @@ pub mod tombstone;
 pub mod vouched;
 pub mod writer;
 
-// The stores live under `store/`; their old paths stay as they were.
-#[cfg(any(test, feature = "testing"))]
-pub use store::faults;
-pub use store::object as s3;
-pub use store::url as store_url;
-pub use store::{counting, directory, fsops, nfs, timeout};
-
 pub use bucket::Bucket;
 pub use config::BagConfig;
 pub use error::{Error, Result};
@@ -178,8 +171,8 @@ pub use listing::{ListedItem, Listing, Receipt};
 pub use metronome::{CloseObserver, CloseReport, Metronome, close_logs_through, close_through};
 pub use names::{validate_log, validate_writer_id};
 pub use reader::{Problem, ProblemKind, Progress, ReadOptions, ReadReport, Vouched, read};
+pub use store::timeout::TimeoutStore;
+pub use store::url::open_store;
 pub use store::{BagState, BagStore, list_buckets};
-pub use store_url::open_store;
-pub use timeout::TimeoutStore;
 pub use vouched::closer_now;
 pub use writer::Writer;

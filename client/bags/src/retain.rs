@@ -224,7 +224,7 @@ async fn remove_checked(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::directory::DirectoryStore;
+    use crate::store::directory::DirectoryStore;
 
     /// Each refusal names the flag and the bound, and nothing is touched.
     #[tokio::test]

@@ -543,7 +543,7 @@ fn check_rights(rights: &RightsSnapshot, first: Micros, last: Micros, margin: Du
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::directory::DirectoryStore;
+    use crate::store::directory::DirectoryStore;
     use crate::testing::TestLease;
     use crate::testing::TestLeases;
     use bagel_proto::clock::ManualClock;

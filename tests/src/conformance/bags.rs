@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bagel_bags::faults::KillSwitch;
 use bagel_bags::reader::ReadReport;
 use bagel_bags::seal::{self, Span};
+use bagel_bags::store::faults::KillSwitch;
 use bagel_bags::summary::{self, Stretch};
 use bagel_bags::{
     self as bag, BagConfig, BagState, BagStore, Bucket, Error, Metronome, ReadOptions, Writer, frame,

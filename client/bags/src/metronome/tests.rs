@@ -10,8 +10,8 @@ use object_store::memory::InMemory;
 
 use super::*;
 use crate::ReadOptions;
-use crate::faults::{KillSwitch, RequestCounts, TestObjectStore};
-use crate::s3::ObjectBagStore;
+use crate::store::faults::{KillSwitch, RequestCounts, TestObjectStore};
+use crate::store::object::ObjectBagStore;
 
 /// A minute-aligned instant: second 0 of its minute.
 const T0_SECS: u64 = 1_900_000_020;

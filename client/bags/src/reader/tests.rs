@@ -8,9 +8,9 @@ use prost::Message as _;
 use std::sync::Arc;
 
 use super::{Message, ReadOptions, ReadReport, read};
-use crate::directory::DirectoryStore;
 use crate::frame::{self, Frame};
 use crate::seal::Span;
+use crate::store::directory::DirectoryStore;
 use crate::{BagConfig, BagStore, Bucket};
 
 fn secs(s: u64) -> Micros {

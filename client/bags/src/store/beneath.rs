@@ -20,7 +20,7 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 /// The error for a path through a symbolic link, or out of the root:
-/// kind `InvalidData`, as [`crate::fsops::is_not_plain`] recognises.
+/// kind `InvalidData`, as [`crate::store::fsops::is_not_plain`] recognises.
 /// Callers name the path; this says what is wrong with it.
 fn through_link() -> io::Error {
     io::Error::new(

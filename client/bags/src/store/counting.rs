@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
+use crate::store::fsops::{AppendFile, DirEntry, FileStat, FsOps};
 
 /// The kinds of [`FsOps`] call, in the order the protocol tends to use them.
 pub const OPS: [&str; 10] = [
@@ -163,7 +163,7 @@ impl AppendFile for CountingAppend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsops::StdFs;
+    use crate::store::fsops::StdFs;
 
     #[tokio::test]
     async fn counts_calls() {

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rand::RngCore as _;
 
-use crate::fsops::{FsOps, StdFs};
+use crate::store::fsops::{FsOps, StdFs};
 use crate::store::{START_DIR, earliest_start};
 use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
 
@@ -83,7 +83,7 @@ impl DirectoryStore {
         };
         let bytes = match self.fs.read(&path, Some(MAX_LOCK_BYTES + 1)).await {
             Ok(b) => b,
-            Err(e) if crate::fsops::is_not_plain(&e) => return Err(corrupt(format!("`lock` is {e}"))),
+            Err(e) if crate::store::fsops::is_not_plain(&e) => return Err(corrupt(format!("`lock` is {e}"))),
             Err(e) => return Err(Error::io("read", &path, e)),
         };
         if bytes.len() as u64 > MAX_LOCK_BYTES {
@@ -94,7 +94,7 @@ impl DirectoryStore {
         Listing::decode(&bytes).map_err(corrupt)
     }
 
-    async fn list(&self, dir: &str) -> Result<Option<Vec<crate::fsops::DirEntry>>> {
+    async fn list(&self, dir: &str) -> Result<Option<Vec<crate::store::fsops::DirEntry>>> {
         match self.fs.list_dir(dir).await {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -105,7 +105,7 @@ impl DirectoryStore {
     async fn data_files_with_sizes(
         &self,
         dir: &str,
-        entries: &[crate::fsops::DirEntry],
+        entries: &[crate::store::fsops::DirEntry],
     ) -> Result<Vec<ListedItem>> {
         let mut items = Vec::new();
         for e in entries.iter().filter(|e| is_data_file(e)) {
@@ -259,7 +259,7 @@ pub fn data_file_name_problem(name: &str) -> Option<&'static str> {
     None
 }
 
-fn is_data_file(e: &crate::fsops::DirEntry) -> bool {
+fn is_data_file(e: &crate::store::fsops::DirEntry) -> bool {
     !e.is_dir && e.name.ends_with(DATA_SUFFIX) && !e.name.starts_with('.')
 }
 
@@ -297,7 +297,7 @@ impl BagStore for DirectoryStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BagState::Open(Vec::new())),
             // A link in place of the bag directory (or above it): the bag
             // is refused by name, nothing under the link is read.
-            Err(e) if crate::fsops::is_not_plain(&e) => {
+            Err(e) if crate::store::fsops::is_not_plain(&e) => {
                 return Err(Error::CorruptLock {
                     log: log.to_owned(),
                     bucket,
@@ -331,7 +331,7 @@ impl BagStore for DirectoryStore {
         let path = format!("{}/{}", Self::dir(log, bucket), item.name);
         match self.fs.read(&path, limit).await {
             Ok(b) => Ok(b),
-            Err(e) if crate::fsops::is_not_plain(&e) => Err(refused(e.to_string())),
+            Err(e) if crate::store::fsops::is_not_plain(&e) => Err(refused(e.to_string())),
             Err(e) => Err(Error::io("read", &path, e)),
         }
     }
@@ -395,7 +395,7 @@ impl BagStore for DirectoryStore {
             )),
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) if crate::fsops::is_not_plain(&e) => {
+            Err(e) if crate::store::fsops::is_not_plain(&e) => {
                 Err(Error::invalid("protocol object", path, e.to_string()))
             }
             Err(e) => Err(Error::io("read", &path, e)),

@@ -22,7 +22,7 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
 };
 
-use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
+use crate::store::fsops::{AppendFile, DirEntry, FileStat, FsOps};
 use crate::{BagState, BagStore, Bucket, ListedItem, Listing, Receipt, Result};
 
 /// Lets `n` operations through, then fails every later one.

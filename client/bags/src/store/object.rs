@@ -369,7 +369,7 @@ impl BagStore for ObjectBagStore {
                 .get_named(
                     log,
                     name,
-                    (body.len() as u64).max(crate::directory::MAX_LOCK_BYTES),
+                    (body.len() as u64).max(crate::store::directory::MAX_LOCK_BYTES),
                 )
                 .await?
                 .map(Some)

@@ -1,15 +1,15 @@
 //! Store addresses: `file:///abs/dir` (POSIX), `s3://bucket/prefix`
 //! (S3; endpoint and credentials from the usual `AWS_*` environment, as
 //! `object_store` reads them) and `nfs://host[:port]/export/dir[?version=3|4]`
-//! (the POSIX bag over a userspace NFS client, see [`crate::nfs`]).
+//! (the POSIX bag over a userspace NFS client, see [`crate::store::nfs`]).
 
 use std::sync::Arc;
 
 pub use bagel_object::{S3Url, s3_from_env};
 
-use crate::directory::DirectoryStore;
-use crate::nfs::{NfsFs, NfsTarget};
-use crate::s3::ObjectBagStore;
+use crate::store::directory::DirectoryStore;
+use crate::store::nfs::{NfsFs, NfsTarget};
+use crate::store::object::ObjectBagStore;
 use crate::{BagConfig, BagStore, Error, Result, TimeoutStore};
 
 /// A parsed store address.

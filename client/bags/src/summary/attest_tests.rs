@@ -11,10 +11,10 @@ use prost::Message as _;
 
 use super::attest::{self, Attested, Attester};
 use super::{Stretch, summarize_attested};
-use crate::directory::DirectoryStore;
 use crate::frame::{self, Frame};
 use crate::reader::{Message, ReadOptions, ReadReport, Vouched, read};
 use crate::seal::Span;
+use crate::store::directory::DirectoryStore;
 use crate::{BagConfig, BagStore, Bucket, ProblemKind};
 
 const LOG: &str = "log";

@@ -1010,7 +1010,7 @@ mod tests {
     async fn a_format_1_summary_of_the_same_records_is_the_same_summary() {
         use crate::BagStore as _;
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::directory::DirectoryStore::local(dir.path(), false);
+        let store = crate::store::directory::DirectoryStore::local(dir.path(), false);
         let stretch = super::super::Stretch::new(crate::seal::Span::of(crate::Bucket::from_secs(SECS)), 1);
         let batches = vec![pb::Batch {
             writer_id: "w0".into(),

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bagel_bags::fsops::FsOps as _;
-use bagel_bags::nfs::NfsFs;
+use bagel_bags::store::fsops::FsOps as _;
+use bagel_bags::store::nfs::NfsFs;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bagel_bags::faults::AppendsThrough;
+use bagel_bags::store::faults::AppendsThrough;
 use bagel_bags::{self as bag, BagConfig, BagStore, Writer};
 use bagel_client::{AcquireBuilder, Client, Cluster, LeaseBackend, LeaseOptions, ServerSpec};
 use bagel_client::{TimeOptions, TimeSource};

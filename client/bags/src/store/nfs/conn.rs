@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io;
 
-use crate::fsops::{DirEntry, FileStat, Kind};
+use crate::store::fsops::{DirEntry, FileStat, Kind};
 
 const FILE_MODE: u32 = 0o644;
 const DIR_MODE: u32 = 0o755;

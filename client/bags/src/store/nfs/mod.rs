@@ -1,6 +1,6 @@
 //! [`FsOps`] over a userspace NFS client (the [`nfs`] crate, NFSv3 and
 //! NFSv4.2 over TCP), for hosts that cannot mount NFS. The bag protocol in
-//! [`directory`](crate::directory) runs unchanged on top. Why this crate, which NFS
+//! [`directory`](crate::store::directory) runs unchanged on top. Why this crate, which NFS
 //! operations each [`FsOps`] call becomes, and what NFS semantics the
 //! protocol designs around: see `../NFS.md`.
 //!
@@ -35,7 +35,7 @@ use rand::RngCore as _;
 pub(crate) mod conn;
 mod target;
 
-use crate::fsops::{AppendFile, DirEntry, FileStat, FsOps};
+use crate::store::fsops::{AppendFile, DirEntry, FileStat, FsOps};
 
 use conn::{
     Conn, LIST_RESTARTS, READ_RESTARTS, connection_ok, join, restartable_listing, restartable_read, to_io,
@@ -285,7 +285,7 @@ impl NfsFs {
     /// or device, with the directory store's words and error kind.
     async fn plain(&self, p: &str, dir_ok: bool) -> io::Result<FileStat> {
         let (st, kind) = call!(self, "GETATTR", p, |c| c.stat(p))?;
-        crate::fsops::refuse_unless_plain(kind, dir_ok)?;
+        crate::store::fsops::refuse_unless_plain(kind, dir_ok)?;
         Ok(st)
     }
 }

@@ -147,7 +147,7 @@ fn is_prefix(prefix: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nfs::conn::join;
+    use crate::store::nfs::conn::join;
 
     #[test]
     fn parses_urls() {
