@@ -110,9 +110,9 @@ async fn serve(
             }
         }
         match ended {
-            Ended::No => {}
-            Ended::Closed => return,
-            Ended::Failed(status) => {
+            Requests::GoOn => {}
+            Requests::Closed => return,
+            Requests::Failed(status) => {
                 answers.push_final(status);
                 return;
             }
@@ -331,8 +331,9 @@ impl Drop for SessionSlot {
     }
 }
 
-enum Ended {
-    No,
+/// Whether the client's request stream goes on after a group is taken.
+enum Requests {
+    GoOn,
     Closed,
     Failed(Status),
 }
@@ -346,11 +347,11 @@ fn take_ready(
     first: pb::BatchRequest,
     max_ops: usize,
     carried: &mut Option<pb::BatchRequest>,
-) -> (Vec<pb::BatchRequest>, Ended) {
+) -> (Vec<pb::BatchRequest>, Requests) {
     let mut total = first.ops.len();
     let mut group = vec![first];
     if total >= max_ops {
-        return (group, Ended::No);
+        return (group, Requests::GoOn);
     }
     // Poll without waiting: a request that is not fully here yet waits for
     // the next round (the next `message().await` registers the real waker).
@@ -361,13 +362,13 @@ fn take_ready(
                 total += request.ops.len();
                 if total > max_ops {
                     *carried = Some(request);
-                    return (group, Ended::No);
+                    return (group, Requests::GoOn);
                 }
                 group.push(request);
             }
-            Poll::Ready(Some(Err(status))) => return (group, Ended::Failed(status)),
-            Poll::Ready(None) => return (group, Ended::Closed),
-            Poll::Pending => return (group, Ended::No),
+            Poll::Ready(Some(Err(status))) => return (group, Requests::Failed(status)),
+            Poll::Ready(None) => return (group, Requests::Closed),
+            Poll::Pending => return (group, Requests::GoOn),
         }
     }
 }

@@ -8,45 +8,9 @@ use super::accounts::Account;
 use super::history::NameHistory;
 use super::ids::LeaseId;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// May write.
-    Full,
-    /// Reserves names without the right to write; any full acquire breaks it.
-    Tentative,
-}
-
-impl From<Mode> for pb::Mode {
-    fn from(m: Mode) -> Self {
-        match m {
-            Mode::Full => pb::Mode::Full,
-            Mode::Tentative => pb::Mode::Tentative,
-        }
-    }
-}
-
-/// How the lease before the current one ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ended {
-    /// Nothing came before and nothing is inherited.
-    None,
-    Released,
-    /// Its deadline passed without a release.
-    Broken,
-    /// No record: after a restart, or after the record was forgotten.
-    Unknown,
-}
-
-impl From<Ended> for pb::Ended {
-    fn from(e: Ended) -> Self {
-        match e {
-            Ended::None => pb::Ended::None,
-            Ended::Released => pb::Ended::Released,
-            Ended::Broken => pb::Ended::Broken,
-            Ended::Unknown => pb::Ended::Unknown,
-        }
-    }
-}
+/// A lease's mode and how a name's previous lease ended: the lease core's
+/// domain types, the ones every backend and client speaks.
+pub use bagel_lease_core::types::{Ended, Mode};
 
 /// The previous lease of a name, as handed to the next holder.
 #[derive(Clone, Debug, PartialEq)]
