@@ -973,6 +973,9 @@ fn not_upgraded(e: Error) -> Error {
             reason,
             message: format!("{message}; the lease's other parts were released"),
         },
+        Error::PermissionDenied { message } => Error::PermissionDenied {
+            message: format!("{message}; the lease's other parts were released"),
+        },
         e => e,
     }
 }
