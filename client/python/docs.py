@@ -62,6 +62,37 @@ def render_class(cls) -> list:
     return out
 
 
+NOT_BOUND = """
+## What the package does not bind, and why
+
+* **Fencing a process tree** (`bagel run`): a Python process cannot be
+  fenced from inside; `client.leader` raises `LeaseLost` and the
+  application must stop. Run the Python program under `bagel run` when it
+  must be killed on loss.
+* **The operator's calls** of `LeaseBackend` (list, watch, describe,
+  history, server info, access info): the CLI does them, with its JSON
+  contract; a Python program that needs them can run `bagel ... --json`.
+* **Hand-offs between processes** (`Lease::lease_ref`, the token, the
+  holder key): a `Lease` lives in the process that acquired it; the CLI's
+  lease files are the way to pass a lease on.
+* **Release and renewal options** beyond the watermark (metadata, a signed
+  time for the watermark, `settled_through`, `close_before_reading`), and
+  `own_holder_key`: rarely needed, and each needs its rules explained
+  before it is exposed.
+* **Cluster migration** (`next_servers`) and bearer tokens: a list of
+  servers works; migration and tokens are for the CLI's operators for now.
+* **S3 leases on an unchecked clock** (`--unsafe-local-clock`): not exposed
+  on purpose; an S3 lease store needs Roughtime.
+* **Attested summaries** (an attester key), summaries made by the
+  metronome, close observers and read progress callbacks: `summarize()`
+  publishes unattested summaries, and `read(trust_summarizer=...)` reads
+  attested ones made by the CLI.
+* **Clocks and stores of one's own** (`SignedClock`, `CheckedClock`,
+  `BagStore`, `FsOps`), `BagConfig` beyond `grace`: a Rust extension
+  point, not a Python one.
+"""
+
+
 def main() -> None:
     out = [
         "# bagel for Python: API reference",
@@ -83,6 +114,7 @@ def main() -> None:
         exc = getattr(errors, name)
         bases = ", ".join(b.__name__ for b in exc.__bases__)
         out += [f"### `{name}({bases})`", "", doc(exc), ""]
+    out += NOT_BOUND.splitlines()
     print("\n".join(out).rstrip() + "\n")
 
 

@@ -213,6 +213,9 @@ impl Client {
     /// background until released or lost (`auto_renew=False`: only when
     /// `renew()` is called).
     #[pyo3(signature = (names, *, ttl=10.0, wait=Some(0.0), tentative=false, owner=None, auto_renew=true))]
+    #[pyo3(
+        text_signature = "(self, names, *, ttl=10.0, wait=0.0, tentative=False, owner=None, auto_renew=True)"
+    )]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn acquire(
         &self,
@@ -233,6 +236,9 @@ impl Client {
 
     /// `acquire`, awaitable.
     #[pyo3(signature = (names, *, ttl=10.0, wait=Some(0.0), tentative=false, owner=None, auto_renew=true))]
+    #[pyo3(
+        text_signature = "(self, names, *, ttl=10.0, wait=0.0, tentative=False, owner=None, auto_renew=True)"
+    )]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn acquire_async<'py>(
         &self,

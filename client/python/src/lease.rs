@@ -98,18 +98,14 @@ async fn release(held: Arc<Held>, watermark: Option<u64>) -> Result<u64, Failure
         .as_micros())
 }
 
-/// Resolves with the reason once the lease is lost; never when it is not.
-async fn lost(mut state: watch::Receiver<LeaseState>) -> String {
-    let reason = state
-        .wait_for(|s| s.lost.is_some())
+/// The reason once the lease is lost; `None` once it can no longer be
+/// (released, or its handle dropped).
+async fn lost(mut state: watch::Receiver<LeaseState>) -> Option<String> {
+    state
+        .wait_for(|s| s.lost.is_some() || s.released)
         .await
         .ok()
-        .and_then(|s| s.lost.as_ref().map(ToString::to_string));
-    match reason {
-        Some(reason) => reason,
-        // The lease handle is gone (released or dropped): never lost.
-        None => std::future::pending().await,
-    }
+        .and_then(|s| s.lost.as_ref().map(ToString::to_string))
 }
 
 #[pymethods]
@@ -277,7 +273,9 @@ impl Lease {
     fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {
         let state = self.held.state.clone();
         handle()?.spawn(async move {
-            let reason = lost(state).await;
+            let Some(reason) = lost(state).await else {
+                return;
+            };
             Python::attach(|py| {
                 if let Err(e) = callback.call1(py, (reason,)) {
                     e.write_unraisable(py, None);
@@ -292,20 +290,12 @@ impl Lease {
     #[pyo3(signature = (timeout=None))]
     fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
         let limit = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        let mut state = self.held.state.clone();
+        let state = self.held.state.clone();
         block_on(py, async move {
-            let ended = state.wait_for(|s| s.lost.is_some() || s.released);
-            let outcome = match limit {
-                Some(limit) => match tokio::time::timeout(limit, ended).await {
-                    Ok(r) => r.ok().and_then(|s| s.lost.as_ref().map(ToString::to_string)),
-                    Err(_) => None,
-                },
-                None => ended
-                    .await
-                    .ok()
-                    .and_then(|s| s.lost.as_ref().map(ToString::to_string)),
-            };
-            Ok(outcome)
+            Ok(match limit {
+                Some(limit) => tokio::time::timeout(limit, lost(state)).await.ok().flatten(),
+                None => lost(state).await,
+            })
         })
     }
 

@@ -138,6 +138,25 @@ fn micros(t: Option<u64>, default: Micros) -> Micros {
     t.map_or(default, Micros::from_micros)
 }
 
+/// What `read` and `read_async` read: the range, and closing past-due
+/// bags only with a client's signed time to close them on.
+fn read_options(
+    opened: &Opened,
+    start: Option<u64>,
+    end: Option<u64>,
+    trust_summarizer: Option<Vec<String>>,
+    include_open: bool,
+) -> Result<ReadOptions, Failure> {
+    let mut options = ReadOptions::default()
+        .with_range(micros(start, Micros::ZERO), micros(end, Micros::MAX))
+        .with_include_open(include_open)
+        .with_close_past_due(opened.env.is_some());
+    if let Some(keys) = trust_summarizer {
+        options = options.with_trusted_summarizers(ring(keys, "trust_summarizer")?);
+    }
+    Ok(options)
+}
+
 async fn read(
     opened: Arc<Opened>,
     log: String,
@@ -295,15 +314,28 @@ impl Store {
         include_open: bool,
     ) -> PyResult<Messages> {
         let opened = self.get()?;
-        let mut options = ReadOptions::default()
-            .with_range(micros(start, Micros::ZERO), micros(end, Micros::MAX))
-            .with_include_open(include_open)
-            .with_close_past_due(opened.env.is_some());
-        if let Some(keys) = trust_summarizer {
-            options = options.with_trusted_summarizers(ring(keys, "trust_summarizer")?);
-        }
+        let options = read_options(&opened, start, end, trust_summarizer, include_open)?;
         let (report, verifying) = block_on(py, read(opened, log, options))?;
         Ok(Messages::new(report, verifying))
+    }
+
+    /// `read`, awaitable.
+    #[pyo3(signature = (log, *, start=None, end=None, trust_summarizer=None, include_open=false))]
+    fn read_async<'py>(
+        &self,
+        py: Python<'py>,
+        log: String,
+        start: Option<u64>,
+        end: Option<u64>,
+        trust_summarizer: Option<Vec<String>>,
+        include_open: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opened = self.get()?;
+        let options = read_options(&opened, start, end, trust_summarizer, include_open)?;
+        awaitable(py, async move {
+            let (report, verifying) = read(opened, log, options).await?;
+            Ok(Messages::new(report, verifying))
+        })
     }
 
     /// Checks `log` from `start` to `end` (µs) from the store alone:

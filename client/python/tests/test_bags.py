@@ -144,9 +144,10 @@ def test_asyncio_write_and_audit(client, tmp_path):
     stamps = asyncio.run(main())
     with store.metronome("a", max_idle_listing=0) as m:
         assert m.wait_closed("a", stamps[-1])
-    assert sorted(m.payload for m in store.read("a")) == [b"1", b"2"]
-    async def audit():
-        return await store.audit_async("a")
 
-    report = asyncio.run(audit())
+    async def read_and_audit():
+        return await store.read_async("a"), await store.audit_async("a")
+
+    messages, report = asyncio.run(read_and_audit())
+    assert sorted(m.payload for m in messages) == [b"1", b"2"]
     assert report.clean and report.messages == 2

@@ -149,3 +149,27 @@ def test_cancelling_an_async_acquire_stops_its_wait(client):
         await again.release_async()
 
     asyncio.run(main())
+
+
+def test_leases_on_an_s3_lease_store(tmp_path):
+    import uuid
+
+    from conftest import roughtime, s3_url
+
+    client = bagel.Client(
+        lease_store=s3_url(f"py-leases-{uuid.uuid4().hex}"),
+        lease_key=str(tmp_path / "lease-key"),
+        roughtime=roughtime(),
+    )
+    first = client.acquire("s3-name", ttl=5)
+    with pytest.raises(bagel.HeldError) as held:
+        client.acquire("s3-name", ttl=5)
+    assert held.value.holder == first.id
+    wm = first.release(watermark=first.min_timestamp + 1)
+    second = client.acquire("s3-name", ttl=5)
+    assert second.previous["s3-name"]["ended"] == "released"
+    assert second.previous["s3-name"]["watermark"] == wm
+    assert second.fencing_tokens["s3-name"] > first.fencing_tokens["s3-name"]
+    second.release()
+    with pytest.raises(bagel.InvalidArgument):
+        bagel.Client(lease_store=s3_url("x"), lease_key=str(tmp_path / "k"))

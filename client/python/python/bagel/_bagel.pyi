@@ -193,6 +193,15 @@ class Store:
         trust_summarizer: Optional[Sequence[str]] = None,
         include_open: bool = False,
     ) -> Messages: ...
+    def read_async(
+        self,
+        log: str,
+        *,
+        start: Optional[int] = None,
+        end: Optional[int] = None,
+        trust_summarizer: Optional[Sequence[str]] = None,
+        include_open: bool = False,
+    ) -> Awaitable[Messages]: ...
     def audit(self, log: str, *, start: Optional[int] = None, end: Optional[int] = None) -> AuditReport: ...
     def audit_async(
         self, log: str, *, start: Optional[int] = None, end: Optional[int] = None
