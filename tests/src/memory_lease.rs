@@ -73,8 +73,8 @@ use async_trait::async_trait;
 use bagel_lease_core::backend::{Call, Listed, ListedAt, Listing, NameRoute, Offer};
 use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Ended, Error, Grant, History, HistoryEntry, HistoryEvent, Holder,
-    LeaseBackend, LeaseLimits, LeaseRef, ListedName, Metadata, Micros, Mode, NameGrant, NameState, NotHeldReason,
-    Previous, ReleaseOptions, Renewal, Result, StoreInfo, Witness,
+    LeaseBackend, LeaseLimits, LeaseRef, ListedName, Metadata, Micros, Mode, NameGrant, NameState,
+    NotHeldReason, Previous, ReleaseOptions, Renewal, Result, StoreInfo, Witness,
 };
 use bagel_proto::clock::Clock;
 use bagel_proto::names::name_problem;
