@@ -93,3 +93,83 @@ pub async fn acquire(
         pause = (pause * 2).min(MAX_PAUSE);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use bagel_proto::clock::{Clock, SystemClock};
+
+    use super::*;
+    use crate::types::{LeaseRef, Metadata, ReleaseOptions, Renewal};
+    use crate::{Micros, Mode};
+
+    /// A backend that does not say its max wait (1 s), refuses a longer
+    /// one as [`Error::WaitTooLong`], and refuses anything else as
+    /// invalid, recording the waits it was asked for.
+    #[derive(Debug, Default)]
+    struct Unsaid {
+        asked: Mutex<Vec<Duration>>,
+    }
+
+    const MAX: Duration = Duration::from_secs(1);
+
+    #[async_trait]
+    impl LeaseBackend for Unsaid {
+        fn location(&self) -> String {
+            "test://unsaid".into()
+        }
+        fn clock(&self) -> Arc<dyn Clock> {
+            Arc::new(SystemClock)
+        }
+        fn max_ttl(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+        async fn acquire_lease(&self, spec: AcquireSpec) -> Result<Grant> {
+            self.asked.lock().unwrap().push(spec.wait);
+            if spec.wait > MAX {
+                return Err(Error::WaitTooLong {
+                    max: MAX,
+                    reason: "over the max".into(),
+                });
+            }
+            Err(Error::invalid("names", "stop here"))
+        }
+        async fn renew_lease(&self, _: &LeaseRef, _: Micros, _: Option<Metadata>) -> Result<Renewal> {
+            unreachable!("not renewed")
+        }
+        async fn upgrade_lease(&self, _: &LeaseRef) -> Result<Grant> {
+            unreachable!("not upgraded")
+        }
+        async fn release_lease(&self, _: &LeaseRef, _: ReleaseOptions) -> Result<Micros> {
+            unreachable!("not released")
+        }
+    }
+
+    fn spec(wait: Duration) -> AcquireSpec {
+        AcquireSpec {
+            names: vec!["n".into()],
+            deadline: Micros::now().saturating_add(Duration::from_secs(5)),
+            ttl: Some(Duration::from_secs(5)),
+            mode: Mode::Full,
+            owner: "o".into(),
+            wait,
+            holder_key: None,
+        }
+    }
+
+    /// The max comes from the refusal's number, whatever its words: the
+    /// next round asks for it.
+    #[tokio::test]
+    async fn a_refused_wait_is_cut_to_the_max_the_refusal_carries() {
+        let backend = Unsaid::default();
+        let e = acquire(&backend, Duration::from_secs(3), spec).await.unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        let asked = backend.asked.lock().unwrap().clone();
+        assert!(
+            matches!(asked.as_slice(), [first, second] if *first > MAX && *second == MAX),
+            "{asked:?}"
+        );
+    }
+}
