@@ -166,7 +166,7 @@ pub async fn run(bagel: &Path, server: &Path, dir: &Path, seed: u64) -> anyhow::
     }
     println!(
         "partitions: store: {} acked = {} read back ({} read unacknowledged; failed batches: {} timed out, {} \
-         late, {} other; longest batch {} ms of {} ms); readers agree: {}; {} violations",
+         late, {} other; longest batch by writer {:?} ms, bounds {:?} ms); readers agree: {}; {} violations",
         store.acked,
         store.read_back,
         store.read_unacknowledged,

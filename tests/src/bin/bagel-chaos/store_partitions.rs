@@ -14,9 +14,8 @@
 //! requests arrive and are served, every answer is lost).
 //!
 //! The writers are library writers ([`writer`], a process of this binary
-//! in the writers' namespace) with a storage call timeout of
-//! [`WRITER_OP_TIMEOUT`], so a cut of a few seconds makes their writes
-//! fail. Each batch reports when it started and ended, on this host's clock
+//! in the writers' namespace), one with a storage call timeout shorter
+//! than a cut, one with the CLI's (see [`WRITER_OP_TIMEOUTS`]). Each batch reports when it started and ended, on this host's clock
 //! (the namespaces share it), so a cut's instants compare exactly. The
 //! checks:
 //!
@@ -24,7 +23,8 @@
 //!   healed was acknowledged (nothing from the store could reach it), and
 //!   every writer cut made some batch fail: writes during the cut fail
 //!   with an error;
-//! * every batch ends within [`BATCH_BOUND`]: none hangs;
+//! * every batch ends within its writer's bound ([`batch_bound`]): none
+//!   hangs;
 //! * after each heal, each writer has a batch acknowledged again (writer
 //!   cuts), or the metronome closes again (closer cuts); during a closer
 //!   cut the writers go on having batches acknowledged;
@@ -60,22 +60,26 @@ const BUCKET: &str = "bagel-store-cuts";
 /// The ports inside the namespaces (each has its own port space).
 const S3_PORT: u16 = 9000;
 const LEASE_PORT: u16 = 7420;
-/// Writer processes, each on a lease of its own.
-const WRITERS: usize = 2;
+/// The writer processes' storage call timeouts, one writer each, each on
+/// a lease of its own. The first gives up well inside a cut, so a cut
+/// fails its writes; the second waits as long as the CLI does (10 s),
+/// through the cut, so what it sent lands after the heal, into bags the
+/// metronome outside may have closed meanwhile: it must be told
+/// `LateRejected`, or be acknowledged only when the bag's lock lists it.
+const WRITER_OP_TIMEOUTS: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(10)];
 
-/// Every storage call of the phase's writers gives up after this: short,
-/// so that a cut of a few seconds fails writes instead of only delaying
-/// them (the CLI's calls wait 10 s).
-const WRITER_OP_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest a batch may take: its pause for the clock (at most 1 s)
-/// and its storage calls, each bounded by [`WRITER_OP_TIMEOUT`], the first
-/// that fails ending the batch. A batch whose calls all succeed makes a
-/// handful of them; one that helps seal a minute closes that minute's bags
-/// too: a dozen calls covers it.
-const BATCH_BOUND: Duration = Duration::from_secs(13);
+/// and its storage calls, each bounded by `op_timeout`, the first that
+/// fails ending the batch. A batch whose calls all succeed makes a handful
+/// of them; one that helps seal a minute closes that minute's bags too: a
+/// dozen calls covers it.
+fn batch_bound(op_timeout: Duration) -> Duration {
+    Duration::from_secs(1) + op_timeout * 12
+}
 
-/// How long a cut lasts: longer than [`WRITER_OP_TIMEOUT`] and the
-/// writer's pause together, so a batch that starts in the cut fails in it.
+/// How long a cut lasts: longer than the first writer's timeout and pause
+/// together, so a batch it starts in the cut fails in it, and shorter
+/// than the second's, so that one's batches wait through it.
 const CUT_MS: std::ops::Range<u64> = 2_500..4_000;
 
 /// The bags' timing (the defaults, for every process of the phase), and
@@ -106,9 +110,11 @@ pub struct StorePhase {
     pub failed_timeout: u64,
     pub failed_late: u64,
     pub failed_other: u64,
-    /// The longest batch, and the bound every batch must keep, ms.
-    pub longest_batch_ms: u64,
-    pub batch_bound_ms: u64,
+    /// Each writer's storage call timeout, its longest batch, and the
+    /// bound every batch of it must keep, ms.
+    pub op_timeout_ms: Vec<u64>,
+    pub longest_batch_ms: Vec<u64>,
+    pub batch_bound_ms: Vec<u64>,
     /// Bags the metronome closed over the phase.
     pub closes: u64,
 }
@@ -275,7 +281,7 @@ impl<'a> Phase<'a> {
             closes: Arc::default(),
             store,
         };
-        for id in 0..WRITERS {
+        for id in 0..WRITER_OP_TIMEOUTS.len() {
             let w = phase.start_writer(id).await?;
             phase.writers.push(w);
         }
@@ -323,6 +329,8 @@ impl<'a> Phase<'a> {
                 &self.store,
             ])
             .args(["--log", LOG, "--id", &id.to_string()])
+            .arg("--op-timeout")
+            .arg(humantime::format_duration(WRITER_OP_TIMEOUTS[id]).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(self.dir.join(format!("writer-{id}.err")))?)
@@ -497,7 +505,12 @@ impl<'a> Phase<'a> {
         let batches = self.batches();
         let closes = self.closes.lock().expect("closes").clone();
         let mut report = StorePhase {
-            batch_bound_ms: BATCH_BOUND.as_millis() as u64,
+            op_timeout_ms: WRITER_OP_TIMEOUTS.iter().map(|t| t.as_millis() as u64).collect(),
+            longest_batch_ms: vec![0; WRITER_OP_TIMEOUTS.len()],
+            batch_bound_ms: WRITER_OP_TIMEOUTS
+                .iter()
+                .map(|t| batch_bound(*t).as_millis() as u64)
+                .collect(),
             closes: closes.iter().map(|(_, n)| n).sum(),
             ..Default::default()
         };
@@ -720,13 +733,15 @@ fn judge_cut(
 fn judge_batches(batches: &[Batch], report: &mut StorePhase, violations: &mut Vec<String>) {
     for b in batches {
         let took = b.end_us.saturating_sub(b.start_us);
-        report.longest_batch_ms = report.longest_batch_ms.max(took / 1000);
-        if took > BATCH_BOUND.as_micros() as u64 {
+        let longest = &mut report.longest_batch_ms[b.writer];
+        *longest = (*longest).max(took / 1000);
+        let bound = batch_bound(WRITER_OP_TIMEOUTS[b.writer]);
+        if took > bound.as_micros() as u64 {
             violations.push(format!(
                 "writer {}: a batch took {} ms (bound {} ms)",
                 b.writer,
                 took / 1000,
-                BATCH_BOUND.as_millis()
+                bound.as_millis()
             ));
         }
         match &b.outcome {
@@ -997,6 +1012,9 @@ pub struct StoreWriterArgs {
     log: String,
     #[arg(long)]
     id: usize,
+    /// Every storage call gives up after this.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    op_timeout: Duration,
 }
 
 /// Writes batches of one to five messages, one every 100 ms, under a lease
@@ -1013,7 +1031,7 @@ pub async fn writer(a: StoreWriterArgs) -> anyhow::Result<()> {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
         }
     });
-    let cfg = BagConfig::default().with_op_timeout(WRITER_OP_TIMEOUT);
+    let cfg = BagConfig::default().with_op_timeout(a.op_timeout);
     // The S3 server says it listens just before it binds.
     let store = retry(|| bag::open_store(&a.store, &cfg)).await?;
     let client = retry(|| Client::connect(a.server.clone())).await?;
