@@ -35,13 +35,14 @@ def doc(obj) -> str:
 
 
 def members(cls):
-    """Public members, the native base's included, in definition order."""
+    """Public members, the native base's included, by name (the native
+    class lists them in no fixed order)."""
     seen = {}
     for klass in reversed(cls.__mro__[:-1]):
         for name, value in vars(klass).items():
             if not name.startswith("_"):
                 seen[name] = value
-    return seen.items()
+    return sorted(seen.items())
 
 
 def render_class(cls) -> list:

@@ -4,10 +4,10 @@ bags of timestamped messages on a directory or S3.
 
 Quick start::
 
-    import bagel
+    import bagel, tempfile
 
     client = bagel.Client("http://127.0.0.1:7420")
-    store = bagel.open_store("/tmp/bags", client=client)
+    store = bagel.open_store(tempfile.mkdtemp(), client=client)
     with client.lease(["ledger"], ttl=5) as lease:
         stamps = store.writer("ledger", lease).write([b"deposit 10"])
     with store.metronome("ledger") as m:
