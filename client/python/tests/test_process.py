@@ -49,3 +49,37 @@ def test_after_shutdown_calls_raise_closed(server):
     out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "closed"
+
+
+def test_ctrl_c_interrupts_a_blocking_wait(server):
+    import signal
+
+    script = textwrap.dedent(
+        f"""
+        import bagel
+        client = bagel.Client({server.url!r})
+        held = client.acquire("ctrl-c", ttl=5)
+        try:
+            print("waiting", flush=True)
+            client.acquire("ctrl-c", ttl=5, wait=None)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        """
+    )
+    child = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "waiting"
+    child.send_signal(signal.SIGINT)
+    assert child.stdout.readline().strip() == "interrupted"
+    assert child.wait(timeout=60) == 0
+
+
+def test_the_api_reference_is_generated_from_these_docstrings():
+    """docs/python.md is what client/python/docs.py renders now."""
+    from conftest import REPO
+
+    out = subprocess.run(
+        [PYTHON, str(REPO / "client" / "python" / "docs.py")], capture_output=True, text=True, check=True
+    )
+    assert out.stdout == (REPO / "docs" / "python.md").read_text(), (
+        "docs/python.md is stale: python client/python/docs.py > docs/python.md"
+    )
