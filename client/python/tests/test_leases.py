@@ -54,6 +54,16 @@ def test_renew_moves_the_deadline_and_the_lease_stays_valid(client):
         lease.renew()
 
 
+def test_a_lease_block_renews_in_the_background(client):
+    with client.lease("background", ttl=2) as lease:
+        first = lease.deadline
+        # Past its first deadline, it is still held: renewed every third
+        # of its TTL without a call from here.
+        assert lease.wait_lost(timeout=3) is None
+        assert lease.is_valid()
+        assert lease.deadline > first
+
+
 def test_the_release_watermark_reaches_the_next_holder(client, tmp_path):
     store = bagel.open_store(str(tmp_path), client=client)
     with client.lease("ledger", ttl=5) as lease:
