@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 import bagel
+import bagel.errors
 from conftest import cli, s3_url
 
 
@@ -46,11 +47,12 @@ def test_write_metronome_read_audit_on_s3(client):
     write_close_read_audit(client, s3_url(f"py-{uuid.uuid4().hex}"))
 
 
-def test_a_late_batch_is_rejected_not_acknowledged(client, tmp_path):
-    # Nothing to provoke here without a clock under the test's control:
-    # that the writer's refusal maps to LateRejected is what the mapping
-    # says; this checks the class exists and is a BagelError.
-    assert issubclass(bagel.LateRejected, bagel.BagelError)
+def test_the_exceptions_form_one_hierarchy():
+    for name in bagel.errors.__all__:
+        assert issubclass(getattr(bagel, name), bagel.BagelError), name
+    assert issubclass(bagel.InvalidArgument, ValueError)
+    assert issubclass(bagel.Closed, ValueError)
+    assert bagel.Unavailable.retryable and not bagel.LateRejected.retryable
 
 
 def test_without_a_client_a_read_is_unverified_and_closes_nothing(client, tmp_path):
