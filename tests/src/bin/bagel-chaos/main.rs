@@ -87,7 +87,7 @@ enum Cmd {
         out: PathBuf,
     },
     /// Only the network partitions (see partitions.rs and
-    /// store_partitions.rs), on their own; they need root.
+    /// store_partitions/), on their own; they need root.
     Partitions {
         /// The seed of its random choices.
         #[arg(long, default_value_t = 1)]

@@ -23,7 +23,7 @@
 //! it), so the comparison is exact.
 //!
 //! Then the cuts between the bag store and its writers and closer (see
-//! `store_partitions.rs`), reported beside these under `store`, and every
+//! `store_partitions/`), reported beside these under `store`, and every
 //! kind's count and longest cut under `by_kind`.
 //!
 //! Needs root and iproute2 (`ip netns`, veth pairs). The namespaces'
