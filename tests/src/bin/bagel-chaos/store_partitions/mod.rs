@@ -7,17 +7,17 @@
 //! own, moto as `tests/support/s3.sh` runs it) in the middle, joined by
 //! one veth pair to the writers' namespace and by another to the
 //! closer's. Each leaf runs a lease server of its own on its loopback:
-//! the writers' grants their leases and signed time, the closer's signs
-//! the metronome's time. So a cut separates a client from the store and
+//! the writers' one grants their leases and signs their time, the
+//! closer's signs the metronome's time. So a cut separates a client from the store and
 //! nothing else. A cut is one or two blackhole routes: `both` (nothing
 //! gets through) or `answers_lost` (in the store's namespace only:
 //! requests arrive and are served, every answer is lost).
 //!
 //! The writers are library writers ([`writer()`], a process of this binary
 //! in the writers' namespace), one with a storage call timeout shorter
-//! than a cut, one with the CLI's (see [`WRITER_OP_TIMEOUTS`]). Each batch reports when it started and ended, on this host's clock
-//! (the namespaces share it), so a cut's instants compare exactly. The
-//! checks:
+//! than a cut, one with the CLI's (see [`WRITER_OP_TIMEOUTS`]). Each
+//! batch reports when it started and ended, on this host's clock (the
+//! namespaces share it), so a cut's instants compare exactly. The checks:
 //!
 //! * no batch that started after a writer's cut began and ended before it
 //!   healed was acknowledged (nothing from the store could reach it), and
@@ -67,9 +67,10 @@ const WRITER_OP_TIMEOUTS: [Duration; 2] = [Duration::from_secs(1), Duration::fro
 
 /// The longest a batch may take: its pause for the clock (at most 1 s)
 /// and its storage calls, each bounded by `op_timeout`, the first that
-/// fails ending the batch. A batch whose calls all succeed makes a handful
-/// of them; one that helps seal a minute closes that minute's bags too: a
-/// dozen calls covers it.
+/// fails ending the batch. A batch makes a handful of calls, and those
+/// that succeed are quick (a batch that helps seal a minute makes one
+/// more for each of its bags, each quick too): a dozen timeouts is ample,
+/// and a batch past it hangs.
 fn batch_bound(op_timeout: Duration) -> Duration {
     Duration::from_secs(1) + op_timeout * 12
 }

@@ -40,6 +40,8 @@ pub(super) struct Phase<'a> {
     store: String,
 }
 
+/// A writer process: its standard input (closed to stop it) and the
+/// batches it reported.
 struct WriterProc {
     child: Child,
     stdin: Option<ChildStdin>,
