@@ -33,9 +33,10 @@ impl Error {
                 // watches from the List's revision; the ErrorInfo's reason
                 // says why (see `watch_details`).
                 match e {
-                    WatchError::Overflow { .. } | WatchError::Stalled { .. } | WatchError::TooMany { .. } => {
-                        Code::ResourceExhausted
-                    }
+                    WatchError::Overflow { .. }
+                    | WatchError::ResumeOverrun { .. }
+                    | WatchError::Stalled { .. }
+                    | WatchError::TooMany { .. } => Code::ResourceExhausted,
                     WatchError::TooOld { .. }
                     | WatchError::OtherIncarnation { .. }
                     | WatchError::Ahead { .. }
@@ -194,6 +195,11 @@ fn watch_details(e: &crate::watch::WatchError) -> Option<(&'static str, Vec<(&'s
         WatchError::Overflow { buffer, last } => (
             d::REASON_WATCH_OVERFLOW,
             vec![("buffer", buffer as u64), ("last_revision", last)],
+        ),
+        // Dropped all the same: the client resumes from the last revision.
+        WatchError::ResumeOverrun { retain, last } => (
+            d::REASON_WATCH_OVERFLOW,
+            vec![("retain", retain as u64), ("last_revision", last)],
         ),
         WatchError::Stalled { after, last } => (
             d::REASON_WATCH_STALLED,

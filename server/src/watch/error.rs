@@ -15,6 +15,12 @@ pub enum WatchError {
     )]
     Overflow { buffer: usize, last: u64 },
     #[error(
+        "watcher fell behind: the events it was resuming from left the ones the server retains \
+         (its last {retain} events, --watch-retain, within --watch-retain-bytes) before it read \
+         them; last revision sent {last}: watch again with from_revision {last}"
+    )]
+    ResumeOverrun { retain: usize, last: u64 },
+    #[error(
         "from_revision {from} is no longer retained: the oldest revision to resume from is \
          {oldest} (the server keeps the last {retain} events, --watch-retain, within \
          --watch-retain-bytes, and none from \

@@ -34,7 +34,9 @@
 //! * **Slow watchers**: each watcher queues at most
 //!   [`WatchConfig::buffer`] events. A watcher whose queue is full when an
 //!   event comes is dropped; it receives what was queued, then
-//!   [`WatchError::Overflow`] naming the limit and the last revision it got.
+//!   [`WatchError::Overflow`] naming the limit and the last revision it got;
+//!   one resuming from the ring that the ring moves past before it read its
+//!   events, with [`WatchError::ResumeOverrun`] naming the retention bound.
 //!   One owed events that takes none for [`WatchConfig::stall`] (its client
 //!   reads nothing) is ended with [`WatchError::Stalled`], its queue freed
 //!   at once (see [`Hub::tick`]).

@@ -105,8 +105,8 @@ impl Subscription {
             let mut q = lock(&self.shared.queue);
             // This end, not one the live queue may have had meanwhile: the
             // resume broke first, and nothing after it is sent.
-            q.ended = Some(WatchError::Overflow {
-                buffer: self.hub.cfg.buffer,
+            q.ended = Some(WatchError::ResumeOverrun {
+                retain: self.hub.cfg.retain,
                 last: q.sent.max(self.backlog_read),
             });
             q.items = VecDeque::new();

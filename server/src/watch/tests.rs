@@ -341,8 +341,9 @@ fn an_event_touches_only_the_watchers_that_match_it() {
 
 /// Watchers resuming from the same revision read the one retained
 /// copy of each event (the ring's `Arc`), not copies of their own;
-/// a resume the ring moves past ends as an overflow naming the last
-/// revision it was sent.
+/// a resume the ring moves past ends naming the retention bound (not the
+/// watcher's buffer, which it did not overflow) and the last revision it
+/// was sent.
 #[test]
 fn resumes_are_views_of_the_shared_ring_and_end_when_it_moves_past_them() {
     let h = hub_with(|c| {
@@ -371,7 +372,12 @@ fn resumes_are_views_of_the_shared_ring_and_end_when_it_moves_past_them() {
     assert_eq!(got.len(), BACKLOG_CHUNK);
     assert_eq!(
         got.last().unwrap().clone().unwrap_err(),
-        WatchError::Overflow { buffer: 1000, last }
+        WatchError::ResumeOverrun { retain: 100, last }
+    );
+    let message = got.last().unwrap().clone().unwrap_err().to_string();
+    assert!(
+        message.contains("--watch-retain") && !message.contains("--watch-buffer"),
+        "{message}"
     );
     assert!(a.try_next().is_none(), "ended");
 }
