@@ -71,6 +71,9 @@ impl AcquireBuilder {
         self
     }
 
+    /// Who is acquiring, free text for operators: conflicts, `describe`
+    /// and watches show it (default empty; under mutual TLS the server
+    /// takes the certificate's subject).
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = owner.into();
         self

@@ -41,6 +41,7 @@ pub struct AcquireSpec {
     /// lease, and a client clock behind the server's does not shorten it.
     /// `None`: `deadline` is what was asked for.
     pub ttl: Option<Duration>,
+    /// What the lease is to grant.
     pub mode: Mode,
     /// Free text for operators.
     pub owner: String,
@@ -60,7 +61,12 @@ pub struct AcquireSpec {
 #[non_exhaustive]
 pub enum BackendInfo {
     /// One lease server, at `url`.
-    Server { url: String, info: ServerInfo },
+    Server {
+        /// The server's URL.
+        url: String,
+        /// What it says of itself.
+        info: ServerInfo,
+    },
     /// Several lease servers: (URL, info) of each, in the order a
     /// multi-server acquire visits them (by member id).
     Servers(Vec<(String, ServerInfo)>),
@@ -126,10 +132,16 @@ pub enum Offer {
     Yes,
     /// Each of its servers does, alone; the backend as a whole does not
     /// (`why`: "revisions are per server").
-    EachServer { why: String },
+    EachServer {
+        /// Why the backend as a whole does not, in its own words.
+        why: String,
+    },
     /// It does not (`why`: "S3 has no change notifications"; `None`: it
     /// says no more).
-    No { why: Option<String> },
+    No {
+        /// Why not, in the backend's own words.
+        why: Option<String>,
+    },
 }
 
 /// The held names of [`LeaseBackend::list_names`]: at most the limit
@@ -149,6 +161,7 @@ pub struct Listing {
 pub struct Listed {
     /// `None`: the backend is one place.
     pub server: Option<String>,
+    /// The name and its holder.
     pub name: ListedName,
 }
 
@@ -158,6 +171,7 @@ pub struct Listed {
 pub struct ListedAt {
     /// `None`: the backend is one place.
     pub server: Option<String>,
+    /// The revision the listing reflects.
     pub revision: u64,
 }
 
@@ -174,11 +188,13 @@ pub struct WatchOptions {
 /// What a watch receives: an event, or how far it has got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchMessage {
+    /// Something happened to a watched name.
     Event(WatchEvent),
     /// Every event of the watch up to `revision` has been received: resume
     /// from it. Sent as the watch starts (after the events resumed) and
     /// when it was quiet for the progress interval.
     Progress {
+        /// The revision every event up to has been received.
         revision: u64,
     },
 }
@@ -200,6 +216,7 @@ pub trait WatchStream: Send + fmt::Debug {
 /// Who owns a name among several servers, now and (while migrating) next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
+    /// The name routed.
     pub name: String,
     /// The owner in the current list: (URL, key id, empty while not
     /// known: names are routed by identity, not by key).

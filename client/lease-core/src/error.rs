@@ -34,6 +34,8 @@ pub enum NotHeldReason {
 }
 
 impl NotHeldReason {
+    /// The reason as error messages and logs spell it (`gone`, `not
+    /// yours`, `ended`).
     pub fn as_str(self) -> &'static str {
         match self {
             NotHeldReason::Gone => "gone",
@@ -50,22 +52,40 @@ impl NotHeldReason {
 pub enum RevisionRefusal {
     /// No longer kept: `oldest` is the oldest revision a watch may start
     /// from.
-    Compacted { from: u64, oldest: u64 },
+    Compacted {
+        /// The revision the watch asked to start from.
+        from: u64,
+        /// The oldest revision the server still keeps.
+        oldest: u64,
+    },
     /// Of another incarnation: given out before the server restarted (or
     /// by another server), or the server's revisions ran out and started
     /// again.
-    OtherIncarnation { from: u64 },
+    OtherIncarnation {
+        /// The revision the watch asked to start from.
+        from: u64,
+    },
     /// Ahead of the server's last revision.
-    Ahead { from: u64, last: u64 },
+    Ahead {
+        /// The revision the watch asked to start from.
+        from: u64,
+        /// The server's last revision.
+        last: u64,
+    },
 }
 
+/// Every failure of a lease call, whatever the backend. Match on the
+/// variant to act (wait, retry, fix the request, give up);
+/// [`Error::is_retryable`] says whether the same call may succeed later.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Could not reach the backend at `url`.
     #[error("cannot connect to {url}: {source}")]
     Connect {
+        /// The backend's address as the caller gave it.
         url: String,
+        /// The transport's own error.
         #[source]
         source: BoxError,
     },
@@ -73,7 +93,10 @@ pub enum Error {
     /// `conflict`). Retry after `conflict.holder_deadline`.
     #[error("{message}")]
     Busy {
+        /// What the backend said, naming the name and its holder.
         message: String,
+        /// Who holds the name, in what mode, until when; `None` when the
+        /// backend cannot say (the names changed under every attempt).
         conflict: Option<Box<Conflict>>,
     },
     /// The backend cannot serve now (a restart wait, clock trouble, a
@@ -81,23 +104,43 @@ pub enum Error {
     /// how long until it expects to.
     #[error("unavailable: {message}")]
     Unavailable {
+        /// What the backend said, for a person.
         message: String,
+        /// How long until the backend expects to serve; `None` when it
+        /// did not say (back off and retry).
         retry_after: Option<Duration>,
     },
     /// A field of the request is malformed (`field`, when the backend
     /// named it, and why). Retrying the same request won't help.
     #[error("invalid {}{reason}", field_prefix(.field))]
-    Invalid { field: Option<String>, reason: String },
+    Invalid {
+        /// The request field at fault (`names`, `ttl_us`, ...); `None`
+        /// when the backend did not name one.
+        field: Option<String>,
+        /// Why the value is malformed.
+        reason: String,
+    },
     /// A value of the request is outside what the backend allows; the
     /// reason states the range (and the flag or setting that sets it).
     /// Retrying the same request won't help.
     #[error("out of range: {}{reason}", field_prefix(.field))]
-    OutOfRange { field: Option<String>, reason: String },
+    OutOfRange {
+        /// The request field at fault; `None` when the backend did not
+        /// name one.
+        field: Option<String>,
+        /// The range allowed, and what sets it.
+        reason: String,
+    },
     /// An acquire asked to wait longer than the backend allows: `max` is
     /// its max wait, which a longer wait is cut into rounds of
     /// ([`crate::long_wait`]). Retrying the same request won't help.
     #[error("out of range: wait_us: {reason}")]
-    WaitTooLong { max: Duration, reason: String },
+    WaitTooLong {
+        /// The backend's max wait for one acquire.
+        max: Duration,
+        /// What the backend said, for a person.
+        reason: String,
+    },
     /// A lease's lifetime is outside the backend's TTL range
     /// `(min_ttl, max_ttl]`: asked as `field` (`ttl_us`, a relative TTL,
     /// or `deadline_us`, an absolute deadline already past, too close or
@@ -105,46 +148,85 @@ pub enum Error {
     /// the same request won't help.
     #[error("out of range: {field}: {reason}")]
     TtlOutOfRange {
+        /// `ttl_us` or `deadline_us`: how the lifetime was asked.
         field: String,
+        /// The backend's min TTL (exclusive).
         min_ttl: Duration,
+        /// The backend's max TTL (inclusive).
         max_ttl: Duration,
+        /// Which bound was crossed, and by how much.
         reason: String,
     },
     /// The lease is not (or no longer) held: `reason` says which way.
     #[error("lease not held ({}): {message}", .reason.as_str())]
-    NotHeld { reason: NotHeldReason, message: String },
+    NotHeld {
+        /// Which way the lease is not held.
+        reason: NotHeldReason,
+        /// What the backend said (when it was released or ended, by
+        /// whom).
+        message: String,
+    },
     /// An access policy gives the caller no right to do this on the names
-    /// (or prefix) it asked for. Said as the backends before it said
-    /// every refusal of a lease that is not the caller's.
+    /// (or prefix) it asked for. Its message reads as a
+    /// [`NotHeldReason::NotYours`] refusal, so that it tells a caller
+    /// nothing about a lease it may not see. Retrying won't help.
     #[error("lease not held ({}): {message}", NotHeldReason::NotYours.as_str())]
-    PermissionDenied { message: String },
+    PermissionDenied {
+        /// What the backend said, for a person.
+        message: String,
+    },
     /// The request is over a bound the backend keeps (leases per client,
     /// names per lease, waiters, held names): the message names it and
     /// what sets it.
     #[error("over a limit: {message}")]
-    LimitExceeded { message: String },
+    LimitExceeded {
+        /// The bound, its value and the setting that sets it.
+        message: String,
+    },
     /// The backend does not do this (a lease store cannot list or watch;
     /// an older server lacks a call).
     #[error("{what} is not supported by this lease backend ({location})")]
-    Unsupported { what: String, location: String },
+    Unsupported {
+        /// The operation refused (`list`, `watch`, ...).
+        what: String,
+        /// The backend that refused it ([`crate::LeaseBackend::location`]:
+        /// a server URL, an S3 prefix).
+        location: String,
+    },
     /// The backend's answer does not carry a valid witness.
     #[error("bad witness: {reason}")]
-    Witness { reason: String },
+    Witness {
+        /// What is wrong with the witness (missing, a bad signature, an
+        /// untrusted key, other names or times than asked).
+        reason: String,
+    },
     /// The local clock is further from the signed time than the tolerance
     /// allows (the message says by how much). Retrying will not help until
     /// the clock is fixed; writing would produce bad timestamps.
     #[error("refusing to timestamp: {detail}")]
-    ClockOff { detail: String },
+    ClockOff {
+        /// The offset measured and the tolerance.
+        detail: String,
+    },
     /// No recent, valid signed time could be had (no answer from Roughtime
     /// or the lease server, or an answer that does not verify). Retryable.
     #[error("no signed time: {detail}")]
-    NoSignedTime { detail: String },
+    NoSignedTime {
+        /// Which sources were asked and how each failed.
+        detail: String,
+    },
     /// A release named a watermark below a timestamp already written under
     /// the lease: the next holder could then write below it.
     #[error(
         "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
     )]
-    WatermarkBelowWritten { given: Micros, written: Micros },
+    WatermarkBelowWritten {
+        /// The watermark the release named (µs, signed time).
+        given: Micros,
+        /// The highest timestamp written under the lease (µs, signed
+        /// time); release with at least this.
+        written: Micros,
+    },
     /// A lease store without a server (S3 conditional writes) failed or
     /// refused: the message names the operation and the object, `source`
     /// is the store's own error when there is one. `retryable` says
@@ -153,9 +235,14 @@ pub enum Error {
     /// that does not parse).
     #[error("lease store {location}: {message}")]
     Store {
+        /// The store's location (an S3 prefix), or an object under it.
         location: String,
+        /// The operation that failed and how.
         message: String,
+        /// Whether the same call may succeed later.
         retryable: bool,
+        /// The store client's own error; `None` when the lease core
+        /// judged the answer itself.
         #[source]
         source: Option<BoxError>,
     },
@@ -163,14 +250,20 @@ pub enum Error {
     /// the call's name.
     #[error("no answer from {url} to {call} within {after:?} (the client's timeout)")]
     Timeout {
+        /// The backend's address as the caller gave it.
         url: String,
+        /// `connect`, or the name of the call that got no answer.
         call: &'static str,
+        /// How long the client waited (its configured timeout).
         after: Duration,
     },
     /// The client's own configuration is wrong (a URL that is not http or
     /// https, TLS files without what they should hold, https without TLS).
     #[error("{message}")]
-    Config { message: String },
+    Config {
+        /// What is wrong and what to set instead.
+        message: String,
+    },
     /// A server given with a pinned key (`URL#KEY`) presents other keys:
     /// not the server meant, or its key was changed. Names the server
     /// once, with both keys and what to do.
@@ -181,8 +274,11 @@ pub enum Error {
         presented_keys(.presented)
     )]
     KeyMismatch {
+        /// The server's address, without the pinned key.
         url: String,
+        /// The key given after `#`.
         pinned: String,
+        /// The keys the server presents; empty when it presents none.
         presented: Vec<String>,
     },
     /// The server dropped a watch that did not read fast enough (its
@@ -190,7 +286,10 @@ pub enum Error {
     /// event received, to miss nothing (while the server still keeps it).
     #[error("{message}")]
     WatchDropped {
+        /// What the server said, for a person.
         message: String,
+        /// The revision of the last event received; `None` when none was
+        /// (watch again from where this watch started).
         last_revision: Option<u64>,
     },
     /// A watch cannot start from (or go on after) the revision it asked
@@ -199,13 +298,20 @@ pub enum Error {
     /// only in its message.
     #[error("{message}")]
     WatchRevision {
+        /// Why the revision was refused.
         refusal: RevisionRefusal,
+        /// What the server said, for a person.
         message: String,
     },
     /// Any other failure, as the backend or its transport said it;
     /// `retryable` when the backend said the call may succeed later.
     #[error("{message}")]
-    Other { message: String, retryable: bool },
+    Other {
+        /// What the backend or transport said.
+        message: String,
+        /// Whether the backend said the call may succeed later.
+        retryable: bool,
+    },
 }
 
 fn field_prefix(field: &Option<String>) -> String {
@@ -382,4 +488,5 @@ impl Error {
     }
 }
 
+/// A lease call's result, failing with the lease core's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -41,18 +41,21 @@ impl Default for LeaseOptions {
 }
 
 impl LeaseOptions {
+    /// Renew in the background, or not (then the caller renews).
     #[must_use]
     pub fn with_auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
         self
     }
 
+    /// Renew this often instead of every third of the TTL.
     #[must_use]
     pub fn with_renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
     }
 
+    /// Count the lease invalid this long before its deadline.
     #[must_use]
     pub fn with_safety_margin(mut self, margin: Duration) -> Self {
         self.safety_margin = margin;
@@ -66,10 +69,18 @@ impl LeaseOptions {
 pub enum LossReason {
     /// The server refused a renewal: it no longer holds the lease for us
     /// (its deadline passed, another grant broke it, the token is wrong).
-    Refused { error: String },
+    Refused {
+        /// The backend's refusal, as its [`Error`] displays.
+        error: String,
+    },
     /// Renewals kept failing (server unreachable, restarting) until the
     /// deadline minus the safety margin came.
-    OutOfTime { deadline: Micros, last_error: String },
+    OutOfTime {
+        /// The deadline the lease ran out at (µs, the server's clock).
+        deadline: Micros,
+        /// The last renewal's failure, as its [`Error`] displays.
+        last_error: String,
+    },
 }
 
 impl fmt::Display for LossReason {
@@ -86,7 +97,9 @@ impl fmt::Display for LossReason {
 /// What changes over a lease's life.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeaseState {
+    /// When the lease ends unless renewed (µs, the server's clock).
     pub deadline: Micros,
+    /// What the lease grants now.
     pub mode: Mode,
     /// The witnesses that state `deadline` and `mode`: always from the
     /// one answer, so a writer citing it never writes past what it says.
@@ -248,6 +261,7 @@ impl Lease {
         }
     }
 
+    /// The lease's id, unique on its backend.
     pub fn id(&self) -> &str {
         &self.shared.lease.id
     }
@@ -283,6 +297,8 @@ impl Lease {
         &self.shared.grant.servers
     }
 
+    /// The fencing token of `name` under this lease; `None` when the
+    /// lease does not hold `name`.
     pub fn fencing_token(&self, name: &str) -> Option<u64> {
         self.names()
             .iter()
@@ -295,10 +311,13 @@ impl Lease {
         self.shared.grant.min_timestamp
     }
 
+    /// When the lease ends unless renewed (µs, the server's clock), as of
+    /// the latest grant, upgrade or renewal.
     pub fn deadline(&self) -> Micros {
         self.shared.state.borrow().deadline
     }
 
+    /// What the lease grants now (full after an upgrade).
     pub fn mode(&self) -> Mode {
         self.shared.state.borrow().mode
     }
@@ -315,6 +334,8 @@ impl Lease {
         self.shared.state.borrow().witnesses.clone()
     }
 
+    /// A snapshot of what changes over the lease's life (deadline, mode,
+    /// witnesses, loss); [`Lease::is_valid`] is the check to write by.
     pub fn state(&self) -> LeaseState {
         self.shared.state.borrow().clone()
     }

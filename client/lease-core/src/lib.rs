@@ -36,6 +36,8 @@
 //! runs every backend through the same scenarios; `tests/src/memory_lease.rs`
 //! is the smallest backend that passes it.
 
+#![warn(missing_docs)]
+
 pub mod acquire;
 pub mod backend;
 pub mod error;

@@ -28,9 +28,13 @@ pub struct LeaseLimits {
     pub max_ttl: Duration,
     /// The longest wait one acquire may ask for.
     pub max_wait: Duration,
+    /// The most names one request may name.
     pub max_names_per_request: usize,
+    /// The longest name (or name prefix), in bytes.
     pub max_name_bytes: usize,
+    /// The longest owner, in bytes.
     pub max_owner_bytes: usize,
+    /// The most metadata one renew or release may carry, in bytes.
     pub max_metadata_bytes: usize,
 }
 
@@ -55,21 +59,38 @@ impl Default for LeaseLimits {
 #[non_exhaustive]
 pub enum Refusal {
     /// A malformed `field` (`names`, `owner`, `metadata.data`), and why.
-    Invalid { field: &'static str, reason: String },
+    Invalid {
+        /// The request field at fault.
+        field: &'static str,
+        /// Why its value is malformed.
+        reason: String,
+    },
     /// A wait (`wait_us`) longer than the backend's max wait.
-    WaitTooLong { wait: Duration, max: Duration },
+    WaitTooLong {
+        /// The wait asked for.
+        wait: Duration,
+        /// The backend's max wait.
+        max: Duration,
+    },
     /// A relative TTL (`ttl_us`) outside `(min_ttl, max_ttl]`.
     TtlOutOfRange {
+        /// The TTL asked for.
         ttl: Duration,
+        /// The backend's min TTL (exclusive).
         min_ttl: Duration,
+        /// The backend's max TTL (inclusive).
         max_ttl: Duration,
     },
     /// An absolute deadline (`deadline_us`) outside
     /// `(now + min_ttl, now + max_ttl]`.
     DeadlineOutOfRange {
+        /// The deadline asked for (µs).
         deadline: Micros,
+        /// When it was judged (µs, the backend's clock).
         now: Micros,
+        /// The backend's min TTL (exclusive).
         min_ttl: Duration,
+        /// The backend's max TTL (inclusive).
         max_ttl: Duration,
     },
 }
@@ -179,6 +200,8 @@ impl LeaseLimits {
         }
     }
 
+    /// Checks a lease's owner: at most `max_owner_bytes`, with no
+    /// character a name may not hold.
     pub fn check_owner(&self, owner: &str) -> Result<(), Refusal> {
         match owner_problem(owner, self.max_owner_bytes) {
             Some(why) => Err(Refusal::invalid("owner", why)),

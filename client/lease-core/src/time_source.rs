@@ -66,10 +66,19 @@ pub trait TimeAuthority: Send + Sync + std::fmt::Debug {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct TimeOptions {
+    /// The local clock to check and to read timestamps from.
     pub clock: Arc<dyn Clock>,
+    /// How far the local clock may be from the signed time (beyond the
+    /// answer's radius and half its round trip) before
+    /// [`TimeSource::check`] refuses with [`Error::ClockOff`].
     pub tolerance: Duration,
+    /// How old the latest answer may get before [`TimeSource::check`] asks
+    /// the authority again.
     pub refresh: Duration,
+    /// An answer older than this no longer counts: with no newer one,
+    /// [`TimeSource::check`] fails with [`Error::NoSignedTime`].
     pub max_age: Duration,
+    /// How patiently Roughtime is asked (timeout and attempts per server).
     pub query: QueryConfig,
 }
 
@@ -93,24 +102,28 @@ impl TimeOptions {
         self
     }
 
+    /// See [`TimeOptions::tolerance`].
     #[must_use]
     pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
     }
 
+    /// See [`TimeOptions::refresh`].
     #[must_use]
     pub fn with_refresh(mut self, refresh: Duration) -> Self {
         self.refresh = refresh;
         self
     }
 
+    /// See [`TimeOptions::max_age`].
     #[must_use]
     pub fn with_max_age(mut self, max_age: Duration) -> Self {
         self.max_age = max_age;
         self
     }
 
+    /// See [`TimeOptions::query`].
     #[must_use]
     pub fn with_query(mut self, query: QueryConfig) -> Self {
         self.query = query;

@@ -18,6 +18,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The word the CLI and logs use: `full`, `tentative`.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Full => "full",
@@ -59,6 +60,7 @@ pub struct Previous {
     pub lease_id: Option<String>,
     /// Every message written under earlier leases is at or below this.
     pub watermark: Micros,
+    /// How the previous lease ended ([`Ended::None`] when there was none).
     pub ended: Ended,
     /// When it was released or found broken (zero when unknown or none).
     pub ended_at: Micros,
@@ -72,9 +74,12 @@ pub struct Previous {
 /// One name of a grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameGrant {
+    /// The leased name.
     pub name: String,
     /// Strictly increases with every grant of the name, across restarts.
     pub fencing_token: u64,
+    /// What this name inherits from the lease before (its watermark, how
+    /// it ended, which bags are unsettled).
     pub previous: Previous,
 }
 
@@ -90,9 +95,12 @@ impl Witness {
     pub fn body(&self) -> &[u8] {
         &self.0.body
     }
+    /// The ed25519 signature over the body (or, batched, over the batch's
+    /// Merkle root).
     pub fn signature(&self) -> &[u8] {
         &self.0.signature
     }
+    /// The id of the key that signed it, as [`ServerInfo::keys`] lists it.
     pub fn key_id(&self) -> &str {
         &self.0.key_id
     }
@@ -146,13 +154,18 @@ impl fmt::Debug for Witness {
 /// A lease as a server granted it (acquire or upgrade), its witness checked.
 #[derive(Clone, Debug)]
 pub struct Grant {
+    /// The lease's id, unique on its backend.
     pub lease_id: String,
     /// The holder's secret. Keep it out of logs.
     pub token: String,
+    /// When the lease ends unless renewed (µs, the server's clock).
     pub deadline: Micros,
     /// Every message written under this lease must be strictly later.
     pub min_timestamp: Micros,
+    /// Each leased name, in the order asked, with its fencing token and
+    /// inheritance.
     pub names: Vec<NameGrant>,
+    /// What the lease grants.
     pub mode: Mode,
     /// The statements of this grant, checked: one per server (or store)
     /// that took part, never empty. Each states a deadline at or after
@@ -174,6 +187,7 @@ pub struct ServerPart {
     pub key_id: String,
     /// The server's lease id.
     pub lease_id: String,
+    /// The names this server holds.
     pub names: Vec<String>,
 }
 
@@ -193,7 +207,10 @@ impl Grant {
 /// A renewal as the backend answered it, its witnesses checked.
 #[derive(Clone, Debug)]
 pub struct Renewal {
+    /// The lease's deadline now (µs, the server's clock); never earlier
+    /// than before the renewal.
     pub deadline: Micros,
+    /// What the lease grants now.
     pub mode: Mode,
     /// As in [`Grant::witnesses`]: each states at least `deadline`.
     pub witnesses: Vec<Witness>,
@@ -211,7 +228,9 @@ impl Renewal {
 /// CLI). Library users hold a [`crate::Lease`] instead.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LeaseRef {
+    /// The lease's id.
     pub id: String,
+    /// The holder's secret ([`Grant::token`]). Keep it out of logs.
     pub token: String,
     /// The leased names; a bagel server finds a lease by id alone and
     /// ignores them.
@@ -219,6 +238,8 @@ pub struct LeaseRef {
 }
 
 impl LeaseRef {
+    /// The lease by id and token, with no names (enough for a bagel
+    /// server).
     pub fn new(id: impl Into<String>, token: impl Into<String>) -> Self {
         LeaseRef {
             id: id.into(),
@@ -227,6 +248,8 @@ impl LeaseRef {
         }
     }
 
+    /// The same reference naming the leased names, for backends that find
+    /// a lease by name (the S3 lease store).
     #[must_use]
     pub fn with_names<I, S>(mut self, names: I) -> Self
     where
@@ -252,6 +275,7 @@ impl fmt::Debug for LeaseRef {
 /// release (bounded by the server's metadata limit).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Metadata {
+    /// The holder's own bytes (a location, a manifest), opaque to bagel.
     Data(Vec<u8>),
     /// "Could be anywhere".
     Wildcard,
@@ -267,6 +291,8 @@ pub struct ReleaseOptions {
     /// The signed time the watermark is checked against (else the server's
     /// clock).
     pub signed_time: Option<bagel_proto::SignedReading>,
+    /// Where the holder stored its updates, for the next holder (and
+    /// `bagel history`); `None` says nothing.
     pub metadata: Option<Metadata>,
     /// Some write under the lease may still land.
     pub unsettled: bool,
@@ -310,26 +336,33 @@ impl ReleaseOptions {
 }
 
 impl ReleaseOptions {
+    /// Publish at least `watermark` (µs, signed time).
     #[must_use]
     pub fn with_watermark(mut self, watermark: Micros) -> Self {
         self.watermark = Some(watermark);
         self
     }
+    /// Check the watermark against this signed time, not the server's
+    /// clock.
     #[must_use]
     pub fn with_signed_time(mut self, signed: bagel_proto::SignedReading) -> Self {
         self.signed_time = Some(signed);
         self
     }
+    /// Tell the next holder where the updates are.
     #[must_use]
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
         self.metadata = Some(metadata);
         self
     }
+    /// Say that some write under the lease may still land, so the next
+    /// holder closes its bags before reading.
     #[must_use]
     pub fn with_unsettled(mut self, unsettled: bool) -> Self {
         self.unsettled = unsettled;
         self
     }
+    /// Say that the holder closed every bag below `through` (µs).
     #[must_use]
     pub fn with_settled_through(mut self, through: Micros) -> Self {
         self.settled_through = Some(through);
@@ -340,11 +373,16 @@ impl ReleaseOptions {
 /// Who holds a name now, as refused acquires and `describe` say.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
+    /// The name refused.
     pub name: String,
+    /// The lease that holds it.
     pub holder_lease_id: String,
+    /// Who holds it: the owner it acquired as (its certificate's subject
+    /// under mutual TLS).
     pub holder_owner: String,
+    /// What the holder's lease grants.
     pub holder_mode: Mode,
-    /// Retry after this instant.
+    /// Retry after this instant (µs, the server's clock).
     pub holder_deadline: Micros,
     /// The server that refused, when the lease spans several (its URL).
     pub server: Option<String>,
@@ -353,7 +391,10 @@ pub struct Conflict {
 /// A name's state, for operators.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameState {
+    /// The name described.
     pub name: String,
+    /// Who holds it now; `None` when nobody does (or the holder's deadline
+    /// passed).
     pub holder: Option<Holder>,
     /// What the next holder would inherit if granted now.
     pub previous: Previous,
@@ -366,11 +407,18 @@ pub struct NameState {
 /// The current holder of a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
+    /// The holder's lease.
     pub lease_id: String,
+    /// The owner it acquired as (its certificate's subject under mutual
+    /// TLS).
     pub owner: String,
+    /// What its lease grants.
     pub mode: Mode,
+    /// When its lease ends unless renewed (µs, the server's clock).
     pub deadline: Micros,
+    /// The name's fencing token under this lease.
     pub fencing_token: u64,
+    /// When the lease was granted (µs, the server's clock).
     pub granted_at: Micros,
 }
 
@@ -383,19 +431,30 @@ pub struct History {
     pub truncated: bool,
 }
 
+/// What a [`HistoryEntry`] records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HistoryEvent {
+    /// The holder renewed its lease.
     Renewed,
+    /// The holder released its lease.
     Released,
 }
 
+/// One renewal or release of a name, as [`History`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HistoryEntry {
+    /// The lease renewed or released.
     pub lease_id: String,
+    /// The owner it was acquired as.
     pub owner: String,
+    /// Renewed or released.
     pub event: HistoryEvent,
+    /// When (µs, the server's clock).
     pub at: Micros,
+    /// For a release, the watermark it published; for a renewal, the one
+    /// the lease inherited (µs).
     pub watermark: Micros,
+    /// Where the holder said its updates are; `None` when it said nothing.
     pub metadata: Option<Metadata>,
 }
 
@@ -403,26 +462,44 @@ pub struct HistoryEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
+    /// The server's configured identity (names are routed by it).
     pub server_id: String,
+    /// The server's release (`bagel-server --version`).
     pub version: String,
     /// When this incarnation started.
     pub epoch: Micros,
     /// Raw ed25519 public keys by key id.
     pub keys: Vec<(String, [u8; 32])>,
+    /// A lease lives longer than this.
     pub min_ttl: Duration,
+    /// A lease lives at most this long; a restart waits it out.
     pub max_ttl: Duration,
+    /// The longest one acquire may wait for busy names.
     pub max_wait: Duration,
     /// No grants before this (restart wait).
     pub ready_at: Micros,
+    /// Whether it grants now (its restart wait is over and its clock is
+    /// healthy).
     pub ready: bool,
+    /// The server's clock when it answered (µs).
     pub now: Micros,
+    /// Where its time comes from, and whether it trusts it.
     pub clock: ClockStatus,
+    /// What a name the server has no record of inherits as its watermark
+    /// (µs): raised as idle records are forgotten.
     pub forgotten_floor: Micros,
+    /// Started with `--unsafe-skip-restart-wait`: an earlier incarnation's
+    /// leases may still be live. For development only.
     pub unsafe_skip_restart_wait: bool,
+    /// The most names one request may name.
     pub max_names_per_request: u32,
+    /// The longest name, in bytes.
     pub max_name_bytes: u32,
+    /// The longest owner, in bytes.
     pub max_owner_bytes: u32,
+    /// The most [`Metadata`] a renew or release may carry, in bytes.
     pub max_metadata_bytes: u32,
+    /// How far a watermark may be ahead of its signed time.
     pub timestamp_tolerance: Duration,
     /// The server's access policy (`--acl`) and this client under it;
     /// `None` when the server has none (every client may do anything).
@@ -451,17 +528,23 @@ pub struct AccessInfo {
 /// Where a server's time comes from, and whether it trusts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClockStatus {
+    /// Where the time comes from.
     pub source: ClockSource,
+    /// The current bound on the server clock's error.
     pub error_bound: Duration,
     /// False when the clock is off by more than the tolerance: no grants.
     pub healthy: bool,
+    /// What the server says of its clock, for a person (the fault, when
+    /// there is one).
     pub detail: String,
 }
 
+/// Where a server's signed time comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockSource {
     /// The server signs its own clock readings (local time agent).
     Local,
+    /// Roughtime answers, kept as proofs anyone can verify.
     Roughtime,
 }
 
@@ -692,13 +775,16 @@ impl ServerInfo {
 /// A held name, as `bagel_client::Client::list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedName {
+    /// The held name.
     pub name: String,
+    /// Who holds it.
     pub holder: Holder,
 }
 
 /// One page of held names, in name order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListPage {
+    /// The held names of this page; empty when none is held.
     pub names: Vec<ListedName>,
     /// Pass this to get the next page; `None` on the last.
     pub next_page: Option<String>,
@@ -741,6 +827,7 @@ impl From<pb::ListResponse> for ListPage {
 /// Which names a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchTarget {
+    /// Exactly these names.
     Names(Vec<String>),
     /// Every name starting with this (`""`: every name).
     Prefix(String),
@@ -749,9 +836,13 @@ pub enum WatchTarget {
 /// What happened to a name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WatchEventKind {
+    /// A lease on it was granted.
     Granted,
+    /// Its holder renewed.
     Renewed,
+    /// Its holder's tentative lease turned full.
     Upgraded,
+    /// Its holder released it.
     Released,
     /// Taken from its holder by a grant (a full holder past its deadline,
     /// or a tentative one preempted).
@@ -761,6 +852,8 @@ pub enum WatchEventKind {
 }
 
 impl WatchEventKind {
+    /// The word the CLI uses: `granted`, `renewed`, `upgraded`,
+    /// `released`, `broken`, `expired`.
     pub fn as_str(self) -> &'static str {
         match self {
             WatchEventKind::Granted => "granted",
@@ -779,12 +872,17 @@ pub struct WatchEvent {
     /// Grows with every event on the server; resume after it with
     /// `from_revision`.
     pub revision: u64,
+    /// What happened.
     pub kind: WatchEventKind,
+    /// The name it happened to.
     pub name: String,
+    /// The lease it happened to.
     pub lease_id: String,
+    /// The owner that lease was acquired as.
     pub owner: String,
+    /// What that lease grants after the event.
     pub mode: Mode,
-    /// The lease's deadline after the event.
+    /// The lease's deadline after the event (µs, the server's clock).
     pub deadline: Micros,
     /// When it happened, on the server's clock.
     pub at: Micros,
