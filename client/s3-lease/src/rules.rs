@@ -132,14 +132,17 @@ impl Rules {
     }
 
     /// The grant time of a lease on names whose objects are `objs`: `now`,
-    /// or just after the latest earlier grant of any of them if a clock
-    /// ahead of ours made it. Grant times thus increase along every name's
-    /// chain, as they do on one server, which the audit relies on to order
-    /// grants that left no messages.
+    /// or just after the latest earlier grant or end of a lease on any of
+    /// them (`previous.ended_at`) if a clock ahead of ours stamped it.
+    /// Grant times thus increase along every name's chain and follow the
+    /// release they name, as they do on one server: the audit relies on
+    /// the first to order grants that left no messages, and on the second
+    /// to tell a grant after a release from one while the name was held.
     pub fn grant_time<'a>(objs: impl IntoIterator<Item = Option<&'a LeaseObject>>, now: Micros) -> Micros {
         objs.into_iter()
             .flatten()
-            .map(|o| Micros::from_micros(o.last_granted_at_us.saturating_add(1)))
+            .map(|o| o.last_granted_at_us.max(o.previous.ended_at_us).saturating_add(1))
+            .map(Micros::from_micros)
             .fold(now, Micros::max)
     }
 
@@ -603,14 +606,43 @@ mod tests {
 
     #[test]
     fn grant_times_and_fencing_tokens_increase_along_the_chain_whatever_the_clocks() {
-        // B's clock is 10 s behind A's: its grant still comes after A's.
+        // B's clock is 10 s behind A's: its grant still comes after A's
+        // grant and after A's release.
         let a = grant(None, "a", Mode::Full, T0 + 10 * SEC, T0 + 11 * SEC).unwrap();
         let a = release(&a, "a", 0, T0 + 10 * SEC + 1).unwrap();
         let b = grant(Some(&a), "b", Mode::Full, T0, T0 + 2 * SEC).unwrap();
         let hb = b.holder.as_ref().unwrap();
-        assert_eq!(hb.granted_at_us, T0 + 10 * SEC + 1);
+        assert_eq!(hb.granted_at_us, T0 + 10 * SEC + 2);
         assert!(b.fencing_token > a.fencing_token);
         assert_eq!(b.previous.granted_at_us, T0 + 10 * SEC);
+        // A tentative holder ends nothing in the chain: a full acquire
+        // breaking it comes just after its grant.
+        let t = grant(None, "t", Mode::Tentative, T0 + 10 * SEC, T0 + 11 * SEC).unwrap();
+        let f = grant(Some(&t), "f", Mode::Full, T0, T0 + 2 * SEC).unwrap();
+        assert_eq!(f.holder.as_ref().unwrap().granted_at_us, T0 + 10 * SEC + 1);
+    }
+
+    /// The next grant is stamped after the release it follows, as on one
+    /// server, even when the releaser's clock ran ahead of the taker's:
+    /// its witness names that release (`previous.ended_at`), and a grant
+    /// stated before the release it names reads as two holders at once.
+    /// Here A's clock is 600 ms ahead of B's: A releases at T0 + 2 s by
+    /// its clock, and B, reading the released object at once, reads
+    /// T0 + 1.444 s on its own.
+    #[test]
+    fn a_grant_comes_after_the_release_it_follows_whatever_the_clocks() {
+        let a = grant(None, "a", Mode::Full, T0, T0 + 5 * SEC).unwrap();
+        let a = release(&a, "a", T0 + SEC, T0 + 2 * SEC).unwrap();
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 2 * SEC - 556_000, T0 + 6 * SEC).unwrap();
+        assert_eq!(
+            (b.previous.ended, b.previous.ended_at_us),
+            (EndedRecord::Released, T0 + 2 * SEC)
+        );
+        assert_eq!(b.holder.as_ref().unwrap().granted_at_us, T0 + 2 * SEC + 1);
+        assert!(b.fencing_token > a.fencing_token);
+        // A clock already past the release keeps its own reading.
+        let b = grant(Some(&a), "b", Mode::Full, T0 + 3 * SEC, T0 + 6 * SEC).unwrap();
+        assert_eq!(b.holder.as_ref().unwrap().granted_at_us, T0 + 3 * SEC);
     }
 
     #[test]
