@@ -9,8 +9,10 @@ use bagel_proto::Micros;
 pub struct Bucket(u64);
 
 impl Bucket {
+    /// How long a bag's time range is: one second.
     pub const WIDTH: Duration = Duration::from_secs(1);
 
+    /// The bag of the UTC second `secs` seconds after the Unix epoch.
     pub const fn from_secs(secs: u64) -> Self {
         Bucket(secs)
     }
@@ -20,10 +22,12 @@ impl Bucket {
         Bucket(ts.as_micros() / 1_000_000)
     }
 
+    /// Its second, in seconds since the Unix epoch (UTC).
     pub const fn secs(self) -> u64 {
         self.0
     }
 
+    /// The first instant in the bucket.
     pub fn start(self) -> Micros {
         Micros::from_micros(self.0.saturating_mul(1_000_000))
     }
@@ -38,6 +42,7 @@ impl Bucket {
         self.end().saturating_add(grace)
     }
 
+    /// The bucket of the following second.
     pub fn next(self) -> Self {
         Bucket(self.0.saturating_add(1))
     }

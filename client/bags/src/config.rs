@@ -51,46 +51,55 @@ impl Default for BagConfig {
 }
 
 impl BagConfig {
+    /// Set [`BagConfig::grace`]: every closer and writer of a log must agree on it.
     #[must_use]
     pub fn with_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
     }
+    /// Set [`BagConfig::clock_tolerance`].
     #[must_use]
     pub fn with_clock_tolerance(mut self, d: Duration) -> Self {
         self.clock_tolerance = d;
         self
     }
+    /// Set [`BagConfig::deadline_margin`].
     #[must_use]
     pub fn with_deadline_margin(mut self, d: Duration) -> Self {
         self.deadline_margin = d;
         self
     }
+    /// Set [`BagConfig::max_ahead`].
     #[must_use]
     pub fn with_max_ahead(mut self, d: Duration) -> Self {
         self.max_ahead = d;
         self
     }
+    /// Set [`BagConfig::max_pause`].
     #[must_use]
     pub fn with_max_pause(mut self, d: Duration) -> Self {
         self.max_pause = d;
         self
     }
+    /// Set [`BagConfig::op_timeout`].
     #[must_use]
     pub fn with_op_timeout(mut self, d: Duration) -> Self {
         self.op_timeout = d;
         self
     }
+    /// Set [`BagConfig::lookback`].
     #[must_use]
     pub fn with_lookback(mut self, d: Duration) -> Self {
         self.lookback = d;
         self
     }
+    /// Set [`BagConfig::sync`]: off trades durability on a crash for speed.
     #[must_use]
     pub fn with_sync(mut self, sync: bool) -> Self {
         self.sync = sync;
         self
     }
+    /// Set [`BagConfig::signed_time_tolerance`].
     #[must_use]
     pub fn with_signed_time_tolerance(mut self, d: Duration) -> Self {
         self.signed_time_tolerance = d;

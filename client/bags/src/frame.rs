@@ -45,13 +45,28 @@ pub fn encode(body: &[u8]) -> Bytes {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     /// A whole record whose checksum matches; `offset` is where it starts.
-    Record { offset: u64, body: Bytes },
+    Record {
+        /// Byte offset of its header in the file or object.
+        offset: u64,
+        /// The record's payload, header and checksum stripped.
+        body: Bytes,
+    },
     /// A record whose checksum does not match (or an impossible length).
     /// Nothing from here to the end is read.
-    Corrupt { offset: u64, reason: String },
+    Corrupt {
+        /// Byte offset of the bad record's header.
+        offset: u64,
+        /// What is wrong with it, for people.
+        reason: String,
+    },
     /// The bytes end inside a record (or its header) starting at `offset`;
     /// nothing after it is readable.
-    TornTail { offset: u64, missing: u64 },
+    TornTail {
+        /// Byte offset of the torn record's header.
+        offset: u64,
+        /// How many more bytes the record (or header) needed.
+        missing: u64,
+    },
 }
 
 /// Splits `data` into frames. Never panics on arbitrary input.

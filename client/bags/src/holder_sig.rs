@@ -133,10 +133,16 @@ pub enum HolderCheck {
     /// These leases were acquired without a holder key: their witnesses
     /// cannot vouch for the batch (anyone holding a copy of the witness
     /// could have written it). The other witnesses' signatures verify.
-    Unbound { lease_ids: Vec<String> },
+    Unbound {
+        /// The leases whose witnesses carry no holder key.
+        lease_ids: Vec<String>,
+    },
     /// A signature is missing or does not verify: the batch is not what the
     /// holder of that lease wrote (forged, altered, or moved).
-    Bad { reason: String },
+    Bad {
+        /// Which signature and why it fails, for people.
+        reason: String,
+    },
 }
 
 /// Holder keys already decompressed, by their bytes: one lease's key

@@ -14,14 +14,20 @@ pub struct Receipt {
 /// One item (data file or batch object) of a bag and its size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedItem {
+    /// File name (POSIX) or object name (S3) within the bag.
     pub name: String,
+    /// Bytes of it that are in the bag; a file may have grown past this
+    /// after the close, and the rest is not in the bag.
     pub size: u64,
+    /// The object's ETag at the close, when the store gives one: a read
+    /// that finds another gets [`crate::Error::ItemChanged`].
     pub etag: Option<String>,
 }
 
 /// The content of a bag's lock: every item and size that is in the bag.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
+    /// The bag's items; empty for a bag closed with nothing in it.
     pub items: Vec<ListedItem>,
 }
 
@@ -55,6 +61,8 @@ impl Listing {
         s.into_bytes()
     }
 
+    /// Parse [`Listing::encode`]'s text form; the error says why a torn,
+    /// foreign or altered lock does not parse.
     pub fn decode(bytes: &[u8]) -> Result<Listing, String> {
         let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
         let body_end = text

@@ -72,14 +72,17 @@ impl Span {
         Span(bucket.secs() - bucket.secs() % SPAN_SECS)
     }
 
+    /// Its first second.
     pub fn first(self) -> Bucket {
         Bucket::from_secs(self.0)
     }
 
+    /// Its last second.
     pub fn last(self) -> Bucket {
         Bucket::from_secs(self.0 + SPAN_SECS - 1)
     }
 
+    /// The minute after it.
     pub fn next(self) -> Self {
         Span(self.0 + SPAN_SECS)
     }
@@ -128,6 +131,7 @@ impl std::fmt::Display for Span {
 /// A sealed span: which of its seconds held a bag when it was sealed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seal {
+    /// The minute it seals.
     pub span: Span,
     bags: BTreeSet<Bucket>,
 }

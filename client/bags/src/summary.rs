@@ -73,7 +73,9 @@ pub const MAX_SUMMARY_EXPANSION: u64 = MAX_SUMMARY_BYTES;
 /// The stretch a summary covers: `minutes` whole minutes from `first`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Stretch {
+    /// Its first minute.
     pub first: Span,
+    /// How many whole minutes it covers, at least 1.
     pub minutes: u32,
 }
 
@@ -97,6 +99,7 @@ impl Stretch {
         self.last().close_time(grace)
     }
 
+    /// `minutes` minutes from `first`; 0 minutes is taken as 1.
     pub fn new(first: Span, minutes: u32) -> Self {
         Stretch {
             first,
@@ -104,6 +107,7 @@ impl Stretch {
         }
     }
 
+    /// Its minutes, in order.
     pub fn spans(self) -> impl Iterator<Item = Span> {
         let mut s = self.first;
         (0..self.minutes).map(move |_| {
@@ -123,6 +127,7 @@ impl Stretch {
         Bucket::from_secs(self.from().secs() + u64::from(self.minutes) * SPAN_SECS - 1)
     }
 
+    /// Whether the second `b` lies in it.
     pub fn contains(self, b: Bucket) -> bool {
         (self.from()..=self.last()).contains(&b)
     }
@@ -261,8 +266,11 @@ pub fn rebuild_batches(summary: &Summary, bag: &SummaryBag, item: &SummaryItem) 
 /// them, and its records.
 #[derive(Clone, Debug)]
 pub struct RebuiltItem {
+    /// Its name in the bag.
     pub name: String,
+    /// Its size as the lock lists it, in bytes.
     pub size: u64,
+    /// What it holds.
     pub records: Records,
 }
 
@@ -406,11 +414,17 @@ pub async fn summarize_attested(
 /// What [`summarize`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Summarized {
+    /// The stretch summarized.
     pub stretch: Stretch,
+    /// The summary's object name in the log.
     pub name: String,
+    /// This call published it; false when the same summary was already there.
     pub created: bool,
+    /// Its encoded size, in bytes.
     pub bytes: u64,
+    /// Bags it holds (the stretch's seconds that had one).
     pub bags: u64,
+    /// Messages it holds.
     pub messages: u64,
     /// With an attester: what became of its attestation.
     pub attestation: Option<attest::Attested>,

@@ -12,6 +12,7 @@ use bagel_proto::{KeyRing, Micros, SignedClock, SignedReading, Signer, pb};
 /// Signs test leases with a key of its own.
 #[derive(Debug)]
 pub struct TestLeases {
+    /// The throwaway key witnesses and signed times are signed with.
     pub signer: Signer,
 }
 
@@ -150,9 +151,13 @@ impl TestLeases {
 /// A test lease: its bounds and its signed witness.
 #[derive(Clone, Debug)]
 pub struct TestLease {
+    /// The lease's id, as witnesses and messages cite it.
     pub lease_id: String,
+    /// The first timestamp it allows, µs since the Unix epoch.
     pub min_timestamp: Micros,
+    /// When it ends, µs since the Unix epoch on the writer's clock.
     pub deadline: Micros,
+    /// Its witness, signed by [`TestLeases::signer`].
     pub witness: pb::Witness,
     /// The lease's holder key (`None`: acquired without one).
     pub holder: Option<Signer>,

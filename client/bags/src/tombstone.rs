@@ -65,6 +65,7 @@ const MAX_TOMBSTONE_BYTES: u64 = 256;
 /// A minute retention removed, and the summary that holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tombstone {
+    /// The minute removed.
     pub span: Span,
     /// The summary retention checked the minute's bags against before
     /// removing them.

@@ -89,6 +89,9 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
+    /// A writer of `log` as `writer_id`, under `rights`, timestamping from
+    /// `clock` and signing batches' time with `time`. An invalid log name
+    /// or writer id is [`Error::Invalid`].
     pub fn new(
         store: Arc<dyn BagStore>,
         log: &str,
@@ -139,10 +142,12 @@ impl Writer {
         )
     }
 
+    /// The id its messages carry.
     pub fn writer_id(&self) -> &str {
         &self.writer_id
     }
 
+    /// The log it writes.
     pub fn log(&self) -> &str {
         &self.log
     }

@@ -59,6 +59,7 @@ pub const DEFAULT_MAX_SEAL_LOOKBACK: std::time::Duration = std::time::Duration::
 pub struct Progress(Arc<dyn Fn(u64, u64) + Send + Sync>);
 
 impl Progress {
+    /// Wrap `f`, called with `(done, total)` from the reading task: keep it quick.
     pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
         Progress(Arc::new(f))
     }
@@ -93,22 +94,26 @@ impl Default for ReadOptions {
 }
 
 impl ReadOptions {
+    /// Set [`ReadOptions::progress`].
     #[must_use]
     pub fn with_progress(mut self, progress: Progress) -> Self {
         self.progress = Some(progress);
         self
     }
 
+    /// Read the timestamps `[from, to)`.
     pub fn with_range(mut self, from: Micros, to: Micros) -> Self {
         self.from = from;
         self.to = to;
         self
     }
+    /// Set [`ReadOptions::max_item_bytes`].
     #[must_use]
     pub fn with_max_item_bytes(mut self, bytes: u64) -> Self {
         self.max_item_bytes = bytes;
         self
     }
+    /// Set [`ReadOptions::max_seal_lookback`].
     #[must_use]
     pub fn with_max_seal_lookback(mut self, d: std::time::Duration) -> Self {
         self.max_seal_lookback = d;
@@ -121,26 +126,31 @@ impl ReadOptions {
         self.trusted_summarizers = (!keys.is_empty()).then_some(keys);
         self
     }
+    /// Set [`ReadOptions::use_summaries`].
     #[must_use]
     pub fn with_summaries(mut self, yes: bool) -> Self {
         self.use_summaries = yes;
         self
     }
 
+    /// Set [`ReadOptions::include_open`].
     pub fn with_include_open(mut self, yes: bool) -> Self {
         self.include_open = yes;
         self
     }
+    /// Set [`ReadOptions::close_past_due`].
     #[must_use]
     pub fn with_close_past_due(mut self, yes: bool) -> Self {
         self.close_past_due = yes;
         self
     }
+    /// Set [`ReadOptions::keys`]; `None` reads without checking signatures.
     #[must_use]
     pub fn with_keys(mut self, keys: Option<KeyRing>) -> Self {
         self.keys = keys;
         self
     }
+    /// Set [`ReadOptions::roughtime_keys`].
     #[must_use]
     pub fn with_roughtime_keys(
         mut self,

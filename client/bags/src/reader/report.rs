@@ -10,10 +10,16 @@ use crate::Bucket;
 /// One message as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
+    /// Its timestamp, µs since the Unix epoch, as its writer gave it.
     pub timestamp: Micros,
+    /// The writer that wrote it.
     pub writer_id: String,
+    /// Its number in its writer's sequence: with the timestamp and writer,
+    /// it orders and identifies the message.
     pub sequence: u64,
+    /// The bytes written.
     pub payload: Bytes,
+    /// The bag it was read from.
     pub bucket: Bucket,
     /// The lease ids of the witnesses it cites.
     pub lease_ids: Vec<String>,
@@ -42,7 +48,10 @@ pub enum Vouched {
     /// ([`ReadOptions::trusted_summarizers`](super::ReadOptions::trusted_summarizers)). Its witnesses, bounds and
     /// signed-time congruence were still checked by this read (and a
     /// Roughtime signed time verified).
-    Attested { key_id: Arc<str> },
+    Attested {
+        /// The key id of the summarizer that attested it.
+        key_id: Arc<str>,
+    },
 }
 
 impl Message {
@@ -60,7 +69,9 @@ impl Message {
 /// A message that failed a check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejected {
+    /// The message as read; it is not among the accepted messages.
     pub message: Message,
+    /// Which check it failed, for people.
     pub reason: String,
 }
 
@@ -96,23 +107,34 @@ pub enum ProblemKind {
 /// Something wrong in a bag: damage, a duplicated or a misplaced batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// What sort of problem.
     pub kind: ProblemKind,
+    /// The bag it is in (see [`ProblemKind`] for summaries and seals).
     pub bucket: Bucket,
+    /// The data file, object, summary or seal it is in.
     pub item: String,
+    /// Byte offset in `item` where it starts; `None` when it is about the
+    /// whole item.
     pub offset: Option<u64>,
+    /// What is wrong, for people.
     pub what: String,
     /// In an open bag, a torn tail may just be a write in progress.
     pub in_open_bag: bool,
 }
 
+/// What a [`read`](super::read) found: the messages in order, and
+/// everything that did not pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadReport {
     /// Accepted messages, ordered by `(timestamp, writer, sequence)`.
     pub messages: Vec<Message>,
+    /// Messages that failed a check, with why.
     pub rejected: Vec<Rejected>,
+    /// Damage, duplicates, misplaced batches and missing bags met.
     pub problems: Vec<Problem>,
     /// Bags in range that were open and not read.
     pub skipped_open: Vec<Bucket>,
+    /// Closed bags read from the store (not counting summaries).
     pub closed_bags_read: u64,
     /// Missing past-due bags this read closed empty.
     pub sealed: u64,

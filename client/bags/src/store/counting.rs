@@ -82,10 +82,12 @@ impl fmt::Display for OpCounts {
 #[derive(Debug)]
 pub struct CountingFs {
     inner: Arc<dyn FsOps>,
+    /// The calls counted so far; clone the `Arc` to read them while it runs.
     pub counts: Arc<OpCounts>,
 }
 
 impl CountingFs {
+    /// Count the calls passed on to `inner`, from zero.
     pub fn new(inner: Arc<dyn FsOps>) -> Self {
         CountingFs {
             inner,

@@ -38,7 +38,9 @@ use crate::store::fsops::{FsOps, StdFs};
 use crate::store::{START_DIR, earliest_start};
 use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
 
+/// The file whose existence says a close of the bag has started.
 pub const PRELOCK: &str = "prelock";
+/// The file listing what the closed bag holds ([`Listing`]).
 pub const LOCK: &str = "lock";
 /// Data files end with this; everything else in a bag directory is ignored.
 pub const DATA_SUFFIX: &str = ".log";
@@ -61,6 +63,8 @@ pub struct DirectoryStore {
 }
 
 impl DirectoryStore {
+    /// A store on `fs`'s root; `sync` fsyncs data and lock files before a
+    /// write or close is acknowledged ([`crate::BagConfig::sync`]).
     pub fn new(fs: Arc<dyn FsOps>, sync: bool) -> Self {
         DirectoryStore { fs, sync }
     }

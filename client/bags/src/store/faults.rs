@@ -49,6 +49,7 @@ impl KillSwitch {
         self.left.fetch_sub(1, Ordering::SeqCst) > 0
     }
 
+    /// Whether it has failed an operation: the simulated process is dead.
     pub fn dead(&self) -> bool {
         self.left.load(Ordering::SeqCst) < 0
     }
@@ -66,6 +67,7 @@ pub struct FaultyFs {
 }
 
 impl FaultyFs {
+    /// Pass calls to `inner` until `kill` dies.
     pub fn new(inner: Arc<dyn FsOps>, kill: KillSwitch) -> Self {
         FaultyFs { inner, kill }
     }
@@ -125,23 +127,32 @@ impl FsOps for FaultyFs {
 /// Request counts seen by a [`TestObjectStore`].
 #[derive(Debug, Default)]
 pub struct RequestCounts {
+    /// PUTs, conditional or not, copies and renames.
     pub puts: AtomicU64,
+    /// GETs, whole or ranged.
     pub gets: AtomicU64,
+    /// HEADs.
     pub heads: AtomicU64,
+    /// LIST calls, with or without a delimiter.
     pub lists: AtomicU64,
+    /// DELETEs.
     pub deletes: AtomicU64,
 }
 
 impl RequestCounts {
+    /// PUTs so far.
     pub fn puts(&self) -> u64 {
         self.puts.load(Ordering::SeqCst)
     }
+    /// GETs so far.
     pub fn gets(&self) -> u64 {
         self.gets.load(Ordering::SeqCst)
     }
+    /// HEADs so far.
     pub fn heads(&self) -> u64 {
         self.heads.load(Ordering::SeqCst)
     }
+    /// LISTs so far.
     pub fn lists(&self) -> u64 {
         self.lists.load(Ordering::SeqCst)
     }
@@ -158,10 +169,12 @@ impl RequestCounts {
 pub struct TestObjectStore {
     inner: Arc<dyn ObjectStore>,
     kill: KillSwitch,
+    /// The requests counted so far; clone the `Arc` to read them while it runs.
     pub counts: Arc<RequestCounts>,
 }
 
 impl TestObjectStore {
+    /// Pass requests to `inner`, counting them, until `kill` dies.
     pub fn new(inner: Arc<dyn ObjectStore>, kill: KillSwitch) -> Self {
         TestObjectStore {
             inner,
@@ -260,10 +273,15 @@ impl ObjectStore for TestObjectStore {
 /// One append, as an [`AppendsThrough`] store hands it on.
 #[derive(Debug)]
 pub struct Append {
+    /// The log written to.
     pub log: String,
+    /// The bag written to.
     pub bucket: Bucket,
+    /// The writer's file stem, naming its data file or object.
     pub writer_file: String,
+    /// The record's first sequence number.
     pub sequence: u64,
+    /// The framed record.
     pub record: Bytes,
 }
 
@@ -304,6 +322,8 @@ impl fmt::Debug for AppendsThrough {
 }
 
 impl AppendsThrough {
+    /// Send every append to `inner` through `through`, which is handed
+    /// the inner store and the append and does it ([`Append::to`]) when it likes.
     pub fn new(
         inner: Arc<dyn BagStore>,
         through: impl Fn(Arc<dyn BagStore>, Append) -> BoxFuture<'static, Result<Receipt>> + Send + Sync + 'static,

@@ -21,9 +21,11 @@ use bytes::Bytes;
 /// What `stat` tells the bag protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileStat {
+    /// Size in bytes.
     pub len: u64,
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// A directory (a bag or a level of the calendar tree).
     pub is_dir: bool,
 }
 
@@ -38,7 +40,9 @@ impl FileStat {
 /// One directory entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
+    /// Its name within the directory listed.
     pub name: String,
+    /// A directory.
     pub is_dir: bool,
     /// A symbolic link (never followed; `is_dir` is false for it).
     pub is_link: bool,
@@ -100,10 +104,12 @@ pub struct StdFs {
 }
 
 impl StdFs {
+    /// File operations on paths relative to `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         StdFs { root: root.into() }
     }
 
+    /// The directory every path is relative to.
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -34,7 +34,9 @@ use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutMode, PutOpt
 use crate::store::{START_DIR, earliest_start};
 use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
 
+/// The object whose existence says a close of the bag has started.
 pub const PRELOCK: &str = "_prelock";
+/// The object listing what the closed bag holds ([`Listing`]).
 pub const LOCK: &str = "_lock";
 
 /// The bag store over any `object_store` implementation that honours

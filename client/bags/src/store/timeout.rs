@@ -26,6 +26,7 @@ pub struct TimeoutStore {
 }
 
 impl TimeoutStore {
+    /// Bound every call to `inner` by `after` (usually [`crate::BagConfig::op_timeout`]).
     pub fn new(inner: Arc<dyn BagStore>, after: Duration) -> Self {
         TimeoutStore { inner, after }
     }

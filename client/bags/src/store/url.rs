@@ -15,12 +15,25 @@ use crate::{BagConfig, BagStore, Error, Result, TimeoutStore};
 /// A parsed store address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreUrl {
-    File { root: std::path::PathBuf },
-    S3 { bucket: String, prefix: String },
+    /// `file:///abs/dir`: a local or kernel-mounted directory.
+    File {
+        /// The absolute directory the logs are in.
+        root: std::path::PathBuf,
+    },
+    /// `s3://bucket/prefix`: a prefix of an S3 bucket.
+    S3 {
+        /// The bucket's name.
+        bucket: String,
+        /// Key prefix without leading or trailing `/`; may be empty.
+        prefix: String,
+    },
+    /// `nfs://host[:port]/export/dir`: a directory through the userspace NFS client.
     Nfs(NfsTarget),
 }
 
 impl StoreUrl {
+    /// Parse a store URL; anything else is [`Error::Invalid`] saying which
+    /// forms are accepted.
     pub fn parse(url: &str) -> Result<Self> {
         if let Some(path) = url.strip_prefix("file://") {
             if !path.starts_with('/') {

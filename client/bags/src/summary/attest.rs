@@ -66,13 +66,17 @@ const MAX_BYTES: u64 = 64 << 10;
 /// names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attestation {
+    /// The log of the summary it attests.
     pub log: String,
+    /// The stretch of the summary it attests.
     pub stretch: Stretch,
     /// The format of the summary it attests (1 or 2).
     pub format: u32,
     /// SHA-256 of the summary's stored bytes.
     pub summary_sha256: [u8; 32],
+    /// The id of the summarizer's key; readers trust it by this id.
     pub key_id: String,
+    /// The key its signature verified with.
     pub key: VerifyingKey,
 }
 
@@ -270,9 +274,11 @@ fn judge(
 /// A summarizer's attestation key and the keys it verifies summaries with.
 #[derive(Clone, Debug)]
 pub struct Attester {
+    /// The summarizer's own key, that signs its attestations.
     pub signer: Signer,
     /// The lease servers' keys (witnesses and local signed times).
     pub keys: KeyRing,
+    /// Trusted Roughtime keys, for signed times that are Roughtime proofs.
     pub roughtime_keys: Vec<RoughtimeKey>,
 }
 
@@ -281,14 +287,22 @@ pub struct Attester {
 pub enum Attested {
     /// Published (`created`) or found already published, byte for byte.
     Published {
+        /// The attestation's object name in the log.
         name: String,
+        /// The id of the key that signed it.
         key_id: String,
+        /// This call published it.
         created: bool,
     },
     /// Not attested: a signature in the summary does not verify (or
     /// cannot be verified with the summarizer's keys). Readers check it
     /// in full.
-    Refused { key_id: String, reason: String },
+    Refused {
+        /// The id of the summarizer's key.
+        key_id: String,
+        /// Which signature failed and why, for people.
+        reason: String,
+    },
 }
 
 /// Attests the published summary of `stretch`, which the caller has just

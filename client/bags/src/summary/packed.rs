@@ -139,6 +139,8 @@ impl Previous {
 }
 
 impl Builder {
+    /// An empty summary of `log`'s seconds `[from_secs, to_secs)` (Unix
+    /// seconds, UTC); add its bags in order.
     pub fn new(log: &str, from_secs: u64, to_secs: u64) -> Self {
         Builder {
             log: log.to_owned(),
@@ -296,6 +298,7 @@ impl Builder {
         i
     }
 
+    /// The summary of everything added.
     pub fn finish(self) -> Summary {
         self.summary
     }

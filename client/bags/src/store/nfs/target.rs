@@ -5,6 +5,7 @@ use std::fmt;
 /// NFS protocol version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NfsVersion {
+    /// NFSv3, with the MOUNT protocol to find the export.
     V3,
     /// NFSv4.2 (the crate speaks minor version 2 with sessions).
     V4,
@@ -14,16 +15,19 @@ pub enum NfsVersion {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NfsTarget {
+    /// The server's host name or IP address.
     pub host: String,
     /// NFS port; `None` means 2049.
     pub port: Option<u16>,
     /// `/`-separated, absolute, no trailing slash (`""` is the root).
     pub path: String,
+    /// The protocol spoken; NFSv3 unless the URL asks otherwise.
     pub version: NfsVersion,
     /// NFSv3 MOUNT port; `None` asks the portmapper.
     pub mount_port: Option<u16>,
     /// NFSv3 export, when given instead of probed.
     pub export: Option<String>,
+    /// TCP connections to the server, 1 to 64 (4 by default).
     pub connections: usize,
 }
 
