@@ -194,7 +194,7 @@ pub enum WatchMessage {
     /// from it. Sent as the watch starts (after the events resumed) and
     /// when it was quiet for the progress interval.
     Progress {
-        /// The revision every event up to has been received.
+        /// Every event up to this revision has been received.
         revision: u64,
     },
 }

@@ -80,7 +80,8 @@ pub enum RevisionRefusal {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Could not reach the backend at `url`.
+    /// Could not reach the backend at `url`. Retryable: it may be
+    /// restarting or the network down.
     #[error("cannot connect to {url}: {source}")]
     Connect {
         /// The backend's address as the caller gave it.
@@ -184,7 +185,7 @@ pub enum Error {
         message: String,
     },
     /// The backend does not do this (a lease store cannot list or watch;
-    /// an older server lacks a call).
+    /// an older server lacks a call). Retrying won't help.
     #[error("{what} is not supported by this lease backend ({location})")]
     Unsupported {
         /// The operation refused (`list`, `watch`, ...).
@@ -193,11 +194,12 @@ pub enum Error {
         /// a server URL, an S3 prefix).
         location: String,
     },
-    /// The backend's answer does not carry a valid witness.
+    /// The backend's answer does not carry a valid witness: do not write
+    /// under it. Retrying won't help until the backend (or the keys the
+    /// client trusts) is fixed.
     #[error("bad witness: {reason}")]
     Witness {
-        /// What is wrong with the witness (missing, a bad signature, an
-        /// untrusted key, other names or times than asked).
+        /// What is wrong with the witness.
         reason: String,
     },
     /// The local clock is further from the signed time than the tolerance
@@ -221,10 +223,10 @@ pub enum Error {
         "watermark {given} is below {written}, the highest timestamp written under the lease; release with at least that (or none)"
     )]
     WatermarkBelowWritten {
-        /// The watermark the release named (µs, signed time).
+        /// The watermark the release named (µs).
         given: Micros,
-        /// The highest timestamp written under the lease (µs, signed
-        /// time); release with at least this.
+        /// The highest timestamp written under the lease (µs); release
+        /// with at least this.
         written: Micros,
     },
     /// A lease store without a server (S3 conditional writes) failed or
@@ -247,7 +249,8 @@ pub enum Error {
         source: Option<BoxError>,
     },
     /// No answer within the client's time bound: `call` is `connect` or
-    /// the call's name.
+    /// the call's name. Retryable; a call that changes a lease may have
+    /// taken effect.
     #[error("no answer from {url} to {call} within {after:?} (the client's timeout)")]
     Timeout {
         /// The backend's address as the caller gave it.
@@ -259,6 +262,7 @@ pub enum Error {
     },
     /// The client's own configuration is wrong (a URL that is not http or
     /// https, TLS files without what they should hold, https without TLS).
+    /// Fix the configuration; retrying won't help.
     #[error("{message}")]
     Config {
         /// What is wrong and what to set instead.
@@ -276,9 +280,10 @@ pub enum Error {
     KeyMismatch {
         /// The server's address, without the pinned key.
         url: String,
-        /// The key given after `#`.
+        /// The id of each pinned key (given after `#`), comma-separated.
         pinned: String,
-        /// The keys the server presents; empty when it presents none.
+        /// The ids of the keys the server presents; empty when it presents
+        /// none.
         presented: Vec<String>,
     },
     /// The server dropped a watch that did not read fast enough (its

@@ -162,8 +162,7 @@ pub struct Grant {
     pub deadline: Micros,
     /// Every message written under this lease must be strictly later.
     pub min_timestamp: Micros,
-    /// Each leased name, in the order asked, with its fencing token and
-    /// inheritance.
+    /// Each leased name, with its fencing token and what it inherits.
     pub names: Vec<NameGrant>,
     /// What the lease grants.
     pub mode: Mode,
@@ -336,7 +335,7 @@ impl ReleaseOptions {
 }
 
 impl ReleaseOptions {
-    /// Publish at least `watermark` (µs, signed time).
+    /// Publish at least `watermark` (µs).
     #[must_use]
     pub fn with_watermark(mut self, watermark: Micros) -> Self {
         self.watermark = Some(watermark);
@@ -462,17 +461,18 @@ pub struct HistoryEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
-    /// The server's configured identity (names are routed by it).
+    /// The id the server states in its witnesses (random unless
+    /// configured).
     pub server_id: String,
-    /// The server's release (`bagel-server --version`).
+    /// The server's release version.
     pub version: String,
     /// When this incarnation started.
     pub epoch: Micros,
     /// Raw ed25519 public keys by key id.
     pub keys: Vec<(String, [u8; 32])>,
-    /// A lease lives longer than this.
+    /// A lease must last longer than this.
     pub min_ttl: Duration,
-    /// A lease lives at most this long; a restart waits it out.
+    /// A lease may last at most this long; a restart waits it out.
     pub max_ttl: Duration,
     /// The longest one acquire may wait for busy names.
     pub max_wait: Duration,
@@ -784,7 +784,7 @@ pub struct ListedName {
 /// One page of held names, in name order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListPage {
-    /// The held names of this page; empty when none is held.
+    /// The held names of this page; empty when no (more) name is held.
     pub names: Vec<ListedName>,
     /// Pass this to get the next page; `None` on the last.
     pub next_page: Option<String>,
