@@ -144,6 +144,8 @@
 //! * `store::faults`, `testing` (feature `testing`): fault-injecting wrappers, and
 //!   leases and signed time from a throwaway key, for tests and benches.
 
+#![warn(missing_docs)]
+
 pub mod audit;
 pub mod bucket;
 pub mod config;

@@ -53,13 +53,17 @@ use crate::Bucket;
 /// One stored message, as read back from a bag.
 #[derive(Clone, Debug)]
 pub struct AuditMessage {
+    /// Its timestamp, µs since the Unix epoch, as its writer gave it.
     pub timestamp: Micros,
+    /// The writer id it carries.
     pub writer: String,
+    /// Its number in its writer's sequence.
     pub sequence: u64,
     /// Where it was read from (bag and file/object), for reports.
     pub location: String,
     /// The witnesses it was written under (shared by a batch).
     pub witnesses: Arc<[pb::Witness]>,
+    /// Its batch's signed time; `None` is a [`ViolationKind::BadSignedTime`].
     pub signed_time: Option<Arc<pb::SignedTime>>,
     /// The bag it was read from.
     pub bucket: Bucket,
@@ -128,6 +132,8 @@ impl fmt::Debug for AuditConfig {
 }
 
 impl AuditConfig {
+    /// Trust `keys`, with a tolerance of 1 s and witness times up to 11 s
+    /// old; signed times are verified as local-time-agent proofs.
     pub fn new(keys: KeyRing) -> Self {
         let ring = keys.clone();
         AuditConfig {
@@ -145,11 +151,17 @@ impl AuditConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ViolationKind {
+    /// A witness whose signature does not verify against the keys.
     BadWitnessSignature,
+    /// A signed time (a message's or a witness's) missing or not verifying.
     BadSignedTime,
+    /// A message that cites no witness.
     NoWitness,
+    /// A timestamp at or before a cited lease's `min_timestamp`.
     BeforeMinTimestamp,
+    /// A timestamp at or past a cited lease's deadline.
     AtOrAfterDeadline,
+    /// Further ahead of its signed time than the tolerance.
     AheadOfSignedTime,
     /// Back-dated: further behind its signed time than the tolerance.
     BehindSignedTime,
@@ -162,8 +174,14 @@ pub enum ViolationKind {
     IssuedOffSignedTime,
     /// A reader rejected it (the detail says why).
     RejectedByReader,
+    /// A grant that does not follow from its predecessor: it may write
+    /// below the watermark handed on, or below what the lease before
+    /// wrote, or a broken lease handed on less than its deadline.
     ChainBroken,
+    /// Two holders of one name at once: a grant before its predecessor
+    /// was released, broken or past its deadline, or two with one fencing token.
     OverlappingGrants,
+    /// A released lease wrote above the watermark its release stated.
     WatermarkBelowMessage,
     /// A record in a closed bag failed its checksum or was cut short.
     CorruptRecord,
@@ -188,9 +206,12 @@ pub enum ViolationKind {
     MissingBag,
 }
 
+/// One failed check, and what failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
+    /// Which check.
     pub kind: ViolationKind,
+    /// The message, lease or name and why, for people.
     pub detail: String,
 }
 
@@ -200,10 +221,14 @@ impl fmt::Display for Violation {
     }
 }
 
+/// What [`audit`] found: what it looked at, and every violation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct AuditReport {
+    /// Messages audited, rejected by the reader or not.
     pub messages: usize,
+    /// Distinct leases their witnesses name.
     pub leases: usize,
+    /// Distinct names those leases were granted for.
     pub names: usize,
     /// The longest chain of grants of one name seen.
     pub longest_chain: usize,
@@ -215,10 +240,12 @@ pub struct AuditReport {
     /// witnesses are checked, but nothing binds their bytes to the lease's
     /// holder (anyone with a copy of the witness could have written them).
     pub unbound_messages: usize,
+    /// Every failed check; empty when the log is clean.
     pub violations: Vec<Violation>,
 }
 
 impl AuditReport {
+    /// No violation: no two writers of a name overlapped, by every check.
     pub fn is_clean(&self) -> bool {
         self.violations.is_empty()
     }
@@ -235,6 +262,8 @@ struct LeaseFacts {
     max_message_ts: Option<u64>,
 }
 
+/// Audit `messages` (every stored message of a log, or of one range of
+/// it; see [`AuditMessage::from_report`]) with what `cfg` trusts.
 pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
     let mut report = AuditReport {
         messages: messages.len(),
