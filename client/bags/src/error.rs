@@ -136,7 +136,7 @@ pub enum Error {
     /// A file system call failed (directory and NFS stores).
     #[error("{op} {path}: {source}")]
     Io {
-        /// The call (`open`, `rename`, `link`, ...).
+        /// The call (`create`, `link`, `stat`, ...).
         op: &'static str,
         /// The file or directory it was on.
         path: String,
