@@ -12,7 +12,6 @@
 //! A cache miss (a renewal from another process holding only the lease
 //! file) or a lost race adds a GET per name.
 //!
-//!
 //! # Parts
 //!
 //! * this file: the backend itself, its clock check and the refusals every
