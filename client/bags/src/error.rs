@@ -34,9 +34,9 @@ pub enum Error {
         "timestamp {ts} is at or past the lease deadline {deadline} minus the safety margin {margin:?}: refusing to write"
     )]
     LeaseExpiring {
-        /// The timestamp the write would have had.
+        /// The batch's last timestamp.
         ts: Micros,
-        /// The lease's deadline, on the writer's clock.
+        /// The deadline it reaches, µs since the Unix epoch.
         deadline: Micros,
         /// How long before the deadline writes stop ([`crate::BagConfig`]).
         margin: Duration,
@@ -75,7 +75,7 @@ pub enum Error {
         "timestamp {ts} is {diff_us} us from the batch's signed time {time} (limit {limit_us} us): refusing to write"
     )]
     SignedTimeOff {
-        /// The timestamp furthest from the signed time.
+        /// The batch's first or last timestamp, whichever is off.
         ts: Micros,
         /// The batch's signed time (the authority's clock).
         time: Micros,

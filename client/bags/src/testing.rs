@@ -153,9 +153,9 @@ impl TestLeases {
 pub struct TestLease {
     /// The lease's id, as witnesses and messages cite it.
     pub lease_id: String,
-    /// The first timestamp it allows, µs since the Unix epoch.
+    /// Its messages lie strictly after this, µs since the Unix epoch.
     pub min_timestamp: Micros,
-    /// When it ends, µs since the Unix epoch on the writer's clock.
+    /// Its messages lie strictly before this, µs since the Unix epoch.
     pub deadline: Micros,
     /// Its witness, signed by [`TestLeases::signer`].
     pub witness: pb::Witness,
