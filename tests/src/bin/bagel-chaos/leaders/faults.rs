@@ -1,0 +1,125 @@
+//! The faults injected into the leaders: a leader's command killed, its
+//! whole unit killed, the unit frozen, `bagel run` alone stopped, and a
+//! waiting standby killed.
+//!
+//! Separate from the standby loops so that what is done to them reads as
+//! one list, each fault noted on its unit for the checks to explain.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use rand::Rng as _;
+use rand::rngs::StdRng;
+use tokio::sync::watch;
+
+use super::standby::signal;
+use super::{LeaderFaults, NAMES, Shared, Unit, ms, name_of};
+
+/// The faults, one every 0.8 to 2.5 s on a random name, until `stop`.
+pub(super) async fn inject(
+    shared: Arc<Shared>,
+    mut rng: StdRng,
+    mut stop: watch::Receiver<bool>,
+) -> LeaderFaults {
+    let mut f = LeaderFaults::default();
+    let ttl = shared.setup.ttl;
+    loop {
+        let pause = Duration::from_millis(rng.gen_range(800..2_500));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|s| *s) => return f,
+        }
+        let name = rng.gen_range(0..NAMES);
+        let what = rng.gen_range(0..5);
+        let (leader, waiting) = {
+            let live = shared.live.lock().expect("live");
+            let leader = live.leading[name].map(|u| (u, live.units[&u].bagel_pid, live.units[&u].cmd_pid));
+            let waiting: Vec<(u64, Option<u32>)> = live
+                .units
+                .iter()
+                .filter(|(_, u)| u.name == name && !u.started && u.exit.is_none())
+                .map(|(k, u)| (*k, u.bagel_pid))
+                .collect();
+            (leader, waiting)
+        };
+        let mark = |unit: u64, edit: &dyn Fn(&mut Unit)| {
+            if let Some(u) = shared.live.lock().expect("live").units.get_mut(&unit) {
+                edit(u);
+            }
+        };
+        let n = name_of(name);
+        match (what, leader) {
+            (0, Some((unit, _, cmd))) => {
+                mark(unit, &|u| u.killed = Some((Instant::now(), "command")));
+                signal(cmd, Signal::SIGKILL);
+                f.command_kills += 1;
+                println!(
+                    "[{:>5.1}s] {n}: SIGKILL the leader's command (unit {unit})",
+                    shared.at()
+                );
+            }
+            (1, Some((unit, bagel, cmd))) => {
+                // As systemd kills a unit: every process of it at once.
+                mark(unit, &|u| u.killed = Some((Instant::now(), "unit")));
+                signal(bagel, Signal::SIGKILL);
+                signal(cmd, Signal::SIGKILL);
+                f.unit_kills += 1;
+                println!(
+                    "[{:>5.1}s] {n}: SIGKILL bagel run and its command (unit {unit})",
+                    shared.at()
+                );
+            }
+            (2, Some((unit, bagel, cmd))) => {
+                // A frozen host or cgroup: both stopped; continued in a
+                // random order (who runs first decides whether the command
+                // writes before bagel run fences it).
+                let hold = Duration::from_millis(rng.gen_range(200..=ms(ttl * 2)));
+                let from = Instant::now();
+                signal(bagel, Signal::SIGSTOP);
+                signal(cmd, Signal::SIGSTOP);
+                tokio::time::sleep(hold).await;
+                let order = if rng.gen_bool(0.5) {
+                    [bagel, cmd]
+                } else {
+                    [cmd, bagel]
+                };
+                for pid in order {
+                    signal(pid, Signal::SIGCONT);
+                }
+                let until = Instant::now();
+                mark(unit, &|u| u.freezes.push((from, until)));
+                f.unit_freezes += 1;
+                f.longest_freeze_ms = f.longest_freeze_ms.max(ms(until - from));
+                println!(
+                    "[{:>5.1}s] {n}: froze the leader (unit {unit}: bagel run and its command) for {} ms",
+                    shared.at(),
+                    ms(until - from)
+                );
+            }
+            (3, Some((unit, bagel, _))) => {
+                let hold = Duration::from_millis(rng.gen_range(50..=ms(ttl / 4)));
+                signal(bagel, Signal::SIGSTOP);
+                tokio::time::sleep(hold).await;
+                signal(bagel, Signal::SIGCONT);
+                mark(unit, &|u| u.stops += 1);
+                f.supervisor_stops += 1;
+                println!(
+                    "[{:>5.1}s] {n}: stopped the leader's bagel run (unit {unit}) for {} ms",
+                    shared.at(),
+                    ms(hold)
+                );
+            }
+            (4, _) if !waiting.is_empty() => {
+                let (unit, pid) = waiting[rng.gen_range(0..waiting.len())];
+                signal(pid, Signal::SIGKILL);
+                f.standby_kills += 1;
+                println!(
+                    "[{:>5.1}s] {n}: SIGKILL a waiting standby (unit {unit})",
+                    shared.at()
+                );
+            }
+            _ => {}
+        }
+    }
+}
