@@ -58,6 +58,18 @@ pub async fn raw_call(server: &ServerProcess, method: &str, body: Vec<u8>) -> Re
         .map(tonic::Response::into_inner)
 }
 
+/// A gRPC request message as it goes on a raw HTTP/2 stream: the 5-byte
+/// prefix (not compressed, its length) and `msg` (for tests that drive
+/// HTTP/2 themselves, to control windows and reads).
+pub fn grpc_frame(msg: &impl prost::Message) -> Bytes {
+    let body = msg.encode_to_vec();
+    let mut b = Vec::with_capacity(5 + body.len());
+    b.push(0);
+    b.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    b.extend_from_slice(&body);
+    Bytes::from(b)
+}
+
 impl ServerProcess {
     /// The server's resident set in bytes, from its own `/proc/<pid>/status`.
     pub fn rss(&self) -> u64 {

@@ -9,21 +9,13 @@
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::ServerProcess;
+use bagel_tests::raw::grpc_frame;
 use bytes::Bytes;
 use tonic::transport::Channel;
 
 const SEC: u64 = 1_000_000;
 /// Names held, so that one List page (all of them) is ~100 KB.
 const NAMES: usize = 2_048;
-
-/// A gRPC request on a raw HTTP/2 stream: the 5-byte prefix and `msg`.
-fn grpc_frame(msg: &impl prost::Message) -> Bytes {
-    let body = msg.encode_to_vec();
-    let mut b = vec![0u8];
-    b.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    b.extend_from_slice(&body);
-    Bytes::from(b)
-}
 
 /// A server holding [`NAMES`] names, started with `args`.
 async fn filled_server(args: &[&str]) -> (ServerProcess, LeaseServiceClient<Channel>) {
@@ -128,27 +120,66 @@ async fn list_all(c: &mut LeaseServiceClient<Channel>) -> usize {
 
 #[tokio::test]
 async fn a_connection_that_leaves_its_answers_unread_is_closed_and_what_it_held_freed() {
-    let (server, mut c) = filled_server(&["--answer-stall-timeout", "1s"]).await;
-    let (mut client, closed) = never_reading(&server).await;
+    // `UNREAD_ANSWERS_PAGES` raises it (100 streams a connection), to
+    // measure the server's memory under many unread pages.
+    let pages: usize = std::env::var("UNREAD_ANSWERS_PAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let (server, mut c) = filled_server(&["--answer-stall-timeout", "3s"]).await;
+    let before = server.rss();
     let mut unread = Vec::new();
-    for _ in 0..20 {
-        let (response, status) = list_unread(&server, &mut client).await;
-        assert_eq!(status, None, "a page of every name is answered");
-        unread.push(response);
+    let mut closings = Vec::new();
+    let mut refused = 0;
+    for first in (0..pages).step_by(100) {
+        let (mut client, closed) = never_reading(&server).await;
+        closings.push(closed);
+        for _ in first..pages.min(first + 100) {
+            match list_unread(&server, &mut client).await {
+                (response, None) => unread.push(response),
+                // Past a connection's share (16 MiB: some 90 pages here).
+                (_, Some((code, message))) => {
+                    assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+                    assert!(message.contains("--max-unread-answer-bytes"), "{message}");
+                    refused += 1;
+                }
+            }
+        }
     }
     let held = metric(&server, "bagel_unread_answers_bytes").await;
+    eprintln!(
+        "{pages} pages asked, {} answered and left unread, {refused} refused: {held} bytes held, \
+         server RSS +{} MiB",
+        unread.len(),
+        server.rss().saturating_sub(before) >> 20
+    );
     assert!(
-        held > 20 * NAMES as u64 * 20,
-        "20 unread pages of {NAMES} names are held: {held} bytes"
+        unread.len() >= 20,
+        "the first pages of each connection are answered"
+    );
+    assert!(
+        held > unread.len() as u64 * NAMES as u64 * 20,
+        "{} unread pages of {NAMES} names are held: {held} bytes",
+        unread.len()
     );
     // A client that reads is served meanwhile.
     assert_eq!(list_all(&mut c).await, NAMES);
 
-    // The server closes the connection (its task ends)...
-    closed.await.unwrap();
+    // The server closes each connection (its task ends)...
+    let connections = closings.len() as u64;
+    for closed in closings {
+        closed.await.unwrap();
+    }
     // ... and what it held is freed.
     assert_eq!(metric(&server, "bagel_unread_answers_bytes").await, 0);
-    assert_eq!(metric(&server, "bagel_unread_answers_closed_total").await, 1);
+    assert_eq!(
+        metric(&server, "bagel_unread_answers_closed_total").await,
+        connections
+    );
+    eprintln!(
+        "after the stall bound: server RSS +{} MiB",
+        server.rss().saturating_sub(before) >> 20
+    );
     assert_eq!(list_all(&mut c).await, NAMES);
 }
 

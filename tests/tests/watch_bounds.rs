@@ -9,7 +9,7 @@
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::ServerProcess;
-use bytes::Bytes;
+use bagel_tests::raw::grpc_frame;
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
@@ -34,15 +34,6 @@ async fn until_watchers(c: &mut LeaseServiceClient<Channel>, n: u64) {
     while watchers(c).await != n {
         tick.tick().await;
     }
-}
-
-/// A gRPC request on a raw HTTP/2 stream: the 5-byte prefix and `msg`.
-fn grpc_frame(msg: &impl prost::Message) -> Bytes {
-    let body = msg.encode_to_vec();
-    let mut b = vec![0u8];
-    b.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    b.extend_from_slice(&body);
-    Bytes::from(b)
 }
 
 fn percent_decode(s: &str) -> String {
