@@ -133,18 +133,20 @@ impl Server {
         );
         table.set_grant_limit(mark);
         let limits = cfg.limits;
-        let frames = Arc::new(transport::layer::FrameLimits::new(
-            limits.max_message_bytes,
-            limits.max_inflight_bytes_per_connection,
-            limits.max_inflight_bytes,
-            limits.max_names_per_request,
-            limits.max_batch_ops,
-        )
-        .with_answers(transport::answers::AnswerBudget::new(
-            limits.max_unread_answer_bytes_per_connection,
-            limits.max_unread_answer_bytes,
-            limits.answer_stall_timeout,
-        )));
+        let frames = Arc::new(
+            transport::layer::FrameLimits::new(
+                limits.max_message_bytes,
+                limits.max_inflight_bytes_per_connection,
+                limits.max_inflight_bytes,
+                limits.max_names_per_request,
+                limits.max_batch_ops,
+            )
+            .with_answers(transport::answers::AnswerBudget::new(
+                limits.max_unread_answer_bytes_per_connection,
+                limits.max_unread_answer_bytes,
+                limits.answer_stall_timeout,
+            )),
+        );
         let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let list_pages = cfg.list_pages.max(1);
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
