@@ -48,7 +48,7 @@ pub(super) struct Report {
     /// `bagel run` / `--hold` supervisors interrupted (see cli_roles.rs).
     pub(super) run_fences: RunFences,
     /// `bagel retain` runs on the stores (the metronomes summarize every
-    /// sealed minute after [`SUMMARIZE_AFTER`]), some killed mid-way.
+    /// sealed minute after [`SUMMARIZE_AFTER`](super::SUMMARIZE_AFTER)), some killed mid-way.
     pub(super) retention: RetentionReport,
     /// Processes stopped (SIGSTOP) for a while and continued: a process
     /// that sleeps past its lease's deadline, a server or a closer that
