@@ -133,8 +133,9 @@ impl Rules {
 
     /// The grant time of a lease on names whose objects are `objs`: `now`,
     /// or just after the latest earlier grant or end of a lease on any of
-    /// them (`previous.ended_at`) if a clock ahead of ours stamped it.
-    /// Grant times thus increase along every name's chain and follow the
+    /// them (`previous.ended_at`) if a clock ahead of ours stamped it, or
+    /// it happened after `now` was read (the backend reads its clock
+    /// before the objects). Grant times thus increase along every name's chain and follow the
     /// release they name, as they do on one server: the audit relies on
     /// the first to order grants that left no messages, and on the second
     /// to tell a grant after a release from one while the name was held.
