@@ -103,8 +103,8 @@ impl S3LeaseBackend {
             return Err(Attempt::Failed(Error::out_of_range(
                 "deadline_us",
                 format!(
-                    "{} is not after the grant time {} plus min_ttl {:?}: an earlier grant of one \
-                     of the names was made by a clock ahead of this one",
+                    "{} is not after the grant time {} plus min_ttl {:?}: an earlier grant or release on one \
+                     of the names was stamped by a clock ahead of this one",
                     spec.deadline.as_micros(),
                     granted_at.as_micros(),
                     self.cfg.limits.min_ttl
