@@ -254,6 +254,21 @@ fn retry_info(retry_after: Duration) -> RetryInfo {
     }
 }
 
+/// `details` (a status's `grpc-status-details-bin`) without the copy of
+/// the message the `google.rpc.Status` model repeats in them: for an
+/// operation's refusal inside a batch, whose `OpError.message` already
+/// says it (a thousand refused operations would otherwise answer it three
+/// times each). Undecodable details are passed on as they are.
+pub fn without_message(details: &[u8]) -> Vec<u8> {
+    match RpcStatus::decode(details) {
+        Ok(mut status) => {
+            status.message.clear();
+            status.encode_to_vec()
+        }
+        Err(_) => details.to_vec(),
+    }
+}
+
 /// The conflict in a status's details: the `google.rpc.Status` form, or
 /// the bare `LeaseConflict` older servers sent. The two cannot be taken
 /// for one another: field 1 is a varint in one (`code`) and a string in

@@ -161,6 +161,6 @@ fn op_error(e: Error) -> pb::OpError {
         code: status.code() as i32,
         message: status.message().to_owned(),
         conflict,
-        details: status.details().to_vec(),
+        details: bagel_proto::details::without_message(status.details()),
     }
 }
