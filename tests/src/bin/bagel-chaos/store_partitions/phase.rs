@@ -37,6 +37,9 @@ pub(super) struct Phase<'a> {
     key: String,
     /// Instants (Unix µs) of the metronome's closes, and how many bags.
     closes: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// Woken whenever a writer reports a batch or the metronome a close:
+    /// what [`Phase::until`] waits on.
+    reported: Arc<tokio::sync::Notify>,
     store: String,
 }
 
@@ -107,6 +110,7 @@ impl<'a> Phase<'a> {
             writers: Vec::new(),
             key,
             closes: Arc::default(),
+            reported: Arc::default(),
             store,
         };
         for id in 0..WRITER_OP_TIMEOUTS.len() {
@@ -184,11 +188,13 @@ impl<'a> Phase<'a> {
         let mut kept = std::fs::File::create(self.dir.join(format!("writer-{id}.out")))?;
         let reader = tokio::spawn({
             let batches = Arc::clone(&batches);
+            let reported = Arc::clone(&self.reported);
             async move {
                 while let Ok(Some(line)) = lines.next_line().await {
                     let _ = writeln!(kept, "{line}");
                     if let Some(b) = parse_batch(id, &line) {
                         batches.lock().expect("batches").push(b);
+                        reported.notify_waiters();
                     }
                 }
             }
@@ -223,6 +229,7 @@ impl<'a> Phase<'a> {
             .context("starting the metronome")?;
         let out = child.stdout.take().context("stdout piped")?;
         let closes = Arc::clone(&self.closes);
+        let reported = Arc::clone(&self.reported);
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(out).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -233,6 +240,7 @@ impl<'a> Phase<'a> {
                     .and_then(|n| n.parse().ok())
                 {
                     closes.lock().expect("closes").push((now_us(), n));
+                    reported.notify_waiters();
                 }
             }
         });
@@ -240,17 +248,23 @@ impl<'a> Phase<'a> {
         Ok(())
     }
 
-    /// Waits (bounded) until `done` holds, polling what the processes
-    /// reported.
+    /// Waits (bounded) until `done` holds, looking again each time a
+    /// process reports a batch or a close.
     async fn until(&self, what: &str, done: impl Fn(&Phase<'_>) -> bool) -> anyhow::Result<()> {
-        let started = tokio::time::Instant::now();
-        while !done(self) {
-            if started.elapsed() > BOUND {
+        let deadline = tokio::time::Instant::now() + BOUND;
+        loop {
+            // Registered before the look, so a report between the two
+            // still wakes it.
+            let reported = self.reported.notified();
+            tokio::pin!(reported);
+            reported.as_mut().enable();
+            if done(self) {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, reported).await.is_err() {
                 bail!("{what}: not within {BOUND:?}");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(())
     }
 
     fn batches(&self) -> Vec<Batch> {
