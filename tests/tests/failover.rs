@@ -243,6 +243,32 @@ fn bagel_run_standby_leads_after_the_leader_is_killed() {
     bagel_run_standby_leads_after_its_wait(LeaderEnds::Killed);
 }
 
+/// Asks `server` for `name` for `ttl` from a client whose clock is 3 s
+/// ahead: the grant must be refused as `ClockOff`, the refusal saying
+/// `why` and that the name was released, and the name must be free.
+async fn given_back_by_a_client_3s_ahead(server: &ServerProcess, name: &str, ttl: Duration, why: &str) {
+    let ahead: Arc<dyn bagel_proto::clock::Clock> = Arc::new(bagel_proto::clock::OffsetClock {
+        inner: bagel_proto::clock::SystemClock,
+        offset_us: 3_000_000,
+    });
+    let client = server.client().await.with_clock(ahead);
+    let e = client
+        .acquire([name])
+        .ttl(ttl)
+        .send()
+        .await
+        .expect_err("a grant this host cannot use");
+    assert!(
+        matches!(e, bagel_client::Error::ClockOff { .. })
+            && e.to_string().contains(why)
+            && e.to_string().contains("released"),
+        "{e}"
+    );
+    let on_time = server.client().await;
+    let states = on_time.describe([name]).await.unwrap();
+    assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
+}
+
 /// A client whose clock is ahead of the server's by more than its TTL is
 /// granted a lease it counts as over at once: it gives the name back and
 /// says why, rather than hold it, useless, until the deadline (in the
@@ -251,24 +277,7 @@ fn bagel_run_standby_leads_after_the_leader_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_this_hosts_clock_counts_as_over_is_given_back() {
     let server = ServerProcess::start_ready(&[]).await;
-    let ahead: Arc<dyn bagel_proto::clock::Clock> = Arc::new(bagel_proto::clock::OffsetClock {
-        inner: bagel_proto::clock::SystemClock,
-        offset_us: 3_000_000,
-    });
-    let client = server.client().await.with_clock(ahead);
-    let e = client
-        .acquire(["ahead"])
-        .ttl(Duration::from_secs(2))
-        .send()
-        .await
-        .expect_err("a grant this host counts as over");
-    assert!(
-        matches!(e, bagel_client::Error::ClockOff { .. }) && e.to_string().contains("released"),
-        "{e}"
-    );
-    let on_time = server.client().await;
-    let states = on_time.describe(["ahead"]).await.unwrap();
-    assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
+    given_back_by_a_client_3s_ahead(&server, "ahead", Duration::from_secs(2), "already passed").await;
 }
 
 /// A host whose clock is ahead of the server's by less than the TTL but
@@ -279,31 +288,9 @@ async fn a_grant_this_hosts_clock_counts_as_over_is_given_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_this_hosts_clock_puts_inside_the_safety_margin_is_given_back() {
     let server = ServerProcess::start_ready(&[]).await;
-    let ahead: Arc<dyn bagel_proto::clock::Clock> = Arc::new(bagel_proto::clock::OffsetClock {
-        inner: bagel_proto::clock::SystemClock,
-        offset_us: 3_000_000,
-    });
-    let client = server.client().await.with_clock(ahead);
-    let e = client
-        .acquire(["nearly-over"])
-        .ttl(Duration::from_millis(3_300))
-        .send()
-        .await
-        .expect_err("a grant inside the safety margin on this host's clock");
-    assert!(
-        matches!(e, bagel_client::Error::ClockOff { .. })
-            && e.to_string().contains("inside the safety margin")
-            && e.to_string().contains("released"),
-        "{e}"
-    );
+    let ttl = Duration::from_millis(3_300);
+    given_back_by_a_client_3s_ahead(&server, "nearly-over", ttl, "inside the safety margin").await;
     let on_time = server.client().await;
-    let states = on_time.describe(["nearly-over"]).await.unwrap();
-    assert!(states[0].holder.is_none(), "still held: {:?}", states[0].holder);
-    let lease = on_time
-        .acquire(["nearly-over"])
-        .ttl(Duration::from_millis(3_300))
-        .send()
-        .await
-        .unwrap();
+    let lease = on_time.acquire(["nearly-over"]).ttl(ttl).send().await.unwrap();
     assert!(lease.is_valid());
 }
