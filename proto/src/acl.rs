@@ -61,8 +61,10 @@ pub enum Permission {
 }
 
 impl Permission {
+    /// Every permission, in the order `server-info` lists them.
     pub const ALL: [Permission; 2] = [Permission::Lease, Permission::Read];
 
+    /// The word the policy file and `bagel acl check` use for it.
     pub fn name(self) -> &'static str {
         match self {
             Permission::Lease => "lease",
@@ -101,9 +103,12 @@ impl std::str::FromStr for Permission {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}{message}", where_text(*.line, .entry.as_ref()))]
 pub struct PolicyError {
+    /// The line of the policy file (from 1), when the TOML parser or the
+    /// entry can say.
     pub line: Option<usize>,
     /// e.g. `("grant", 2)`.
     pub entry: Option<(&'static str, usize)>,
+    /// What is wrong, for the operator who wrote the file.
     pub message: String,
 }
 
@@ -337,10 +342,12 @@ impl Policy {
         crate::hex::encode(&self.sha256)
     }
 
+    /// How many `[[grant]]` entries the file has (logged when it loads).
     pub fn grant_count(&self) -> usize {
         self.grants.len()
     }
 
+    /// How many `[[token]]` entries the file has (logged when it loads).
     pub fn token_count(&self) -> usize {
         self.tokens.len()
     }
@@ -486,6 +493,8 @@ impl Grants {
             .collect()
     }
 
+    /// Whether the identity is granted nothing: every lease and read
+    /// call of it is refused.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

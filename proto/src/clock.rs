@@ -12,6 +12,8 @@ use crate::Micros;
 /// A source of "now". Production uses [`SystemClock`]; tests use
 /// [`ManualClock`] to move time by exact amounts.
 pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current time by this clock. Not monotonic: a system clock may
+    /// step back, and callers that compare readings must allow for it.
     fn now(&self) -> Micros;
 }
 
@@ -46,16 +48,19 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock reading `start` until it is set or advanced.
     pub fn new(start: Micros) -> Self {
         ManualClock {
             now: Arc::new(AtomicU64::new(start.as_micros())),
         }
     }
 
+    /// Jumps to `t`, backwards too (to test a clock stepped back).
     pub fn set(&self, t: Micros) {
         self.now.store(t.as_micros(), Ordering::SeqCst);
     }
 
+    /// Moves forward by `d` (whole microseconds), for every clone.
     pub fn advance(&self, d: Duration) {
         self.now.fetch_add(crate::duration_micros(d), Ordering::SeqCst);
     }
@@ -71,6 +76,7 @@ impl Clock for ManualClock {
 /// whose clock is wrong.
 #[derive(Clone, Debug)]
 pub struct OffsetClock<C> {
+    /// The clock read before the offset is applied.
     pub inner: C,
     /// Microseconds added (positive) or subtracted (negative).
     pub offset_us: i64,
@@ -87,7 +93,10 @@ impl<C: Clock> Clock for OffsetClock<C> {
 /// time it may be: true time lies in `[now - bound, now + bound]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BoundedNow {
+    /// The local clock's reading.
     pub now: Micros,
+    /// How far `now` may be from true time, either way: the authority's
+    /// radius plus the measured offset and drift since its answer.
     pub bound: Duration,
 }
 
@@ -107,6 +116,9 @@ impl BoundedNow {
 /// answer, a clock that is off or stepped since the last answer).
 #[async_trait]
 pub trait CheckedClock: Send + Sync + fmt::Debug {
+    /// Now with its error bound, or why the clock cannot be vouched for
+    /// (a sentence for logs and refusals; the caller does not act on time
+    /// until a later call succeeds).
     async fn checked_now(&self) -> Result<BoundedNow, String>;
 }
 

@@ -94,6 +94,8 @@ pub const REASON_PERMISSION_DENIED: &str = "PERMISSION_DENIED";
 pub struct Details(RpcStatus);
 
 impl Details {
+    /// A status with no details yet; `code` and `message` must be the
+    /// gRPC status's own (clients compare them).
     pub fn new(code: tonic::Code, message: &str) -> Self {
         Details(RpcStatus {
             code: code as i32,
@@ -139,6 +141,7 @@ impl Details {
         self
     }
 
+    /// The `google.rpc.Status` bytes for `tonic::Status::with_details`.
     pub fn encode(&self) -> Vec<u8> {
         self.0.encode_to_vec()
     }

@@ -38,6 +38,7 @@ pub struct Signer {
 }
 
 impl Signer {
+    /// Wraps `key`, computing its id once.
     pub fn new(key: SigningKey) -> Self {
         let id = key_id(&key.verifying_key());
         Signer { key, id }
@@ -56,14 +57,20 @@ impl Signer {
         Self::new(SigningKey::from_bytes(&secret))
     }
 
+    /// The id every signature of this key is stamped with ([`key_id`]).
     pub fn key_id(&self) -> &str {
         &self.id
     }
 
+    /// The public half, to publish or give to a [`KeyRing`].
     pub fn verifying_key(&self) -> VerifyingKey {
         self.key.verifying_key()
     }
 
+    /// The secret, for signatures outside this crate's domains (a bag
+    /// writer's holder signatures) and for writing a key file. Signing
+    /// with it directly skips the domain prefixes [`crate::witness`] adds:
+    /// use it only for messages carrying a domain of their own.
     pub fn signing_key(&self) -> &SigningKey {
         &self.key
     }
@@ -88,6 +95,7 @@ pub struct KeyRing {
 }
 
 impl KeyRing {
+    /// An empty ring: it verifies nothing until keys are added.
     pub fn new() -> Self {
         Self::default()
     }
@@ -117,14 +125,18 @@ impl KeyRing {
         }
     }
 
+    /// The key with id `key_id`, if trusted.
     pub fn get(&self, key_id: &str) -> Option<&VerifyingKey> {
         self.keys.get(key_id)
     }
 
+    /// Whether no key is trusted (every verification would fail with
+    /// [`Error::UnknownKey`]).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 
+    /// The ids of the trusted keys, in no particular order.
     pub fn ids(&self) -> impl Iterator<Item = &str> {
         self.keys.keys().map(String::as_str)
     }

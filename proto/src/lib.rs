@@ -30,6 +30,8 @@
 //! * [`names`]: characters a lease name may not contain (control,
 //!   bidirectional and zero-width characters), for every side alike.
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "acl")]
 pub mod acl;
 pub mod authority;
@@ -62,7 +64,12 @@ pub use verified_batch::VerifiedBatch;
 pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_signed_message};
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.
-#[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
+///
+/// Its documentation is the comments of `proto/bagel/v1/*.proto`, which
+/// prost copies onto the items; fields and variants the `.proto` leaves
+/// uncommented would only restate their names, so `missing_docs` is off
+/// for the generated code alone.
+#[allow(missing_debug_implementations, missing_docs, clippy::all, clippy::pedantic)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/bagel.v1.rs"));
     #[cfg(feature = "grpc")]
@@ -84,24 +91,65 @@ pub(crate) fn fuzz_cases() -> u32 {
         .unwrap_or(256)
 }
 
-/// What can go wrong checking signed bytes.
+/// What can go wrong checking signed bytes (witnesses, signed times,
+/// Roughtime proofs, public keys). None of these is transient: the same
+/// bytes fail the same way again, so a caller reports rather than retries.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
+    /// The bytes name a signing key the verifier was not given: a key
+    /// from another server (or another incarnation's key file), or a
+    /// [`KeyRing`] missing a member's key.
     #[error("no trusted public key with id {key_id}")]
-    UnknownKey { key_id: String },
+    UnknownKey {
+        /// The key id the bytes name (hex, see [`key_id`]).
+        key_id: String,
+    },
+    /// The key is trusted but the signature is not its signature over
+    /// these bytes: they were altered, or signed by someone else.
     #[error("signature does not verify with key {key_id}")]
-    BadSignature { key_id: String },
+    BadSignature {
+        /// The key id the signature was checked with.
+        key_id: String,
+    },
+    /// The bytes do not decode as what they claim to be (a truncated
+    /// protobuf, a missing proof, a Merkle path that does not fold).
     #[error("malformed {what}: {reason}")]
-    Malformed { what: &'static str, reason: String },
+    Malformed {
+        /// What was being decoded, e.g. `"witness body"`.
+        what: &'static str,
+        /// The decoder's complaint.
+        reason: String,
+    },
+    /// A public key that is not 32 bytes or not a valid ed25519 point.
     #[error("bad public key: {reason}")]
-    BadPublicKey { reason: String },
+    BadPublicKey {
+        /// Which key and what is wrong with it.
+        reason: String,
+    },
+    /// A proof of a kind this function does not check (a Roughtime proof
+    /// given to [`verify_local_time`]; use [`verify_signed_time`]).
     #[error("{proof} proofs are not verified by this function")]
-    UnsupportedProof { proof: &'static str },
+    UnsupportedProof {
+        /// The proof kind found, e.g. `"roughtime"`.
+        proof: &'static str,
+    },
+    /// A well-formed Roughtime proof from a server whose long-term key is
+    /// not among the trusted ones.
     #[error("roughtime public key {key} is not one of the trusted Roughtime keys")]
-    UntrustedRoughtimeKey { key: String },
+    UntrustedRoughtimeKey {
+        /// The proof's long-term key, in hex.
+        key: String,
+    },
+    /// A Roughtime proof from a trusted key that fails one of the
+    /// protocol's checks (delegation, Merkle path, nonce, midpoint).
     #[error("roughtime proof fails its {check} check: {reason}")]
-    RoughtimeInvalid { check: &'static str, reason: String },
+    RoughtimeInvalid {
+        /// The Roughtime tag whose check failed, e.g. `"NONC"` or `"PATH"`.
+        check: &'static str,
+        /// What the check found.
+        reason: String,
+    },
 }
 
 impl pb::Mode {

@@ -8,6 +8,7 @@
 
 use sha2::{Digest as _, Sha256};
 
+/// A SHA-256 digest: a leaf, an inner node or the root.
 pub type Hash = [u8; 32];
 
 /// What the server signs for a batch: a domain-separated root.
@@ -17,6 +18,8 @@ pub fn root_message(root: &Hash) -> Vec<u8> {
     m
 }
 
+/// The leaf of one witness: `SHA-256(0x00 || body)`, over the body's
+/// exact bytes as they travel (never a re-encoding).
 pub fn leaf_hash(body: &[u8]) -> Hash {
     Sha256::new()
         .chain_update([0u8])
@@ -58,6 +61,10 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// Builds every level over `leaves`, in batch order.
+    ///
+    /// # Panics
+    /// If `leaves` is empty: a batch signs at least one witness.
     pub fn new(leaves: &[Hash]) -> Self {
         assert!(!leaves.is_empty(), "a batch has at least one leaf");
         let width = leaves.len().next_power_of_two();
@@ -73,6 +80,7 @@ impl Tree {
         Tree { levels }
     }
 
+    /// The root, which the server signs (as [`root_message`]).
     pub fn root(&self) -> Hash {
         self.levels.last().expect("a tree has a root")[0]
     }

@@ -35,6 +35,8 @@ use std::fmt::Write as _;
 /// The first character of a name that is not allowed, with what it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForbiddenChar {
+    /// The character itself. Print it as its code point, as `Display`
+    /// does: it may be invisible or reorder the text around it.
     pub ch: char,
     /// Position in characters (not bytes), from 0.
     pub index: usize,

@@ -76,36 +76,44 @@ impl Default for SidePortLimits {
 }
 
 impl SidePortLimits {
+    /// Sets [`SidePortLimits::max_connections`] (at least 1; one more is
+    /// answered `503` and closed).
     #[must_use]
     pub fn with_max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
         self
     }
 
+    /// Sets [`SidePortLimits::header_timeout`].
     #[must_use]
     pub fn with_header_timeout(mut self, d: Duration) -> Self {
         self.header_timeout = d;
         self
     }
 
+    /// Sets [`SidePortLimits::idle_timeout`].
     #[must_use]
     pub fn with_idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = d;
         self
     }
 
+    /// Sets [`SidePortLimits::max_header_bytes`], raised to
+    /// [`MIN_HEADER_BYTES`] if below it.
     #[must_use]
     pub fn with_max_header_bytes(mut self, n: usize) -> Self {
         self.max_header_bytes = n.max(MIN_HEADER_BYTES);
         self
     }
 
+    /// Sets [`SidePortLimits::reserved_fds`].
     #[must_use]
     pub fn with_reserved_fds(mut self, n: u64) -> Self {
         self.reserved_fds = n;
         self
     }
 
+    /// Sets [`SidePortLimits::shutdown_grace`].
     #[must_use]
     pub fn with_shutdown_grace(mut self, d: Duration) -> Self {
         self.shutdown_grace = d;

@@ -17,12 +17,17 @@ pub struct Micros(u64);
 impl Micros {
     /// The epoch itself; also used as "no time" on the wire (proto3 zero).
     pub const ZERO: Micros = Micros(0);
+    /// The last representable instant: where saturating arithmetic
+    /// stops, and "no end" for a range read to the present.
     pub const MAX: Micros = Micros(u64::MAX);
 
+    /// From microseconds since the Unix epoch, as the wire's `*_us`
+    /// fields carry them.
     pub const fn from_micros(us: u64) -> Self {
         Micros(us)
     }
 
+    /// Microseconds since the Unix epoch, for the wire's `*_us` fields.
     pub const fn as_micros(self) -> u64 {
         self.0
     }
@@ -33,19 +38,26 @@ impl Micros {
         Self::from_system_time(SystemTime::now())
     }
 
+    /// A `SystemTime` truncated to the microsecond; a time before the
+    /// epoch is the epoch ([`Micros::ZERO`]).
     pub fn from_system_time(t: SystemTime) -> Self {
         let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
         Micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 
+    /// The same instant as a `SystemTime`, for formatting and for APIs
+    /// that take one.
     pub fn to_system_time(self) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.0)
     }
 
+    /// `self + d`, truncated to whole microseconds, at most [`Micros::MAX`]
+    /// (a deadline computed from a huge TTL stays an instant).
     pub fn saturating_add(self, d: Duration) -> Self {
         Micros(self.0.saturating_add(duration_micros(d)))
     }
 
+    /// `self - d`, truncated to whole microseconds, at least the epoch.
     pub fn saturating_sub(self, d: Duration) -> Self {
         Micros(self.0.saturating_sub(duration_micros(d)))
     }

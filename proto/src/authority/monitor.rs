@@ -64,6 +64,7 @@ impl Measurement {
         signed_diff(self.local_midpoint(), self.reading.time)
     }
 
+    /// The authority's own uncertainty about its time (its `RADI`).
     pub fn radius(&self) -> Duration {
         Duration::from_micros(self.reading.radius_us)
     }
@@ -95,32 +96,51 @@ fn dur(d: Duration) -> String {
 /// What a process should do about its clock right now.
 #[derive(Clone, Debug)]
 pub enum Verdict {
-    /// Within tolerance.
+    /// Within tolerance: grant, write and close on this clock.
     Healthy {
+        /// The exchange the verdict rests on.
         measurement: Arc<Measurement>,
+        /// Local minus authority time now, in µs (positive: local ahead),
+        /// corrected for any wall-clock step since the exchange.
         offset_us: i64,
+        /// The largest `|offset_us|` that passes: `tolerance` plus the
+        /// exchange's uncertainty (radius + RTT/2).
         allowed: Duration,
+        /// The configured tolerance, beyond the authority's uncertainty.
         tolerance: Duration,
     },
     /// Off by more than tolerance + uncertainty: refuse to grant or write.
     Off {
+        /// The exchange the verdict rests on.
         measurement: Arc<Measurement>,
+        /// Local minus authority time now, in µs (positive: local ahead).
         offset_us: i64,
+        /// The largest `|offset_us|` that would have passed.
         allowed: Duration,
+        /// The configured tolerance, beyond the authority's uncertainty.
         tolerance: Duration,
     },
     /// The latest good answer is too old to vouch for the clock now.
     Stale {
+        /// The last good exchange (still shown, no longer trusted).
         measurement: Arc<Measurement>,
+        /// How long ago it arrived, on the monotonic clock.
         age: Duration,
+        /// The configured limit `age` passed.
         max_age: Duration,
+        /// Why the refreshes since failed, if one did.
         last_error: Option<String>,
     },
     /// No good answer yet.
-    NoAnswer { last_error: Option<String> },
+    NoAnswer {
+        /// Why the refreshes so far failed, if one finished.
+        last_error: Option<String>,
+    },
 }
 
 impl Verdict {
+    /// Whether the process may act on its clock now: only
+    /// [`Verdict::Healthy`] lets it.
     pub fn is_healthy(&self) -> bool {
         matches!(self, Verdict::Healthy { .. })
     }
@@ -146,6 +166,7 @@ impl Verdict {
         }
     }
 
+    /// The exchange the verdict rests on; `None` before the first answer.
     pub fn measurement(&self) -> Option<&Arc<Measurement>> {
         match self {
             Verdict::Healthy { measurement, .. }
@@ -258,10 +279,12 @@ impl ClockMonitor {
         }
     }
 
+    /// The local clock being judged.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
 
+    /// How far off the clock may be beyond the authority's uncertainty.
     pub fn tolerance(&self) -> Duration {
         self.tolerance
     }
@@ -279,6 +302,7 @@ impl ClockMonitor {
         }
     }
 
+    /// The latest good measurement, however old; `None` before the first.
     pub fn latest(&self) -> Option<Arc<Measurement>> {
         self.state
             .read()

@@ -38,12 +38,14 @@ impl Default for QueryConfig {
 }
 
 impl QueryConfig {
+    /// Sets [`QueryConfig::timeout`].
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
+    /// Sets [`QueryConfig::attempts`] (at least 1).
     #[must_use]
     pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts.max(1);
@@ -51,22 +53,43 @@ impl QueryConfig {
     }
 }
 
-/// Why a query got no usable answer.
+/// Why a query got no usable answer. Every variant but `NoServers` and
+/// `Invalid` may pass on a later query (a lost packet, a server
+/// restarting); an `Invalid` answer means a server to stop trusting.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum QueryError {
+    /// The querier was built with an empty server list: a configuration
+    /// error, never transient.
     #[error("no Roughtime server is configured")]
     NoServers,
+    /// The server's address did not resolve, or the socket failed.
     #[error("roughtime {server}: {reason}")]
-    Io { server: String, reason: String },
+    Io {
+        /// The server's address as configured.
+        server: String,
+        /// The resolver's or socket's error.
+        reason: String,
+    },
+    /// Every send timed out (UDP gives no other sign of a dead server).
     #[error("roughtime {server}: no answer after {attempts} attempt(s) of {timeout:?} each")]
     NoAnswer {
+        /// The server's address as configured.
         server: String,
+        /// Sends made, each [`QueryConfig::attempts`].
         attempts: u32,
+        /// How long each send waited, [`QueryConfig::timeout`].
         timeout: Duration,
     },
+    /// An answer came but fails verification with the server's key.
     #[error("roughtime {server}: the answer does not verify: {error}")]
-    Invalid { server: String, error: Error },
+    Invalid {
+        /// The server's address as configured.
+        server: String,
+        /// Which check failed.
+        error: Error,
+    },
+    /// Each configured server failed; one error per server, in order.
     #[error("every Roughtime server failed: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     AllFailed(Vec<QueryError>),
 }
@@ -95,12 +118,15 @@ impl Querier {
         }
     }
 
+    /// Asks with `cfg`'s timeout and attempts instead of the defaults
+    /// (1 s, 3 sends per server).
     #[must_use]
     pub fn with_config(mut self, cfg: QueryConfig) -> Self {
         self.cfg = cfg;
         self
     }
 
+    /// The servers, in the order they are asked.
     pub fn servers(&self) -> &[RoughtimeServer] {
         &self.servers
     }
@@ -111,6 +137,7 @@ impl Querier {
         self.servers.iter().map(|s| s.key).collect()
     }
 
+    /// The local clock each measurement reads.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }

@@ -7,9 +7,11 @@ use crate::{Micros, pb};
 /// A time reading recovered from a verified [`pb::SignedTime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeReading {
+    /// The time the signer vouches for (for Roughtime, its midpoint).
     pub time: Micros,
     /// The signer's error bound on `time`.
     pub radius_us: u64,
+    /// Who signed it, which sets [`TimeReading::resolution_us`].
     pub source: TimeProofKind,
 }
 
@@ -41,10 +43,14 @@ impl TimeReading {
 /// A signed time and the reading it proves, checked by whoever obtained it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SignedReading {
+    /// The proof as it travels, attached to witnesses and batches.
     pub signed: pb::SignedTime,
+    /// What `signed` proves, already verified.
     pub reading: TimeReading,
 }
 
+/// Which kind of authority signed a time: it decides how the proof is
+/// verified and how coarse the time is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeProofKind {
     /// Signed by a lease server acting as local time agent.
@@ -58,6 +64,8 @@ pub enum TimeProofKind {
 /// local clock is off).
 #[async_trait]
 pub trait SignedClock: Send + Sync + std::fmt::Debug {
+    /// A signed reading recent enough to stamp a batch with now, or why
+    /// there is none (a sentence; the writer refuses the batch with it).
     async fn signed_now(&self) -> Result<SignedReading, String>;
 
     /// How far the local clock may be from true time, as measured at the

@@ -58,10 +58,17 @@ pub const RESOLUTION: Duration = Duration::from_secs(1);
 pub struct RoughtimeKey([u8; 32]);
 
 impl RoughtimeKey {
+    /// The key of 32 raw bytes. Any 32 bytes are accepted here; bytes
+    /// that are no ed25519 point fail at verification, as
+    /// [`Error::BadPublicKey`].
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         RoughtimeKey(bytes)
     }
 
+    /// The key stored in a proof's `public_key` field.
+    ///
+    /// # Errors
+    /// [`Error::BadPublicKey`] unless `raw` is exactly 32 bytes.
     pub fn from_slice(raw: &[u8]) -> Result<Self, Error> {
         let arr: [u8; 32] = raw.try_into().map_err(|_| Error::BadPublicKey {
             reason: format!("roughtime key: expected 32 bytes, got {}", raw.len()),
@@ -88,6 +95,7 @@ impl RoughtimeKey {
         Self::from_slice(&bytes).map_err(|_| bad(format!("decodes to {} bytes, not 32", bytes.len())))
     }
 
+    /// The raw key, as stored in proofs.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
@@ -120,10 +128,14 @@ impl fmt::Debug for RoughtimeKey {
 pub struct RoughtimeServer {
     /// `host:port`.
     pub addr: String,
+    /// The long-term key its answers must verify with; an answer signed
+    /// by any other key is refused, never used.
     pub key: RoughtimeKey,
 }
 
 impl RoughtimeServer {
+    /// A server at `addr` (`host:port`, resolved at each query) trusted
+    /// with `key`.
     pub fn new(addr: impl Into<String>, key: RoughtimeKey) -> Self {
         RoughtimeServer {
             addr: addr.into(),
@@ -170,11 +182,16 @@ pub struct RoughtimeExchange {
     /// RADI: the server vouches that true time was within `midpoint ± radius`
     /// when it signed.
     pub radius: Duration,
+    /// NONC: the request's nonce, which the answer signs; chained from
+    /// the previous answer, so a sequence of proofs shows their order.
     pub nonce: [u8; 32],
+    /// The trusted long-term key that signed the delegation.
     pub key: RoughtimeKey,
 }
 
 impl RoughtimeExchange {
+    /// The exchange as a [`TimeReading`] (midpoint and radius; 1 s
+    /// resolution).
     pub fn reading(&self) -> TimeReading {
         TimeReading {
             time: self.midpoint,
