@@ -109,10 +109,12 @@ impl S3LeaseBackend {
         self.signer.key_id()
     }
 
+    /// The limits and margins this backend was opened with.
     pub fn config(&self) -> &S3LeaseConfig {
         &self.cfg
     }
 
+    /// The prefix the lease objects and published keys live under.
     pub fn store(&self) -> &LeaseStore {
         &self.store
     }

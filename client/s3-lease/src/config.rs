@@ -53,36 +53,47 @@ impl Default for S3LeaseConfig {
 }
 
 impl S3LeaseConfig {
+    /// Sets the shortest TTL asked for (exclusive: a deadline must lie
+    /// beyond `now + d`). Keep a third of it well above a PUT's latency,
+    /// or renewals fall behind.
     #[must_use]
     pub fn with_min_ttl(mut self, d: Duration) -> Self {
         self.limits.min_ttl = d;
         self
     }
 
+    /// Sets the longest TTL a lease may be granted or renewed for.
     #[must_use]
     pub fn with_max_ttl(mut self, d: Duration) -> Self {
         self.limits.max_ttl = d;
         self
     }
 
+    /// Sets [`S3LeaseConfig::clock_margin`]. Every client of one prefix
+    /// must use the same margin: a smaller one lets a client take over a
+    /// lease its holder still believes valid.
     #[must_use]
     pub fn with_clock_margin(mut self, d: Duration) -> Self {
         self.clock_margin = d;
         self
     }
 
+    /// Sets the longest an acquire may wait (polling) for a busy name.
     #[must_use]
     pub fn with_max_wait(mut self, d: Duration) -> Self {
         self.limits.max_wait = d;
         self
     }
 
+    /// Sets [`S3LeaseConfig::op_timeout`].
     #[must_use]
     pub fn with_op_timeout(mut self, d: Duration) -> Self {
         self.op_timeout = d;
         self
     }
 
+    /// Sets [`S3LeaseConfig::history_per_name`]; the oldest entries are
+    /// dropped past it (and the object says so).
     #[must_use]
     pub fn with_history_per_name(mut self, n: usize) -> Self {
         self.history_per_name = n;

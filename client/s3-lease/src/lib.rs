@@ -76,6 +76,8 @@
 //! * `validate`: request checks with the server's limits and wording.
 //! * [`config`]: the limits and margins, [`S3LeaseConfig`].
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod config;
 pub mod object;

@@ -32,7 +32,10 @@ pub const FORMAT_VERSION: u32 = 1;
 /// One name's state in the store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseObject {
+    /// [`FORMAT_VERSION`]; any other is refused by [`LeaseObject::decode`].
     pub version: u32,
+    /// The lease name, as the key it is stored under encodes it; a read
+    /// whose `name` differs from its key is refused as implausible.
     pub name: String,
     /// The last fencing token issued for this name.
     pub fencing_token: u64,
@@ -54,15 +57,25 @@ pub struct LeaseObject {
     pub history_truncated: bool,
 }
 
+/// The lease that holds (or last held, if its deadline has passed) a
+/// name. Its times are by the holder's clock, checked against signed time
+/// when it wrote them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderRecord {
+    /// The lease's id (hex), the same in every name's object it holds.
     pub lease_id: String,
     /// SHA-256 of the holder's token, hex.
     pub token_sha256: String,
+    /// Who the holder said it is (for `describe` and refusals; not
+    /// checked against anything).
     pub owner: String,
+    /// Full, or tentative until upgraded.
     pub mode: ModeRecord,
     /// The holder's rights end at this instant (exclusive), by its clock.
     pub deadline_us: u64,
+    /// When this lease was granted (Unix µs), later than every earlier
+    /// grant of the name; it becomes `previous.granted_at_us` when the
+    /// lease ends.
     pub granted_at_us: u64,
     /// Every name of the lease, sorted: a tool holding only one name's
     /// object can tell what else the lease holds.
@@ -81,63 +94,93 @@ pub struct HolderRecord {
     pub holder_key: String,
 }
 
+/// [`Mode`] as stored: `"full"` or `"tentative"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeRecord {
+    /// Writes allowed: [`Mode::Full`].
     Full,
+    /// Held but not writable until upgraded: [`Mode::Tentative`].
     Tentative,
 }
 
+/// [`Ended`] as stored: how the lease before the holder ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EndedRecord {
+    /// Nobody held the name before: nothing to inherit.
     None,
+    /// Released, publishing its watermark.
     Released,
+    /// Its deadline passed and the next grant broke it; the watermark is
+    /// its deadline.
     Broken,
+    /// Not written by this crate (an S3 backend has no restart to forget
+    /// across); read for the same meaning as the server's.
     Unknown,
 }
 
 /// What the next holder of a name inherits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreviousRecord {
+    /// The lease before the holder; `None` when there was none.
     pub lease_id: Option<String>,
     /// Every message of earlier holders is at or below this.
     pub watermark_us: u64,
+    /// How that lease ended.
     pub ended: EndedRecord,
+    /// When it was released or found broken (Unix µs); 0 with
+    /// [`EndedRecord::None`].
     pub ended_at_us: u64,
     /// Some earlier holder (broken, or released with writes of unknown
     /// outcome) may still land writes in bags at or below the watermark;
     /// carried down the chain until a holder says it closed them. A flag,
     /// as in the server: the bound is always the watermark.
     pub unsettled: bool,
+    /// When that lease was granted (Unix µs); 0 when there was none.
     pub granted_at_us: u64,
     /// The encoded `SignedTime` the releaser gave with its watermark.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_signed_time_b64: Option<String>,
 }
 
+/// One entry of a name's short history: a renewal that stated metadata,
+/// or a release. What `bagel history` shows for an S3 lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryRecord {
+    /// The lease renewed or released.
     pub lease_id: String,
+    /// The owner it was acquired as.
     pub owner: String,
+    /// Renewed or released.
     pub event: EventRecord,
+    /// When (Unix µs, by the writing client's clock).
     pub at_us: u64,
+    /// For a release, the watermark it published; for a renewal, the one
+    /// the lease inherited (Unix µs).
     pub watermark_us: u64,
+    /// What the holder said about where its updates are, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<MetadataRecord>,
 }
 
+/// What a [`HistoryRecord`] records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventRecord {
+    /// A renewal that stated metadata (a plain renewal is not recorded).
     Renewed,
+    /// A release.
     Released,
 }
 
+/// [`Metadata`] as stored in JSON.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetadataRecord {
+    /// The holder's bytes, base64 (standard alphabet, padded).
     DataB64(String),
+    /// "Could be anywhere".
     Wildcard,
 }
 
@@ -155,6 +198,7 @@ impl LeaseObject {
         Ok(obj)
     }
 
+    /// The bytes to PUT: compact JSON, fields in declaration order.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a lease object serializes")
     }
@@ -217,6 +261,8 @@ impl PreviousRecord {
         }
     }
 
+    /// What [`bagel_lease_core`] hands the next holder as
+    /// `NameGrant::previous`.
     pub fn to_domain(&self) -> Previous {
         Previous {
             lease_id: self.lease_id.clone(),
@@ -265,6 +311,8 @@ impl From<&Metadata> for MetadataRecord {
 }
 
 impl HistoryRecord {
+    /// The entry as `history` returns it, the same type a lease server's
+    /// history has.
     pub fn to_domain(&self) -> HistoryEntry {
         HistoryEntry {
             lease_id: self.lease_id.clone(),

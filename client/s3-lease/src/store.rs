@@ -103,6 +103,8 @@ impl LeaseStore {
         self
     }
 
+    /// The largest lease object read or written (bytes); a larger one
+    /// is refused as implausible rather than parsed.
     pub fn max_object_bytes(&self) -> u64 {
         self.max_object_bytes
     }
@@ -140,6 +142,8 @@ impl LeaseStore {
         ))
     }
 
+    /// The store's URL (`s3://bucket/prefix`, or what
+    /// [`LeaseStore::new`] was given), for messages and witnesses.
     pub fn location(&self) -> &str {
         &self.location
     }

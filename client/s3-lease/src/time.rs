@@ -35,8 +35,14 @@ pub enum LeaseTime {
 /// the clock may be from true time.
 #[derive(Clone, Debug)]
 pub struct Stamp {
+    /// The local clock, read after the check: the `now` every rule of the
+    /// grant, renewal or release is judged at.
     pub now: Micros,
+    /// The signed time the witness carries (the authority's, or the
+    /// client's own signature over `now` for an unchecked clock).
     pub signed: pb::SignedTime,
+    /// Whether `signed` is the client's own (an unchecked clock): the
+    /// witness says so, and an audit can tell.
     pub self_timed: bool,
     /// The clock's error bound: `|offset| + radius + RTT/2` from the
     /// authority's latest answer, or the radius an unchecked clock claims.
@@ -44,6 +50,9 @@ pub struct Stamp {
 }
 
 impl LeaseTime {
+    /// The local clock, unchecked: what the lease handle schedules
+    /// renewals and judges validity by. A grant, renewal or release is
+    /// judged at a [`LeaseTime::stamp`], which checks the clock first.
     pub fn clock(&self) -> Arc<dyn Clock> {
         match self {
             LeaseTime::Signed(ts) => ts.clock(),
@@ -51,6 +60,8 @@ impl LeaseTime {
         }
     }
 
+    /// Whether the clock is unchecked ([`LeaseTime::UnsafeLocalClock`]):
+    /// tools warn, and the backend's info says so.
     pub fn is_unsafe(&self) -> bool {
         matches!(self, LeaseTime::UnsafeLocalClock(_))
     }
@@ -101,10 +112,15 @@ impl LeaseTime {
 /// self-signed). It vouches for nothing beyond "this client said so".
 #[derive(Clone, Debug)]
 pub struct SelfSignedClock {
+    /// The client's lease key (the one published under the prefix, which
+    /// readers trust).
     pub signer: Signer,
+    /// The local clock whose readings are signed.
     pub clock: Arc<dyn Clock>,
     /// Names the signer in the signed reading (the lease store's URL).
     pub who: String,
+    /// The error the readings claim; writers compare it with their bags'
+    /// clock tolerance.
     pub radius: Duration,
 }
 
