@@ -168,6 +168,15 @@ async fn open(
     })
 }
 
+/// Sends `builder`'s acquire; a refusal on this host's clock says what
+/// the clock check measured.
+async fn acquired(env: Arc<Env>, builder: AcquireBuilder) -> Result<Lease, Failure> {
+    match builder.send().await {
+        Ok(held) => Lease::acquired(env, held),
+        Err(e) => Err(Failure::from(e).on_clock(&env.time)),
+    }
+}
+
 /// `names` as a list: one name (a str) or a sequence of names.
 fn name_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if let Ok(one) = names.extract::<String>() {
@@ -231,7 +240,7 @@ impl Client {
             .builder(name_list(names)?, ttl, wait, tentative, owner)?
             .options(LeaseOptions::default().with_auto_renew(auto_renew));
         let env = Arc::clone(&self.env);
-        block_on(py, async move { Lease::acquired(env, builder.send().await?) })
+        block_on(py, async move { acquired(env, builder).await })
     }
 
     /// `acquire`, awaitable.
@@ -254,7 +263,7 @@ impl Client {
             .builder(name_list(names)?, ttl, wait, tentative, owner)?
             .options(LeaseOptions::default().with_auto_renew(auto_renew));
         let env = Arc::clone(&self.env);
-        awaitable(py, async move { Lease::acquired(env, builder.send().await?) })
+        awaitable(py, async move { acquired(env, builder).await })
     }
 
     /// The public keys (hex) that verify this backend's witnesses.

@@ -9,7 +9,8 @@
 //! and whether a retry may help.
 
 use bagel_bags::Error as BagError;
-use bagel_client::Error as LeaseError;
+use bagel_client::{Error as LeaseError, TimeSource};
+use bagel_proto::authority::monitor::Verdict;
 use pyo3::prelude::*;
 
 /// An attribute set on the exception.
@@ -29,6 +30,9 @@ pub struct Failure {
     class: &'static str,
     message: String,
     attrs: Vec<(&'static str, Attr)>,
+    /// Refused for want of signed time, which a clock check that found
+    /// the clock off also refuses with ([`Failure::on_clock`]).
+    no_signed_time: bool,
 }
 
 impl Failure {
@@ -37,6 +41,7 @@ impl Failure {
             class,
             message: message.into(),
             attrs: vec![("retryable", Attr::Bool(retryable))],
+            no_signed_time: false,
         }
     }
 
@@ -64,6 +69,39 @@ impl Failure {
     /// `LeaseLost`: the lease is no longer held.
     pub fn lost(message: impl Into<String>) -> Self {
         Failure::new("LeaseLost", message, false)
+    }
+
+    /// `ClockOff` on what the clock check measured: `offset` (seconds,
+    /// this clock less signed time) and `allowed` (the most that passes),
+    /// when `time`'s latest verdict is that the clock is off; `None` each
+    /// when the refusal rests on something else (a grant's deadline
+    /// already past on this clock).
+    fn clock_off(message: impl Into<String>, time: Option<&TimeSource>) -> Self {
+        let (offset, allowed) = match time.map(TimeSource::verdict) {
+            Some(Verdict::Off {
+                offset_us, allowed, ..
+            }) => (
+                Attr::Float(offset_us as f64 / 1e6),
+                Attr::Float(allowed.as_secs_f64()),
+            ),
+            _ => (Attr::None, Attr::None),
+        };
+        Failure::new("ClockOff", message, false)
+            .with("offset", offset)
+            .with("allowed", allowed)
+    }
+
+    /// This failure of an operation that acts on `time`'s clock check, with
+    /// what the check measured: a `ClockOff` gains its `offset` and
+    /// `allowed`, and a refusal for want of signed time while the check
+    /// says the clock is off (a writer's batch) is that `ClockOff`.
+    pub fn on_clock(self, time: &TimeSource) -> Self {
+        let off = matches!(time.verdict(), Verdict::Off { .. });
+        match self.class {
+            "ClockOff" => Failure::clock_off(self.message, Some(time)),
+            _ if self.no_signed_time && off => Failure::clock_off(self.message, Some(time)),
+            _ => self,
+        }
     }
 
     fn unavailable(message: impl Into<String>, retry_after: Option<f64>) -> Self {
@@ -116,13 +154,15 @@ impl From<LeaseError> for Failure {
             LeaseError::Unavailable { retry_after, .. } => {
                 Failure::unavailable(message, retry_after.map(|d| d.as_secs_f64()))
             }
-            LeaseError::Connect { .. } | LeaseError::Timeout { .. } | LeaseError::NoSignedTime { .. } => {
-                Failure::unavailable(message, None)
-            }
+            LeaseError::NoSignedTime { .. } => Failure {
+                no_signed_time: true,
+                ..Failure::unavailable(message, None)
+            },
+            LeaseError::Connect { .. } | LeaseError::Timeout { .. } => Failure::unavailable(message, None),
             LeaseError::NotHeld { reason, .. } => {
                 Failure::lost(message).with("reason", Attr::Str(reason.as_str().to_owned()))
             }
-            LeaseError::ClockOff { .. } => Failure::new("ClockOff", message, false),
+            LeaseError::ClockOff { .. } => Failure::clock_off(message, None),
             LeaseError::Invalid { .. }
             | LeaseError::OutOfRange { .. }
             | LeaseError::WatermarkBelowWritten { .. }
@@ -139,16 +179,22 @@ impl From<BagError> for Failure {
         let message = e.to_string();
         let retryable = e.is_retryable();
         match e {
-            BagError::LateRejected { .. } | BagError::BagClosed { .. } => {
+            BagError::LateRejected { log, bucket } | BagError::BagClosed { log, bucket } => {
                 Failure::new("LateRejected", message, false)
+                    .with("log", Attr::Str(log))
+                    .with("bag", Attr::Str(bucket.to_string()))
             }
             BagError::NoRights { .. } | BagError::WritesClosed | BagError::LeaseExpiring { .. } => {
                 Failure::lost(message)
             }
             BagError::SignedTimeOff { .. } | BagError::ClockUnvouched { .. } => {
-                Failure::new("ClockOff", message, false)
+                Failure::clock_off(message, None)
             }
-            BagError::NoSignedTime { .. } | BagError::Timeout { .. } => Failure::unavailable(message, None),
+            BagError::NoSignedTime { .. } => Failure {
+                no_signed_time: true,
+                ..Failure::unavailable(message, None)
+            },
+            BagError::Timeout { .. } => Failure::unavailable(message, None),
             BagError::Invalid { .. } => Failure::invalid(message),
             _ if retryable => Failure::unavailable(message, None),
             _ => Failure::base(message, false),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bagel_bags::audit::{AuditConfig, AuditMessage};
 use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, ReadOptions};
+use bagel_client::TimeSource;
 use bagel_proto::clock::{CheckedClock, SystemClock, Unvouched};
 use bagel_proto::{KeyRing, Micros};
 use bytes::Bytes;
@@ -291,6 +292,7 @@ impl Store {
         .map_err(Failure::from)?;
         Ok(Writer {
             writer: Arc::new(writer),
+            time: held.env.time.clone(),
         })
     }
 
@@ -459,6 +461,9 @@ impl Store {
 #[derive(Debug)]
 pub struct Writer {
     writer: Arc<bag::Writer>,
+    /// The signed time its batches carry, whose clock check says why a
+    /// batch was refused for want of it.
+    time: TimeSource,
 }
 
 fn payloads(messages: Vec<Vec<u8>>) -> Vec<Bytes> {
@@ -473,16 +478,16 @@ impl Writer {
     /// first (the batch is in no reader's view), `ClockOff` when this
     /// host's clock is off.
     fn write(&self, py: Python<'_>, messages: Vec<Vec<u8>>) -> PyResult<Vec<u64>> {
-        let writer = Arc::clone(&self.writer);
+        let (writer, time) = (Arc::clone(&self.writer), self.time.clone());
         let batch = payloads(messages);
-        block_on(py, async move { stamps(writer.write_batch(batch).await) })
+        block_on(py, async move { stamps(writer.write_batch(batch).await, &time) })
     }
 
     /// `write`, awaitable.
     fn write_async<'py>(&self, py: Python<'py>, messages: Vec<Vec<u8>>) -> PyResult<Bound<'py, PyAny>> {
-        let writer = Arc::clone(&self.writer);
+        let (writer, time) = (Arc::clone(&self.writer), self.time.clone());
         let batch = payloads(messages);
-        awaitable(py, async move { stamps(writer.write_batch(batch).await) })
+        awaitable(py, async move { stamps(writer.write_batch(batch).await, &time) })
     }
 
     /// The highest timestamp this writer wrote (µs), or `None`.
@@ -497,8 +502,11 @@ impl Writer {
     }
 }
 
-fn stamps(r: bag::Result<Vec<Micros>>) -> Result<Vec<u64>, Failure> {
-    Ok(r?.into_iter().map(|t| t.as_micros()).collect())
+fn stamps(r: bag::Result<Vec<Micros>>, time: &TimeSource) -> Result<Vec<u64>, Failure> {
+    match r {
+        Ok(stamps) => Ok(stamps.into_iter().map(|t| t.as_micros()).collect()),
+        Err(e) => Err(Failure::from(e).on_clock(time)),
+    }
 }
 
 /// One message read: `timestamp` (µs), `writer` (the writer id),
@@ -513,7 +521,7 @@ pub struct Message {
     payload: Py<PyBytes>,
     lease_ids: Vec<String>,
     verified: bool,
-    /// The bag (second) it was read from, `YYYY/MM/DD/hh/mm/ss`.
+    /// The bag (second) it was read from, as `YYYY-MM-DDThh:mm:ssZ`.
     bag: String,
 }
 
@@ -733,7 +741,13 @@ impl Metronome {
         )
         .map_err(Failure::from)?
         .with_observer(Arc::new(Through(Arc::clone(&self.through))));
-        block_on(py, async move { Ok(m.tick().await?.closed) })
+        let time = env.time.clone();
+        block_on(py, async move {
+            match m.tick().await {
+                Ok(tick) => Ok(tick.closed),
+                Err(e) => Err(Failure::from(e).on_clock(&time)),
+            }
+        })
     }
 
     fn __enter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Self>> {

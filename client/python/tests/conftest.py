@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -29,12 +30,13 @@ def binary(name: str) -> str:
 class Server:
     """A bagel-server on a free port of 127.0.0.1, granting at once."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: Optional[dict] = None) -> None:
         self.proc = subprocess.Popen(
             [binary("bagel-server"), "--listen", "127.0.0.1:0", "--unsafe-skip-restart-wait", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env=env,
         )
         self.url = ""
         self.key = ""
@@ -105,3 +107,21 @@ def roughtime() -> list:
 
 
 PYTHON = sys.executable
+
+
+def libfaketime() -> str:
+    """Debian's libfaketime (package faketime), wherever its architecture
+    puts it."""
+    for d in [Path("/usr/lib"), *sorted(Path("/usr/lib").iterdir())]:
+        lib = d / "faketime" / "libfaketime.so.1"
+        if lib.is_file():
+            return str(lib)
+    raise AssertionError("libfaketime is not installed (Debian: apt-get install faketime)")
+
+
+def skewed_env(offset: str) -> dict:
+    """The environment of a process whose wall (and monotonic) clock runs
+    `offset` off (libfaketime's form: `+30s`, `-30s`), preloaded into the
+    process itself rather than through the `faketime` wrapper, which
+    leaves a semaphore behind when killed."""
+    return {**os.environ, "LD_PRELOAD": libfaketime(), "FAKETIME": offset}

@@ -54,13 +54,29 @@ class LeaseLost(BagelError):
 class LateRejected(BagelError):
     """A closer closed the bag before the batch landed in it: the batch is
     in no reader's view and was not acknowledged. Write it again (it gets
-    a new, later timestamp)."""
+    a new, later timestamp).
+
+    ``log``: the log written to; ``bag``: the closed bag's second, as
+    ``YYYY-MM-DDThh:mm:ssZ`` (the form of ``Message.bag``)."""
+
+    log: Optional[str] = None
+    bag: Optional[str] = None
 
 
 class ClockOff(BagelError):
     """This host's clock is further from signed time than the tolerance
     allows, or cannot be vouched for: nothing is timestamped or closed on
-    it. Fix the clock; retrying will not help until then."""
+    it. Fix the clock; retrying will not help until then.
+
+    ``offset``: seconds this clock is ahead of signed time (negative:
+    behind), and ``allowed``: the most that passes (the tolerance plus the
+    answer's radius and half its round trip), as the clock check measured
+    them; ``None`` each when the refusal rests on something else (a
+    grant's deadline already past on this clock: the message says how far
+    ahead of the server this clock is)."""
+
+    offset: Optional[float] = None
+    allowed: Optional[float] = None
 
 
 class Unavailable(BagelError):
