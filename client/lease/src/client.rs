@@ -25,15 +25,13 @@ use crate::types::{
 };
 use crate::verify;
 
-/// A connection to one lease server, with the keys its witnesses are
-/// checked against. Cheap to clone (clones share the HTTP/2 connection).
 /// How many bytes of answers the server may send ahead of this client's
 /// reading, per connection and per call. HTTP/2's default, 64 KiB for a
 /// whole connection, is less than one answer to a batch of a few hundred
 /// grants: with two calls in flight on one connection the server stopped
 /// after each answer until the client's window update came back, and both
-/// sides sat idle (issue 25: 33 % fewer session cycles with two streams
-/// than with one, at half the CPU).
+/// sides sat idle (33 % fewer session cycles with two streams than with
+/// one, at half the CPU).
 const RECEIVE_CONNECTION_WINDOW: u32 = 4 << 20;
 const RECEIVE_STREAM_WINDOW: u32 = 1 << 20;
 
@@ -56,6 +54,14 @@ impl tonic::service::Interceptor for Auth {
 
 pub(crate) type Rpc = LeaseServiceClient<tonic::service::interceptor::InterceptedService<Channel, Auth>>;
 
+/// A connection to one lease server, with the keys its witnesses are
+/// checked against. Cheap to clone (clones share the HTTP/2 connection).
+///
+/// It is a [`crate::LeaseBackend`]: [`Client::acquire`] gives a
+/// [`crate::Lease`] that renews itself over this connection. Every call
+/// is bounded by [`ClientOptions::call_timeout`] when set, and answers
+/// [`Error::Timeout`] past it; a server that cannot be reached is
+/// [`Error::Connect`] or [`Error::Unavailable`] (both retryable).
 #[derive(Clone, Debug)]
 pub struct Client {
     rpc: Rpc,
@@ -312,6 +318,7 @@ impl Client {
         self
     }
 
+    /// The server URL as given to `connect` (`http://` or `https://`).
     pub fn url(&self) -> &str {
         &self.remote.url
     }
@@ -339,6 +346,9 @@ impl Client {
         self.max_ttl
     }
 
+    /// The local clock leases from this client judge their validity and
+    /// schedule renewals by (the system clock unless
+    /// [`Client::with_clock`]).
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
@@ -356,6 +366,12 @@ impl Client {
         AcquireBuilder::new(Arc::new(self.clone()), names)
     }
 
+    /// The server's keys, limits, readiness and clock status, asked now
+    /// (connect asked once; this is fresh).
+    ///
+    /// # Errors
+    /// Transport errors as for any call; [`Error::Witness`] when the
+    /// answer states a key that is not a valid ed25519 key.
     pub async fn server_info(&self) -> Result<ServerInfo> {
         let info = self
             .call(
@@ -367,6 +383,9 @@ impl Client {
         ServerInfo::from_pb(info).map_err(|reason| Error::Witness { reason })
     }
 
+    /// The state of each of `names` now, in the order asked: its holder
+    /// (if its deadline has not passed) and what a new holder would
+    /// inherit. Needs the `read` permission under an access policy.
     pub async fn describe<I, S>(&self, names: I) -> Result<Vec<NameState>>
     where
         I: IntoIterator<Item = S>,
@@ -382,6 +401,10 @@ impl Client {
         Ok(names.into_iter().map(NameState::from).collect())
     }
 
+    /// `name`'s recent renewals (those that stated metadata) and
+    /// releases, oldest first, as far as the server's history budget
+    /// keeps them ([`History::truncated`] says when older ones were
+    /// dropped). Needs the `read` permission under an access policy.
     pub async fn history(&self, name: impl Into<String>) -> Result<History> {
         let req = pb::HistoryRequest { name: name.into() };
         Ok(self

@@ -53,6 +53,7 @@ pub struct CoalesceOptions {
     pub max_batch: usize,
     /// Batches in flight at once (per stream with `Transport::Session`).
     pub in_flight: usize,
+    /// Unary `Batch` calls (the default) or pipelined `Session` streams.
     pub transport: Transport,
     /// `Session` streams, each run by the server on its own task (so on
     /// more than one core). Default: one per two CPUs this process may
@@ -96,18 +97,25 @@ fn default_streams() -> usize {
 }
 
 impl CoalesceOptions {
+    /// Sets [`CoalesceOptions::max_batch`] (at least 1). A batch over
+    /// the server's `--max-batch-ops` is refused whole: keep it at or
+    /// below the server's limit.
     #[must_use]
     pub fn with_max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
         self
     }
 
+    /// Sets [`CoalesceOptions::in_flight`] (at least 1): more lets
+    /// batches form while others are answered, at the cost of more
+    /// operations queued behind a slow server.
     #[must_use]
     pub fn with_in_flight(mut self, n: usize) -> Self {
         self.in_flight = n.max(1);
         self
     }
 
+    /// Sets [`CoalesceOptions::streams`] (at least 1; `Session` only).
     #[must_use]
     pub fn with_streams(mut self, n: usize) -> Self {
         self.streams = n.max(1);
@@ -122,12 +130,16 @@ impl CoalesceOptions {
         self
     }
 
+    /// Sets [`CoalesceOptions::transport`].
     #[must_use]
     pub fn with_transport(mut self, transport: Transport) -> Self {
         self.transport = transport;
         self
     }
 
+    /// Sets [`CoalesceOptions::verify_witnesses`]. Off only where the
+    /// caller checks witnesses itself (a benchmark of the server): an
+    /// unverified grant is believed as the server sent it.
     #[must_use]
     pub fn with_verify_witnesses(mut self, on: bool) -> Self {
         self.verify_witnesses = on;
@@ -178,6 +190,10 @@ impl std::fmt::Debug for Job {
 }
 
 impl Coalescer {
+    /// Starts the tasks that send `client`'s batches (`in_flight`
+    /// flushers, or one task per `Session` stream); they stop when the
+    /// last clone is dropped. Needs a tokio runtime: call it from async
+    /// code.
     pub fn new(client: Client, options: CoalesceOptions) -> Self {
         let (tx, rx) = mpsc::channel(options.max_batch * options.in_flight * 2);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));

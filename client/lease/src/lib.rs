@@ -83,6 +83,8 @@
 //! * `server_time`: the lease server as a time authority for a
 //!   [`TimeSource`] (its `SignedNow`), for writers without Roughtime.
 
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod cluster;
 pub mod coalesce;

@@ -183,24 +183,30 @@ impl Default for ClientOptions {
 }
 
 impl ClientOptions {
+    /// Sets [`ClientOptions::tls`]: needed for `https://` servers.
     #[must_use]
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {
         self.tls = Some(tls);
         self
     }
 
+    /// Sets [`ClientOptions::connect_timeout`].
     #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
+    /// Sets [`ClientOptions::call_timeout`]: a call not answered within
+    /// `timeout` fails with `Error::Timeout` (retryable; the server may
+    /// still have done it, so a timed-out acquire may have been granted).
     #[must_use]
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = Some(timeout);
         self
     }
 
+    /// Sets [`ClientOptions::bearer_token`].
     #[must_use]
     pub fn with_bearer_token(mut self, token: BearerToken) -> Self {
         self.bearer_token = Some(token);

@@ -26,7 +26,10 @@ use super::Cluster;
 pub struct ServerSpec {
     /// The identity names are routed by, when not the URL.
     pub id: Option<String>,
+    /// Where to connect: `http://` or `https://` with host and port.
     pub url: String,
+    /// The raw ed25519 public key its witnesses must verify with; `None`
+    /// to learn the key from the server when it is first reached.
     pub key: Option<[u8; 32]>,
 }
 
