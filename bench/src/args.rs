@@ -75,6 +75,13 @@ pub struct Args {
     /// Skip the memory and restart measurements.
     #[arg(long)]
     pub no_extras: bool,
+    /// Skip the unary CPU floor: after bagel's unary sweep, on its server,
+    /// bare `grpc.health.v1 Check` calls at each `--concurrency`, two per
+    /// cycle over the same connections, for the same warm-up and duration,
+    /// whose server CPU per two calls is what a unary cycle is compared
+    /// with (`floor_us_per_cycle`, `server_over_floor`).
+    #[arg(long)]
+    pub no_cpu_floor: bool,
     /// Skip the bag measurements (POSIX writes/s, S3 PUTs per batch,
     /// metronome lag).
     #[arg(long)]

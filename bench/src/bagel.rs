@@ -105,6 +105,52 @@ pub async fn floor(addr: SocketAddr, warmup: Duration, duration: Duration) -> Re
     .await
 }
 
+/// Bare unary calls in the shape of [`BagelDriver`]'s cycles, for the CPU
+/// floor (`cpu_floor`): a pool of connections, worker `i` on connection
+/// `i % pool`, and a "cycle" of two health checks (no lease work, no
+/// signature) where a lease cycle makes an acquire and a release.
+#[derive(Debug)]
+pub struct BareCallDriver {
+    conns: Vec<HealthClient<Channel>>,
+}
+
+impl BareCallDriver {
+    pub async fn connect(addr: SocketAddr, pool: usize) -> Result<Self> {
+        let mut conns = Vec::with_capacity(pool);
+        for _ in 0..pool.max(1) {
+            let ch = connect(addr).await.context("connecting to bagel")?;
+            conns.push(HealthClient::new(ch));
+        }
+        Ok(Self { conns })
+    }
+
+    async fn call(&self, worker: usize) -> Result<()> {
+        let mut c = self.conns[worker % self.conns.len()].clone();
+        c.check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+impl LeaseDriver for BareCallDriver {
+    type Held = ();
+
+    fn max_names(&self) -> usize {
+        // The names the load loop draws are not sent.
+        usize::MAX
+    }
+
+    async fn acquire(&self, worker: usize, _names: &[String], _ttl: Duration) -> Result<Option<()>> {
+        self.call(worker).await.map(Some)
+    }
+
+    async fn release(&self, worker: usize, (): ()) -> Result<()> {
+        self.call(worker).await
+    }
+}
+
 /// The client side: a pool of gRPC connections (HTTP/2), worker `i` on
 /// connection `i % pool`.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 
 use crate::args::{Args, Settings};
 use crate::procs::{Server, WorkDir};
-use crate::report::{self, Missing, Report};
+use crate::report::{Missing, Report};
 
 /// The first line of `bin --version`, for the report.
 pub(crate) fn version_of(bin: &str) -> String {
@@ -55,16 +55,16 @@ impl Bench {
     /// outside (a time limit on a lent machine) still leaves what it
     /// measured. `merged`: the rows are already one per point.
     pub(crate) fn checkpoint(&mut self, merged: bool) {
-        let raw = (!merged).then(|| self.report.rows.clone());
-        if let Some(rows) = &raw {
-            self.report.rows = report::median_of_rounds(rows.clone());
-            report::fill_ratios(&mut self.report.rows);
+        let raw = (!merged).then(|| (self.report.rows.clone(), self.report.cpu_floor.clone()));
+        if raw.is_some() {
+            self.report.merge_rounds();
         }
         if let Err(e) = self.report.write_tables(&self.args.out) {
             eprintln!("warning: could not write the results so far: {e:#}");
         }
-        if let Some(rows) = raw {
+        if let Some((rows, cpu_floor)) = raw {
             self.report.rows = rows;
+            self.report.cpu_floor = cpu_floor;
         }
     }
 

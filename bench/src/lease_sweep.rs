@@ -1,6 +1,7 @@
 //! The lease cycles of every system: each (names, concurrency) point, the
-//! paced point at a fraction of the peak, and the round-trip floor, run
-//! system by system on a server of its own.
+//! paced point at a fraction of the peak, the round-trip floor and, for
+//! bagel's unary calls, the CPU floor, run system by system on a server of
+//! its own.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use bagel_client::Transport;
 
 use crate::args::System;
 use crate::bench::{Bench, data_note, version_of};
+use crate::cpu_floor::CpuFloorRow;
 use crate::driver::{LeaseDriver, LoadSpec, run_load};
 use crate::floor::FloorRow;
 use crate::procs::Server;
@@ -158,6 +160,58 @@ impl Bench {
         Ok(())
     }
 
+    /// bagel's unary sweep, then its CPU floor on the same server (unless
+    /// `--no-cpu-floor`), then its paced point.
+    async fn unary_sweep(&mut self, driver: Arc<bagel::BagelDriver>, server: &mut Server) -> Result<()> {
+        let system = System::Bagel;
+        self.sweep(system, driver.clone(), server).await?;
+        if !self.args.no_cpu_floor
+            && let Err(e) = self.cpu_floor(server).await
+        {
+            self.missing("unary CPU floor", format!("{e:#}"));
+        }
+        if self.args.names.contains(&1) {
+            self.paced(system, driver, server).await?;
+        }
+        Ok(())
+    }
+
+    /// Bare unary calls at each client count of the sweep, in the sweep's
+    /// shape (see `cpu_floor`): one row per count, for this round.
+    async fn cpu_floor(&mut self, server: &mut Server) -> Result<()> {
+        let driver = Arc::new(bagel::BareCallDriver::connect(server.addr, self.args.connections).await?);
+        for &c in &self.args.concurrency.clone() {
+            server.check_alive()?;
+            let mut spec = self.spec(System::Bagel, 1, c);
+            spec.prefix = "bench-bare-".into();
+            let r = run_load(driver.clone(), &spec, Some(server.pid)).await;
+            let mut row = CpuFloorRow::from_load(System::Bagel.name(), c, &r);
+            row.round = self.round;
+            eprintln!(
+                "  {:13} clients={c:3}: {:>9.0} calls/s  server CPU {} ({} µs/call, floor {} µs/cycle)  errors {}{}",
+                "bare calls",
+                row.calls_per_s,
+                row.server_cpu_cores.map_or("?".into(), |v| format!("{v:.2}")),
+                row.server_us_per_call.map_or("?".into(), |v| format!("{v:.1}")),
+                row.floor_us_per_cycle.map_or("?".into(), |v| format!("{v:.1}")),
+                row.errors,
+                row.first_error
+                    .as_deref()
+                    .map_or(String::new(), |e| format!(" (first: {e})")),
+            );
+            if row.floor_us_per_cycle.is_none() {
+                self.missing(
+                    format!("unary CPU floor at {c} clients"),
+                    row.first_error.clone().unwrap_or_else(|| {
+                        "no server CPU figure (the window was cut short or no call completed)".into()
+                    }),
+                );
+            }
+            self.report.cpu_floor.push(row);
+        }
+        Ok(())
+    }
+
     pub(crate) async fn run_system(&mut self, system: System) -> Result<()> {
         let pool = self.args.connections;
         match system {
@@ -172,7 +226,7 @@ impl Bench {
                 let r = match system {
                     System::Bagel => {
                         let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
-                        self.sweep_then_pace(system, driver, &mut server).await
+                        self.unary_sweep(driver, &mut server).await
                     }
                     _ => {
                         let transport = if system == System::BagelSession {

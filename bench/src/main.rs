@@ -11,6 +11,8 @@
 //!   CPU and RSS from /proc.
 //! * [`rss`]: memory with many concurrently held leases.
 //! * [`cluster`]: the cluster client against 1, 2 and 4 servers.
+//! * [`cpu_floor`]: the server CPU of bare unary calls in the shape of the
+//!   unary sweep, the floor a unary cycle is compared with.
 //! * [`cpus`]: `--server-cpus` / `--client-cpus` pinning (sched_setaffinity).
 //! * [`scaling`]: peak cycles/s against server cores (`--scaling`).
 //! * [`bags`]: bagel-client's bag writer (POSIX writes/s, S3 PUTs per
@@ -20,7 +22,8 @@
 //! * [`report`]: `results.md`, `results.json`, `summary.json`, PNG plots.
 //! * [`bench`](mod@bench): the run's state ([`bench::Bench`]) and its bookkeeping;
 //!   the measurements it runs, one `impl Bench` a file: [`lease_sweep`]
-//!   (every system's lease cycles, paced point, round-trip floor),
+//!   (every system's lease cycles, paced point, round-trip floor, CPU
+//!   floor),
 //!   [`extras`] (memory with held leases, restart to ready, the cluster
 //!   client), [`bag_runs`] (the bag measurements and `--bag-path`).
 //! * this file: the command line applied, and the order of the run.
@@ -35,6 +38,7 @@ mod bagel;
 mod bags;
 mod bench;
 mod cluster;
+mod cpu_floor;
 mod cpus;
 mod driver;
 mod etcd;
@@ -162,9 +166,7 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
             bench.checkpoint(false);
         }
     }
-    let rows = std::mem::take(&mut bench.report.rows);
-    bench.report.rows = report::median_of_rounds(rows);
-    report::fill_ratios(&mut bench.report.rows);
+    bench.report.merge_rounds();
     bench.checkpoint(true);
 
     if !bench.args.scaling.is_empty() {

@@ -109,6 +109,7 @@ impl Report {
                 );
             }
         }
+        self.cpu_floor_markdown(&mut md);
         let paced: Vec<&Row> = self.rows.iter().filter(|r| r.paced).collect();
         if !paced.is_empty() {
             let _ = writeln!(md, "\n## Paced below the peak (open loop)\n");
@@ -214,6 +215,60 @@ impl Report {
             let _ = writeln!(md, "\n![peak cycles/s vs server cores](scaling.png)");
         }
         md
+    }
+
+    /// The unary cycles against two bare calls at the same client count.
+    fn cpu_floor_markdown(&self, md: &mut String) {
+        if self.cpu_floor.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "\n## Unary cycles over their transport floor (server CPU)\n");
+        let _ = writeln!(
+            md,
+            "Bare unary calls that do no lease work, on the same server right after the unary \
+             sweep, in its shape: as many client tasks over as many connections, two calls one \
+             after the other per cycle, the same warm-up and window. Floor = server CPU of two \
+             bare calls; a unary cycle's server CPU over it is what its lease work adds.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| system | request | clients | calls/s | server µs/call | floor µs/cycle | names | unary µs/cycle | ÷ floor | errors |"
+        );
+        let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+        for f in &self.cpu_floor {
+            let unary: Vec<&Row> = self
+                .rows
+                .iter()
+                .filter(|r| {
+                    r.system == f.system
+                        && r.transport == super::Transport::Unary
+                        && !r.paced
+                        && r.concurrency == f.concurrency
+                })
+                .collect();
+            let head = format!(
+                "| {} | {} | {} | {} | {} | {} |",
+                f.system,
+                f.request,
+                f.concurrency,
+                fmt_rate(f.calls_per_s),
+                fmt_opt(f.server_us_per_call, 1),
+                fmt_opt(f.floor_us_per_cycle, 1),
+            );
+            if unary.is_empty() {
+                let _ = writeln!(md, "{head} – | – | – | {} |", f.errors);
+            }
+            for r in unary {
+                let _ = writeln!(
+                    md,
+                    "{head} {} | {} | {} | {} |",
+                    r.names_per_cycle,
+                    fmt_opt(r.server_us_per_cycle, 1),
+                    fmt_opt(r.server_over_floor, 2),
+                    f.errors
+                );
+            }
+        }
     }
 
     fn scaling_markdown(&self, md: &mut String) {

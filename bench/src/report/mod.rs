@@ -17,6 +17,7 @@ pub use machine::Machine;
 pub use row::{Row, Transport, fill_ratios, median_of_rounds};
 
 use crate::bags::BagResults;
+use crate::cpu_floor::{self, CpuFloorRow};
 use crate::floor::FloorRow;
 use crate::rss::MemRow;
 
@@ -55,6 +56,9 @@ pub struct Report {
     pub restart: Vec<RestartRow>,
     /// One client's no-op round trip per system (bagel, Redis).
     pub floor: Vec<FloorRow>,
+    /// Server CPU of bare unary calls at each client count of the unary
+    /// sweep: the floor of a unary cycle (see `cpu_floor`).
+    pub cpu_floor: Vec<CpuFloorRow>,
     /// POSIX bag writes/s, S3 PUTs per batch, metronome lag.
     pub bags: BagResults,
     /// Cycles/s through the cluster client against several servers.
@@ -73,6 +77,15 @@ pub struct Report {
 }
 
 impl Report {
+    /// Merges the rounds of the lease rows and of the CPU floor into one
+    /// row per point, then fills the ratios between them.
+    pub fn merge_rounds(&mut self) {
+        self.rows = median_of_rounds(std::mem::take(&mut self.rows));
+        self.cpu_floor = cpu_floor::median_of_rounds(std::mem::take(&mut self.cpu_floor));
+        fill_ratios(&mut self.rows);
+        cpu_floor::fill(&mut self.rows, &self.cpu_floor);
+    }
+
     /// Writes `results.md`, `results.json` and `summary.json` into `dir`.
     pub fn write_tables(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -318,6 +331,46 @@ mod tests {
             (Some(20), Some(300))
         );
         assert_eq!(calm.generator_lag_ok, Some(true));
+    }
+
+    #[test]
+    fn the_cpu_floor_merges_and_shows_beside_the_unary_cycles() {
+        let floor = |cpu_s, round| {
+            let mut l = load(50_000);
+            l.server_cpu_s = Some(cpu_s);
+            let mut f = CpuFloorRow::from_load("bagel", 256, &l);
+            f.round = round;
+            f
+        };
+        let mut report = Report {
+            // 1 s of server CPU over 20,000 cycles: 50 µs a cycle.
+            rows: vec![
+                Row::from_load("bagel", Transport::Unary, 1, 256, 2, &load(20_000)),
+                Row::from_load("redis", Transport::Unary, 1, 256, 2, &load(20_000)),
+            ],
+            // Two rounds: 20 and 10 µs a call; the lower middle is 10.
+            cpu_floor: vec![floor(2.0, 0), floor(1.0, 1)],
+            ..Default::default()
+        };
+        report.merge_rounds();
+        assert_eq!(report.cpu_floor.len(), 1);
+        assert_eq!(report.cpu_floor[0].rounds, 2);
+        assert_eq!(report.rows[0].floor_us_per_cycle, Some(20.0));
+        assert_eq!(report.rows[0].server_over_floor, Some(2.5));
+        assert_eq!(report.rows[1].server_over_floor, None);
+        let md = report.markdown();
+        let section = md
+            .split("## Unary cycles over their transport floor")
+            .nth(1)
+            .expect("a floor section");
+        assert!(
+            section.contains(
+                "| bagel | grpc.health.v1 Check | 256 | 50000 | 10.0 | 20.0 | 1 | 50.0 | 2.50 | 0 |"
+            ),
+            "{section}"
+        );
+        let summary = serde_json::to_value(&report).unwrap();
+        assert_eq!(summary["cpu_floor"][0]["floor_us_per_cycle"], 20.0);
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct Row {
     /// concurrency, from this run.
     pub bagel_over_etcd: Option<f64>,
     pub bagel_over_redis: Option<f64>,
+    /// Unary closed-loop rows with a CPU floor in the run (see
+    /// `cpu_floor`): the server CPU of two bare calls at the same
+    /// concurrency, and `server_us_per_cycle` over it.
+    pub floor_us_per_cycle: Option<f64>,
+    pub server_over_floor: Option<f64>,
     /// Open-loop rows only: the offered rate (cycles/s); latencies count from
     /// each cycle's scheduled start.
     pub target_per_s: Option<f64>,
@@ -178,6 +183,8 @@ impl Row {
             client_us_per_cycle: per_cycle(r.client_cpu_s),
             bagel_over_etcd: None,
             bagel_over_redis: None,
+            floor_us_per_cycle: None,
+            server_over_floor: None,
             target_per_s: None,
             fraction_of_peak: None,
             start_lag_p50_us: (!r.start_lag_us.is_empty()).then(|| r.start_lag_us.value_at_quantile(0.5)),
