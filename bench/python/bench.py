@@ -14,6 +14,19 @@ Every server is started here on 127.0.0.1 and stopped at the end:
 
     python bench/python/bench.py --bin-dir target/release --seconds 5
 
+`--hour` measures instead reading an hour of summaries: Python's
+`store.read` against `bagel read`, over the same range with the same
+trust options. The hour is written and closed by the real binaries on
+a clock that libfaketime runs `--speed` times fast (one `faketime`
+wrapper, so every process under it shares one timeline): a
+`bagel-server` (the writer's and the metronome's signed time), `bagel
+write` under a lease from `bagel acquire`, and `bagel metronome`. Then,
+on true time, `bagel summarize --attest-key` and `bagel retain`, which
+removes the bags once their summaries check, so both readers read the
+summaries alone:
+
+    python bench/python/bench.py --bin-dir target/release --hour
+
 Needs the `bagel` wheel (release build for figures worth quoting),
 grpcio-tools, PyNaCl and redis-py in the interpreter, and `redis-server`
 on PATH.
@@ -22,6 +35,7 @@ on PATH.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -182,16 +196,213 @@ def bench_bags(addr: str, bin_dir: Path, seconds: float, batch: int, size: int) 
     return out
 
 
+HOUR_LOG = "hour"
+
+
+def start_server(cmd: list[str]) -> tuple[subprocess.Popen, str, str]:
+    """A bagel-server from `cmd`; returns it, its URL and its public key."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    key = ""
+    for line in proc.stdout:
+        k = re.match(r"public key ([0-9a-f]{64})", line)
+        if k:
+            key = k.group(1)
+        m = re.search(r" listening on ([0-9.:]+),", line)
+        if m:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, f"http://{m.group(1)}", key
+    raise SystemExit("bagel-server did not start")
+
+
+def sleep_until(t: float) -> None:
+    """Sleeps until the (possibly sped-up) wall clock reads `t`."""
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 1.0))
+
+
+def hour_child(bin_dir: Path, store_dir: Path, rate: int, size: int) -> None:
+    """Runs under the `faketime` wrapper (see `--hour`): makes an hour of
+    `rate` messages a second in `store_dir`, written under a lease and
+    closed; prints what the summarizer and the readers need as JSON."""
+    bagel = str(bin_dir / "bagel")
+    url = f"file://{store_dir / 'bags'}"
+    (store_dir / "bags").mkdir()
+    server, server_url, server_key = start_server(
+        [str(bin_dir / "bagel-server"), "--listen", "127.0.0.1:0", "--unsafe-skip-restart-wait", "--max-ttl", "2h"]
+    )
+    env = {**os.environ, "BAGEL_SERVER": server_url, "BAGEL_STATE_DIR": str(store_dir)}
+
+    def cli(*args: str) -> str:
+        return subprocess.run([bagel, *args], env=env, stdout=subprocess.PIPE, check=True, text=True).stdout
+
+    metronome = subprocess.Popen(
+        [bagel, "metronome", "--store", url, "--log", HOUR_LOG, "--max-idle-listing", "0"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        lease = store_dir / "lease.json"
+        lease.write_text(cli("acquire", "bench-hour", "--ttl", "70m", "--json"))
+        stamps = store_dir / "stamps.txt"
+        with open(stamps, "w") as out:
+            writer = subprocess.Popen(
+                [bagel, "write", "--store", url, "--log", HOUR_LOG, "--lease", str(lease), "--no-sync",
+                 "--keep-going", "--writer-id", "bench-hour"],
+                env=env, stdin=subprocess.PIPE, stdout=out, text=True,
+            )
+            pad = "x" * max(size - 9, 0)
+            start = time.time()
+            sent = 0
+            # `rate` lines for every second of the (fast) clock, for an hour.
+            while (now := time.time()) < start + 3600:
+                due = int((now - start) * rate)
+                writer.stdin.write("".join(f"{i:08d} {pad}\n" for i in range(sent, due)))
+                writer.stdin.flush()
+                sent = due
+                time.sleep(0.5)
+            writer.stdin.close()
+            assert writer.wait() == 0, "bagel write failed"
+        written = [int(line.split()[0]) for line in stamps.read_text().splitlines() if not line.startswith("FAILED")]
+        failed = sum(int(line.split()[1]) for line in stamps.read_text().splitlines() if line.startswith("FAILED"))
+        cli("release", "--lease", str(lease))
+        # Whole minutes, from the first message's to the last one's; done
+        # once the metronome has had time to close the last bag.
+        first = written[0] // 60_000_000 * 60_000_000
+        end = (written[-1] // 60_000_000 + 1) * 60_000_000
+        sleep_until(end / 1e6 + 10)
+    finally:
+        metronome.kill()
+        metronome.wait()
+        server.kill()
+        server.wait()
+    print(json.dumps({
+        "url": url, "server_key": server_key, "start": first, "end": end, "written": len(written),
+        "failed": failed, "why": sorted({re.sub(r"[0-9.]+", "N", line.split(None, 2)[2])
+                                         for line in stamps.read_text().splitlines() if line.startswith("FAILED")}),
+    }))
+
+
+def summarize_and_retain(bin_dir: Path, store_dir: Path, hour: dict) -> None:
+    """On true time, the hour well past: `bagel summarize` attests every
+    minute (checking each witness against the hour's server key), and
+    `bagel retain` removes the bags its summaries hold. Not on the fast
+    clock, where every store call's 10 s bound would shrink by `--speed`
+    while reading an hour of bags."""
+    server, server_url, _ = start_server(
+        [str(bin_dir / "bagel-server"), "--listen", "127.0.0.1:0", "--unsafe-skip-restart-wait"]
+    )
+    try:
+        common = ["--server", server_url, "--store", hour["url"], "--log", HOUR_LOG]
+        subprocess.run(
+            [str(bin_dir / "bagel"), "summarize", *common, "--attest-key", str(store_dir / "attest-key"),
+             "--key", hour["server_key"], "--from", str(hour["start"]), "--to", str(hour["end"])],
+            stdout=subprocess.DEVNULL, check=True,
+        )
+        subprocess.run([str(bin_dir / "bagel"), "retain", *common, "--keep-bags", "10m"],
+                       stdout=subprocess.DEVNULL, check=True)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def public_key_of(seed_file: Path) -> str:
+    """The ed25519 public key (hex) of a key file of 64 hex digits."""
+    from nacl.signing import SigningKey
+
+    return SigningKey(bytes.fromhex(seed_file.read_text().strip())).verify_key.encode().hex()
+
+
+def bench_hour(bin_dir: Path, rate: int, size: int, speed: int, repeat: int) -> dict:
+    import bagel
+
+    with tempfile.TemporaryDirectory() as d:
+        store_dir = Path(d)
+        # Starting two hours ago, so that the whole hour is in the past
+        # when it is read on true time. An offset rather than a date: the
+        # wrapper shares a relative clock's start with every process under
+        # it, so processes started later (summarize, retain) agree.
+        cmd = ["faketime", "-f", f"-2h x{speed}", sys.executable, __file__, "--hour-child", str(store_dir),
+               "--bin-dir", str(bin_dir), "--rate", str(rate), "--size", str(size)]
+        # The wrapper names its semaphore after its pid, and refuses to
+        # start when a killed wrapper left one behind under the same pid:
+        # another pid will do.
+        for _ in range(10):
+            made = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if "_open: File exists" not in made.stderr:
+                break
+        if made.returncode != 0:
+            raise SystemExit(f"making the hour failed:\n{made.stderr}")
+        hour = json.loads(made.stdout.splitlines()[-1])
+        summarize_and_retain(bin_dir, store_dir, hour)
+        bags = store_dir / "bags" / HOUR_LOG
+        assert not any(p.name.endswith(".data") for p in bags.rglob("*")), "retention left bags behind"
+        attester = public_key_of(store_dir / "attest-key")
+        rust_cmd = [str(bin_dir / "bagel"), "read", "--store", hour["url"], "--log", HOUR_LOG,
+                    "--from", str(hour["start"]), "--to", str(hour["end"]), "--key", hour["server_key"],
+                    "--trust-summarizer", attester, "--no-close", "--json"]
+        store = bagel.open_store(hour["url"], keys=[hour["server_key"]])
+        acknowledged = {
+            int(line.split()[0]) for line in (store_dir / "stamps.txt").read_text().splitlines()
+            if not line.startswith("FAILED")
+        }
+        rust_s, py_s = [], []
+        for _ in range(repeat):
+            with open(store_dir / "read.jsonl", "w") as out:
+                t = time.perf_counter()
+                subprocess.run(rust_cmd, stdout=out, stderr=subprocess.DEVNULL, check=True)
+                rust_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            messages = store.read(HOUR_LOG, start=hour["start"], end=hour["end"], trust_summarizer=[attester])
+            n = sum(1 for _ in messages)
+            py_s.append(time.perf_counter() - t)
+            with open(store_dir / "read.jsonl") as f:
+                read = [m["timestamp_us"] for m in map(json.loads, f) if m.get("kind") == "message"]
+            # The same messages for both; every acknowledged one among them
+            # (a batch that failed with an unknown outcome, a timeout, may
+            # be there too).
+            assert n == len(read), (n, len(read))
+            assert acknowledged <= set(read), len(acknowledged - set(read))
+            assert messages.verified and not messages.rejected and not messages.problems
+    minutes = (hour["end"] - hour["start"]) // 60_000_000
+    return {"messages": n, "minutes": minutes, "acknowledged": len(acknowledged), "failed": hour["failed"],
+            "why": hour["why"], "rust_s": min(rust_s), "py_s": min(py_s)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default=str(REPO / "target" / "release"), type=Path)
     ap.add_argument("--seconds", default=5.0, type=float, help="per measurement")
     ap.add_argument("--batch", default=100, type=int, help="messages per written batch")
     ap.add_argument("--size", default=100, type=int, help="bytes per message")
+    ap.add_argument("--hour", action="store_true", help="only: read an hour of summaries, Python against Rust")
+    ap.add_argument("--rate", default=100, type=int, help="with --hour: messages per second of the hour")
+    ap.add_argument("--speed", default=20, type=int, help="with --hour: how many times fast the hour's clock runs")
+    ap.add_argument("--repeat", default=3, type=int, help="with --hour: reads of each reader (the best counts)")
     ap.add_argument("--grpcio-child", metavar="ADDR", help=argparse.SUPPRESS)
+    ap.add_argument("--hour-child", metavar="DIR", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.grpcio_child:
         print(grpcio_child(a.grpcio_child, a.seconds))
+        return
+    if a.hour_child:
+        hour_child(a.bin_dir, a.hour_child, a.rate, a.size)
+        return
+    if a.hour:
+        h = bench_hour(a.bin_dir, a.rate, a.size, a.speed, a.repeat)
+        print(f"an hour of summaries ({h['minutes']} one-minute summaries, {h['messages']:,} messages of "
+              f"{a.size} B, attested; bags removed), best of {a.repeat}")
+        print("| reader | seconds | messages/s |")
+        print("|---|---:|---:|")
+        print(f"| Python `store.read` | {h['py_s']:.3f} | {h['messages'] / h['py_s']:,.0f} |")
+        print(f"| `bagel read --json` (Rust) | {h['rust_s']:.3f} | {h['messages'] / h['rust_s']:,.0f} |")
+        print(f"\nPython read time / Rust read time: {h['py_s'] / h['rust_s']:.2f}")
+        if h["failed"]:
+            # On a fast clock a stall of the host is a long one: batches
+            # refused (their bag closed, the clock check failing) or timed
+            # out (stored or not). The readers read what was stored.
+            print(f"({h['acknowledged']:,} messages acknowledged; {h['failed']:,} failed while writing:")
+            for why in h["why"]:
+                print(f"  {why}")
+            print(")")
         return
 
     server, addr = start_bagel_server(a.bin_dir)

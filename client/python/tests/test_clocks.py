@@ -9,13 +9,14 @@ import json
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 import bagel
 from conftest import PYTHON, Server, roughtime, s3_url, skewed_env
 
-CHILD = str(__import__("pathlib").Path(__file__).with_name("skewed_child.py"))
+CHILD = str(Path(__file__).with_name("skewed_child.py"))
 
 
 def bag_of(micros: int) -> str:
