@@ -3,16 +3,31 @@
 //!
 //! # Example
 //!
-//! Acquire, check, renew and release a lease on one server (start one
-//! with `target/release/bagel-server`; see the README), then the same over
-//! a cluster of servers:
+//! Acquire, check, renew and release a lease on one server, see a second
+//! client refused while it is held and inherit its watermark after, then
+//! the same over a cluster of servers. `url` is a running
+//! `bagel-server`'s address (`http://127.0.0.1:7420` for one started as
+//! the README shows); here the example starts servers in its own process.
 //!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
-//! use bagel_client::{Client, Cluster, ServerSpec};
+//! use bagel_client::{Client, Cluster, Error, ServerSpec};
 //!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = Client::connect("http://127.0.0.1:7420").await?;
+//! # /// A lease server in this process on a free port, as `bagel-server
+//! # /// --server-id ID --unsafe-skip-restart-wait` would be.
+//! # async fn serve(id: &str) -> Result<String, Box<dyn std::error::Error>> {
+//! #     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! #     let url = format!("http://{}", listener.local_addr()?);
+//! #     let cfg = bagel_server::Config::default().with_server_id(id).with_unsafe_skip_restart_wait(true);
+//! #     let clock = std::sync::Arc::new(bagel_proto::clock::SystemClock);
+//! #     let server = bagel_server::Server::new(cfg, bagel_proto::Signer::generate(), clock)?;
+//! #     tokio::spawn(server.serve(listener, std::future::pending()));
+//! #     Ok(url)
+//! # }
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = serve("bagel-1").await?;
+//! let client = Client::connect(url.as_str()).await?;
 //! let lease = client
 //!     .acquire(["tenant-7"])
 //!     .ttl(Duration::from_secs(5))
@@ -23,29 +38,59 @@
 //! let token = lease.fencing_token("tenant-7"); // give it to your storage
 //! // Valid means: the lease surely has not ended, on this host's clocks
 //! // (measured from when the request was sent, never past the deadline).
+//! // Check it before each write: once it is false, another holder may be
+//! // writing.
 //! assert!(lease.is_valid());
 //! println!("{token:?}, {:?} left", lease.time_left());
-//! // The handle renews every third of the TTL by itself; renew() asks now.
+//! // The handle renews every third of the TTL by itself; renew() asks now
+//! // and returns the new deadline (µs since the epoch, server's clock).
 //! let deadline = lease.renew().await?;
 //! assert!(deadline >= lease.min_timestamp());
+//!
+//! // Held: another client that asks for no wait is refused at once; the
+//! // error says who holds the name and until when.
+//! let other = Client::connect(url.as_str()).await?;
+//! let refused = other.acquire(["tenant-7"]).ttl(Duration::from_secs(5)).send().await;
+//! let Err(Error::Busy { conflict: Some(conflict), .. }) = refused else { panic!("{refused:?}") };
+//! assert_eq!(conflict.holder_owner, "worker-1");
+//!
 //! // Write through a bag writer given lease.rights() (crate bagel-bags):
 //! // every batch cites the witness it was checked against, and the lease
 //! // learns what was written. lease.lost() resolves if renewal fails.
-//! lease.release(None).await?; // publishes at least what its writers wrote
+//! let watermark = lease.release(None).await?; // at least what its writers wrote
+//! let next = other.acquire(["tenant-7"]).ttl(Duration::from_secs(5)).send().await?;
+//! // The next holder inherits the watermark: it writes strictly after
+//! // min_timestamp(), so after everything written under the lease before.
+//! assert!(next.min_timestamp() >= watermark);
+//! next.release(None).await?;
 //!
 //! // Several servers: names routed by rendezvous hashing over the members'
-//! // identities (`ID=URL`, as `bagel --servers` takes them).
-//! let servers = ServerSpec::parse_list("bagel-1=http://10.0.0.1:7420,bagel-2=http://10.0.0.2:7420")?;
+//! // identities (`ID=URL`, as `bagel --servers` takes them; each server
+//! // started with its `--server-id`).
+//! # let (url_1, url_2) = (url, serve("bagel-2").await?);
+//! let servers = ServerSpec::parse_list(&format!("bagel-1={url_1},bagel-2={url_2}"))?;
 //! let cluster = Cluster::connect(&servers).await?;
 //! let lease = cluster.acquire(["tenant-7", "tenant-9"]).ttl(Duration::from_secs(5)).send().await?;
+//! assert!(lease.is_valid()); // one handle, whichever servers hold its names
 //! lease.release(None).await?;
 //! # Ok(()) }
 //! ```
 //!
 //! Under load, batch many tasks' operations into one RPC and one signature:
 //!
-//! ```no_run
-//! # async fn demo(client: bagel_client::Client) -> Result<(), bagel_client::Error> {
+//! ```
+//! # async fn serve() -> Result<String, Box<dyn std::error::Error>> {
+//! #     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! #     let url = format!("http://{}", listener.local_addr()?);
+//! #     let cfg = bagel_server::Config::default().with_unsafe_skip_restart_wait(true);
+//! #     let clock = std::sync::Arc::new(bagel_proto::clock::SystemClock);
+//! #     let server = bagel_server::Server::new(cfg, bagel_proto::Signer::generate(), clock)?;
+//! #     tokio::spawn(server.serve(listener, std::future::pending()));
+//! #     Ok(url)
+//! # }
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let client = bagel_client::Client::connect(serve().await?).await?;
 //! use bagel_client::{CoalesceOptions, Coalescer};
 //! let batcher = Coalescer::new(client.clone(), CoalesceOptions::default());
 //! let lease = client.acquire(["tenant-7"]).via(&batcher).send().await?;
