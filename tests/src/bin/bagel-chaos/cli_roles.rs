@@ -30,6 +30,8 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use tokio::process::Command;
 
+use crate::lists::{Lists, PerStep};
+
 /// How often each interruption happened, and what went wrong.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct RunFences {
@@ -43,18 +45,19 @@ pub struct RunFences {
     pub leaked_processes: u64,
     /// Messages the CLI writers acknowledged (all must be read back).
     pub acked: u64,
+    /// Runs interrupted under each step of the migration.
+    pub across_migration: PerStep,
 }
 
 /// What the CLI roles need to run.
 #[derive(Debug, Clone)]
 pub struct CliSetup {
     pub bagel: PathBuf,
-    /// The server lists: generation, `--servers`, `--next-servers` (while
-    /// migrating). Each run reads them when it starts.
+    /// The server lists in force (`--servers`, and `--next-servers` while
+    /// migrating). Each run reads them when it starts; runs go one at a
+    /// time, so once one started on a generation every earlier run has
+    /// ended.
     pub lists: Lists,
-    /// The generation of the lists the latest run started with (runs go
-    /// one at a time, so every earlier run has ended).
-    pub in_use: Arc<std::sync::atomic::AtomicU64>,
     pub roughtime: (String, String),
     pub env: Vec<(String, String)>,
     pub dir: PathBuf,
@@ -63,9 +66,6 @@ pub struct CliSetup {
     pub stores: Vec<(usize, String)>,
     pub names: usize,
 }
-
-/// Server lists shared with the driver: (generation, current, next).
-pub type Lists = Arc<Mutex<(u64, String, Option<String>)>>;
 
 /// Acknowledged messages per store index: (timestamp, payload).
 pub type Acks = Arc<Mutex<Vec<BTreeSet<(u64, String)>>>>;
@@ -81,19 +81,23 @@ pub async fn run(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut fences = RunFences::default();
     let mut k = 0u64;
+    let mover = setup.lists.mover("the CLI roles".into());
+    let mut step = setup.lists.now().step();
     while !*stop.borrow() {
         k += 1;
         let role = rng.gen_range(0..4);
         let (si, store) = setup.stores.choose(&mut rng).expect("a store").clone();
         let name = format!("n{}", rng.gen_range(0..setup.names));
-        let (generation, servers, next) = setup.lists.lock().expect("lists").clone();
-        setup
-            .in_use
-            .store(generation, std::sync::atomic::Ordering::SeqCst);
+        let in_force = setup.lists.now();
+        mover.on(in_force.generation);
+        if in_force.step() != step {
+            step = in_force.step();
+            println!("bagel-chaos: CLI roles: run {k} on the lists of {step}");
+        }
         let run = OneRun {
             setup: &setup,
-            servers,
-            next,
+            servers: in_force.current,
+            next: in_force.next,
             k,
             store,
             name,
@@ -105,6 +109,9 @@ pub async fn run(
             2 => run.interrupted(&mut rng, Interrupt::KillWriter).await,
             _ => run.hold_interrupt(&mut rng).await,
         };
+        if matches!(outcome, Ok(Outcome::Ran)) {
+            *fences.across_migration.entry(step).or_default() += 1;
+        }
         match outcome {
             Ok(Outcome::Busy) => fences.busy += 1,
             Ok(Outcome::Ran) => match role {

@@ -24,7 +24,6 @@ mod setup;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,8 +33,9 @@ use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 
 use crate::RunArgs;
-use crate::cli_roles::{self, RunFences};
+use crate::cli_roles::RunFences;
 use crate::leaders::FailoverReport;
+use crate::lists::Lists;
 use crate::outages::Outages;
 use crate::services::Service;
 use crate::spellings::SpellingReport;
@@ -103,6 +103,9 @@ struct Run<'a> {
     /// The bag stores: a directory, S3, NFS.
     stores: Vec<String>,
     cluster: Cluster,
+    /// The server lists in force (moved by the migration) and every
+    /// client that follows them.
+    lists: Lists,
     /// The S3 lease backend's store (the S3-lease workers' leases).
     lease_store: String,
     /// Two a store: one on true time, one on a skewed clock.
@@ -119,10 +122,6 @@ struct Roles {
     /// Violations the CLI roles and the journeys found.
     violations: Arc<Mutex<Vec<String>>>,
     stop_cli: tokio::sync::watch::Sender<bool>,
-    /// The server lists the CLI roles use (moved by the migration).
-    cli_lists: cli_roles::Lists,
-    /// The latest list generation the CLI roles started a cycle on.
-    cli_in_use: Arc<AtomicU64>,
     cli: tokio::task::JoinHandle<RunFences>,
     stop_journeys: tokio::sync::watch::Sender<bool>,
     leaders: tokio::task::JoinHandle<anyhow::Result<FailoverReport>>,

@@ -64,16 +64,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use bagel_client::{Cluster, ServerSpec};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::lists::{Lists, PerStep};
 use crate::outages::{Outages, before};
 use check::Check;
 pub use command::{LeaderArgs, leader};
-use faults::inject;
+use faults::{follow_migration, inject};
 use record::{read_lines, write_timeline};
 use standby::standby;
 
@@ -113,8 +113,9 @@ pub struct LeaderSetup {
     pub bagel: PathBuf,
     /// This binary (the leaders' command).
     pub exe: PathBuf,
-    /// The run's server list (`member-i=URL`).
-    pub servers: String,
+    /// The server lists in force (`member-i=URL`): each `bagel run`
+    /// starts on them, and the migration moves them.
+    pub lists: Lists,
     pub roughtime: (String, String),
     pub env: Vec<(String, String)>,
     /// Where the standbys' logs go.
@@ -177,6 +178,12 @@ pub struct FailoverReport {
     /// The skewed standby's clock offset (ms), and how often it led.
     pub skewed_standby_ms: i64,
     pub skewed_leaders: u64,
+    /// Failovers by the step of the migration the new leader's `bagel
+    /// run` started under (its lists: current, current and next, next).
+    pub across_migration: PerStep,
+    /// Failovers from a leader on one step's lists to one on another's:
+    /// the handovers a migration must keep to one leader at a time.
+    pub between_steps: u64,
 }
 
 /// The faults injected into the standbys.
@@ -195,6 +202,10 @@ pub struct LeaderFaults {
     pub supervisor_stops: u64,
     /// A waiting standby's `bagel run` SIGKILLed.
     pub standby_kills: u64,
+    /// A waiting standby's `bagel run` on older lists than those in force
+    /// SIGTERMed by the migration, as an operator restarts a standby
+    /// service onto new lists (its loop starts again on them).
+    pub migration_restarts: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +240,13 @@ struct Unit {
     freezes: Vec<(Instant, Instant)>,
     stops: u64,
     exit: Option<(Instant, String)>,
+    /// The lists it started on: their generation and step, and who owns
+    /// its name under them (an outage of one explains a gap or a fence).
+    generation: u64,
+    step: &'static str,
+    owners: Vec<String>,
+    /// When the migration SIGTERMed it, waiting on older lists.
+    migrated: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -271,13 +289,9 @@ pub async fn run(
     violations: Arc<Mutex<Vec<String>>>,
 ) -> anyhow::Result<FailoverReport> {
     let mut rng = StdRng::seed_from_u64(seed);
-    // Which member owns each name: an outage of that member explains a gap.
-    let specs = ServerSpec::parse_list(&setup.servers).map_err(anyhow::Error::msg)?;
-    let cluster = Cluster::connect(&specs).await?;
-    let owners: Vec<String> = (0..NAMES)
-        .map(|i| cluster.route(&name_of(i)).current_identity)
-        .collect();
-    drop(cluster);
+    // Who owned each name when the loops began (the first election's).
+    let first_lists = setup.lists.now();
+    let first_owners: Vec<Vec<String>> = (0..NAMES).map(|i| first_lists.owners(&name_of(i))).collect();
     std::fs::create_dir_all(setup.dir.join("state"))?;
     let shared = Arc::new(Shared {
         live: Mutex::new(Live {
@@ -305,10 +319,14 @@ pub async fn run(
             } else {
                 0
             };
+            let mover = shared
+                .setup
+                .lists
+                .mover(format!("the standby loop {s} of {}", name_of(name)));
             loops.spawn(standby(
                 Arc::clone(&shared),
-                name,
-                s,
+                (name, s),
+                mover,
                 skew,
                 StdRng::seed_from_u64(rng.r#gen()),
                 writer.try_clone()?,
@@ -323,10 +341,12 @@ pub async fn run(
         StdRng::seed_from_u64(rng.r#gen()),
         stop.clone(),
     ));
+    let migration = tokio::spawn(follow_migration(Arc::clone(&shared), stop.clone()));
     let _ = stop.wait_for(|s| *s).await;
     // When the loops were told to stop (a freeze under way ends later).
     let stopping = Instant::now();
-    let faults = faults.await.context("the leaders' faults panicked")?;
+    let mut faults = faults.await.context("the leaders' faults panicked")?;
+    migration.await.context("the leaders' migration panicked")?;
     while let Some(done) = loops.join_next().await {
         if let Err(e) = done.context("a standby loop panicked")? {
             shared.violation(format!("leaders: a standby loop failed: {e:#}"));
@@ -349,6 +369,7 @@ pub async fn run(
     let live = shared.live.lock().expect("live");
     let setup = &shared.setup;
     write_timeline(&live, setup)?;
+    faults.migration_restarts = live.units.values().filter(|u| u.migrated.is_some()).count() as u64;
     let mut report = FailoverReport {
         names: NAMES,
         standbys: STANDBYS,
@@ -369,17 +390,18 @@ pub async fn run(
         if unit.skewed && unit.started {
             report.skewed_leaders += 1;
         }
-        if exit != "exit 3" || !unit.freezes.is_empty() || unit.stops > 0 {
+        if exit != "exit 3" || !unit.freezes.is_empty() || unit.stops > 0 || unit.migrated.is_some() {
             continue;
         }
-        // An outage of its server up to a TTL before it started can still
-        // fence it (a renewal that cannot land).
+        // An outage of one of its servers up to a TTL before it started can
+        // still fence it (a renewal that cannot land).
         let spawned = unit.spawned.unwrap_or(begun);
-        if setup
-            .outages
-            .of_member_during(&owners[unit.name], before(spawned, setup.ttl), *exited)
-            .is_some()
-        {
+        if unit.owners.iter().any(|owner| {
+            setup
+                .outages
+                .of_member_during(owner, before(spawned, setup.ttl), *exited)
+                .is_some()
+        }) {
             continue;
         }
         let skew = if unit.skewed { setup.skew_ms } else { 0 };
@@ -408,7 +430,7 @@ pub async fn run(
     for (name, events) in live.events.iter().enumerate() {
         let check = Check {
             name: name_of(name),
-            owner: &owners[name],
+            first_owners: &first_owners[name],
             events,
             units: &live.units,
             setup,

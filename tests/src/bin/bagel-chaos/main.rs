@@ -20,7 +20,9 @@
 //! leader at a time, and a new one within the TTL and a margin: see
 //! `leaders.rs`), and clients that write the one cluster's server list
 //! differently (no name with two holders, and a list with swapped IDs
-//! refused: see `spellings.rs`). At the end two independent readers read
+//! refused: see `spellings.rs`). The journeys, the CLI roles and the
+//! list-then-watch clients follow the migration as an operator rolls it
+//! out (see `lists.rs`). At the end two independent readers read
 //! every log and must agree, every acknowledged write must be read back,
 //! and `bagel audit` must find no violation.
 //!
@@ -35,6 +37,7 @@ mod cli_roles;
 mod driver;
 mod hostile;
 mod leaders;
+mod lists;
 mod outages;
 mod partitions;
 mod policy;

@@ -18,6 +18,18 @@
 //! And a list that names a wrong identity (two IDs swapped) must be
 //! refused at connect, naming both, whichever name it asks for: through
 //! it, names would go to the wrong server.
+//!
+//! **Across the migration** each client writes the lists in force at the
+//! start of each cycle, as a service reads its configuration when it is
+//! restarted: before it, the current list in its own spelling; while both
+//! lists are in force, `--servers` in its spelling and `--next-servers` in
+//! the next client's (so one client writes its two lists two ways); after
+//! it, the next list in its own spelling. A grant under both lists needs
+//! the name's owner in each: it must come from both, a describe through
+//! another spelling must name it (by its fencing token, or, when the
+//! owners differ, by the lease id of its part on the current owner, whose
+//! token may be the lower of the two), and no two grants of a name may
+//! overlap whatever lists each was taken under.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -36,6 +48,7 @@ use tokio::io::AsyncBufReadExt as _;
 use tokio::process::Command;
 use tokio::sync::watch;
 
+use crate::lists::{InForce, Lists, Mover, PerStep};
 use crate::outages::Outages;
 
 /// Names the spelling clients contend for (`spelled-0`, ...).
@@ -69,8 +82,8 @@ pub struct SpellingSetup {
     pub env: Vec<(String, String)>,
     /// Where the lease files and the holders' logs go.
     pub dir: PathBuf,
-    /// The cluster's members: identity (`--server-id`) and port.
-    pub members: Vec<(String, u16)>,
+    /// The server lists in force (`member-i=URL`), moved by the migration.
+    pub lists: Lists,
     /// The grants' TTL (the servers' max TTL).
     pub ttl: Duration,
     pub outages: Outages,
@@ -108,6 +121,9 @@ pub struct SpellingReport {
     pub wrong_id_refused: u64,
     pub wrong_id_unreachable: u64,
     pub wrong_id_not_refused: u64,
+    /// Grants under each step of the migration (the lists their client
+    /// wrote).
+    pub across_migration: PerStep,
 }
 
 /// One client's figures.
@@ -115,6 +131,9 @@ pub struct SpellingReport {
 pub struct SpellingStats {
     pub label: String,
     pub servers: String,
+    /// Its lists under each later step: `--servers`, and `--next-servers`
+    /// after a space while both are in force.
+    pub migrated: BTreeMap<&'static str, String>,
     pub how: String,
     pub grants: u64,
     pub busy: u64,
@@ -128,6 +147,7 @@ pub struct SpellingStats {
 struct Grant {
     name: String,
     client: usize,
+    step: &'static str,
     token: u64,
     /// When its request was sent.
     sent: Instant,
@@ -141,17 +161,87 @@ struct Grant {
 #[derive(Debug)]
 struct Shared {
     setup: SpellingSetup,
-    /// Each client's list, then the swapped one.
-    lists: Vec<String>,
-    swapped: String,
-    /// Each name's owner: identity and port.
-    owners: HashMap<String, (String, u16)>,
-    /// The library's clusters, one per spelling, connected when first used
-    /// (a list without IDs needs every member up to connect).
-    clusters: tokio::sync::Mutex<HashMap<usize, Cluster>>,
+    /// Seeds the spellings of each generation's lists.
+    seed: u64,
+    /// Each generation's lists as the clients spell them.
+    spelled: Mutex<HashMap<u64, Arc<Spelled>>>,
+    /// The library's clusters, one per spelling and generation, connected
+    /// when first used (a list without IDs needs every member up to
+    /// connect).
+    clusters: tokio::sync::Mutex<HashMap<(usize, u64), Cluster>>,
     grants: Mutex<Vec<Grant>>,
     report: Mutex<SpellingReport>,
     violations: Arc<Mutex<Vec<String>>>,
+}
+
+/// One generation's lists as every client writes them.
+#[derive(Debug)]
+struct Spelled {
+    step: &'static str,
+    /// Each client's `--servers` and `--next-servers`.
+    lists: Vec<(String, Option<String>)>,
+    /// The current list with its first two members' IDs swapped, and
+    /// those two IDs.
+    swapped: String,
+    swapped_ids: [String; 2],
+    /// Each name's owners under these lists (in the current list, then in
+    /// the next when another): identity and port.
+    owners: HashMap<String, Vec<(String, u16)>>,
+}
+
+impl Spelled {
+    fn new(in_force: &InForce, seed: u64) -> anyhow::Result<Spelled> {
+        let mut rng = StdRng::seed_from_u64(seed ^ in_force.generation);
+        let current = ports(&in_force.current)?;
+        anyhow::ensure!(
+            current.len() >= 2,
+            "the spelling journey needs two members to swap"
+        );
+        let next = in_force.next.as_deref().map(ports).transpose()?;
+        let lists = (0..CLIENTS.len())
+            .map(|k| {
+                let c = spell(k, &current, &mut rng);
+                let n = next
+                    .as_ref()
+                    .map(|next| spell((k + 1) % CLIENTS.len(), next, &mut rng));
+                (c, n)
+            })
+            .collect();
+        let port_of_id: HashMap<String, u16> = current.iter().chain(next.iter().flatten()).cloned().collect();
+        let owners = (0..NAMES)
+            .map(|i| {
+                let name = format!("spelled-{i}");
+                let owners = in_force
+                    .owners(&name)
+                    .into_iter()
+                    .map(|id| {
+                        let port = port_of_id.get(&id).copied().unwrap_or_default();
+                        (id, port)
+                    })
+                    .collect();
+                (name, owners)
+            })
+            .collect();
+        Ok(Spelled {
+            step: in_force.step(),
+            lists,
+            swapped: swapped(&current),
+            swapped_ids: [current[0].0.clone(), current[1].0.clone()],
+            owners,
+        })
+    }
+}
+
+/// A list's members (`ID=URL`, as the run writes its lists): identity and
+/// port.
+fn ports(list: &str) -> anyhow::Result<Vec<(String, u16)>> {
+    crate::lists::members(list)
+        .into_iter()
+        .map(|(id, url)| {
+            let port = port_of(&url).with_context(|| format!("no port in {url}"))?;
+            Ok((id, port))
+        })
+        .collect()
 }
 
 /// The run's list spelled as client `k` writes it.
@@ -224,33 +314,15 @@ pub async fn run(
     stop: watch::Receiver<bool>,
     violations: Arc<Mutex<Vec<String>>>,
 ) -> anyhow::Result<SpellingReport> {
-    anyhow::ensure!(
-        setup.members.len() >= 2,
-        "the spelling journey needs two members to swap"
-    );
     let mut rng = StdRng::seed_from_u64(seed);
-    let lists: Vec<String> = (0..CLIENTS.len())
-        .map(|k| spell(k, &setup.members, &mut rng))
-        .collect();
-    // The owners, by the list the run itself writes (IDs given: it
-    // connects with members down).
-    let run_list = lists.last().expect("clients").clone();
-    let cluster = Cluster::connect(&ServerSpec::parse_list(&run_list).map_err(anyhow::Error::msg)?).await?;
-    let ports: HashMap<&str, u16> = setup.members.iter().map(|(id, p)| (id.as_str(), *p)).collect();
-    let owners = (0..NAMES)
-        .map(|i| {
-            let name = format!("spelled-{i}");
-            let id = cluster.route(&name).current_identity;
-            let port = ports[id.as_str()];
-            (name, (id, port))
-        })
-        .collect();
-    drop(cluster);
+    let spell_seed: u64 = rng.r#gen();
+    let first = setup.lists.now();
+    let spelled = Arc::new(Spelled::new(&first, spell_seed)?);
     let report = SpellingReport {
         spellings: CLIENTS
             .iter()
-            .zip(&lists)
-            .map(|((label, how), list)| SpellingStats {
+            .zip(&spelled.lists)
+            .map(|((label, how), (list, _))| SpellingStats {
                 label: (*label).to_owned(),
                 servers: list.clone(),
                 how: format!("{how:?}").to_lowercase(),
@@ -261,20 +333,24 @@ pub async fn run(
     };
     std::fs::create_dir_all(setup.dir.join("state"))?;
     let shared = Arc::new(Shared {
-        swapped: swapped(&setup.members),
         setup,
-        lists,
-        owners,
+        seed: spell_seed,
+        spelled: Mutex::new(HashMap::from([(first.generation, spelled)])),
         clusters: Default::default(),
         grants: Mutex::default(),
         report: Mutex::new(report),
         violations,
     });
     let mut tasks = tokio::task::JoinSet::new();
-    for k in 0..CLIENTS.len() {
+    for (k, (label, _)) in CLIENTS.iter().enumerate() {
+        let mover = shared
+            .setup
+            .lists
+            .mover(format!("the spelling client {k} ({label:?})"));
         tasks.spawn(client(
             Arc::clone(&shared),
             k,
+            mover,
             StdRng::seed_from_u64(rng.r#gen()),
             stop.clone(),
         ));
@@ -305,17 +381,37 @@ enum Got {
 enum Held {
     /// `bagel acquire`'s lease file (released with `bagel release`).
     File(LeaseJson),
-    /// `bagel acquire --hold`, running.
-    Holder(tokio::process::Child, u64),
+    /// `bagel acquire --hold`, running, and the lease it printed.
+    Holder(tokio::process::Child, LeaseJson),
     Library(bagel_client::Lease),
 }
 
 impl Held {
     fn token(&self) -> u64 {
         match self {
-            Held::File(l) => l.names[0].fencing_token,
-            Held::Holder(_, token) => *token,
+            Held::File(l) | Held::Holder(_, l) => l.names[0].fencing_token,
             Held::Library(l) => l.names()[0].fencing_token,
+        }
+    }
+
+    /// The lease ids its servers hold `name` under: one, or two while
+    /// migrating (one a server).
+    fn part_ids(&self, name: &str) -> Vec<String> {
+        match self {
+            Held::File(l) | Held::Holder(_, l) if l.servers.is_empty() => vec![l.lease_id.clone()],
+            Held::File(l) | Held::Holder(_, l) => l
+                .servers
+                .iter()
+                .filter(|s| s.name == name)
+                .map(|s| s.lease_id.clone())
+                .collect(),
+            Held::Library(l) => l
+                .servers()
+                .iter()
+                .filter(|p| p.names.iter().any(|n| n == name))
+                .map(|p| p.lease_id.clone())
+                .chain(l.servers().is_empty().then(|| l.id().to_owned()))
+                .collect(),
         }
     }
 }
@@ -329,6 +425,35 @@ impl Shared {
         self.setup.started.elapsed().as_secs_f64()
     }
 
+    /// Client `k`'s lists of `sp`'s generation.
+    fn bagel_of(&self, sp: &Spelled, k: usize) -> Command {
+        let (current, next) = &sp.lists[k];
+        let mut c = self.bagel(current);
+        if let Some(next) = next {
+            c.args(["--next-servers", next]);
+        }
+        c
+    }
+
+    /// The lists in force, as the clients spell them.
+    fn spelled(&self, in_force: &InForce) -> anyhow::Result<Arc<Spelled>> {
+        let mut spelled = self.spelled.lock().expect("spelled");
+        if let Some(sp) = spelled.get(&in_force.generation) {
+            return Ok(Arc::clone(sp));
+        }
+        let sp = Arc::new(Spelled::new(in_force, self.seed)?);
+        let mut r = self.report.lock().expect("report");
+        for (stats, (current, next)) in r.spellings.iter_mut().zip(&sp.lists) {
+            let lists = match next {
+                Some(next) => format!("{current} {next}"),
+                None => current.clone(),
+            };
+            stats.migrated.insert(sp.step, lists);
+        }
+        spelled.insert(in_force.generation, Arc::clone(&sp));
+        Ok(sp)
+    }
+
     fn bagel(&self, list: &str) -> Command {
         let mut c = Command::new(&self.setup.bagel);
         c.args(["--servers", list])
@@ -340,15 +465,20 @@ impl Shared {
         c
     }
 
-    /// The library's cluster for spelling `k`.
-    async fn cluster(&self, k: usize) -> Result<Cluster, String> {
+    /// The library's cluster for spelling `k` of `generation`'s lists.
+    async fn cluster(&self, k: usize, generation: u64, sp: &Spelled) -> Result<Cluster, String> {
         let mut clusters = self.clusters.lock().await;
-        if let Some(c) = clusters.get(&k) {
+        if let Some(c) = clusters.get(&(k, generation)) {
             return Ok(c.clone());
         }
-        let specs = ServerSpec::parse_list(&self.lists[k])?;
-        let c = Cluster::connect(&specs).await.map_err(|e| e.to_string())?;
-        clusters.insert(k, c.clone());
+        let (current, next) = &sp.lists[k];
+        let current = ServerSpec::parse_list(current)?;
+        let c = match next {
+            Some(next) => Cluster::migrating(&current, &ServerSpec::parse_list(next)?).await,
+            None => Cluster::connect(&current).await,
+        }
+        .map_err(|e| e.to_string())?;
+        clusters.insert((k, generation), c.clone());
         Ok(c)
     }
 
@@ -356,13 +486,12 @@ impl Shared {
         humantime::format_duration(self.setup.ttl).to_string()
     }
 
-    async fn take(&self, k: usize, name: &str) -> Got {
-        let list = &self.lists[k];
+    async fn take(&self, k: usize, generation: u64, sp: &Spelled, name: &str) -> Got {
         match CLIENTS[k].1 {
             How::Acquire => {
                 let out = tokio::time::timeout(
                     Duration::from_secs(30),
-                    self.bagel(list)
+                    self.bagel_of(sp, k)
                         .args(["acquire", name, "--ttl", &self.ttl_arg(), "--json"])
                         .output(),
                 )
@@ -380,9 +509,9 @@ impl Shared {
                     Err(_) => Got::Failed("bagel acquire did not return within 30 s".into()),
                 }
             }
-            How::Hold => self.hold(k, name).await,
+            How::Hold => self.hold(k, sp, name).await,
             How::Library => {
-                let cluster = match self.cluster(k).await {
+                let cluster = match self.cluster(k, generation, sp).await {
                     Ok(c) => c,
                     Err(e) => return Got::Failed(e),
                 };
@@ -403,13 +532,13 @@ impl Shared {
     }
 
     /// `bagel acquire --hold --json`: held once its lease file is printed.
-    async fn hold(&self, k: usize, name: &str) -> Got {
+    async fn hold(&self, k: usize, sp: &Spelled, name: &str) -> Got {
         let log = self.setup.dir.join(format!("holder-{k}.log"));
         let Ok(stderr) = std::fs::File::create(&log) else {
             return Got::Failed("creating the holder's log".into());
         };
         let spawned = self
-            .bagel(&self.lists[k])
+            .bagel_of(sp, k)
             .args(["acquire", name, "--ttl", &self.ttl_arg(), "--hold", "--json"])
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -435,7 +564,7 @@ impl Shared {
         })
         .await;
         match printed {
-            Ok(Some(lease)) => Got::Held(Box::new(Held::Holder(child, lease.names[0].fencing_token))),
+            Ok(Some(lease)) => Got::Held(Box::new(Held::Holder(child, lease))),
             Ok(None) => match child.wait().await {
                 Ok(s) if s.code() == Some(2) => Got::Busy,
                 _ => Got::Failed(
@@ -452,7 +581,7 @@ impl Shared {
     /// Lets a grant go; returns when it is surely held until (`None`: no
     /// later than the TTL after it was asked for) and when it is surely
     /// gone.
-    async fn let_go(&self, k: usize, held: Held) -> (Option<Instant>, Instant) {
+    async fn let_go(&self, k: usize, sp: &Spelled, held: Held) -> (Option<Instant>, Instant) {
         let ttl = self.setup.ttl;
         let sent = Instant::now();
         match held {
@@ -461,7 +590,7 @@ impl Shared {
                 let released = match std::fs::write(&file, serde_json::to_vec(&lease).unwrap_or_default()) {
                     Ok(()) => {
                         let release = self
-                            .bagel(&self.lists[k])
+                            .bagel_of(sp, k)
                             .args(["release", "--lease"])
                             .arg(&file)
                             .output();
@@ -504,18 +633,29 @@ impl Shared {
         }
     }
 
-    /// While client `k` holds `name` (token `token`), a describe through
-    /// another spelling must name the holder.
-    async fn describe(&self, k: usize, name: &str, token: u64, sent: Instant, rng: &mut StdRng) {
+    /// While client `k` holds `name` (token `token`, its servers' lease
+    /// ids `parts`) under `sp`'s lists, a describe through another spelling
+    /// of them must name the holder.
+    #[allow(clippy::too_many_arguments)]
+    async fn describe(
+        &self,
+        k: usize,
+        (generation, sp): (u64, &Spelled),
+        name: &str,
+        token: u64,
+        parts: &[String],
+        sent: Instant,
+        rng: &mut StdRng,
+    ) {
         let others: Vec<usize> = (0..CLIENTS.len()).filter(|&j| j != k).collect();
         let j = *others.choose(rng).expect("clients");
         let asked = Instant::now();
-        let answer = match self.cluster(j).await {
+        let answer = match self.cluster(j, generation, sp).await {
             Ok(c) => c.describe(&[name.to_owned()]).await.map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         let answered = Instant::now();
-        let (owner, _) = &self.owners[name];
+        let owners = &sp.owners[name];
         let mut r = self.report.lock().expect("report");
         let state = match answer {
             Ok(mut states) if states.len() == 1 => states.remove(0),
@@ -525,11 +665,17 @@ impl Shared {
             }
         };
         let holder = state.holder.as_ref().map(|h| h.fencing_token);
-        if holder == Some(token) {
+        // While migrating, the current owner describes its own part, whose
+        // token may be the lower of the two.
+        let its_part = owners.len() > 1 && state.holder.as_ref().is_some_and(|h| parts.contains(&h.lease_id));
+        if holder == Some(token) || its_part {
             r.describes_agreed += 1;
         } else if answered > sent + self.setup.ttl {
             // Not surely held any more when it answered.
-        } else if self.setup.outages.killed_during(owner, sent, answered) {
+        } else if owners
+            .iter()
+            .any(|(owner, _)| self.setup.outages.killed_during(owner, sent, answered))
+        {
             r.describes_after_restart += 1;
         } else {
             r.describes_disagreed += 1;
@@ -565,16 +711,18 @@ impl Shared {
                     if b.from < a.to && a.from < b.to {
                         double += 1;
                         found.push(format!(
-                            "config spellings: {name} held twice: by client {} ({:?}, token {}) from {:.3}s to \
-                             {:.3}s and by client {} ({:?}, token {}) from {:.3}s to {:.3}s",
+                            "config spellings: {name} held twice: by client {} ({:?}, token {}, lists of {}) from \
+                             {:.3}s to {:.3}s and by client {} ({:?}, token {}, lists of {}) from {:.3}s to {:.3}s",
                             a.client,
                             CLIENTS[a.client].0,
                             a.token,
+                            a.step,
                             t(a.from),
                             t(a.to),
                             b.client,
                             CLIENTS[b.client].0,
                             b.token,
+                            b.step,
                             t(b.from),
                             t(b.to)
                         ));
@@ -610,14 +758,29 @@ impl Shared {
 async fn client(
     shared: Arc<Shared>,
     k: usize,
+    mover: Mover,
     mut rng: StdRng,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let how = CLIENTS[k].1;
+    let mut step = shared.setup.lists.now().step();
     while !*stop.borrow() {
+        // Each cycle on the lists in force (the one before has let go).
+        let in_force = shared.setup.lists.now();
+        mover.on(in_force.generation);
+        let sp = shared.spelled(&in_force)?;
+        if sp.step != step {
+            step = sp.step;
+            println!(
+                "[{:>5.1}s] config spellings: client {k} ({:?}) writes the lists of {step}: {:?}",
+                shared.at(),
+                CLIENTS[k].0,
+                sp.lists[k]
+            );
+        }
         let name = format!("spelled-{}", rng.gen_range(0..NAMES));
         let sent = Instant::now();
-        let got = shared.take(k, &name).await;
+        let got = shared.take(k, in_force.generation, &sp, &name).await;
         let from = Instant::now();
         let pause = match got {
             Got::Busy => {
@@ -644,8 +807,9 @@ async fn client(
             Got::Held(held) => {
                 let held = *held;
                 let token = held.token();
-                if let Held::File(lease) = &held {
-                    shared.check_owner(k, &name, lease);
+                let parts = held.part_ids(&name);
+                if let Held::File(lease) | Held::Holder(_, lease) = &held {
+                    shared.check_owner(k, &sp, &name, lease);
                 }
                 // A lease nobody renews is surely held for less than its
                 // TTL: these let go well before.
@@ -654,10 +818,20 @@ async fn client(
                     How::Acquire | How::Library => rng.gen_range(100..900),
                 };
                 tokio::time::sleep(Duration::from_millis(hold_ms / 2)).await;
-                shared.describe(k, &name, token, sent, &mut rng).await;
+                shared
+                    .describe(
+                        k,
+                        (in_force.generation, &sp),
+                        &name,
+                        token,
+                        &parts,
+                        sent,
+                        &mut rng,
+                    )
+                    .await;
                 tokio::time::sleep(Duration::from_millis(hold_ms / 2)).await;
                 let renewed = matches!(held, Held::Holder(..));
-                let (held_until, gone_by) = shared.let_go(k, held).await;
+                let (held_until, gone_by) = shared.let_go(k, &sp, held).await;
                 let to = match (held_until, renewed) {
                     (Some(t), true) => t,
                     (Some(t), false) => t.min(sent + shared.setup.ttl),
@@ -666,6 +840,7 @@ async fn client(
                 shared.grants.lock().expect("grants").push(Grant {
                     name,
                     client: k,
+                    step: sp.step,
                     token,
                     sent,
                     from,
@@ -675,6 +850,7 @@ async fn client(
                 let mut r = shared.report.lock().expect("report");
                 r.grants += 1;
                 r.spellings[k].grants += 1;
+                *r.across_migration.entry(sp.step).or_default() += 1;
                 50..300
             }
         };
@@ -684,22 +860,32 @@ async fn client(
 }
 
 impl Shared {
-    /// A CLI grant that names its server came from the name's owner.
-    fn check_owner(&self, k: usize, name: &str, lease: &LeaseJson) {
-        let server = lease
+    /// A CLI grant that names its servers came from the name's owners
+    /// under the lists it was taken with: each of them, and no other.
+    fn check_owner(&self, k: usize, sp: &Spelled, name: &str, lease: &LeaseJson) {
+        let mut servers: Vec<&str> = lease
             .servers
             .iter()
-            .find(|s| s.name == name)
+            .filter(|s| s.name == name)
             .map(|s| s.server.as_str())
-            .or(lease.server.as_deref());
-        let (owner, port) = &self.owners[name];
-        if let Some(server) = server
-            && port_of(server) != Some(*port)
-        {
+            .collect();
+        if servers.is_empty() {
+            servers.extend(lease.server.as_deref());
+        }
+        if servers.is_empty() {
+            return;
+        }
+        let owners = &sp.owners[name];
+        let mut granted: Vec<Option<u16>> = servers.iter().map(|s| port_of(s)).collect();
+        let mut owned: Vec<Option<u16>> = owners.iter().map(|(_, port)| Some(*port)).collect();
+        granted.sort_unstable();
+        owned.sort_unstable();
+        if granted != owned {
             self.report.lock().expect("report").misrouted += 1;
             self.violation(format!(
-                "config spellings: client {k} ({:?}) was granted {name} by {server}, not by its owner {owner} (port {port})",
-                CLIENTS[k].0
+                "config spellings: client {k} ({:?}) was granted {name} under the lists of {} by {servers:?}, not by \
+                 its owners {owners:?} (identity, port)",
+                CLIENTS[k].0, sp.step
             ));
         }
     }
@@ -712,22 +898,22 @@ async fn wrong_ids(
     mut rng: StdRng,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let ids = [
-        shared.setup.members[0].0.clone(),
-        shared.setup.members[1].0.clone(),
-    ];
     loop {
         let pause = Duration::from_millis(rng.gen_range(2_000..5_000));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
+        // The current list in force, its first two IDs swapped.
+        let in_force = shared.setup.lists.now();
+        let sp = shared.spelled(&in_force)?;
+        let ids = &sp.swapped_ids;
         let name = format!("spelled-{}", rng.gen_range(0..NAMES));
         let library = rng.gen_bool(0.5);
         let sent = Instant::now();
         // Ok(granted lease, if the CLI printed one) or Err(refusal).
         let outcome: Result<Option<LeaseJson>, String> = if library {
-            match ServerSpec::parse_list(&shared.swapped) {
+            match ServerSpec::parse_list(&sp.swapped) {
                 Err(e) => Err(e),
                 Ok(specs) => match Cluster::connect(&specs).await {
                     Err(e) => Err(e.to_string()),
@@ -753,7 +939,7 @@ async fn wrong_ids(
             let out = tokio::time::timeout(
                 Duration::from_secs(30),
                 shared
-                    .bagel(&shared.swapped)
+                    .bagel(&sp.swapped)
                     .args(["acquire", &name, "--ttl", "1s", "--json"])
                     .output(),
             )
@@ -797,7 +983,7 @@ async fn wrong_ids(
                     let file = shared.setup.dir.join("swapped.lease.json");
                     if std::fs::write(&file, serde_json::to_vec(&lease)?).is_ok() {
                         let _ = shared
-                            .bagel(shared.lists.last().expect("clients"))
+                            .bagel_of(&sp, CLIENTS.len() - 1)
                             .args(["release", "--lease"])
                             .arg(&file)
                             .output()
@@ -813,7 +999,7 @@ async fn wrong_ids(
                 shared.violation(format!(
                     "config spellings: a list with {} and {} swapped ({}) {what}: it must be refused at connect, \
                      naming both",
-                    ids[0], ids[1], shared.swapped
+                    ids[0], ids[1], sp.swapped
                 ));
             }
         }

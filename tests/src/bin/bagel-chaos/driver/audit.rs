@@ -125,6 +125,11 @@ impl Run<'_> {
         for m in &report.watch_checks.mismatches {
             report.violations.push(format!("watch: {m}"));
         }
+        for m in &report.watch_checks.not_drained {
+            report.violations.push(format!(
+                "watch: {m}: a client kept the lists before the migration"
+            ));
+        }
     }
 }
 

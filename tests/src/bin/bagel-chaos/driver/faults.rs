@@ -7,7 +7,6 @@
 //! of fault; [`Run::inject_faults`] draws which comes next.
 
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng as _;
@@ -17,7 +16,7 @@ use tokio::process::Command;
 
 use super::setup::{WorkerProc, metronome, skewed, start_s3, start_server};
 use super::{KEEP_BAGS, LOG, Roles, Run, SKEWS_MS};
-use crate::cli_roles;
+use crate::lists::Lists;
 use crate::services::drain;
 
 impl Run<'_> {
@@ -49,26 +48,35 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Moves every client to the migrated server list, in two steps (both
-    /// lists, then the new one alone).
+    /// Moves every client to the migrated server list as an operator
+    /// rolls it out (docs/operating.md, "Migration"): both lists once
+    /// every client runs on them (the standby loops' waiting `bagel run`s
+    /// restarted onto them), then the max TTL counted from that moment
+    /// (every lease taken under the old list alone has ended: its holder
+    /// moved, and its deadline has passed), then the new list alone.
     async fn migrate(&mut self, roles: &Roles) -> anyhow::Result<()> {
         let (server_url, migrated_url) = (&self.cluster.server_url, &self.cluster.migrated_url);
         let mut m = Migration {
             workers: &mut self.workers,
-            cli_lists: &roles.cli_lists,
-            cli_in_use: &roles.cli_in_use,
+            lists: &self.lists,
             violations: &mut self.report.violations,
         };
-        m.step(1, server_url, Some(migrated_url)).await?;
         println!(
-            "[{:>5.1}s] migration step 1: every grant from {server_url} and {migrated_url}",
+            "[{:>5.1}s] migration step 2: every client to {server_url} and {migrated_url}",
             roles.at()
         );
-        // Every lease granted under the old list alone is gone by now:
-        // its holder moved (released) and its deadline has passed.
+        m.step(server_url, Some(migrated_url)).await?;
+        println!(
+            "[{:>5.1}s] migration step 2: every client moved; waiting out the max TTL",
+            roles.at()
+        );
         tokio::time::sleep(self.a.max_ttl + Duration::from_millis(500)).await;
-        m.step(2, migrated_url, None).await?;
-        println!("[{:>5.1}s] migration step 2: {migrated_url} only", roles.at());
+        println!(
+            "[{:>5.1}s] migration step 3: every client to {migrated_url} only",
+            roles.at()
+        );
+        m.step(migrated_url, None).await?;
+        println!("[{:>5.1}s] migration step 3: every client moved", roles.at());
         self.report.migrations += 1;
         Ok(())
     }
@@ -262,13 +270,16 @@ impl Run<'_> {
 /// from the lists before is still held by it).
 struct Migration<'a> {
     workers: &'a mut Vec<WorkerProc>,
-    cli_lists: &'a cli_roles::Lists,
-    cli_in_use: &'a AtomicU64,
+    lists: &'a Lists,
     violations: &'a mut Vec<String>,
 }
 
 impl Migration<'_> {
-    async fn step(&mut self, generation: u64, current: &str, next: Option<&str>) -> anyhow::Result<()> {
+    async fn step(&mut self, current: &str, next: Option<&str>) -> anyhow::Result<()> {
+        // The journeys and the CLI roles read the lists at each cycle;
+        // the workers are told on their standard input.
+        let in_force = self.lists.set(current.to_owned(), next.map(str::to_owned));
+        let generation = in_force.generation;
         let line = format!("SERVERS {generation} {current} {}\n", next.unwrap_or(""));
         for w in self.workers.iter_mut().filter(|w| !w.s3_lease) {
             if let Some(stdin) = &mut w.stdin {
@@ -276,24 +287,11 @@ impl Migration<'_> {
                 stdin.flush().await?;
             }
         }
-        *self.cli_lists.lock().expect("lists") = (generation, current.to_owned(), next.map(str::to_owned));
-        let moved = tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let workers_moved = self
-                    .workers
-                    .iter()
-                    .filter(|w| !w.s3_lease)
-                    .all(|w| w.moved.load(Ordering::SeqCst) >= generation);
-                if workers_moved && self.cli_in_use.load(Ordering::SeqCst) >= generation {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        if moved.is_err() {
+        if let Err(behind) = self.lists.all_moved(generation, Duration::from_secs(60)).await {
             self.violations.push(format!(
-                "migration step {generation}: not every client moved within 60 s"
+                "migration to {}: not every client moved within 60 s: {}",
+                in_force.step(),
+                behind.join(", ")
             ));
         }
         Ok(())

@@ -144,6 +144,27 @@ impl Run<'_> {
             },
             report.partitions.longest_ms
         );
+        let steps = |per: &crate::lists::PerStep| {
+            crate::lists::STEPS
+                .iter()
+                .map(|s| format!("{s} {}", per.get(s).copied().unwrap_or(0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "bagel-chaos: across {} migration(s): failovers {} ({} from a leader on one step's lists to one on \
+             another's, {} waiting standbys restarted onto new lists); spelling grants {}; watch events {} \
+             (watchers started {}, {} retired once their member left and drained); CLI runs {}",
+            report.migrations,
+            steps(&report.failovers.across_migration),
+            report.failovers.between_steps,
+            report.failovers.faults.migration_restarts,
+            steps(&report.config_spellings.across_migration),
+            steps(&report.watch_checks.across_migration),
+            steps(&report.watch_checks.started_by_step),
+            report.watch_checks.retired,
+            steps(&report.run_fences.across_migration),
+        );
         let ok =
             report.violations.is_empty() && report.read_back == report.acked_writes && report.readers_agree;
         std::fs::write(out.join("chaos.json"), serde_json::to_vec_pretty(&report)?)?;

@@ -7,7 +7,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use super::{
 use crate::RunArgs;
 use crate::cli_roles::{self, CliSetup};
 use crate::leaders::LeaderSetup;
+use crate::lists::{Lists, Mover};
 use crate::outages::Outages;
 use crate::services::{Service, drain, free_port, journal, sibling, wait_http_ok};
 use crate::spellings::SpellingSetup;
@@ -38,7 +38,6 @@ use bagel_tests::sub_url;
 pub(super) struct Cluster {
     /// Each member and its key file.
     pub(super) servers: Vec<(Service, PathBuf)>,
-    pub(super) ports: Vec<u16>,
     /// Every key any member ever had: the readers trust them all.
     pub(super) keys: BTreeSet<String>,
     /// The cluster's server list.
@@ -130,6 +129,7 @@ impl<'a> Run<'a> {
             s3_port,
             lease_store: format!("s3://{BUCKET}/run-{seed}-leases"),
             stores,
+            lists: Lists::new(cluster.server_url.clone()),
             cluster,
             metronomes: Vec::new(),
             acks,
@@ -200,6 +200,7 @@ impl<'a> Run<'a> {
                 role,
                 &self.env,
                 &self.acks,
+                Some(self.lists.mover(format!("worker {id}"))),
             )?);
         }
         // The S3 lease backend as a second lease target: its own workers, names
@@ -222,6 +223,7 @@ impl<'a> Run<'a> {
                 &["--ttl", "3s"],
                 &self.env,
                 &self.acks,
+                None,
             )?);
         }
         self.report.s3_lease.workers = a.s3_lease_workers.min(S3_LEASE_SKEWS_MS.len());
@@ -237,13 +239,10 @@ impl<'a> Run<'a> {
         let violations = Arc::new(Mutex::new(Vec::new()));
         std::fs::create_dir_all(self.run_dir.join("cli/state"))?;
         let (stop_cli, stop_rx) = tokio::sync::watch::channel(false);
-        let cli_lists: cli_roles::Lists = Arc::new(Mutex::new((0, self.cluster.server_url.clone(), None)));
-        let cli_in_use = Arc::new(AtomicU64::new(0));
         let cli = tokio::spawn(cli_roles::run(
             CliSetup {
                 bagel: self.bagel.clone(),
-                lists: Arc::clone(&cli_lists),
-                in_use: Arc::clone(&cli_in_use),
+                lists: self.lists.clone(),
                 roughtime: self.roughtime.clone(),
                 env: self.env.clone(),
                 dir: self.run_dir.join("cli"),
@@ -268,21 +267,14 @@ impl<'a> Run<'a> {
             .entry("standby".into())
             .or_default()
             .push(leader_skew);
-        // List-then-watch clients, one on each member (the spare included: a
-        // migration moves names onto it).
-        let watchers = Watchers::start(
-            &self
-                .cluster
-                .ports
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect::<Vec<_>>(),
-        );
+        // List-then-watch clients, one on each member of the lists in
+        // force, following the migration.
+        let watchers = Watchers::start(self.lists.clone(), outages.clone(), started);
         let leaders = tokio::spawn(crate::leaders::run(
             LeaderSetup {
                 bagel: self.bagel.clone(),
                 exe: std::env::current_exe()?,
-                servers: self.cluster.server_url.clone(),
+                lists: self.lists.clone(),
                 roughtime: self.roughtime.clone(),
                 env: self.env.clone(),
                 dir: self.run_dir.join("leaders"),
@@ -300,9 +292,7 @@ impl<'a> Run<'a> {
                 bagel: self.bagel.clone(),
                 env: self.env.clone(),
                 dir: self.run_dir.join("spellings"),
-                members: (0..a.servers)
-                    .map(|i| (format!("member-{i}"), self.cluster.ports[i]))
-                    .collect(),
+                lists: self.lists.clone(),
                 ttl: a.max_ttl,
                 outages: outages.clone(),
                 started,
@@ -318,8 +308,6 @@ impl<'a> Run<'a> {
         Ok(Roles {
             violations,
             stop_cli,
-            cli_lists,
-            cli_in_use,
             cli,
             stop_journeys,
             leaders,
@@ -336,7 +324,6 @@ impl<'a> Run<'a> {
 async fn start_cluster(a: &RunArgs, run_dir: &Path) -> anyhow::Result<Cluster> {
     let mut servers = Vec::new();
     let mut urls = Vec::new();
-    let mut ports = Vec::new();
     let mut keys: BTreeSet<String> = BTreeSet::new();
     // One more than the cluster: the member a migration moves to.
     for i in 0..=a.servers {
@@ -365,7 +352,6 @@ async fn start_cluster(a: &RunArgs, run_dir: &Path) -> anyhow::Result<Cluster> {
         keys.insert(start_server(&mut server).await?);
         servers.push((server, key_file));
         urls.push(format!("member-{i}=http://127.0.0.1:{port}"));
-        ports.push(port);
     }
     let server_url = urls[..a.servers].join(",");
     // After the migration: the last member replaced by the spare.
@@ -377,7 +363,6 @@ async fn start_cluster(a: &RunArgs, run_dir: &Path) -> anyhow::Result<Cluster> {
         .join(",");
     Ok(Cluster {
         servers,
-        ports,
         keys,
         server_url,
         migrated_url,
@@ -392,8 +377,6 @@ pub(super) struct WorkerProc {
     pub(super) child: Child,
     pub(super) stdin: Option<ChildStdin>,
     pub(super) done: Arc<Mutex<Option<[u64; 4]>>>,
-    /// The latest server-list generation it has moved to.
-    pub(super) moved: Arc<AtomicU64>,
     pub(super) reader: tokio::task::JoinHandle<()>,
 }
 
@@ -452,6 +435,7 @@ fn start_worker(
     role: &[&str],
     env: &[(String, String)],
     acks: &Arc<Mutex<Acks>>,
+    mover: Option<Mover>,
 ) -> anyhow::Result<WorkerProc> {
     let exe = std::env::current_exe()?;
     let mut command = Command::new(&exe);
@@ -484,9 +468,8 @@ fn start_worker(
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("piped");
     let done = Arc::new(Mutex::new(None));
-    let moved = Arc::new(AtomicU64::new(0));
     let reader = tokio::spawn({
-        let (acks, done, moved) = (Arc::clone(acks), Arc::clone(&done), Arc::clone(&moved));
+        let (acks, done) = (Arc::clone(acks), Arc::clone(&done));
         async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -498,8 +481,8 @@ fn start_worker(
                         }
                     }
                     (Some("MOVED"), Some(generation), ..) => {
-                        if let Ok(g) = generation.parse() {
-                            moved.fetch_max(g, Ordering::SeqCst);
+                        if let (Ok(g), Some(mover)) = (generation.parse(), &mover) {
+                            mover.on(g);
                         }
                     }
                     (Some("DONE"), ..) => {
@@ -519,7 +502,6 @@ fn start_worker(
         child,
         stdin,
         done,
-        moved,
         reader,
     })
 }

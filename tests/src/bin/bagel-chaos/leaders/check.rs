@@ -2,6 +2,8 @@
 //! at a time (a frozen leader's stale lines excepted, under a lower
 //! fencing token), tokens rising, and no gap without a leader longer than
 //! the TTL plus [`GAP_MARGIN`] that no outage of the name's server explains.
+//! The checks hold across the migration: a leader on the old lists and the
+//! next on the new ones write to the one pipe of their name like any two.
 //!
 //! Separate from the recording and the loops: a pure judgement over what
 //! was recorded, run once the loops have stopped.
@@ -16,8 +18,8 @@ use super::{Event, FailoverReport, GAP_MARGIN, KILL_GRACE, Kind, LeaderSetup, TH
 /// The checks of one name's lines.
 pub(super) struct Check<'a> {
     pub(super) name: String,
-    /// The member that owns the name.
-    pub(super) owner: &'a str,
+    /// The members that owned the name when the loops began.
+    pub(super) first_owners: &'a [String],
     pub(super) events: &'a [Event],
     pub(super) units: &'a HashMap<u64, Unit>,
     pub(super) setup: &'a LeaderSetup,
@@ -59,14 +61,29 @@ impl Check<'_> {
         let t = |at: Instant| at.saturating_duration_since(self.setup.started).as_secs_f64();
         match leaders.first() {
             Some(first) => {
-                self.gap(report, found, "first election", self.begun, first.start.1);
+                self.gap(
+                    report,
+                    found,
+                    self.first_owners,
+                    "first election",
+                    self.begun,
+                    first.start.1,
+                );
             }
             None => found.push(format!("leaders: {} never had a leader", self.name)),
         }
         for pair in leaders.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
             let ua = &self.units[&a.unit];
+            let ub = &self.units[&b.unit];
             report.count += 1;
+            *report.across_migration.entry(ub.step).or_default() += 1;
+            if ua.step != ub.step {
+                report.between_steps += 1;
+            }
+            // Who owned the name under either's lists.
+            let mut owners = ua.owners.clone();
+            owners.extend(ub.owners.iter().filter(|o| !ua.owners.contains(o)).cloned());
             if b.token <= a.token {
                 report.token_regressions += 1;
                 found.push(format!(
@@ -111,7 +128,7 @@ impl Check<'_> {
             }
             let cause = self.cause(a);
             *report.by_cause.entry(cause.clone()).or_default() += 1;
-            let gap = self.gap(report, found, &cause, self.ended_at(a), b.start.1);
+            let gap = self.gap(report, found, &owners, &cause, self.ended_at(a), b.start.1);
             let longest = report.longest_gap_ms_by_cause.entry(cause).or_default();
             *longest = (*longest).max(ms(gap));
         }
@@ -122,7 +139,14 @@ impl Check<'_> {
                 last.ended || u.killed.is_some() || u.exit.as_ref().is_some_and(|e| e.0 < self.stopping);
             let ended = self.ended_at(last);
             if over && ended < self.stopping {
-                self.gap(report, found, "no leader at the stop", ended, self.stopping);
+                self.gap(
+                    report,
+                    found,
+                    &u.owners,
+                    "no leader at the stop",
+                    ended,
+                    self.stopping,
+                );
             }
         }
     }
@@ -140,6 +164,7 @@ impl Check<'_> {
         match u.killed {
             Some((_, "unit")) => "unit killed".into(),
             Some((_, "command")) => "command killed".into(),
+            _ if u.migrated.is_some() => format!("restarted onto new lists, then {exit}"),
             _ if !u.freezes.is_empty() => format!("frozen, then {exit}"),
             _ if u.stops > 0 => format!("supervisor stopped, then {exit}"),
             _ if exit == "exit 0" && a.ended => "released".into(),
@@ -148,11 +173,13 @@ impl Check<'_> {
         }
     }
 
-    /// Judges one leaderless stretch `[from, to]`; returns its length.
+    /// Judges one leaderless stretch `[from, to]` of a name `owners` owned;
+    /// returns its length.
     fn gap(
         &self,
         report: &mut FailoverReport,
         found: &mut Vec<String>,
+        owners: &[String],
         what: &str,
         from: Instant,
         to: Instant,
@@ -162,10 +189,9 @@ impl Check<'_> {
         // An outage of the owner up to a TTL before the gap began can
         // still hold it up: a lease it could not renew runs out, a restart
         // waits out its max TTL.
-        if let Some(o) = self
-            .setup
-            .outages
-            .of_member_during(self.owner, before(from, ttl), to)
+        if let Some(o) = owners
+            .iter()
+            .find_map(|owner| self.setup.outages.of_member_during(owner, before(from, ttl), to))
         {
             report.explained_gaps += 1;
             report.longest_explained_gap_ms = report.longest_explained_gap_ms.max(ms(gap));
@@ -186,13 +212,13 @@ impl Check<'_> {
             let t = |at: Instant| at.saturating_duration_since(self.setup.started).as_secs_f64();
             found.push(format!(
                 "leaders: {}: no leader for {} ms ({what}), from {:.3}s to {:.3}s, over the TTL + {} ms with no \
-                 outage of its server {}",
+                 outage of its servers {}",
                 self.name,
                 ms(gap),
                 t(from),
                 t(to),
                 ms(GAP_MARGIN),
-                self.owner
+                owners.join(", ")
             ));
         }
         gap

@@ -1,6 +1,8 @@
 //! The faults injected into the leaders: a leader's command killed, its
 //! whole unit killed, the unit frozen, `bagel run` alone stopped, and a
-//! waiting standby killed.
+//! waiting standby killed; and what the migration does to them, as an
+//! operator rolls new server lists out (waiting standbys restarted onto
+//! them).
 //!
 //! Separate from the standby loops so that what is done to them reads as
 //! one list, each fault noted on its unit for the checks to explain.
@@ -120,6 +122,50 @@ pub(super) async fn inject(
                 );
             }
             _ => {}
+        }
+    }
+}
+
+/// Follows the migration as an operator rolls it out to standby services:
+/// each time the lists move, every `bagel run` still waiting on older
+/// lists is stopped (SIGTERM, a service's stop) and its loop starts the
+/// next one on the lists in force. The leader is left to end its term
+/// (at most [`WORK_MS`](super::WORK_MS), or a freeze): its loop's next
+/// `bagel run` starts on the new lists. So the driver's step, which waits
+/// for every loop to run on the new lists, counts its wait from the last
+/// restart of a standby, as the recipe requires.
+pub(super) async fn follow_migration(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut lists = shared.setup.lists.subscribe();
+    loop {
+        tokio::select! {
+            moved = lists.changed() => if moved.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let in_force = lists.borrow_and_update().clone();
+        let waiting: Vec<(u64, usize, Option<u32>)> = {
+            let mut live = shared.live.lock().expect("live");
+            live.units
+                .iter_mut()
+                .filter(|(_, u)| {
+                    u.generation < in_force.generation
+                        && !u.started
+                        && u.exit.is_none()
+                        && u.migrated.is_none()
+                })
+                .map(|(k, u)| {
+                    u.migrated = Some(Instant::now());
+                    (*k, u.name, u.bagel_pid)
+                })
+                .collect()
+        };
+        for (unit, name, pid) in waiting {
+            signal(pid, Signal::SIGTERM);
+            println!(
+                "[{:>5.1}s] {}: SIGTERM the waiting standby (unit {unit}) on older lists: it restarts on those of {}",
+                shared.at(),
+                name_of(name),
+                in_force.step()
+            );
         }
     }
 }

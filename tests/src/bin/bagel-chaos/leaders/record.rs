@@ -28,7 +28,13 @@ pub(super) fn write_timeline(live: &Live, setup: &LeaderSetup) -> anyhow::Result
         if let Some((at, exit)) = &u.exit {
             rows.push((
                 t(*at),
-                format!("{} unit {unit} bagel run {exit}", name_of(u.name)),
+                format!("{} unit {unit} ({}) bagel run {exit}", name_of(u.name), u.step),
+            ));
+        }
+        if let Some(at) = u.migrated {
+            rows.push((
+                t(at),
+                format!("{} unit {unit} SIGTERMed waiting on older lists", name_of(u.name)),
             ));
         }
         if let Some((at, what)) = u.killed {

@@ -20,13 +20,14 @@ use tokio::process::Command;
 use tokio::sync::watch;
 
 use super::{FENCE_MARGIN, KILL_GRACE, RESTART_DELAY, Shared, WORK_MS, name_of};
+use crate::lists::Mover;
 
 /// One standby loop: `bagel run --wait forever` again as soon as the one
 /// before ended, until the run stops (then SIGTERM, as an operator's stop).
 pub(super) async fn standby(
     shared: Arc<Shared>,
-    name: usize,
-    s: usize,
+    (name, s): (usize, usize),
+    mover: Mover,
     skew_ms: i64,
     mut rng: StdRng,
     pipe: std::io::PipeWriter,
@@ -40,11 +41,24 @@ pub(super) async fn standby(
     let ttl = humantime::format_duration(setup.ttl).to_string();
     let fence_margin = humantime::format_duration(FENCE_MARGIN).to_string();
     let kill_grace = humantime::format_duration(KILL_GRACE).to_string();
+    let mut step = setup.lists.now().step();
     loop {
         if *stop.borrow_and_update() {
             return Ok(());
         }
+        // Each `bagel run` starts on the lists in force, as a restarted
+        // service reads its configuration again.
+        let in_force = setup.lists.now();
+        mover.on(in_force.generation);
         let unit = shared.next_unit.fetch_add(1, Ordering::SeqCst);
+        if in_force.step() != step {
+            step = in_force.step();
+            println!(
+                "[{:>5.1}s] {}: standby {s} runs bagel run (unit {unit}) on the lists of {step}",
+                shared.at(),
+                name_of(name)
+            );
+        }
         let mut c = Command::new(&setup.bagel);
         if skew_ms != 0 {
             let offset = format!(
@@ -54,36 +68,39 @@ pub(super) async fn standby(
             );
             c.envs(bagel_tests::skewed_env(&offset));
         }
-        c.args(["--servers", &setup.servers])
-            .args([
-                "--roughtime",
-                &setup.roughtime.0,
-                "--roughtime-key",
-                &setup.roughtime.1,
-            ])
-            .args([
-                "run",
-                "--name",
-                &name_of(name),
-                "--wait",
-                "forever",
-                "--ttl",
-                &ttl,
-            ])
-            .args(["--fence-margin", &fence_margin, "--kill-grace", &kill_grace])
-            .args(["--owner", &format!("chaos-standby-{name}-{s}"), "--"])
-            .arg(&setup.exe)
-            .args(["leader", "--unit", &unit.to_string()])
-            .args(["--work-ms", &rng.gen_range(WORK_MS).to_string()])
-            .envs(setup.env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "error")
-            .env("BAGEL_STATE_DIR", setup.dir.join("state"))
-            .stdin(Stdio::null())
-            .stdout(pipe.try_clone()?)
-            .stderr(log.try_clone()?)
-            .kill_on_drop(true);
+        c.args(["--servers", &in_force.current]);
+        if let Some(next) = &in_force.next {
+            c.args(["--next-servers", next]);
+        }
+        c.args([
+            "--roughtime",
+            &setup.roughtime.0,
+            "--roughtime-key",
+            &setup.roughtime.1,
+        ])
+        .args([
+            "run",
+            "--name",
+            &name_of(name),
+            "--wait",
+            "forever",
+            "--ttl",
+            &ttl,
+        ])
+        .args(["--fence-margin", &fence_margin, "--kill-grace", &kill_grace])
+        .args(["--owner", &format!("chaos-standby-{name}-{s}"), "--"])
+        .arg(&setup.exe)
+        .args(["leader", "--unit", &unit.to_string()])
+        .args(["--work-ms", &rng.gen_range(WORK_MS).to_string()])
+        .envs(setup.env.iter().map(|(k, v)| (k, v)))
+        .env("RUST_LOG", "error")
+        .env("BAGEL_STATE_DIR", setup.dir.join("state"))
+        .stdin(Stdio::null())
+        .stdout(pipe.try_clone()?)
+        .stderr(log.try_clone()?)
+        .kill_on_drop(true);
         let mut child = c.spawn().context("starting bagel run")?;
-        {
+        let outdated = {
             // Its command's START may have been read already.
             let mut live = shared.live.lock().expect("live");
             let u = live.units.entry(unit).or_default();
@@ -91,6 +108,20 @@ pub(super) async fn standby(
             u.skewed = skew_ms != 0;
             u.bagel_pid = child.id();
             u.spawned = Some(Instant::now());
+            u.generation = in_force.generation;
+            u.step = in_force.step();
+            u.owners = in_force.owners(&name_of(name));
+            // Lists moved between reading them and noting the unit: the
+            // migration's scan (under this lock) may have missed it, so it
+            // restarts onto them itself.
+            let outdated = setup.lists.now().generation > in_force.generation && !u.started;
+            if outdated {
+                u.migrated = Some(Instant::now());
+            }
+            outdated
+        };
+        if outdated {
+            signal(child.id(), Signal::SIGTERM);
         }
         let status = tokio::select! {
             status = child.wait() => status?,
