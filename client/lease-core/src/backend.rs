@@ -353,6 +353,24 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
         metadata: Option<Metadata>,
     ) -> Result<Renewal>;
 
+    /// Extends a lease to `ttl` past the renewal, counted on the clock the
+    /// backend judges deadlines by (a lease server's, at the renewal, as
+    /// `RenewRequest.ttl_us`), so neither a local clock that is off nor
+    /// the time the request spends on the way moves the deadline. A later
+    /// deadline already held is kept. The default counts from
+    /// [`Self::clock`], which is right for a backend whose clock is the
+    /// one deadlines are judged by; a backend that forwards to another
+    /// (a server, several servers) overrides it.
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        let deadline = self.clock().now().saturating_add(ttl);
+        self.renew_lease(lease, deadline, metadata).await
+    }
+
     /// Turns a tentative lease full; fails if a name was taken meanwhile.
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant>;
 
@@ -415,6 +433,14 @@ impl<B: LeaseBackend + ?Sized> LeaseBackend for Arc<B> {
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
         (**self).renew_lease(lease, deadline, metadata).await
+    }
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        (**self).renew_lease_ttl(lease, ttl, metadata).await
     }
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
         (**self).upgrade_lease(lease).await

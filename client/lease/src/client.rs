@@ -640,6 +640,20 @@ async fn speaks_tls(url: &str, timeout: Duration) -> bool {
 
 /// One lease server, unary calls: every answer's witness checked against
 /// the server's keys.
+impl Client {
+    /// Sends one `Renew` and checks the witness of the answer.
+    async fn renew(&self, req: pb::RenewRequest, lease: &LeaseRef) -> Result<Renewal> {
+        let resp = self.call("Renew", Duration::ZERO, self.rpc().renew(req)).await?;
+        self.learn_key_of(resp.witness.as_ref()).await;
+        verify::renewal(
+            resp,
+            &lease.id,
+            Some(&self.keys()),
+            &mut verify::Verified::default(),
+        )
+    }
+}
+
 #[async_trait]
 impl LeaseBackend for Client {
     fn location(&self) -> String {
@@ -740,15 +754,19 @@ impl LeaseBackend for Client {
         deadline: Micros,
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
-        let req = renew_request(lease, deadline, metadata);
-        let resp = self.call("Renew", Duration::ZERO, self.rpc().renew(req)).await?;
-        self.learn_key_of(resp.witness.as_ref()).await;
-        verify::renewal(
-            resp,
-            &lease.id,
-            Some(&self.keys()),
-            &mut verify::Verified::default(),
-        )
+        self.renew(renew_request(lease, RenewTo::Deadline(deadline), metadata), lease)
+            .await
+    }
+
+    /// Sent as `ttl_us`: the server counts it from its own clock.
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        self.renew(renew_request(lease, RenewTo::Ttl(ttl), metadata), lease)
+            .await
     }
 
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
@@ -798,16 +816,28 @@ pub(crate) fn acquire_request(spec: AcquireSpec) -> pb::AcquireRequest {
     }
 }
 
-pub(crate) fn renew_request(
-    lease: &LeaseRef,
-    deadline: Micros,
-    metadata: Option<Metadata>,
-) -> pb::RenewRequest {
+/// What a renewal asks for: exactly one of `RenewRequest`'s
+/// `deadline_us` and `ttl_us` is set.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RenewTo {
+    /// An absolute deadline (Unix µs).
+    Deadline(Micros),
+    /// A TTL the server counts from its clock at the renewal.
+    Ttl(Duration),
+}
+
+pub(crate) fn renew_request(lease: &LeaseRef, to: RenewTo, metadata: Option<Metadata>) -> pb::RenewRequest {
+    let (deadline_us, ttl_us) = match to {
+        RenewTo::Deadline(deadline) => (deadline.as_micros(), 0),
+        // 0 would mean "unset": the shortest TTL sent is 1 µs (refused by
+        // the server's minimum, naming it).
+        RenewTo::Ttl(ttl) => (0, bagel_proto::duration_micros(ttl).max(1)),
+    };
     pb::RenewRequest {
         lease_id: lease.id.clone(),
         token: lease.token.clone(),
-        deadline_us: deadline.as_micros(),
-        ttl_us: 0,
+        deadline_us,
+        ttl_us,
         metadata: metadata.as_ref().map(pb::Metadata::from),
     }
 }

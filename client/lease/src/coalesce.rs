@@ -27,7 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::backend::{AcquireSpec, LeaseBackend};
-use crate::client::{Client, acquire_request, release_request, renew_request, upgrade_request};
+use crate::client::{Client, RenewTo, acquire_request, release_request, renew_request, upgrade_request};
 use crate::error::{Error, Result};
 use crate::grpc_error::from_status;
 use crate::types::{Grant, LeaseRef, Metadata, ReleaseOptions, Renewal};
@@ -229,6 +229,17 @@ impl Coalescer {
         }
     }
 
+    /// Runs one renewal as part of some batch.
+    async fn renew(&self, req: pb::RenewRequest, lease: &LeaseRef) -> Result<Renewal> {
+        match self
+            .call(pb::batch_op::Op::Renew(req), Some(lease.id.clone()))
+            .await?
+        {
+            Outcome::Renewed(r) => Ok(r),
+            other => Err(unexpected("renewal", &other)),
+        }
+    }
+
     /// Runs one operation as part of some batch.
     async fn call(&self, op: pb::batch_op::Op, renewing: Option<String>) -> Result<Outcome> {
         let stopped = || Error::Unavailable {
@@ -341,14 +352,19 @@ impl LeaseBackend for Coalescer {
         deadline: Micros,
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
-        let req = renew_request(lease, deadline, metadata);
-        match self
-            .call(pb::batch_op::Op::Renew(req), Some(lease.id.clone()))
-            .await?
-        {
-            Outcome::Renewed(r) => Ok(r),
-            other => Err(unexpected("renewal", &other)),
-        }
+        self.renew(renew_request(lease, RenewTo::Deadline(deadline), metadata), lease)
+            .await
+    }
+
+    /// Sent as `ttl_us`: the server counts it from its own clock.
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        self.renew(renew_request(lease, RenewTo::Ttl(ttl), metadata), lease)
+            .await
     }
 
     async fn release_lease(&self, lease: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {

@@ -135,19 +135,24 @@ impl Service {
 /// for the granted-until mark; a relative TTL counts from `now`.
 pub(crate) fn batch_deadline(ops: &[pb::BatchOp], now: Micros) -> Micros {
     use pb::batch_op::Op;
-    let deadline = ops
-        .iter()
+    ops.iter()
         .filter_map(|op| match &op.op {
-            Some(Op::Acquire(a)) if a.deadline_us == 0 => {
-                Some(now.saturating_add(Duration::from_micros(a.ttl_us)).as_micros())
-            }
-            Some(Op::Acquire(a)) => Some(a.deadline_us),
-            Some(Op::Renew(r)) => Some(r.deadline_us),
+            Some(Op::Acquire(a)) => Some(asked_deadline(a.deadline_us, a.ttl_us, now)),
+            Some(Op::Renew(r)) => Some(asked_deadline(r.deadline_us, r.ttl_us, now)),
             _ => None,
         })
         .max()
-        .unwrap_or(0);
-    Micros::from_micros(deadline)
+        .unwrap_or(Micros::ZERO)
+}
+
+/// The deadline a request asks for, for the granted-until mark: its
+/// absolute `deadline_us`, or its relative `ttl_us` counted from `now`.
+pub(crate) fn asked_deadline(deadline_us: u64, ttl_us: u64, now: Micros) -> Micros {
+    if deadline_us == 0 {
+        now.saturating_add(Duration::from_micros(ttl_us))
+    } else {
+        Micros::from_micros(deadline_us)
+    }
 }
 
 /// An operation's failure inside a batch, as the unary call's status.

@@ -29,7 +29,8 @@ impl Service {
         req: &pb::RenewRequest,
         caller: &Caller,
     ) -> Result<pb::RenewResponse, Error> {
-        self.inner.cover(Micros::from_micros(req.deadline_us)).await?;
+        let asked = super::batch::asked_deadline(req.deadline_us, req.ttl_us, self.now());
+        self.inner.cover(asked).await?;
         let grant = self.renew_op(req, caller)?;
         let time = self.inner.time.signed()?;
         let witness = self

@@ -228,6 +228,22 @@ impl LeaseBackend for Cluster {
         Ok(parts::combine_renewals(renewals))
     }
 
+    /// Each part's server counts `ttl` from its own clock.
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        let renewals = self
+            .each_part(lease, |client, part| {
+                let metadata = metadata.clone();
+                async move { client.renew_lease_ttl(&part.lease, ttl, metadata).await }
+            })
+            .await?;
+        Ok(parts::combine_renewals(renewals))
+    }
+
     /// Upgrades every part. A part refused (a full acquire broke it while
     /// it was tentative) makes the whole lease unusable: every other part,
     /// upgraded or not, is released before the refusal is returned, so a

@@ -159,32 +159,17 @@ impl LeaseBackend for S3LeaseBackend {
         deadline: Micros,
         metadata: Option<Metadata>,
     ) -> Result<Renewal> {
-        validate::metadata(metadata.as_ref(), &self.cfg)?;
-        let names = self.names_of(lease)?;
-        let stamp = self.stamp().await?;
-        validate::deadline(deadline, stamp.now, &self.cfg)?;
-        let hash = token_hash(&lease.token);
-        let objs = futures::future::try_join_all(names.iter().map(|n| {
-            self.change_held(n, &lease.id, stamp.bound, |obj, now| {
-                self.rules.renewed(
-                    obj,
-                    &lease.id,
-                    &hash,
-                    deadline,
-                    metadata.as_ref(),
-                    now,
-                    stamp.bound,
-                )
-            })
-        }))
-        .await?;
-        let (deadline, mode, _, _, witness) =
-            self.statement_of(pb::WitnessKind::Renew, &lease.id, &objs, &stamp);
-        Ok(Renewal {
-            deadline,
-            mode,
-            witnesses: vec![witness],
-        })
+        self.renew(lease, |_| deadline, metadata).await
+    }
+
+    /// Counted from the renewal's checked time, as an acquire's TTL is.
+    async fn renew_lease_ttl(
+        &self,
+        lease: &LeaseRef,
+        ttl: Duration,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        self.renew(lease, |now| now.saturating_add(ttl), metadata).await
     }
 
     async fn upgrade_lease(&self, lease: &LeaseRef) -> Result<Grant> {
@@ -244,5 +229,44 @@ impl LeaseBackend for S3LeaseBackend {
             .map(|o| Micros::from_micros(o.previous.watermark_us))
             .max()
             .unwrap_or(Micros::ZERO))
+    }
+}
+
+impl S3LeaseBackend {
+    /// Renews to `deadline_at(now)`, `now` being the renewal's checked
+    /// time.
+    async fn renew(
+        &self,
+        lease: &LeaseRef,
+        deadline_at: impl FnOnce(Micros) -> Micros,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal> {
+        validate::metadata(metadata.as_ref(), &self.cfg)?;
+        let names = self.names_of(lease)?;
+        let stamp = self.stamp().await?;
+        let deadline = deadline_at(stamp.now);
+        validate::deadline(deadline, stamp.now, &self.cfg)?;
+        let hash = token_hash(&lease.token);
+        let objs = futures::future::try_join_all(names.iter().map(|n| {
+            self.change_held(n, &lease.id, stamp.bound, |obj, now| {
+                self.rules.renewed(
+                    obj,
+                    &lease.id,
+                    &hash,
+                    deadline,
+                    metadata.as_ref(),
+                    now,
+                    stamp.bound,
+                )
+            })
+        }))
+        .await?;
+        let (deadline, mode, _, _, witness) =
+            self.statement_of(pb::WitnessKind::Renew, &lease.id, &objs, &stamp);
+        Ok(Renewal {
+            deadline,
+            mode,
+            witnesses: vec![witness],
+        })
     }
 }

@@ -1,11 +1,12 @@
-//! `bagel renew`: a lease's deadline moved to now + TTL, never earlier
-//! than it was; its lease file (when `--lease` is one) rewritten.
+//! `bagel renew`: a lease's deadline moved to now + TTL on the clock that
+//! judges it (the server's), never earlier than it was; its lease file
+//! (when `--lease` is one) rewritten.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bagel_cli::contract::LeaseJson;
-use bagel_client::LeaseBackend as _;
+use bagel_cli::contract::{LeaseJson, WitnessJson};
+use bagel_client::{LeaseBackend as _, Renewal};
 use clap::Args;
 
 use super::lease_arg::TokenArgs;
@@ -15,9 +16,11 @@ use crate::target::Target;
 pub struct RenewArgs {
     #[command(flatten)]
     lease: TokenArgs,
-    /// The new deadline: now + this. A renewal never shortens a lease: if
-    /// the lease already runs past now + TTL, its deadline stays (and the
-    /// output says so); release the lease to end it sooner.
+    /// The new deadline: now + this, counted by the server from its own
+    /// clock at the renewal (so this host's clock does not move it). A
+    /// renewal never shortens a lease: if the lease already runs past
+    /// now + TTL, its deadline stays (and the output says so); release the
+    /// lease to end it sooner.
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Where the holder stored its updates (free text).
@@ -32,20 +35,14 @@ impl RenewArgs {
     }
 }
 
-/// How far past the asked-for deadline an answer may be and still count
-/// as what was asked: the server counts the TTL from its own clock, a
-/// little later than this host's reading.
-const SHORTER_SLACK: Duration = Duration::from_secs(1);
-
 pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
     let backend = target.backend();
     let lease = args.lease.resolve()?;
     let file = args.lease.file()?;
-    let deadline = backend.clock().now().saturating_add(args.ttl);
     let r = backend
-        .renew_lease(
+        .renew_lease_ttl(
             &lease,
-            deadline,
+            args.ttl,
             args.metadata.as_deref().map(super::metadata::parse),
         )
         .await?;
@@ -62,7 +59,7 @@ pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&json)?);
     } else {
         println!("renewed until {}", crate::human::at(r.deadline));
-        if r.deadline > deadline.saturating_add(SHORTER_SLACK) {
+        if left_at_renewal(&r).is_some_and(|left| left > args.ttl) {
             println!(
                 "kept the later deadline: --ttl {} from now would have shortened the lease, \
                  and a renewal never does (release it to end it sooner)",
@@ -71,4 +68,19 @@ pub async fn run(args: RenewArgs, target: &Target) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the renewal left of the lease on the clock that counted the TTL:
+/// each witness's deadline less its issue time, the least of them (one
+/// witness per server). More than the TTL means the renewal kept the
+/// deadline the lease already had, later than now + TTL.
+fn left_at_renewal(r: &Renewal) -> Option<Duration> {
+    r.witnesses
+        .iter()
+        .filter_map(|w| {
+            let body = bagel_proto::witness::decode_unverified(&WitnessJson::from(w).to_pb().ok()?).ok()?;
+            (body.issued_at_us != 0)
+                .then(|| Duration::from_micros(body.deadline_us.saturating_sub(body.issued_at_us)))
+        })
+        .min()
 }
