@@ -1,5 +1,42 @@
 //! Wire types and the few pieces every side of bagel shares.
 //!
+//! # Example
+//!
+//! A witness as a server signs it and anyone checks it: the signature is
+//! over the exact bytes that travel, so a verifier checks them before it
+//! decodes them, and only against keys it was given. Several witnesses
+//! can share one signature over a Merkle root and still verify one by one.
+//!
+//! ```
+//! use std::time::Duration;
+//! use bagel_proto::{Error, KeyRing, Micros, Signer, pb, sign_witness, sign_witness_batch, verify_witness};
+//!
+//! let server = Signer::generate();
+//! let now = Micros::now();
+//! let body = |lease_id: &str| pb::WitnessBody {
+//!     lease_id: lease_id.into(),
+//!     deadline_us: now.saturating_add(Duration::from_secs(10)).as_micros(),
+//!     issued_at_us: now.as_micros(),
+//!     ..Default::default()
+//! };
+//! let witness = sign_witness(&server, &body("lease-1"));
+//!
+//! let keys: KeyRing = [server.verifying_key()].into_iter().collect();
+//! assert_eq!(verify_witness(&witness, &keys)?.lease_id, "lease-1");
+//! // Another server's key does not vouch for it; altered bytes fail.
+//! let strangers: KeyRing = [Signer::generate().verifying_key()].into_iter().collect();
+//! assert!(matches!(verify_witness(&witness, &strangers), Err(Error::UnknownKey { .. })));
+//! let mut altered = witness.clone();
+//! altered.body[0] ^= 1;
+//! assert!(matches!(verify_witness(&altered, &keys), Err(Error::BadSignature { .. })));
+//!
+//! // One signature for a batch of grants; each witness verifies alone.
+//! use prost::Message as _;
+//! let batch = sign_witness_batch(&server, vec![body("a").encode_to_vec(), body("b").encode_to_vec()]);
+//! assert_eq!(verify_witness(&batch[1], &keys)?.lease_id, "b");
+//! # Ok::<(), Error>(())
+//! ```
+//!
 //! # Layout
 //! * [`pb`]: the protobuf types generated from `proto/bagel/v1/*.proto`
 //!   (lease service, witnesses, signed times, bag records); with the
