@@ -555,9 +555,9 @@ struct Waiting {
 /// out with the one or two operations that were queued when it formed,
 /// while everything that queued during the wait went in the batch after.
 /// Forming it late makes each batch take all that waited, so the pipeline
-/// carries as many operations as the callers have ready (issue 25: with the
-/// old order a session at 256 callers sent batches of a few operations
-/// and left both the server's core and the client's idle).
+/// carries as many operations as the callers have ready (formed first, a
+/// session at 256 callers sent batches of a few operations and left both
+/// the server's core and the client's idle).
 async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: CancellationToken) {
     let gather = || async {
         let mut rx = tokio::select! {

@@ -73,9 +73,9 @@ mod tests {
         );
     }
 
-    /// The server's rules and words, from the one place both take them
-    /// (the S3 store used to refuse only control characters in an owner,
-    /// and to quote a refused name whole).
+    /// The server's rules and words, from the one place both take them:
+    /// every forbidden character in an owner is refused, not only control
+    /// characters, and a refused name is quoted cut short, not whole.
     #[test]
     fn names_and_owners_follow_the_servers_rules() {
         let cfg = S3LeaseConfig::default();
