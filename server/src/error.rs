@@ -155,6 +155,16 @@ pub enum Error {
     ClockUnhealthy { detail: String },
     #[error("server full: {detail}")]
     Capacity { detail: String },
+    /// The deadline asked for passes the granted-until mark on disk (see
+    /// `crate::highwater`): the request raced the mark's next raise, or the
+    /// disk is slow. Transient: the same request succeeds once the mark
+    /// covers it, so clients retry it (UNAVAILABLE) rather than treat it as
+    /// a refusal; a renewal refused as a limit would fence its holder.
+    #[error(
+        "deadline {} passes the granted-until mark not yet written ({}); retry",
+        .deadline.as_micros(), .mark.as_micros()
+    )]
+    MarkBehind { deadline: Micros, mark: Micros },
     /// A bound on what one client (or all of them) can make the server
     /// hold. The message names the limit, its value and the flag that sets
     /// it, so an operator knows what to raise and a caller what it hit.
@@ -321,6 +331,7 @@ impl Error {
                 | Error::Conflict(_)
                 | Error::ClockUnhealthy { .. }
                 | Error::Capacity { .. }
+                | Error::MarkBehind { .. }
                 | Error::Limit { .. }
                 | Error::ShuttingDown
                 | Error::Watch(crate::watch::WatchError::TooMany { .. })

@@ -16,7 +16,10 @@ impl Error {
             | Error::DeadlineOutOfRange { .. }
             | Error::TtlOutOfRange { .. }
             | Error::WaitTooLong { .. } => Code::OutOfRange,
-            Error::NotReady { .. } | Error::ClockUnhealthy { .. } | Error::ShuttingDown => Code::Unavailable,
+            Error::NotReady { .. }
+            | Error::ClockUnhealthy { .. }
+            | Error::MarkBehind { .. }
+            | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
             Error::Capacity { .. } | Error::Limit { .. } => Code::ResourceExhausted,

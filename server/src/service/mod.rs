@@ -29,6 +29,7 @@ mod info;
 mod watch;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bagel_proto::{KeyRing, Micros, pb};
 
@@ -164,7 +165,7 @@ impl Inner {
         let now = self.time.now();
         self.last_cover
             .store(now.as_micros(), std::sync::atomic::Ordering::Relaxed);
-        let deadline = deadline.min(now.saturating_add(self.cfg.max_ttl));
+        let deadline = cover_at_most(deadline, now, self.cfg.max_ttl, self.cfg.granted_until_step);
         if deadline <= self.highwater.get() {
             return Ok(());
         }
@@ -172,6 +173,22 @@ impl Inner {
         self.table.raise_grant_limit(self.highwater.get());
         Ok(())
     }
+}
+
+/// How far [`Inner::cover`] raises the mark for a request asking for
+/// `deadline` at `now`: the deadline, but never past `now + max_ttl + step`,
+/// so a client cannot push the restart wait out by asking for far
+/// deadlines (the table refuses those anyway).
+///
+/// The bound is a step past the max TTL, not at it, because the table
+/// checks the deadline against its own later reading of the clock: a
+/// deadline at the edge of the TTL range when covered (a client whose
+/// clock is ahead, asking for the max TTL) is inside the range a moment
+/// later, and must find the mark covering it. A request delayed more than
+/// a step between the two is refused with [`Error::MarkBehind`], which
+/// clients retry.
+pub(crate) fn cover_at_most(deadline: Micros, now: Micros, max_ttl: Duration, step: Duration) -> Micros {
+    deadline.min(now.saturating_add(max_ttl + step))
 }
 
 impl Service {
@@ -225,5 +242,66 @@ impl Service {
     ) -> Result<pb::LeaseGrant, Error> {
         let time = self.inner.time.signed()?;
         Ok(self.inner.witness.grant_pb(grant, kind, self.now(), &time).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::highwater::HighWater;
+    use crate::table::TableConfig;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// A client whose clock is ahead asks for the max TTL: when covered, its
+    /// deadline is just past `now + max_ttl`; when the table checks it a
+    /// moment later, it is inside the range. The mark, raised ahead earlier,
+    /// lies between the two. Covering only up to `now + max_ttl` left the
+    /// mark where it was, and the table refused the renewal as over a
+    /// limit, which fenced the holder.
+    #[tokio::test]
+    async fn a_deadline_the_table_accepts_a_moment_after_its_cover_finds_the_mark_covering_it() {
+        let (max_ttl, step) = (2 * SEC, SEC);
+        let t1 = Micros::from_micros(1_000_000_000_000);
+        // Raised ahead by `keep_mark_ahead` a little earlier.
+        let mark = t1.saturating_add(max_ttl + Duration::from_millis(100));
+        let hw = HighWater::new(None, mark, max_ttl, step);
+        let table = LeaseTable::new(TableConfig::for_tests(max_ttl));
+        table.set_grant_limit(hw.get());
+
+        let asked = t1.saturating_add(max_ttl + Duration::from_millis(300));
+        hw.cover(cover_at_most(asked, t1, max_ttl, step), t1)
+            .await
+            .unwrap();
+        table.raise_grant_limit(hw.get());
+
+        let t2 = t1.saturating_add(Duration::from_millis(400));
+        table.check_deadline(asked, t2).expect("covered");
+    }
+
+    /// A request that waited longer than a step between its cover and the
+    /// table gets a refusal clients retry (UNAVAILABLE), naming the mark.
+    #[test]
+    fn a_deadline_past_the_mark_is_refused_as_transient() {
+        let max_ttl = 2 * SEC;
+        let table = LeaseTable::new(TableConfig::for_tests(max_ttl));
+        let now = Micros::from_micros(1_000_000_000_000);
+        let mark = now.saturating_add(SEC);
+        table.set_grant_limit(mark);
+        let asked = now.saturating_add(max_ttl);
+        let e = table.check_deadline(asked, now).unwrap_err();
+        assert!(matches!(e, Error::MarkBehind { deadline, mark: m } if deadline == asked && m == mark));
+        assert!(e.is_retryable());
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert!(e.to_string().contains("granted-until mark"), "{e}");
+    }
+
+    #[test]
+    fn the_cover_never_passes_a_step_beyond_the_max_ttl() {
+        let now = Micros::from_micros(1_000_000_000_000);
+        let far = now.saturating_add(3600 * SEC);
+        assert_eq!(cover_at_most(far, now, 2 * SEC, SEC), now.saturating_add(3 * SEC));
+        let near = now.saturating_add(SEC);
+        assert_eq!(cover_at_most(near, now, 2 * SEC, SEC), near);
     }
 }

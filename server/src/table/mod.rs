@@ -174,13 +174,11 @@ impl LeaseTable {
     /// the grant limit.
     pub fn check_deadline(&self, deadline: Micros, now: Micros) -> Result<(), Error> {
         self.check_range(deadline, now)?;
-        if deadline.as_micros() > self.grant_limit.load(Ordering::Acquire) {
-            return Err(Error::Capacity {
-                detail: format!(
-                    "deadline {} passes the granted-until mark not yet written ({}); retry",
-                    deadline.as_micros(),
-                    self.grant_limit.load(Ordering::Acquire)
-                ),
+        let mark = self.grant_limit.load(Ordering::Acquire);
+        if deadline.as_micros() > mark {
+            return Err(Error::MarkBehind {
+                deadline,
+                mark: Micros::from_micros(mark),
             });
         }
         Ok(())
