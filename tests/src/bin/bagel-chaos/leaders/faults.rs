@@ -114,12 +114,27 @@ pub(super) async fn inject(
             }
             (4, _) if !waiting.is_empty() => {
                 let (unit, pid) = waiting[rng.gen_range(0..waiting.len())];
+                // It may have taken over since the snapshot: frozen, it
+                // starts nothing more, and a child means it leads. Then the
+                // kill takes the whole unit, as systemd's would; a
+                // supervisor killed alone cannot stop its command (see
+                // `bagel run`'s docs), which is not the fault meant here.
+                signal(pid, Signal::SIGSTOP);
+                let children = pid.map(children_of).unwrap_or_default();
+                if !children.is_empty() {
+                    mark(unit, &|u| u.killed = Some((Instant::now(), "unit")));
+                }
                 signal(pid, Signal::SIGKILL);
+                for child in &children {
+                    signal(Some(*child), Signal::SIGKILL);
+                }
                 f.standby_kills += 1;
-                println!(
-                    "[{:>5.1}s] {n}: SIGKILL a waiting standby (unit {unit})",
-                    shared.at()
-                );
+                let what = if children.is_empty() {
+                    "a waiting standby"
+                } else {
+                    "a standby that had just taken over, with its command"
+                };
+                println!("[{:>5.1}s] {n}: SIGKILL {what} (unit {unit})", shared.at());
             }
             _ => {}
         }
@@ -168,4 +183,24 @@ pub(super) async fn follow_migration(shared: Arc<Shared>, mut stop: watch::Recei
             );
         }
     }
+}
+
+/// The processes whose parent is `pid` (from `/proc/<pid>/stat`, whose
+/// fourth field is the parent's pid; the command name before it may hold
+/// spaces, so fields are counted from the last `)`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let (_, rest) = s.rsplit_once(')')?;
+                    rest.split_ascii_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
