@@ -22,9 +22,10 @@
 //! **Across the migration** each client writes the lists in force at the
 //! start of each cycle, as a service reads its configuration when it is
 //! restarted: before it, the current list in its own spelling; while both
-//! lists are in force, `--servers` in its spelling and `--next-servers` in
-//! the next client's (so one client writes its two lists two ways); after
-//! it, the next list in its own spelling. A grant under both lists needs
+//! lists are in force, `--servers` and `--next-servers` both in its
+//! spelling (a member of both written alike in each: a client must not
+//! give one member two URLs, see [`spell`]); after it, the next list in
+//! its own spelling. A grant under both lists needs
 //! the name's owner in each: it must come from both, a describe through
 //! another spelling must name it (by its fencing token, or, when the
 //! owners differ, by the lease id of its part on the current owner, whose
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bagel_cli::contract::LeaseJson;
+use bagel_client::cluster::rendezvous;
 use bagel_client::{Cluster, LeaseOptions, ServerSpec};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
@@ -140,6 +142,10 @@ pub struct SpellingStats {
     pub failed: u64,
     /// Its first failure, for whoever reads the run.
     pub first_failure: Option<String>,
+    /// Its failures under each later step of the migration, and the first
+    /// of each.
+    pub failed_across_migration: PerStep,
+    pub first_failure_by_step: BTreeMap<&'static str, String>,
 }
 
 /// One grant, for the final checks.
@@ -200,10 +206,8 @@ impl Spelled {
         let next = in_force.next.as_deref().map(ports).transpose()?;
         let lists = (0..CLIENTS.len())
             .map(|k| {
-                let c = spell(k, &current, &mut rng);
-                let n = next
-                    .as_ref()
-                    .map(|next| spell((k + 1) % CLIENTS.len(), next, &mut rng));
+                let c = spell(k, &current, seed, &mut rng);
+                let n = next.as_ref().map(|next| spell(k, next, seed, &mut rng));
                 (c, n)
             })
             .collect();
@@ -245,7 +249,12 @@ fn ports(list: &str) -> anyhow::Result<Vec<(String, u16)>> {
 }
 
 /// The run's list spelled as client `k` writes it.
-fn spell(k: usize, members: &[(String, u16)], rng: &mut StdRng) -> String {
+///
+/// A member both lists name is written alike in both (the mixed spelling
+/// draws each member's host and slash from its ID and the run's seed): a
+/// client that writes one member two ways in `--servers` and
+/// `--next-servers` is refused ("server ID is given as both URL and URL").
+fn spell(k: usize, members: &[(String, u16)], seed: u64, rng: &mut StdRng) -> String {
     let member = |(id, port): &(String, u16), host: &str, slash: bool, with_id: bool| {
         let url = format!("http://{host}:{port}{}", if slash { "/" } else { "" });
         if with_id { format!("{id}={url}") } else { url }
@@ -272,12 +281,9 @@ fn spell(k: usize, members: &[(String, u16)], rng: &mut StdRng) -> String {
             let mut l: Vec<String> = members
                 .iter()
                 .map(|m| {
-                    let host = if rng.gen_bool(0.5) {
-                        "localhost"
-                    } else {
-                        "127.0.0.1"
-                    };
-                    member(m, host, rng.gen_bool(0.5), true)
+                    let draw = rendezvous::weight(&seed.to_string(), &m.0);
+                    let host = if draw & 1 == 0 { "localhost" } else { "127.0.0.1" };
+                    member(m, host, draw & 2 == 0, true)
                 })
                 .collect();
             l.shuffle(rng);
@@ -794,14 +800,23 @@ async fn client(
                 r.failed += 1;
                 let s = &mut r.spellings[k];
                 s.failed += 1;
-                if s.first_failure.is_none() {
+                let first_this_step =
+                    in_force.generation > 0 && !s.first_failure_by_step.contains_key(sp.step);
+                if s.first_failure.is_none() || first_this_step {
                     println!(
-                        "[{:>5.1}s] config spellings: client {k} ({:?}): {e}",
+                        "[{:>5.1}s] config spellings: client {k} ({:?}) under the lists of {}: {e}",
                         shared.at(),
-                        CLIENTS[k].0
+                        CLIENTS[k].0,
+                        sp.step
                     );
-                    s.first_failure = Some(e);
                 }
+                if in_force.generation > 0 {
+                    *s.failed_across_migration.entry(sp.step).or_default() += 1;
+                    s.first_failure_by_step
+                        .entry(sp.step)
+                        .or_insert_with(|| e.clone());
+                }
+                s.first_failure.get_or_insert(e);
                 200..400
             }
             Got::Held(held) => {
