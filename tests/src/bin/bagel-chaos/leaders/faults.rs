@@ -174,11 +174,30 @@ pub(super) async fn follow_migration(shared: Arc<Shared>, mut stop: watch::Recei
                 .collect()
         };
         for (unit, name, pid) in waiting {
-            signal(pid, Signal::SIGTERM);
+            // It may have taken over since the snapshot: frozen, it starts
+            // nothing more, and a child means it leads. A leader is left
+            // to end its term (its loop moves then), as an operator
+            // restarts the standbys, not the leader.
+            signal(pid, Signal::SIGSTOP);
+            let leads = !pid.map(children_of).unwrap_or_default().is_empty();
+            if leads {
+                if let Some(u) = shared.live.lock().expect("live").units.get_mut(&unit) {
+                    u.migrated = None;
+                }
+            } else {
+                // Delivered on SIGCONT: a waiting `bagel run` ends on it.
+                signal(pid, Signal::SIGTERM);
+            }
+            signal(pid, Signal::SIGCONT);
             println!(
-                "[{:>5.1}s] {}: SIGTERM the waiting standby (unit {unit}) on older lists: it restarts on those of {}",
+                "[{:>5.1}s] {}: {} (unit {unit}) on older lists than those of {}",
                 shared.at(),
                 name_of(name),
+                if leads {
+                    "left the standby that had just taken over to end its term"
+                } else {
+                    "SIGTERM the waiting standby, to restart on the lists in force,"
+                },
                 in_force.step()
             );
         }
