@@ -549,12 +549,14 @@ impl WriteRights for LeaseRights {
     }
 }
 
+/// Renews for the lease's TTL, counted by the backend from its own clock
+/// (a server's, at the renewal), so a local clock that is off does not
+/// shorten or stretch what each renewal gives.
 async fn renew_once(shared: &Shared, metadata: Option<Metadata>) -> Result<Micros> {
-    let deadline = shared.backend.clock().now().saturating_add(shared.ttl);
     let sent = Instant::now();
     let r = shared
         .backend
-        .renew_lease(&shared.lease, deadline, metadata)
+        .renew_lease_ttl(&shared.lease, shared.ttl, metadata)
         .await?;
     let deadline = r.deadline;
     shared

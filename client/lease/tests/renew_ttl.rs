@@ -67,6 +67,36 @@ async fn a_ttl_renewal_counts_on_the_servers_clock_not_the_clients() {
     );
 }
 
+/// The same for the lease handle's renewals (`Lease::renew`, and the
+/// background ones): a client 8 s behind the server renewing a 10 s lease
+/// gets 10 s by the server's clock, not the 2 s a deadline from its own
+/// clock would ask for (which the server would answer by keeping the
+/// current deadline, until the lease ran out).
+#[tokio::test]
+async fn a_lease_handle_renews_for_its_ttl_on_the_servers_clock() {
+    let server_clock = ManualClock::new(Micros::now());
+    let url = serve(&server_clock).await;
+    let behind = OffsetClock {
+        inner: SystemClock,
+        offset_us: -8 * SEC as i64,
+    };
+    let client = Client::connect(url.as_str())
+        .await
+        .unwrap()
+        .with_clock(Arc::new(behind));
+    let lease = client
+        .acquire(["handle"])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    server_clock.advance(Duration::from_secs(5));
+    let at = server_clock.now();
+    let deadline = lease.renew().await.unwrap();
+    assert_eq!(deadline, at.saturating_add(Duration::from_secs(10)));
+}
+
 /// After more than two granted-until steps without a grant, the server
 /// stops keeping its mark ahead; a TTL renewal must still raise it to
 /// cover the deadline it asks for, as an absolute one does, instead of
