@@ -190,15 +190,16 @@ pub(super) async fn follow_migration(shared: Arc<Shared>, mut stop: watch::Recei
             }
             signal(pid, Signal::SIGCONT);
             println!(
-                "[{:>5.1}s] {}: {} (unit {unit}) on older lists than those of {}",
+                "[{:>5.1}s] {}: unit {unit} {} on older lists than those of {}: {}",
                 shared.at(),
                 name_of(name),
+                if leads { "had just taken over" } else { "waits" },
+                in_force.step(),
                 if leads {
-                    "left the standby that had just taken over to end its term"
+                    "left to end its term"
                 } else {
-                    "SIGTERM the waiting standby, to restart on the lists in force,"
-                },
-                in_force.step()
+                    "SIGTERM, its loop restarts on the lists in force"
+                }
             );
         }
     }
