@@ -103,6 +103,19 @@ pub fn skewed_env(offset: &str) -> [(String, String); 2] {
     ]
 }
 
+/// `bagel --server URL ARGS` with its wall clock `offset` off (libfaketime
+/// preloaded, see [`skewed_env`]), as on a host whose clock is wrong.
+pub fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Output {
+    Command::new(bin("bagel"))
+        .args(["--server", server])
+        .args(args)
+        .envs(skewed_env(offset))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("bagel runs")
+}
+
 /// A running `bagel-server` process, killed on drop.
 #[derive(Debug)]
 pub struct ServerProcess {

@@ -2,26 +2,13 @@
 //! server counts it from its own clock at the renewal: a host whose clock
 //! is off gets the lease it asked for, neither shortened nor lengthened.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use bagel_cli::contract::LeaseJson;
 use bagel_proto::pb;
-use bagel_tests::{ServerProcess, bin, describe_output};
+use bagel_tests::{ServerProcess, bagel_skewed, describe_output};
 use prost::Message as _;
-
-/// `bagel --server URL ARGS` with its wall clock `offset` off (libfaketime
-/// preloaded), as on a host whose clock is wrong.
-fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Output {
-    std::process::Command::new(bin("bagel"))
-        .args(["--server", server])
-        .args(args)
-        .envs(bagel_tests::skewed_env(offset))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("bagel runs")
-}
 
 /// What a renewal's witness says was left when the server issued it.
 fn left_at_issue(out: &Output) -> Duration {

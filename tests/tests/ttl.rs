@@ -10,13 +10,13 @@
 //! * TTLs out of the server's range are refused in human units naming the
 //!   server's `--max-ttl` / `--min-ttl`.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use bagel_client::{LeaseOptions, Micros};
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
-use bagel_tests::{ServerProcess, bin, describe_output};
+use bagel_tests::{ServerProcess, bagel_skewed, describe_output};
 use prost::Message as _;
 
 const SEC: u64 = 1_000_000;
@@ -27,19 +27,6 @@ fn no_renew() -> LeaseOptions {
 
 fn body(w: &bagel_client::Witness) -> pb::WitnessBody {
     pb::WitnessBody::decode(w.body()).expect("a witness body")
-}
-
-/// `bagel --server URL ARGS` with its wall clock `offset` off (libfaketime
-/// preloaded), as on a host whose clock is wrong.
-fn bagel_skewed(offset: &str, server: &str, args: &[&str]) -> Output {
-    std::process::Command::new(bin("bagel"))
-        .args(["--server", server])
-        .args(args)
-        .envs(bagel_tests::skewed_env(offset))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("bagel runs")
 }
 
 /// The witness body of `bagel acquire --json` output.
