@@ -274,6 +274,75 @@ async fn a_server_down_fails_only_its_names_and_leaves_nothing_held() {
     assert!(out.status.success(), "{}", describe_output(&out));
 }
 
+/// A member that is frozen (it accepts connections and answers nothing, as
+/// in a long GC pause, a VM suspend or a hung host) holds up only its own
+/// names: a client starting meanwhile, with each member's ID, goes on
+/// without it after `ClientOptions::member_wait`, as it would for a member
+/// that is down, and its names wait for it to thaw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_holds_up_only_its_own_names_at_start() {
+    let servers = start_ready(3, &[]).await;
+    let refs: Vec<&ServerProcess> = servers.iter().collect();
+    let cluster = Cluster::connect(&specs(&refs)).await.unwrap();
+    let names = names_on(&cluster, &refs, 1);
+    let with_ids: Vec<String> = refs
+        .iter()
+        .zip(&names)
+        .map(|(s, n)| format!("{}={}", cluster.route(&n[0]).current_identity, s.url))
+        .collect();
+    let list = with_ids.join(",");
+    // Bounds a hang, not a speed: the start must not wait for the thaw,
+    // which comes only after everything below has returned.
+    let guard = Duration::from_secs(60);
+    refs[2].pause();
+
+    let late = tokio::time::timeout(guard, Cluster::connect(&ServerSpec::parse_list(&list).unwrap()))
+        .await
+        .expect("the start does not wait for the frozen member")
+        .expect("a client with IDs starts while one member is frozen");
+    let lease = tokio::time::timeout(
+        guard,
+        late.acquire([names[0][0].clone(), names[1][0].clone()])
+            .options(no_renew())
+            .send(),
+    )
+    .await
+    .expect("the live members' names do not wait for the frozen one")
+    .unwrap();
+    lease.release(None).await.unwrap();
+
+    // The CLI, as a `bagel run` standby or a cron job starts it: with a
+    // call bound far past the guard, so only not waiting passes.
+    let cli = {
+        let list = list.clone();
+        let name = names[1][0].clone();
+        tokio::task::spawn_blocking(move || {
+            bagel_tests::cli_no_server(&["--servers", &list, "--timeout", "10m", "acquire", &name, "--json"])
+        })
+    };
+    let out = tokio::time::timeout(guard, cli)
+        .await
+        .expect("the CLI does not wait for the frozen member")
+        .unwrap();
+    assert!(out.status.success(), "{}", describe_output(&out));
+
+    // The frozen member's own names wait for it, and are granted (by the
+    // member its ID names) once it thaws.
+    let waiting = {
+        let late = late.clone();
+        let name = names[2][0].clone();
+        tokio::spawn(async move { late.acquire([name]).options(no_renew()).send().await })
+    };
+    refs[2].resume();
+    let lease = tokio::time::timeout(guard, waiting)
+        .await
+        .expect("granted once the member thaws")
+        .unwrap()
+        .expect("the frozen member's name is granted after the thaw");
+    assert_eq!(lease.witnesses().len(), 1);
+    lease.release(None).await.unwrap();
+}
+
 #[tokio::test]
 async fn after_kill_9_only_the_killed_servers_names_wait_out_the_ttl() {
     let keys = tempfile::tempdir().unwrap();

@@ -192,13 +192,27 @@ impl Client {
         };
         // The first call: a failure here is often the TLS setup's, which
         // only the status (before it becomes the core's error) shows.
-        let answer = client
-            .call_status(
-                "ServerInfo",
-                Duration::ZERO,
-                client.rpc().server_info(pb::ServerInfoRequest {}),
-            )
-            .await;
+        let mut rpc = client.rpc();
+        let first = client.call_status(
+            "ServerInfo",
+            Duration::ZERO,
+            rpc.server_info(pb::ServerInfoRequest {}),
+        );
+        // Connecting ends with this answer. Without a call bound, the
+        // connect bound covers it: a server that accepts and never answers
+        // (frozen) fails the connect, retryably, rather than hanging it.
+        let answer = match client.remote.call_timeout {
+            Some(_) => first.await,
+            None => tokio::time::timeout(options.connect_timeout, first)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallFailure::Timeout(Error::Timeout {
+                        url: client.remote.url.clone(),
+                        call: "ServerInfo",
+                        after: options.connect_timeout,
+                    }))
+                }),
+        };
         let info = match answer {
             Ok(info) => ServerInfo::from_pb(info).map_err(|reason| Error::Witness { reason })?,
             Err(CallFailure::Timeout(e)) => return Err(e),

@@ -143,6 +143,17 @@ pub struct ClientOptions {
     /// <token>`): this client's identity on a server whose access policy
     /// (`bagel-server --acl`) knows it. Use it over TLS only.
     pub bearer_token: Option<BearerToken>,
+    /// Opening a [`crate::Cluster`]: how long it waits for a member whose
+    /// identity the list gives (`ID=URL`) to answer before going on
+    /// without it, as it does for a member that is down; default 1 s.
+    ///
+    /// Why a bound: a member that is frozen (a long pause, a suspended VM,
+    /// a hung host) accepts connections and answers nothing, so waiting
+    /// for it would hold up every name for as long as it stays frozen. Its
+    /// own names wait for it when used, and it is checked against its ID
+    /// when it first answers. Members without an ID are always waited for:
+    /// their identity decides which names are theirs.
+    pub member_wait: Duration,
 }
 
 /// A bearer token, which `Debug` never prints.
@@ -178,6 +189,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             call_timeout: None,
             bearer_token: None,
+            member_wait: Duration::from_secs(1),
         }
     }
 }
@@ -194,6 +206,13 @@ impl ClientOptions {
     #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ClientOptions::member_wait`].
+    #[must_use]
+    pub fn with_member_wait(mut self, wait: Duration) -> Self {
+        self.member_wait = wait;
         self
     }
 

@@ -10,10 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bagel_proto::KeyRing;
 use bagel_proto::clock::SystemClock;
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use tokio::sync::OnceCell;
 
 use super::{Cluster, Inner, List, ServerSpec};
@@ -84,6 +87,31 @@ pub(super) fn check_identity(identity: &str, url: &str, announced: &str) -> Resu
     })
 }
 
+/// Tries to reach each of `members`, for at most `wait`: the outcomes of
+/// those that answered or failed by then. The others' connects are
+/// dropped, and start again when one of their names is used.
+async fn reach_within<'a>(
+    members: impl Iterator<Item = &'a Arc<Member>>,
+    wait: Duration,
+) -> Vec<(&'a Arc<Member>, Result<()>)> {
+    let mut pending: FuturesUnordered<_> = members
+        .map(|m| async move { (m, m.client().await.map(|_| ())) })
+        .collect();
+    let mut done = Vec::with_capacity(pending.len());
+    let deadline = tokio::time::sleep(wait);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = pending.next() => match next {
+                Some(outcome) => done.push(outcome),
+                None => break,
+            },
+            () = &mut deadline => break,
+        }
+    }
+    done
+}
+
 /// The server id a grant's witness states (field 10 of `WitnessBody`,
 /// decoded alone: the client has verified the whole body already).
 pub(super) fn witnessed_server_id(grant: &Grant) -> Option<String> {
@@ -126,14 +154,23 @@ impl Cluster {
             }
         }
         // Reach every other unpinned member now, to learn its keys and max
-        // TTL; one that is down is tried again when one of its names is used.
-        let tried = join_all(
+        // TTL and check its ID; one that is down, or silent for
+        // `member_wait`, is tried again when one of its names is used.
+        let tried = reach_within(
             members
                 .values()
-                .filter(|m| m.pinned.is_none() && m.client.get().is_none())
-                .map(|m| async move { (m, m.client().await.map(|_| ())) }),
+                .filter(|m| m.pinned.is_none() && m.client.get().is_none()),
+            options.member_wait,
         )
         .await;
+        for m in members
+            .values()
+            .filter(|m| m.pinned.is_none() && m.client.get().is_none())
+            .filter(|m| !tried.iter().any(|(t, _)| Arc::ptr_eq(t, m)))
+        {
+            tracing::warn!(server = %m.url, waited = ?options.member_wait,
+                "lease server silent; going on without it, only its names wait for it");
+        }
         let mut first_error = None;
         for (m, outcome) in tried {
             match outcome {

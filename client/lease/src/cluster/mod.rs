@@ -15,7 +15,9 @@
 //! learn it (a client that cannot know a member's identity cannot know
 //! which names are its), so a list whose members may be down when clients
 //! start gives every ID; with IDs, a member that is down fails only its own
-//! names. Keys are learned (or pinned) to check witnesses; they play no
+//! names, and one that is frozen (it accepts and never answers) is waited
+//! for at start only [`crate::ClientOptions::member_wait`], then holds up
+//! only its own names. Keys are learned (or pinned) to check witnesses; they play no
 //! part in routing. A lease on names that one
 //! server owns is today's single call; a lease on names spread over several
 //! servers is taken tentatively on each, in ascending member-id order (so
