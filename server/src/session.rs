@@ -90,11 +90,12 @@ async fn serve(
         let (group, ended) = take_ready(requests, first, max_ops, &mut carried);
         let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
+        let at = service.inner.time.now();
         let covered = service
             .inner
-            .cover(crate::service::batch_deadline(&ops, service.inner.time.now()))
+            .cover(crate::service::batch_deadline(&ops, at))
             .await;
-        let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller)) {
+        let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller, at)) {
             Ok(results) => results.into_iter(),
             Err(e) => {
                 answers.push_final(e.into());

@@ -17,8 +17,9 @@ impl Service {
         req: &pb::BatchRequest,
         caller: &Caller,
     ) -> Result<pb::BatchResponse, Error> {
-        self.inner.cover(batch_deadline(&req.ops, self.now())).await?;
-        let results = self.batch_ops(&req.ops, caller)?;
+        let at = self.now();
+        self.inner.cover(batch_deadline(&req.ops, at)).await?;
+        let results = self.batch_ops(&req.ops, caller, at)?;
         Ok(pb::BatchResponse { results })
     }
 
@@ -26,10 +27,19 @@ impl Service {
     /// signature over all the grants' witnesses. Each operation is metered
     /// (and a refused one logged) here, from its domain error, before that
     /// error becomes its `OpError`: `Batch` and `Session` share this.
+    ///
+    /// `at` is the instant the batch's cover was computed from
+    /// ([`batch_deadline`]): every relative TTL in the batch counts from
+    /// it, so that the deadlines covered are the deadlines granted, however
+    /// long the operations before take. An acquire is made at `at`, as a
+    /// unary one is at the instant its cover was computed from (a holder
+    /// whose deadline passed since is still in the way: the conservative
+    /// side); a renewal as `renew_op` says.
     pub(crate) fn batch_ops(
         &self,
         ops: &[pb::BatchOp],
         caller: &Caller,
+        at: Micros,
     ) -> Result<Vec<pb::BatchResult>, Error> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as R;
@@ -60,13 +70,12 @@ impl Service {
                         .clone()
                         .and_then(|()| self.acquire_spec(a, caller))
                         .and_then(|(mut spec, lifetime)| {
-                            let now = self.now();
-                            spec.deadline = lifetime.deadline_at(now);
-                            self.inner.table.acquire(&spec, now)
+                            spec.deadline = lifetime.deadline_at(at);
+                            self.inner.table.acquire(&spec, at)
                         })
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Acquire)),
                     Some(Op::Renew(r)) => self
-                        .renew_op(r, caller)
+                        .renew_op(r, caller, at)
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Renew)),
                     Some(Op::Upgrade(u)) => self
                         .upgrade_op(u, caller)

@@ -29,9 +29,12 @@ impl Service {
         req: &pb::RenewRequest,
         caller: &Caller,
     ) -> Result<pb::RenewResponse, Error> {
-        let asked = super::batch::asked_deadline(req.deadline_us, req.ttl_us, self.now());
+        // One reading of the clock: the deadline covered is the deadline
+        // granted (see `renew_op`).
+        let at = self.now();
+        let asked = super::batch::asked_deadline(req.deadline_us, req.ttl_us, at);
         self.inner.cover(asked).await?;
-        let grant = self.renew_op(req, caller)?;
+        let grant = self.renew_op(req, caller, at)?;
         let time = self.inner.time.signed()?;
         let witness = self
             .inner
@@ -65,10 +68,20 @@ impl Service {
         self.inner.table.upgrade(lease, &token, self.now())
     }
 
+    /// Renews a held lease. A relative TTL counts from `at`, the instant
+    /// the granted-until mark's cover was computed from, not from a later
+    /// reading: counted from a later one, its deadline could pass the mark
+    /// just covered and be refused with [`Error::MarkBehind`], a retry the
+    /// client should not have to make. The table judges that deadline's
+    /// range from `at` too: it is the TTL's range, which
+    /// `validate::lifetime` checked on the TTL itself. An absolute
+    /// deadline, and whether the lease is still held, are judged at the
+    /// table's own later reading.
     pub(super) fn renew_op(
         &self,
         req: &pb::RenewRequest,
         caller: &Caller,
+        at: Micros,
     ) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
@@ -79,9 +92,18 @@ impl Service {
         let metadata = validate::metadata(req.metadata.as_ref(), &cfg.limits)?;
         self.inner.may_grant()?;
         let now = self.now();
-        self.inner
-            .table
-            .renew(lease, &token, lifetime.deadline_at(now), metadata, now)
+        let counted_from = match lifetime {
+            validate::Lifetime::For(_) => at,
+            validate::Lifetime::Until(_) => now,
+        };
+        self.inner.table.renew(
+            lease,
+            &token,
+            lifetime.deadline_at(at),
+            counted_from,
+            metadata,
+            now,
+        )
     }
 
     pub(super) fn release_op(

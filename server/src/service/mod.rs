@@ -186,7 +186,9 @@ impl Inner {
 /// clock is ahead, asking for the max TTL) is inside the range a moment
 /// later, and must find the mark covering it. A request delayed more than
 /// a step between the two is refused with [`Error::MarkBehind`], which
-/// clients retry.
+/// clients retry. Only absolute deadlines meet this: a relative TTL counts
+/// from the clock reading its cover was computed from, however late the
+/// table sees it (`aim`, `renew_op`, `batch_ops`).
 pub(crate) fn cover_at_most(deadline: Micros, now: Micros, max_ttl: Duration, step: Duration) -> Micros {
     deadline.min(now.saturating_add(max_ttl + step))
 }
@@ -294,6 +296,139 @@ mod tests {
         assert!(e.is_retryable());
         assert_eq!(e.code(), tonic::Code::Unavailable);
         assert!(e.to_string().contains("granted-until mark"), "{e}");
+    }
+
+    /// A clock that moves on by a millisecond each time it is read, so
+    /// that every reading in a request is a later instant than the one
+    /// before: what a busy server's clock does between a request's cover
+    /// and its grant.
+    #[derive(Debug)]
+    struct Ticking(std::sync::atomic::AtomicU64);
+
+    impl Ticking {
+        const TICK_US: u64 = 1000;
+
+        fn set(&self, t: Micros) {
+            self.0.store(t.as_micros(), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl bagel_proto::clock::Clock for Ticking {
+        fn now(&self) -> Micros {
+            let was = self
+                .0
+                .fetch_add(Self::TICK_US, std::sync::atomic::Ordering::SeqCst);
+            Micros::from_micros(was)
+        }
+    }
+
+    /// A server on a [`Ticking`] clock holding `name` for the max TTL, and
+    /// the clock moved to halfway through that lease: the granted-until
+    /// mark, raised by the acquire, is then less than a max TTL ahead.
+    async fn holding(name: &str) -> (Service, Arc<Ticking>, pb::LeaseGrant) {
+        let t0 = Micros::from_micros(1_900_000_000_000_000);
+        let clock = Arc::new(Ticking(std::sync::atomic::AtomicU64::new(t0.as_micros())));
+        // The clock is moved by hand below, with no monotonic time passing:
+        // not a step to refuse grants for.
+        let cfg = Config::default()
+            .with_unsafe_skip_restart_wait(true)
+            .with_clock_tolerance(3600 * SEC);
+        let max_ttl = cfg.max_ttl;
+        let server = crate::Server::new(cfg, bagel_proto::Signer::generate(), clock.clone()).unwrap();
+        let service = server.service.clone();
+        let acquire = pb::AcquireRequest {
+            names: vec![name.to_owned()],
+            owner: "holder".to_owned(),
+            ttl_us: bagel_proto::duration_micros(max_ttl),
+            ..Default::default()
+        };
+        let grant = service.acquire(&acquire, &Caller::default()).await.unwrap();
+        let grant = grant.grant.unwrap();
+        clock.set(t0.saturating_add(max_ttl / 2));
+        (service, clock, grant)
+    }
+
+    /// A relative TTL whose deadline, counted from the request's first
+    /// reading of the clock, is exactly the mark: covered, so granted.
+    fn ttl_to_the_mark(service: &Service, clock: &Ticking) -> (u64, Micros) {
+        let mark = service.inner.highwater.get();
+        let first = clock.0.load(std::sync::atomic::Ordering::SeqCst);
+        (mark.as_micros() - first, mark)
+    }
+
+    /// A renewal by TTL is covered and granted at one instant: the clock
+    /// moving on between its cover and the table does not take its
+    /// deadline past the mark (a spurious UNAVAILABLE the client must
+    /// retry).
+    #[tokio::test]
+    async fn a_renewal_by_ttl_is_granted_the_deadline_its_cover_covered() {
+        let (service, clock, grant) = holding("a").await;
+        let (ttl_us, mark) = ttl_to_the_mark(&service, &clock);
+        let renew = pb::RenewRequest {
+            lease_id: grant.lease_id,
+            token: grant.token,
+            ttl_us,
+            ..Default::default()
+        };
+        let renewed = service.renew(&renew, &Caller::default()).await.unwrap();
+        assert_eq!(renewed.deadline_us, mark.as_micros());
+    }
+
+    /// A renewal by the least TTL is not refused as out of range for the
+    /// moments between its cover and the table: its range is the TTL's own.
+    #[tokio::test]
+    async fn a_renewal_by_the_least_ttl_is_granted_however_late_the_table_reads_the_clock() {
+        let (service, _clock, grant) = holding("a").await;
+        let renew = pb::RenewRequest {
+            lease_id: grant.lease_id,
+            token: grant.token,
+            ttl_us: bagel_proto::duration_micros(service.inner.cfg.min_ttl) + 1,
+            ..Default::default()
+        };
+        service.renew(&renew, &Caller::default()).await.unwrap();
+    }
+
+    /// The same for a batch: its renewals and acquires by TTL count from
+    /// the instant the batch's cover did.
+    #[tokio::test]
+    async fn a_batch_by_ttl_is_granted_the_deadlines_its_cover_covered() {
+        use pb::batch_op::Op;
+        use pb::batch_result::Result as R;
+        let (service, clock, grant) = holding("a").await;
+        let (ttl_us, mark) = ttl_to_the_mark(&service, &clock);
+        let ops = vec![
+            pb::BatchOp {
+                op: Some(Op::Renew(pb::RenewRequest {
+                    lease_id: grant.lease_id,
+                    token: grant.token,
+                    ttl_us,
+                    ..Default::default()
+                })),
+            },
+            pb::BatchOp {
+                op: Some(Op::Acquire(pb::AcquireRequest {
+                    names: vec!["b".to_owned()],
+                    owner: "holder".to_owned(),
+                    ttl_us,
+                    ..Default::default()
+                })),
+            },
+        ];
+        let batch = service
+            .batch(&pb::BatchRequest { ops }, &Caller::default())
+            .await
+            .unwrap();
+        let deadlines: Vec<Result<u64, String>> = batch
+            .results
+            .into_iter()
+            .map(|r| match r.result.unwrap() {
+                R::Renewed(r) => Ok(r.deadline_us),
+                R::Grant(g) => Ok(g.deadline_us),
+                R::Error(e) => Err(format!("{e:?}")),
+                R::Released(_) => unreachable!("nothing released"),
+            })
+            .collect();
+        assert_eq!(deadlines, vec![Ok(mark.as_micros()); 2]);
     }
 
     #[test]

@@ -138,7 +138,7 @@ fn worker(
             Some(h) => match pick {
                 40..60 => {
                     let deadline = Micros::from_micros(now + rng.gen_range(100..3000));
-                    tbl.renew(h.lease, &h.token, deadline, None, t_now)
+                    tbl.renew(h.lease, &h.token, deadline, t_now, None, t_now)
                         .ok()
                         .map(|g| Acked::Deadline {
                             lease: h.lease,
@@ -425,6 +425,7 @@ fn racing_renews_never_move_a_deadline_back() {
                                 id,
                                 &token,
                                 Micros::from_micros(now + extra),
+                                Micros::from_micros(now),
                                 None,
                                 Micros::from_micros(now),
                             )

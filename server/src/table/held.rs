@@ -178,11 +178,25 @@ impl LeaseTable {
     /// for less than a renewal already granted (two renewals racing) is
     /// answered with the current deadline, not refused: the lease is held,
     /// and refusing would look like a loss to the holder.
+    ///
+    /// `counted_from` is the instant `new_deadline`'s TTL range is judged
+    /// at (taken as `now` if later): for a relative TTL, the instant it was
+    /// counted from, the one the granted-until mark's cover was computed
+    /// from, so that the deadline covered is the deadline granted; for an
+    /// absolute deadline, `now`. A TTL counted from an earlier instant
+    /// gives a deadline a little nearer than `now + TTL`: judged at `now`,
+    /// a TTL just over the min TTL would be refused as out of range
+    /// although the request asked for a valid one; judged where it was
+    /// counted from, the range check is the TTL's own. Whether the lease is
+    /// still held is judged at `now`, the latest reading: an earlier one
+    /// would renew a lease whose deadline passed while its renewal was on
+    /// its way.
     pub fn renew(
         &self,
         lease: LeaseId,
         token: &Token,
         new_deadline: Micros,
+        counted_from: Micros,
         metadata: Option<Metadata>,
         now: Micros,
     ) -> Result<Grant, Error> {
@@ -192,7 +206,7 @@ impl LeaseTable {
         // lease at the max TTL refused (its first renewal fenced it). It is
         // granted as far as may be: the witness states the deadline given.
         let new_deadline = new_deadline.min(now.saturating_add(self.cfg.max_ttl));
-        self.check_deadline(new_deadline, now)?;
+        self.check_deadline(new_deadline, counted_from.min(now))?;
         let new_deadline = new_deadline.max(held.deadline);
         for i in 0..held.names.len() {
             let watched = self.watch.active().then(|| Arc::clone(&held.names[i]));

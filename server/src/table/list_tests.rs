@@ -165,8 +165,15 @@ fn the_sweep_takes_lapsed_holders_out_and_a_late_renewal_puts_one_back() {
     // A renewal that read its clock a microsecond before the deadline.
     let keeper = keeper.unwrap();
     let before = t(deadline - 1);
-    tbl.renew(keeper.lease, &keeper.token, t(deadline + 5 * SEC), None, before)
-        .unwrap();
+    tbl.renew(
+        keeper.lease,
+        &keeper.token,
+        t(deadline + 5 * SEC),
+        before,
+        None,
+        before,
+    )
+    .unwrap();
     check_orders(&tbl);
     assert_eq!(names(&tbl.list("", None, 10, after)), ["x-01234", "y"]);
     tbl.release(live.lease, &live.token, ReleaseSpec::default(), after)
@@ -234,7 +241,7 @@ fn the_orders_follow_every_way_a_holder_comes_and_goes() {
             }
             7 if !grants.is_empty() => {
                 let g = &grants[rng.next(grants.len() as u64) as usize];
-                let _ = tbl.renew(g.lease, &g.token, t(now + 3 * SEC), None, t(now));
+                let _ = tbl.renew(g.lease, &g.token, t(now + 3 * SEC), t(now), None, t(now));
             }
             8 => {
                 tbl.sweep(t(now));

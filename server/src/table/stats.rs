@@ -381,7 +381,7 @@ mod tests {
             .unwrap();
         let d = tbl.acquire(&spec(&["d"], t(3), Mode::Full), t(0)).unwrap();
         assert!(tbl.acquire(&spec(&["a"], t(5), Mode::Full), t(1)).is_err());
-        tbl.renew(a.lease, &a.token, t(6), None, t(1)).unwrap();
+        tbl.renew(a.lease, &a.token, t(6), t(1), None, t(1)).unwrap();
         let c = tbl.counts();
         assert_eq!(
             c.grants,

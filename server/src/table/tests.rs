@@ -78,6 +78,7 @@ fn expiry_is_exact_to_the_microsecond() {
             first.lease,
             &first.token,
             t(deadline + 2 * SEC),
+            t(deadline),
             None,
             t(deadline),
         )
@@ -235,7 +236,7 @@ fn only_the_token_holder_may_renew_upgrade_or_release() {
     let wrong = TokenKey::generate().token(a.lease, a.names[0].fencing);
     let now = t(T0 + 1);
     assert!(matches!(
-        tbl.renew(a.lease, &wrong, t(T0 + 6 * SEC), None, now),
+        tbl.renew(a.lease, &wrong, t(T0 + 6 * SEC), now, None, now),
         Err(Error::WrongToken { .. })
     ));
     assert!(matches!(
@@ -259,18 +260,25 @@ fn renew_extends_but_never_shortens() {
     let a = tbl.acquire(&full(&["a"], T0 + 5 * SEC), t(T0)).unwrap();
     // Asking for less than the lease has keeps what it has.
     let r = tbl
-        .renew(a.lease, &a.token, t(T0 + 4 * SEC), None, t(T0 + 1))
+        .renew(a.lease, &a.token, t(T0 + 4 * SEC), t(T0 + 1), None, t(T0 + 1))
         .unwrap();
     assert_eq!(r.deadline, t(T0 + 5 * SEC));
     let r = tbl
-        .renew(a.lease, &a.token, t(T0 + 9 * SEC), None, t(T0 + 1))
+        .renew(a.lease, &a.token, t(T0 + 9 * SEC), t(T0 + 1), None, t(T0 + 1))
         .unwrap();
     assert_eq!(r.deadline, t(T0 + 9 * SEC));
     // Beyond the max TTL (a client whose clock is ahead asks for its TTL
     // from its now): granted as far as may be, not refused (before, its
     // every renewal of a lease at the max TTL was refused).
     let r = tbl
-        .renew(a.lease, &a.token, t(T0 + 1 + 10 * SEC + 300_000), None, t(T0 + 1))
+        .renew(
+            a.lease,
+            &a.token,
+            t(T0 + 1 + 10 * SEC + 300_000),
+            t(T0 + 1),
+            None,
+            t(T0 + 1),
+        )
         .unwrap();
     assert_eq!(r.deadline, t(T0 + 1 + 10 * SEC));
     // The new deadline is what counts for conflicts and expiry.
@@ -282,6 +290,27 @@ fn renew_extends_but_never_shortens() {
         .acquire(&full(&["a"], T0 + 15 * SEC), t(T0 + 10 * SEC + 1))
         .unwrap();
     assert_eq!(b.min_timestamp, t(T0 + 10 * SEC + 1));
+}
+
+/// A renewal's deadline is judged from the instant its TTL was counted
+/// from: the least TTL, counted a moment before the table's `now`, is in
+/// range although it ends less than the min TTL after `now`; the same
+/// deadline judged at `now` (as an absolute one is) is not.
+#[test]
+fn a_renewal_is_judged_from_where_its_ttl_was_counted() {
+    let tbl = table();
+    let min_ttl = 1000; // `TableConfig::for_tests`
+    let a = tbl.acquire(&full(&["a"], T0 + min_ttl + 1), t(T0)).unwrap();
+    let (counted_from, now) = (T0 + 400, T0 + 900);
+    let deadline = counted_from + min_ttl + 1;
+    let e = tbl
+        .renew(a.lease, &a.token, t(deadline), t(now), None, t(now))
+        .unwrap_err();
+    assert!(matches!(e, Error::DeadlineOutOfRange { .. }), "{e:?}");
+    let r = tbl
+        .renew(a.lease, &a.token, t(deadline), t(counted_from), None, t(now))
+        .unwrap();
+    assert_eq!(r.deadline, t(deadline));
 }
 
 #[test]
@@ -535,14 +564,28 @@ fn history_bookkeeping_does_not_grow_with_renewals() {
     let meta = Some(Metadata::Data(vec![1u8; 16].into()));
     let bytes_after_8 = {
         for i in 1..=8u64 {
-            tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
-                .unwrap();
+            tbl.renew(
+                g.lease,
+                &g.token,
+                t(T0 + 5 * SEC + i),
+                t(T0 + i),
+                meta.clone(),
+                t(T0 + i),
+            )
+            .unwrap();
         }
         tbl.shards[0].lock().history.bytes()
     };
     for i in 9..100_000u64 {
-        tbl.renew(g.lease, &g.token, t(T0 + 5 * SEC + i), meta.clone(), t(T0 + i))
-            .unwrap();
+        tbl.renew(
+            g.lease,
+            &g.token,
+            t(T0 + 5 * SEC + i),
+            t(T0 + i),
+            meta.clone(),
+            t(T0 + i),
+        )
+        .unwrap();
     }
     let shard = tbl.shards[0].lock();
     assert_eq!(shard.history.len(), 8, "one order entry per kept entry");
@@ -561,7 +604,7 @@ fn history_bookkeeping_does_not_grow_with_renewals() {
     let small = LeaseTable::new(cfg);
     let g = small.acquire(&full(&["f"], T0 + 5 * SEC), t(T0)).unwrap();
     small
-        .renew(g.lease, &g.token, t(T0 + 6 * SEC), meta, t(T0 + 1))
+        .renew(g.lease, &g.token, t(T0 + 6 * SEC), t(T0 + 1), meta, t(T0 + 1))
         .unwrap();
     small
         .release(g.lease, &g.token, release_at(0), t(T0 + 2))
@@ -706,7 +749,7 @@ proptest! {
                     let current = held[0].map_or(0, |(_, d, _)| d);
                     let new_deadline = (current + extra).min(now + 10_000);
                     let ok = ok_hold && new_deadline > now + 5;
-                    let got = tbl.renew(g.lease, &g.token, t(new_deadline), None, t(now));
+                    let got = tbl.renew(g.lease, &g.token, t(new_deadline), t(now), None, t(now));
                     prop_assert_eq!(got.is_ok(), ok, "renew {}: {:?}", lease, got);
                     if let Ok(r) = got {
                         let kept = new_deadline.max(current);
@@ -752,6 +795,7 @@ fn a_broken_tentative_lease_frees_its_names_and_answers_alike() {
                 tentative.lease,
                 &tentative.token,
                 t(T0 + 3 * SEC),
+                t(T0 + 2),
                 None,
                 t(T0 + 2),
             )
@@ -973,13 +1017,27 @@ fn an_expiry_is_decided_by_the_table_in_order_with_the_lease_s_other_events() {
     let a = tbl.acquire(&full(&["a", "a2"], deadline), t(T0)).unwrap();
     let b = tbl.acquire(&full(&["b"], deadline), t(T0)).unwrap();
     // `b` renews with a `now` just before the deadline, before the tick.
-    tbl.renew(b.lease, &b.token, t(deadline + 5 * SEC), None, t(deadline - 1))
-        .unwrap();
+    tbl.renew(
+        b.lease,
+        &b.token,
+        t(deadline + 5 * SEC),
+        t(deadline - 1),
+        None,
+        t(deadline - 1),
+    )
+    .unwrap();
     tbl.watch_tick(t(deadline));
     // `a`'s renewal read its `now` before the deadline but comes after the
     // tick: too late, it is refused as expired.
     let err = tbl
-        .renew(a.lease, &a.token, t(deadline + 5 * SEC), None, t(deadline - 1))
+        .renew(
+            a.lease,
+            &a.token,
+            t(deadline + 5 * SEC),
+            t(deadline - 1),
+            None,
+            t(deadline - 1),
+        )
         .unwrap_err();
     assert!(matches!(err, Error::Expired { .. }), "{err:?}");
     let err = tbl.upgrade(a.lease, &a.token, t(deadline - 1)).unwrap_err();
