@@ -20,16 +20,19 @@
 //! missing and past due then knows it is inside the log's life and seals
 //! it (closes it empty), so a stalled writer can never add it later.
 //!
-//! Commit: a record whose append finished before the bag's safe point
-//! (`close_time - clock_tolerance`) is in, because no closer can have
-//! started yet. Past it, the writer looks for a close in progress (or, past
-//! the close time itself, closes the bag) and acknowledges the record only
-//! if the lock lists it. Past its minute's safe point it first looks for
-//! the minute's seal ([`crate::seal`]): a second the seal closed empty
-//! takes no record. And after all that it looks for the minute's
-//! tombstone ([`crate::tombstone`]): a minute retention removed takes no
-//! record its summary does not hold, however long the writer was held
-//! before its append.
+//! Commit: once its append has completed, the writer looks for a close of
+//! the bag in progress, whatever its clock says (a clock off by more than
+//! the tolerance must not make it skip the look), or, past the close time
+//! itself, closes the bag; a started close's lock decides whether the
+//! record is in. After its first record in a bag, and after every record
+//! past its minute's safe point (`close_time - clock margin`), it first
+//! looks for the minute's seal ([`crate::seal`]): a second the seal closed
+//! empty takes no record. And once a seal was found or that safe point is
+//! past, it looks for the minute's tombstone ([`crate::tombstone`]): a
+//! minute retention removed takes no record its summary does not hold,
+//! however long the writer was held before its append. So a writer on a
+//! skewed clock may have writes refused (`LateRejected`), never
+//! acknowledged and left out of the bag.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +60,12 @@ struct State {
     /// The first bag this writer may write: the log's start mark is at or
     /// before it and was seen in time for it (see the module docs).
     opened_from: Option<Bucket>,
+    /// The last bag a record of this writer was acknowledged in after its
+    /// minute was looked at ([`Writer::confirm`]): no seal of the minute
+    /// had started once the bag held that record, or the seal lists the
+    /// bag. Either way every seal lists it, so its lock alone decides
+    /// this writer's later records in it.
+    in_every_seal: Option<Bucket>,
 }
 
 /// Writes batches of messages into the bags of one log.
@@ -117,6 +126,7 @@ impl Writer {
                 next_seq: 0,
                 file_gen: 0,
                 opened_from: None,
+                in_every_seal: None,
             }),
             max_written: AtomicU64::new(0),
         })
@@ -269,7 +279,7 @@ impl Writer {
             let file = format!("{}.{}", self.file_stem, st.file_gen);
             let record = frame::encode(&batch.encode_to_vec());
             let outcome = match self.store.append(&self.log, bucket, &file, seq, record).await {
-                Ok(receipt) => self.confirm(bucket, &receipt).await,
+                Ok(receipt) => self.confirm(bucket, &receipt, &mut st.in_every_seal).await,
                 Err(e) => {
                     if !matches!(e, Error::BagClosed { .. }) {
                         st.file_gen += 1;
@@ -378,76 +388,112 @@ impl Writer {
         }
     }
 
-    /// The late-write check; see the module docs and [`crate::vouched`].
-    /// The safe point trusts this clock to within the tolerance; a time
-    /// source that measured a wider error bound (a Roughtime radius of
-    /// 5 s) moves it back by that bound, so such a writer looks for a
-    /// close after more of its writes instead of acknowledging one that a
-    /// closer on true time may already have sealed out. A writer helping
-    /// to close is a closer: it closes only once its clock less its bound
-    /// (the tolerance, when its time source measures none) is past the
-    /// close time; before that it only looks for a close.
+    /// The late-write check, run once the append has completed; see the
+    /// module docs and [`crate::vouched`].
     ///
-    /// Past its minute's safe point, the minute may be sealed, summarized
-    /// and removed by retention (a writer held between its rights check
-    /// and its append for longer than the retention keeps bags): its
-    /// append then made the removed bag again, and the lock its close
-    /// reads lists the record. So the minute's tombstone
+    /// It looks for a close whatever this writer's clock says. The safe
+    /// point is where this clock *expects* closers to start, but a clock
+    /// (and the time source vouching for it) can be off by more than the
+    /// tolerance, and a closer on true time then closes the bag while this
+    /// clock says it is seconds from closing. Nor does the append's own
+    /// refusal of a closed bag settle it: the directory store checks the
+    /// bag when it opens its file, and a close can start and list the file
+    /// before the bytes land; S3 refuses nothing. So after every append the
+    /// writer asks the store whether a close has started (on S3 one HEAD of
+    /// the bag's `_prelock`): not yet, and every closer, which lists only
+    /// after that, lists the record; started, and the lock decides. The
+    /// look comes after the append completed, which is what makes "not
+    /// started" mean "will list it". A clock skewed past the tolerance can
+    /// thus make writes fail (`LateRejected`), never lose an acknowledged
+    /// one.
+    ///
+    /// The same goes for the minute: a seal lists only the seconds that
+    /// held a bag when it listed them, so a record in a second it left out
+    /// is in nothing a reader reads. The writer looks for the minute's seal
+    /// ([`crate::seal`]) after its first record in each bag, and after
+    /// every record past the minute's safe point (its close time less the
+    /// clock margin, as this clock reads it). No seal started once the bag
+    /// held a record means every seal lists the bag, so the bag's own check
+    /// covers this writer's later records in it.
+    ///
+    /// A writer helping to close is a closer: it closes only once its
+    /// clock less its bound (the tolerance, when its time source measures
+    /// none) is past the close time; before that it only looks for a
+    /// close. The margin is the tolerance, or a wider error bound its time
+    /// source measured (a Roughtime radius of 5 s).
+    ///
+    /// Past its minute's safe point, or once a seal was found, the minute
+    /// may be summarized and removed by retention (a writer held between
+    /// its rights check and its append for longer than the retention keeps
+    /// bags): its append then made the removed bag again, and the lock its
+    /// close reads lists the record. So the minute's tombstone
     /// ([`crate::tombstone`]) is looked for last, after the lock gave its
     /// verdict: absent then, no removal had begun when that lock was read,
     /// so it was the bag's own; present, the record counts only if the
-    /// summary that holds the removed minute holds it.
-    async fn confirm(&self, bucket: Bucket, receipt: &crate::Receipt) -> Result<()> {
+    /// summary that holds the removed minute holds it. A minute no seal
+    /// had started on is not removed either: removal comes after the seal.
+    async fn confirm(
+        &self,
+        bucket: Bucket,
+        receipt: &crate::Receipt,
+        in_every_seal: &mut Option<Bucket>,
+    ) -> Result<()> {
         let now = self.clock.now();
-        if now < self.safe_point(bucket) {
-            return Ok(());
-        }
         let span = Span::of(bucket);
         let span_safe = span
             .close_time(self.cfg.grace)
             .saturating_sub(self.clock_margin());
-        let verdict = self.lock_verdict(bucket, receipt, now, span_safe).await;
-        if now < span_safe {
-            // Not sealed yet, so not removed either.
+        if now < span_safe && *in_every_seal == Some(bucket) {
+            return self.lock_verdict(bucket, receipt, now).await;
+        }
+        let (verdict, unsealed) = match seal::sealing_started(self.store.as_ref(), &self.log, span).await {
+            Ok(true) => (self.seal_verdict(bucket, receipt, span).await, false),
+            Ok(false) => (self.lock_verdict(bucket, receipt, now).await, true),
+            Err(e) => (Err(e), false),
+        };
+        if unsealed && now < span_safe {
+            if verdict.is_ok() {
+                *in_every_seal = Some(bucket);
+            }
             return verdict;
         }
         match crate::tombstone::of(self.store.as_ref(), &self.log, span).await {
             Ok(Some(removed)) => self.removed_verdict(bucket, receipt, removed).await,
-            Ok(None) => verdict,
+            Ok(None) => {
+                if unsealed && verdict.is_ok() {
+                    *in_every_seal = Some(bucket);
+                }
+                verdict
+            }
             // Never acknowledged without looking.
             Err(e) => verdict.and(Err(e)),
         }
     }
 
-    /// The record's verdict from its minute's seal and its bag's lock
-    /// ([`Self::confirm`]): `Ok`, `LateRejected`, or why it is unknown.
-    async fn lock_verdict(
-        &self,
-        bucket: Bucket,
-        receipt: &crate::Receipt,
-        now: Micros,
-        span_safe: Micros,
-    ) -> Result<()> {
+    /// The record's verdict once its minute's seal has started: the seal
+    /// decides first (a sealer may have listed the minute before this bag
+    /// existed), then the bag's lock.
+    async fn seal_verdict(&self, bucket: Bucket, receipt: &crate::Receipt, span: Span) -> Result<()> {
+        let sealed = seal::seal(self.store.as_ref(), &self.log, span).await?;
+        let listing = match sealed.has_bag(bucket) {
+            true => Some(self.store.close(&self.log, bucket).await?),
+            false => None,
+        };
+        match listing {
+            Some(l) if l.covers(receipt) => Ok(()),
+            _ => Err(Error::LateRejected {
+                log: self.log.clone(),
+                bucket,
+            }),
+        }
+    }
+
+    /// The record's verdict from its bag's lock ([`Self::confirm`]): `Ok`
+    /// when no close had started once the record was in (any closer lists
+    /// it), else what the lock says; or why it is unknown.
+    async fn lock_verdict(&self, bucket: Bucket, receipt: &crate::Receipt, now: Micros) -> Result<()> {
         let bound = self.time.error_bound().unwrap_or(self.cfg.clock_tolerance);
         let close_at = bucket.close_time(self.cfg.grace);
-        // Past its minute's safe point, a sealer may have listed the minute
-        // before this bag existed: the seal decides first (see
-        // [`crate::seal`]).
-        let span = Span::of(bucket);
-        if now >= span_safe && seal::sealing_started(self.store.as_ref(), &self.log, span).await? {
-            let sealed = seal::seal(self.store.as_ref(), &self.log, span).await?;
-            let listing = match sealed.has_bag(bucket) {
-                true => Some(self.store.close(&self.log, bucket).await?),
-                false => None,
-            };
-            return match listing {
-                Some(l) if l.covers(receipt) => Ok(()),
-                _ => Err(Error::LateRejected {
-                    log: self.log.clone(),
-                    bucket,
-                }),
-            };
-        }
         let must_close =
             now.saturating_sub(bound) >= close_at || self.store.closing_started(&self.log, bucket).await?;
         if !must_close {
