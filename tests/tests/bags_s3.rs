@@ -58,6 +58,15 @@ async fn happy_path_is_exactly_one_put_per_batch() {
     // has started, whatever the writer's clock says. Its minute's seal was
     // looked for after the first record in the bag, before the reset.
     assert_eq!((counts.gets(), counts.heads(), counts.lists()), (0, batches, 0));
+    // The first batch in the next second also looks for its minute's seal
+    // (a GET of the seal's intent, then of the seal), once per bag.
+    counts.reset();
+    clock.advance(Duration::from_secs(1));
+    w.write(Bytes::from("next second")).await.unwrap();
+    assert_eq!(
+        (counts.puts(), counts.gets(), counts.heads(), counts.lists()),
+        (1, 2, 1, 0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
