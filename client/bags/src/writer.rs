@@ -711,6 +711,38 @@ mod tests {
         }
     }
 
+    /// A writer whose clock is 30 s behind a closer on true time: the
+    /// closer closed its bag and sealed its minute (leaving the next second
+    /// out), while the writer's clock says both are far from closing. Its
+    /// writes into them are refused, never acknowledged: the append refuses
+    /// the closed bag, and once an append into the second the seal left out
+    /// has completed, the writer looks for the seal whatever its clock says.
+    #[tokio::test]
+    async fn a_writer_behind_true_time_finds_the_close_and_the_seal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirectoryStore::local(dir.path(), false);
+        let start = Micros::from_micros(T + 10_250_000);
+        let clock = ManualClock::new(start);
+        let w = writer(dir.path(), &clock, T, T + 3_600_000_000, BagConfig::default());
+        w.write(Bytes::from("on time")).await.unwrap();
+        let bag = Bucket::of(start);
+        let sealed = seal::seal(&store, "log", Span::of(bag)).await.unwrap();
+        assert!(sealed.has_bag(bag) && !sealed.has_bag(bag.next()));
+        let listing = store.close("log", bag).await.unwrap();
+        assert_eq!(listing.items.len(), 1);
+
+        // The bag's own data file is read-only now: the append refuses it.
+        clock.advance(Duration::from_millis(100));
+        let err = w.write(Bytes::from("late")).await.unwrap_err();
+        assert!(matches!(err, Error::BagClosed { .. }), "{err:?}");
+        // The next second, which the seal closed empty.
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(Bucket::of(clock.now()), bag.next());
+        let err = w.write(Bytes::from("sealed out")).await.unwrap_err();
+        assert!(matches!(err, Error::LateRejected { .. }), "{err:?}");
+        assert_eq!(store.close("log", bag).await.unwrap(), listing);
+    }
+
     /// A signed clock that answers with a fixed reading, or none.
     #[derive(Debug)]
     struct FixedTime(Option<bagel_proto::SignedReading>);
