@@ -59,6 +59,14 @@ pub(crate) fn from_status(s: Status) -> Error {
         },
         Code::FailedPrecondition => Error::not_held(NotHeldReason::Ended, message),
         Code::ResourceExhausted => resource_exhausted(s.details(), message),
+        // Cancelled by this side's transport (a status with a source is
+        // never one a server sent): the connection closed under the call,
+        // as when the server dies mid-call. Like any lost connection, the
+        // server is unavailable for now.
+        Code::Cancelled if std::error::Error::source(&s).is_some() => Error::Unavailable {
+            retry_after: None,
+            message: format!("the connection closed under the call: {message}"),
+        },
         Code::Unimplemented => Error::Other {
             message: format!("the server does not know this call (an older server?): {message}"),
             retryable: false,
@@ -155,6 +163,19 @@ mod tests {
 
     fn with(code: Code, message: &str, details: d::Details) -> Status {
         Status::with_details(code, message, details.encode().into())
+    }
+
+    #[test]
+    fn a_call_the_transport_cancelled_is_unavailable_and_one_the_server_cancelled_is_not() {
+        let mut lost = Status::cancelled("operation was canceled: connection closed");
+        lost.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        let e = from_status(lost);
+        assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        assert!(e.is_retryable());
+        let sent = from_status(Status::cancelled("the server cancelled it"));
+        assert!(matches!(sent, Error::Other { retryable: false, .. }), "{sent:?}");
     }
 
     #[test]
