@@ -73,9 +73,19 @@ pub async fn start(work: &WorkDir, binary: &str, io_threads: u32) -> Result<Serv
     Ok(server)
 }
 
+/// The `redis` crate's default bound on an answer, 500 ms, fails a SET
+/// whenever the load generator's runtime is busy for half a second (as it
+/// is while a million held leases of the measurement before are dropped);
+/// the harness bounds each operation itself (10 s per hold), so the
+/// connection gets the same bound.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn connect(addr: SocketAddr) -> Result<MultiplexedConnection> {
     let client = redis::Client::open(format!("redis://{addr}/"))?;
-    Ok(client.get_multiplexed_async_connection().await?)
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+    Ok(client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?)
 }
 
 async fn ping(addr: SocketAddr) -> Result<()> {
