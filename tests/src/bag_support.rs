@@ -290,3 +290,27 @@ pub fn payloads(r: &bag::ReadReport) -> Vec<String> {
 pub fn t0() -> Micros {
     Micros::from_micros(1_900_000_000_250_000)
 }
+
+/// Writer `w1` of log `log` on `clock`, under test lease `l1` (from a
+/// second before [`t0`] for an hour), with the default bag config.
+pub fn writer_at_t0(
+    store: Arc<dyn BagStore>,
+    clock: &bagel_proto::clock::ManualClock,
+    leases: &TestLeases,
+) -> bag::Writer {
+    let lease = leases.lease(
+        "l1",
+        t0().saturating_sub(Duration::from_secs(1)),
+        t0().saturating_add(Duration::from_secs(3600)),
+    );
+    bag::Writer::new(
+        store,
+        "log",
+        "w1",
+        Arc::new(lease),
+        Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
+        bag::BagConfig::default(),
+    )
+    .unwrap()
+}

@@ -8,28 +8,12 @@ use std::time::Duration;
 
 use bagel_bags::store::directory::DirectoryStore;
 use bagel_bags::store::fsops::{AppendFile, DirEntry, FileStat, FsOps, StdFs};
-use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, Error, ReadOptions, Writer, frame};
+use bagel_bags::{self as bag, BagConfig, BagStore, Bucket, Error, ReadOptions, frame};
 use bagel_proto::clock::{AssumedExact, ManualClock};
 use bagel_tests::{TestLeases, t0};
 use bytes::Bytes;
 
-fn writer(store: Arc<dyn BagStore>, clock: &ManualClock, leases: &TestLeases) -> Writer {
-    let lease = leases.lease(
-        "l1",
-        t0().saturating_sub(Duration::from_secs(1)),
-        t0().saturating_add(Duration::from_secs(3600)),
-    );
-    Writer::new(
-        store,
-        "log",
-        "w1",
-        Arc::new(lease),
-        Arc::new(clock.clone()),
-        leases.time(Arc::new(clock.clone())),
-        BagConfig::default(),
-    )
-    .unwrap()
-}
+use bagel_tests::writer_at_t0 as writer;
 
 /// Reads all of "log", checking signatures with the test leases' keys.
 async fn read_all(store: &dyn BagStore, leases: &TestLeases, clock: &ManualClock) -> bag::ReadReport {

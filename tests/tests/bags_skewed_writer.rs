@@ -20,23 +20,7 @@ use bytes::Bytes;
 /// How far the writer's clock is behind true time.
 const SKEW: Duration = Duration::from_secs(30);
 
-fn writer(store: Arc<dyn BagStore>, clock: &ManualClock, leases: &TestLeases) -> Writer {
-    let lease = leases.lease(
-        "l1",
-        t0().saturating_sub(Duration::from_secs(1)),
-        t0().saturating_add(Duration::from_secs(3600)),
-    );
-    Writer::new(
-        store,
-        "log",
-        "w1",
-        Arc::new(lease),
-        Arc::new(clock.clone()),
-        leases.time(Arc::new(clock.clone())),
-        BagConfig::default(),
-    )
-    .unwrap()
-}
+use bagel_tests::writer_at_t0 as writer;
 
 /// What a reader on true time reads of the whole log (closing and sealing
 /// whatever is past due on its clock).
