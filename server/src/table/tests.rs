@@ -7,6 +7,7 @@ use std::time::Duration;
 use bagel_proto::Micros;
 use proptest::prelude::*;
 
+use super::history::HistoryLog;
 use super::*;
 
 const T0: u64 = 1_000_000_000;
@@ -589,6 +590,7 @@ fn history_bookkeeping_does_not_grow_with_renewals() {
     }
     let shard = tbl.shards[0].lock();
     assert_eq!(shard.history.len(), 8, "one order entry per kept entry");
+    assert!(shard.history.held() <= 2 * 8 + HistoryLog::SLACK);
     assert_eq!(shard.history.bytes(), bytes_after_8);
     drop(shard);
     let (entries, truncated) = tbl.history("r");
@@ -613,6 +615,42 @@ fn history_bookkeeping_does_not_grow_with_renewals() {
     assert_eq!(small.sweep(t(T0 + 3)), 1);
     let shard = small.shards[0].lock();
     assert_eq!((shard.history.len(), shard.history.bytes()), (0, 0));
+}
+
+/// Entries the per-name cap drops from the middle of the shard's order
+/// (each name's previous release, a thousand names back) leave tombstones
+/// there; the order keeps at most as many as it has live entries (plus a
+/// little slack), and the byte budget still evicts the oldest live entry.
+#[test]
+fn history_order_keeps_tombstones_bounded() {
+    let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
+    cfg.shards = 1;
+    cfg.history_per_name = 1;
+    let tbl = LeaseTable::new(cfg);
+    let names: Vec<String> = (0..1000).map(|i| format!("n{i}")).collect();
+    let mut most = 0;
+    for round in 0..20u64 {
+        for (i, name) in names.iter().enumerate() {
+            let now = T0 + round * SEC + i as u64;
+            let g = tbl
+                .acquire(&full(&[name.as_str()], now + 5 * SEC), t(now))
+                .unwrap();
+            tbl.release(g.lease, &g.token, release_at(0), t(now + 1)).unwrap();
+            let shard = tbl.shards[0].lock();
+            most = most.max(shard.history.held());
+            assert!(shard.history.len() <= names.len());
+        }
+    }
+    assert!(
+        most <= 2 * names.len() + HistoryLog::SLACK + 1,
+        "the order held {most} entries for {} live ones",
+        names.len()
+    );
+    let mut shard = tbl.shards[0].lock();
+    assert_eq!(shard.history.len(), names.len());
+    // The oldest live entry is the first name's last release.
+    let (_, slot) = shard.history.pop_oldest().expect("entries are kept");
+    assert_eq!(shard.at(slot).map(|e| &*e.name), Some("n0"));
 }
 
 // ---------------------------------------------------------------------------
