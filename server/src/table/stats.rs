@@ -293,13 +293,18 @@ pub(super) fn is_first(h: &Holder, shard: usize, slot: usize) -> bool {
 /// is fixed, whatever the number of distinct names.
 #[derive(Debug, Default)]
 pub(super) struct Busiest {
-    slots: Vec<Tracked>,
-    /// The hash of each slot's name, side by side: a grant of a name not
-    /// tracked (most of them, when many names are busy) is told apart by
-    /// comparing these, not by reading eight names from eight places in
-    /// memory (which was 2-3 % of a session server's CPU).
-    prints: Vec<u64>,
+    slots: Vec<Slot>,
     hasher: RandomState,
+}
+
+/// A tracked name with the hash of it: a grant of a name not tracked (most
+/// of them, when many names are busy) is told apart by comparing the
+/// hashes, which lie in the slots, not by reading eight names from eight
+/// places in memory (which was 2-3 % of a session server's CPU).
+#[derive(Debug)]
+struct Slot {
+    print: u64,
+    tracked: Tracked,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -313,52 +318,50 @@ pub struct Tracked {
 impl Busiest {
     pub(super) fn observe(&mut self, name: &Arc<str>) {
         let print = self.hasher.hash_one(&**name);
-        let found = self
-            .prints
-            .iter()
-            .zip(&self.slots)
-            .position(|(&p, t)| p == print && (Arc::ptr_eq(&t.name, name) || *t.name == **name));
-        if let Some(i) = found {
-            self.slots[i].grants += 1;
-            return;
-        }
-        if self.slots.len() < BUSIEST_PER_SHARD {
-            self.slots.push(Tracked {
-                name: Arc::clone(name),
-                grants: 1,
-                error: 0,
-            });
-            self.prints.push(print);
-            return;
-        }
-        let (i, min) = self
+        if let Some(slot) = self
             .slots
             .iter_mut()
-            .enumerate()
-            .min_by_key(|(_, t)| t.grants)
-            .expect("the sketch is full");
-        *min = Tracked {
+            .find(|s| s.print == print && (Arc::ptr_eq(&s.tracked.name, name) || *s.tracked.name == **name))
+        {
+            slot.tracked.grants += 1;
+            return;
+        }
+        let tracked = |grants, error| Tracked {
             name: Arc::clone(name),
-            grants: min.grants + 1,
-            error: min.grants,
+            grants,
+            error,
         };
-        self.prints[i] = print;
+        if self.slots.len() < BUSIEST_PER_SHARD {
+            self.slots.push(Slot {
+                print,
+                tracked: tracked(1, 0),
+            });
+            return;
+        }
+        let min = self
+            .slots
+            .iter_mut()
+            .min_by_key(|s| s.tracked.grants)
+            .expect("the sketch is full");
+        let grants = min.tracked.grants;
+        *min = Slot {
+            print,
+            tracked: tracked(grants + 1, grants),
+        };
     }
 
     /// Halves every count, so the sketch follows what is busy now rather
     /// than since the start. Counts that reach zero free their slot.
     pub(super) fn decay(&mut self) {
-        for t in &mut self.slots {
+        for Slot { tracked: t, .. } in &mut self.slots {
             t.grants /= 2;
             t.error /= 2;
         }
-        let mut kept = self.slots.iter().map(|t| t.grants > 0);
-        self.prints.retain(|_| kept.next().unwrap_or(false));
-        self.slots.retain(|t| t.grants > 0);
+        self.slots.retain(|s| s.tracked.grants > 0);
     }
 
     pub(super) fn tracked(&self) -> impl Iterator<Item = &Tracked> {
-        self.slots.iter()
+        self.slots.iter().map(|s| &s.tracked)
     }
 }
 
@@ -541,7 +544,7 @@ mod tests {
                 b.observe(&name("warm"));
             }
         }
-        assert_eq!(b.slots.len(), BUSIEST_PER_SHARD);
+        assert_eq!(b.tracked().count(), BUSIEST_PER_SHARD);
         let get = |n: &str| b.tracked().find(|t| &*t.name == n).cloned().expect(n);
         let hot = get("hot");
         let warm = get("warm");

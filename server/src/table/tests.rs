@@ -620,8 +620,8 @@ fn history_bookkeeping_does_not_grow_with_renewals() {
 /// Entries the per-name cap drops from the middle of the shard's order
 /// (a busy name's previous release, behind a thousand names released
 /// once) leave tombstones there; the order keeps at most as many as it has
-/// live entries (plus a little slack), and the byte budget still evicts
-/// the oldest live entry.
+/// live entries (plus a little slack), and the oldest live entry is still
+/// the first out (the one the byte budget evicts).
 #[test]
 fn history_order_keeps_tombstones_bounded() {
     let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
