@@ -20,14 +20,36 @@
 #       granted; a restarted member keeps its key, so the pinned list still
 #       connects; adding bagel-4 with the README's list edits moves names
 #       only to bagel-4, and a lease is granted while migrating and after.
-#   deploy_stop: stops the servers deploy_cluster_check started (for the
-#     trap).
+#     deploy_kubernetes_check: deploy/kubernetes rendered offline with
+#       `kubectl kustomize` (Debian's kubernetes-client installed if no
+#       kubectl is there): the base, overlays/example and the optional
+#       ServiceMonitor. Every object validated against the Kubernetes API
+#       schemas of the oldest and newest version we claim
+#       (DEPLOY_K8S_VERSIONS) by kubernetes-validate --strict, a pinned PyPI
+#       package that ships those schemas (kubeconform and kubeval are in
+#       neither Debian, PyPI nor npm and download theirs; `kubectl
+#       --dry-run=server` needs a cluster). A kind without a schema fails the check, except
+#       the ServiceMonitor (a CRD), which the invariants check instead.
+#       Then tests/support/k8s_invariants.py: ordinal = ID, the key on the
+#       member's PVC, readiness = health on the side port, one member at a
+#       time (rollout and PDB), the headless Service's SRV ports, flags
+#       that `bagel-server --help` lists, the Containerfile's path and
+#       user. Copies broken on purpose (PDB maxUnavailable 2, a renamed
+#       flag, a misspelt field) must fail it. Last, the rendered command
+#       and args run the built bagel-server as pod bagel-1 would (only
+#       addresses and the volume's place changed): during the restart wait
+#       /healthz is 200 while /readyz is 503 and a grant is refused; then
+#       ready, a grant writes the mark beside the key on the volume, and a
+#       restart keeps the key and waits again.
+#   deploy_stop: stops the servers deploy_cluster_check and
+#     deploy_kubernetes_check started (for the trap).
 
 DEPLOY_UNIT=deploy/systemd/bagel-server@.service
 
 deploy_checks() {
   deploy_verify_unit
   deploy_cluster_check
+  deploy_kubernetes_check
 }
 
 # deploy_verify UNIT_FILE: verifies the instance bagel-1 of UNIT_FILE, with
@@ -190,4 +212,172 @@ deploy_stop() {
   done
   DEPLOY_PIDS=()
   if [ -n "${DEPLOY_DIR:-}" ]; then rm -rf "$DEPLOY_DIR"; DEPLOY_DIR=; fi
+}
+
+DEPLOY_K8S=deploy/kubernetes
+# The validator, pinned; its release carries the API schemas of
+# Kubernetes 1.25 to 1.37.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+# The oldest Kubernetes the manifests use nothing newer than (StatefulSet
+# minReadySeconds and persistentVolumeClaimRetentionPolicy, policy/v1
+# PodDisruptionBudget), and the newest the validator knows.
+DEPLOY_K8S_VERSIONS=(1.27.0 1.37.0)
+
+# kubernetes-validate in its own venv, installed once. Prints the venv.
+kubernetes_validate_venv() {
+  local venv="$BAGEL_TOOLS/venv-kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+  if [ ! -x "$venv/bin/kubernetes-validate" ] || ! "$venv/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null; then
+    log "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $venv"
+    python3 -m venv "$venv" >&2 || die "python3 -m venv failed"
+    "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" >&2 ||
+      die "pip install kubernetes-validate failed"
+  fi
+  echo "$venv"
+}
+
+# deploy_k8s_render DIR OUT: `kubectl kustomize DIR` into OUT. Current
+# kustomize's deprecation warnings (the overlay's `bases:`, which Debian's
+# kubectl 1.20 needs) are dropped; any other stderr line is printed.
+deploy_k8s_render() {
+  local err
+  err=$(kubectl kustomize "$1" 2>&1 >"$2") || { printf '%s\n' "$err"; return 1; }
+  grep -v "^# Warning: '[A-Za-z]*' is deprecated" <<<"$err" >&2 || true
+}
+
+# deploy_k8s_validate FILE [KIND_WITHOUT_SCHEMA]: every object of FILE
+# against the API schemas of DEPLOY_K8S_VERSIONS, strictly (an unknown
+# field fails). An object whose kind has no schema fails too, but for
+# KIND_WITHOUT_SCHEMA. Prints what failed.
+deploy_k8s_validate() {
+  local file=$1 allowed=${2:-} v out rc
+  for v in "${DEPLOY_K8S_VERSIONS[@]}"; do
+    rc=0
+    out=$("$DEPLOY_K8S_VENV/bin/kubernetes-validate" --strict --quiet -k "$v" "$file" 2>&1) || rc=$?
+    if ((rc != 0)); then printf '%s\n' "Kubernetes $v:" "$out"; return 1; fi
+    if grep "Couldn't find schema" <<<"$out" | grep -v "for kind ${allowed:-(none)} " | grep -q .; then
+      printf '%s\n' "Kubernetes $v: a kind without a schema:" "$out"
+      return 1
+    fi
+  done
+}
+
+# deploy_k8s_all TREE OUT_DIR: renders and checks the base and the example
+# overlay of the deploy/kubernetes copy TREE, and the ServiceMonitor with
+# the overlay. Prints what failed and returns 1 at the first failure.
+deploy_k8s_all() {
+  local tree=$1 out=$2 dir name
+  for dir in base overlays/example servicemonitor; do
+    name=${dir//\//-}
+    deploy_k8s_render "$tree/$dir" "$out/$name.yaml" || return 1
+  done
+  for name in base overlays-example; do
+    deploy_k8s_validate "$out/$name.yaml" || return 1
+    "$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py check \
+      "$out/$name.yaml" "$out/help.txt" "$tree/Containerfile" "$out/servicemonitor.yaml" || return 1
+  done
+  deploy_k8s_validate "$out/servicemonitor.yaml" ServiceMonitor || return 1
+}
+
+# deploy_k8s_broken OUT_DIR WHAT FILE SED_EXPR EXPECTED: a copy of
+# deploy/kubernetes with SED_EXPR applied to FILE must fail the checks,
+# saying EXPECTED.
+deploy_k8s_broken() {
+  local out=$1 what=$2 file=$3 expr=$4 expected=$5 tree findings
+  tree="$out/broken"
+  rm -rf "$tree"; cp -r "$DEPLOY_K8S" "$tree"
+  sed -i "$expr" "$tree/$file"
+  cmp -s "$tree/$file" "$DEPLOY_K8S/$file" && die "$file: '$expr' changed nothing to break"
+  if findings=$(deploy_k8s_all "$tree" "$out" 2>&1); then
+    die "deploy/kubernetes with $what passed the checks"
+  fi
+  grep -qF -- "$expected" <<<"$findings" || die "deploy/kubernetes with $what failed for another reason: $findings"
+  log "deploy/kubernetes with $what fails the check"
+}
+
+deploy_kubernetes_check() {
+  command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
+  command -v kubectl >/dev/null 2>&1 || die "kubectl is missing after apt-get install kubernetes-client"
+  command -v curl >/dev/null 2>&1 || apt_install curl
+  DEPLOY_K8S_VENV=$(kubernetes_validate_venv)
+  local out findings
+  out=$(mktemp -d -t bagel-k8s.XXXXXX)
+  "$BAGEL_BIN_DIR/bagel-server" --help >"$out/help.txt" || die "bagel-server --help failed"
+  findings=$(deploy_k8s_all "$DEPLOY_K8S" "$out" 2>&1) || die "$DEPLOY_K8S: $findings"
+  log "$DEPLOY_K8S: rendered ($(kubectl version --client 2>/dev/null | head -1)), valid for Kubernetes ${DEPLOY_K8S_VERSIONS[*]}, invariants hold"
+
+  deploy_k8s_broken "$out" "PDB maxUnavailable 2" base/pdb.yaml \
+    's/^  maxUnavailable: 1$/  maxUnavailable: 2/' "PDB maxUnavailable is 2, not 1"
+  deploy_k8s_broken "$out" "a flag bagel-server lacks" base/statefulset.yaml \
+    's/--max-ttl=/--max-lease-ttl=/' "--max-lease-ttl is not a flag of bagel-server"
+  deploy_k8s_broken "$out" "a misspelt field" base/service.yaml \
+    's/publishNotReadyAddresses:/publishNotReadyAddress:/' "'publishNotReadyAddress' was unexpected"
+
+  deploy_k8s_member_check "$out/overlays-example.yaml"
+  rm -rf "$out"
+}
+
+# deploy_k8s_member_start: bagel-server with DEPLOY_K8S_CMD.
+deploy_k8s_member_start() {
+  "${DEPLOY_K8S_CMD[@]}" >>"$DEPLOY_DIR/bagel-1.out" 2>>"$DEPLOY_DIR/bagel-1.err" &
+  DEPLOY_K8S_PID=$!
+  DEPLOY_PIDS+=("$DEPLOY_K8S_PID")
+}
+
+# deploy_k8s_in_restart_wait HTTP GRPC: the member's probes and its lease
+# port during the restart wait.
+deploy_k8s_in_restart_wait() {
+  local http=$1 grpc=$2 code
+  wait_until 30 "pod bagel-1's /healthz" curl -sf "http://$http/healthz"
+  code=$(curl -s -o "$DEPLOY_DIR/readyz" -w '%{http_code}' "http://$http/readyz")
+  [ "$code" = 503 ] && grep -q "restart wait" "$DEPLOY_DIR/readyz" ||
+    die "pod bagel-1 at its start: /readyz said $code $(cat "$DEPLOY_DIR/readyz"), not 503 (restart wait)"
+  if "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe \
+    >/dev/null 2>&1; then
+    die "pod bagel-1 granted a lease while /readyz said not ready"
+  fi
+}
+
+# deploy_k8s_member_check RENDERED: the StatefulSet's command and args, as
+# the kubelet runs them for pod bagel-1, with the built binary; only the
+# listen addresses become local ones and the volume a temporary folder.
+deploy_k8s_member_check() {
+  local rendered=$1 arg mapped=0 grpc http
+  DEPLOY_DIR=$(mktemp -d -t bagel-k8s-pod.XXXXXX)
+  mkdir "$DEPLOY_DIR/volume"
+  grpc="127.0.0.1:$(free_port)"; http="127.0.0.1:$(free_port)"
+  DEPLOY_K8S_CMD=()
+  while IFS= read -r arg; do
+    case $arg in
+      /usr/local/bin/bagel-server) arg="$BAGEL_BIN_DIR/bagel-server"; mapped=$((mapped + 1)) ;;
+      --listen=*) arg="--listen=$grpc"; mapped=$((mapped + 1)) ;;
+      --http=*) arg="--http=$http"; mapped=$((mapped + 1)) ;;
+      --key=/var/lib/bagel/*) arg="--key=$DEPLOY_DIR/volume/${arg#--key=/var/lib/bagel/}"; mapped=$((mapped + 1)) ;;
+    esac
+    DEPLOY_K8S_CMD+=("$arg")
+  done < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py args "$rendered" bagel-1)
+  ((mapped == 4)) || die "$rendered: expected the binary, --listen, --http and --key=/var/lib/bagel/... in: ${DEPLOY_K8S_CMD[*]}"
+
+  deploy_k8s_member_start
+  deploy_k8s_in_restart_wait "$http" "$grpc"
+  wait_until 30 "pod bagel-1 ready (/readyz)" curl -sf "http://$http/readyz"
+  local info id key
+  info=$("$BAGEL_BIN_DIR/bagel" --server "http://$grpc" server-info --json) || die "bagel server-info failed"
+  id=$(jq -r '.server_id' <<<"$info")
+  [ "$id" = bagel-1 ] || die "pod bagel-1 signs as server id '$id'"
+  key=$(jq -r '.keys[0].ed25519_hex' <<<"$info")
+  "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe --json \
+    >/dev/null || die "pod bagel-1 refused a lease once ready"
+  [ -s "$DEPLOY_DIR/volume/key" ] || die "no key on pod bagel-1's volume"
+  wait_until 10 "the granted-until mark on pod bagel-1's volume" test -s "$DEPLOY_DIR/volume/key.granted-until"
+  curl -sf "http://$http/metrics" | grep -q '^bagel_' || die "pod bagel-1's /metrics has no bagel_ series"
+
+  # The pod is replaced: SIGTERM, then the same args and volume.
+  kill "$DEPLOY_K8S_PID"; wait "$DEPLOY_K8S_PID" 2>/dev/null || true
+  deploy_k8s_member_start
+  deploy_k8s_in_restart_wait "$http" "$grpc"
+  wait_until 30 "pod bagel-1 ready after its restart (/readyz)" curl -sf "http://$http/readyz"
+  info=$("$BAGEL_BIN_DIR/bagel" --server "http://$grpc" server-info --json) || die "bagel server-info failed"
+  [ "$(jq -r '.keys[0].ed25519_hex' <<<"$info")" = "$key" ] || die "pod bagel-1 came back with another key"
+  log "deploy/kubernetes: pod bagel-1's command runs: restart wait not ready, then ready; key kept on its volume ($key)"
+  deploy_stop
 }
