@@ -5,7 +5,8 @@
 # workspace, then the Python client and its tests (examples/python,
 # tests/python) and the JavaScript client (examples/js), lints both side
 # ports' /metrics with promtool, checks the deployment in deploy/ (systemd
-# unit, server list, migration steps), and stops the services.
+# unit, server list, migration steps, Kubernetes manifests), and stops the
+# services.
 # A test whose service is missing fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -70,8 +71,10 @@ metrics_lint
 # The deployment of deploy/README.md: the systemd unit passes
 # `systemd-analyze verify` (warnings included), and three members started
 # as the unit starts them, with the client list filled in by the README's
-# commands, route, grant, keep their keys over a restart and take a fourth.
-log "deploy checks (systemd unit, cluster list, migration steps)"
+# commands, route, grant, keep their keys over a restart and take a fourth;
+# the Kubernetes manifests render, validate against the API schemas, keep
+# their invariants, and their command runs the built server.
+log "deploy checks (systemd unit, cluster list, migration steps, Kubernetes manifests)"
 deploy_checks
 
 # The randomized fault run: lease server, S3 server and closers killed at

@@ -239,9 +239,10 @@ kubernetes_validate_venv() {
 # kustomize's deprecation warnings (the overlay's `bases:`, which Debian's
 # kubectl 1.20 needs) are dropped; any other stderr line is printed.
 deploy_k8s_render() {
-  local err
+  local err rest
   err=$(kubectl kustomize "$1" 2>&1 >"$2") || { printf '%s\n' "$err"; return 1; }
-  grep -v "^# Warning: '[A-Za-z]*' is deprecated" <<<"$err" >&2 || true
+  rest=$(grep -v "^# Warning: '[A-Za-z]*' is deprecated" <<<"$err" || true)
+  if [ -n "$rest" ]; then printf '%s\n' "$rest" >&2; fi
 }
 
 # deploy_k8s_validate FILE [KIND_WITHOUT_SCHEMA]: every object of FILE
@@ -303,7 +304,7 @@ deploy_kubernetes_check() {
   out=$(mktemp -d -t bagel-k8s.XXXXXX)
   "$BAGEL_BIN_DIR/bagel-server" --help >"$out/help.txt" || die "bagel-server --help failed"
   findings=$(deploy_k8s_all "$DEPLOY_K8S" "$out" 2>&1) || die "$DEPLOY_K8S: $findings"
-  log "$DEPLOY_K8S: rendered ($(kubectl version --client 2>/dev/null | head -1)), valid for Kubernetes ${DEPLOY_K8S_VERSIONS[*]}, invariants hold"
+  log "$DEPLOY_K8S: rendered (kubectl $(kubectl version --client 2>/dev/null | grep -o "v[0-9][0-9.]*" | head -1)), valid for Kubernetes ${DEPLOY_K8S_VERSIONS[*]}, invariants hold"
 
   deploy_k8s_broken "$out" "PDB maxUnavailable 2" base/pdb.yaml \
     's/^  maxUnavailable: 1$/  maxUnavailable: 2/' "PDB maxUnavailable is 2, not 1"
@@ -332,9 +333,11 @@ deploy_k8s_in_restart_wait() {
   [ "$code" = 503 ] && grep -q "restart wait" "$DEPLOY_DIR/readyz" ||
     die "pod bagel-1 at its start: /readyz said $code $(cat "$DEPLOY_DIR/readyz"), not 503 (restart wait)"
   if "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe \
-    >/dev/null 2>&1; then
+    >/dev/null 2>"$DEPLOY_DIR/refused"; then
     die "pod bagel-1 granted a lease while /readyz said not ready"
   fi
+  grep -q "not ready" "$DEPLOY_DIR/refused" ||
+    die "pod bagel-1 refused a lease in its restart wait for another reason: $(cat "$DEPLOY_DIR/refused")"
 }
 
 # deploy_k8s_member_check RENDERED: the StatefulSet's command and args, as
@@ -369,7 +372,8 @@ deploy_k8s_member_check() {
     >/dev/null || die "pod bagel-1 refused a lease once ready"
   [ -s "$DEPLOY_DIR/volume/key" ] || die "no key on pod bagel-1's volume"
   wait_until 10 "the granted-until mark on pod bagel-1's volume" test -s "$DEPLOY_DIR/volume/key.granted-until"
-  curl -sf "http://$http/metrics" | grep -q '^bagel_' || die "pod bagel-1's /metrics has no bagel_ series"
+  curl -sf "http://$http/metrics" >"$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics failed"
+  grep -q '^bagel_' "$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics has no bagel_ series"
 
   # The pod is replaced: SIGTERM, then the same args and volume.
   kill "$DEPLOY_K8S_PID"; wait "$DEPLOY_K8S_PID" 2>/dev/null || true

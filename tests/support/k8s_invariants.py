@@ -114,7 +114,8 @@ def check(rendered, help_path, containerfile, servicemonitor=None):
             broken.append(what)
 
     # The flags are bagel-server's.
-    help_flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
+    # The options --help lists (a line of their own), not flags its prose names.
+    help_flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", help_text, re.M))
     for name in args:
         need(name in help_flags, f"{name} is not a flag of bagel-server (--help)")
     for name in env:
