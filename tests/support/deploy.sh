@@ -23,7 +23,8 @@
 #     deploy_kubernetes_check: deploy/kubernetes rendered offline with
 #       `kubectl kustomize` (Debian's kubernetes-client installed if no
 #       kubectl is there): the base, overlays/example and the optional
-#       ServiceMonitor. Every object validated against the Kubernetes API
+#       ServiceMonitor, alone and added to the overlay as deploy/README.md
+#       adds it. Every object validated against the Kubernetes API
 #       schemas of the oldest and newest version we claim
 #       (DEPLOY_K8S_VERSIONS) by kubernetes-validate --strict, a pinned PyPI
 #       package that ships those schemas (kubeconform and kubeval are in
@@ -263,20 +264,28 @@ deploy_k8s_validate() {
 }
 
 # deploy_k8s_all TREE OUT_DIR: renders and checks the base and the example
-# overlay of the deploy/kubernetes copy TREE, and the ServiceMonitor with
-# the overlay. Prints what failed and returns 1 at the first failure.
+# overlay of TREE, a copy of deploy/kubernetes, and the ServiceMonitor alone
+# and added to the overlay as deploy/README.md adds it. Prints what failed
+# and returns 1 at the first failure.
 deploy_k8s_all() {
   local tree=$1 out=$2 dir name
-  for dir in base overlays/example servicemonitor; do
+  cp -r "$tree/overlays/example" "$tree/overlays/with-servicemonitor"
+  sed -i 's|^  - \.\./\.\./base$|&\n  - ../../servicemonitor|' "$tree/overlays/with-servicemonitor/kustomization.yaml"
+  grep -q '^  - \.\./\.\./servicemonitor$' "$tree/overlays/with-servicemonitor/kustomization.yaml" ||
+    { echo "overlays/example/kustomization.yaml: no '  - ../../base' line to add the ServiceMonitor after"; return 1; }
+  for dir in base overlays/example servicemonitor overlays/with-servicemonitor; do
     name=${dir//\//-}
     deploy_k8s_render "$tree/$dir" "$out/$name.yaml" || return 1
   done
   for name in base overlays-example; do
     deploy_k8s_validate "$out/$name.yaml" || return 1
-    "$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py check \
-      "$out/$name.yaml" "$out/help.txt" "$tree/Containerfile" "$out/servicemonitor.yaml" || return 1
   done
-  deploy_k8s_validate "$out/servicemonitor.yaml" ServiceMonitor || return 1
+  deploy_k8s_validate "$out/overlays-with-servicemonitor.yaml" ServiceMonitor || return 1
+  "$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py check \
+    "$out/base.yaml" "$out/help.txt" "$tree/Containerfile" "$out/servicemonitor.yaml" || return 1
+  "$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py check \
+    "$out/overlays-example.yaml" "$out/help.txt" "$tree/Containerfile" "$out/overlays-with-servicemonitor.yaml" ||
+    return 1
 }
 
 # deploy_k8s_broken OUT_DIR WHAT FILE SED_EXPR EXPECTED: a copy of
@@ -303,7 +312,8 @@ deploy_kubernetes_check() {
   local out findings
   out=$(mktemp -d -t bagel-k8s.XXXXXX)
   "$BAGEL_BIN_DIR/bagel-server" --help >"$out/help.txt" || die "bagel-server --help failed"
-  findings=$(deploy_k8s_all "$DEPLOY_K8S" "$out" 2>&1) || die "$DEPLOY_K8S: $findings"
+  cp -r "$DEPLOY_K8S" "$out/tree"
+  findings=$(deploy_k8s_all "$out/tree" "$out" 2>&1) || die "$DEPLOY_K8S: $findings"
   log "$DEPLOY_K8S: rendered (kubectl $(kubectl version --client 2>/dev/null | grep -o "v[0-9][0-9.]*" | head -1)), valid for Kubernetes ${DEPLOY_K8S_VERSIONS[*]}, invariants hold"
 
   deploy_k8s_broken "$out" "PDB maxUnavailable 2" base/pdb.yaml \

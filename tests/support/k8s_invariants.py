@@ -259,6 +259,10 @@ def check(rendered, help_path, containerfile, servicemonitor=None):
     if servicemonitor:
         (sm,) = [o for o in load(servicemonitor) if o.get("kind") == "ServiceMonitor"]
         need(sm["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
+        need(
+            sm["metadata"].get("namespace") == svc["metadata"].get("namespace"),
+            "the ServiceMonitor is not in the Service's namespace",
+        )
         selector = sm["spec"]["selector"]["matchLabels"]
         need(
             all(svc["metadata"].get("labels", {}).get(k) == v for k, v in selector.items()),
