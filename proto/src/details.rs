@@ -86,6 +86,12 @@ pub const REASON_TTL_OUT_OF_RANGE: &str = "TTL_OUT_OF_RANGE";
 /// (`name` or `prefix`). Other PERMISSION_DENIED refusals (a lease's
 /// token, another certificate's lease) carry no reason.
 pub const REASON_PERMISSION_DENIED: &str = "PERMISSION_DENIED";
+/// A name the server does not own under the member lists it was started
+/// with (FAILED_PRECONDITION): the caller's server list routes it to the
+/// wrong member. Metadata: `name`, `server_id` (this server), `owners`
+/// (the owner under each list in force, comma-separated). Retrying won't
+/// help; fix the list.
+pub const REASON_NAME_NOT_OWNED: &str = "NAME_NOT_OWNED";
 
 /// A `google.rpc.Status` for a status's `grpc-status-details-bin`, built
 /// up detail by detail: `code` and `message` as the gRPC status has them

@@ -84,6 +84,7 @@ pub mod keys;
 pub mod merkle;
 pub mod names;
 pub mod rights;
+pub mod routing;
 #[cfg(feature = "side-port")]
 pub mod side_port;
 pub mod signed_time;

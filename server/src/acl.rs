@@ -480,7 +480,8 @@ impl Service {
 
     /// Refuses a renewal, upgrade or release unless the caller has `lease`
     /// on every name of the lease (a lease no longer held falls through to
-    /// the operation, which says why).
+    /// the operation, which says why). Runs before anything else is said
+    /// of the lease (whose it is, whether its token matches).
     pub(crate) fn permit_lease(&self, caller: &Caller, lease: crate::table::LeaseId) -> Result<(), Error> {
         let permission = Permission::Lease;
         let Some((loaded, identity)) = self.access(caller)? else {
@@ -490,9 +491,16 @@ impl Service {
         let refused = self.inner.table.refuse_lease_name(lease, |name| {
             (!grants.allows(permission, name)).then(|| name.to_owned())
         });
-        match refused {
-            Some(name) => Err(self.denied(identity, permission, "name", &name)),
-            None => Ok(()),
+        let Some(name) = refused else {
+            return Ok(());
+        };
+        // The refused name is said only to the identity the lease was
+        // granted to: anyone else learns nothing of another's lease, not
+        // even which name its id holds.
+        if self.inner.table.lease_owner(lease).is_some_and(|owner| owner == identity) {
+            Err(self.denied(identity, permission, "name", &name))
+        } else {
+            Err(self.denied(identity, permission, "lease", &lease.to_string()))
         }
     }
 

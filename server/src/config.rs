@@ -78,6 +78,14 @@ pub struct Config {
     /// The access policy file (`--acl`): who may lease or read which
     /// names. `None`: anonymous access, every client may do anything.
     pub acl: Option<std::path::PathBuf>,
+    /// The member lists this server serves in (`--members`, and while
+    /// migrating `--next-members`): each a list of server ids. Empty: the
+    /// membership is unknown, and every name is granted (one server
+    /// alone). Known: only names this server owns under one of the lists
+    /// are granted, so a client whose list is wrong fails safe instead of
+    /// taking a name its owner grants to another client
+    /// ([`bagel_proto::routing`]).
+    pub members: Vec<Vec<String>>,
 }
 
 /// TLS for the server, as PEM: its certificate chain and key, and the CA
@@ -250,6 +258,7 @@ impl Default for Config {
             list_max_page: 1000,
             list_pages: 1,
             acl: None,
+            members: Vec::new(),
         }
     }
 }
@@ -265,6 +274,25 @@ impl Config {
     pub fn with_server_id(mut self, id: impl Into<String>) -> Self {
         self.server_id = id.into();
         self
+    }
+
+    /// The member lists in force (current first, then next while
+    /// migrating); see [`Config::members`].
+    #[must_use]
+    pub fn with_members(mut self, lists: Vec<Vec<String>>) -> Self {
+        self.members = lists;
+        self
+    }
+
+    /// The membership that decides which names this server grants, or
+    /// `None` when it was not given (every name is granted).
+    pub fn membership(&self) -> Result<Option<bagel_proto::routing::Membership>, String> {
+        if self.members.is_empty() {
+            return Ok(None);
+        }
+        bagel_proto::routing::Membership::new(&self.server_id, self.members.clone())
+            .map(Some)
+            .map_err(|e| format!("--members: {e}"))
     }
 
     #[must_use]
@@ -462,6 +490,7 @@ impl Config {
         if self.server_id.is_empty() || self.server_id.len() > 128 {
             return Err("server id must be 1 to 128 bytes".into());
         }
+        self.membership()?;
         Ok(())
     }
 }

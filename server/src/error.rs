@@ -141,6 +141,23 @@ pub enum Error {
         /// As the caller sent it, quoted and cut (`bagel_proto::names::echo`).
         name: String,
     },
+    /// A name this server does not own under the member lists it serves
+    /// (`--members`): the caller's server list routes it to the wrong
+    /// member (a wrong or missing ID), and granting it here could give it
+    /// a second holder beside the one its owner granted.
+    #[error(
+        "names: {name} belongs to server {owners} under this server's member lists (this is {me:?}): \
+         the client's server list routes it to the wrong member; check every ID=URL in the list \
+         against what each server announces (`bagel server-info`)",
+        owners = .owners.join(" / ")
+    )]
+    NotOwnedHere {
+        /// Quoted and cut (`bagel_proto::names::echo`).
+        name: String,
+        me: Arc<str>,
+        /// The owner under each list in force.
+        owners: Vec<String>,
+    },
     #[error("lease {lease} expired at {deadline}; it can no longer be renewed, upgraded or released")]
     Expired { lease: LeaseId, deadline: Micros },
     #[error("lease {lease} lost name {name:?}: a full acquire by lease {by} broke it")]

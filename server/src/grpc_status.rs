@@ -28,7 +28,9 @@ impl Error {
             | Error::UntrustedIssuer { .. }
             | Error::PermissionDenied { .. } => Code::PermissionDenied,
             Error::Unauthenticated { .. } => Code::Unauthenticated,
-            Error::Expired { .. } | Error::LostName { .. } => Code::FailedPrecondition,
+            Error::Expired { .. } | Error::LostName { .. } | Error::NotOwnedHere { .. } => {
+                Code::FailedPrecondition
+            }
             Error::Watch(e) => {
                 use crate::watch::WatchError;
                 // OUT_OF_RANGE for a revision the watch cannot start from
@@ -129,6 +131,19 @@ impl From<Error> for Status {
                     .error_info(
                         d::REASON_PERMISSION_DENIED,
                         [("permission", (*permission).to_owned()), ("on", (*on).to_owned())],
+                    )
+                    .encode();
+                Status::with_details(e.code(), message, details.into())
+            }
+            Error::NotOwnedHere { name, me, owners } => {
+                let details = d::Details::new(e.code(), &message)
+                    .error_info(
+                        d::REASON_NAME_NOT_OWNED,
+                        [
+                            ("name", name.clone()),
+                            ("server_id", me.to_string()),
+                            ("owners", owners.join(",")),
+                        ],
                     )
                     .encode();
                 Status::with_details(e.code(), message, details.into())

@@ -100,8 +100,8 @@ impl Server {
             // start granting, which is the floor of watermarks and fencing
             // tokens. The mark covers a smaller --max-ttl this time and a
             // clock stepped back since.
-            let wait_until = mark.max(started.saturating_add(cfg.max_ttl));
-            let ready_at = wait_until.saturating_add(cfg.clock_tolerance);
+            let ready_at =
+                bagel_lease_core::chain::restart_ready_at(started, mark, cfg.max_ttl, cfg.clock_tolerance);
             log_mark(&found, &cfg, started, ready_at);
             (ready_at, ready_at)
         };
@@ -153,6 +153,7 @@ impl Server {
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
         let acl = acl::start(cfg.acl.as_deref())?;
+        let membership = cfg.membership().map_err(|reason| Error::invalid("config", reason))?;
         Ok(Server {
             service: Service {
                 inner: Arc::new(Inner {
@@ -172,6 +173,7 @@ impl Server {
                     conn_slots,
                     list_slots: Arc::new(tokio::sync::Semaphore::new(list_pages)),
                     acl,
+                    membership,
                 }),
             },
             http: None,

@@ -38,7 +38,8 @@
 #       user. Copies broken on purpose (PDB maxUnavailable 2, a renamed
 #       flag, a misspelt field) must fail it. Last, the rendered command
 #       and args run the built bagel-server as pod bagel-1 would (only
-#       addresses and the volume's place changed): during the restart wait
+#       addresses and the volume's place changed), as the pod's user with
+#       a read-only root (unshare, setpriv): during the restart wait
 #       /healthz is 200 while /readyz is 503 and a grant is refused; then
 #       ready, a grant writes the mark beside the key on the volume, and a
 #       restart keeps the key and waits again.
@@ -327,9 +328,20 @@ deploy_kubernetes_check() {
   rm -rf "$out"
 }
 
-# deploy_k8s_member_start: bagel-server with DEPLOY_K8S_CMD.
+# deploy_k8s_member_start: DEPLOY_K8S_CMD as the pod's container runs it:
+# as the pod's user and group, with the root file system read-only and
+# only the volume writable (a mount namespace of its own, gone with the
+# process).
 deploy_k8s_member_start() {
-  "${DEPLOY_K8S_CMD[@]}" >>"$DEPLOY_DIR/bagel-1.out" 2>>"$DEPLOY_DIR/bagel-1.err" &
+  unshare --mount bash -c '
+    set -e
+    mount --make-rprivate /
+    mount --bind "$1" "$1"
+    mount -o remount,bind,ro /
+    uid=$2 gid=$3; shift 3
+    exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"' \
+    bagel-pod "$DEPLOY_DIR/volume" "$DEPLOY_K8S_UID" "$DEPLOY_K8S_GID" "${DEPLOY_K8S_CMD[@]}" \
+    >>"$DEPLOY_DIR/bagel-1.out" 2>>"$DEPLOY_DIR/bagel-1.err" &
   DEPLOY_K8S_PID=$!
   DEPLOY_PIDS+=("$DEPLOY_K8S_PID")
 }
@@ -351,17 +363,25 @@ deploy_k8s_in_restart_wait() {
 }
 
 # deploy_k8s_member_check RENDERED: the StatefulSet's command and args, as
-# the kubelet runs them for pod bagel-1, with the built binary; only the
-# listen addresses become local ones and the volume a temporary folder.
+# the kubelet runs them for pod bagel-1, with the built binary in place of
+# the image's; only the listen addresses become local ones and the volume
+# a temporary folder.
 deploy_k8s_member_check() {
-  local rendered=$1 arg mapped=0 grpc http
+  local rendered=$1 arg mapped=0 grpc http read_only
+  command -v unshare >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1 || apt_install util-linux
+  read -r DEPLOY_K8S_UID DEPLOY_K8S_GID read_only < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py user "$rendered")
+  [ "$read_only" = true ] || die "$rendered: the container's root file system is not read-only"
   DEPLOY_DIR=$(mktemp -d -t bagel-k8s-pod.XXXXXX)
-  mkdir "$DEPLOY_DIR/volume"
+  chmod 0755 "$DEPLOY_DIR"
+  # The image (its one file, readable by the pod's user wherever the
+  # checkout is) and the volume (the pod's group's, as fsGroup makes it).
+  install -D -m 0755 "$BAGEL_BIN_DIR/bagel-server" "$DEPLOY_DIR/image/usr/local/bin/bagel-server"
+  install -d -m 0770 -o "$DEPLOY_K8S_UID" -g "$DEPLOY_K8S_GID" "$DEPLOY_DIR/volume"
   grpc="127.0.0.1:$(free_port)"; http="127.0.0.1:$(free_port)"
   DEPLOY_K8S_CMD=()
   while IFS= read -r arg; do
     case $arg in
-      /usr/local/bin/bagel-server) arg="$BAGEL_BIN_DIR/bagel-server"; mapped=$((mapped + 1)) ;;
+      /usr/local/bin/bagel-server) arg="$DEPLOY_DIR/image$arg"; mapped=$((mapped + 1)) ;;
       --listen=*) arg="--listen=$grpc"; mapped=$((mapped + 1)) ;;
       --http=*) arg="--http=$http"; mapped=$((mapped + 1)) ;;
       --key=/var/lib/bagel/*) arg="--key=$DEPLOY_DIR/volume/${arg#--key=/var/lib/bagel/}"; mapped=$((mapped + 1)) ;;
@@ -381,6 +401,8 @@ deploy_k8s_member_check() {
   "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe --json \
     >/dev/null || die "pod bagel-1 refused a lease once ready"
   [ -s "$DEPLOY_DIR/volume/key" ] || die "no key on pod bagel-1's volume"
+  [ "$(stat -c '%u %a' "$DEPLOY_DIR/volume/key")" = "$DEPLOY_K8S_UID 600" ] ||
+    die "pod bagel-1's key is not its user's alone: $(stat -c '%u %a' "$DEPLOY_DIR/volume/key")"
   wait_until 10 "the granted-until mark on pod bagel-1's volume" test -s "$DEPLOY_DIR/volume/key.granted-until"
   curl -sf "http://$http/metrics" >"$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics failed"
   grep -q '^bagel_' "$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics has no bagel_ series"
@@ -392,6 +414,6 @@ deploy_k8s_member_check() {
   wait_until 30 "pod bagel-1 ready after its restart (/readyz)" curl -sf "http://$http/readyz"
   info=$("$BAGEL_BIN_DIR/bagel" --server "http://$grpc" server-info --json) || die "bagel server-info failed"
   [ "$(jq -r '.keys[0].ed25519_hex' <<<"$info")" = "$key" ] || die "pod bagel-1 came back with another key"
-  log "deploy/kubernetes: pod bagel-1's command runs: restart wait not ready, then ready; key kept on its volume ($key)"
+  log "deploy/kubernetes: pod bagel-1's command runs as $DEPLOY_K8S_UID:$DEPLOY_K8S_GID on a read-only root: restart wait not ready, then ready; key kept on its volume ($key)"
   deploy_stop
 }

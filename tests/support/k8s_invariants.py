@@ -24,6 +24,9 @@ Usage:
   k8s_invariants.py args RENDERED POD_NAME
       prints the container's command and args, one per line, with
       $(VAR) expanded as the kubelet expands it for a pod of that name.
+  k8s_invariants.py user RENDERED
+      prints the pod's runAsUser, runAsGroup and the container's
+      readOnlyRootFilesystem (true or false), space-separated.
 """
 
 import re
@@ -286,10 +289,22 @@ def print_args(rendered, pod_name):
     return 0
 
 
+def print_user(rendered):
+    sts = one(load(rendered), "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    sc = pod.get("securityContext", {})
+    read_only = container.get("securityContext", {}).get("readOnlyRootFilesystem") is True
+    print(sc.get("runAsUser", 0), sc.get("runAsGroup", 0), str(read_only).lower())
+    return 0
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     if mode == "check" and len(rest) in (3, 4):
         sys.exit(check(*rest))
     if mode == "args" and len(rest) == 2:
         sys.exit(print_args(*rest))
+    if mode == "user" and len(rest) == 1:
+        sys.exit(print_user(*rest))
     sys.exit(__doc__)

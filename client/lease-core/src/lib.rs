@@ -17,6 +17,9 @@
 //!   rounds of at most the backend's max wait.
 //! * [`limits`]: [`LeaseLimits`], the bounds of a lease request and the
 //!   rules that check it, for the server and every backend alike.
+//! * [`chain`]: the lease-chain rule (who may take a name, what the new
+//!   holder inherits, fencing tokens, the restart wait), pure, for the
+//!   server's table and the model checker alike.
 //! * [`rules`]: what every backend that judges releases itself checks
 //!   alike (a watermark ahead of its time).
 //! * [`holder_key`]: the key a lease's witnesses name and its batches are
@@ -40,6 +43,7 @@
 
 pub mod acquire;
 pub mod backend;
+pub mod chain;
 pub mod error;
 pub mod holder_key;
 pub mod lease;

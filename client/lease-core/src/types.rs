@@ -505,6 +505,11 @@ pub struct ServerInfo {
     /// `None` when the server has none (every client may do anything).
     /// Boxed: most servers have none, and `ServerInfo` travels in enums.
     pub access: Option<Box<AccessInfo>>,
+    /// The member lists the server serves in (`--members`, then
+    /// `--next-members`), each as server ids; empty when it was started
+    /// without them. Such a server grants only names it owns under one
+    /// of these lists (`bagel_proto::routing`).
+    pub members: Vec<Vec<String>>,
 }
 
 /// A server's access policy as one client sees it: who the server takes

@@ -35,6 +35,17 @@ pub(crate) fn status_message(s: &Status) -> String {
 /// side by the transport).
 pub(crate) fn from_status(s: Status) -> Error {
     let message = status_message(&s);
+    if made_by_transport(&s) {
+        // Whatever code tonic gave it (UNKNOWN for a broken pipe under
+        // HTTP/2, INTERNAL for a connection torn mid-frame, CANCELLED for
+        // a stream closed under the call), a failure of this side's own
+        // connection says nothing of the request: the server is
+        // unavailable for now, and a retry on a new connection may pass.
+        return Error::Unavailable {
+            retry_after: None,
+            message: format!("the connection to the server failed: {message}"),
+        };
+    }
     match s.code() {
         // The details are a google.rpc.Status with the conflict packed
         // in an Any; servers before that sent the bare conflict, which
@@ -57,16 +68,13 @@ pub(crate) fn from_status(s: Status) -> Error {
             Some((reason, _)) if reason == d::REASON_PERMISSION_DENIED => Error::PermissionDenied { message },
             _ => Error::not_held(NotHeldReason::NotYours, message),
         },
-        Code::FailedPrecondition => Error::not_held(NotHeldReason::Ended, message),
-        Code::ResourceExhausted => resource_exhausted(s.details(), message),
-        // Cancelled by this side's transport (a status with a source is
-        // never one a server sent): the connection closed under the call,
-        // as when the server dies mid-call. Like any lost connection, the
-        // server is unavailable for now.
-        Code::Cancelled if std::error::Error::source(&s).is_some() => Error::Unavailable {
-            retry_after: None,
-            message: format!("the connection closed under the call: {message}"),
+        Code::FailedPrecondition => match d::error_info_of(s.details()) {
+            // The member the list sent a name to does not own it: the
+            // list is wrong, and no retry fixes it.
+            Some((reason, _)) if reason == d::REASON_NAME_NOT_OWNED => Error::Config { message },
+            _ => Error::not_held(NotHeldReason::Ended, message),
         },
+        Code::ResourceExhausted => resource_exhausted(s.details(), message),
         Code::Unimplemented => Error::Other {
             message: format!("the server does not know this call (an older server?): {message}"),
             retryable: false,
@@ -87,6 +95,25 @@ fn field_and_reason(details: &[u8], message: String) -> (Option<String>, String)
         Some((field, reason)) => (Some(field), reason),
         None => (None, message),
     }
+}
+
+/// Whether `s` was made on this side from a failure of the connection
+/// itself: its source chain holds an HTTP/2, HTTP or I/O error (or
+/// tonic's transport error around one). A status a server sent has no
+/// source at all, so no refusal of a server is ever taken for one.
+fn made_by_transport(s: &Status) -> bool {
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.is::<h2::Error>()
+            || e.is::<hyper::Error>()
+            || e.is::<std::io::Error>()
+            || e.is::<tonic::transport::Error>()
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// An OUT_OF_RANGE refusal, by the reason in its `ErrorInfo`: a watch's
@@ -176,6 +203,31 @@ mod tests {
         assert!(e.is_retryable());
         let sent = from_status(Status::cancelled("the server cancelled it"));
         assert!(matches!(sent, Error::Other { retryable: false, .. }), "{sent:?}");
+    }
+
+    #[test]
+    fn a_failure_of_the_connection_is_unavailable_whatever_code_tonic_gives_it() {
+        let broken_pipe = || -> std::sync::Arc<dyn std::error::Error + Send + Sync> {
+            std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        };
+        let torn = || -> std::sync::Arc<dyn std::error::Error + Send + Sync> {
+            std::sync::Arc::new(h2::Error::from(h2::Reason::INTERNAL_ERROR))
+        };
+        for (code, source) in [
+            (Code::Unknown, broken_pipe()),
+            (Code::Internal, torn()),
+            (Code::Cancelled, broken_pipe()),
+            (Code::Unavailable, torn()),
+        ] {
+            let mut s = Status::new(code, "transport error");
+            s.set_source(source);
+            let e = from_status(s);
+            assert!(matches!(e, Error::Unavailable { .. }), "{code:?}: {e:?}");
+            assert!(e.is_retryable(), "{code:?}");
+        }
+        // The same codes sent by a server (no source) keep their meaning.
+        let e = from_status(Status::internal("bug"));
+        assert!(matches!(e, Error::Other { retryable: false, .. }), "{e:?}");
     }
 
     #[test]
@@ -304,6 +356,18 @@ mod tests {
         // Without a reason (an older server): the plain OUT_OF_RANGE.
         let e = from_status(Status::out_of_range("from_revision 3 is no longer retained"));
         assert!(matches!(e, Error::OutOfRange { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_name_the_member_does_not_own_is_a_wrong_list_not_a_lost_lease() {
+        let message = "names: \"n\" belongs to server b under this server's member lists";
+        let details = d::Details::new(Code::FailedPrecondition, message).error_info(
+            d::REASON_NAME_NOT_OWNED,
+            [("name", "\"n\"".to_owned()), ("owners", "b".to_owned())],
+        );
+        let e = from_status(with(Code::FailedPrecondition, message, details));
+        assert!(matches!(&e, Error::Config { message: m } if m == message), "{e:?}");
+        assert!(!e.is_retryable());
     }
 
     #[test]

@@ -90,6 +90,24 @@ struct Args {
     /// `<host name>:<port>`.
     #[arg(help_heading = "Leases", long, env = "BAGEL_SERVER_ID")]
     server_id: Option<String>,
+    /// The member list this server serves in, as IDs (`a,b,c`) or as the
+    /// clients' list (`a=http://h1:7420,b=...`, so one BAGEL_SERVERS value
+    /// serves both): this server then grants only the names it owns under
+    /// it, and a client with a wrong list fails safe instead of taking a
+    /// name its owner grants to another. Give it to every member of a
+    /// cluster; without it every name is granted (one server alone).
+    #[arg(help_heading = "Leases", long, env = "BAGEL_MEMBERS", value_name = "LIST")]
+    members: Option<String>,
+    /// While migrating (the two-list recipe): the next member list. Names
+    /// this server owns under either list are granted.
+    #[arg(
+        help_heading = "Leases",
+        long,
+        env = "BAGEL_NEXT_MEMBERS",
+        value_name = "LIST",
+        requires = "members"
+    )]
+    next_members: Option<String>,
     /// UNSAFE, development only: grant at once after a start instead of
     /// waiting out leases a previous incarnation may have granted.
     #[arg(help_heading = "Leases", long, env = "BAGEL_UNSAFE_SKIP_RESTART_WAIT")]
@@ -517,6 +535,15 @@ async fn main() -> anyhow::Result<()> {
     if let Some(id) = args.server_id {
         cfg = cfg.with_server_id(id);
     }
+    let mut member_lists = Vec::new();
+    for (flag, list) in [("--members", &args.members), ("--next-members", &args.next_members)] {
+        if let Some(list) = list {
+            let ids = bagel_proto::routing::parse_member_list(list)
+                .map_err(|e| anyhow::anyhow!("invalid {flag}: {e}"))?;
+            member_lists.push(ids);
+        }
+    }
+    cfg = cfg.with_members(member_lists);
     let roughtime = RoughtimeServer::pair(&args.roughtime, &args.roughtime_key)
         .map_err(|reason| anyhow::anyhow!("invalid Roughtime configuration: {reason}"))?;
     cfg = cfg

@@ -60,6 +60,9 @@ impl Service {
         };
         let give_up = tokio::time::Instant::now() + wait.min(usable);
         let now = self.aim(&mut spec, lifetime).await?;
+        // Permission is judged at the grant: the policy may have been
+        // reloaded while the mark was being covered.
+        self.permit(caller, bagel_proto::acl::Permission::Lease, &spec.names)?;
         if wait.is_zero() {
             let grant = inner.table.acquire(&spec, now)?;
             return self.grant_pb(&grant, pb::WitnessKind::Acquire).await;
@@ -91,7 +94,12 @@ impl Service {
                 () = inner.stopping.cancelled() => return Err(Error::ShuttingDown),
             }
             let now = self.aim(&mut spec, lifetime).await?;
-            result = self.retry(&spec, now, conflict, &mut queued.ticket);
+            // Again at this grant: a policy reloaded while the acquire
+            // waited (its turn can come long after it was admitted) may
+            // have revoked the caller's permission.
+            result = self
+                .permit(caller, bagel_proto::acl::Permission::Lease, &spec.names)
+                .and_then(|()| self.retry(&spec, now, conflict, &mut queued.ticket));
         }
     }
 
@@ -147,6 +155,7 @@ impl Service {
         };
         let names = validate::names("names", &req.names, limits)?;
         self.permit(caller, bagel_proto::acl::Permission::Lease, &names)?;
+        self.inner.check_owned(&names)?;
         let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
         let spec = crate::table::AcquireSpec {
             names,

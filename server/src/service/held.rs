@@ -62,8 +62,8 @@ impl Service {
     ) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
-        self.check_owner(lease, caller)?;
         self.permit_lease(caller, lease)?;
+        self.check_owner(lease, caller)?;
         self.inner.may_grant()?;
         self.inner.table.upgrade(lease, &token, self.now())
     }
@@ -85,8 +85,8 @@ impl Service {
     ) -> Result<crate::table::Grant, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
-        self.check_owner(lease, caller)?;
         self.permit_lease(caller, lease)?;
+        self.check_owner(lease, caller)?;
         let cfg = &self.inner.cfg;
         let lifetime = validate::lifetime(req.deadline_us, req.ttl_us, cfg.min_ttl, cfg.max_ttl)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &cfg.limits)?;
@@ -113,8 +113,8 @@ impl Service {
     ) -> Result<pb::ReleaseResponse, Error> {
         let lease = validate::lease_id(&req.lease_id)?;
         let token = validate::token(&req.token)?;
-        self.check_owner(lease, caller)?;
         self.permit_lease(caller, lease)?;
+        self.check_owner(lease, caller)?;
         let metadata = validate::metadata(req.metadata.as_ref(), &self.inner.cfg.limits)?;
         self.check_watermark_time(req)?;
         let spec = ReleaseSpec {

@@ -112,6 +112,12 @@ impl Service {
                 watchers: inner.table.watch_hub().watchers() as u64,
             }),
             access: self.access_info(caller),
+            members: inner
+                .membership
+                .iter()
+                .flat_map(|m| m.lists())
+                .map(|ids| pb::MemberList { ids: ids.clone() })
+                .collect(),
         }
     }
 

@@ -78,12 +78,35 @@ pub(crate) struct Inner {
     pub holder_keys: crate::holder_keys::HolderKeys,
     /// The access policy (`--acl`), if any: who may lease or read what.
     pub acl: Option<Arc<crate::acl::Acl>>,
+    /// The member lists this server serves in (`--members`), if given:
+    /// only names it owns under one of them are granted.
+    pub membership: Option<bagel_proto::routing::Membership>,
 }
 
 impl Inner {
     /// Whether clients must show a certificate (mutual TLS).
     pub fn client_auth(&self) -> bool {
         self.cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some())
+    }
+
+    /// Refuses the first of `names` this server does not own under its
+    /// member lists (none without `--members`). Checked with every grant
+    /// of new names, after the access policy (a caller learns who owns a
+    /// name only for names it may lease).
+    pub fn check_owned(&self, names: &[Arc<str>]) -> Result<(), Error> {
+        let Some(membership) = &self.membership else {
+            return Ok(());
+        };
+        for name in names {
+            if let Err(not) = membership.owns(name) {
+                return Err(Error::NotOwnedHere {
+                    name: crate::validate::echo(name),
+                    me: Arc::from(membership.me()),
+                    owners: not.owners,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Whether this server grants now: not once it is stopping, and only

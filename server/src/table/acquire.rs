@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use bagel_lease_core::chain::{self, Admission};
 use bagel_proto::Micros;
 
 use super::shard::{Broken, TOMBSTONES_PER_SHARD, Tombstone};
@@ -49,22 +50,21 @@ impl LeaseTable {
             let Some(rec) = slot.and_then(|s| state.at(s)).map(|e| &e.rec) else {
                 continue;
             };
-            if let Some(h) = rec.live_holder(now) {
-                let breakable = h.mode == Mode::Tentative && spec.mode == Mode::Full;
-                if !breakable {
-                    let conflict = Error::Conflict(Box::new(Conflict {
-                        name: Arc::clone(name),
-                        holder: h.lease,
-                        owner: rec.owner(),
-                        mode: h.mode,
-                        deadline: h.deadline,
-                        seen: now,
-                    }));
-                    if let Some(ticket) = ticket {
-                        self.enqueue(&mut locked, ticket, name, shard)?;
-                    }
-                    return Err(conflict);
+            let admission = chain::admit(rec.holder.as_ref().map(Holder::view), spec.mode, now);
+            // The chain rule refuses only for a live holder.
+            if let (Admission::Refused, Some(h)) = (admission, rec.live_holder(now)) {
+                let conflict = Error::Conflict(Box::new(Conflict {
+                    name: Arc::clone(name),
+                    holder: h.lease,
+                    owner: rec.owner(),
+                    mode: h.mode,
+                    deadline: h.deadline,
+                    seen: now,
+                }));
+                if let Some(ticket) = ticket {
+                    self.enqueue(&mut locked, ticket, name, shard)?;
                 }
+                return Err(conflict);
             }
         }
         if let Some(ticket) = ticket {

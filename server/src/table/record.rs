@@ -11,6 +11,7 @@ use super::ids::LeaseId;
 /// A lease's mode and how a name's previous lease ended: the lease core's
 /// domain types, the ones every backend and client speaks.
 pub use bagel_lease_core::types::{Ended, Mode};
+use bagel_lease_core::chain::{self, HolderView};
 
 /// The previous lease of a name, as handed to the next holder.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,8 +100,17 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// The holder as the lease-chain rule sees it.
+    pub fn view(&self) -> HolderView {
+        HolderView {
+            mode: self.mode,
+            deadline: self.deadline,
+            expired: self.expired,
+        }
+    }
+
     pub fn is_live(&self, now: Micros) -> bool {
-        !self.expired && now < self.deadline
+        self.view().is_live(now)
     }
 }
 
@@ -179,10 +189,11 @@ impl NameRecord {
     /// bags are unsettled (writes may still be in flight). A tentative
     /// holder could not write, so it leaves no trace in the chain.
     pub fn inherit(&self, now: Micros) -> Previous {
+        let handoff = chain::handoff(self.prev.watermark, self.holder.as_ref().map(Holder::view));
         match &self.holder {
-            Some(h) if h.mode == Mode::Full => Previous {
+            Some(h) if handoff.broken => Previous {
                 lease: Some(h.lease),
-                watermark: self.prev.watermark.max(h.deadline),
+                watermark: handoff.watermark,
                 watermark_signed_time: None,
                 ended: Ended::Broken,
                 unsettled: true,
@@ -207,6 +218,6 @@ impl NameRecord {
     /// on in the table's fencing floor, which a new record starts from, so
     /// a clock stepped back cannot lower a name's tokens either.
     pub fn next_fencing(&self, now: Micros) -> u64 {
-        (self.fencing + 1).max(now.as_micros())
+        chain::next_fencing(self.fencing, now)
     }
 }

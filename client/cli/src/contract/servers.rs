@@ -52,6 +52,10 @@ pub struct ServerInfoJson {
     /// without one is as it always was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<AccessJson>,
+    /// The member lists the server serves in (`--members`, then
+    /// `--next-members`), each as server ids; left out when it has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<Vec<String>>,
 }
 
 /// A server's access policy as the caller sees it (`server-info`).
@@ -102,6 +106,7 @@ impl From<&ServerInfo> for ServerInfoJson {
             server_id: info.server_id.clone(),
             unsafe_skip_restart_wait: info.unsafe_skip_restart_wait,
             version: info.version.clone(),
+            members: info.members.clone(),
             access: info.access.as_ref().map(|a| AccessJson {
                 grants: a
                     .grants
@@ -323,6 +328,7 @@ mod tests {
             ready_at_us: 7,
             server_id: "s".into(),
             access: None,
+            members: Vec::new(),
             unsafe_skip_restart_wait: true,
             version: "0.1.0".into(),
         };

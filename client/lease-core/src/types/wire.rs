@@ -227,6 +227,7 @@ impl ServerInfo {
                     grants: a.grants.into_iter().map(|g| (g.prefix, g.permissions)).collect(),
                 })
             }),
+            members: info.members.into_iter().map(|l| l.ids).collect(),
         })
     }
 }
