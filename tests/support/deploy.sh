@@ -214,6 +214,7 @@ deploy_stop() {
   done
   DEPLOY_PIDS=()
   if [ -n "${DEPLOY_DIR:-}" ]; then rm -rf "$DEPLOY_DIR"; DEPLOY_DIR=; fi
+  if [ -n "${DEPLOY_K8S_OUT:-}" ]; then rm -rf "$DEPLOY_K8S_OUT"; DEPLOY_K8S_OUT=; fi
 }
 
 DEPLOY_K8S=deploy/kubernetes
@@ -312,6 +313,7 @@ deploy_kubernetes_check() {
   DEPLOY_K8S_VENV=$(kubernetes_validate_venv)
   local out findings
   out=$(mktemp -d -t bagel-k8s.XXXXXX)
+  DEPLOY_K8S_OUT=$out
   "$BAGEL_BIN_DIR/bagel-server" --help >"$out/help.txt" || die "bagel-server --help failed"
   cp -r "$DEPLOY_K8S" "$out/tree"
   findings=$(deploy_k8s_all "$out/tree" "$out" 2>&1) || die "$DEPLOY_K8S: $findings"
@@ -325,7 +327,7 @@ deploy_kubernetes_check() {
     's/publishNotReadyAddresses:/publishNotReadyAddress:/' "'publishNotReadyAddress' was unexpected"
 
   deploy_k8s_member_check "$out/overlays-example.yaml"
-  rm -rf "$out"
+  rm -rf "$out"; DEPLOY_K8S_OUT=
 }
 
 # deploy_k8s_member_start: DEPLOY_K8S_CMD as the pod's container runs it:
