@@ -292,14 +292,15 @@ deploy_k8s_all() {
 
 # deploy_k8s_broken OUT_DIR WHAT FILE SED_EXPR EXPECTED: a copy of
 # deploy/kubernetes with SED_EXPR applied to FILE must fail the checks,
-# saying EXPECTED.
+# saying EXPECTED. Its renders go to a folder of their own.
 deploy_k8s_broken() {
-  local out=$1 what=$2 file=$3 expr=$4 expected=$5 tree findings
-  tree="$out/broken"
-  rm -rf "$tree"; cp -r "$DEPLOY_K8S" "$tree"
+  local out=$1 what=$2 file=$3 expr=$4 expected=$5 tree renders findings
+  tree="$out/broken" renders="$out/broken-renders"
+  rm -rf "$tree" "$renders"; cp -r "$DEPLOY_K8S" "$tree"; mkdir "$renders"
+  cp "$out/help.txt" "$renders/"
   sed -i "$expr" "$tree/$file"
   cmp -s "$tree/$file" "$DEPLOY_K8S/$file" && die "$file: '$expr' changed nothing to break"
-  if findings=$(deploy_k8s_all "$tree" "$out" 2>&1); then
+  if findings=$(deploy_k8s_all "$tree" "$renders" 2>&1); then
     die "deploy/kubernetes with $what passed the checks"
   fi
   grep -qF -- "$expected" <<<"$findings" || die "deploy/kubernetes with $what failed for another reason: $findings"
