@@ -218,9 +218,11 @@ impl Client {
     /// `wait`: how long to wait for busy names, in seconds; `None` waits
     /// for as long as it takes; 0 (the default) fails at once with
     /// `HeldError`. `tentative=True` asks for a tentative lease (no write
-    /// rights until `upgrade()`). The lease renews itself in the
-    /// background until released or lost (`auto_renew=False`: only when
-    /// `renew()` is called).
+    /// rights until `upgrade()`). `owner`: who holds it, as a conflict
+    /// tells others (default `host:pid`, as the `bagel` CLI's). The lease
+    /// renews itself in the background until released or lost
+    /// (`auto_renew=False`: only when `renew()` is called; it is lost at
+    /// its deadline otherwise).
     #[pyo3(signature = (names, *, ttl=10.0, wait=Some(0.0), tentative=false, owner=None, auto_renew=true))]
     #[pyo3(
         text_signature = "(self, names, *, ttl=10.0, wait=0.0, tentative=False, owner=None, auto_renew=True)"
@@ -306,9 +308,6 @@ impl Client {
         if tentative {
             b = b.tentative();
         }
-        if let Some(owner) = owner {
-            b = b.owner(owner);
-        }
-        Ok(b)
+        Ok(b.owner(owner.unwrap_or_else(crate::owner::default_owner)))
     }
 }

@@ -66,6 +66,18 @@ impl Failure {
         Failure::new("Closed", message, false)
     }
 
+    /// `LogNotFound` (also an `InvalidArgument` and a `LookupError`): no
+    /// writer or closer ever made `log` in the store at `store`.
+    pub fn log_not_found(log: &str, store: &str) -> Self {
+        Failure::new(
+            "LogNotFound",
+            format!("log {log:?} does not exist in {store}: nothing was ever written or closed there"),
+            false,
+        )
+        .with("log", Attr::Str(log.to_owned()))
+        .with("store", Attr::Str(store.to_owned()))
+    }
+
     /// `LeaseLost`: the lease is no longer held.
     pub fn lost(message: impl Into<String>) -> Self {
         Failure::new("LeaseLost", message, false)

@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bagel_client::{LeaseState, Mode, NameGrant};
 use bagel_proto::Micros;
+use bagel_proto::clock::Clock;
 use bagel_proto::rights::WriteRights;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -98,14 +100,67 @@ async fn release(held: Arc<Held>, watermark: Option<u64>) -> Result<u64, Failure
         .as_micros())
 }
 
-/// The reason once the lease is lost; `None` once it can no longer be
-/// (released, or its handle dropped).
-async fn lost(mut state: watch::Receiver<LeaseState>) -> Option<String> {
-    state
-        .wait_for(|s| s.lost.is_some() || s.released)
-        .await
-        .ok()
-        .and_then(|s| s.lost.as_ref().map(ToString::to_string))
+/// Where a lease stands, as its state and the backend's clock say now.
+enum Standing {
+    /// Held for `left` more, unless a renewal moves the deadline.
+    Held { left: Duration },
+    /// Released (or being released): it can no longer be lost.
+    Released,
+    /// No longer held, and why.
+    Lost(String),
+}
+
+/// A lease is lost when a renewal was refused or none came before the
+/// deadline (the renewal task says so), and also when its deadline simply
+/// passed: a lease that is not renewed in the background
+/// (`auto_renew=False`) or whose handle stopped renewing is no longer
+/// held then, and nothing else would say so.
+fn standing(state: &LeaseState, wall_now: Micros) -> Standing {
+    if let Some(lost) = &state.lost {
+        return Standing::Lost(lost.to_string());
+    }
+    if state.released {
+        return Standing::Released;
+    }
+    match state.time_left(wall_now) {
+        left if left.is_zero() => Standing::Lost(format!(
+            "expired: its deadline {} passed with no renewal",
+            state.deadline
+        )),
+        left => Standing::Held { left },
+    }
+}
+
+/// The reason once the lease is lost, its deadline passing included;
+/// `None` once it can no longer be (released).
+async fn lost(mut state: watch::Receiver<LeaseState>, clock: Arc<dyn Clock>) -> Option<String> {
+    // Once the handle is gone nothing renews it: only the deadline is left.
+    let mut renewing = true;
+    loop {
+        let left = match standing(&state.borrow_and_update(), clock.now()) {
+            Standing::Held { left } => left,
+            Standing::Released => return None,
+            Standing::Lost(why) => return Some(why),
+        };
+        if renewing {
+            tokio::select! {
+                changed = state.changed() => renewing = changed.is_ok(),
+                () = tokio::time::sleep(left) => {}
+            }
+        } else {
+            tokio::time::sleep(left).await;
+        }
+    }
+}
+
+impl Held {
+    fn standing(&self) -> Standing {
+        standing(&self.state.borrow(), self.env.backend.clock().now())
+    }
+
+    fn lost(&self) -> impl Future<Output = Option<String>> + use<> {
+        lost(self.state.clone(), self.env.backend.clock())
+    }
 }
 
 #[pymethods]
@@ -192,10 +247,16 @@ impl Lease {
             .collect()
     }
 
-    /// Why the lease was lost, or `None` while it is not.
+    /// Why the lease was lost, or `None` while it is held (and once it
+    /// is released): a renewal refused, none possible before the
+    /// deadline, or the deadline passed with no renewal (`"expired: ..."`,
+    /// as with `auto_renew=False` and no `renew()` in time).
     #[getter]
     fn lost(&self) -> Option<String> {
-        self.held.state.borrow().lost.as_ref().map(ToString::to_string)
+        match self.held.standing() {
+            Standing::Lost(why) => Some(why),
+            Standing::Held { .. } | Standing::Released => None,
+        }
     }
 
     /// The highest timestamp written under this lease so far (µs), or
@@ -267,13 +328,13 @@ impl Lease {
     }
 
     /// Calls `callback(reason)` once, from one of bagel's threads, when the
-    /// lease is lost (a renewal refused, or none possible before the
-    /// deadline). Not called after a release. The callback must not make
+    /// lease is lost (a renewal refused, none possible before the
+    /// deadline, or the deadline passed with no renewal). Not called after a release. The callback must not make
     /// blocking bagel calls; an exception in it is printed and ignored.
     fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {
-        let state = self.held.state.clone();
+        let lost = self.held.lost();
         handle()?.spawn(async move {
-            let Some(reason) = lost(state).await else {
+            let Some(reason) = lost.await else {
                 return;
             };
             Python::attach(|py| {
@@ -285,16 +346,17 @@ impl Lease {
         Ok(())
     }
 
-    /// Blocks until the lease is lost and returns why, or returns `None`
-    /// after `timeout` seconds (`None`: no limit) or once it is released.
+    /// Blocks until the lease is lost and returns why (as `lost`: its
+    /// deadline passing with no renewal counts), or returns `None` after
+    /// `timeout` seconds (`None`: no limit) or once it is released.
     #[pyo3(signature = (timeout=None))]
     fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
         let limit = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        let state = self.held.state.clone();
+        let lost = self.held.lost();
         block_on(py, async move {
             Ok(match limit {
-                Some(limit) => tokio::time::timeout(limit, lost(state)).await.ok().flatten(),
-                None => lost(state).await,
+                Some(limit) => tokio::time::timeout(limit, lost).await.ok().flatten(),
+                None => lost.await,
             })
         })
     }

@@ -8,6 +8,7 @@
 //! * `errors`: the Rust crates' errors as `bagel.errors` exceptions.
 //! * `client`: `Client`, a lease backend from its URL, and `acquire`.
 //! * `lease`: `Lease`, a held lease.
+//! * `owner`: the owner a lease is taken under by default (`host:pid`).
 //! * `store`: `open_store` and the bag store's writer, reader, audit,
 //!   metronome, summaries and retention.
 
@@ -16,11 +17,15 @@ use pyo3::prelude::*;
 mod client;
 mod errors;
 mod lease;
+mod owner;
 mod runtime;
 mod store;
 
 #[pymodule]
 fn _bagel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The package's version is the workspace's: one number for the wheel,
+    // the crates and the binaries.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<client::Client>()?;
     m.add_class::<lease::Lease>()?;
     m.add_class::<store::Store>()?;

@@ -158,12 +158,24 @@ fn read_options(
     Ok(options)
 }
 
+/// Refuses a log nobody ever wrote or closed (a mistyped name or store), as
+/// `bagel read` does: it has no entry at all, where an empty log has its
+/// start mark or closed bags. Asked before reading, which may close
+/// (create) past bags.
+async fn existing(opened: &Opened, log: &str) -> Result<(), Failure> {
+    bag::validate_log(log)?;
+    if opened.store.list_level(log, &[]).await?.is_empty() {
+        return Err(Failure::log_not_found(log, &opened.url));
+    }
+    Ok(())
+}
+
 async fn read(
     opened: Arc<Opened>,
     log: String,
     options: ReadOptions,
 ) -> Result<(bag::ReadReport, bool), Failure> {
-    bag::validate_log(&log)?;
+    existing(&opened, &log).await?;
     let keys = opened.keys().await?;
     let verifying = keys.is_some();
     let options = options.with_keys(keys).with_roughtime_keys(
@@ -227,10 +239,7 @@ async fn summarize(opened: Arc<Opened>, log: String, minutes: u32) -> Result<Vec
     let now = bag::closer_now(opened.closer().as_ref()).await?;
     let store = opened.store.as_ref();
     let Some(start) = store.log_start(&log).await? else {
-        return Err(Failure::invalid(format!(
-            "log {log:?} not found on {}: no writer has started it",
-            opened.url
-        )));
+        return Err(Failure::log_not_found(&log, &opened.url));
     };
     let held: std::collections::BTreeSet<_> = summary::list(store, &log)
         .await?
@@ -304,7 +313,11 @@ impl Store {
     /// whose bags retention removed are read from their summaries;
     /// `trust_summarizer` (keys, 64 hex digits) takes attested summaries
     /// without re-checking every signature. The iterator's `rejected`,
-    /// `problems` and `verified` say what did not check.
+    /// `problems` and `verified` say what did not check, and
+    /// `open_bags_skipped` which bags were not read because they are still
+    /// open (a write a moment ago is in one: close it first, with a
+    /// metronome, or read with `include_open=True`). Raises `LogNotFound`
+    /// for a log nobody ever wrote or closed in this store.
     #[pyo3(signature = (log, *, start=None, end=None, trust_summarizer=None, include_open=false))]
     fn read(
         &self,
@@ -537,22 +550,37 @@ impl Message {
 
 /// The messages of a read, in order, as an iterator; `rejected` and
 /// `problems` (lists of str) say what was found wrong, `verified` whether
-/// everything checked.
+/// everything read checked, and `open_bags_skipped` what was not read.
 #[pyclass(module = "bagel._bagel")]
 #[derive(Debug)]
 pub struct Messages {
     messages: std::vec::IntoIter<bag::reader::Message>,
     verifying: bool,
+    /// The messages that failed a check, with why (`"<timestamp> <writer> <sequence>: <reason>"`).
     #[pyo3(get)]
     rejected: Vec<String>,
+    /// Damage, duplicates, misplaced batches and missing bags met.
     #[pyo3(get)]
     problems: Vec<String>,
+    /// Keys were given, every message read passed every check, and nothing read was rejected or
+    /// damaged. Says nothing of the bags not read: see `open_bags_skipped`.
     #[pyo3(get)]
     verified: bool,
+    /// How many closed bags were read (summaries not counted).
     #[pyo3(get)]
     closed_bags_read: u64,
+    /// How many messages the read returned.
     #[pyo3(get)]
     count: usize,
+    /// The bags in range that were still open and so not read, as `YYYY-MM-DDThh:mm:ssZ` (the
+    /// form of `Message.bag`): their messages are not in this read. Empty when the read saw the
+    /// whole range.
+    #[pyo3(get)]
+    open_bags_skipped: Vec<String>,
+    /// Why this read closed nothing although it was to close past-due bags (this host's clock
+    /// could not be vouched for), or `None`.
+    #[pyo3(get)]
+    close_refused: Option<String>,
 }
 
 impl Messages {
@@ -587,6 +615,8 @@ impl Messages {
                 .collect(),
             verified,
             closed_bags_read: report.closed_bags_read,
+            open_bags_skipped: report.skipped_open.iter().map(ToString::to_string).collect(),
+            close_refused: report.close_refused,
             messages: report.messages.into_iter(),
         }
     }
@@ -613,6 +643,17 @@ impl Messages {
 
     fn __len__(&self) -> usize {
         self.messages.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Messages(count={}, verified={}, rejected={}, problems={}, open_bags_skipped={})",
+            self.count,
+            if self.verified { "True" } else { "False" },
+            self.rejected.len(),
+            self.problems.len(),
+            self.open_bags_skipped.len()
+        )
     }
 }
 

@@ -3,7 +3,9 @@ on S3, summaries, and one log shared with the Rust CLI both ways."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 
 import pytest
@@ -52,7 +54,55 @@ def test_the_exceptions_form_one_hierarchy():
         assert issubclass(getattr(bagel, name), bagel.BagelError), name
     assert issubclass(bagel.InvalidArgument, ValueError)
     assert issubclass(bagel.Closed, ValueError)
+    assert issubclass(bagel.LogNotFound, LookupError) and issubclass(bagel.LogNotFound, bagel.InvalidArgument)
+    assert issubclass(bagel.Unavailable, ConnectionError)
     assert bagel.Unavailable.retryable and not bagel.LateRejected.retryable
+
+
+def bag_of(timestamp: int) -> str:
+    """The bag (second) of a timestamp, in the form of `Message.bag`."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp // 1_000_000))
+
+
+def test_a_read_right_after_a_write_names_the_open_bag_it_skipped(client, tmp_path):
+    # A long grace: the bag is still open when it is read, however slow
+    # this machine.
+    store = bagel.open_store(str(tmp_path), client=client, grace=60)
+    with client.lease("fresh", ttl=5) as lease:
+        stamps = store.writer("fresh", lease).write([b"just now"])
+    messages = store.read("fresh")
+    assert list(messages) == []
+    # Everything read checked; what was not read is named.
+    assert messages.verified
+    assert messages.open_bags_skipped == [bag_of(stamps[0])]
+    assert messages.close_refused is None
+    assert "open_bags_skipped=1" in repr(messages)
+    with_open = store.read("fresh", include_open=True)
+    assert [m.payload for m in with_open] == [b"just now"]
+    assert with_open.open_bags_skipped == []
+
+
+def test_reading_a_log_nobody_wrote_raises_log_not_found(client, tmp_path):
+    store = bagel.open_store(str(tmp_path), client=client)
+    with pytest.raises(bagel.LogNotFound) as missing:
+        store.read("never-written")
+    e = missing.value
+    assert e.log == "never-written" and str(tmp_path) in e.store
+    assert "never-written" in str(e) and not e.retryable
+    # A lookup that failed, and (as before) a bad argument.
+    assert isinstance(e, LookupError) and isinstance(e, bagel.InvalidArgument)
+
+    async def read_async():
+        return await store.read_async("never-written")
+
+    with pytest.raises(bagel.LogNotFound):
+        asyncio.run(read_async())
+    with pytest.raises(bagel.LogNotFound):
+        store.summarize("never-written")
+    # An empty range of a log that exists is no error.
+    with client.lease("exists", ttl=5) as lease:
+        stamps = store.writer("exists", lease).write([b"x"])
+    assert list(store.read("exists", end=stamps[0])) == []
 
 
 def test_without_a_client_a_read_is_unverified_and_closes_nothing(client, tmp_path):

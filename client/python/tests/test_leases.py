@@ -4,6 +4,8 @@ the release watermark reaching the next holder, loss, asyncio."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 
 import pytest
@@ -22,6 +24,34 @@ def test_a_held_name_is_refused_with_its_holder(client):
     assert e.deadline == a.deadline
     assert e.retryable
     a.release()
+
+
+def test_the_default_owner_is_host_colon_pid_as_the_cli_s(client):
+    held = client.acquire("default-owner", ttl=5)
+    with pytest.raises(bagel.HeldError) as refused:
+        client.acquire("default-owner", ttl=5)
+    # A conflict says who holds the name, as the CLI's default does.
+    assert refused.value.owner == f"{socket.gethostname()}:{os.getpid()}"
+    held.release()
+
+
+def test_a_lease_not_renewed_is_lost_at_its_deadline(client):
+    lease = client.acquire("unrenewed", ttl=1, auto_renew=False)
+    assert lease.lost is None
+    told = threading.Event()
+    reasons = []
+    lease.on_lost(lambda r: (reasons.append(r), told.set()))
+    # Nothing renews it: its deadline passing is its loss, and every way
+    # of asking says so.
+    why = lease.wait_lost(timeout=20)
+    assert why is not None and why.startswith("expired"), why
+    assert lease.lost == why
+    assert told.wait(20) and reasons == [why]
+    assert lease.time_left() == 0 and not lease.is_valid()
+    # A released lease is not lost, however long ago its deadline was.
+    released = client.acquire("unrenewed-released", ttl=1, auto_renew=False)
+    released.release()
+    assert released.wait_lost(timeout=2) is None and released.lost is None
 
 
 def test_a_waiting_acquire_gets_the_name_when_it_is_released(client):

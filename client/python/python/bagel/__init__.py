@@ -48,10 +48,15 @@ from .errors import (
     InvalidArgument,
     LateRejected,
     LeaseLost,
+    LogNotFound,
     Unavailable,
 )
 
+__version__: str = _bagel.__version__
+"""The package's version: bagel's, the crates' and the binaries' alike."""
+
 __all__ = [
+    "__version__",
     "Client",
     "Lease",
     "Store",
@@ -63,6 +68,7 @@ __all__ = [
     "open_store",
     "BagelError",
     "InvalidArgument",
+    "LogNotFound",
     "Closed",
     "HeldError",
     "LeaseLost",

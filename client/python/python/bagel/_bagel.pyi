@@ -8,6 +8,8 @@ from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Seq
 
 Names = Union[str, Sequence[str]]
 
+__version__: str
+
 class Client:
     """A connection to where leases live.
 
@@ -95,7 +97,8 @@ class Lease:
         ``key_id``, ``body``, ``signature``."""
     @property
     def lost(self) -> Optional[str]:
-        """Why the lease was lost, or ``None``."""
+        """Why the lease was lost (its deadline passing with no renewal
+        included: ``"expired: ..."``), or ``None``."""
     @property
     def written(self) -> Optional[int]:
         """The highest timestamp written under the lease (µs), or ``None``."""
@@ -117,8 +120,8 @@ class Lease:
         """Calls ``callback(reason)`` from a bagel thread when the lease is
         lost."""
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[str]:
-        """Blocks until lost (returns why), released or ``timeout``
-        (returns ``None``)."""
+        """Blocks until lost (returns why; an expired deadline counts),
+        released or ``timeout`` (returns ``None``)."""
 
 class Writer:
     """Writes batches to one log under one lease."""
@@ -143,13 +146,16 @@ class Message:
     bag: str
 
 class Messages(Iterator[Message]):
-    """The messages of a read, in timestamp order."""
+    """The messages of a read, in timestamp order; ``open_bags_skipped``
+    names the bags still open and so not read."""
 
     rejected: List[str]
     problems: List[str]
     verified: bool
     closed_bags_read: int
     count: int
+    open_bags_skipped: List[str]
+    close_refused: Optional[str]
     def __iter__(self) -> "Messages": ...
     def __next__(self) -> Message: ...
     def __len__(self) -> int: ...

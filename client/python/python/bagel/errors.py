@@ -21,6 +21,17 @@ class InvalidArgument(BagelError, ValueError):
     Retrying the same call will not help."""
 
 
+class LogNotFound(InvalidArgument, LookupError):
+    """The log does not exist in the store: nothing was ever written or
+    closed there (a mistyped log name, or the wrong store), as ``bagel
+    read`` says. An empty log that was written to is no error.
+
+    ``log``: the log asked for; ``store``: the store's URL."""
+
+    log: Optional[str] = None
+    store: Optional[str] = None
+
+
 class Closed(BagelError, ValueError):
     """The object was closed: a store after ``close()``, a lease after its
     release, anything after the interpreter began to exit."""
@@ -79,10 +90,12 @@ class ClockOff(BagelError):
     allowed: Optional[float] = None
 
 
-class Unavailable(BagelError):
+class Unavailable(BagelError, ConnectionError):
     """The lease server, the time authority or the store cannot serve now
     (down, restarting, a timeout). ``retry_after``: seconds until it
-    expects to, when it said; else ``None``."""
+    expects to, when it said; else ``None``. Also a ``ConnectionError``
+    (so an ``OSError``), as code that retries on network failures
+    expects."""
 
     retryable = True
     retry_after: Optional[float] = None
@@ -91,6 +104,7 @@ class Unavailable(BagelError):
 __all__ = [
     "BagelError",
     "InvalidArgument",
+    "LogNotFound",
     "Closed",
     "HeldError",
     "LeaseLost",
