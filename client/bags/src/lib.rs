@@ -157,6 +157,8 @@ pub mod metronome;
 pub mod names;
 pub mod reader;
 pub mod retain;
+#[cfg(test)]
+mod retention_races;
 pub mod seal;
 pub mod store;
 pub mod summary;

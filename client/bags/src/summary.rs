@@ -177,12 +177,35 @@ fn not_summarizable(log: &str, stretch: Stretch, reason: String) -> Error {
 
 /// Builds the summary of `stretch` from its sealed minutes and closed bags.
 /// Refused ([`Error::NotSummarizable`]) while a minute is not sealed or a
-/// bag it lists is not closed, when an item cannot be read as its lock
-/// lists it, or when the summary would exceed [`MAX_SUMMARY_BYTES`].
+/// bag it lists is not closed, when a minute was removed by retention (its
+/// [`crate::tombstone`]), when an item cannot be read as its lock lists
+/// it, or when the summary would exceed [`MAX_SUMMARY_BYTES`].
+///
+/// Never over a removed minute: what its directory holds since the
+/// removal (a stalled writer's append that made a bag again, a closer's
+/// lock on it) is no data, and a summary made from it would claim the
+/// minute with other records than the summary its tombstone names. The
+/// tombstone is looked for before a minute's bags are read and again
+/// after (retention writes it before it removes anything, so a minute
+/// without one then was read as it was before any removal).
 pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<Summary> {
     let mut out = packed::Builder::new(log, stretch.from().secs(), stretch.last().secs() + 1);
     let mut size = 0u64;
+    let removed = |t: crate::tombstone::Tombstone| {
+        not_summarizable(
+            log,
+            stretch,
+            format!(
+                "the minute {} was removed by retention: summary {} holds it",
+                t.span,
+                t.summary.name()
+            ),
+        )
+    };
     for span in stretch.spans() {
+        if let Some(t) = crate::tombstone::of(store, log, span).await? {
+            return Err(removed(t));
+        }
         let Some(sealed) = seal::seal_of(store, log, span).await? else {
             return Err(not_summarizable(
                 log,
@@ -222,8 +245,90 @@ pub async fn build(store: &dyn BagStore, log: &str, stretch: Stretch) -> Result<
                 out.item(&item.name, item.size, content);
             }
         }
+        if let Some(t) = crate::tombstone::of(store, log, span).await? {
+            return Err(removed(t));
+        }
     }
     Ok(out.finish())
+}
+
+/// Whether `summary` holds the very record `record` (framed, as appended)
+/// in item `item` of bag `bucket`, ending at `end`: the item's frame at
+/// `end - record.len()` has the record's bytes. Its name and a size of at
+/// least `end` are not enough: a writer's data file name repeats across
+/// its records on a directory store, so a record appended after its
+/// minute was removed re-creates the summarized file at offset 0 and may
+/// end inside it. A summary whose parts do not fit together is
+/// [`Error::CorruptSummary`].
+pub fn holds_record(summary: &Summary, bucket: Bucket, item: &str, end: u64, record: &[u8]) -> Result<bool> {
+    let Some(bag) = summary.bags.iter().find(|b| b.bucket_secs == bucket.secs()) else {
+        return Ok(false);
+    };
+    let Some(start) = end.checked_sub(record.len() as u64) else {
+        return Ok(false);
+    };
+    for si in &bag.items {
+        let rebuilt = rebuild_item(summary, bag, si)?;
+        if rebuilt.name != item {
+            continue;
+        }
+        if rebuilt.size < end {
+            return Ok(false);
+        }
+        return Ok(match rebuilt.records {
+            // A frame's header follows from its body: equal bodies at the
+            // same offset are the same bytes.
+            Records::Batches(batches) => batches.iter().any(|b| {
+                b.offset == start
+                    && record.len() == frame::HEADER_LEN + b.body.len()
+                    && record[frame::HEADER_LEN..] == b.body[..]
+            }),
+            Records::Raw(raw) => {
+                usize::try_from(start)
+                    .ok()
+                    .zip(usize::try_from(end).ok())
+                    .and_then(|(a, z)| raw.get(a..z))
+                    == Some(record)
+            }
+        });
+    }
+    Ok(false)
+}
+
+/// Where two summaries that both hold minute `span` disagree on it (the
+/// seconds that held a bag, a bag's lock, an item's records), or `None`
+/// when they hold the same. Two honest summaries of one minute are made
+/// from the same sealed minute and closed bags, so they agree; one that
+/// does not was made from something else (a bag made again after
+/// retention removed the minute, or a forgery), and a reader that took
+/// the minute from it would read other messages than the other gives.
+pub fn disagreement(a: &Summary, b: &Summary, span: Span) -> Result<Option<String>> {
+    let in_span = |s: &'_ Summary| -> Vec<usize> {
+        (0..s.bags.len())
+            .filter(|&i| Span::of(Bucket::from_secs(s.bags[i].bucket_secs)) == span)
+            .collect()
+    };
+    let (ours, theirs) = (in_span(a), in_span(b));
+    let secs =
+        |s: &Summary, idx: &[usize]| -> Vec<u64> { idx.iter().map(|&i| s.bags[i].bucket_secs).collect() };
+    if secs(a, &ours) != secs(b, &theirs) {
+        return Ok(Some(format!(
+            "they hold other seconds of the minute {span} ({:?} and {:?})",
+            secs(a, &ours),
+            secs(b, &theirs)
+        )));
+    }
+    for (&i, &j) in ours.iter().zip(&theirs) {
+        let (x, y) = (&a.bags[i], &b.bags[j]);
+        let bucket = Bucket::from_secs(x.bucket_secs);
+        if x.lock_sha256 != y.lock_sha256 {
+            return Ok(Some(format!("they hold bag {bucket} with other locks")));
+        }
+        if rebuild_all(a, x)? != rebuild_all(b, y)? {
+            return Ok(Some(format!("they hold other records of bag {bucket}")));
+        }
+    }
+    Ok(None)
 }
 
 /// The item's records as batches, when every frame is a whole record that

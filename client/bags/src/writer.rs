@@ -278,8 +278,15 @@ impl Writer {
                 .fetch_max(stamps[j - 1].as_micros(), Ordering::SeqCst);
             let file = format!("{}.{}", self.file_stem, st.file_gen);
             let record = frame::encode(&batch.encode_to_vec());
-            let outcome = match self.store.append(&self.log, bucket, &file, seq, record).await {
-                Ok(receipt) => self.confirm(bucket, &receipt, &mut st.in_every_seal).await,
+            let outcome = match self
+                .store
+                .append(&self.log, bucket, &file, seq, record.clone())
+                .await
+            {
+                Ok(receipt) => {
+                    self.confirm(bucket, &receipt, &record, &mut st.in_every_seal)
+                        .await
+                }
                 Err(e) => {
                     if !matches!(e, Error::BagClosed { .. }) {
                         st.file_gen += 1;
@@ -430,12 +437,22 @@ impl Writer {
     /// ([`crate::tombstone`]) is looked for last, after the lock gave its
     /// verdict: absent then, no removal had begun when that lock was read,
     /// so it was the bag's own; present, the record counts only if the
-    /// summary that holds the removed minute holds it. A minute no seal
-    /// had started on is not removed either: removal comes after the seal.
+    /// summary that holds the removed minute holds it: that very record,
+    /// byte for byte, at its offset (see [`crate::summary::holds_record`]).
+    /// A minute no seal had started on is not removed either: removal
+    /// comes after the seal.
+    ///
+    /// Where the minute may be removed (a seal started, or its safe point
+    /// past), the tombstone is also looked for *before* the seal's or the
+    /// lock's verdict, and found, decides alone: a bag in a removed minute
+    /// is never closed, as a close would make a closed bag of whatever
+    /// the directory holds since the removal (this writer's own late
+    /// record, in the file it re-created).
     async fn confirm(
         &self,
         bucket: Bucket,
         receipt: &crate::Receipt,
+        record: &[u8],
         in_every_seal: &mut Option<Bucket>,
     ) -> Result<()> {
         let now = self.clock.now();
@@ -446,10 +463,15 @@ impl Writer {
         if now < span_safe && *in_every_seal == Some(bucket) {
             return self.lock_verdict(bucket, receipt, now).await;
         }
-        let (verdict, unsealed) = match seal::sealing_started(self.store.as_ref(), &self.log, span).await {
-            Ok(true) => (self.seal_verdict(bucket, receipt, span).await, false),
-            Ok(false) => (self.lock_verdict(bucket, receipt, now).await, true),
-            Err(e) => (Err(e), false),
+        let started = seal::sealing_started(self.store.as_ref(), &self.log, span).await?;
+        if (started || now >= span_safe)
+            && let Some(removed) = crate::tombstone::of(self.store.as_ref(), &self.log, span).await?
+        {
+            return self.removed_verdict(bucket, receipt, record, removed).await;
+        }
+        let (verdict, unsealed) = match started {
+            true => (self.seal_verdict(bucket, receipt, span).await, false),
+            false => (self.lock_verdict(bucket, receipt, now).await, true),
         };
         if unsealed && now < span_safe {
             if verdict.is_ok() {
@@ -458,7 +480,7 @@ impl Writer {
             return verdict;
         }
         match crate::tombstone::of(self.store.as_ref(), &self.log, span).await {
-            Ok(Some(removed)) => self.removed_verdict(bucket, receipt, removed).await,
+            Ok(Some(removed)) => self.removed_verdict(bucket, receipt, record, removed).await,
             Ok(None) => {
                 if unsealed && verdict.is_ok() {
                     *in_every_seal = Some(bucket);
@@ -513,37 +535,35 @@ impl Writer {
 
     /// The verdict on a record of a minute retention removed: in, only if
     /// the summary its tombstone names (the one retention checked the
-    /// minute's bags against) holds it, as far as the receipt says it
-    /// goes. A record appended after the removal is in no summary: it is
-    /// `LateRejected`, as it would be by the bag's lock. One whose summary
-    /// is gone too (`--keep-summaries`) is in nothing a reader reads.
+    /// minute's bags against, and the one readers read the minute from)
+    /// holds that very record: its bytes, at the offset the receipt puts
+    /// it ([`crate::summary::holds_record`]). A record appended after the
+    /// removal is in no summary: it is `LateRejected`, as it would be by
+    /// the bag's lock, even where its append re-created a summarized file
+    /// and ended inside it. One whose summary is gone too
+    /// (`--keep-summaries`) is in nothing a reader reads.
     async fn removed_verdict(
         &self,
         bucket: Bucket,
         receipt: &crate::Receipt,
+        record: &[u8],
         removed: crate::tombstone::Tombstone,
     ) -> Result<()> {
-        let late = || {
-            Err(Error::LateRejected {
+        let store = self.store.as_ref();
+        let held = match crate::summary::stored_bytes(store, &self.log, removed.summary).await? {
+            Some(bytes) => {
+                let summary = crate::summary::parse(&self.log, removed.summary, bytes)?;
+                crate::summary::holds_record(&summary, bucket, &receipt.item, receipt.end, record)?
+            }
+            None => false,
+        };
+        match held {
+            true => Ok(()),
+            false => Err(Error::LateRejected {
                 log: self.log.clone(),
                 bucket,
-            })
-        };
-        let store = self.store.as_ref();
-        let Some(bytes) = crate::summary::stored_bytes(store, &self.log, removed.summary).await? else {
-            return late();
-        };
-        let summary = crate::summary::parse(&self.log, removed.summary, bytes)?;
-        let Some(bag) = summary.bags.iter().find(|b| b.bucket_secs == bucket.secs()) else {
-            return late();
-        };
-        for item in &bag.items {
-            let item = crate::summary::rebuild_item(&summary, bag, item)?;
-            if item.name == receipt.item && item.size >= receipt.end {
-                return Ok(());
-            }
+            }),
         }
-        late()
     }
 }
 

@@ -199,11 +199,22 @@ pub enum ViolationKind {
     /// over the published summary's bytes), or that vouches for a summary
     /// that does not match its source bags; the detail names the key.
     BadAttestation,
+    /// Messages cite witnesses signed by a key the audit was not given to
+    /// trust: none of them can be checked (the key may be a lease
+    /// server's that was left out, or a forger's). Reported once per key
+    /// id, with how many messages cite it and how to trust it, never as a
+    /// bad signature per message.
+    UntrustedKey,
     /// Bags a minute's seal lists (or items a lock lists) that are gone
     /// and that no summary the read used holds: messages that exist and
     /// that the audit could not check (the detail says where they are,
     /// if anywhere).
     MissingBag,
+    /// Two published summaries that hold one minute and disagree on it
+    /// (the detail names both, the minute, and how): at most one of them
+    /// holds what the minute's bags held, and readers that take the
+    /// minute from the other read other messages.
+    SummariesDisagree,
 }
 
 /// One failed check, and what failed.
@@ -277,7 +288,15 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
     // Pairs of leases some message cites together.
     let mut cited_together: HashSet<(String, String)> = HashSet::new();
 
+    // Messages citing a witness by a key not trusted, per key id: left
+    // unchecked (every check would fail for the same one reason).
+    let mut untrusted: BTreeMap<String, usize> = BTreeMap::new();
+
     for m in messages {
+        if let Some(w) = m.witnesses.iter().find(|w| cfg.keys.get(&w.key_id).is_none()) {
+            *untrusted.entry(w.key_id.clone()).or_default() += 1;
+            continue;
+        }
         let at = format!(
             "message {}#{} at {} ({})",
             m.writer,
@@ -442,6 +461,17 @@ pub fn audit(messages: &[AuditMessage], cfg: &AuditConfig) -> AuditReport {
         }
     }
 
+    for (key_id, messages) in untrusted {
+        v(
+            ViolationKind::UntrustedKey,
+            format!(
+                "{messages} messages cite witnesses signed by key {key_id}, which is not trusted: \
+                 none of them was checked; if it is a lease server's key, trust it (`bagel audit --key \
+                 <its public key>`, which `bagel server-info` prints)"
+            ),
+        );
+    }
+
     // Leases one message cites together are one holder's parts (a lease
     // over several servers, or taken on both lists while migrating).
     let cited_together: Vec<(String, String)> = cited_together.into_iter().collect();
@@ -581,6 +611,12 @@ pub struct SummaryAudit {
 /// attestation of those stretches: its signature, that it is over the
 /// published summary's bytes, and that the summary it vouches for matches
 /// its bags. An attestation with no summary beside it is a finding too.
+///
+/// And every two of those summaries that hold one minute are compared on
+/// it ([`crate::summary::disagreement`]): once retention removed the
+/// minute's bags, a summary made from something else than those bags
+/// (a bag made again since) checks against what it was made from, and
+/// only the other summary of the minute still tells.
 pub async fn audit_summaries(
     store: &dyn crate::BagStore,
     log: &str,
@@ -635,6 +671,8 @@ pub async fn audit_summaries(
             });
         }
     }
+    out.violations
+        .extend(disagreeing_summaries(store, log, &stretches, in_range).await?);
     for (stretch, key_id) in &attestations {
         if in_range(stretch) && !stretches.contains(stretch) {
             out.attestations_checked += 1;
@@ -645,6 +683,67 @@ pub async fn audit_summaries(
                     kind: ViolationKind::BadAttestation,
                     detail: format!("{log}: {finding}"),
                 });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A [`ViolationKind::SummariesDisagree`] for every minute that two of
+/// the summaries (those `in_range`) both hold and disagree on. Only the
+/// summaries that overlap another are read; a corrupt or vanished one is
+/// left to the check against its bags, which names it.
+async fn disagreeing_summaries(
+    store: &dyn crate::BagStore,
+    log: &str,
+    stretches: &[crate::summary::Stretch],
+    in_range: impl Fn(&crate::summary::Stretch) -> bool,
+) -> crate::Result<Vec<Violation>> {
+    use crate::summary;
+    let mine: Vec<summary::Stretch> = stretches.iter().copied().filter(|s| in_range(s)).collect();
+    let overlap = |a: &summary::Stretch, b: &summary::Stretch| a.from() <= b.last() && b.from() <= a.last();
+    let mut loaded: BTreeMap<summary::Stretch, Option<summary::Summary>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (i, a) in mine.iter().enumerate() {
+        for b in mine[i + 1..].iter().filter(|b| overlap(a, b)) {
+            for st in [a, b] {
+                if !loaded.contains_key(st) {
+                    let s = match summary::load(store, log, *st).await {
+                        Ok(s) => Some(s),
+                        Err(crate::Error::CorruptSummary { .. }) => None,
+                        Err(e) => return Err(e),
+                    };
+                    loaded.insert(*st, s);
+                }
+            }
+            let (Some(Some(x)), Some(Some(y))) = (loaded.get(a), loaded.get(b)) else {
+                continue;
+            };
+            // The minutes of both that either holds a bag of (two empty
+            // ones agree): never minute by minute over a long stretch.
+            let spans: std::collections::BTreeSet<crate::seal::Span> = x
+                .bags
+                .iter()
+                .chain(&y.bags)
+                .map(|bag| Bucket::from_secs(bag.bucket_secs))
+                .filter(|&bag| a.contains(bag) && b.contains(bag))
+                .map(crate::seal::Span::of)
+                .collect();
+            for span in spans {
+                let found = match summary::disagreement(x, y, span) {
+                    Ok(found) => found,
+                    Err(e) => Some(e.to_string()),
+                };
+                if let Some(how) = found {
+                    out.push(Violation {
+                        kind: ViolationKind::SummariesDisagree,
+                        detail: format!(
+                            "summaries {} and {} of {log} disagree on the minute {span}: {how}",
+                            a.name(),
+                            b.name()
+                        ),
+                    });
+                }
             }
         }
     }

@@ -111,15 +111,26 @@ pub async fn read(
     // when not read from: they say where the messages of bags retention
     // removed are.
     let published = crate::summary::list(store, log).await?;
+    // Seals first, then bags: a bag a seal lists existed when it was
+    // sealed, so this listing sees it (unless retention removed it). The
+    // same listing names the minutes retention removed (their
+    // tombstones), which are read only from the summary a tombstone names.
+    let (sealed_spans, removed_spans) = crate::seal::sealed_and_removed(store, log).await?;
     let summaries = match opts.use_summaries {
-        true => pick_summaries(store, log, &published, first, last, opts, &mut report).await?,
+        true => {
+            pick_summaries(
+                store,
+                log,
+                (&published, &removed_spans),
+                (first, last),
+                opts,
+                &mut report,
+            )
+            .await?
+        }
         false => Vec::new(),
     };
     let summarized = |b: &Bucket| summaries.iter().any(|(window, _, _)| window.contains(*b));
-    // Seals first, then bags: a bag a seal lists existed when it was
-    // sealed, so this listing sees it (unless retention removed it). The
-    // same listing names the minutes retention removed (their tombstones).
-    let (sealed_spans, removed_spans) = crate::seal::sealed_and_removed(store, log).await?;
     let mut existing = Vec::new();
     for (a, b) in uncovered(first, last, &summaries) {
         existing.extend(list_buckets(store, log, a, b).await?);

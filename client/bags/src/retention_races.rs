@@ -1,0 +1,325 @@
+//! Issue 51, holes 1 and 2: a writer stalled between taking its
+//! timestamps and appending, while its minute is sealed, summarized and
+//! removed by retention, on a directory store (whose data file names
+//! repeat across a writer's records, so its late append re-creates the
+//! summarized file at offset 0).
+//!
+//! Each test walks the same interleaving ([`stalled_past_retention`]) with
+//! the real writer, sealer, summarizer, retention, reader and audit, and
+//! checks one rule of `docs/bags.md` ("Retention"):
+//! * the late record is `LateRejected`, not acknowledged because the
+//!   summary holds a file of its name at least as long (hole 1);
+//! * nothing closes a bag in a removed minute, no summary is built over
+//!   one, a reader reads it only from the summary its tombstone names (or
+//!   reports it missing), and the audit flags two summaries that disagree
+//!   on it (hole 2).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bagel_proto::Micros;
+use bagel_proto::clock::{AssumedExact, ManualClock};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use crate::seal::{self, Span};
+use crate::store::directory::DirectoryStore;
+use crate::store::faults::AppendsThrough;
+use crate::summary::{self, Stretch};
+use crate::testing::TestLeases;
+use crate::{BagConfig, BagState, BagStore, Bucket, Error, ReadOptions, Writer};
+
+const LOG: &str = "log";
+/// The first second of minute `M`.
+const M: u64 = 1_900_000_020;
+/// What the writer was told was written, in second `M + 5`.
+const FIRST: &str = "the first record of the second, acknowledged";
+/// The stalled record: shorter, so it ends inside the summarized file.
+const LATE: &str = "late";
+
+/// The store, leases and clock after the interleaving, and what the
+/// stalled write returned.
+struct Stalled {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn BagStore>,
+    leases: TestLeases,
+    clock: ManualClock,
+    /// Minute `M`, which retention removed.
+    span: Span,
+    /// Second `M + 5`, both records' bag.
+    bag: Bucket,
+    /// The summary retention removed minute `M` under (its tombstone's).
+    summary: Stretch,
+    /// What the stalled write returned.
+    late: crate::Result<Micros>,
+}
+
+type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+/// One writer writes [`FIRST`] into second `M + 5`, then takes timestamps
+/// for [`LATE`] in the same second and stalls before its append; meanwhile
+/// minute `M` is sealed (closing the bag), summarized and removed by
+/// retention, and the writer's clock moves on half an hour. Then the
+/// append lands.
+async fn stalled_past_retention() -> Stalled {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), false));
+    let (span, bag) = (Span::of(Bucket::from_secs(M)), Bucket::from_secs(M + 5));
+    let summary = Stretch::new(span, 1);
+    let start = Micros::from_micros(bag.secs() * 1_000_000 + 250_000);
+    let clock = ManualClock::new(start);
+    let hook: Arc<Mutex<Option<Hook>>> = Arc::default();
+    let through = {
+        let hook = Arc::clone(&hook);
+        AppendsThrough::new(Arc::clone(&store), move |inner, append| {
+            let hook = hook.lock().unwrap().take();
+            Box::pin(async move {
+                if let Some(h) = hook {
+                    h().await;
+                }
+                append.to(&*inner).await
+            })
+        })
+    };
+    let leases = TestLeases::default();
+    let lease = leases.lease(
+        "lease",
+        start.saturating_sub(Duration::from_secs(1)),
+        start.saturating_add(Duration::from_secs(3600)),
+    );
+    let writer = Writer::new(
+        Arc::new(through),
+        LOG,
+        "w",
+        Arc::new(lease),
+        Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
+        BagConfig::default(),
+    )
+    .unwrap();
+    writer.write(Bytes::from(FIRST)).await.unwrap();
+
+    let (inner, resumed) = (Arc::clone(&store), clock.clone());
+    *hook.lock().unwrap() = Some(Box::new(move || {
+        Box::pin(async move {
+            let store = inner.as_ref();
+            let sealed = seal::seal(store, LOG, span).await.unwrap();
+            assert!(sealed.has_bag(bag));
+            summary::summarize(store, LOG, summary).await.unwrap();
+            let now = span.last().end().saturating_add(Duration::from_secs(10));
+            let second = Duration::from_secs(1);
+            let retained = crate::retain::retain_within(store, LOG, now, second, None, second)
+                .await
+                .unwrap();
+            assert_eq!((retained.minutes_tombstoned, retained.bags_removed), (1, 1));
+            resumed.set(start.saturating_add(Duration::from_secs(1800)));
+        })
+    }));
+    let late = writer.write(Bytes::from(LATE)).await;
+    assert!(hook.lock().unwrap().is_none(), "the stalled append ran the hook");
+    Stalled {
+        _dir: dir,
+        store,
+        leases,
+        clock,
+        span,
+        bag,
+        summary,
+        late,
+    }
+}
+
+impl Stalled {
+    /// The late append's bag closed, as a closer that looked for the
+    /// tombstone just before retention wrote it (or code from before the
+    /// rule) leaves it.
+    async fn closed_late_bag(&self) {
+        let listing = self.store.close(LOG, self.bag).await.unwrap();
+        assert_eq!(listing.items.len(), 1, "the re-created file");
+    }
+
+    /// A two-minute summary from the minute before `M`, made from the
+    /// late bag, as a summarizer that did not look at the tombstone made
+    /// it: published with the tombstone out of the way, then put back.
+    async fn summary_over_the_late_bag(&self) -> Stretch {
+        let store = self.store.as_ref();
+        let before = Span::of(Bucket::from_secs(M - 60));
+        seal::seal(store, LOG, before).await.unwrap();
+        self.closed_late_bag().await;
+        let name = crate::tombstone::name(self.span);
+        store.remove_named(LOG, &name).await.unwrap();
+        let longer = Stretch::new(before, 2);
+        summary::summarize(store, LOG, longer).await.unwrap();
+        crate::tombstone::put(store, LOG, self.span, self.summary)
+            .await
+            .unwrap();
+        longer
+    }
+
+    /// A read of the minute before `M` and `M`, with summaries.
+    async fn read(&self) -> crate::ReadReport {
+        let mut opts = ReadOptions::default().with_keys(Some(self.leases.keys()));
+        opts.from = Micros::from_micros((M - 60) * 1_000_000);
+        opts.to = Micros::from_micros((M + 60) * 1_000_000);
+        let clock = AssumedExact(self.clock.clone());
+        crate::read(self.store.as_ref(), LOG, &opts, &BagConfig::default(), &clock)
+            .await
+            .unwrap()
+    }
+}
+
+fn payloads(r: &crate::ReadReport) -> Vec<String> {
+    r.messages
+        .iter()
+        .map(|m| String::from_utf8(m.payload.to_vec()).unwrap())
+        .collect()
+}
+
+/// Hole 1: the removed-minute verdict accepted the late record because
+/// the summary holds an item of its file's name at least as long as the
+/// re-created file; the summary holds the first record, not this one.
+#[tokio::test]
+async fn a_record_appended_after_its_minute_was_removed_is_late_rejected() {
+    let s = stalled_past_retention().await;
+    match &s.late {
+        Err(Error::LateRejected { bucket, .. }) => assert_eq!(*bucket, s.bag),
+        other => panic!("the late record must be refused, not {other:?}"),
+    }
+    // And what readers read holds the acknowledged record only.
+    let read = s.read().await;
+    assert_eq!(payloads(&read), [FIRST], "{:?}", read.problems);
+    assert!(read.problems.is_empty(), "{:?}", read.problems);
+}
+
+/// Hole 2: the writer's seal verdict closed the re-created bag in the
+/// removed minute (its close did not look at the tombstone), leaving a
+/// closed bag a later summary could be built from.
+#[tokio::test]
+async fn the_late_writer_closes_no_bag_in_the_removed_minute() {
+    let s = stalled_past_retention().await;
+    match s.store.state(LOG, s.bag).await.unwrap() {
+        BagState::Open(items) => assert_eq!(items.len(), 1, "the re-created file, open"),
+        BagState::Closed(l) => panic!("the late bag was closed: {l:?}"),
+    }
+}
+
+/// Hole 2: a summary of a longer stretch was built over the removed
+/// minute from the late bag.
+#[tokio::test]
+async fn no_summary_is_built_over_a_removed_minute() {
+    let s = stalled_past_retention().await;
+    s.closed_late_bag().await;
+    let before = Span::of(Bucket::from_secs(M - 60));
+    seal::seal(s.store.as_ref(), LOG, before).await.unwrap();
+    let err = summary::summarize(s.store.as_ref(), LOG, Stretch::new(before, 2))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::NotSummarizable { reason, .. } => assert!(
+            reason.contains("removed by retention") && reason.contains(&s.summary.name()),
+            "{reason}"
+        ),
+        e => panic!("{e}"),
+    }
+    assert!(
+        summary::list(s.store.as_ref(), LOG)
+            .await
+            .unwrap()
+            .iter()
+            .all(|st| *st == s.summary),
+        "nothing else published"
+    );
+}
+
+/// Hole 2: given the tombstone's summary and a longer one that starts
+/// earlier and holds the late bag, the reader took the minute from the
+/// one that starts earliest: the late message, and the acknowledged one
+/// gone, with no problem. It reads the minute from the summary its
+/// tombstone names, and where that one is gone, reports the minute
+/// missing rather than read it from the other.
+#[tokio::test]
+async fn a_reader_reads_a_removed_minute_only_from_the_summary_its_tombstone_names() {
+    let s = stalled_past_retention().await;
+    s.summary_over_the_late_bag().await;
+    let read = s.read().await;
+    assert_eq!(payloads(&read), [FIRST], "{:?}", read.problems);
+    assert!(read.problems.is_empty(), "{:?}", read.problems);
+    assert_eq!(read.summaries_read, 2);
+
+    summary::remove(s.store.as_ref(), LOG, s.summary).await.unwrap();
+    let read = s.read().await;
+    assert!(payloads(&read).is_empty(), "{:?}", payloads(&read));
+    assert!(
+        read.problems
+            .iter()
+            .any(|p| p.kind == crate::ProblemKind::Missing && p.bucket == s.bag),
+        "{:?}",
+        read.problems
+    );
+}
+
+/// Hole 2: the audit checked each summary only against the bags still
+/// there (the longer one matches the late bag it was made from) and
+/// never compared the two summaries of the removed minute.
+#[tokio::test]
+async fn the_audit_flags_two_summaries_that_disagree_on_a_minute() {
+    let s = stalled_past_retention().await;
+    let longer = s.summary_over_the_late_bag().await;
+    let audit =
+        crate::audit::audit_summaries(s.store.as_ref(), LOG, Bucket::from_secs(M - 60), s.span.last())
+            .await
+            .unwrap();
+    let disagree: Vec<&crate::audit::Violation> = audit
+        .violations
+        .iter()
+        .filter(|v| v.kind == crate::audit::ViolationKind::SummariesDisagree)
+        .collect();
+    assert_eq!(disagree.len(), 1, "{:?}", audit.violations);
+    let detail = &disagree[0].detail;
+    assert!(
+        detail.contains(&s.summary.name())
+            && detail.contains(&longer.name())
+            && detail.contains(&s.bag.to_string()),
+        "{detail}"
+    );
+}
+
+/// Two honest summaries of one minute (`--span 1m` and `--span 2m`, made
+/// from the same sealed minute and closed bags) agree: no finding.
+#[tokio::test]
+async fn the_audit_finds_nothing_in_two_honest_summaries_of_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), false));
+    let span = Span::of(Bucket::from_secs(M));
+    let start = Micros::from_micros((M + 5) * 1_000_000 + 250_000);
+    let clock = ManualClock::new(start);
+    let leases = TestLeases::default();
+    let lease = leases.lease(
+        "lease",
+        start.saturating_sub(Duration::from_secs(1)),
+        start.saturating_add(Duration::from_secs(3600)),
+    );
+    let writer = Writer::new(
+        Arc::clone(&store),
+        LOG,
+        "w",
+        Arc::new(lease),
+        Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
+        BagConfig::default(),
+    )
+    .unwrap();
+    writer.write(Bytes::from(FIRST)).await.unwrap();
+    for s in [span, span.next()] {
+        seal::seal(store.as_ref(), LOG, s).await.unwrap();
+    }
+    for minutes in [1, 2] {
+        summary::summarize(store.as_ref(), LOG, Stretch::new(span, minutes))
+            .await
+            .unwrap();
+    }
+    let audit = crate::audit::audit_summaries(store.as_ref(), LOG, span.first(), span.next().last())
+        .await
+        .unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
