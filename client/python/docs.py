@@ -63,6 +63,48 @@ def render_class(cls) -> list:
     return out
 
 
+INSTALL = """
+## Install
+
+The package is one abi3 wheel for CPython 3.9 and later, built from this
+repository (a Rust toolchain, as in docs/development.md; no system
+protoc). pip builds it with maturin, the build backend
+`client/python/pyproject.toml` names, and installs it:
+
+```sh
+python3 -m venv .venv
+.venv/bin/pip install ./client/python             # or: "./client/python[grpc]", below
+.venv/bin/python -c 'import bagel; print(bagel.__version__)'
+```
+
+To build the wheel once and install it elsewhere:
+`pip wheel ./client/python -w dist` (or `maturin build --release --out
+dist` in `client/python`), then `pip install dist/bagel-*.whl`.
+`import bagel` needs no other package.
+
+### The gRPC modules, beside the package
+
+The package ships the modules protoc generates from bagel's `.proto`
+files as `bagel.v1` (`lease_pb2`, `lease_pb2_grpc`, `witness_pb2`,
+`time_pb2`, `bag_pb2`, `summary_pb2`, with type stubs), for a program
+that also speaks bagel's gRPC API itself. They need `grpcio` and
+`protobuf`, which the `grpc` extra installs:
+
+```python
+import grpc
+from bagel.v1 import lease_pb2, lease_pb2_grpc
+
+stub = lease_pb2_grpc.LeaseServiceStub(grpc.insecure_channel("127.0.0.1:7420"))
+print(stub.ServerInfo(lease_pb2.ServerInfoRequest()).server_id)
+```
+
+Generate no `bagel/v1` of your own where the package is installed: the
+installed `bagel` package is found first, and its `bagel.v1` is the one
+imported. (They are the same code: `client/python/grpc_gen.py` writes
+them from `proto/`, and the package's tests fail when they are stale.)
+"""
+
+
 NOT_BOUND = """
 ## What the package does not bind, and why
 
@@ -100,6 +142,9 @@ def main() -> None:
         "",
         "Generated from the package's docstrings by `python client/python/docs.py > docs/python.md`",
         "(with the wheel installed); do not edit by hand.",
+        *INSTALL.splitlines(),
+        "",
+        "## Overview",
         "",
         doc(bagel),
         "",
