@@ -71,7 +71,7 @@ use crate::{BagConfig, BagState, BagStore, Bucket, Result, list_buckets, validat
 use items::{Place, read_item};
 use seen::{CHECK_ROUND, Seen};
 use settle::{Range, missing_problems, removed_meanwhile, settle};
-use summaries::{pick_summaries, read_summarized, uncovered};
+use summaries::{Picked, pick_summaries, read_summarized, uncovered};
 use vouched::{Vouching, read_vouched_bag};
 
 /// Reads `[from, to)` of `log`; see the module docs.
@@ -116,7 +116,7 @@ pub async fn read(
     // same listing names the minutes retention removed (their
     // tombstones), which are read only from the summary a tombstone names.
     let (sealed_spans, removed_spans) = crate::seal::sealed_and_removed(store, log).await?;
-    let summaries = match opts.use_summaries {
+    let Picked { summaries, owners } = match opts.use_summaries {
         true => {
             pick_summaries(
                 store,
@@ -128,7 +128,10 @@ pub async fn read(
             )
             .await?
         }
-        false => Vec::new(),
+        false => Picked {
+            summaries: Vec::new(),
+            owners: Default::default(),
+        },
     };
     let summarized = |b: &Bucket| summaries.iter().any(|(window, _, _)| window.contains(*b));
     let mut existing = Vec::new();
@@ -152,7 +155,7 @@ pub async fn read(
     report.sealed = settled.sealed;
     report
         .problems
-        .extend(missing_problems(&settled.missing, &published));
+        .extend(missing_problems(&settled.missing, &published, &owners));
     let buckets = settled.buckets;
     let sealed_read: BTreeSet<Span> = buckets
         .iter()

@@ -1,7 +1,7 @@
 //! Which bags a read reads: past-due bags closed, missing ones sealed
 //! (within the lookback), and the bags retention removed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bagel_proto::Micros;
 
@@ -208,8 +208,15 @@ pub(super) async fn removed_meanwhile(
 
 /// One [`ProblemKind::Missing`] per run of missing bags held by one
 /// summary (naming it, so a reader without summaries knows where the
-/// messages are) or, where no summary holds them, per minute.
-pub(super) fn missing_problems(missing: &[Bucket], published: &[Stretch]) -> Vec<Problem> {
+/// messages are) or, where no summary holds them, per minute. A bag of a
+/// removed minute whose tombstone was read (`owners`) is held only by the
+/// summary the tombstone names, if that one is published: another that
+/// holds the minute was not made from its bags.
+pub(super) fn missing_problems(
+    missing: &[Bucket],
+    published: &[Stretch],
+    owners: &BTreeMap<Span, Stretch>,
+) -> Vec<Problem> {
     #[derive(PartialEq)]
     enum Held {
         By(Stretch),
@@ -217,7 +224,11 @@ pub(super) fn missing_problems(missing: &[Bucket], published: &[Stretch]) -> Vec
     }
     let mut runs: Vec<(Held, Vec<Bucket>)> = Vec::new();
     for &b in missing {
-        let held = match published.iter().find(|st| st.contains(b)) {
+        let holder = match owners.get(&Span::of(b)) {
+            Some(owner) => published.iter().find(|st| *st == owner),
+            None => published.iter().find(|st| st.contains(b)),
+        };
+        let held = match holder {
             Some(st) => Held::By(*st),
             None => Held::Nowhere(Span::of(b)),
         };

@@ -38,7 +38,7 @@ pub(super) async fn pick_summaries(
     (first, last): (Bucket, Bucket),
     opts: &ReadOptions,
     report: &mut ReadReport,
-) -> Result<Vec<PickedSummary>> {
+) -> Result<Picked> {
     let mut out: Vec<PickedSummary> = Vec::new();
     let attested: Vec<(Stretch, String)> = match &opts.trusted_summarizers {
         Some(ring) => crate::summary::attest::list(store, log)
@@ -156,7 +156,20 @@ pub(super) async fn pick_summaries(
             out.push((window, Arc::clone(summary), vouched.clone()));
         }
     }
-    Ok(out)
+    Ok(Picked {
+        summaries: out,
+        owners,
+    })
+}
+
+/// What [`pick_summaries`] picked.
+pub(super) struct Picked {
+    /// The summaries read, each with the window it is read for.
+    pub(super) summaries: Vec<PickedSummary>,
+    /// The removed minutes of the range a summary holds, each with the
+    /// summary its tombstone names: where the read's problems say their
+    /// messages are.
+    pub(super) owners: BTreeMap<Span, Stretch>,
 }
 
 /// Which minutes of `[first, last]` each published summary is read for:
