@@ -1,4 +1,15 @@
 //! [`Client`]: a connection to one lease server, and its lease backend.
+//!
+//! Layout: this file connects (checking the server's keys) and makes
+//! each unary call; `connect_hints` turns a failed connection into what
+//! to do about it; `watch` is a watch's stream of events.
+
+mod connect_hints;
+mod watch;
+
+pub use watch::{Watch, WatchMessage, WatchOptions};
+
+use connect_hints::{hint_client_certificate, hint_tls_server, with_tls_hint};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,13 +26,12 @@ use crate::acquire::AcquireBuilder;
 use crate::backend::{
     AcquireSpec, BackendInfo, Call, LeaseBackend, Listed, ListedAt, Listing, NameRoute, Offer, WatchStream,
 };
-use crate::error::{BoxError, Error, Result};
-use crate::grpc_error::{from_status, status_message};
+use crate::error::{Error, Result};
+use crate::grpc_error::from_status;
 use crate::options::{ClientOptions, check_server_url};
 use crate::server_keys::ServerKeys;
 use crate::types::{
-    Grant, History, LeaseRef, ListPage, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo, WatchEvent,
-    WatchTarget,
+    Grant, History, LeaseRef, ListPage, Metadata, NameState, ReleaseOptions, Renewal, ServerInfo, WatchTarget,
 };
 use crate::verify;
 
@@ -553,105 +563,6 @@ enum CallFailure {
     Timeout(Error),
 }
 
-/// A server that refuses the client's certificate (none presented, one
-/// from another CA, an expired one) completes the TLS 1.3 handshake, then
-/// closes the connection with an alert that the HTTP/2 layer reports only
-/// as "connection closed" or "broken pipe": say what the likely reason is.
-fn hint_client_certificate(s: tonic::Status, presented: bool) -> Error {
-    let hint = if presented {
-        "the server closed the connection after the TLS handshake, as a server requiring client \
-         certificates (mutual TLS) does with one it does not trust (another CA, expired)"
-    } else {
-        "the server closed the connection after the TLS handshake, as a server requiring client \
-         certificates (mutual TLS) does when none is presented"
-    };
-    let closed = matches!(
-        s.code(),
-        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable
-    );
-    if !closed {
-        return from_status(s);
-    }
-    let message = format!("{}: {hint}", status_message(&s));
-    from_status(tonic::Status::new(s.code(), message))
-}
-
-/// A TLS handshake failure in rustls's words (`invalid peer certificate:
-/// Other(OtherError(CaUsedAsEndEntity))`) with what it means and what to
-/// do, for the mistakes people make with certificates: a CA certificate
-/// used as the server's (`openssl req -x509` makes CA:TRUE by default), a
-/// host missing from the certificate's subjectAltName, a `--ca` that did
-/// not issue it, dates out of range. Other errors are left as they are.
-fn with_tls_hint(source: BoxError) -> BoxError {
-    let mut text = source.to_string();
-    let mut cause = source.source();
-    while let Some(c) = cause {
-        let step = c.to_string();
-        if !text.ends_with(&step) {
-            text = format!("{text}: {step}");
-        }
-        cause = c.source();
-    }
-    let hint = if text.contains("CaUsedAsEndEntity") {
-        "the server's certificate is a CA certificate (CA:TRUE, as `openssl req -x509` makes by \
-         default); give the server a certificate issued by the CA, with CA:FALSE and this host in \
-         its subjectAltName (the TLS recipe in docs/operating.md)"
-    } else if text.contains("not valid for name") {
-        "the server's certificate does not list the host of this URL in its subjectAltName; \
-         connect by a name it lists, or reissue it with this host (the TLS recipe in \
-         docs/operating.md)"
-    } else if text.contains("UnknownIssuer") {
-        "the server's certificate was not issued by the --ca given; pass the CA that issued it"
-    } else if text.contains("Expired") || text.contains("NotValidYet") {
-        "the server's certificate is outside its validity dates (or this host's clock is off)"
-    } else {
-        return source;
-    };
-    format!("{hint} ({text})").into()
-}
-
-/// A plaintext client of a TLS server only hears that the connection
-/// closed (`operation was canceled: connection closed`) or that the TLS
-/// alert was a bad HTTP/2 frame (`frame with invalid size`). When a call over
-/// `http://` fails that way, ask the server once more, as a TLS client
-/// would be answered: a TLS alert record (type 21, version 3.x) to our
-/// plaintext says it speaks TLS, and the error says what to do.
-async fn hint_tls_server(s: tonic::Status, url: &str, timeout: Duration) -> Error {
-    // The alert read as an HTTP/2 frame: `frame with invalid size`
-    // (INTERNAL); or the closed connection (CANCELLED, UNKNOWN,
-    // UNAVAILABLE).
-    let closed = matches!(
-        s.code(),
-        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
-    );
-    if !closed || !speaks_tls(url, timeout).await {
-        return from_status(s);
-    }
-    Error::Config {
-        message: format!("the server at {url} speaks TLS: use https:// and --ca (the CA to trust)"),
-    }
-}
-
-/// Whether the server at `http://HOST:PORT` answers plaintext with a TLS
-/// alert.
-async fn speaks_tls(url: &str, timeout: Duration) -> bool {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let Some(authority) = url
-        .strip_prefix("http://")
-        .map(|rest| rest.split('/').next().unwrap_or(rest))
-    else {
-        return false;
-    };
-    let probe = async {
-        let mut tcp = tokio::net::TcpStream::connect(authority).await.ok()?;
-        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
-        let mut head = [0u8; 2];
-        tcp.read_exact(&mut head).await.ok()?;
-        Some(head == [21, 3])
-    };
-    matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(true)))
-}
-
 /// One lease server, unary calls: every answer's witness checked against
 /// the server's keys.
 impl Client {
@@ -872,94 +783,5 @@ pub(crate) fn release_request(lease: &LeaseRef, o: ReleaseOptions) -> pb::Releas
         metadata: o.metadata.as_ref().map(pb::Metadata::from),
         unsettled: o.unsettled,
         settled_through_us: o.settled_through.map_or(0, Micros::as_micros),
-    }
-}
-
-/// How [`Client::watch_with`] starts a watch, and what it receives: the
-/// same for every backend that watches.
-pub use bagel_lease_core::backend::{WatchMessage, WatchOptions};
-
-/// The events of [`Client::watch`], in revision order.
-#[derive(Debug)]
-pub struct Watch {
-    events: tonic::Streaming<pb::WatchEvent>,
-    last_revision: Option<u64>,
-}
-
-impl Watch {
-    /// The next event; `Ok(None)` when the server ended the watch without
-    /// an error. Progress messages are taken in (they move
-    /// [`Watch::last_revision`]) and not returned. A watcher that fell
-    /// behind ends with [`Error::WatchDropped`]; one whose revisions the
-    /// server can no longer follow with [`Error::WatchRevision`].
-    pub async fn next(&mut self) -> Result<Option<WatchEvent>> {
-        loop {
-            match self.next_message().await? {
-                Some(WatchMessage::Event(e)) => return Ok(Some(e)),
-                Some(WatchMessage::Progress { .. }) => {}
-                None => return Ok(None),
-            }
-        }
-    }
-
-    /// The next event or progress message; otherwise as [`Watch::next`].
-    pub async fn next_message(&mut self) -> Result<Option<WatchMessage>> {
-        loop {
-            match self.events.message().await {
-                Ok(Some(e)) => {
-                    self.last_revision = Some(e.revision);
-                    if e.kind() == pb::WatchEventKind::Progress {
-                        return Ok(Some(WatchMessage::Progress { revision: e.revision }));
-                    }
-                    if let Some(e) = WatchEvent::from_pb(e) {
-                        return Ok(Some(WatchMessage::Event(e)));
-                    }
-                }
-                Ok(None) => return Ok(None),
-                // The last revision received is where to watch again from
-                // (the server's says what it sent, which is the same).
-                Err(s) => {
-                    return Err(match from_status(s) {
-                        Error::WatchDropped {
-                            message,
-                            last_revision,
-                        } => Error::WatchDropped {
-                            message,
-                            last_revision: self.last_revision.or(last_revision),
-                        },
-                        other => other,
-                    });
-                }
-            }
-        }
-    }
-
-    /// The revision to resume from: of the last event or progress message
-    /// received (or the one resumed from, before any).
-    pub fn last_revision(&self) -> Option<u64> {
-        self.last_revision
-    }
-
-    /// The events as a [`futures::Stream`].
-    pub fn into_stream(self) -> impl futures::Stream<Item = Result<WatchEvent>> + Send {
-        futures::stream::unfold(Some(self), |w| async move {
-            let mut w = w?;
-            match w.next().await {
-                Ok(Some(e)) => Some((Ok(e), Some(w))),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), None)),
-            }
-        })
-    }
-}
-
-#[async_trait]
-impl WatchStream for Watch {
-    async fn next_message(&mut self) -> Result<Option<WatchMessage>> {
-        Watch::next_message(self).await
-    }
-
-    fn last_revision(&self) -> Option<u64> {
-        Watch::last_revision(self)
     }
 }
