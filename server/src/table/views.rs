@@ -142,8 +142,8 @@ impl LeaseTable {
     /// `prefix` and sort after `after`, in name order. A merge of the
     /// shards' name orders (`order`): each shard is read a few names at a
     /// time, one lock at a time, from just after the last name read there,
-    /// so a page costs about its size plus a binary search per shard
-    /// (it used to be a pass over every record: 94 ms a page at 10^6
+    /// so a page costs about its size plus a binary search per shard,
+    /// never a pass over every record (a page must stay cheap at 10^6
     /// names). Names come and go between pages, and between the reads of
     /// one page; a page never repeats a name of an earlier one (it starts
     /// after the last).

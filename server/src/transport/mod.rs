@@ -4,19 +4,20 @@
 //! * [`accept`]: the accept loop. At `max_connections` it stops accepting
 //!   (new clients wait in the kernel's backlog) rather than fail; an accept
 //!   error (EMFILE at the file-descriptor limit) is logged, at most once a
-//!   second, and backed off rather than retried at once (tonic's loop spun
-//!   on it, 9 CPU-s per 10 s, and said nothing).
+//!   second, and backed off rather than retried at once: an error that
+//!   persists must neither spin a core nor go unsaid.
 //!   One address may hold at most `max_connections_per_address` of the
-//!   slots: beyond, its new connections are closed at accept (1,000 silent
-//!   connections from one address used to lock every other client out).
+//!   slots: beyond, its new connections are closed at accept, so that
+//!   silent connections from one address cannot lock every other client
+//!   out.
 //! * [`Conn`]: one accepted connection. It closes itself once no call has
 //!   been in flight on it for `idle_timeout`, or, if it never began one,
 //!   `first_request_timeout` after it was accepted: a client that connects
 //!   and goes quiet (or never finishes its TLS handshake) no longer holds a
 //!   socket forever, and a silent one gives its slot back early.
 //! * [`corked`]: a connection's writes wait for one yield of its task, so
-//!   the answers that calls finish together go out in one system call
-//!   (each answer used to cost a `writev` and a TCP segment of its own).
+//!   the answers that calls finish together go out in one system call and
+//!   one TCP segment, not a `writev` and a segment each.
 //! * [`answers`]: what the server holds of answers made and not yet read,
 //!   bounded in bytes (new calls refused) and in time (a connection that
 //!   leaves its answers unread is closed, see [`Conn`]).
