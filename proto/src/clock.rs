@@ -110,10 +110,11 @@ impl BoundedNow {
 }
 
 /// A clock checked against a time authority: what every process that
-/// closes bags acts on (DESIGN section 1: every process that acts on time
-/// is a writer of time). `checked_now` refuses, saying why, when the clock
-/// cannot be vouched for right now (no answer from the authority, an old
-/// answer, a clock that is off or stepped since the last answer).
+/// closes bags acts on (a closer decides by time as much as a writer
+/// does, so it is held to the same check). `checked_now` refuses, saying
+/// why, when the clock cannot be vouched for right now (no answer from the
+/// authority, an old answer, a clock that is off or stepped since the last
+/// answer).
 #[async_trait]
 pub trait CheckedClock: Send + Sync + fmt::Debug {
     /// Now with its error bound, or why the clock cannot be vouched for

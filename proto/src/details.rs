@@ -6,12 +6,12 @@
 //! a `google.rpc.RetryInfo` whose `retry_delay` is the time until the
 //! holder's deadline. That is what the standard decoders of every gRPC
 //! language read (Go's `status.FromError(...).Details()`, Python's
-//! `grpc_status.rpc_status.from_call`, Java's `StatusProto`); servers
-//! before this sent the bare `LeaseConflict`, on which they fail.
+//! `grpc_status.rpc_status.from_call`, Java's `StatusProto`), which fail
+//! on a bare `LeaseConflict`.
 //!
 //! The server encodes with [`conflict_details`]; every decoder in the
-//! workspace goes through [`conflict_of`], which also reads the old bare
-//! form (a newer client against an older server).
+//! workspace goes through [`conflict_of`], which also reads a bare
+//! `LeaseConflict` (the form an older server sends).
 //!
 //! A refused or ended Watch carries a `google.rpc.ErrorInfo` (domain
 //! [`ERROR_DOMAIN`], one of the `REASON_*` reasons, the numbers in its

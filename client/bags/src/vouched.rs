@@ -1,5 +1,8 @@
 //! The time a closer acts on: a clock that signed time vouches for, less
-//! its error bound (DESIGN section 1).
+//! its error bound. Every process that acts on time (closes a bag, writes
+//! a timestamp) checks its own clock against a time authority first: a
+//! closer whose clock ran ahead would close bags under writers that are
+//! on time.
 //!
 //! A writer skips the close check for a write that finishes before its
 //! bag's safe point on the writer's clock: `close_time - clock_tolerance`,
