@@ -148,6 +148,7 @@
 
 pub mod audit;
 pub mod bucket;
+mod commit;
 pub mod config;
 pub mod error;
 pub mod frame;

@@ -448,6 +448,10 @@ impl Writer {
     /// is never closed, as a close would make a closed bag of whatever
     /// the directory holds since the removal (this writer's own late
     /// record, in the file it re-created).
+    ///
+    /// The decisions are [`crate::commit::step`]'s, a pure function of
+    /// what was looked up so far; this is its driver, doing each look on
+    /// the store.
     async fn confirm(
         &self,
         bucket: Bucket,
@@ -455,40 +459,71 @@ impl Writer {
         record: &[u8],
         in_every_seal: &mut Option<Bucket>,
     ) -> Result<()> {
+        use crate::commit::{self, BagLook, Facts, Next, Verdict};
         let now = self.clock.now();
         let span = Span::of(bucket);
         let span_safe = span
             .close_time(self.cfg.grace)
             .saturating_sub(self.clock_margin());
-        if now < span_safe && *in_every_seal == Some(bucket) {
-            return self.lock_verdict(bucket, receipt, now).await;
-        }
-        let started = seal::sealing_started(self.store.as_ref(), &self.log, span).await?;
-        if (started || now >= span_safe)
-            && let Some(removed) = crate::tombstone::of(self.store.as_ref(), &self.log, span).await?
-        {
-            return self.removed_verdict(bucket, receipt, record, removed).await;
-        }
-        let (verdict, unsealed) = match started {
-            true => (self.seal_verdict(bucket, receipt, span).await, false),
-            false => (self.lock_verdict(bucket, receipt, now).await, true),
+        let (store, log) = (self.store.as_ref(), self.log.as_str());
+        let mut facts = Facts {
+            early: now < span_safe,
+            in_every_seal: *in_every_seal == Some(bucket),
+            ..Facts::default()
         };
-        if unsealed && now < span_safe {
-            if verdict.is_ok() {
-                *in_every_seal = Some(bucket);
+        // The error a failed look left, which is then the outcome.
+        let mut failed: Option<Error> = None;
+        let look = |verdict: Result<()>, failed: &mut Option<Error>| match verdict {
+            Ok(()) => BagLook::Covered,
+            Err(Error::LateRejected { .. }) => BagLook::NotCovered,
+            Err(e) => {
+                *failed = Some(e);
+                BagLook::Failed
             }
-            return verdict;
-        }
-        match crate::tombstone::of(self.store.as_ref(), &self.log, span).await {
-            Ok(Some(removed)) => self.removed_verdict(bucket, receipt, record, removed).await,
-            Ok(None) => {
-                if unsealed && verdict.is_ok() {
-                    *in_every_seal = Some(bucket);
+        };
+        loop {
+            match commit::step(&facts) {
+                Next::SealingStarted => {
+                    facts.sealing_started = Some(seal::sealing_started(store, log, span).await?)
                 }
-                verdict
+                Next::TombstoneBefore => {
+                    let found = crate::tombstone::of(store, log, span).await?;
+                    facts.removed_before = Some(found.map(|t| t.summary));
+                }
+                Next::SealVerdict => {
+                    let verdict = self.seal_verdict(bucket, receipt, span).await;
+                    facts.bag = Some(look(verdict, &mut failed));
+                }
+                Next::LockVerdict => {
+                    let verdict = self.lock_verdict(bucket, receipt, now).await;
+                    facts.bag = Some(look(verdict, &mut failed));
+                }
+                Next::TombstoneAfter => match crate::tombstone::of(store, log, span).await {
+                    Ok(found) => facts.removed_after = Some(found.map(|t| t.summary)),
+                    Err(e) => {
+                        failed = Some(e);
+                        facts.removed_after_failed = true;
+                    }
+                },
+                Next::SummaryHolds(summary) => {
+                    facts.summary_holds = Some(self.summary_holds(summary, bucket, receipt, record).await?)
+                }
+                Next::Done(Verdict::In { in_every_seal: all }) => {
+                    if all {
+                        *in_every_seal = Some(bucket);
+                    }
+                    return Ok(());
+                }
+                Next::Done(Verdict::Late) => {
+                    return Err(Error::LateRejected {
+                        log: self.log.clone(),
+                        bucket,
+                    });
+                }
+                Next::Done(Verdict::BagFailed | Verdict::TombstoneFailed) => {
+                    return Err(failed.expect("a failed look keeps its error"));
+                }
             }
-            // Never acknowledged without looking.
-            Err(e) => verdict.and(Err(e)),
         }
     }
 
@@ -533,36 +568,28 @@ impl Writer {
         }
     }
 
-    /// The verdict on a record of a minute retention removed: in, only if
-    /// the summary its tombstone names (the one retention checked the
-    /// minute's bags against, and the one readers read the minute from)
-    /// holds that very record: its bytes, at the offset the receipt puts
-    /// it ([`crate::summary::holds_record`]). A record appended after the
-    /// removal is in no summary: it is `LateRejected`, as it would be by
-    /// the bag's lock, even where its append re-created a summarized file
-    /// and ended inside it. One whose summary is gone too
-    /// (`--keep-summaries`) is in nothing a reader reads.
-    async fn removed_verdict(
+    /// Whether `summary`, the one a tombstone of the record's minute names
+    /// (the one retention checked the minute's bags against, and the one
+    /// readers read the minute from), holds that very record: its bytes, at
+    /// the offset the receipt puts it ([`crate::summary::holds_record`]). A
+    /// record appended after the removal is in no summary, and so
+    /// `LateRejected`, as it would be by the bag's lock, even where its
+    /// append re-created a summarized file and ended inside it. One whose
+    /// summary is gone too (`--keep-summaries`) is in nothing a reader
+    /// reads.
+    async fn summary_holds(
         &self,
+        summary: crate::summary::Stretch,
         bucket: Bucket,
         receipt: &crate::Receipt,
         record: &[u8],
-        removed: crate::tombstone::Tombstone,
-    ) -> Result<()> {
-        let store = self.store.as_ref();
-        let held = match crate::summary::stored_bytes(store, &self.log, removed.summary).await? {
+    ) -> Result<bool> {
+        match crate::summary::stored_bytes(self.store.as_ref(), &self.log, summary).await? {
             Some(bytes) => {
-                let summary = crate::summary::parse(&self.log, removed.summary, bytes)?;
-                crate::summary::holds_record(&summary, bucket, &receipt.item, receipt.end, record)?
+                let summary = crate::summary::parse(&self.log, summary, bytes)?;
+                crate::summary::holds_record(&summary, bucket, &receipt.item, receipt.end, record)
             }
-            None => false,
-        };
-        match held {
-            true => Ok(()),
-            false => Err(Error::LateRejected {
-                log: self.log.clone(),
-                bucket,
-            }),
+            None => Ok(false),
         }
     }
 }
