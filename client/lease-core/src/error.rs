@@ -168,10 +168,11 @@ pub enum Error {
         message: String,
     },
     /// An access policy gives the caller no right to do this on the names
-    /// (or prefix) it asked for. Its message reads as a
-    /// [`NotHeldReason::NotYours`] refusal, so that it tells a caller
-    /// nothing about a lease it may not see. Retrying won't help.
-    #[error("lease not held ({}): {message}", NotHeldReason::NotYours.as_str())]
+    /// (or prefix) it asked for: a refusal of the caller, not a lease
+    /// problem, so it reads as one (`permission denied: ...`, naming the
+    /// identity, the permission and the name or prefix, which tell nothing
+    /// of any lease). Retrying won't help until the policy grants it.
+    #[error("{}", permission_text(.message))]
     PermissionDenied {
         /// What the backend said, for a person.
         message: String,
@@ -321,6 +322,16 @@ pub enum Error {
 
 fn field_prefix(field: &Option<String>) -> String {
     field.as_ref().map_or_else(String::new, |f| format!("{f}: "))
+}
+
+/// A policy's refusal as people read it: the server's words already say
+/// `permission denied`; a message that does not gets the words in front.
+fn permission_text(message: &str) -> String {
+    if message.contains("permission denied") {
+        message.to_owned()
+    } else {
+        format!("permission denied: {message}")
+    }
 }
 
 fn presented_keys(keys: &[String]) -> String {

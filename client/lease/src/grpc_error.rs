@@ -331,9 +331,11 @@ mod tests {
         );
         let e = from_status(with(Code::PermissionDenied, message, details));
         assert!(matches!(&e, Error::PermissionDenied { .. }), "{e:?}");
-        let not_yours = from_status(Status::permission_denied(message));
+        // A refusal of the caller reads as one, never as a lease problem.
+        assert_eq!(e.to_string(), message);
+        let not_yours = from_status(Status::permission_denied("token does not match"));
         assert!(matches!(not_yours, Error::NotHeld { .. }));
-        assert_eq!(e.to_string(), not_yours.to_string());
+        assert!(not_yours.to_string().starts_with("lease not held (not yours)"));
         assert!(!e.is_retryable());
     }
 
