@@ -461,3 +461,26 @@ fn a_grant_before_its_predecessor_was_released_is_an_overlap() {
     let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + 3 * S + 1, &b)], &w.cfg);
     assert!(r.is_clean(), "{:?}", r.violations);
 }
+
+#[test]
+fn witnesses_by_a_key_not_trusted_are_one_violation_per_key_not_forgeries() {
+    let w = World::new();
+    let a = w.grant("A", "n", 1, T0, T0 + 5 * S, T0, None);
+    let msgs: Vec<AuditMessage> = (1..=5).map(|i| w.msg(T0 + i, &a)).collect();
+    // Trusting another server's key only: every message cites a key the
+    // audit was not given, so nothing is checked and that is said once.
+    let other = AuditConfig::new([Signer::generate().verifying_key()].into_iter().collect());
+    let r = audit(&msgs, &other);
+    assert_eq!(kinds(&r), [ViolationKind::UntrustedKey]);
+    let detail = &r.violations[0].detail;
+    assert!(
+        detail.starts_with("5 messages cite witnesses signed by key ") && detail.contains(w.signer.key_id()),
+        "{detail}"
+    );
+    assert!(!r.is_clean());
+    // A trusted key whose signature does not hold is still a forgery.
+    let mut bad = a.clone();
+    bad.body[3] ^= 1;
+    let r = audit(&[w.msg(T0 + 1, &bad)], &w.cfg);
+    assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
+}
