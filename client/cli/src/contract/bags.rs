@@ -133,6 +133,92 @@ pub struct AttestationJson {
     pub refused: Option<String>,
 }
 
+/// What a line of `write --json` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteItemKind {
+    /// A message stored ([`WrittenJson`]).
+    Written,
+    /// A batch refused whole under `--keep-going` ([`WriteFailedJson`]).
+    Failed,
+}
+
+/// A message `write --json` stored, one line each, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenJson {
+    pub kind: WriteItemKind,
+    /// `timestamp_us` as a date and time.
+    pub time: String,
+    /// The timestamp it was stored under (Unix µs).
+    pub timestamp_us: u64,
+}
+
+/// A batch `write --json --keep-going` could not store (nothing of it
+/// was).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFailedJson {
+    pub error: String,
+    pub kind: WriteItemKind,
+    /// How many messages the batch held.
+    pub messages: u64,
+    /// Whether writing them again may succeed.
+    pub retryable: bool,
+}
+
+/// What `metronome --once --json` prints: one round of closing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetronomeRoundJson {
+    /// Bags this round closed (seconds sealed empty included).
+    pub closed: u64,
+    /// The longest a bag waited past its close time (ms; `null` when none
+    /// was closed).
+    pub max_lag_ms: Option<u64>,
+    /// Logs nobody has written yet (nothing of them is closed).
+    pub missing_logs: Vec<String>,
+    /// Seconds closed empty by their minute's seal (also in `closed`).
+    pub sealed: u64,
+    /// Summaries published (or found published), by name.
+    pub summaries: Vec<String>,
+    /// The last bag closed (`null` when none was).
+    pub through: Option<String>,
+}
+
+/// What `verify-witness --json` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifiedJson {
+    /// Parts of a lease over several servers that no verified witness
+    /// states.
+    pub uncovered: Vec<UncoveredPartJson>,
+    /// Every witness verified and every part of the lease is covered.
+    pub verified: bool,
+    /// Each witness in the input, in order.
+    pub witnesses: Vec<WitnessCheckJson>,
+}
+
+/// One witness as `verify-witness --json` judged it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WitnessCheckJson {
+    /// The deadline it states (Unix µs; `null` when it did not verify).
+    pub deadline_us: Option<u64>,
+    /// Why it does not verify (`null` when it does).
+    pub error: Option<String>,
+    pub key_id: String,
+    /// The lease it states (`null` when it did not verify).
+    pub lease_id: Option<String>,
+    pub names: Vec<String>,
+    /// The server that signed it (`null` when it did not verify).
+    pub server_id: Option<String>,
+    pub verified: bool,
+}
+
+/// A part of a lease over several servers with no verified witness.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UncoveredPartJson {
+    pub lease_id: String,
+    pub name: String,
+    pub server: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

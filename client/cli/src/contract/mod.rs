@@ -9,7 +9,8 @@
 //!   them.
 //! * [`servers`]: `server-info` and `route`.
 //! * [`time`]: `time-check --json`.
-//! * [`bags`]: `read`, `retain` and `summarize` with `--json`.
+//! * [`bags`]: `read`, `retain`, `summarize`, `write`, `metronome --once`
+//!   and `verify-witness` with `--json`.
 //! * [`lease_id`]: lease ids as the command line takes them.
 //!
 //! Key order: the lease file prints its keys in the order of its fields,
@@ -27,7 +28,9 @@ pub mod servers;
 pub mod time;
 
 pub use bags::{
-    AttestationJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson, RetainJson, SummaryMadeJson,
+    AttestationJson, MetronomeRoundJson, ProblemJson, ReadItemKind, ReadMessageJson, ReadSummaryJson,
+    RetainJson, SummaryMadeJson, UncoveredPartJson, VerifiedJson, WitnessCheckJson, WriteFailedJson,
+    WriteItemKind, WrittenJson,
 };
 pub use lease::{
     EndedJson, LeaseJson, MerkleJson, ModeJson, NameJson, PreviousJson, ReleasedJson, ServerNameJson,

@@ -157,10 +157,12 @@ fn hash_token() -> anyhow::Result<ExitCode> {
     if token.contains('\n') {
         bail!("the token on stdin is more than one line");
     }
-    println!(
-        "{}",
-        bagel_proto::hex::encode(&bagel_proto::acl::hash_token(token))
-    );
+    let hash = bagel_proto::hex::encode(&bagel_proto::acl::hash_token(token));
+    if crate::output::json() {
+        println!("{}", serde_json::json!({ "sha256": hash }));
+    } else {
+        println!("{hash}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

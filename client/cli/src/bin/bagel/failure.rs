@@ -11,6 +11,48 @@ use std::process::ExitCode;
 /// A command line clap refuses (unknown flag, missing argument, bad value).
 pub const EXIT_USAGE: u8 = 64;
 
+/// An access policy refused the caller (`EX_NOPERM`): a script tells "ask
+/// for the grant" from "the lease is gone" (1) and "held" (2).
+pub const EXIT_PERMISSION: u8 = 77;
+
+/// How a command's error is reported: its JSON `kind` and its exit code.
+/// A policy's refusal anywhere in the chain is `permission` (77); a
+/// usage error the command found itself, `usage` (64); anything else is
+/// `error` (1).
+pub fn classify(e: &anyhow::Error) -> (&'static str, u8) {
+    if e.chain().any(|s| {
+        matches!(
+            s.downcast_ref(),
+            Some(bagel_client::Error::PermissionDenied { .. })
+        )
+    }) {
+        ("permission", EXIT_PERMISSION)
+    } else if e.chain().any(|s| s.is::<Usage>()) {
+        ("usage", EXIT_USAGE)
+    } else {
+        ("error", 1)
+    }
+}
+
+/// A command line that parses but cannot work (flags that contradict each
+/// other, a flag a mode needs missing): a usage error (64) like one clap
+/// refuses, found by the command.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Fails with a [`Usage`] error.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(message.into()))
+}
+
 /// The longest argument value an error echoes whole; longer ones are cut,
 /// saying how long they were (a 100 kB `--lease` must not make a 500 kB
 /// error).
@@ -27,7 +69,7 @@ pub fn json_errors() -> bool {
 }
 
 /// Prints an error (`kind` is a stable word scripts may match: `usage`,
-/// `held`, `error`) and returns the exit code to exit with.
+/// `held`, `permission`, `error`) and returns the exit code to exit with.
 pub fn report(kind: &str, exit_code: u8, message: &str) -> ExitCode {
     let message = bounded(message.trim_end());
     if json_errors() {

@@ -49,7 +49,7 @@ pub fn previous(ended: &str, lease_id: Option<&str>, watermark: Micros, ended_at
         if watermark.as_micros() == 0 {
             "no watermark".to_owned()
         } else {
-            format!("watermark {} us ({watermark})", watermark.as_micros())
+            format!("watermark {watermark}")
         }
     };
     match lease_id.filter(|id| !id.is_empty()) {
@@ -94,7 +94,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("; watermark 5 us (1970-01-01T00:00:00.000005Z)"),
+            text.ends_with("; watermark 1970-01-01T00:00:00.000005Z"),
             "{text}"
         );
     }

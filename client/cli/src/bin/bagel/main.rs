@@ -12,7 +12,9 @@
 //! `bagel run` otherwise exits with its child's status (128 + signal
 //! number when the child was killed by a signal); 4 `bagel read` rejected a
 //! message or found a closed bag damaged (what it could read was printed);
-//! 64 (`EX_USAGE`) a command line clap refuses (see `failure`).
+//! 64 (`EX_USAGE`) a command line clap refuses, or one that parses but
+//! cannot work (see `failure`); 77 (`EX_NOPERM`) a server's access policy
+//! refused the caller.
 
 mod acl_cmd;
 mod bag_cmds;
@@ -95,8 +97,9 @@ enum Command {
     ///
     /// Example: `bagel completions bash > /etc/bash_completion.d/bagel`
     Completions(CompletionsArgs),
-    /// Write man pages (bagel.1 and one per subcommand, bagel-acquire.1
-    /// and so on) into a directory, from the same definitions as --help.
+    /// Write man pages (bagel.1 and one per subcommand, bagel-acquire.1,
+    /// bagel-acl-check.1 and so on) into a directory, from the same
+    /// definitions as --help.
     ///
     /// Example: `bagel man /usr/local/share/man/man1 && man bagel-acquire`
     Man(ManArgs),
@@ -190,8 +193,14 @@ fn main() -> ExitCode {
 }
 
 async fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = <Cli as clap::CommandFactory>::command()
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m).map(|cli| (cli, m)));
+    let cli = match parsed {
+        Ok((mut cli, matches)) => {
+            cli.target.server_given = target::server_given(&matches);
+            cli
+        }
         Err(e) => return failure::clap_failure(&e),
     };
     output::init(cli.output, cli.json);
@@ -239,7 +248,10 @@ async fn run() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => failure::report("error", 1, &chain_text(&e)),
+        Err(e) => {
+            let (kind, code) = failure::classify(&e);
+            failure::report(kind, code, &chain_text(&e))
+        }
     }
 }
 
@@ -252,10 +264,7 @@ fn write_man_pages(command: clap::Command, dir: &std::path::Path) -> anyhow::Res
     command.build();
     let mut written = 0;
     let mut pages = vec![("bagel".to_owned(), command.clone())];
-    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
-        let name = format!("bagel-{}", sub.get_name());
-        pages.push((name.clone(), sub.clone().display_name(name)));
-    }
+    add_subcommand_pages(&command, "bagel", &mut pages);
     for (name, page) in pages {
         let mut roff = Vec::new();
         clap_mangen::Man::new(page)
@@ -266,6 +275,16 @@ fn write_man_pages(command: clap::Command, dir: &std::path::Path) -> anyhow::Res
         written += 1;
     }
     Ok(written)
+}
+
+/// A page for each subcommand of `command`, at every depth, named by its
+/// path (`bagel-acl-check`, as git names `git-remote-add`'s).
+fn add_subcommand_pages(command: &clap::Command, prefix: &str, pages: &mut Vec<(String, clap::Command)>) {
+    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("{prefix}-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().display_name(name.clone())));
+        add_subcommand_pages(sub, &name, pages);
+    }
 }
 
 /// An error and its causes, `: `-separated like anyhow's `{:#}`, but each

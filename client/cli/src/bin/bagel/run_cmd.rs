@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use bagel_cli::contract::LeaseJson;
 use bagel_client::{AcquireBuilder, Error, Lease, LeaseOptions, Micros, ReleaseOptions};
 use clap::Args;
@@ -97,11 +97,17 @@ enum Outcome {
 pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     let fence_at = args.fence_margin + args.kill_grace;
     if fence_at >= args.ttl * 2 / 3 {
-        bail!(
-            "--fence-margin + --kill-grace ({fence_at:?}) must be under two thirds of --ttl ({:?}), so that a \
-             renewal is tried before fencing starts",
-            args.ttl
-        );
+        // Flags that cannot work together: a usage error, as a typo is.
+        let fmt = humantime::format_duration;
+        return Err(crate::failure::usage(format!(
+            "--ttl {} is too short for --fence-margin {} + --kill-grace {}: they must be under two thirds \
+             of --ttl, so that a renewal is tried before fencing starts (give --ttl over {}, or smaller \
+             margins)",
+            fmt(args.ttl),
+            fmt(args.fence_margin),
+            fmt(args.kill_grace),
+            fmt(fence_at * 3 / 2)
+        )));
     }
     crate::names::check("--name", &args.names)?;
     // Where the lease file goes is checked before anything is acquired:
@@ -170,7 +176,7 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
                 Ok(wm) => {
                     let watermark = match wm.as_micros() {
                         0 => "no watermark (nothing written under it)".to_owned(),
-                        us => format!("watermark {wm} ({us} us)"),
+                        _ => format!("watermark {wm}"),
                     };
                     eprintln!(
                         "bagel run: command {}; released, {watermark}",

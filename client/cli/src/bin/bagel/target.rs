@@ -85,9 +85,35 @@ pub struct TargetArgs {
     /// Leases with no server (`--lease-store`), which replace all of the above.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Whether --server was given (on the command line or in
+    /// `$BAGEL_SERVER`), not left at its default: set by `main` from
+    /// clap's matches ([`server_given`]).
+    #[arg(skip)]
+    pub server_given: bool,
+}
+
+/// Whether `--server` was given anywhere on the command line (before or
+/// after the subcommand) or by its environment variable.
+pub fn server_given(matches: &clap::ArgMatches) -> bool {
+    use clap::parser::ValueSource;
+    let here = matches!(
+        matches
+            .try_get_raw("server")
+            .ok()
+            .and(matches.value_source("server")),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    );
+    here || matches.subcommand().is_some_and(|(_, sub)| server_given(sub))
 }
 
 impl TargetArgs {
+    /// Whether lease servers were named (--servers, or --server given
+    /// rather than defaulted): a command that only reads a store asks a
+    /// server for its keys only then, never one nobody named.
+    pub fn servers_named(&self) -> bool {
+        self.servers.is_some() || self.server_given
+    }
+
     /// A server to ask for signed time when no Roughtime server is given:
     /// --server, or the first of --servers.
     pub fn time_server(&self) -> anyhow::Result<String> {

@@ -299,7 +299,7 @@ fn print_event(e: &WatchEvent, json: bool) {
         println!("{}", serde_json::to_string(&line).expect("serializable"));
     } else {
         println!(
-            "{} {} {} {} lease {} owner {:?} {} until {}",
+            "{} {} {} {} lease {} owner {:?} {} {}",
             e.revision,
             e.at,
             e.kind.as_str(),
@@ -307,7 +307,18 @@ fn print_event(e: &WatchEvent, json: bool) {
             e.lease_id,
             e.owner,
             e.mode.as_str(),
-            crate::human::at(e.deadline)
+            deadline_text(e)
         );
+    }
+}
+
+/// The event's deadline as people read it: a live lease's "until T (in
+/// 4.2 s)"; an ended one's deadline as it stood, with no hint that it
+/// still runs (a released lease is not held "until" anything).
+fn deadline_text(e: &WatchEvent) -> String {
+    use bagel_client::WatchEventKind as K;
+    match e.kind {
+        K::Granted | K::Renewed | K::Upgraded => format!("until {}", crate::human::at(e.deadline)),
+        K::Released | K::Broken | K::Expired => format!("(its deadline was {})", e.deadline),
     }
 }

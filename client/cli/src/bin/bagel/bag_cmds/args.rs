@@ -57,14 +57,29 @@ pub(super) fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(mul).ok_or_else(|| format!("{s:?} is too large"))
 }
 
-/// Unix microseconds or RFC 3339.
+/// A time as `--from`/`--to` take it: relative to now (`now`, `-5m`,
+/// `-1h30m`, as `journalctl --since` and `docker logs --since` take one),
+/// Unix microseconds, or RFC 3339.
 pub(super) fn parse_time(s: &str) -> Result<Micros, String> {
+    parse_time_at(s, Micros::now())
+}
+
+/// [`parse_time`] with `now` given.
+fn parse_time_at(s: &str, now: Micros) -> Result<Micros, String> {
+    if s == "now" {
+        return Ok(now);
+    }
+    if let Some(ago) = s.strip_prefix('-') {
+        return humantime::parse_duration(ago)
+            .map(|d| now.saturating_sub(d))
+            .map_err(|e| format!("{s:?}: not a duration before now ({e}; e.g. -5m, -1h30m)"));
+    }
     if let Ok(us) = s.parse::<u64>() {
         return Ok(Micros::from_micros(us));
     }
     humantime::parse_rfc3339_weak(s)
         .map(Micros::from_system_time)
-        .map_err(|e| format!("{s:?} is neither Unix microseconds nor RFC 3339: {e}"))
+        .map_err(|e| format!("{s:?} is neither a time before now (-5m), Unix microseconds nor RFC 3339: {e}"))
 }
 
 /// Which log to read, and which part of it (`read` and `audit`).
@@ -75,11 +90,13 @@ pub struct LogRange {
     /// The log (a stream of bags) in the store.
     #[arg(long)]
     pub(super) log: String,
-    /// First timestamp included: Unix microseconds or RFC 3339.
-    #[arg(long, value_parser = parse_time)]
+    /// First timestamp included: relative (`-5m`, `now`), Unix
+    /// microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time, allow_hyphen_values = true)]
     pub(super) from: Option<Micros>,
-    /// First timestamp excluded: Unix microseconds or RFC 3339.
-    #[arg(long, value_parser = parse_time)]
+    /// First timestamp excluded: relative (`-5m`, `now`), Unix
+    /// microseconds or RFC 3339.
+    #[arg(long, value_parser = parse_time, allow_hyphen_values = true)]
     pub(super) to: Option<Micros>,
     /// Items (data files, batch objects) listed bigger than this are not
     /// read but reported as a problem (bytes, or with KiB, MiB, GiB).
@@ -125,7 +142,28 @@ impl TimingArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_minutes;
+    use super::{Micros, parse_minutes, parse_time_at};
+
+    #[test]
+    fn times_are_relative_to_now_absolute_or_rfc3339() {
+        let now = Micros::from_micros(1_800_000_000_000_000);
+        assert_eq!(parse_time_at("now", now), Ok(now));
+        assert_eq!(
+            parse_time_at("-5m", now),
+            Ok(Micros::from_micros(1_800_000_000_000_000 - 300_000_000))
+        );
+        assert_eq!(
+            parse_time_at("-1h30m", now),
+            Ok(Micros::from_micros(1_800_000_000_000_000 - 5_400_000_000))
+        );
+        assert_eq!(parse_time_at("17", now), Ok(Micros::from_micros(17)));
+        assert_eq!(
+            parse_time_at("1970-01-01T00:00:01Z", now),
+            Ok(Micros::from_micros(1_000_000))
+        );
+        let e = parse_time_at("-soon", now).unwrap_err();
+        assert!(e.contains("-5m"), "{e}");
+    }
 
     #[test]
     fn summary_spans_are_whole_minutes_from_one_minute_to_a_week() {

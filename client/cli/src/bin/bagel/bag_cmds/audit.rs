@@ -20,10 +20,11 @@ use super::read::{read_error, say_close_refused};
 pub struct AuditArgs {
     #[command(flatten)]
     range: LogRange,
-    /// A lease server's ed25519 public key (64 hex digits); repeatable.
-    /// Without any, the keys of the servers given by --server or --servers
-    /// are used; with --lease-store, the keys published in the store are
-    /// added.
+    /// A lease server's ed25519 public key (64 hex digits, as `bagel
+    /// server-info` prints it); repeatable. Without any, the keys of the
+    /// servers named by --server or --servers are asked for (never the
+    /// default server's: an audit must not trust a server nobody named);
+    /// with --lease-store, the keys published in the store are added.
     #[arg(long = "key")]
     keys: Vec<String>,
     /// How far a timestamp may be ahead of its signed time.
@@ -40,6 +41,14 @@ pub struct AuditArgs {
 
 pub(super) async fn run(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
     let cfg = a.timing.config();
+    if a.keys.is_empty() && !g.target.store.has_lease_store() && !g.target.servers_named() {
+        // As `bagel read`: the keys to trust are given, never assumed.
+        return Err(crate::failure::usage(
+            "audit needs the keys to check witnesses against: give --key KEY (a lease server's public \
+             key, as `bagel server-info` prints it), --server/--servers to ask the servers that granted the \
+             leases, or --lease-store",
+        ));
+    }
     let keys = g.target.witness_keys(&a.keys).await?;
     let roughtime_keys: Vec<_> = g.roughtime.servers()?.into_iter().map(|s| s.key).collect();
     let store = a.range.store.open(&cfg).await?;
@@ -112,7 +121,12 @@ pub(super) async fn run(a: AuditArgs, g: &Globals<'_>) -> anyhow::Result<ExitCod
             );
         }
         for v in &result.violations {
-            println!("VIOLATION {v}");
+            match v.kind {
+                // Not a forgery found: a key the audit was not told to
+                // trust, said once with how to trust it.
+                bagel_bags::audit::ViolationKind::UntrustedKey => println!("UNTRUSTED KEY {}", v.detail),
+                _ => println!("VIOLATION {v}"),
+            }
         }
         for u in &unchecked {
             println!("UNCHECKED {u}");

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bagel_bags::{self as bag, Metronome};
+use bagel_cli::contract::MetronomeRoundJson;
 use bagel_proto::clock::{Clock, SystemClock};
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +60,14 @@ pub struct MetronomeArgs {
 }
 
 pub(super) async fn run(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> {
+    let json = crate::output::json();
+    if json && !a.once {
+        // A metronome that runs until stopped has no one answer to print.
+        return Err(crate::failure::usage(
+            "--json needs --once: a running metronome prints lines for people (its /metrics, with --http, \
+             are for programs)",
+        ));
+    }
     let cfg = a.timing.config().with_lookback(a.lookback);
     // Closes on a clock signed time vouches for, never the host's alone.
     let checked = crate::closer_clock::closer_clock(g.target, g.roughtime, cfg.clock_tolerance)?;
@@ -175,8 +184,12 @@ pub(super) async fn run(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<Exi
             Err(e) => Err(e),
         };
         bar.finish();
-        print(&r);
-        r?;
+        if json {
+            println!("{}", serde_json::to_string(&round_json(&r?))?);
+        } else {
+            print(&r);
+            r?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let s = shutdown.clone();
@@ -190,4 +203,18 @@ pub(super) async fn run(a: MetronomeArgs, g: &Globals<'_>) -> anyhow::Result<Exi
     })
     .await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One round as `metronome --once --json` prints it.
+fn round_json(r: &bag::CloseReport) -> MetronomeRoundJson {
+    MetronomeRoundJson {
+        closed: r.closed,
+        max_lag_ms: r
+            .max_lag
+            .map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX)),
+        missing_logs: r.missing_logs.clone(),
+        sealed: r.sealed,
+        summaries: r.summarized.iter().map(|s| s.name.clone()).collect(),
+        through: r.through.map(|b| b.to_string()),
+    }
 }

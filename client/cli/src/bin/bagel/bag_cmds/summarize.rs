@@ -19,14 +19,14 @@ pub struct SummarizeArgs {
     /// The log to summarize.
     #[arg(long)]
     log: String,
-    /// From the stretch holding this timestamp (Unix microseconds or RFC
-    /// 3339); default: the oldest stretch from the log's start that
-    /// published summaries do not cover yet.
-    #[arg(long, value_parser = parse_time)]
+    /// From the stretch holding this timestamp (relative as `-1h`, Unix
+    /// microseconds or RFC 3339); default: the oldest stretch from the
+    /// log's start that published summaries do not cover yet.
+    #[arg(long, value_parser = parse_time, allow_hyphen_values = true)]
     from: Option<Micros>,
-    /// Up to the stretches that start before this; default: every stretch
-    /// already past its close time.
-    #[arg(long, value_parser = parse_time)]
+    /// Up to the stretches that start before this (as --from); default:
+    /// every stretch already past its close time.
+    #[arg(long, value_parser = parse_time, allow_hyphen_values = true)]
     to: Option<Micros>,
     /// The length of one summary: whole minutes (every summarizer of a log
     /// should use the same, or their summaries overlap).

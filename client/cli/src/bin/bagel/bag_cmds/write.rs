@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bagel_bags::Writer;
-use bagel_cli::contract::LeaseJson;
+use bagel_cli::contract::{LeaseJson, WriteFailedJson, WriteItemKind, WrittenJson};
 use bagel_proto::Micros;
 use bagel_proto::clock::{Clock, OffsetClock, SystemClock};
 use bagel_proto::rights::{RightsSnapshot, WriteLedger, WriteRights};
@@ -199,7 +199,14 @@ impl WriteRights for FileRights {
     }
 }
 
+/// Exit code of a batch that failed in a way trying again may fix
+/// (`EX_TEMPFAIL`).
+const EXIT_RETRYABLE: u8 = 75;
+
+/// Writes every batch, printing each message's timestamp as it is stored
+/// (a line `<µs> <RFC 3339>`, or with `--json` one object per message).
 async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
+    let json = crate::output::json();
     let mut out = std::io::stdout().lock();
     let mut batches = if a.messages.is_empty() {
         Batches::Stdin(StdinBatches::start(a.batch.max(1), a.linger))
@@ -215,12 +222,31 @@ async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
         match stamps {
             Ok(stamps) => {
                 for t in stamps {
-                    writeln!(out, "{} {t}", t.as_micros())?;
+                    if json {
+                        let line = WrittenJson {
+                            kind: WriteItemKind::Written,
+                            time: t.to_string(),
+                            timestamp_us: t.as_micros(),
+                        };
+                        writeln!(out, "{}", serde_json::to_string(&line)?)?;
+                    } else {
+                        writeln!(out, "{} {t}", t.as_micros())?;
+                    }
                 }
                 out.flush()?;
             }
             Err(e) if a.keep_going => {
-                writeln!(out, "FAILED {n} {e}")?;
+                if json {
+                    let line = WriteFailedJson {
+                        error: e.to_string(),
+                        kind: WriteItemKind::Failed,
+                        messages: n as u64,
+                        retryable: e.is_retryable(),
+                    };
+                    writeln!(out, "{}", serde_json::to_string(&line)?)?;
+                } else {
+                    writeln!(out, "FAILED {n} {e}")?;
+                }
                 out.flush()?;
             }
             Err(e) => {
@@ -228,8 +254,12 @@ async fn write_all(a: &WriteArgs, writer: &Writer) -> anyhow::Result<ExitCode> {
                 let wm = writer
                     .max_written()
                     .map_or("none".to_owned(), |m| m.as_micros().to_string());
-                eprintln!("bagel: write failed (largest timestamp written: {wm}): {e}");
-                return Ok(ExitCode::from(if e.is_retryable() { 75 } else { 1 }));
+                let message = format!("write failed (largest timestamp written: {wm}): {e}");
+                return Ok(if e.is_retryable() {
+                    crate::failure::report("retryable", EXIT_RETRYABLE, &message)
+                } else {
+                    crate::failure::report("error", 1, &message)
+                });
             }
         }
     }

@@ -35,6 +35,11 @@ pub struct AcquireArgs {
     /// Keep renewing until Ctrl-C, then release.
     #[arg(long)]
     hold: bool,
+    /// Also print the lease's secret token in the text output (which
+    /// leaves it out, as terminals are shared and scrolled back; `--json`
+    /// writes it into the lease file, which the other commands read).
+    #[arg(long)]
+    show_token: bool,
 }
 
 impl AcquireArgs {
@@ -66,7 +71,10 @@ pub async fn run(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
     let lease = builder.send().await?;
     print_grant(
         &LeaseJson::from_lease(&lease, target.single_location().as_deref()),
-        crate::output::json(),
+        Shown {
+            json: crate::output::json(),
+            token: args.show_token,
+        },
     );
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
@@ -84,27 +92,39 @@ pub async fn run(args: AcquireArgs, target: &Target) -> anyhow::Result<ExitCode>
     let wm = crate::run_cmd::release_locked(lease, lock).await?;
     match wm.as_micros() {
         0 => eprintln!("released; stored watermark 0 (nothing written under it)"),
-        us => eprintln!("released; stored watermark {us} us ({wm})"),
+        _ => eprintln!("released; stored watermark {wm}"),
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// How a grant is printed: the lease file (`--json`), or lines for
+/// people, with the secret token only when asked (`--show-token`).
+#[derive(Clone, Copy, Debug)]
+pub struct Shown {
+    pub json: bool,
+    pub token: bool,
+}
+
 /// A grant as `acquire` and `upgrade` print it: the lease file with
-/// `--json`, else a few lines for people.
-pub fn print_grant(l: &LeaseJson, as_json: bool) {
-    if as_json {
+/// `--json`, else a few lines for people. The token is a secret (whoever
+/// has it may renew and release the lease): it goes to a terminal only
+/// when asked for, as `ssh-keygen` and `aws` print no secret unasked.
+pub fn print_grant(l: &LeaseJson, shown: Shown) {
+    if shown.json {
         println!("{}", serde_json::to_string(l).expect("serializable"));
         return;
     }
     println!("lease     {} ({})", l.lease_id, l.mode.as_str());
-    println!("token     {}", l.token);
+    if shown.token {
+        println!("token     {}", l.token);
+    }
     println!(
         "deadline  {}",
         crate::human::at(Micros::from_micros(l.deadline_us))
     );
     match l.min_timestamp_us {
         0 => println!("write after any timestamp (min_timestamp 0: no watermark to stay above)"),
-        us => println!("write after {} (min_timestamp, {us} us)", Micros::from_micros(us)),
+        us => println!("write after {} (min_timestamp)", Micros::from_micros(us)),
     }
     for n in &l.names {
         println!(

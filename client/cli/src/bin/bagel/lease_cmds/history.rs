@@ -44,7 +44,10 @@ fn print_history(h: &History) {
             HistoryEventJson::from(e.event).as_str(),
             e.lease_id,
             e.owner,
-            e.watermark.as_micros(),
+            match e.watermark.as_micros() {
+                0 => "none".to_owned(),
+                _ => e.watermark.to_string(),
+            },
             e.metadata
                 .as_ref()
                 .map_or("-".into(), |m| crate::names::shown(&metadata_text(m)))

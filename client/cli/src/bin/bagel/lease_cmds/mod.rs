@@ -111,12 +111,11 @@ pub fn busy_message(e: &Error) -> String {
         Error::Busy {
             conflict: Some(c), ..
         } => format!(
-            "name {:?} is held by lease {} (owner {:?}) until {} ({} us){}",
+            "name {:?} is held by lease {} (owner {:?}) until {}{}",
             c.name,
             c.holder_lease_id,
             c.holder_owner,
-            c.holder_deadline,
-            c.holder_deadline.as_micros(),
+            crate::human::at(c.holder_deadline),
             c.server
                 .as_ref()
                 .map_or(String::new(), |s| format!(" on server {s}"))

@@ -67,7 +67,7 @@ pub async fn run(args: ReleaseArgs, target: &Target) -> anyhow::Result<ExitCode>
     } else {
         match stored.as_micros() {
             0 => println!("released; stored watermark 0 (nothing written under it)"),
-            us => println!("released; stored watermark {us} us ({stored})"),
+            _ => println!("released; stored watermark {stored}"),
         }
     }
     Ok(ExitCode::SUCCESS)

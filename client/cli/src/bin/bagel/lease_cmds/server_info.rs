@@ -55,17 +55,17 @@ pub async fn run(_args: ServerInfoArgs, target: &Target) -> anyhow::Result<ExitC
 /// its limits, margin and the keys published there.
 fn print_store_info(store: &StoreInfo) {
     let keys = &store.keys;
-    let us = |d: Duration| bagel_proto::duration_micros(d);
+    let d = |d: Duration| humantime::format_duration(d);
     println!(
         "lease store {} (no server); this client signs with key {}",
         store.location, store.key_id
     );
     println!(
-        "ttl: ({} us, {} us]; max wait {} us; clock margin {} us",
-        us(store.min_ttl),
-        us(store.max_ttl),
-        us(store.max_wait),
-        us(store.clock_margin)
+        "ttl: over {}, at most {}; max wait {}; clock margin {}",
+        d(store.min_ttl),
+        d(store.max_ttl),
+        d(store.max_wait),
+        d(store.clock_margin)
     );
     for id in keys.ids() {
         println!(
@@ -77,12 +77,12 @@ fn print_store_info(store: &StoreInfo) {
 
 /// A server's info as text.
 fn print_server_info(info: &ServerInfo) {
-    let us = |d: Duration| bagel_proto::duration_micros(d);
+    let d = |d: Duration| humantime::format_duration(d);
     println!("server {} (version {})", info.server_id, info.version);
     println!(
         "ready: {} (at {}){}",
         info.ready,
-        info.ready_at,
+        crate::human::at(info.ready_at),
         if info.unsafe_skip_restart_wait {
             " UNSAFE: restart wait skipped"
         } else {
@@ -90,18 +90,18 @@ fn print_server_info(info: &ServerInfo) {
         }
     );
     println!(
-        "ttl: ({} us, {} us]; max wait {} us",
-        us(info.min_ttl),
-        us(info.max_ttl),
-        us(info.max_wait)
+        "ttl: over {}, at most {}; max wait {}",
+        d(info.min_ttl),
+        d(info.max_ttl),
+        d(info.max_wait)
     );
     for (id, raw) in &info.keys {
         println!("key {id} ed25519 {}", bagel_proto::hex::encode(raw));
     }
     println!(
-        "clock: {} (error bound {} us)",
+        "clock: {} (error bound {})",
         info.clock.detail,
-        us(info.clock.error_bound)
+        d(info.clock.error_bound)
     );
     print_access(info.access.as_deref());
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use bagel_cli::contract::LeaseJson;
 use bagel_client::LeaseBackend as _;
 
-use super::acquire::print_grant;
+use super::acquire::{Shown, print_grant};
 pub use super::lease_arg::TokenArgs as UpgradeArgs;
 use crate::target::Target;
 
@@ -19,6 +19,11 @@ pub async fn run(args: UpgradeArgs, target: &Target) -> anyhow::Result<ExitCode>
         json.server = json.server.or(file.server);
         crate::lease_file::write(path, &json)?;
     }
-    print_grant(&json, crate::output::json());
+    // The token was given (or is in the lease file): never printed back.
+    let shown = Shown {
+        json: crate::output::json(),
+        token: false,
+    };
+    print_grant(&json, shown);
     Ok(ExitCode::SUCCESS)
 }

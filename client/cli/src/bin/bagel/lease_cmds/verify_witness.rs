@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use bagel_cli::contract::{ServerNameJson, WitnessJson};
+use bagel_cli::contract::{ServerNameJson, UncoveredPartJson, VerifiedJson, WitnessCheckJson, WitnessJson};
 use bagel_client::Micros;
 use clap::Args;
 
@@ -63,9 +63,9 @@ pub async fn run(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> 
     };
 
     let keys = g.target.witness_keys(&args.keys).await?;
-    let mut failed = 0;
     let mut covered = std::collections::BTreeSet::new();
-    for (i, witness) in witnesses.iter().enumerate() {
+    let mut checks = Vec::new();
+    for witness in &witnesses {
         let checked = bagel_proto::verify_witness(witness, &keys)
             .map_err(|e| e.to_string())
             .and_then(|body| {
@@ -82,36 +82,76 @@ pub async fn run(args: VerifyArgs, g: &Globals<'_>) -> anyhow::Result<ExitCode> 
                     _ => Ok(body),
                 }
             });
-        match checked {
+        checks.push(match checked {
             Ok(body) => {
                 covered.insert(body.lease_id.clone());
-                println!(
-                    "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
-                    body.lease_id,
-                    body.names.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
-                    Micros::from_micros(body.deadline_us),
-                    witness.key_id,
-                    body.server_id
-                );
+                WitnessCheckJson {
+                    deadline_us: Some(body.deadline_us),
+                    error: None,
+                    key_id: witness.key_id.clone(),
+                    lease_id: Some(body.lease_id.clone()),
+                    names: body.names.iter().map(|n| n.name.clone()).collect(),
+                    server_id: Some(body.server_id.clone()),
+                    verified: true,
+                }
             }
-            Err(e) => {
-                failed += 1;
-                eprintln!("bagel: witness {i} (key {}) does NOT verify: {e}", witness.key_id);
-            }
-        }
+            Err(e) => WitnessCheckJson {
+                deadline_us: None,
+                error: Some(e),
+                key_id: witness.key_id.clone(),
+                lease_id: None,
+                names: Vec::new(),
+                server_id: None,
+                verified: false,
+            },
+        });
     }
-    for p in &parts {
-        if !covered.contains(&p.lease_id) {
-            failed += 1;
-            eprintln!(
-                "bagel: no verified witness states lease {} of server {} (name {})",
-                p.lease_id, p.server, p.name
-            );
-        }
+    let uncovered: Vec<UncoveredPartJson> = parts
+        .iter()
+        .filter(|p| !covered.contains(&p.lease_id))
+        .map(|p| UncoveredPartJson {
+            lease_id: p.lease_id.clone(),
+            name: p.name.clone(),
+            server: p.server.clone(),
+        })
+        .collect();
+    let report = VerifiedJson {
+        verified: uncovered.is_empty() && checks.iter().all(|c| c.verified),
+        uncovered,
+        witnesses: checks,
+    };
+    if crate::output::json() {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
     }
-    Ok(if failed == 0 {
+    Ok(if report.verified {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The checks as text: a line on stdout per witness that verified, one on
+/// stderr per witness that did not and per part no witness covers.
+fn print_report(report: &VerifiedJson) {
+    for (i, c) in report.witnesses.iter().enumerate() {
+        match &c.error {
+            None => println!(
+                "witness OK: lease {} names {:?} deadline {} signed by key {} of {}",
+                c.lease_id.as_deref().unwrap_or_default(),
+                c.names,
+                Micros::from_micros(c.deadline_us.unwrap_or_default()),
+                c.key_id,
+                c.server_id.as_deref().unwrap_or_default()
+            ),
+            Some(e) => eprintln!("bagel: witness {i} (key {}) does NOT verify: {e}", c.key_id),
+        }
+    }
+    for p in &report.uncovered {
+        eprintln!(
+            "bagel: no verified witness states lease {} of server {} (name {})",
+            p.lease_id, p.server, p.name
+        );
+    }
 }
