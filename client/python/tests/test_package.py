@@ -57,6 +57,14 @@ def test_a_raw_grpc_client_beside_the_package(server):
     assert info.keys[0].ed25519.hex() == server.key
 
 
+def test_without_protobuf_bagel_v1_names_the_extra_that_brings_it():
+    # `import bagel` needs no other package; `bagel.v1` says what it needs.
+    script = "import sys; sys.modules['google.protobuf'] = None; import bagel; import bagel.v1"
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert 'pip install "bagel[grpc]"' in out.stderr, out.stderr
+
+
 def test_the_documented_raw_grpc_example_runs_with_the_wheel_installed(server):
     """docs/operating.md's example, in the venv the wheel is installed in:
     it generates its own `bagel/v1` and imports `bagel.v1.lease_pb2`,
