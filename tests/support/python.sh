@@ -15,7 +15,10 @@
 #                 into a wheel with maturin from PyPI (no system protoc),
 #                 installs it into a venv, and runs its pytest suite against
 #                 the real server, the S3 and Roughtime services s3_start
-#                 and roughtime_start exported, and a directory store.
+#                 and roughtime_start exported, and a directory store; the
+#                 suite also checks the gRPC modules the package ships
+#                 (bagel.v1) against proto/ and runs
+#                 examples/python/bagel_client.py with the wheel installed.
 
 python_venv() {
   local reqs=examples/python/requirements.txt
