@@ -329,8 +329,9 @@ impl Lease {
 
     /// Calls `callback(reason)` once, from one of bagel's threads, when the
     /// lease is lost (a renewal refused, none possible before the
-    /// deadline, or the deadline passed with no renewal). Not called after a release. The callback must not make
-    /// blocking bagel calls; an exception in it is printed and ignored.
+    /// deadline, or the deadline passed with no renewal). Not called after
+    /// a release. The callback must not make blocking bagel calls; an
+    /// exception in it is printed and ignored.
     fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {
         let lost = self.held.lost();
         handle()?.spawn(async move {
