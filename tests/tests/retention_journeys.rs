@@ -326,10 +326,12 @@ async fn summarize_resumes_after_retention_at_the_oldest_stretch_not_summarized(
     assert_eq!((read.code, &read.payloads), (Some(0), &j.acked), "{}", read.said);
 
     // Asked from a stretch already summarized and retained (--from), it
-    // says so and goes on rather than failing.
+    // says so and goes on rather than failing: every one of the four,
+    // the empty minute A+2 too (no summary is built over a minute
+    // retention removed).
     let from = ok(&j.cli("summarize", &["--from", &j.at(0), "--to", &j.at(4)]));
     assert!(
-        from.contains(&format!("stretch {}: skipped", j.minute(0))) && from.contains("3 stretches"),
+        from.contains(&format!("stretch {}: skipped", j.minute(0))) && from.contains("4 stretches"),
         "{from}"
     );
 }
@@ -627,6 +629,70 @@ async fn a_writer_paused_past_retention_is_late_rejected_on_a_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_paused_past_retention_is_late_rejected_on_s3() {
     a_writer_paused_past_retention_is_late_rejected(Backend::s3()).await;
+}
+
+/// Issue 51, holes 1 and 2, as a review reproduced them with the release
+/// binaries. A writer took timestamps for its second record of a second
+/// and stalled before appending (its lease record's fsync was delayed)
+/// while minute A+1 was summarized and retained. Its append re-created
+/// its data file at offset 0, and since the summary held a file of that
+/// name at least as long, the write was acknowledged, in no summary. Its
+/// close left a closed bag in the removed minute, a later `--span 2m`
+/// summary (starting a minute earlier) was built from it, and readers
+/// took the minute from that one: the acknowledged message gone, exit 0,
+/// audit clean. The late record is refused, nothing summarizes the
+/// removed minute again, and every acknowledged message is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stalled_within_a_second_past_retention_loses_nothing() {
+    let mut j = Journey::new().await;
+    j.write(0, 1).await;
+    let clock = ManualClock::new(Micros::from_micros(j.second(1, 5).secs() * 1_000_000 + 250_000));
+    let hooked = HookStore::new(Arc::clone(&j.store));
+    let w = j.late_writer(hooked.store(), &clock);
+    let first = "m1-the first record of its second, acknowledged";
+    w.write(Bytes::from(first)).await.unwrap();
+    j.acked.insert(first.into());
+    let (url, log, from, to, resumed) = (j.url.clone(), j.log.clone(), j.at(1), j.at(2), clock.clone());
+    hooked.before_next_append(Box::new(move || {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let span = ["--span", "1m", "--from", &from, "--to", &to];
+                ok(&cli_on(&url, &log, "summarize", &span));
+                let retained = ok(&cli_on(&url, &log, "retain", &RETAIN));
+                assert!(retained.contains("removed 1 bags"), "{retained}");
+            })
+            .await
+            .unwrap();
+            resumed.set(Micros::now());
+        })
+    }));
+    // Shorter than the first, so it ends inside the summarized file.
+    let err = w.write(Bytes::from("m1-late")).await.unwrap_err();
+    assert!(
+        matches!(&err, bag::Error::LateRejected { bucket, .. } if *bucket == j.second(1, 5)),
+        "{err:?}"
+    );
+
+    // A longer summary over the removed minute is not built: skipped.
+    let two = ok(&j.cli(
+        "summarize",
+        &["--span", "2m", "--from", &j.at(0), "--to", &j.at(2)],
+    ));
+    assert!(
+        two.contains("skipped") && two.contains("removed by retention"),
+        "{two}"
+    );
+    assert_eq!(
+        summary::list(j.store.as_ref(), &j.log).await.unwrap(),
+        [j.minute(1)],
+        "{two}"
+    );
+    let read = j.read(0, 2, &[]);
+    assert_eq!((read.code, &read.payloads), (Some(0), &j.acked), "{}", read.said);
+    assert!(read.problems.is_empty(), "{}", read.said);
+    let (violations, said) = j.audit(0, 2);
+    assert!(violations.is_empty(), "{violations:?}\n{said}");
+    j.assert_retained(1).await;
 }
 
 /// 3e: a seal's finish listed minute A's bags, and retention removed them
