@@ -24,7 +24,7 @@ use crate::summary::Stretch;
 
 /// What the look at the bag (the seal's verdict, or the lock's) found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BagLook {
+pub enum BagLook {
     /// The bag's lock lists the record (or no close has started, so every
     /// closer will).
     Covered,
@@ -36,31 +36,31 @@ pub(crate) enum BagLook {
 
 /// What the writer knows so far. `None`: not looked up yet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Facts {
+pub struct Facts {
     /// Its clock, read once the append completed, is before the minute's
     /// safe point (its close time less the writer's clock margin).
-    pub(crate) early: bool,
+    pub early: bool,
     /// An earlier record of this writer in this bag was acknowledged with
     /// no seal of the minute started: every seal lists the bag.
-    pub(crate) in_every_seal: bool,
+    pub in_every_seal: bool,
     /// Whether a seal of the minute has started (its intent or seal).
-    pub(crate) sealing_started: Option<bool>,
+    pub sealing_started: Option<bool>,
     /// The minute's tombstone as found before the bag's verdict: the
     /// summary it names, or none.
-    pub(crate) removed_before: Option<Option<Stretch>>,
+    pub removed_before: Option<Option<Stretch>>,
     /// The bag's verdict.
-    pub(crate) bag: Option<BagLook>,
+    pub bag: Option<BagLook>,
     /// The minute's tombstone as found after the bag's verdict.
-    pub(crate) removed_after: Option<Option<Stretch>>,
+    pub removed_after: Option<Option<Stretch>>,
     /// That look failed (the driver keeps the error).
-    pub(crate) removed_after_failed: bool,
+    pub removed_after_failed: bool,
     /// Whether the tombstone's summary holds the very record.
-    pub(crate) summary_holds: Option<bool>,
+    pub summary_holds: Option<bool>,
 }
 
 /// The next step of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Next {
+pub enum Next {
     /// Look whether a seal of the minute has started.
     SealingStarted,
     /// Look for the minute's tombstone, before the bag's verdict.
@@ -79,7 +79,7 @@ pub(crate) enum Next {
 
 /// How a commit ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Acknowledged; `in_every_seal`: every seal of the minute lists the
     /// bag, so the writer's later records there need only its lock.
     In {
@@ -96,7 +96,7 @@ pub(crate) enum Verdict {
 }
 
 /// The next step, from the facts so far.
-pub(crate) fn step(f: &Facts) -> Next {
+pub fn step(f: &Facts) -> Next {
     let from_bag = |bag: BagLook, in_every_seal: bool| match bag {
         BagLook::Covered => Next::Done(Verdict::In { in_every_seal }),
         BagLook::NotCovered => Next::Done(Verdict::Late),

@@ -132,6 +132,8 @@
 //! * [`store::timeout`]: [`TimeoutStore`], every call of any store bounded in time.
 //! * [`store::url`]: `file:///dir`, `s3://bucket/prefix` and `nfs://host/dir`.
 //! * [`writer`]: timestamps, batches, commit protocol.
+//! * [`commit`]: the writer's commit verdict as a pure step over what it
+//!   looked up (seal, lock, tombstone, summary); the writer drives it.
 //! * [`seal`]: one object closes a minute's empty seconds.
 //! * [`summary`]: a closed stretch of a log as one deterministic object.
 //! * [`retain`]: removing old bags a checked summary holds.
@@ -148,7 +150,7 @@
 
 pub mod audit;
 pub mod bucket;
-mod commit;
+pub mod commit;
 pub mod config;
 pub mod error;
 pub mod frame;

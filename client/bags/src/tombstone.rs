@@ -31,9 +31,22 @@
 //! *after* what it decides on:
 //! * a writer whose record finished past its minute's safe point takes its
 //!   verdict from the bag's lock, then looks for the tombstone;
-//!   finding it, its record counts only if the named summary holds it (so
-//!   a record appended into a removed bag is `LateRejected`, as it is
-//!   while the bag is there);
+//!   finding it, its record counts only if the named summary holds that
+//!   very record, its bytes at its offset (so a record appended into a
+//!   removed bag is `LateRejected`, as it is while the bag is there, even
+//!   where, on a directory store, whose data file names repeat across a
+//!   writer's records, the append re-created a summarized file and ended
+//!   inside it). It looks for the tombstone *before* the lock's verdict
+//!   too: found then, it decides alone, and the writer closes nothing
+//!   (see [`crate::commit`]);
+//! * a summarizer builds no summary over a removed minute
+//!   ([`crate::summary::build`] looks before reading its bags and after):
+//!   one made from a bag made again would claim the minute with other
+//!   records;
+//! * a reader with summaries reads a removed minute only from the summary
+//!   its tombstone names, however many others hold it, or reports its
+//!   bags missing; and the audit flags two summaries that disagree on a
+//!   minute ([`crate::audit::audit_summaries`]);
 //! * a reader without summaries skips the minutes its listing of `_seal/`
 //!   shows removed (a [`crate::ProblemKind::Missing`] naming the summary),
 //!   and after reading a minute's bags looks for its tombstone again: one

@@ -28,11 +28,13 @@
 //! past its minute's safe point (`close_time - clock margin`), it first
 //! looks for the minute's seal ([`crate::seal`]): a second the seal closed
 //! empty takes no record. And once a seal was found or that safe point is
-//! past, it looks for the minute's tombstone ([`crate::tombstone`]): a
-//! minute retention removed takes no record its summary does not hold,
-//! however long the writer was held before its append. So a writer on a
-//! skewed clock may have writes refused (`LateRejected`), never
-//! acknowledged and left out of the bag.
+//! past, it looks for the minute's tombstone ([`crate::tombstone`]), before
+//! and after the bag's verdict: a minute retention removed takes no record
+//! its summary does not hold byte for byte, however long the writer was
+//! held before its append, and the writer closes no bag there. So a writer
+//! on a skewed clock may have writes refused (`LateRejected`), never
+//! acknowledged and left out of the bag. The decisions are a pure step
+//! ([`crate::commit`]); the writer does the looks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
