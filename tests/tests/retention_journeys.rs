@@ -645,34 +645,7 @@ async fn a_writer_paused_past_retention_is_late_rejected_on_s3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_stalled_within_a_second_past_retention_loses_nothing() {
     let mut j = Journey::new().await;
-    j.write(0, 1).await;
-    let clock = ManualClock::new(Micros::from_micros(j.second(1, 5).secs() * 1_000_000 + 250_000));
-    let hooked = HookStore::new(Arc::clone(&j.store));
-    let w = j.late_writer(hooked.store(), &clock);
-    let first = "m1-the first record of its second, acknowledged";
-    w.write(Bytes::from(first)).await.unwrap();
-    j.acked.insert(first.into());
-    let (url, log, from, to, resumed) = (j.url.clone(), j.log.clone(), j.at(1), j.at(2), clock.clone());
-    hooked.before_next_append(Box::new(move || {
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                let span = ["--span", "1m", "--from", &from, "--to", &to];
-                ok(&cli_on(&url, &log, "summarize", &span));
-                let retained = ok(&cli_on(&url, &log, "retain", &RETAIN));
-                assert!(retained.contains("removed 1 bags"), "{retained}");
-            })
-            .await
-            .unwrap();
-            resumed.set(Micros::now());
-        })
-    }));
-    // Shorter than the first, so it ends inside the summarized file.
-    let err = w.write(Bytes::from("m1-late")).await.unwrap_err();
-    assert!(
-        matches!(&err, bag::Error::LateRejected { bucket, .. } if *bucket == j.second(1, 5)),
-        "{err:?}"
-    );
-
+    j.stall_within_a_second_past_retention().await;
     // A longer summary over the removed minute is not built: skipped.
     let two = ok(&j.cli(
         "summarize",
@@ -693,6 +666,77 @@ async fn a_writer_stalled_within_a_second_past_retention_loses_nothing() {
     let (violations, said) = j.audit(0, 2);
     assert!(violations.is_empty(), "{violations:?}\n{said}");
     j.assert_retained(1).await;
+}
+
+/// Issue 51, hole 2, on a store where the longer summary exists anyway (a
+/// summarizer from before the rule made it from the late bag): `bagel
+/// read` reads the removed minute from the summary its tombstone names,
+/// not from the one that starts earlier, and `bagel audit` names the two
+/// summaries that disagree on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_made_over_a_removed_minute_is_read_around_and_flagged() {
+    let mut j = Journey::new().await;
+    j.stall_within_a_second_past_retention().await;
+    let store = j.store.as_ref();
+    seal::seal(store, &j.log, j.minute(0).first).await.unwrap();
+    store.close(&j.log, j.second(1, 5)).await.unwrap();
+    let removed = bag::tombstone::name(j.minute(1).first);
+    store.remove_named(&j.log, &removed).await.unwrap();
+    let longer = Stretch::new(j.minute(0).first, 2);
+    summary::summarize(store, &j.log, longer).await.unwrap();
+    bag::tombstone::put(store, &j.log, j.minute(1).first, j.minute(1))
+        .await
+        .unwrap();
+
+    let read = j.read(0, 2, &[]);
+    assert_eq!((read.code, &read.payloads), (Some(0), &j.acked), "{}", read.said);
+    let (violations, said) = j.audit(0, 2);
+    assert_eq!(violations.len(), 1, "{violations:?}\n{said}");
+    assert!(
+        violations[0].starts_with("\"summaries_disagree\"")
+            && violations[0].contains(&name(longer))
+            && violations[0].contains(&name(j.minute(1))),
+        "{violations:?}"
+    );
+}
+
+impl Journey {
+    /// Issue 51, hole 1: writes a message in minute A, then a writer's
+    /// first record of second A+1:05 (acknowledged), then its second
+    /// record of that second, stalled before its append while minute A+1
+    /// is summarized (`--span 1m`) and retained: refused `LateRejected`.
+    async fn stall_within_a_second_past_retention(&mut self) {
+        self.write(0, 1).await;
+        let clock = ManualClock::new(Micros::from_micros(
+            self.second(1, 5).secs() * 1_000_000 + 250_000,
+        ));
+        let hooked = HookStore::new(Arc::clone(&self.store));
+        let w = self.late_writer(hooked.store(), &clock);
+        let first = "m1-the first record of its second, acknowledged";
+        w.write(Bytes::from(first)).await.unwrap();
+        self.acked.insert(first.into());
+        let (url, log, from, to) = (self.url.clone(), self.log.clone(), self.at(1), self.at(2));
+        let resumed = clock.clone();
+        hooked.before_next_append(Box::new(move || {
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || {
+                    let span = ["--span", "1m", "--from", &from, "--to", &to];
+                    ok(&cli_on(&url, &log, "summarize", &span));
+                    let retained = ok(&cli_on(&url, &log, "retain", &RETAIN));
+                    assert!(retained.contains("removed 1 bags"), "{retained}");
+                })
+                .await
+                .unwrap();
+                resumed.set(Micros::now());
+            })
+        }));
+        // Shorter than the first, so it ends inside the summarized file.
+        let err = w.write(Bytes::from("m1-late")).await.unwrap_err();
+        assert!(
+            matches!(&err, bag::Error::LateRejected { bucket, .. } if *bucket == self.second(1, 5)),
+            "{err:?}"
+        );
+    }
 }
 
 /// 3e: a seal's finish listed minute A's bags, and retention removed them
