@@ -36,7 +36,7 @@ use bagel_proto::Micros;
 use tokio_util::sync::CancellationToken;
 
 use crate::seal::{self, Span};
-use crate::{BagConfig, BagStore, Bucket, Error, Result, closer_now, validate_log};
+use crate::{BagConfig, BagState, BagStore, Bucket, Error, Result, closer_now, validate_log};
 use bagel_proto::clock::CheckedClock;
 
 /// What one round of closing did.
@@ -220,6 +220,10 @@ struct Cursor {
     /// its bag closed) or sealed with its minute: what a tick in a pause
     /// reports to [`CloseObserver::caught_up`].
     listed_through: Option<Bucket>,
+    /// Before this cursor's first tick: the bags and seals it meets may
+    /// have been closed before this metronome started (an earlier run, a
+    /// reader), so it asks before counting them as its own closes.
+    fresh: bool,
 }
 
 impl Cursor {
@@ -445,6 +449,7 @@ impl Metronome {
             idle_pause: Duration::ZERO,
             next_listing: Micros::ZERO,
             listed_through: None,
+            fresh: true,
         }
     }
 
@@ -534,6 +539,14 @@ impl Metronome {
                         pending = Some(pending.map_or(close_at, |p| p.min(close_at)));
                         continue;
                     }
+                    if cursor.fresh
+                        && let BagState::Closed(_) = store.state(log, b).await.map_err(|e| (b, e))?
+                    {
+                        // Closed before this metronome started: not its
+                        // close, and no work found.
+                        cursor.closed.insert(b);
+                        continue;
+                    }
                     found = true;
                     let listing = store.close(log, b).await.map_err(|e| (b, e))?;
                     let lag = lag_of(close_at);
@@ -551,13 +564,24 @@ impl Metronome {
                     cursor.busy(now);
                 }
             }
-            // The whole minute is due: its seal closes the rest.
-            let sealed = seal::seal(store, log, span)
-                .await
-                .map_err(|e| (span.first(), e))?;
+            // The whole minute is due: its seal closes the rest. A seal
+            // made before this metronome started closed nothing now.
+            let found_sealed = match cursor.fresh {
+                true => seal::seal_of(store, log, span)
+                    .await
+                    .map_err(|e| (span.first(), e))?,
+                false => None,
+            };
+            let sealed_now = found_sealed.is_none();
+            let sealed = match found_sealed {
+                Some(found) => found,
+                None => seal::seal(store, log, span)
+                    .await
+                    .map_err(|e| (span.first(), e))?,
+            };
             let lag = lag_of(span.close_time(grace));
             let mut found = false;
-            for b in sealed.bags().filter(|b| !cursor.closed.contains(b)) {
+            for b in sealed.bags().filter(|b| sealed_now && !cursor.closed.contains(b)) {
                 // A bag written since the last listing (or closed by a
                 // reader): the seal closed it.
                 found = true;
@@ -570,16 +594,19 @@ impl Metronome {
             if found {
                 cursor.busy(now);
             }
-            if let Some(o) = observer {
-                o.sealed(log, span.last(), lag, sealed.empty_seconds());
+            if sealed_now {
+                if let Some(o) = observer {
+                    o.sealed(log, span.last(), lag, sealed.empty_seconds());
+                }
+                report.add_many(span.last(), lag, sealed.empty_seconds());
+                report.sealed += sealed.empty_seconds();
             }
-            report.add_many(span.last(), lag, sealed.empty_seconds());
-            report.sealed += sealed.empty_seconds();
             cursor.listed_through = Some(cursor.listed_through.map_or(span.last(), |t| t.max(span.last())));
             cursor.span = span.next();
             let next = cursor.span.first();
             cursor.closed.retain(|b| *b >= next);
         }
+        cursor.fresh = false;
         // Summaries of what is sealed and old enough.
         if let (Some((after, _)), Some(stretch)) = (self.summarize, cursor.summary.as_mut()) {
             while stretch.last() < cursor.span.first()

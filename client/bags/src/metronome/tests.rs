@@ -582,3 +582,44 @@ async fn a_corrupt_summary_under_a_stretch_name_is_named_and_passed() {
         report.problems
     );
 }
+
+/// A metronome started after another (a `--once` run after the last, a
+/// restart) counts only what it closes itself: the bags and minutes the
+/// first closed are not closed again in its report, nor told to its
+/// observer, and what is still due is.
+#[tokio::test]
+async fn a_metronome_counts_only_what_it_closed_not_what_an_earlier_one_did() {
+    let env = Env::new().await;
+    let leases = crate::testing::TestLeases::default();
+    let writer = env.writer(&leases);
+    // Writes in seconds 5 and 70 (minute 0 and minute 1).
+    for s in [5, 70] {
+        env.clock
+            .set(at(T0_SECS + s).saturating_add(Duration::from_millis(300)));
+        writer.write_batch(vec![Bytes::from_static(b"m")]).await.unwrap();
+    }
+    let grace = BagConfig::default().grace.as_secs();
+    // The first closes through minute 0's seal and second 70.
+    let first_seen = Seen::new(&env.clock);
+    let mut first = env.metronome(&first_seen);
+    env.clock.set(at(T0_SECS + 71 + grace));
+    let r = first.tick().await.unwrap();
+    assert_eq!(r.closed, 61, "{r:?}"); // second 5 and 59 sealed empty; 70
+    // The second, at the same instant: nothing of that is its close.
+    let seen = Seen::new(&env.clock);
+    let mut second = env.metronome(&seen);
+    let r = second.tick().await.unwrap();
+    assert_eq!((r.closed, r.sealed), (0, 0), "{r:?}");
+    assert!(
+        !seen
+            .events()
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Closed(..) | Event::Sealed(..))),
+        "{:?}",
+        seen.events()
+    );
+    // Minute 1's seal is still due to someone: the second makes it.
+    env.clock.set(at(T0_SECS + 120 + grace));
+    let r = second.tick().await.unwrap();
+    assert_eq!((r.closed, r.sealed), (59, 59), "{r:?}");
+}
