@@ -68,11 +68,16 @@ async fn a_refused_acquire_exits_non_zero_naming_holder_and_deadline() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(held["lease_id"].as_str().unwrap()), "{err}");
     assert!(err.contains("\"first\""), "{err}");
-    assert!(
-        err.contains(&held["deadline_us"].as_u64().unwrap().to_string()),
-        "{err}"
-    );
-    assert!(err.contains("until"), "{err}");
+    // The deadline as a time people read (issue 53: no raw µs on the
+    // terminal); `--json` carries it in µs.
+    let deadline = bagel_client::Micros::from_micros(held["deadline_us"].as_u64().unwrap());
+    assert!(err.contains(&format!("until {deadline} (in ")), "{err}");
+    let out = server.cli(&["acquire", "busy", "--ttl", "5s", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    let e: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(e["holder"]["deadline_us"], held["deadline_us"], "{e}");
+    assert_eq!(e["holder"]["lease_id"], held["lease_id"], "{e}");
+    assert_eq!(e["holder"]["owner"], "first", "{e}");
 }
 
 #[tokio::test]

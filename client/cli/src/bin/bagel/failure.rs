@@ -71,12 +71,24 @@ pub fn json_errors() -> bool {
 /// Prints an error (`kind` is a stable word scripts may match: `usage`,
 /// `held`, `permission`, `error`) and returns the exit code to exit with.
 pub fn report(kind: &str, exit_code: u8, message: &str) -> ExitCode {
+    report_with(kind, exit_code, message, serde_json::Map::new())
+}
+
+/// [`report`], with more keys in the JSON object (what a script needs of
+/// the refusal, which the text says in words).
+pub fn report_with(
+    kind: &str,
+    exit_code: u8,
+    message: &str,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> ExitCode {
     let message = bounded(message.trim_end());
     if json_errors() {
-        eprintln!(
-            "{}",
-            serde_json::json!({ "error": message, "kind": kind, "exit_code": exit_code })
-        );
+        let mut out = serde_json::json!({ "error": message, "kind": kind, "exit_code": exit_code });
+        if let Some(obj) = out.as_object_mut() {
+            obj.extend(extra);
+        }
+        eprintln!("{out}");
     } else {
         eprintln!("bagel: {message}");
     }

@@ -78,9 +78,12 @@ pub async fn run(cmd: LeaseCommand, g: Globals<'_>) -> anyhow::Result<ExitCode> 
             let target = g.target.connect(g.roughtime).await?;
             match run_with(cmd, &target).await {
                 Err(e) => match e.downcast_ref::<Error>() {
-                    Some(busy @ Error::Busy { .. }) => {
-                        Ok(crate::failure::report("held", EXIT_BUSY, &busy_message(busy)))
-                    }
+                    Some(busy @ Error::Busy { .. }) => Ok(crate::failure::report_with(
+                        "held",
+                        EXIT_BUSY,
+                        &busy_message(busy),
+                        holder_json(busy),
+                    )),
                     _ => Err(e),
                 },
                 ok => ok,
@@ -104,6 +107,29 @@ impl LeaseCommand {
             LeaseCommand::ServerInfo(_) | LeaseCommand::VerifyWitness(_) => Ok(()),
         }
     }
+}
+
+/// The holder of a refused name, for the JSON error (`holder`: name,
+/// lease id, owner, deadline in µs, server); empty when the backend could
+/// not say.
+fn holder_json(e: &Error) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    if let Error::Busy {
+        conflict: Some(c), ..
+    } = e
+    {
+        out.insert(
+            "holder".into(),
+            serde_json::json!({
+                "deadline_us": c.holder_deadline.as_micros(),
+                "lease_id": c.holder_lease_id,
+                "name": c.name,
+                "owner": c.holder_owner,
+                "server": c.server,
+            }),
+        );
+    }
+    out
 }
 
 pub fn busy_message(e: &Error) -> String {
