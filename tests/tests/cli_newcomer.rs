@@ -472,11 +472,13 @@ fn the_docs_match_the_binaries() {
     }
     // Metric names as the server exports them.
     let security = read("docs/security.md");
-    for (i, _) in security.match_indices("bagel_acl_refusals") {
-        assert!(
-            security[i..].starts_with("bagel_acl_refusals_total"),
-            "docs/security.md names bagel_acl_refusals without _total"
-        );
+    for metric in ["bagel_acl_refusals", "bagel_acl_unauthenticated"] {
+        for (i, _) in security.match_indices(metric) {
+            assert!(
+                security[i..].starts_with(&format!("{metric}_total")),
+                "docs/security.md names {metric} without _total"
+            );
+        }
     }
     // User docs say what is true now; history lives in bench/.
     let performance = read("docs/performance.md");
