@@ -705,7 +705,12 @@ async fn disagreeing_summaries(
     let mut loaded: BTreeMap<summary::Stretch, Option<summary::Summary>> = BTreeMap::new();
     let mut out = Vec::new();
     for (i, a) in mine.iter().enumerate() {
-        for b in mine[i + 1..].iter().filter(|b| overlap(a, b)) {
+        // Sorted by first minute: the ones after `a` that start within it.
+        for b in mine[i + 1..]
+            .iter()
+            .take_while(|b| b.from() <= a.last())
+            .filter(|b| overlap(a, b))
+        {
             for st in [a, b] {
                 if !loaded.contains_key(st) {
                     let s = match summary::load(store, log, *st).await {

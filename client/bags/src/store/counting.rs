@@ -14,7 +14,7 @@ use bytes::Bytes;
 use crate::store::fsops::{AppendFile, DirEntry, FileStat, FsOps};
 
 /// The kinds of [`FsOps`] call, in the order the protocol tends to use them.
-pub const OPS: [&str; 10] = [
+pub const OPS: [&str; 11] = [
     "create_dir_all",
     "open_append",
     "append_and_close",
@@ -25,6 +25,7 @@ pub const OPS: [&str; 10] = [
     "link",
     "read",
     "remove",
+    "remove_dir",
 ];
 
 /// Call counts, shared between a [`CountingFs`] and whoever reads them.
