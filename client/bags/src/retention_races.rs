@@ -4,7 +4,8 @@
 //! repeat across a writer's records, so its late append re-creates the
 //! summarized file at offset 0).
 //!
-//! Each test walks the same interleaving ([`stalled_past_retention`]) with
+//! Each test walks the same interleaving ([`stalled_past_retention`], or
+//! [`stalled`] stopping at an earlier stage) with
 //! the real writer, sealer, summarizer, retention, reader and audit, and
 //! checks one rule of `docs/bags.md` ("Retention"):
 //! * the late record is `LateRejected`, not acknowledged because the
@@ -62,6 +63,25 @@ type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 /// retention, and the writer's clock moves on half an hour. Then the
 /// append lands.
 async fn stalled_past_retention() -> Stalled {
+    stalled(Stage::Retained, LATE).await
+}
+
+/// How far the minute got while the writer was stalled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    /// Nothing happened: the writer was not held for long.
+    Nothing,
+    /// Sealed, so the bag is closed.
+    Sealed,
+    /// Sealed and summarized.
+    Summarized,
+    /// Sealed, summarized, and removed by retention.
+    Retained,
+}
+
+/// [`stalled_past_retention`], the minute taken as far as `stage` while
+/// the writer is stalled, its stalled record `late`.
+async fn stalled(stage: Stage, late: &'static str) -> Stalled {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn BagStore> = Arc::new(DirectoryStore::local(dir.path(), false));
     let (span, bag) = (Span::of(Bucket::from_secs(M)), Bucket::from_secs(M + 5));
@@ -103,19 +123,27 @@ async fn stalled_past_retention() -> Stalled {
     *hook.lock().unwrap() = Some(Box::new(move || {
         Box::pin(async move {
             let store = inner.as_ref();
-            let sealed = seal::seal(store, LOG, span).await.unwrap();
-            assert!(sealed.has_bag(bag));
-            summary::summarize(store, LOG, summary).await.unwrap();
-            let now = span.last().end().saturating_add(Duration::from_secs(10));
-            let second = Duration::from_secs(1);
-            let retained = crate::retain::retain_within(store, LOG, now, second, None, second)
-                .await
-                .unwrap();
-            assert_eq!((retained.minutes_tombstoned, retained.bags_removed), (1, 1));
-            resumed.set(start.saturating_add(Duration::from_secs(1800)));
+            if stage >= Stage::Sealed {
+                let sealed = seal::seal(store, LOG, span).await.unwrap();
+                assert!(sealed.has_bag(bag));
+            }
+            if stage >= Stage::Summarized {
+                summary::summarize(store, LOG, summary).await.unwrap();
+            }
+            if stage >= Stage::Retained {
+                let now = span.last().end().saturating_add(Duration::from_secs(10));
+                let second = Duration::from_secs(1);
+                let retained = crate::retain::retain_within(store, LOG, now, second, None, second)
+                    .await
+                    .unwrap();
+                assert_eq!((retained.minutes_tombstoned, retained.bags_removed), (1, 1));
+            }
+            if stage > Stage::Nothing {
+                resumed.set(start.saturating_add(Duration::from_secs(1800)));
+            }
         })
     }));
-    let late = writer.write(Bytes::from(LATE)).await;
+    let late = writer.write(Bytes::from(late)).await;
     assert!(hook.lock().unwrap().is_none(), "the stalled append ran the hook");
     Stalled {
         _dir: dir,
@@ -328,4 +356,39 @@ async fn the_audit_finds_nothing_in_two_honest_summaries_of_a_minute() {
         .await
         .unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+/// Every stage the minute may reach while the writer is stalled, with a
+/// stalled record shorter and longer than the first: an acknowledged
+/// record is read, a refused one is not, and the first is always read.
+#[tokio::test]
+async fn whatever_happened_during_the_stall_an_acknowledged_record_is_read() {
+    let long = "the stalled record of the second, longer than the first one was";
+    for stage in [Stage::Nothing, Stage::Sealed, Stage::Summarized, Stage::Retained] {
+        for late in [LATE, long] {
+            let s = stalled(stage, late).await;
+            // Read once the minute is long past (a reader closes its bags).
+            s.clock.set(Micros::from_micros((M + 1800) * 1_000_000));
+            let read = s.read().await;
+            let got = payloads(&read);
+            assert!(
+                read.problems.is_empty(),
+                "{stage:?} {late:?}: {:?}",
+                read.problems
+            );
+            match &s.late {
+                Ok(_) => assert_eq!(got, [FIRST, late], "{stage:?}: acknowledged, so read"),
+                Err(Error::LateRejected { .. } | Error::BagClosed { .. }) => {
+                    assert_eq!(got, [FIRST], "{stage:?}: refused, so not read")
+                }
+                Err(e) => panic!("{stage:?} {late:?}: {e}"),
+            }
+            assert_eq!(
+                s.late.is_ok(),
+                stage == Stage::Nothing,
+                "{stage:?} {late:?}: {:?}",
+                s.late
+            );
+        }
+    }
 }
