@@ -1,12 +1,13 @@
 //! Who holds what: names held and records kept, counted per owner and per
 //! peer, so that no one client can take the whole server.
 //!
-//! Why: one client used to hold 8.8 M names in 70 s (2.4 GiB), and its
-//! churn made the server forget *other* clients' idle records (the oldest
-//! first, whoever they were). Now every name record is charged to the
-//! account (owner, peer) of its last holder; names held are capped in
-//! total, per owner and per peer; and when records must be forgotten, the
-//! heaviest peer's, then the heaviest owner's go first.
+//! Why: without accounts one client can hold millions of names in a
+//! minute (gigabytes), and its churn makes the server forget *other*
+//! clients' idle records (the oldest first, whoever they were). So every
+//! name record is charged to the account (owner, peer) of its last holder;
+//! names held are capped in total, per owner and per peer; and when
+//! records must be forgotten, the heaviest peer's, then the heaviest
+//! owner's go first.
 //!
 //! Without mutual TLS an owner is whatever the client says, so the per-peer
 //! count is what binds a hostile client; with mutual TLS the owner is the

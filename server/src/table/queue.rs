@@ -1,12 +1,12 @@
 //! Acquires waiting server-side for a busy name: one FIFO queue per name.
 //!
-//! Why per name and first-in-first-out: waiters used to wait on their
-//! shard, and a release woke every waiter of the shard, in no order. With
-//! 2000 waiters on one name every release cost 2000 retries (5 CPU-s in
-//! all), and early arrivals timed out while late ones were served. Now a
-//! release wakes only the first waiter of the released name; only the first
-//! also watches the holder's deadline (a lease that ends without a release);
-//! the others sleep until they become first, or give up.
+//! Why per name and first-in-first-out: a release wakes only the first
+//! waiter of the released name, so it costs one retry however many wait
+//! (waking every waiter of a shard would cost one retry each, and serve
+//! them in no order, so early arrivals could time out while late ones were
+//! served). Only the first waiter also watches the holder's deadline (a
+//! lease that ends without a release); the others sleep until they become
+//! first, or give up.
 //!
 //! The queue lives in the shard state, under the shard lock: a waiter is
 //! queued under the same lock as the check that found the name busy, and a

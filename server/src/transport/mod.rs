@@ -13,7 +13,7 @@
 //! * [`Conn`]: one accepted connection. It closes itself once no call has
 //!   been in flight on it for `idle_timeout`, or, if it never began one,
 //!   `first_request_timeout` after it was accepted: a client that connects
-//!   and goes quiet (or never finishes its TLS handshake) no longer holds a
+//!   and goes quiet (or never finishes its TLS handshake) cannot hold a
 //!   socket forever, and a silent one gives its slot back early.
 //! * [`corked`]: a connection's writes wait for one yield of its task, so
 //!   the answers that calls finish together go out in one system call and

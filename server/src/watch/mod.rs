@@ -30,7 +30,7 @@
 //! * **Dispatch** goes through an index (names, prefixes by length, and the
 //!   watchers of every name): an event is offered only to the watchers that
 //!   want it ([`WatchStats::dispatched`]), so watchers of other names cost a
-//!   lease event nothing (every event used to check every watcher's filter).
+//!   lease event nothing (never a check of every watcher's filter).
 //! * **Slow watchers**: each watcher queues at most
 //!   [`WatchConfig::buffer`] events. A watcher whose queue is full when an
 //!   event comes is dropped; it receives what was queued, then
