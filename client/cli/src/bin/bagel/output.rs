@@ -2,7 +2,7 @@
 //! `--output text|json` (`-o`, env `BAGEL_OUTPUT`; `--json` is the same as
 //! `-o json`), accepted before or after the subcommand, as etcdctl's and
 //! kubectl's `-o`. Commands ask [`json`] instead of each carrying a flag
-//! of its own (they drifted: `bagel --json acquire x` was a usage error).
+//! of its own, so that every command takes it in every place alike.
 
 use std::sync::OnceLock;
 
