@@ -1,8 +1,8 @@
 //! A shard's held names in name order, for `List` and the side port's
 //! search: a page then costs about its size plus a binary search per
-//! shard, instead of a pass over every record (issue 38: 29 ms a page at
-//! 10^6 names for a prefix matching nothing, 94 ms for "", on the async
-//! workers).
+//! shard, never a pass over every record (which at 10^6 names costs tens
+//! of milliseconds a page, on the async workers, even for a prefix that
+//! matches nothing).
 //!
 //! The order holds bare 4-byte slot numbers, sorted by the names they
 //! point at in the slab (as `SlotIndex` does for hashing): the names live
