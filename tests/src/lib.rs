@@ -11,6 +11,7 @@ pub mod conformance;
 mod lease_support;
 mod liar_store;
 pub mod memory_lease;
+pub mod model;
 mod nfs_env;
 pub mod raw;
 

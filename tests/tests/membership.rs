@@ -1,0 +1,183 @@
+//! A wrong server list fails safe (issue 51, hole 3): servers started
+//! with `--members` grant only the names they own under the member lists,
+//! so a client whose list names a member by the wrong ID — pinned and
+//! never asked, or down when the client starts — is refused the names it
+//! misroutes instead of taking them beside the right list's holder.
+//! Real `bagel-server` processes on 127.0.0.1, the real cluster client.
+
+use std::time::Duration;
+
+use bagel_client::{Cluster, Error, LeaseOptions, ServerSpec};
+use bagel_proto::routing::owner;
+use bagel_tests::ServerProcess;
+
+/// Two members `a` and `b` that know their membership.
+async fn pair(extra: &[&str]) -> (ServerProcess, ServerProcess) {
+    let start = |id: &'static str| {
+        let mut args = vec!["--server-id", id, "--members", "a,b"];
+        args.extend_from_slice(extra);
+        async move { ServerProcess::start_ready(&args).await }
+    };
+    tokio::join!(start("a"), start("b"))
+}
+
+fn entry(id: &str, server: &ServerProcess, pinned: bool) -> ServerSpec {
+    let text = if pinned {
+        format!("{id}={}#{}", server.url, server.public_key_hex)
+    } else {
+        format!("{id}={}", server.url)
+    };
+    text.parse().unwrap()
+}
+
+/// A name `b` owns under the right list `[a, b]` that the wrong list
+/// `[a, x]` routes to `a`.
+fn misrouted_name() -> String {
+    (0..)
+        .map(|i| format!("tenant-{i}"))
+        .find(|n| owner(&["a", "b"], n) == Some(1) && owner(&["a", "x"], n) == Some(0))
+        .unwrap()
+}
+
+fn no_renew() -> LeaseOptions {
+    LeaseOptions::default().with_auto_renew(false)
+}
+
+#[track_caller]
+fn assert_wrong_list(e: &Error) {
+    assert!(matches!(e, Error::Config { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("belongs to server \"b\"") || text.contains("belongs to server b"),
+        "{text}"
+    );
+    assert!(!e.is_retryable(), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_pinned_member_under_a_wrong_id_gets_no_name_its_owner_granted() {
+    let (a, b) = pair(&[]).await;
+    let right = Cluster::connect(&[entry("a", &a, true), entry("b", &b, true)])
+        .await
+        .unwrap();
+    // b's ID written wrong, its key pinned: the client never asks b.
+    let wrong = Cluster::connect(&[entry("a", &a, true), entry("x", &b, true)])
+        .await
+        .unwrap();
+    let name = misrouted_name();
+    let held = right
+        .acquire([name.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    let e = wrong
+        .acquire([name.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .expect_err("a, which does not own the name, must refuse it");
+    assert_wrong_list(&e);
+    // Refused before and after the rightful holder lets go alike: the
+    // answer is the list's, not the name's.
+    held.release(None).await.unwrap();
+    let e = wrong
+        .acquire([name])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap_err();
+    assert_wrong_list(&e);
+}
+
+#[tokio::test]
+async fn a_wrong_id_for_a_member_down_at_start_gets_no_name_either() {
+    let (a, mut b) = pair(&[]).await;
+    let b_url = b.url.clone();
+    b.kill();
+    // Unpinned and down: the client cannot check x's identity at start,
+    // and goes on with it (only x's names should wait for it).
+    let x: ServerSpec = format!("x={b_url}").parse().unwrap();
+    let wrong = Cluster::connect(&[entry("a", &a, false), x]).await.unwrap();
+    let e = wrong
+        .acquire([misrouted_name()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap_err();
+    assert_wrong_list(&e);
+    // a's own names are still a's to grant.
+    let own = (0..)
+        .map(|i| format!("own-{i}"))
+        .find(|n| owner(&["a", "b"], n) == Some(0) && owner(&["a", "x"], n) == Some(0))
+        .unwrap();
+    wrong
+        .acquire([own])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap()
+        .release(None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn server_info_announces_the_members_and_a_server_outside_them_will_not_start() {
+    let (a, _b) = pair(&[]).await;
+    let info = a.cli(&["server-info", "--json"]);
+    assert!(info.status.success(), "{info:?}");
+    let text = String::from_utf8_lossy(&info.stdout);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["members"], serde_json::json!([["a", "b"]]), "{text}");
+
+    let out = std::process::Command::new(bagel_tests::bin("bagel-server"))
+        .args(["--listen", "127.0.0.1:0", "--server-id", "c", "--members", "a,b"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"c\" is in none of the member lists"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn while_migrating_each_member_grants_its_names_under_either_list() {
+    // a and b learn of c first (`--next-members`); c serves the next list.
+    let (a, b) = pair(&["--next-members", "a,b,c"]).await;
+    let c = ServerProcess::start_ready(&["--server-id", "c", "--members", "a,b", "--next-members", "a,b,c"])
+        .await;
+    let current = [entry("a", &a, true), entry("b", &b, true)];
+    let next = [entry("a", &a, true), entry("b", &b, true), entry("c", &c, true)];
+    let step2 = Cluster::migrating(&current, &next).await.unwrap();
+    let step3 = Cluster::connect(&next).await.unwrap();
+    // A name that moves to c: a step-2 client takes it from its owner in
+    // each list, a step-3 client then waits on c.
+    let moving = (0..)
+        .map(|i| format!("moving-{i}"))
+        .find(|n| owner(&["a", "b", "c"], n) == Some(2))
+        .unwrap();
+    let lease = step2
+        .acquire([moving.clone()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap();
+    let e = step3
+        .acquire([moving])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "{e:?}");
+    lease.release(None).await.unwrap();
+}
