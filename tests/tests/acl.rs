@@ -968,3 +968,147 @@ async fn the_audit_flags_writes_under_leases_the_policy_did_not_allow() {
     assert_eq!(flagged[0]["owner"], "rogue");
     assert_eq!(flagged[0]["name"], "team-b/orders");
 }
+
+/// Two identities by token: `holder` may always lease jobs/; `ci` may
+/// lease jobs/ in version 1 and only read it in version 2.
+fn two_tokens(ci_may_lease: bool) -> String {
+    let hash = |t: &str| bagel_proto::hex::encode(&bagel_proto::acl::hash_token(t));
+    let ci = if ci_may_lease {
+        r#"["lease", "read"]"#
+    } else {
+        r#"["read"]"#
+    };
+    format!(
+        r#"
+[[token]]
+identity = "holder"
+sha256 = "{}"
+
+[[token]]
+identity = "ci"
+sha256 = "{}"
+
+[[token]]
+identity = "other"
+sha256 = "{}"
+
+[[grant]]
+identity = "holder"
+prefixes = ["jobs/"]
+permissions = ["lease", "read"]
+
+[[grant]]
+identity = "ci"
+prefixes = ["jobs/"]
+permissions = {ci}
+
+[[grant]]
+identity = "other"
+prefixes = ["other/"]
+permissions = ["lease", "read"]
+"#,
+        hash(HOLDER_TOKEN),
+        hash(SECRET),
+        hash(OTHER_TOKEN)
+    )
+}
+
+const HOLDER_TOKEN: &str = "tok-holder-5a1e";
+const OTHER_TOKEN: &str = "tok-other-77c2";
+
+/// Issue 51, hole 5: permission is judged at the grant. An acquire that
+/// queued while the policy allowed it is refused when its turn comes
+/// after a reload revoked the grant, not granted on the old policy.
+#[tokio::test]
+async fn a_waiting_acquire_is_judged_by_the_policy_in_force_at_its_grant() {
+    let s = Setup::start(&two_tokens(true), false, &[], ServerOptions::default()).await;
+    let mut holding = s.client(None, Some(HOLDER_TOKEN)).await;
+    let mut ci = s.client(None, Some(SECRET)).await;
+    let mut observer = s.client(None, Some(HOLDER_TOKEN)).await;
+    let held = holding
+        .acquire(acquire(&["jobs/1"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let mut req = acquire(&["jobs/1"]);
+        req.wait_us = 8 * SEC;
+        ci.acquire(req).await
+    });
+    // Queued (the server counts it), then the policy changes.
+    loop {
+        let info = observer
+            .server_info(pb::ServerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if info.load.unwrap().waiters == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    s.rewrite(&two_tokens(false));
+    while policy_version(&mut observer).await == 1 {
+        tokio::task::yield_now().await;
+    }
+    // The holder lets go: the waiter's turn comes under version 2.
+    holding
+        .release(pb::ReleaseRequest {
+            lease_id: held.lease_id.clone(),
+            token: held.token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let e = waiting
+        .await
+        .unwrap()
+        .expect_err("granted under a revoked policy");
+    assert_denied(&e, "ci", "lease", "jobs/1");
+    assert_eq!(holder(&mut observer, "jobs/1").await, None);
+}
+
+/// Issue 51, hole 5: a caller that may not see a lease learns nothing of
+/// it from a renewal of its id (not its owner, not its names), whatever
+/// token it sends: the permission check comes first.
+#[tokio::test]
+async fn a_renewal_of_anothers_lease_says_nothing_of_it() {
+    let s = Setup::start(&two_tokens(true), false, &[], ServerOptions::default()).await;
+    let mut holding = s.client(None, Some(HOLDER_TOKEN)).await;
+    let mut other = s.client(None, Some(OTHER_TOKEN)).await;
+    let held = holding
+        .acquire(acquire(&["jobs/secret-plan"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    for token in [held.token.clone(), "0".repeat(held.token.len())] {
+        let e = other
+            .renew(pb::RenewRequest {
+                lease_id: held.lease_id.clone(),
+                token,
+                ttl_us: 9 * SEC,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        let m = e.message();
+        assert!(!m.contains("secret-plan") && !m.contains("holder"), "{m:?}");
+        assert!(m.contains(&held.lease_id), "{m:?}");
+    }
+    // The holder's own refusal still names its name.
+    let e = holding
+        .renew(pb::RenewRequest {
+            lease_id: held.lease_id.clone(),
+            token: "0".repeat(held.token.len()),
+            ttl_us: 9 * SEC,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+}
