@@ -526,3 +526,27 @@ fn slug(heading: &str) -> String {
         })
         .collect()
 }
+
+/// `bagel run` on a held name under `--json`: the held error is the same
+/// JSON object `acquire` gives, with the holder.
+#[tokio::test]
+async fn bagel_run_on_a_held_name_says_so_in_json() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let state = tempfile::tempdir().unwrap();
+    let name = unique("run-held");
+    let held = json_of(&bagel(
+        &server.url,
+        state.path(),
+        &["acquire", &name, "--ttl", "9s", "--json"],
+    ));
+    let out = bagel(
+        &server.url,
+        state.path(),
+        &["run", "--name", &name, "--json", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    let e: Value =
+        serde_json::from_slice(&out.stderr).unwrap_or_else(|e| panic!("{e}: {}", describe_output(&out)));
+    assert_eq!(e["kind"], "held", "{e}");
+    assert_eq!(e["holder"]["lease_id"], held["lease_id"], "{e}");
+}

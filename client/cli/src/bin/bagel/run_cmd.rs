@@ -46,7 +46,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::lease_cmds::{EXIT_BUSY, Globals, busy_message};
+use crate::lease_cmds::{EXIT_BUSY, Globals, busy_message, holder_json};
 use crate::process_tree::ProcessTree;
 
 /// Exit code when the command was fenced (lease lost or not renewed in
@@ -130,6 +130,14 @@ pub async fn run(args: RunArgs, g: Globals<'_>) -> anyhow::Result<ExitCode> {
     }
     let lease = match acquire.send().await {
         Ok(l) => l,
+        Err(e @ Error::Busy { .. }) if crate::output::json() => {
+            return Ok(crate::failure::report_with(
+                "held",
+                EXIT_BUSY,
+                &busy_message(&e),
+                holder_json(&e),
+            ));
+        }
         Err(e @ Error::Busy { .. }) => {
             eprintln!("bagel run: {}", busy_message(&e));
             return Ok(ExitCode::from(EXIT_BUSY));

@@ -112,7 +112,7 @@ impl LeaseCommand {
 /// The holder of a refused name, for the JSON error (`holder`: name,
 /// lease id, owner, deadline in µs, server); empty when the backend could
 /// not say.
-fn holder_json(e: &Error) -> serde_json::Map<String, serde_json::Value> {
+pub fn holder_json(e: &Error) -> serde_json::Map<String, serde_json::Value> {
     let mut out = serde_json::Map::new();
     if let Error::Busy {
         conflict: Some(c), ..
