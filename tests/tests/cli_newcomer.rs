@@ -158,7 +158,7 @@ async fn written(server: &ServerProcess, extra: &[&str]) -> Written {
         &["acquire", &unique("ledger"), "--ttl", "9s", "--json"],
     );
     let lease_file = dir.path().join("lease.json");
-    std::fs::write(&lease_file, &json_of(&lease).to_string()).unwrap();
+    std::fs::write(&lease_file, json_of(&lease).to_string()).unwrap();
     let lease_file = lease_file.to_str().unwrap().to_owned();
     let mut args = vec![
         "write",
@@ -284,12 +284,12 @@ async fn an_audit_with_an_untrusted_key_says_so_once_per_key_and_never_asks_the_
 /// No raw µs in text output: times as RFC 3339, durations as people
 /// write them.
 fn assert_no_raw_micros(text: &str) {
-    let raw = regex_lite_us(text);
+    let raw = first_raw_micros(text);
     assert!(raw.is_none(), "raw µs {raw:?} in: {text}");
 }
 
 /// The first "<digits> us" in `text`, if any.
-fn regex_lite_us(text: &str) -> Option<String> {
+fn first_raw_micros(text: &str) -> Option<String> {
     let words: Vec<&str> = text
         .split(|c: char| c.is_whitespace() || "()[],;".contains(c))
         .collect();
@@ -314,8 +314,6 @@ async fn text_output_shows_times_for_people_and_no_token_unless_asked() {
     let text = stdout(&out);
     assert!(!text.contains("token     "), "{text}");
     assert_no_raw_micros(&text);
-    let lease = json_of(&run(&["describe", &name, "--json"]));
-    let _ = lease;
     let other = unique("secret");
     let out = run(&["acquire", &other, "--ttl", "9s", "--tentative", "--json"]);
     let held = json_of(&out);
@@ -355,7 +353,7 @@ async fn text_output_shows_times_for_people_and_no_token_unless_asked() {
     assert!(first.ends_with("progress"), "{first}");
     let out = run(&["acquire", &watched, "--ttl", "9s", "--json"]);
     let file = state.path().join("watched.json");
-    std::fs::write(&file, &json_of(&out).to_string()).unwrap();
+    std::fs::write(&file, json_of(&out).to_string()).unwrap();
     let out = run(&["release", "--lease", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe_output(&out));
     assert_no_raw_micros(&stdout(&out));
