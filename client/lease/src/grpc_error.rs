@@ -48,8 +48,8 @@ pub(crate) fn from_status(s: Status) -> Error {
     }
     match s.code() {
         // The details are a google.rpc.Status with the conflict packed
-        // in an Any; servers before that sent the bare conflict, which
-        // `conflict_of` reads too.
+        // in an Any; `conflict_of` also reads a bare conflict (the form
+        // an older server sends).
         Code::Aborted => Error::Busy {
             conflict: bagel_proto::details::conflict_of(s.details()).map(|c| Box::new(Conflict::from(c))),
             message,
