@@ -160,7 +160,9 @@ impl Membership {
     /// refuses every name.
     pub fn new(me: &str, lists: Vec<Vec<String>>) -> Result<Self, MembershipError> {
         if lists.is_empty() {
-            return Err(MembershipError("a membership needs at least one member list".into()));
+            return Err(MembershipError(
+                "a membership needs at least one member list".into(),
+            ));
         }
         for list in &lists {
             if list.is_empty() {
@@ -183,7 +185,10 @@ impl Membership {
                  (start it with --server-id set to its id in the list)"
             )));
         }
-        Ok(Membership { me: me.to_owned(), lists })
+        Ok(Membership {
+            me: me.to_owned(),
+            lists,
+        })
     }
 
     /// The lists in force, current first.
@@ -324,7 +329,12 @@ mod tests {
             let by_right = &right[owner(&right, &name).unwrap()];
             if by_wrong == "a" && by_right == "b" {
                 misrouted += 1;
-                assert_eq!(a.owns(&name), Err(NotOwned { owners: vec!["b".into()] }));
+                assert_eq!(
+                    a.owns(&name),
+                    Err(NotOwned {
+                        owners: vec!["b".into()]
+                    })
+                );
             }
         }
         assert!(misrouted > 100, "{misrouted}");
@@ -341,7 +351,11 @@ mod tests {
             let in_current = current[owner(&current, &name).unwrap()].as_str();
             let in_next = next[owner(&next, &name).unwrap()].as_str();
             assert_eq!(c.owns(&name).is_ok(), in_next == "c", "{name}");
-            assert_eq!(b.owns(&name).is_ok(), in_current == "b" || in_next == "b", "{name}");
+            assert_eq!(
+                b.owns(&name).is_ok(),
+                in_current == "b" || in_next == "b",
+                "{name}"
+            );
         }
     }
 

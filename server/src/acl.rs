@@ -497,7 +497,12 @@ impl Service {
         // The refused name is said only to the identity the lease was
         // granted to: anyone else learns nothing of another's lease, not
         // even which name its id holds.
-        if self.inner.table.lease_owner(lease).is_some_and(|owner| owner == identity) {
+        if self
+            .inner
+            .table
+            .lease_owner(lease)
+            .is_some_and(|owner| owner == identity)
+        {
             Err(self.denied(identity, permission, "name", &name))
         } else {
             Err(self.denied(identity, permission, "lease", &lease.to_string()))

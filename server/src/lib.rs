@@ -153,7 +153,9 @@ impl Server {
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
         let acl = acl::start(cfg.acl.as_deref())?;
-        let membership = cfg.membership().map_err(|reason| Error::invalid("config", reason))?;
+        let membership = cfg
+            .membership()
+            .map_err(|reason| Error::invalid("config", reason))?;
         Ok(Server {
             service: Service {
                 inner: Arc::new(Inner {

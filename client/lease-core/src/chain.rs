@@ -140,15 +140,27 @@ mod tests {
     #[test]
     fn a_live_holder_refuses_unless_a_full_acquire_breaks_a_tentative_one() {
         assert_eq!(admit(None, Mode::Full, at(5)), Admission::Free);
-        assert_eq!(admit(holder(Mode::Full, 10), Mode::Full, at(5)), Admission::Refused);
-        assert_eq!(admit(holder(Mode::Full, 10), Mode::Tentative, at(5)), Admission::Refused);
-        assert_eq!(admit(holder(Mode::Tentative, 10), Mode::Tentative, at(5)), Admission::Refused);
+        assert_eq!(
+            admit(holder(Mode::Full, 10), Mode::Full, at(5)),
+            Admission::Refused
+        );
+        assert_eq!(
+            admit(holder(Mode::Full, 10), Mode::Tentative, at(5)),
+            Admission::Refused
+        );
+        assert_eq!(
+            admit(holder(Mode::Tentative, 10), Mode::Tentative, at(5)),
+            Admission::Refused
+        );
         assert_eq!(
             admit(holder(Mode::Tentative, 10), Mode::Full, at(5)),
             Admission::BreaksTentative
         );
         // At the deadline the holder is gone.
-        assert_eq!(admit(holder(Mode::Full, 10), Mode::Full, at(10)), Admission::BreaksExpired);
+        assert_eq!(
+            admit(holder(Mode::Full, 10), Mode::Full, at(10)),
+            Admission::BreaksExpired
+        );
         let lapsed = Some(HolderView {
             mode: Mode::Full,
             deadline: at(10),

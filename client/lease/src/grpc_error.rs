@@ -368,7 +368,10 @@ mod tests {
             [("name", "\"n\"".to_owned()), ("owners", "b".to_owned())],
         );
         let e = from_status(with(Code::FailedPrecondition, message, details));
-        assert!(matches!(&e, Error::Config { message: m } if m == message), "{e:?}");
+        assert!(
+            matches!(&e, Error::Config { message: m } if m == message),
+            "{e:?}"
+        );
         assert!(!e.is_retryable());
     }
 

@@ -536,7 +536,10 @@ async fn main() -> anyhow::Result<()> {
         cfg = cfg.with_server_id(id);
     }
     let mut member_lists = Vec::new();
-    for (flag, list) in [("--members", &args.members), ("--next-members", &args.next_members)] {
+    for (flag, list) in [
+        ("--members", &args.members),
+        ("--next-members", &args.next_members),
+    ] {
         if let Some(list) = list {
             let ids = bagel_proto::routing::parse_member_list(list)
                 .map_err(|e| anyhow::anyhow!("invalid {flag}: {e}"))?;

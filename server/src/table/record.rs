@@ -8,10 +8,10 @@ use super::accounts::Account;
 use super::history::NameHistory;
 use super::ids::LeaseId;
 
+use bagel_lease_core::chain::{self, HolderView};
 /// A lease's mode and how a name's previous lease ended: the lease core's
 /// domain types, the ones every backend and client speaks.
 pub use bagel_lease_core::types::{Ended, Mode};
-use bagel_lease_core::chain::{self, HolderView};
 
 /// The previous lease of a name, as handed to the next holder.
 #[derive(Clone, Debug, PartialEq)]
