@@ -10,11 +10,11 @@ use crate::error::{Error, Result};
 use crate::grpc_error::from_status;
 use crate::types::WatchEvent;
 
-/// How [`Client::watch_with`] starts a watch, and what it receives: the
+/// How [`Client::watch_with`](super::Client::watch_with) starts a watch, and what it receives: the
 /// same for every backend that watches.
 pub use bagel_lease_core::backend::{WatchMessage, WatchOptions};
 
-/// The events of [`Client::watch`], in revision order.
+/// The events of [`Client::watch`](super::Client::watch), in revision order.
 #[derive(Debug)]
 pub struct Watch {
     pub(super) events: tonic::Streaming<pb::WatchEvent>,
