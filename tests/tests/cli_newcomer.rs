@@ -434,6 +434,17 @@ fn man_pages_cover_every_command_at_every_depth() {
     let dir = tempfile::tempdir().unwrap();
     let out = cli_no_server(&["man", dir.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe_output(&out));
+    // Under --json it says what it wrote as JSON; completions (a script)
+    // refuses --json rather than ignore it.
+    let again = tempfile::tempdir().unwrap();
+    let out = cli_no_server(&["man", again.path().to_str().unwrap(), "--json"]);
+    assert!(
+        json_of(&out)["pages"].as_u64().unwrap() > 20,
+        "{}",
+        describe_output(&out)
+    );
+    let out = cli_no_server(&["completions", "bash", "--json"]);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{}", describe_output(&out));
     for (page, says) in [
         ("bagel-acl-check.1", "\\-\\-identity"),
         ("bagel-acl-hash-token.1", "stdin"),

@@ -206,6 +206,14 @@ async fn run() -> ExitCode {
     output::init(cli.output, cli.json);
     init_logging(cli.log_format);
     if let Command::Completions(args) = &cli.command {
+        if output::json() {
+            // A completion script is shell text: there is no JSON of it.
+            return failure::report(
+                "usage",
+                failure::EXIT_USAGE,
+                "completions prints a shell script; --json does not apply to it",
+            );
+        }
         let shell = match args.shell {
             Shell::Bash => clap_complete::Shell::Bash,
             Shell::Zsh => clap_complete::Shell::Zsh,
@@ -223,6 +231,13 @@ async fn run() -> ExitCode {
     if let Command::Man(args) = &cli.command {
         let command = <Cli as clap::CommandFactory>::command();
         return match write_man_pages(command, &args.dir) {
+            Ok(written) if output::json() => {
+                println!(
+                    "{}",
+                    serde_json::json!({ "dir": args.dir.display().to_string(), "pages": written })
+                );
+                ExitCode::SUCCESS
+            }
             Ok(written) => {
                 eprintln!("wrote {written} man pages into {}", args.dir.display());
                 ExitCode::SUCCESS
