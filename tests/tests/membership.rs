@@ -135,6 +135,12 @@ async fn server_info_announces_the_members_and_a_server_outside_them_will_not_st
     let text = String::from_utf8_lossy(&info.stdout);
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(json["members"], serde_json::json!([["a", "b"]]), "{text}");
+    let human = a.cli(&["server-info"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("members: a, b (grants only the names it owns)"),
+        "{text}"
+    );
 
     let out = std::process::Command::new(bagel_tests::bin("bagel-server"))
         .args(["--listen", "127.0.0.1:0", "--server-id", "c", "--members", "a,b"])

@@ -103,6 +103,16 @@ fn print_server_info(info: &ServerInfo) {
         info.clock.detail,
         d(info.clock.error_bound)
     );
+    match info.members.as_slice() {
+        // One server alone grants every name; nothing to say.
+        [] => {}
+        [current] => println!("members: {} (grants only the names it owns)", current.join(", ")),
+        [current, next, ..] => println!(
+            "members: {}; next: {} (grants the names it owns under either)",
+            current.join(", "),
+            next.join(", ")
+        ),
+    }
     print_access(info.access.as_deref());
 }
 
