@@ -28,13 +28,14 @@
 //! * a crashed server forgets everything and restarts with no
 //!   granted-until mark (the longest wait: the mark only lengthens it).
 //!
-//! The properties, on true time:
-//! * **one holder**: at most one client holds an unexpired lease on a
+//! The properties, on true time (numbered in docs/invariants.md):
+//! * **one holder** (L-1; with L-4's restarts, L-5's lists, L-6's
+//!   migration steps): at most one client holds an unexpired lease on a
 //!   name;
-//! * **fencing**: every server grants each name strictly rising fencing
-//!   tokens, also across its restarts;
-//! * **watermark**: every new holder's `min_timestamp` is at or above
-//!   every timestamp any earlier holder of the name wrote.
+//! * **fencing** (L-2): every server grants each name strictly rising
+//!   fencing tokens, also across its restarts;
+//! * **watermark** (L-3): every new holder's `min_timestamp` is at or
+//!   above every timestamp any earlier holder of the name wrote.
 
 use std::fmt::Write as _;
 
