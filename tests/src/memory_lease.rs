@@ -71,6 +71,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bagel_lease_core::backend::{Call, Listed, ListedAt, Listing, NameRoute, Offer};
+use bagel_lease_core::chain::{self, Admission, HolderView};
 use bagel_lease_core::{
     AcquireSpec, BackendInfo, Conflict, Ended, Error, Grant, History, HistoryEntry, HistoryEvent, Holder,
     LeaseBackend, LeaseLimits, LeaseRef, ListedName, Metadata, Micros, Mode, NameGrant, NameState,
@@ -136,6 +137,17 @@ struct HolderRecord {
     holder_key: Option<[u8; 32]>,
 }
 
+impl HolderRecord {
+    /// The holder as the lease-chain rule sees it.
+    fn view(&self) -> HolderView {
+        HolderView {
+            mode: self.mode,
+            deadline: self.deadline,
+            expired: false,
+        }
+    }
+}
+
 // --- the rules: pure functions of (record, request, now) -------------------
 
 /// What the first holder of a name inherits: nothing.
@@ -172,9 +184,13 @@ impl NameRecord {
     /// and writes may still be in flight, so its bags are unsettled. A
     /// tentative holder could not write and leaves no trace.
     fn inherit(&self, now: Micros) -> Previous {
+        let handoff = chain::handoff(
+            self.previous.watermark,
+            self.holder.as_ref().map(HolderRecord::view),
+        );
         match &self.holder {
-            Some(h) if h.mode == Mode::Full => {
-                let watermark = self.previous.watermark.max(h.deadline);
+            Some(h) if handoff.broken => {
+                let watermark = handoff.watermark;
                 Previous {
                     lease_id: Some(h.lease_id.clone()),
                     watermark,
@@ -193,8 +209,11 @@ impl NameRecord {
 /// or who holds it. A live holder refuses, except that a full acquire
 /// breaks a tentative one.
 fn decide(name: &str, rec: &NameRecord, mode: Mode, now: Micros) -> Result<Previous, Box<Conflict>> {
-    match rec.live_holder(now) {
-        Some(h) if !(h.mode == Mode::Tentative && mode == Mode::Full) => Err(Box::new(Conflict {
+    match (
+        chain::admit(rec.holder.as_ref().map(HolderRecord::view), mode, now),
+        &rec.holder,
+    ) {
+        (Admission::Refused, Some(h)) => Err(Box::new(Conflict {
             name: name.to_owned(),
             holder_lease_id: h.lease_id.clone(),
             holder_owner: h.owner.clone(),

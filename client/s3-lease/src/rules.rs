@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use bagel_lease_core::chain::{self, Admission, HolderView};
 use bagel_lease_core::{Conflict, Error, Metadata, Micros, Mode, NotHeldReason};
 
 use crate::object::{
@@ -99,34 +100,44 @@ impl Rules {
                 previous: obj.previous.clone(),
             };
         };
+        // The lease-chain rule every backend shares, with the holder live
+        // (to others) until `free_from`: its deadline plus the clock
+        // margins no single clock can vouch for here.
         let free_from = self.free_from(h, own_bound);
-        if now < free_from {
-            let breakable = h.mode == ModeRecord::Tentative && mode == Mode::Full;
-            if !breakable {
-                return Decision::Busy {
-                    conflict: Box::new(Conflict {
-                        name: name.to_owned(),
-                        holder_lease_id: h.lease_id.clone(),
-                        holder_owner: h.owner.clone(),
-                        holder_mode: h.mode.into(),
-                        holder_deadline: Micros::from_micros(h.deadline_us),
-                        server: None,
-                    }),
-                    free_from,
-                };
-            }
+        let seen = |deadline: Micros| HolderView {
+            mode: h.mode.into(),
+            deadline,
+            expired: false,
+        };
+        if chain::admit(Some(seen(free_from)), mode, now) == Admission::Refused {
+            return Decision::Busy {
+                conflict: Box::new(Conflict {
+                    name: name.to_owned(),
+                    holder_lease_id: h.lease_id.clone(),
+                    holder_owner: h.owner.clone(),
+                    holder_mode: h.mode.into(),
+                    holder_deadline: Micros::from_micros(h.deadline_us),
+                    server: None,
+                }),
+                free_from,
+            };
         }
-        let previous = match h.mode {
-            ModeRecord::Tentative => obj.previous.clone(),
-            ModeRecord::Full => PreviousRecord {
+        let handoff = chain::handoff(
+            Micros::from_micros(obj.previous.watermark_us),
+            Some(seen(Micros::from_micros(h.deadline_us))),
+        );
+        let previous = if handoff.broken {
+            PreviousRecord {
                 lease_id: Some(h.lease_id.clone()),
-                watermark_us: obj.previous.watermark_us.max(h.deadline_us),
+                watermark_us: handoff.watermark.as_micros(),
                 ended: EndedRecord::Broken,
                 ended_at_us: now.as_micros(),
                 unsettled: true,
                 granted_at_us: h.granted_at_us,
                 watermark_signed_time_b64: None,
-            },
+            }
+        } else {
+            obj.previous.clone()
         };
         Decision::Take { previous }
     }
