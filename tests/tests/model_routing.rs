@@ -58,7 +58,7 @@ fn explore(
 ) -> (RoutingModel, impl Checker<RoutingModel>) {
     let started = std::time::Instant::now();
     // One thread for a counterexample, so that breadth-first order (and
-    // so the shortest trace) is kept; two to explore everything.
+    // so a short trace) is kept; two to explore everything.
     let threads = if matches!(finish, HasDiscoveries::All) {
         2
     } else {
@@ -102,7 +102,7 @@ fn assert_found(what: &str, m: RoutingModel, property: &'static str) {
         .discovery(property)
         .unwrap_or_else(|| panic!("{what}: the checker did not find {property:?} broken"));
     eprintln!(
-        "{what}: {property:?} broken, shortest trace:\n{}",
+        "{what}: {property:?} broken; a trace to it:\n{}",
         m.describe(&path)
     );
 }

@@ -237,11 +237,23 @@ impl RoutingModel {
             .count()
     }
 
-    /// A counterexample as a person reads it: each step, and what it did.
+    /// Whether `state` breaks one of the safety properties.
+    pub fn broken(&self, state: &State) -> bool {
+        state.fencing_broken
+            || state.watermark_broken
+            || (0..self.names.len()).any(|n| self.holders(state, n) > 1)
+    }
+
+    /// A counterexample as a person reads it: each step, and what it did,
+    /// up to the first state that breaks a property.
     pub fn describe(&self, path: &Path<State, Action>) -> String {
         let mut out = String::new();
         let steps = path.clone().into_vec();
         for (i, (state, action)) in steps.iter().enumerate() {
+            if self.broken(state) {
+                let _ = writeln!(out, "  t={}s: broken here", state.now / TICK_US);
+                break;
+            }
             let Some(action) = action else { continue };
             let after = &steps.get(i + 1).map(|(s, _)| s).unwrap_or(state);
             let name = |n: &u8| self.names[*n as usize].as_str();
