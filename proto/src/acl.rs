@@ -283,6 +283,12 @@ impl Policy {
                         crate::names::echo(prefix)
                     )));
                 }
+                if let Some(not) = crate::names::not_nfc(prefix) {
+                    return Err(fail(format!(
+                        "prefix {} {not}: names must be in NFC, so no name could start with it",
+                        crate::names::echo(prefix)
+                    )));
+                }
             }
             if g.permissions.is_empty() {
                 return Err(fail("permissions is empty: list lease, read or both".into()));
@@ -758,6 +764,22 @@ permissions = ["lease", "read"]
         );
         let e = Policy::parse(&twice).unwrap_err().to_string();
         assert!(e.contains("line 4 (token 2)") && e.contains("token 1"), "{e}");
+    }
+
+    /// A prefix not in NFC could never start a name (names must be in
+    /// NFC), so a policy holding one is refused rather than granting
+    /// nothing without a word.
+    #[test]
+    fn a_prefix_not_in_nfc_is_refused() {
+        let text = "[[grant]]\nidentity = \"a\"\nprefixes = [\"\u{212B}/\"]\npermissions = [\"lease\"]\n";
+        let e = Policy::parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1 (grant 1)")
+                && e.contains("U+212B at character 0 is U+00C5 in NFC")
+                && e.contains("no name could start with it"),
+            "{e}"
+        );
+        assert!(Policy::parse(&text.replace('\u{212B}', "\u{C5}")).is_ok());
     }
 
     #[test]

@@ -23,11 +23,17 @@
 //!   Marks that belong to a script (Devanagari, Thai, Hebrew points…) are
 //!   allowed: those scripts cannot be written without them.
 //!
+//! * text not in Unicode normalization form C (NFC): two canonically
+//!   equivalent texts (`か` + U+3099 and `が`, U+212B ANGSTROM SIGN and
+//!   `Å`, U+212A KELVIN SIGN and `K`) are by definition the same text to
+//!   a reader, so only the NFC form is taken. The refusal names the code
+//!   points that differ and the NFC form to send instead ([`NotNfc`]).
+//!
 //! Not refused: look-alike letters of different scripts (Latin `a`,
-//! Cyrillic `а`) and compatibility characters (the Kelvin sign and `K`).
-//! Telling those apart needs the confusables tables of Unicode TS #39,
-//! which is more than a name check should carry; where people must tell
-//! names apart, keep them ASCII.
+//! Cyrillic `а`) and compatibility characters (the ligature `ﬁ` and `fi`,
+//! fullwidth `Ａ` and `A`). Telling those apart needs the confusables
+//! tables of Unicode TS #39, which is more than a name check should carry;
+//! where people must tell names apart, keep them ASCII.
 
 use std::fmt;
 use std::fmt::Write as _;
@@ -152,6 +158,87 @@ pub fn forbidden_char(name: &str) -> Option<ForbiddenChar> {
         .find_map(|(index, ch)| forbidden_kind(ch).map(|kind| ForbiddenChar { ch, index, kind }))
 }
 
+/// A text that is not in Unicode normalization form C: the characters
+/// that differ from its NFC form, and that form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotNfc {
+    /// The text in NFC: what to send instead.
+    pub nfc: String,
+    /// Position in characters (not bytes), from 0, of the first character
+    /// that differs.
+    pub index: usize,
+    /// The characters that differ, as sent.
+    pub sent: Vec<char>,
+    /// What they are in NFC.
+    pub canonical: Vec<char>,
+}
+
+/// At most this many code points of a difference are listed.
+const NOT_NFC_CHARS: usize = 8;
+
+fn code_points(f: &mut fmt::Formatter<'_>, chars: &[char]) -> fmt::Result {
+    for (i, c) in chars.iter().take(NOT_NFC_CHARS).enumerate() {
+        let sep = if i == 0 { "" } else { " " };
+        write!(f, "{sep}U+{:04X}", u32::from(*c))?;
+    }
+    if chars.len() > NOT_NFC_CHARS {
+        write!(f, " …")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for NotNfc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Worded to follow the quoted text, as `name_problem`'s are.
+        write!(f, "is not in Unicode normalization form C: ")?;
+        code_points(f, &self.sent)?;
+        write!(f, " at character {} is ", self.index)?;
+        code_points(f, &self.canonical)?;
+        write!(
+            f,
+            " in NFC; send {} instead (canonically equivalent texts read the same, so only the NFC form is taken)",
+            echo(&self.nfc)
+        )
+    }
+}
+
+/// How `text` differs from its NFC form, when it is not in NFC.
+pub fn not_nfc(text: &str) -> Option<NotNfc> {
+    use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
+    if text.is_ascii() || is_nfc_quick(text.chars()) == IsNormalized::Yes {
+        return None;
+    }
+    let nfc: String = text.nfc().collect();
+    if nfc == text {
+        return None;
+    }
+    let sent: Vec<char> = text.chars().collect();
+    let canonical: Vec<char> = nfc.chars().collect();
+    let head = sent.iter().zip(&canonical).take_while(|(a, b)| a == b).count();
+    let tail = sent[head..]
+        .iter()
+        .rev()
+        .zip(canonical[head..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    Some(NotNfc {
+        index: head,
+        sent: sent[head..sent.len() - tail].to_vec(),
+        canonical: canonical[head..canonical.len() - tail].to_vec(),
+        nfc,
+    })
+}
+
+/// Why `text` may not be a name, an owner or part of one, beyond its
+/// length: the first character [`forbidden_char`] refuses, else its
+/// difference from NFC ([`not_nfc`]); worded to follow the quoted text.
+pub fn text_problem(text: &str) -> Option<String> {
+    if let Some(bad) = forbidden_char(text) {
+        return Some(format!("{} contains {bad}", echo(text)));
+    }
+    not_nfc(text).map(|not| format!("{} {not}", echo(text)))
+}
+
 /// At most this many characters of a caller's value are quoted back in an
 /// error: enough to recognise it, never enough to turn a 4 MB field into a
 /// 4 MB (or, escaped, 30 MB) answer.
@@ -173,10 +260,10 @@ pub fn echo(raw: &str) -> String {
     shown(&quoted).into_owned()
 }
 
-/// Why `name` cannot name a lease (empty, over `max_bytes`, or holding a
-/// character [`forbidden_char`] refuses), worded for an error that
-/// follows the field's name; `None` when it can. The one rule the server
-/// and the S3 lease store both apply.
+/// Why `name` cannot name a lease (empty, over `max_bytes`, holding a
+/// character [`forbidden_char`] refuses, or not in NFC), worded for an
+/// error that follows the field's name; `None` when it can. The one rule
+/// the server and the S3 lease store both apply.
 pub fn name_problem(name: &str, max_bytes: usize) -> Option<String> {
     if name.is_empty() {
         return Some("is empty; names must be 1 or more bytes".into());
@@ -187,11 +274,11 @@ pub fn name_problem(name: &str, max_bytes: usize) -> Option<String> {
             name.len()
         ));
     }
-    forbidden_char(name).map(|bad| format!("{} contains {bad}", echo(name)))
+    text_problem(name)
 }
 
-/// Why `owner` cannot be a lease's owner: over `max_bytes`, or holding a
-/// character a name may not hold (owners are shown where names are:
+/// Why `owner` cannot be a lease's owner: over `max_bytes`, holding a
+/// character a name may not hold, or not in NFC (owners are shown where names are:
 /// conflicts, describe, the status page, witnesses). The same rule for an
 /// owner a client sends and one taken from its certificate's subject.
 pub fn owner_problem(owner: &str, max_bytes: usize) -> Option<String> {
@@ -201,7 +288,7 @@ pub fn owner_problem(owner: &str, max_bytes: usize) -> Option<String> {
             owner.len()
         ));
     }
-    forbidden_char(owner).map(|bad| format!("{} contains {bad}", echo(owner)))
+    text_problem(owner)
 }
 
 #[cfg(test)]
@@ -309,6 +396,76 @@ mod tests {
         ] {
             assert_eq!(forbidden_char(ok), None, "{ok:?}");
         }
+    }
+
+    /// Canonically equivalent names read the same: only the NFC form is a
+    /// name, and the refusal says which code points differ and what to
+    /// send.
+    #[test]
+    fn names_not_in_nfc_are_refused_with_their_nfc_form() {
+        let cases = [
+            (
+                "\u{304B}\u{3099}",
+                "\u{304C}",
+                0,
+                "U+304B U+3099 at character 0 is U+304C in NFC",
+            ),
+            (
+                "x\u{212B}y",
+                "x\u{C5}y",
+                1,
+                "U+212B at character 1 is U+00C5 in NFC",
+            ),
+            ("\u{212A}", "K", 0, "U+212A at character 0 is U+004B in NFC"),
+            // Marks in another order than the canonical one.
+            (
+                "\u{5e9}\u{5c1}\u{5b8}",
+                "\u{5e9}\u{5b8}\u{5c1}",
+                1,
+                "U+05C1 U+05B8 at character 1 is U+05B8 U+05C1 in NFC",
+            ),
+            // Hangul jamo compose into a syllable.
+            (
+                "\u{1100}\u{1161}",
+                "\u{AC00}",
+                0,
+                "U+1100 U+1161 at character 0 is U+AC00 in NFC",
+            ),
+        ];
+        for (sent, nfc, index, why) in cases {
+            let not = not_nfc(sent).unwrap_or_else(|| panic!("{sent:?} taken as NFC"));
+            assert_eq!((not.nfc.as_str(), not.index), (nfc, index), "{sent:?}");
+            let m = name_problem(sent, 64).unwrap();
+            assert!(m.contains(why), "{sent:?}: {m}");
+            assert!(m.contains(&format!("send {nfc:?} instead")), "{sent:?}: {m}");
+            assert!(owner_problem(sent, 64).unwrap().contains(why), "{sent:?}");
+            assert_eq!(name_problem(nfc, 64), None, "{nfc:?}");
+        }
+        // A refused character is named first, as before (e + U+0301 is
+        // not NFC either).
+        assert!(
+            name_problem("e\u{301}", 64)
+                .unwrap()
+                .contains("combining diacritical mark")
+        );
+        // NFC text of any script, and compatibility characters (NFC keeps
+        // them), pass.
+        for ok in [
+            "tenant-7",
+            "caf\u{e9} \u{65e5}\u{672c}",
+            "\u{939}\u{93f}\u{928}\u{94d}\u{926}\u{940}",
+            "\u{5e9}\u{5b8}\u{5c1}\u{5dc}\u{5d5}\u{5b9}\u{5dd}",
+            "\u{FB01}le \u{FF21}",
+        ] {
+            assert_eq!(not_nfc(ok), None, "{ok:?}");
+        }
+        // The difference listed is bounded whatever is sent.
+        let long = "\u{212B}".repeat(1000);
+        let m = name_problem(&long, usize::MAX).unwrap();
+        assert!(
+            m.len() < 600 && m.contains("U+212B U+212B") && m.contains('…'),
+            "{m}"
+        );
     }
 
     #[test]

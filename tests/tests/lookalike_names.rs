@@ -246,3 +246,51 @@ async fn the_status_page_escapes_what_it_shows() {
         assert!(!body.contains("<b>"), "{query}: markup unescaped");
     }
 }
+
+/// Issue 52: a name (or owner) not in Unicode normalization form C is
+/// refused, naming the code points that differ and the NFC form to send.
+/// Before: `か` + U+3099 and `が`, U+212B (ANGSTROM SIGN) and `Å` were two
+/// leases that look the same.
+#[tokio::test]
+async fn names_not_in_nfc_are_refused_naming_their_nfc_form() {
+    let server = ServerProcess::start_ready(&[]).await;
+    let mut c = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
+    // (not NFC, its NFC form, the code points that differ and what they are in NFC)
+    let cases = [
+        (
+            "\u{304B}\u{3099}",
+            "\u{304C}",
+            "U+304B U+3099 at character 0 is U+304C in NFC",
+        ),
+        ("\u{212B}", "\u{C5}", "U+212B at character 0 is U+00C5 in NFC"),
+        (
+            "x/\u{212A}elvin",
+            "x/Kelvin",
+            "U+212A at character 2 is U+004B in NFC",
+        ),
+    ];
+    for (name, nfc, why) in cases {
+        // The NFC form is a name, held by one owner...
+        c.acquire(acquire(&[nfc], "ops")).await.unwrap();
+        // ...and its canonical equivalent is refused, not a second lease.
+        let status = c.acquire(acquire(&["fine", name], "ops")).await.expect_err(name);
+        assert_eq!(status.code(), Code::InvalidArgument, "{name:?}: {status:?}");
+        let m = status.message();
+        assert!(
+            m.starts_with("names: [1] ")
+                && m.contains("is not in Unicode normalization form C")
+                && m.contains(why)
+                && m.contains(&format!("{nfc:?}")),
+            "{name:?}: {m}"
+        );
+        let status = c.acquire(acquire(&["fine"], name)).await.expect_err(name);
+        assert_eq!(status.code(), Code::InvalidArgument, "owner {name:?}: {status:?}");
+        assert!(
+            status.message().starts_with("owner: ") && status.message().contains(why),
+            "owner {name:?}: {}",
+            status.message()
+        );
+    }
+    // "fine" was never taken by a refused request.
+    c.acquire(acquire(&["fine"], "ops")).await.unwrap();
+}

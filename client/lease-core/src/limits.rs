@@ -303,6 +303,11 @@ mod tests {
             (&["a", "b", "a"], "names: [2] duplicate name \"a\""),
             (&["a\n"], "control character"),
             (&["a\u{202e}b"], "U+202E (a bidirectional override)"),
+            // Canonically equivalent to "Å" (U+00C5), a name of its own.
+            (
+                &["a", "\u{212B}"],
+                "names: [1] \"\u{212B}\" is not in Unicode normalization form C: U+212B at character 0 is U+00C5",
+            ),
         ];
         for (input, want) in cases {
             let err = l.check_names("names", &s(input)).unwrap_err();
@@ -312,6 +317,15 @@ mod tests {
         let long = s(&[&"x".repeat(257)]);
         let err = l.check_names("names", &long).unwrap_err().to_string();
         assert!(err.contains("257 bytes, over the limit of 256"), "{err}");
+        assert!(l.check_names("names", &s(&["\u{C5}"])).is_ok());
+        let err = l
+            .check_name("prefix", "\u{304B}\u{3099}")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("U+304B U+3099 at character 0 is U+304C in NFC"),
+            "{err}"
+        );
         let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
         let err = l.check_names("names", &many).unwrap_err().to_string();
         assert_eq!(err, "names: 65 names exceed the limit of 64 per request");
