@@ -89,6 +89,13 @@ pub fn same_members<S: AsRef<str>, T: AsRef<str>>(list: &[S], announced: &[T]) -
     a == b
 }
 
+/// Whether a client's `list` (member identities) agrees with what a
+/// member announced: it announced no membership (it grants every name),
+/// or `list` is, as a set, one of the lists it serves in.
+pub fn list_agrees<S: AsRef<str>>(list: &[S], announced: &[Vec<String>]) -> bool {
+    announced.is_empty() || announced.iter().any(|a| same_members(list, a))
+}
+
 /// The member ids of a list as an operator writes it for a server
 /// (`--members`): comma-separated entries, each an `ID` or a whole client
 /// list entry `ID=URL[#KEY]` (so the one `BAGEL_SERVERS` value can be
@@ -387,5 +394,10 @@ mod tests {
         assert!(same_members(&["b", "a"], &["a", "b"]));
         assert!(!same_members(&["a", "x"], &["a", "b"]));
         assert!(!same_members(&["a"], &["a", "b"]));
+        let announced = vec![list(&["a", "b"]), list(&["a", "b", "c"])];
+        assert!(list_agrees(&["b", "a"], &announced));
+        assert!(list_agrees(&["c", "b", "a"], &announced));
+        assert!(!list_agrees(&["a", "x"], &announced));
+        assert!(list_agrees(&["a", "x"], &[]));
     }
 }

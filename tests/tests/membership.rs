@@ -43,15 +43,52 @@ fn no_renew() -> LeaseOptions {
     LeaseOptions::default().with_auto_renew(false)
 }
 
+/// A wrong list is a configuration error, never retried: the client
+/// refuses the member whose announced membership disagrees with its list
+/// (at connect), or the member refuses the name (a client that skipped
+/// that check).
 #[track_caller]
 fn assert_wrong_list(e: &Error) {
     assert!(matches!(e, Error::Config { .. }), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("belongs to server \"b\"") || text.contains("belongs to server b"),
+        text.contains("the two disagree on which server owns which name")
+            || text.contains("belongs to server"),
         "{text}"
     );
     assert!(!e.is_retryable(), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_member_refuses_a_name_it_does_not_own_naming_its_owner() {
+    let (a, _b) = pair(&[]).await;
+    // One server's client: no list to compare, so the server decides.
+    let client = a.client().await;
+    let e = client
+        .acquire([misrouted_name()])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .expect_err("a does not own it");
+    assert!(matches!(e, Error::Config { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("belongs to server b "), "{text}");
+    assert!(text.contains("this is \"a\""), "{text}");
+    let own = (0..)
+        .map(|i| format!("own-{i}"))
+        .find(|n| owner(&["a", "b"], n) == Some(0))
+        .unwrap();
+    client
+        .acquire([own])
+        .ttl(Duration::from_secs(10))
+        .options(no_renew())
+        .send()
+        .await
+        .unwrap()
+        .release(None)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -98,33 +135,30 @@ async fn a_wrong_id_for_a_member_down_at_start_gets_no_name_either() {
     let (a, mut b) = pair(&[]).await;
     let b_url = b.url.clone();
     b.kill();
-    // Unpinned and down: the client cannot check x's identity at start,
-    // and goes on with it (only x's names should wait for it).
+    // Unpinned and down: the client cannot check x's identity at start.
     let x: ServerSpec = format!("x={b_url}").parse().unwrap();
-    let wrong = Cluster::connect(&[entry("a", &a, false), x]).await.unwrap();
-    let e = wrong
-        .acquire([misrouted_name()])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
+    // a answers at start: its membership refuses the list at once.
+    let e = Cluster::connect(&[entry("a", &a, false), x.clone()])
         .await
-        .unwrap_err();
+        .expect_err("a announces a, b; the list says a, x");
     assert_wrong_list(&e);
-    // a's own names are still a's to grant.
+    // a pinned too (nobody asked at start): refused at a's first use,
+    // for every name, the misrouted one included.
+    let wrong = Cluster::connect(&[entry("a", &a, true), x]).await.unwrap();
     let own = (0..)
         .map(|i| format!("own-{i}"))
         .find(|n| owner(&["a", "b"], n) == Some(0) && owner(&["a", "x"], n) == Some(0))
         .unwrap();
-    wrong
-        .acquire([own])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap()
-        .release(None)
-        .await
-        .unwrap();
+    for name in [misrouted_name(), own] {
+        let e = wrong
+            .acquire([name])
+            .ttl(Duration::from_secs(10))
+            .options(no_renew())
+            .send()
+            .await
+            .unwrap_err();
+        assert_wrong_list(&e);
+    }
 }
 
 #[tokio::test]

@@ -102,6 +102,9 @@ struct Remote {
     /// or what it derives from its key or address): what a cluster routes
     /// names by.
     server_id: String,
+    /// The member lists the server announced (`--members`, then
+    /// `--next-members`); empty when it has none.
+    members: Vec<Vec<String>>,
 }
 
 impl Client {
@@ -195,6 +198,7 @@ impl Client {
                 auth,
                 max_wait: Duration::from_secs(10),
                 server_id: String::new(),
+                members: Vec::new(),
             }),
             keys: Arc::new(ServerKeys::learned(KeyRing::new(), None)),
             clock: Arc::new(SystemClock),
@@ -244,6 +248,7 @@ impl Client {
             auth: client.remote.auth.clone(),
             max_wait: info.max_wait,
             server_id: info.server_id.clone(),
+            members: info.members.clone(),
         });
         client.keys = Arc::new(match pinned {
             Some(keys) => {
@@ -363,6 +368,13 @@ impl Client {
     /// `server_id`): what a [`crate::Cluster`] routes its names by.
     pub fn server_id(&self) -> &str {
         &self.remote.server_id
+    }
+
+    /// The member lists the server announced at connect (its `--members`,
+    /// then `--next-members`), each as server ids; empty when it was
+    /// started without them.
+    pub fn members(&self) -> &[Vec<String>] {
+        &self.remote.members
     }
 
     /// The server's max TTL, as it said at connect.

@@ -37,6 +37,9 @@ pub(super) struct Member {
     pub(super) pinned: Option<(KeyRing, String)>,
     pub(super) client: OnceCell<Client>,
     options: Arc<ClientOptions>,
+    /// The client's lists that name this member (current, next), as
+    /// identities: checked against the membership it announces.
+    pub(super) lists: std::sync::OnceLock<Vec<Vec<String>>>,
 }
 
 impl Member {
@@ -57,7 +60,30 @@ impl Member {
             Some((ring, _)) => Client::connect_pinned_with(&self.url, ring.clone(), &self.options).await?,
         };
         check_identity(&self.identity, &self.url, client.server_id())?;
+        self.check_membership(&client)?;
         Ok(client)
+    }
+
+    /// Refuses a member whose announced membership (`--members`) is not
+    /// the list this client routes it by: the lists disagree on who owns
+    /// which name, and the member would refuse the names it does not own
+    /// under its lists anyway; better said once, at connect, than name
+    /// by name.
+    pub(super) fn check_membership(&self, client: &Client) -> Result<()> {
+        let announced = client.members();
+        for list in self.lists.get().into_iter().flatten() {
+            if !bagel_proto::routing::list_agrees(list, announced) {
+                return Err(Error::Config {
+                    message: format!(
+                        "server {} serves in the member lists {announced:?} (its --members), but this \
+                         client's list names the members {list:?}: the two disagree on which server \
+                         owns which name; fix the list (or the servers' --members)",
+                        self.identity
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The id of the key it signs with, when known (pinned, or learned).
@@ -148,8 +174,17 @@ impl Cluster {
             None => None,
         };
         for m in members.values() {
+            let lists = std::iter::once(&current)
+                .chain(next.as_ref())
+                .filter(|l| l.identities.contains(&m.identity))
+                .map(|l| l.identities.clone())
+                .collect();
+            let _ = m.lists.set(lists);
+        }
+        for m in members.values() {
             if let Some(client) = reached.remove(&m.url) {
                 check_identity(&m.identity, &m.url, client.server_id()).map_err(|e| e.at_server(&m.url))?;
+                m.check_membership(&client).map_err(|e| e.at_server(&m.url))?;
                 let _ = m.client.set(client);
             }
         }
@@ -330,6 +365,7 @@ impl Cluster {
                             pinned,
                             client: OnceCell::new(),
                             options: Arc::clone(options),
+                            lists: std::sync::OnceLock::new(),
                         }),
                     );
                 }
