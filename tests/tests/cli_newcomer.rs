@@ -452,6 +452,21 @@ fn man_pages_cover_every_command_at_every_depth() {
         let roff = std::fs::read_to_string(dir.path().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(roff.contains(says), "{page} lacks {says:?}");
     }
+    // The server's page, from its own flags.
+    let out = std::process::Command::new(bagel_tests::bin("bagel-server"))
+        .arg("--man")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe_output(&out));
+    let roff = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        roff.starts_with(".ie") || roff.contains(".TH bagel-server"),
+        "{roff}"
+    );
+    assert!(
+        roff.contains("\\-\\-max\\-ttl") && roff.contains("\\-\\-members"),
+        "{roff}"
+    );
 }
 
 #[test]

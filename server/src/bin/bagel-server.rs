@@ -19,6 +19,10 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Print this server's manual page (roff, for `man -l -` or
+    /// /usr/local/share/man/man1/bagel-server.1) and exit.
+    #[arg(help_heading = "Manual", long)]
+    man: bool,
     /// Address to listen on (port 0 picks a free port; the bound address is
     /// printed).
     #[arg(help_heading = "Listening", long, env = "BAGEL_LISTEN", default_value = bagel_server::config::DEFAULT_LISTEN)]
@@ -444,6 +448,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.man {
+        use clap::CommandFactory as _;
+        let mut roff = Vec::new();
+        clap_mangen::Man::new(Args::command()).render(&mut roff)?;
+        std::io::Write::write_all(&mut std::io::stdout(), &roff)?;
+        return Ok(());
+    }
     init_logging(args.log_format);
 
     let signer = match &args.key {
