@@ -417,6 +417,114 @@ pub fn hash_token(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// Something risky about a policy file that is taken all the same: said
+/// loudly by the server at start and at every reload that brings it, and
+/// by `bagel acl check`, never refused. An empty policy is a legitimate
+/// deny-all (a server being set up), and a Kubernetes ConfigMap is
+/// mounted through symbolic links; but each can also be a mistake or a
+/// door left open, which an operator must hear about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyWarning {
+    /// Any local user may write the file (permission bits `mode`), and so
+    /// grant themselves every name.
+    WorldWritable {
+        /// The file's permission bits (`0o666`).
+        mode: u32,
+    },
+    /// The path given is a symbolic link (to `target`): whoever may change
+    /// the link, or the directory it is in, chooses the policy.
+    Symlink {
+        /// What the link holds, as `readlink` shows it.
+        target: String,
+    },
+    /// No `[[grant]]`: every call of every caller is refused. `tokens`
+    /// identify callers that may then do nothing.
+    DenyAll {
+        /// How many `[[token]]` entries the file has.
+        tokens: usize,
+    },
+}
+
+impl fmt::Display for PolicyWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyWarning::WorldWritable { mode } => write!(
+                f,
+                "the policy file is world-writable (mode {mode:04o}): any local user can grant \
+                 themselves every name; chmod o-w it"
+            ),
+            PolicyWarning::Symlink { target } => write!(
+                f,
+                "the policy path is a symbolic link (to {target:?}): whoever can change the link \
+                 chooses the policy (expected where a Kubernetes ConfigMap mounts it)"
+            ),
+            PolicyWarning::DenyAll { tokens } => {
+                write!(
+                    f,
+                    "the policy grants nothing: every call of every caller is refused (deny-all)"
+                )?;
+                if *tokens > 0 {
+                    write!(f, "; its {tokens} token(s) identify callers that may do nothing")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What is known of a policy file beyond its text: the permission bits
+/// of the file read, and where the path links to when it is a symbolic
+/// link.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileFacts {
+    /// The permission bits of the file read (through any link).
+    pub mode: Option<u32>,
+    /// What the path links to, when it is a symbolic link.
+    pub link_target: Option<String>,
+}
+
+impl FileFacts {
+    /// The facts of the file at `path`, as far as they can be read (a
+    /// fact that cannot be read is left out: the read of the policy
+    /// itself is what fails loudly).
+    pub fn of(path: &std::path::Path) -> FileFacts {
+        use std::os::unix::fs::PermissionsExt as _;
+        let link_target = std::fs::symlink_metadata(path)
+            .ok()
+            .filter(|m| m.file_type().is_symlink())
+            .map(|_| match std::fs::read_link(path) {
+                Ok(target) => target.display().to_string(),
+                Err(_) => "?".to_owned(),
+            });
+        let mode = std::fs::metadata(path)
+            .ok()
+            .map(|m| m.permissions().mode() & 0o7777);
+        FileFacts { mode, link_target }
+    }
+}
+
+impl Policy {
+    /// What is risky about this policy, read from a file with `facts`, in
+    /// the order [`PolicyWarning`] lists them.
+    pub fn warnings(&self, facts: &FileFacts) -> Vec<PolicyWarning> {
+        let mut out = Vec::new();
+        if let Some(mode) = facts.mode.filter(|m| m & 0o002 != 0) {
+            out.push(PolicyWarning::WorldWritable { mode });
+        }
+        if let Some(target) = &facts.link_target {
+            out.push(PolicyWarning::Symlink {
+                target: target.clone(),
+            });
+        }
+        if self.grants.is_empty() {
+            out.push(PolicyWarning::DenyAll {
+                tokens: self.tokens.len(),
+            });
+        }
+        out
+    }
+}
+
 /// One prefix an identity holds permissions on, and the grant it is from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
@@ -787,6 +895,82 @@ permissions = ["lease", "read"]
         let p = Policy::parse("# nobody yet\n").unwrap();
         assert!(p.grants_for("CN=anyone").is_empty());
         assert!(!p.grants_for("CN=anyone").allows(Permission::Read, ""));
+    }
+
+    /// A world-writable file, a symbolic link and a policy granting
+    /// nothing are each said; a private file granting something is not.
+    #[test]
+    fn risky_policy_files_are_warned_of() {
+        let empty = Policy::parse("# nobody yet\n").unwrap();
+        let facts = FileFacts {
+            mode: Some(0o666),
+            link_target: Some("..data/acl.toml".into()),
+        };
+        let warned = empty.warnings(&facts);
+        assert_eq!(
+            warned,
+            vec![
+                PolicyWarning::WorldWritable { mode: 0o666 },
+                PolicyWarning::Symlink {
+                    target: "..data/acl.toml".into()
+                },
+                PolicyWarning::DenyAll { tokens: 0 },
+            ]
+        );
+        let said: Vec<String> = warned.iter().map(ToString::to_string).collect();
+        assert!(said[0].contains("world-writable (mode 0666)"), "{said:?}");
+        assert!(
+            said[1].contains("is a symbolic link (to \"..data/acl.toml\")"),
+            "{said:?}"
+        );
+        assert!(
+            said[2].contains("grants nothing") && said[2].contains("deny-all"),
+            "{said:?}"
+        );
+        let tokens_only = format!(
+            "[[token]]\nidentity = \"ci\"\nsha256 = \"{}\"\n",
+            crate::hex::encode(&hash_token("t"))
+        );
+        let warned = Policy::parse(&tokens_only)
+            .unwrap()
+            .warnings(&FileFacts::default());
+        assert_eq!(warned, vec![PolicyWarning::DenyAll { tokens: 1 }]);
+        assert!(warned[0].to_string().contains("1 token(s)"));
+        let private = FileFacts {
+            mode: Some(0o664),
+            link_target: None,
+        };
+        assert_eq!(three_teams().warnings(&private), vec![]);
+    }
+
+    /// The facts are read from the file system: the mode of the file the
+    /// link leads to, and the link itself (modes set here, not EACCES:
+    /// root ignores them).
+    #[test]
+    fn file_facts_are_read_through_the_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.toml");
+        std::fs::write(&file, "").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o602)).unwrap();
+        let link = dir.path().join("acl.toml");
+        std::os::unix::fs::symlink("policy.toml", &link).unwrap();
+        assert_eq!(
+            FileFacts::of(&link),
+            FileFacts {
+                mode: Some(0o602),
+                link_target: Some("policy.toml".into())
+            }
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            FileFacts::of(&file),
+            FileFacts {
+                mode: Some(0o600),
+                link_target: None
+            }
+        );
+        assert_eq!(FileFacts::of(&dir.path().join("absent")), FileFacts::default());
     }
 
     #[test]

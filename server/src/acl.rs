@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use bagel_proto::acl::{Grants, Permission, Policy, Scope};
+use bagel_proto::acl::{FileFacts, Grants, Permission, Policy, PolicyWarning, Scope};
 use bagel_proto::pb;
 use dashmap::DashMap;
 
@@ -104,6 +104,9 @@ pub struct Acl {
     current: RwLock<Arc<Loaded>>,
     /// What the file looked like when last read (modified time, length).
     seen: Mutex<Option<(SystemTime, u64)>>,
+    /// The warnings last logged (a reload of the same policy repeats them
+    /// only when they changed).
+    warned: Mutex<Vec<PolicyWarning>>,
     refusals: Mutex<HashMap<(Arc<str>, Permission), u64>>,
     /// Callers refused for having no identity, by `Unauthenticated`.
     unauthenticated: [AtomicU64; 3],
@@ -139,6 +142,14 @@ fn read_policy(path: &Path) -> Result<(Policy, Option<(SystemTime, u64)>), LoadE
     Ok((policy, stamp))
 }
 
+/// Logs each of `warnings` (a world-writable, linked or deny-all policy)
+/// at WARN: the policy is taken, but the operator must hear of it.
+fn log_warnings(path: &Path, warnings: &[PolicyWarning]) {
+    for warning in warnings {
+        tracing::warn!(path = %path.display(), "{warning}");
+    }
+}
+
 fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
@@ -149,6 +160,8 @@ impl Acl {
     /// with a policy it cannot read.
     pub fn load(path: &Path) -> Result<Acl, LoadError> {
         let (policy, stamp) = read_policy(path)?;
+        let warnings = policy.warnings(&FileFacts::of(path));
+        log_warnings(path, &warnings);
         tracing::info!(
             path = %path.display(),
             grants = policy.grant_count(),
@@ -165,6 +178,7 @@ impl Acl {
                 resolved: DashMap::new(),
             })),
             seen: Mutex::new(stamp),
+            warned: Mutex::new(warnings),
             refusals: Mutex::new(HashMap::new()),
             unauthenticated: Default::default(),
             reload_failures: AtomicU64::new(0),
@@ -178,11 +192,21 @@ impl Acl {
     /// Reads the file again and puts it in effect if it parses and differs
     /// from the policy in effect; otherwise the policy in effect stays and
     /// the log says why. `why` is what prompted it (for the log line).
+    /// The warnings of a policy put in effect are logged before it (and
+    /// those of the same policy when they changed).
     pub fn reload(&self, why: &str) {
         let old = self.loaded();
         match read_policy(&self.path) {
             Ok((policy, stamp)) => {
                 *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
+                let warnings = policy.warnings(&FileFacts::of(&self.path));
+                {
+                    let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+                    if policy != old.policy || *warned != warnings {
+                        log_warnings(&self.path, &warnings);
+                        *warned = warnings;
+                    }
+                }
                 if policy == old.policy {
                     return;
                 }

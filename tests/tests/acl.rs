@@ -1112,3 +1112,110 @@ async fn a_renewal_of_anothers_lease_says_nothing_of_it() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 }
+
+/// Issue 52: a policy file anyone may write, reached through a symbolic
+/// link, or granting nothing (deny-all) is taken, but said loudly: in the
+/// server's log at start and at every reload, and by `bagel acl check`.
+/// Before: all three were taken without a word.
+#[tokio::test]
+async fn a_writable_linked_or_empty_policy_is_taken_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("policy.toml");
+    let link = dir.path().join("acl.toml");
+    // Written beside the file, given its mode, then renamed over it.
+    let put = |text: &str, mode: u32| {
+        let tmp = dir.path().join("policy.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::rename(&tmp, &real).unwrap();
+    };
+    put("# nobody yet\n", 0o666);
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let acl = link.to_str().unwrap();
+    const WRITABLE: &str = "world-writable (mode 0666)";
+    const LINKED: &str = "is a symbolic link";
+    const DENY_ALL: &str = "grants nothing";
+
+    // The CLI says the same, on stderr, and answers as before.
+    let out = bagel_tests::cli_no_server(&[
+        "acl",
+        "check",
+        "--acl",
+        acl,
+        "--identity",
+        "ci",
+        "--name",
+        "jobs/1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        bagel_tests::describe_output(&out)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    for warning in [WRITABLE, LINKED, DENY_ALL] {
+        assert!(
+            said.contains(warning),
+            "no {warning:?}: {}",
+            bagel_tests::describe_output(&out)
+        );
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).contains("lease \"jobs/1\": denied"));
+    let out = bagel_tests::cli_no_server(&["--json", "acl", "check", "--acl", acl, "--identity", "ci"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", bagel_tests::describe_output(&out)));
+    let warnings = json["warnings"].as_array().expect("warnings").clone();
+    assert_eq!(warnings.len(), 3, "{json}");
+
+    let options = ServerOptions {
+        rust_log: "info".into(),
+        capture_stderr: true,
+        ..ServerOptions::default()
+    };
+    let mut server = ServerProcess::spawn_with(&["--unsafe-skip-restart-wait", "--acl", acl], options).await;
+    let stderr = server.take_stderr().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // What the log said up to the line that contains `until`.
+    let mut said_until = async |until: &str| {
+        let mut said = Vec::new();
+        // A guard against a server that never says it, not a timing.
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            loop {
+                let line = lines.recv().await.expect("server log");
+                let done = line.contains(until);
+                said.push(line);
+                if done {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no {until:?} within 60 s: {said:#?}"));
+        said.join("\n")
+    };
+    let said = said_until("access policy in effect").await;
+    for warning in [WRITABLE, LINKED, DENY_ALL] {
+        assert!(said.contains(warning), "no {warning:?} at start: {said}");
+    }
+    assert!(said.contains(" WARN "), "{said}");
+
+    // A policy that grants something, still world-writable and linked:
+    // the reload says those two, and no longer deny-all.
+    put(
+        "[[grant]]\nidentity = \"ci\"\nprefixes = [\"jobs/\"]\npermissions = [\"lease\"]\n",
+        0o646,
+    );
+    let said = said_until("access policy reloaded").await;
+    assert!(said.contains("world-writable (mode 0646)"), "{said}");
+    assert!(said.contains(LINKED) && !said.contains(DENY_ALL), "{said}");
+}

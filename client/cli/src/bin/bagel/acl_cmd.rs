@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use bagel_proto::acl::{Permission, Policy};
+use bagel_proto::acl::{FileFacts, Permission, Policy};
 use clap::{Args, Subcommand};
 
 #[derive(Debug, Args)]
@@ -62,6 +62,16 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let text =
         std::fs::read_to_string(&args.acl).with_context(|| format!("cannot read {}", args.acl.display()))?;
     let policy = Policy::parse(&text).with_context(|| format!("{} does not parse", args.acl.display()))?;
+    // What the server would warn of when it loads this file: said, and
+    // the verdicts given all the same (the server takes the file).
+    let warnings: Vec<String> = policy
+        .warnings(&FileFacts::of(&args.acl))
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    for warning in &warnings {
+        eprintln!("bagel: warning: {}: {warning}", args.acl.display());
+    }
     let grants = policy.grants_for(&args.identity);
     let json = crate::output::json();
     let Some(name) = &args.name else {
@@ -79,6 +89,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             let out = serde_json::json!({
                 "identity": args.identity,
                 "policy_sha256": policy.sha256_hex(),
+                "warnings": warnings,
                 "grants": grants,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
@@ -122,6 +133,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             "identity": args.identity,
             "name": name,
             "policy_sha256": policy.sha256_hex(),
+            "warnings": warnings,
             "verdicts": verdicts,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
