@@ -15,7 +15,7 @@
 //! hashes it: it is in no log line, error or metric.
 //!
 //! Without a policy nothing here refuses anything: clients are anonymous,
-//! as before, and the server says so when it starts.
+//! and the server says so when it starts.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -126,12 +126,12 @@ type Answer = Result<pb::BatchResponse, Status>;
 
 /// Answers on their way to a session's reader, bounded in bytes.
 ///
-/// Why bytes: the session used to buffer up to 64 answers whatever their
-/// size, and a client that sends but never reads made one session hold
-/// 1.4 GiB (four: 3.8 GiB and climbing). Now the answers waiting for the
-/// reader may take `budget` bytes (one answer larger than that may wait
-/// alone); beyond, the session stops reading requests (HTTP/2 flow control
-/// then stops the client). A reader that takes nothing for `stall` while
+/// Why bytes: a count of answers bounds nothing when answers can be
+/// large, and a client that sends but never reads would make a session
+/// hold gigabytes. The answers waiting for the reader may take `budget`
+/// bytes (one answer larger than that may wait alone); beyond, the
+/// session stops reading requests (HTTP/2 flow control then stops the
+/// client). A reader that takes nothing for `stall` while
 /// the buffer is full is dropped: the waiting answers are discarded and
 /// the stream ends at once with RESOURCE_EXHAUSTED naming both limits.
 #[derive(Debug)]

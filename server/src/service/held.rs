@@ -140,7 +140,7 @@ impl Service {
     /// where the allowance is, for a Roughtime proof, its resolution (1 s:
     /// RFC Roughtime midpoints are whole seconds, so a correct signed time
     /// may read up to 1 s early), and for a local proof its radius (the
-    /// signing server's clock tolerance), as before. The 5 s Roughtime
+    /// signing server's clock tolerance). The 5 s Roughtime
     /// radius is deliberately *not* added: it is a fixed, conservative
     /// claim, and adding it would let watermarks run 7 s ahead. A Roughtime
     /// proof must verify with one of this server's configured Roughtime

@@ -32,7 +32,8 @@ impl LeaseTable {
     /// Which idle records go: those charged to the peer with the most
     /// records first, then to the owner with the most, then the least
     /// recently changed. So a client churning through names loses its own
-    /// records, not other clients' (it used to be the oldest, whoever's).
+    /// records, not other clients' (oldest first, whoever's, would let one
+    /// client's churn erase every other client's history).
     ///
     /// Before a record goes, the forgotten floor is raised to the watermark
     /// its next holder would have inherited, under the shard lock: whoever

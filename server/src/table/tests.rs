@@ -552,9 +552,9 @@ fn history_respects_the_byte_budget() {
     assert_eq!(entries.last().map(|e| e.at), Some(t(T0 + 99 * 1000 + 20)));
 }
 
-/// Item 3 of issue 13: renewals of one lease with metadata under the
-/// per-name cap used to add to the shard's order list forever (it was
-/// drained only over the byte budget, which the cap keeps it under).
+/// Renewals of one lease with metadata under the per-name cap must not
+/// grow the shard's order list: it is drained over the byte budget,
+/// which the cap keeps it under, so nothing else would bound it.
 #[test]
 fn history_bookkeeping_does_not_grow_with_renewals() {
     let mut cfg = TableConfig::for_tests(Duration::from_secs(10));
