@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 mod client;
 mod errors;
 mod lease;
-mod owner;
+use bagel_cli::owner;
 mod runtime;
 mod store;
 

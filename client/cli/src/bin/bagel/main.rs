@@ -28,7 +28,7 @@ mod lease_file;
 mod metronome_http;
 mod names;
 mod output;
-mod owner;
+use bagel_cli::owner;
 mod process_tree;
 mod progress;
 mod run_cmd;
