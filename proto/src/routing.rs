@@ -211,16 +211,23 @@ impl Membership {
     /// `Ok` when this server owns `name` under some list in force; else
     /// who does, under each.
     pub fn owns(&self, name: &str) -> Result<(), NotOwned> {
-        let mut owners = Vec::with_capacity(self.lists.len());
-        for list in &self.lists {
-            let owner = &list[owner(list, name).expect("lists are never empty")];
-            if *owner == self.me {
-                return Ok(());
-            }
-            owners.push(owner.clone());
+        if self.lists.iter().any(|list| owner_in(list, name) == self.me) {
+            return Ok(());
         }
-        Err(NotOwned { owners })
+        // Only a refusal pays for the owners' names.
+        Err(NotOwned {
+            owners: self
+                .lists
+                .iter()
+                .map(|list| owner_in(list, name).to_owned())
+                .collect(),
+        })
     }
+}
+
+/// The identity that owns `name` in `list` (never empty: [`Membership::new`]).
+fn owner_in<'a>(list: &'a [String], name: &str) -> &'a str {
+    &list[owner(list, name).expect("lists are never empty")]
 }
 
 #[cfg(test)]
