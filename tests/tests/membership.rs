@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use bagel_client::{Cluster, Error, LeaseOptions, ServerSpec};
+use bagel_client::{AcquireBuilder, Cluster, Error, Lease, LeaseOptions, ServerSpec};
 use bagel_proto::routing::owner;
 use bagel_tests::ServerProcess;
 
@@ -39,8 +39,11 @@ fn misrouted_name() -> String {
         .unwrap()
 }
 
-fn no_renew() -> LeaseOptions {
-    LeaseOptions::default().with_auto_renew(false)
+/// Sends `acquire` (of a cluster or a one-server client) for 10 s,
+/// without background renewal.
+async fn take(acquire: AcquireBuilder) -> Result<Lease, Error> {
+    let options = LeaseOptions::default().with_auto_renew(false);
+    acquire.ttl(Duration::from_secs(10)).options(options).send().await
 }
 
 /// A wrong list is a configuration error, never retried: the client
@@ -64,11 +67,7 @@ async fn a_member_refuses_a_name_it_does_not_own_naming_its_owner() {
     let (a, _b) = pair(&[]).await;
     // One server's client: no list to compare, so the server decides.
     let client = a.client().await;
-    let e = client
-        .acquire([misrouted_name()])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
+    let e = take(client.acquire([misrouted_name()]))
         .await
         .expect_err("a does not own it");
     assert!(matches!(e, Error::Config { .. }), "{e:?}");
@@ -79,11 +78,7 @@ async fn a_member_refuses_a_name_it_does_not_own_naming_its_owner() {
         .map(|i| format!("own-{i}"))
         .find(|n| owner(&["a", "b"], n) == Some(0))
         .unwrap();
-    client
-        .acquire([own])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
+    take(client.acquire([own]))
         .await
         .unwrap()
         .release(None)
@@ -102,31 +97,15 @@ async fn a_pinned_member_under_a_wrong_id_gets_no_name_its_owner_granted() {
         .await
         .unwrap();
     let name = misrouted_name();
-    let held = right
-        .acquire([name.clone()])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let e = wrong
-        .acquire([name.clone()])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
+    let held = take(right.acquire([name.clone()])).await.unwrap();
+    let e = take(wrong.acquire([name.clone()]))
         .await
         .expect_err("a, which does not own the name, must refuse it");
     assert_wrong_list(&e);
     // Refused before and after the rightful holder lets go alike: the
     // answer is the list's, not the name's.
     held.release(None).await.unwrap();
-    let e = wrong
-        .acquire([name])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap_err();
+    let e = take(wrong.acquire([name])).await.unwrap_err();
     assert_wrong_list(&e);
 }
 
@@ -150,13 +129,7 @@ async fn a_wrong_id_for_a_member_down_at_start_gets_no_name_either() {
         .find(|n| owner(&["a", "b"], n) == Some(0) && owner(&["a", "x"], n) == Some(0))
         .unwrap();
     for name in [misrouted_name(), own] {
-        let e = wrong
-            .acquire([name])
-            .ttl(Duration::from_secs(10))
-            .options(no_renew())
-            .send()
-            .await
-            .unwrap_err();
+        let e = take(wrong.acquire([name])).await.unwrap_err();
         assert_wrong_list(&e);
     }
 }
@@ -204,20 +177,8 @@ async fn while_migrating_each_member_grants_its_names_under_either_list() {
         .map(|i| format!("moving-{i}"))
         .find(|n| owner(&["a", "b", "c"], n) == Some(2))
         .unwrap();
-    let lease = step2
-        .acquire([moving.clone()])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap();
-    let e = step3
-        .acquire([moving])
-        .ttl(Duration::from_secs(10))
-        .options(no_renew())
-        .send()
-        .await
-        .unwrap_err();
+    let lease = take(step2.acquire([moving.clone()])).await.unwrap();
+    let e = take(step3.acquire([moving])).await.unwrap_err();
     assert!(matches!(e, Error::Busy { .. }), "{e:?}");
     lease.release(None).await.unwrap();
 }
