@@ -29,9 +29,11 @@
 //!   `bagel server-info` shows it) or a token's `identity`. A token's
 //!   identity may not contain `=`, so no token can pass for a certificate.
 //! * A grant names its identity exactly (`identity`) or by a pattern over
-//!   the subject's attributes (`subject`): every attribute listed must have
-//!   a value matching its pattern, where `*` stands for any run of
-//!   characters (attribute names compare case-insensitively).
+//!   the subject's attributes (`subject`): every attribute listed must be
+//!   in the subject, and every one of its values must match its pattern
+//!   (a subject with `O=team-x,O=team-b` is not team B's), where `*`
+//!   stands for any run of characters (attribute names compare
+//!   case-insensitively).
 //! * `prefixes` are plain byte prefixes of names (`""` is every name):
 //!   end one with a separator, or `team-a` also grants `team-ab/…`.
 //! * `lease` covers acquire (waiting included), renew, upgrade and release;
@@ -133,10 +135,16 @@ impl Who {
     fn matches(&self, identity: &str, subject: Option<&[(String, String)]>) -> bool {
         match self {
             Who::Exact(exact) => exact == identity,
+            // Every value of a listed attribute must match, not any one:
+            // a CA may sign `O=team-x,O=team-b`, which must not pass for
+            // team B's (nor `CN=auditor,CN=worker-5` for a worker).
             Who::Subject(patterns) => subject.is_some_and(|avas| {
                 patterns.iter().all(|(attr, pattern)| {
-                    avas.iter()
-                        .any(|(a, v)| a.eq_ignore_ascii_case(attr) && glob(pattern, v))
+                    let mut values = avas
+                        .iter()
+                        .filter(|(a, _)| a.eq_ignore_ascii_case(attr))
+                        .peekable();
+                    values.peek().is_some() && values.all(|(_, v)| glob(pattern, v))
                 })
             }),
         }
@@ -767,6 +775,14 @@ permissions = ["lease", "read"]
         // Both attributes must match.
         let stranger = p.grants_for("CN=worker-7,O=team-x");
         assert!(!stranger.allows(Permission::Lease, "team-b/jobs/7"));
+        // A repeated attribute matches only when every value does.
+        let repeated = p.grants_for("CN=worker-9,O=team-x,O=team-b");
+        assert!(!repeated.allows(Permission::Lease, "team-b/jobs/9"));
+        assert!(!repeated.allows(Permission::Read, "team-b/jobs/9"));
+        let two_cns = p.grants_for("CN=auditor,CN=worker-5,O=team-b");
+        assert!(!two_cns.allows(Permission::Lease, "team-b/jobs/5"));
+        let both_workers = p.grants_for("CN=worker-5,CN=worker-6,O=team-b");
+        assert!(both_workers.allows(Permission::Lease, "team-b/jobs/5"));
         let reader = p.grants_for("CN=auditor,O=team-b");
         assert!(!reader.allows(Permission::Lease, "team-b/jobs/7"));
         assert!(reader.allows(Permission::Read, "team-b/jobs/7"));
