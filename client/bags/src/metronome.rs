@@ -30,11 +30,12 @@
 //! and seal past-due minutes before reading them (see [`super`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bagel_proto::Micros;
 use tokio_util::sync::CancellationToken;
 
+use crate::pace::{self, Instant};
 use crate::seal::{self, Span};
 use crate::{BagConfig, BagState, BagStore, Bucket, Error, Result, closer_now, validate_log};
 use bagel_proto::clock::CheckedClock;
@@ -91,7 +92,7 @@ async fn wait_for(clock: &dyn CheckedClock, t: Micros, bucket: Bucket, slack: Du
                 now,
             });
         }
-        tokio::time::sleep(t.duration_since(now).min(Duration::from_millis(50))).await;
+        pace::sleep(t.duration_since(now).min(Duration::from_millis(50))).await;
     }
 }
 
@@ -706,7 +707,7 @@ impl Metronome {
             };
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
+                () = pace::sleep(wait) => {}
             }
         }
     }

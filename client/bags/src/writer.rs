@@ -38,12 +38,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bagel_proto::{Micros, SignedClock, pb};
 use bytes::Bytes;
 use prost::Message as _;
 
+use crate::pace::{self, Instant};
 use crate::seal::{self, Span};
 use crate::{BagConfig, BagStore, Bucket, Error, Result, frame, validate_log, validate_writer_id};
 use bagel_proto::clock::Clock;
@@ -118,7 +119,7 @@ impl Writer {
             store,
             log: log.to_owned(),
             writer_id: writer_id.to_owned(),
-            file_stem: format!("{writer_id}.{:08x}", rand::random::<u32>()),
+            file_stem: format!("{writer_id}.{:08x}", pace::random_u32()),
             rights,
             clock,
             time,
@@ -150,7 +151,7 @@ impl Writer {
         format!(
             "{host}-{}-{:06x}",
             std::process::id(),
-            rand::random::<u32>() & 0xff_ffff
+            pace::random_u32() & 0xff_ffff
         )
     }
 
@@ -371,7 +372,7 @@ impl Writer {
             if ahead.is_zero() || started.elapsed() >= cap {
                 return;
             }
-            tokio::time::sleep(ahead.min(Duration::from_millis(20))).await;
+            pace::sleep(ahead.min(Duration::from_millis(20))).await;
         }
     }
 
@@ -393,7 +394,7 @@ impl Writer {
             let nap = (ahead - self.cfg.max_ahead)
                 .min(self.cfg.max_pause - waited)
                 .min(Duration::from_millis(20));
-            tokio::time::sleep(nap).await;
+            pace::sleep(nap).await;
         }
     }
 

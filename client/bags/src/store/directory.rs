@@ -32,7 +32,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use rand::RngCore as _;
 
 use crate::store::fsops::{FsOps, StdFs};
 use crate::store::{START_DIR, earliest_start};
@@ -207,7 +206,7 @@ impl DirectoryStore {
         let listing = Listing {
             items: self.data_files_with_sizes(&dir, &entries).await?,
         };
-        let tmp = format!("{dir}/.lock.{:016x}", rand::thread_rng().next_u64());
+        let tmp = format!("{dir}/.lock.{:016x}", crate::pace::random_u64());
         self.fs
             .create_exclusive(&tmp, &listing.encode(), self.sync)
             .await
@@ -369,7 +368,7 @@ impl BagStore for DirectoryStore {
             .map_err(|e| Error::io("mkdir", &dir, e))?;
         // Written whole under a private name, then linked into place: no
         // reader ever sees a part of it, and EEXIST means another was first.
-        let tmp = format!("{dir}/.tmp.{:016x}", rand::thread_rng().next_u64());
+        let tmp = format!("{dir}/.tmp.{:016x}", crate::pace::random_u64());
         self.fs
             .create_exclusive(&tmp, &body, self.sync)
             .await
