@@ -117,6 +117,8 @@
 //!   the stores (directory, object, NFS, their URLs, timeouts, faults).
 //! * [`names`]: log names and writer ids.
 //! * [`error`]: the one error type.
+//! * [`pace`]: time, sleeping and entropy behind one seam (a simulation
+//!   pauses tokio's clock and seeds the entropy).
 //! * [`frame`]: record framing (length + CRC-32C) in files and objects.
 //! * [`holder_sig`]: the holder's signature binding a batch to its leases,
 //!   log, bag, writer and sequence numbers.
@@ -143,6 +145,8 @@
 //! * [`reader`]: ordered, checked reads of a time range.
 //! * [`audit`]: from stored messages and witnesses alone, no two writers
 //!   of a name overlapped.
+//! * `store::memory` (feature `testing`): the directory and S3 stores' own
+//!   code over memory, and a store whose every call a script may stall or fail.
 //! * `store::faults`, `testing` (feature `testing`): fault-injecting wrappers, and
 //!   leases and signed time from a throwaway key, for tests and benches.
 
@@ -158,6 +162,7 @@ pub mod holder_sig;
 pub mod listing;
 pub mod metronome;
 pub mod names;
+pub mod pace;
 pub mod reader;
 pub mod retain;
 #[cfg(test)]

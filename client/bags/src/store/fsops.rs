@@ -151,7 +151,7 @@ fn fresh_stat_typed(f: &std::fs::File) -> io::Result<(FileStat, rustix::fs::File
 /// The error for a path that is not a plain file of the store: a symbolic
 /// link, a FIFO, a device, a socket. Kind `InvalidData`, so callers can
 /// tell it from a failure of the storage itself.
-fn not_plain(what: &str) -> io::Error {
+pub(crate) fn not_plain(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_owned())
 }
 

@@ -7,6 +7,8 @@ pub mod directory;
 #[cfg(any(test, feature = "testing"))]
 pub mod faults;
 pub mod fsops;
+#[cfg(any(test, feature = "testing"))]
+pub mod memory;
 pub mod nfs;
 pub mod object;
 pub mod timeout;
