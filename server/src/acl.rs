@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bagel_proto::acl::{FileFacts, Grants, Permission, Policy, PolicyWarning, Scope};
 use bagel_proto::pb;
@@ -102,8 +102,8 @@ impl Loaded {
 pub struct Acl {
     path: PathBuf,
     current: RwLock<Arc<Loaded>>,
-    /// What the file looked like when last read (modified time, length).
-    seen: Mutex<Option<(SystemTime, u64)>>,
+    /// What the file looked like when last read (see [`Stamp`]).
+    seen: Mutex<Option<Stamp>>,
     /// The warnings last logged (a reload of the same policy repeats them
     /// only when they changed).
     warned: Mutex<Vec<PolicyWarning>>,
@@ -131,7 +131,7 @@ pub enum LoadError {
     },
 }
 
-fn read_policy(path: &Path) -> Result<(Policy, Option<(SystemTime, u64)>), LoadError> {
+fn read_policy(path: &Path) -> Result<(Policy, Option<Stamp>), LoadError> {
     let shown = path.display().to_string();
     let stamp = file_stamp(path);
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
@@ -150,9 +150,32 @@ fn log_warnings(path: &Path, warnings: &[PolicyWarning]) {
     }
 }
 
-fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What identifies one version of the policy file without reading it:
+/// the file (device and inode: a file renamed over it is another), its
+/// length, and its modified and changed times to the nanosecond. The
+/// modified time alone misses a file put in place with the old one's
+/// time (`touch -r`, `cp -p`, `rsync -t`) and the same length; the
+/// changed time cannot be set back by anyone but the kernel, so an edit
+/// in place is seen too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+fn file_stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+    Some(Stamp {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        len: meta.len(),
+        modified: (meta.mtime(), meta.mtime_nsec()),
+        changed: (meta.ctime(), meta.ctime_nsec()),
+    })
 }
 
 impl Acl {
@@ -208,6 +231,14 @@ impl Acl {
                     }
                 }
                 if policy == old.policy {
+                    // An operator who sent SIGHUP hears that it was read.
+                    if why == SIGHUP {
+                        tracing::info!(
+                            path = %self.path.display(),
+                            version = old.version,
+                            "access policy read again on SIGHUP: unchanged, the policy in effect stays"
+                        );
+                    }
                     return;
                 }
                 let version = old.version + 1;
@@ -240,8 +271,8 @@ impl Acl {
         }
     }
 
-    /// Whether the file's modified time or length changed since it was
-    /// last read.
+    /// Whether the file is another, or changed, since it was last read
+    /// (see [`Stamp`]).
     fn changed(&self) -> bool {
         let now = file_stamp(&self.path);
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
@@ -325,7 +356,10 @@ pub(crate) fn encode_metrics(
     )?)
 }
 
-/// How often the policy file's modified time and length are looked at.
+/// What prompted a reload when it was SIGHUP (the log line's `why`).
+const SIGHUP: &str = "SIGHUP";
+
+/// How often the policy file's [`Stamp`] is looked at.
 pub const POLL: Duration = Duration::from_secs(1);
 
 /// The server's policy from `path`, or `None` (anonymous access) without
@@ -343,8 +377,8 @@ pub fn start(path: Option<&Path>) -> Result<Option<Arc<Acl>>, Error> {
         .map_err(|e| Error::invalid("acl", e.to_string()))
 }
 
-/// Reloads `acl` on SIGHUP, and when the file's modified time or length
-/// changes (checked every `every`), until `cancel`.
+/// Reloads `acl` on SIGHUP, and when the file's [`Stamp`] changes
+/// (checked every `every`), until `cancel`.
 pub async fn watch(acl: Arc<Acl>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
@@ -364,7 +398,7 @@ pub async fn watch(acl: Arc<Acl>, every: Duration, cancel: tokio_util::sync::Can
         };
         tokio::select! {
             () = cancel.cancelled() => return,
-            _ = hup => acl.reload("SIGHUP"),
+            _ = hup => acl.reload(SIGHUP),
             _ = tick.tick() => {
                 if acl.changed() {
                     acl.reload("the file changed");

@@ -14,7 +14,7 @@ use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::{ServerOptions, ServerProcess};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
 use tonic::Code;
@@ -49,13 +49,26 @@ impl Ca {
 
     /// A leaf certificate (CN `cn`, O `org`) and its key, as PEM.
     fn leaf(&self, cn: &str, org: &str, server: bool) -> (String, String) {
+        self.leaf_named(&[(DnType::CommonName, cn), (DnType::OrganizationName, org)], &[], server)
+    }
+
+    /// A leaf certificate whose subject is `subject` (empty: none at all)
+    /// with the URI SANs `uris`, and its key, as PEM.
+    fn leaf_named(&self, subject: &[(DnType, &str)], uris: &[&str], server: bool) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         params
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.distinguished_name.push(DnType::OrganizationName, org);
+        for uri in uris {
+            params
+                .subject_alt_names
+                .push(SanType::URI((*uri).try_into().unwrap()));
+        }
+        params.distinguished_name = DistinguishedName::new();
+        for (attr, value) in subject {
+            params.distinguished_name.push(attr.clone(), *value);
+        }
         params.extended_key_usages = vec![if server {
             ExtendedKeyUsagePurpose::ServerAuth
         } else {
@@ -134,6 +147,11 @@ impl Setup {
     /// (the start-up only).
     async fn client(&self, cert_of: Option<(&str, &str)>, token: Option<&str>) -> Client {
         let identity = cert_of.map(|(cn, org)| self.ca.leaf(cn, org, false));
+        self.client_with(identity, token).await
+    }
+
+    /// A client showing `identity` (certificate and key, PEM), if any.
+    async fn client_with(&self, identity: Option<(String, String)>, token: Option<&str>) -> Client {
         loop {
             let mut tls = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&self.ca.pem))
@@ -810,11 +828,8 @@ async fn the_cli_sends_a_bearer_token_from_a_file() {
     assert!(!said.contains(SECRET), "{said}");
 }
 
-/// SIGHUP reloads the policy even when the file looks unchanged (same
-/// length, its modified time put back), as an operator's `kill -HUP` after
-/// an edit that kept the time does.
-#[tokio::test]
-async fn sighup_reloads_the_policy() {
+/// A server started with a policy and its log, line by line.
+async fn logged_setup() -> (Setup, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let options = ServerOptions {
         rust_log: "info".into(),
         capture_stderr: true,
@@ -822,7 +837,7 @@ async fn sighup_reloads_the_policy() {
     };
     let mut s = Setup::start(&with_hash(TOKEN_V1), false, &[], options).await;
     let stderr = s.server.take_stderr().unwrap();
-    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (lines_tx, lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr).lines() {
             let Ok(line) = line else { return };
@@ -831,14 +846,39 @@ async fn sighup_reloads_the_policy() {
             }
         }
     });
+    (s, lines)
+}
+
+/// The first line of the log that contains `what`.
+async fn logged(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) -> String {
+    // A guard against a server that never says it, not a timing.
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let line = lines.recv().await.expect("server log");
+            if line.contains(what) {
+                return line;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the server did not log {what:?} within 60 s"))
+}
+
+/// A policy put in place with the old file's length and modified time
+/// (`touch -r` before renaming it over, as `cp -p` or `rsync -t` would
+/// do) is still seen and reloaded: the poll looks at the file's identity
+/// and changed time too.
+#[tokio::test]
+async fn a_policy_with_the_old_length_and_modified_time_is_reloaded() {
+    let (s, mut lines) = logged_setup().await;
     let mut ci = s.client(None, Some(SECRET)).await;
     ci.acquire(acquire(&["jobs/1"])).await.unwrap();
 
-    // The new file gets the old one's modified time before it is renamed
-    // over it: the server's poll never sees the file change.
     let path = s.dir.path().join("acl.toml");
     let new = s.dir.path().join("acl.toml.new");
-    std::fs::write(&new, with_hash(TOKEN_V1).replace("jobs/", "jabs/")).unwrap();
+    let text = with_hash(TOKEN_V1).replace("jobs/", "jabs/");
+    assert_eq!(text.len(), std::fs::metadata(&path).unwrap().len() as usize);
+    std::fs::write(&new, text).unwrap();
     let touched = std::process::Command::new("touch")
         .arg("-r")
         .arg(&path)
@@ -847,27 +887,29 @@ async fn sighup_reloads_the_policy() {
         .unwrap();
     assert!(touched.success());
     std::fs::rename(&new, &path).unwrap();
+
+    let reloaded = logged(&mut lines, "access policy reloaded").await;
+    assert!(reloaded.contains("the file changed"), "{reloaded}");
+    assert_eq!(policy_version(&mut ci).await, 2);
+    let e = ci.acquire(acquire(&["jobs/2"])).await.unwrap_err();
+    assert_denied(&e, "ci", "lease", "jobs/2");
+    ci.acquire(acquire(&["jabs/1"])).await.unwrap();
+}
+
+/// SIGHUP reads the policy again; when nothing changed the log says so
+/// (an operator's `kill -HUP` is answered), and the version stays.
+#[tokio::test]
+async fn sighup_reads_the_policy_again() {
+    let (s, mut lines) = logged_setup().await;
+    let mut ci = s.client(None, Some(SECRET)).await;
     let hup = std::process::Command::new("kill")
         .args(["-HUP", &s.server.pid().to_string()])
         .status()
         .unwrap();
     assert!(hup.success());
-    // A guard against a server that ignores the signal, not a timing.
-    let reloaded = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        loop {
-            let line = lines.recv().await.expect("server log");
-            if line.contains("access policy reloaded") {
-                return line;
-            }
-        }
-    })
-    .await
-    .expect("no reload within 60 s of SIGHUP");
-    assert!(reloaded.contains("SIGHUP"), "{reloaded}");
-    assert_eq!(policy_version(&mut ci).await, 2);
-    let e = ci.acquire(acquire(&["jobs/2"])).await.unwrap_err();
-    assert_denied(&e, "ci", "lease", "jobs/2");
-    ci.acquire(acquire(&["jabs/1"])).await.unwrap();
+    let said = logged(&mut lines, "access policy read again on SIGHUP").await;
+    assert!(said.contains("unchanged"), "{said}");
+    assert_eq!(policy_version(&mut ci).await, 1);
 }
 
 /// `bagel audit --acl FILE` names the writes made under a lease the
@@ -1218,4 +1260,37 @@ async fn a_writable_linked_or_empty_policy_is_taken_with_a_warning() {
     let said = said_until("access policy reloaded").await;
     assert!(said.contains("world-writable (mode 0646)"), "{said}");
     assert!(said.contains(LINKED) && !said.contains(DENY_ALL), "{said}");
+}
+
+/// A certificate with an empty subject (as SPIFFE issues them) goes by its
+/// one URI SAN; one with neither a subject nor exactly one URI SAN names
+/// nobody and is refused, rather than every such certificate sharing the
+/// identity "".
+#[tokio::test]
+async fn an_empty_subject_goes_by_its_uri_san_or_is_refused() {
+    const SPIFFE: &str = "spiffe://example.org/ns/team-b/sa/worker";
+    let policy = format!(
+        "[[grant]]\nidentity = \"{SPIFFE}\"\nprefixes = [\"team-b/\"]\npermissions = [\"lease\", \"read\"]\n"
+    );
+    let s = Setup::start(&policy, true, &[], ServerOptions::default()).await;
+
+    let spiffe = s.ca.leaf_named(&[], &[SPIFFE], false);
+    let mut worker = s.client_with(Some(spiffe), None).await;
+    let info = worker.server_info(pb::ServerInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.access.unwrap().identity, SPIFFE);
+    worker.acquire(acquire(&["team-b/1"])).await.unwrap();
+    let held = holder(&mut worker, "team-b/1").await.expect("held");
+    assert_eq!(held.owner, SPIFFE, "the URI is the owner");
+
+    for uris in [&[][..], &[SPIFFE, "spiffe://example.org/ns/team-b/sa/other"][..]] {
+        let nobody = s.ca.leaf_named(&[], uris, false);
+        let mut c = s.client_with(Some(nobody), None).await;
+        let info = c.server_info(pb::ServerInfoRequest {}).await.unwrap().into_inner();
+        let access = info.access.unwrap();
+        assert_eq!(access.identity, "", "{uris:?}");
+        assert!(access.identity_problem.contains("names nobody"), "{uris:?}: {access:?}");
+        let e = c.acquire(acquire(&["team-b/2"])).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{uris:?}: {e:?}");
+        assert!(e.message().contains("names nobody"), "{e:?}");
+    }
 }

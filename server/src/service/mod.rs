@@ -237,6 +237,18 @@ impl Service {
         if let Some(issuer) = caller.untrusted_issuer(&tls.client_ca_der) {
             return Err(Error::UntrustedIssuer { subject, issuer });
         }
+        // An empty identity would be one shared by every certificate
+        // issued with an empty subject and no single URI SAN.
+        if subject.is_empty() {
+            return Err(Error::Unauthenticated {
+                reason: if caller.subject.is_none() {
+                    "no client certificate: this server identifies callers by client certificate"
+                } else {
+                    "the client certificate names nobody: its subject is empty and it has not \
+                     exactly one URI SAN (a SPIFFE ID) without '=' to go by"
+                },
+            });
+        }
         validate::certificate_owner(subject, &self.inner.cfg.limits).map(Some)
     }
 

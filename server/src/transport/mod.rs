@@ -623,7 +623,7 @@ impl Caller {
             .get_or_init(|| {
                 let tls = ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()?;
                 let certs = tls.peer_certs()?;
-                let subject = subject_of(certs.first()?)?;
+                let subject = identity_of(certs.first()?)?;
                 let chain: Chain = certs.iter().skip(1).map(|c| c.to_vec()).collect();
                 Some((subject, chain))
             })
@@ -643,6 +643,41 @@ pub fn subject_of(der: &[u8]) -> Option<Arc<str>> {
     use x509_cert::der::Decode as _;
     let cert = x509_cert::Certificate::from_der(der).ok()?;
     Some(Arc::from(cert.tbs_certificate.subject.to_string()))
+}
+
+/// Who a client certificate (DER) says it is: its subject as RFC 4514
+/// text, or, when the subject is empty (as SPIFFE issues them), its one
+/// URI SAN (`spiffe://example.org/ns/a/sa/worker`). Empty when it has
+/// neither, or several URI SANs, or one holding `=` (which only a
+/// subject may: a URI never passes for a subject's pattern): the
+/// service refuses such a caller rather than let every such certificate
+/// share the identity `""`.
+pub fn identity_of(der: &[u8]) -> Option<Arc<str>> {
+    use x509_cert::der::Decode as _;
+    use x509_cert::der::oid::AssociatedOid as _;
+    use x509_cert::ext::pkix::SubjectAltName;
+    use x509_cert::ext::pkix::name::GeneralName;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    let tbs = &cert.tbs_certificate;
+    if !tbs.subject.0.is_empty() {
+        return Some(Arc::from(tbs.subject.to_string()));
+    }
+    let uris: Vec<String> = tbs
+        .extensions
+        .iter()
+        .flatten()
+        .filter(|ext| ext.extn_id == SubjectAltName::OID)
+        .filter_map(|ext| SubjectAltName::from_der(ext.extn_value.as_bytes()).ok())
+        .flat_map(|san| san.0)
+        .filter_map(|name| match name {
+            GeneralName::UniformResourceIdentifier(uri) => Some(uri.to_string()),
+            _ => None,
+        })
+        .collect();
+    match uris.as_slice() {
+        [uri] if !uri.contains('=') => Some(Arc::from(uri.as_str())),
+        _ => Some(Arc::from("")),
+    }
 }
 
 /// The state of the connection a request came on, with or without TLS.
