@@ -101,12 +101,14 @@ pub enum Error {
     Released { lease: LeaseId, at: Micros },
     #[error("token: does not match lease {lease}")]
     WrongToken { lease: LeaseId },
-    /// With mutual TLS, a lease is renewed, upgraded and released only
-    /// under the certificate it was granted to: a token that leaked to
-    /// another client is no use to it.
+    /// With mutual TLS or bearer tokens, a lease is renewed, upgraded and
+    /// released only by the identity it was granted to: a lease token that
+    /// leaked to another client is no use to it. The message says
+    /// "identity", not "certificate": a token's caller has none.
     #[error(
-        "lease {lease} was granted to {owner:?}; this client certificate is {caller:?}: only the \
-         certificate a lease was granted to may renew, upgrade or release it"
+        "lease {lease} was granted to {owner:?}; this caller is {caller:?}: only the identity \
+         (client certificate or bearer token) a lease was granted to may renew, upgrade or \
+         release it"
     )]
     NotOwner {
         lease: LeaseId,

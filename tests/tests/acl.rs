@@ -1294,3 +1294,33 @@ async fn an_empty_subject_goes_by_its_uri_san_or_is_refused() {
         assert!(e.message().contains("names nobody"), "{e:?}");
     }
 }
+
+/// A bearer-token caller that may lease the name, renewing a lease granted
+/// to another identity, is told the lease is another identity's, in words
+/// that fit a token (it has no certificate).
+#[tokio::test]
+async fn a_token_caller_is_told_the_lease_is_another_identitys() {
+    let s = Setup::start(&two_tokens(true), false, &[], ServerOptions::default()).await;
+    let mut holding = s.client(None, Some(HOLDER_TOKEN)).await;
+    let mut ci = s.client(None, Some(SECRET)).await;
+    let held = holding
+        .acquire(acquire(&["jobs/7"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .grant
+        .unwrap();
+    let e = ci
+        .renew(pb::RenewRequest {
+            lease_id: held.lease_id.clone(),
+            token: held.token.clone(),
+            ttl_us: 9 * SEC,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let m = e.message();
+    assert!(m.contains("this caller is \"ci\""), "{m:?}");
+    assert!(!m.contains("certificate is"), "a token caller has no certificate: {m:?}");
+}
