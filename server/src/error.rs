@@ -128,6 +128,22 @@ pub enum Error {
     /// know. The reason never quotes the token.
     #[error("unauthenticated: {reason}")]
     Unauthenticated { reason: &'static str },
+    /// With an access policy, a bearer token not looked at: its address
+    /// sent more tokens the policy does not know than a window allows
+    /// (`crate::acl`'s failures). Valid tokens from it wait too, or a
+    /// guesser would learn a right guess at full speed.
+    #[error(
+        "bearer token not checked: {peer} sent {failures} tokens the access policy does not know \
+         within {}; its tokens are refused for {} more",
+        human_duration(*.window),
+        human_duration(*.retry_after)
+    )]
+    TokenGuessing {
+        peer: String,
+        failures: u32,
+        window: std::time::Duration,
+        retry_after: std::time::Duration,
+    },
     /// With an access policy, a call on a name (or a `List`/`Watch`
     /// prefix) the caller's identity has no grant of `permission` on. It
     /// names only what the caller sent, never what else exists.

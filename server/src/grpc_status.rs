@@ -22,7 +22,9 @@ impl Error {
             | Error::ShuttingDown => Code::Unavailable,
             Error::Conflict(_) => Code::Aborted,
             Error::UnknownLease { .. } | Error::Released { .. } => Code::NotFound,
-            Error::Capacity { .. } | Error::Limit { .. } => Code::ResourceExhausted,
+            Error::Capacity { .. } | Error::Limit { .. } | Error::TokenGuessing { .. } => {
+                Code::ResourceExhausted
+            }
             Error::WrongToken { .. }
             | Error::NotOwner { .. }
             | Error::UntrustedIssuer { .. }
@@ -76,6 +78,12 @@ impl From<Error> for Status {
                     ready_at.duration_since(*seen),
                 );
                 Status::with_details(Code::Unavailable, message, details.into())
+            }
+            // When the address may try again, as a RetryInfo.
+            Error::TokenGuessing { retry_after, .. } => {
+                let details =
+                    bagel_proto::details::retry_details(Code::ResourceExhausted, &message, *retry_after);
+                Status::with_details(Code::ResourceExhausted, message, details.into())
             }
             Error::InvalidArgument { field, .. } | Error::OutOfRange { field, .. } => {
                 let details = refused_field(&e, &message, field).encode();

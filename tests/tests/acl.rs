@@ -14,8 +14,8 @@ use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::{ServerOptions, ServerProcess};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, SanType,
 };
 use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
@@ -49,7 +49,11 @@ impl Ca {
 
     /// A leaf certificate (CN `cn`, O `org`) and its key, as PEM.
     fn leaf(&self, cn: &str, org: &str, server: bool) -> (String, String) {
-        self.leaf_named(&[(DnType::CommonName, cn), (DnType::OrganizationName, org)], &[], server)
+        self.leaf_named(
+            &[(DnType::CommonName, cn), (DnType::OrganizationName, org)],
+            &[],
+            server,
+        )
     }
 
     /// A leaf certificate whose subject is `subject` (empty: none at all)
@@ -629,7 +633,9 @@ async fn a_policy_that_does_not_parse_is_kept_out_and_tokens_are_never_shown() {
         .unwrap();
     for line in [
         "bagel_acl_refusals_total{identity=\"ci\",permission=\"lease\"} 1",
-        "bagel_acl_unauthenticated_total{reason=\"unknown_token\"} 1",
+        // The wrong token's acquire and its two ServerInfo calls (a
+        // ServerInfo tests a token as any call does).
+        "bagel_acl_unauthenticated_total{reason=\"unknown_token\"} 3",
         "bagel_acl_unauthenticated_total{reason=\"no_identity\"} 1",
         "bagel_acl_reload_failures_total 1",
         "bagel_acl_policy_version 1",
@@ -1276,7 +1282,11 @@ async fn an_empty_subject_goes_by_its_uri_san_or_is_refused() {
 
     let spiffe = s.ca.leaf_named(&[], &[SPIFFE], false);
     let mut worker = s.client_with(Some(spiffe), None).await;
-    let info = worker.server_info(pb::ServerInfoRequest {}).await.unwrap().into_inner();
+    let info = worker
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.access.unwrap().identity, SPIFFE);
     worker.acquire(acquire(&["team-b/1"])).await.unwrap();
     let held = holder(&mut worker, "team-b/1").await.expect("held");
@@ -1285,10 +1295,17 @@ async fn an_empty_subject_goes_by_its_uri_san_or_is_refused() {
     for uris in [&[][..], &[SPIFFE, "spiffe://example.org/ns/team-b/sa/other"][..]] {
         let nobody = s.ca.leaf_named(&[], uris, false);
         let mut c = s.client_with(Some(nobody), None).await;
-        let info = c.server_info(pb::ServerInfoRequest {}).await.unwrap().into_inner();
+        let info = c
+            .server_info(pb::ServerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         let access = info.access.unwrap();
         assert_eq!(access.identity, "", "{uris:?}");
-        assert!(access.identity_problem.contains("names nobody"), "{uris:?}: {access:?}");
+        assert!(
+            access.identity_problem.contains("names nobody"),
+            "{uris:?}: {access:?}"
+        );
         let e = c.acquire(acquire(&["team-b/2"])).await.unwrap_err();
         assert_eq!(e.code(), Code::Unauthenticated, "{uris:?}: {e:?}");
         assert!(e.message().contains("names nobody"), "{e:?}");
@@ -1322,5 +1339,83 @@ async fn a_token_caller_is_told_the_lease_is_another_identitys() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let m = e.message();
     assert!(m.contains("this caller is \"ci\""), "{m:?}");
-    assert!(!m.contains("certificate is"), "a token caller has no certificate: {m:?}");
+    assert!(
+        !m.contains("certificate is"),
+        "a token caller has no certificate: {m:?}"
+    );
+}
+
+/// Token guesses are counted (ServerInfo's too) and slowed: past 20
+/// unknown tokens from one address within 10 s, that address's tokens are
+/// not looked at for the rest of the window, the right one included, so
+/// a guesser learns nothing from a right guess; the log says so once.
+#[tokio::test]
+async fn token_guesses_are_counted_and_refused_past_a_budget() {
+    let options = ServerOptions {
+        rust_log: "info".into(),
+        capture_stderr: true,
+        ..ServerOptions::default()
+    };
+    let mut s = Setup::start(&with_hash(TOKEN_V1), false, &["--http", "127.0.0.1:0"], options).await;
+    let stderr = s.server.take_stderr().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut ci = s.client(None, Some(SECRET)).await;
+    ci.acquire(acquire(&["jobs/1"])).await.unwrap();
+
+    // Twenty guesses by ServerInfo alone: each answered, each counted.
+    let mut guesser = s.client(None, None).await;
+    for n in 0..20 {
+        let mut req = tonic::Request::new(pb::ServerInfoRequest {});
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer guess-{n}").parse().unwrap());
+        let info = guesser.server_info(req).await.unwrap().into_inner();
+        let access = info.access.unwrap();
+        assert_eq!(access.identity, "");
+        assert!(
+            access
+                .identity_problem
+                .contains("not one the access policy knows"),
+            "{access:?}"
+        );
+    }
+    let warned = logged(&mut lines, "bearer tokens refused from this address").await;
+    assert!(warned.contains("127.0.0.1"), "{warned}");
+
+    // Now even the right token from that address is not looked at.
+    let e = ci.acquire(acquire(&["jobs/2"])).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message()
+            .contains("127.0.0.1 sent 20 tokens the access policy does not know"),
+        "{e:?}"
+    );
+    let retry = bagel_proto::details::retry_delay_of(e.details()).expect("a RetryInfo");
+    assert!(retry <= std::time::Duration::from_secs(10), "{retry:?}");
+    let info = ci
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(info.access.unwrap().identity_problem.contains("not checked"));
+
+    let metrics = reqwest::get(format!("{}/metrics", s.server.http_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "bagel_acl_unauthenticated_total{reason=\"unknown_token\"} 20",
+        "bagel_acl_unauthenticated_total{reason=\"too_many_failures\"} 2",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in {metrics}");
+    }
 }

@@ -27,6 +27,8 @@ use bagel_proto::acl::{FileFacts, Grants, Permission, Policy, PolicyWarning, Sco
 use bagel_proto::pb;
 use dashmap::DashMap;
 
+mod failures;
+
 use crate::error::Error;
 use crate::service::Service;
 use crate::transport::Caller;
@@ -109,7 +111,10 @@ pub struct Acl {
     warned: Mutex<Vec<PolicyWarning>>,
     refusals: Mutex<HashMap<(Arc<str>, Permission), u64>>,
     /// Callers refused for having no identity, by `Unauthenticated`.
-    unauthenticated: [AtomicU64; 3],
+    unauthenticated: [AtomicU64; 4],
+    /// Failed bearer tokens by address: past a budget, an address's
+    /// token checks are refused for a while (see [`failures`]).
+    failures: Mutex<failures::Failures>,
     reload_failures: AtomicU64,
 }
 
@@ -204,6 +209,7 @@ impl Acl {
             warned: Mutex::new(warnings),
             refusals: Mutex::new(HashMap::new()),
             unauthenticated: Default::default(),
+            failures: Mutex::new(failures::Failures::default()),
             reload_failures: AtomicU64::new(0),
         })
     }
@@ -278,6 +284,40 @@ impl Acl {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
     }
 
+    /// Refuses a token check from `peer` while it is past its budget of
+    /// failed tokens.
+    fn check_failures(&self, peer: Option<std::net::IpAddr>) -> Result<(), Error> {
+        let failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        failures
+            .check(peer, std::time::Instant::now())
+            .map_err(|blocked| Error::TokenGuessing {
+                peer: peer.map_or_else(|| "(no address)".to_owned(), |p| p.to_string()),
+                failures: blocked.failures,
+                window: failures::WINDOW,
+                retry_after: blocked.retry_after,
+            })
+    }
+
+    /// Counts a failed token from `peer`, and says so in the log when it
+    /// takes the address past its budget (once per window).
+    fn record_failure(&self, peer: Option<std::net::IpAddr>) {
+        let recorded = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(peer, std::time::Instant::now());
+        if recorded == failures::Recorded::NowBlocked {
+            tracing::warn!(
+                peer = %peer.map_or_else(|| "(no address)".to_owned(), |p| p.to_string()),
+                failures = failures::BUDGET,
+                window_s = failures::WINDOW.as_secs(),
+                "bearer tokens refused from this address for the rest of the window: it sent \
+                 {} that the access policy does not know (guessing?)",
+                failures::BUDGET
+            );
+        }
+    }
+
     fn count_unauthenticated(&self, why: Unauthenticated) {
         self.unauthenticated[why as usize].fetch_add(1, Relaxed);
     }
@@ -334,7 +374,7 @@ pub(crate) fn encode_metrics(
         "bagel_acl_unauthenticated",
         "Calls and operations refused for want of an identity the access policy knows, by why: \
          no certificate nor token, a token it does not know, an authorization value that is no \
-         bearer token.",
+         bearer token, a token not looked at because its address sent too many of those.",
         None,
         MetricType::Counter,
     )?;
@@ -415,13 +455,16 @@ enum Unauthenticated {
     NoIdentity,
     UnknownToken,
     Malformed,
+    /// A token check refused unread: its address failed too many.
+    TooManyFailures,
 }
 
 impl Unauthenticated {
-    const ALL: [Unauthenticated; 3] = [
+    const ALL: [Unauthenticated; 4] = [
         Unauthenticated::NoIdentity,
         Unauthenticated::UnknownToken,
         Unauthenticated::Malformed,
+        Unauthenticated::TooManyFailures,
     ];
 
     fn label(self) -> &'static str {
@@ -429,31 +472,40 @@ impl Unauthenticated {
             Unauthenticated::NoIdentity => "no_identity",
             Unauthenticated::UnknownToken => "unknown_token",
             Unauthenticated::Malformed => "malformed_authorization",
+            Unauthenticated::TooManyFailures => "too_many_failures",
         }
     }
 }
 
 /// The identity of the caller's bearer token under `acl`'s policy, or
-/// why it has none.
+/// why it has none. A token that fails counts against the caller's
+/// address; past its budget, the address's tokens are not looked at
+/// until its window ends (see [`failures`]).
 fn token_identity_of(acl: &Acl, caller: &Caller) -> Result<Option<Arc<str>>, (Unauthenticated, Error)> {
-    match caller.bearer {
-        None => Ok(None),
-        Some(Bearer::Malformed) => Err((
+    let Some(bearer) = caller.bearer else {
+        return Ok(None);
+    };
+    acl.check_failures(caller.peer)
+        .map_err(|e| (Unauthenticated::TooManyFailures, e))?;
+    let refused = match bearer {
+        Bearer::Malformed => (
             Unauthenticated::Malformed,
             Error::Unauthenticated {
                 reason: "the authorization value is not \"Bearer <token>\"",
             },
-        )),
-        Some(Bearer::Token(digest)) => match acl.loaded().policy.token_identity(&digest) {
-            Some(identity) => Ok(Some(Arc::from(identity))),
-            None => Err((
+        ),
+        Bearer::Token(digest) => match acl.loaded().policy.token_identity(&digest) {
+            Some(identity) => return Ok(Some(Arc::from(identity))),
+            None => (
                 Unauthenticated::UnknownToken,
                 Error::Unauthenticated {
                     reason: "the bearer token is not one the access policy knows",
                 },
-            )),
+            ),
         },
-    }
+    };
+    acl.record_failure(caller.peer);
+    Err(refused)
 }
 
 /// The policy a call is checked against, and the caller's identity.
@@ -592,12 +644,13 @@ impl Service {
             policy_sha256: loaded.policy.sha256_hex(),
             ..Default::default()
         };
-        // Not `identity`: a ServerInfo is no refused call, so nothing is
-        // counted.
+        // A token is checked as for any call, and a failed one counted
+        // (ServerInfo is no way to test guesses for free); a caller with
+        // no identity is no refused call, so that is not counted.
         let identity = if self.inner.client_auth() {
             self.identity(caller)
         } else {
-            token_identity_of(acl, caller).map_err(|(_, e)| e)
+            self.token_identity(caller)
         };
         match identity {
             Ok(Some(identity)) => {
