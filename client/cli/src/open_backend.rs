@@ -9,7 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use bagel_client::{Client, ClientOptions, Cluster, Error, LeaseBackend, Result, ServerSpec};
+use bagel_client::{Client, ClientOptions, Cluster, DnsCluster, Error, LeaseBackend, Result, ServerSpec};
 use bagel_proto::{KeyRing, Signer};
 
 use bagel_s3_lease::{LeaseStore, LeaseTime, S3LeaseBackend, S3LeaseConfig};
@@ -51,7 +51,9 @@ impl fmt::Debug for S3Options {
 /// * one server, `[ID=]URL[#KEY]` (http:// or https://): a [`Client`],
 ///   pinned to KEY when given;
 /// * several, comma-separated (or any list with
-///   [`LeaseBackendOptions::next_servers`]): a [`Cluster`].
+///   [`LeaseBackendOptions::next_servers`]): a [`Cluster`];
+/// * `dns+srv://NAME`: the members NAME's SRV records name, routed by the
+///   lists they announce: a [`DnsCluster`].
 pub async fn open_lease_backend(url: &str, options: &LeaseBackendOptions) -> Result<Arc<dyn LeaseBackend>> {
     if url.starts_with("s3://") {
         let Some(s3) = &options.s3 else {
@@ -66,6 +68,17 @@ pub async fn open_lease_backend(url: &str, options: &LeaseBackendOptions) -> Res
         let backend =
             S3LeaseBackend::open(store, s3.signer.clone(), s3.time.clone(), s3.config.clone()).await?;
         return Ok(Arc::new(backend));
+    }
+    if bagel_client::cluster::dns::is_dns_list(url) {
+        if options.next_servers.is_some() {
+            return Err(Error::Config {
+                message: format!(
+                    "lease servers {url:?}: a dns+srv:// list takes no next list: its members \
+                     announce theirs (--next-members)"
+                ),
+            });
+        }
+        return Ok(Arc::new(DnsCluster::open(url, &options.client).await?));
     }
     let current = ServerSpec::parse_list(url).map_err(|e| Error::Config {
         message: format!("lease servers {url:?}: {e}"),

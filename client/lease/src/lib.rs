@@ -147,7 +147,7 @@ pub use acquire::AcquireBuilder;
 pub use backend::{AcquireSpec, BackendInfo, LeaseBackend, StoreInfo};
 pub use bagel_proto::Micros;
 pub use client::{Client, Watch, WatchMessage, WatchOptions};
-pub use cluster::{Cluster, Route, ServerSpec};
+pub use cluster::{Cluster, DnsCluster, Route, ServerSpec};
 pub use coalesce::{CoalesceOptions, Coalescer, Transport};
 pub use error::{BoxError, Error, NotHeldReason, Result, RevisionRefusal};
 pub use lease::{Lease, LeaseOptions, LeaseState, LossReason};

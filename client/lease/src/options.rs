@@ -154,6 +154,16 @@ pub struct ClientOptions {
     /// when it first answers. Members without an ID are always waited for:
     /// their identity decides which names are theirs.
     pub member_wait: Duration,
+    /// A server list found in DNS (`dns+srv://NAME`, see
+    /// [`crate::DnsCluster`]): the resolver to ask, `IP:PORT`. `None` (the
+    /// default): `BAGEL_DNS_SERVER` when set, else the system's resolver
+    /// (`/etc/resolv.conf`).
+    pub dns_server: Option<std::net::SocketAddr>,
+    /// A server list found in DNS: how often it is looked up again, with
+    /// the members' announced lists; default 30 s. A change is followed
+    /// only as the members announce it (see [`crate::DnsCluster`]), so an
+    /// operator's migration waits this long on top of the max TTL.
+    pub dns_refresh: Duration,
 }
 
 /// A bearer token, which `Debug` never prints.
@@ -190,11 +200,27 @@ impl Default for ClientOptions {
             call_timeout: None,
             bearer_token: None,
             member_wait: Duration::from_secs(1),
+            dns_server: None,
+            dns_refresh: Duration::from_secs(30),
         }
     }
 }
 
 impl ClientOptions {
+    /// Sets [`ClientOptions::dns_server`].
+    #[must_use]
+    pub fn with_dns_server(mut self, at: std::net::SocketAddr) -> Self {
+        self.dns_server = Some(at);
+        self
+    }
+
+    /// Sets [`ClientOptions::dns_refresh`].
+    #[must_use]
+    pub fn with_dns_refresh(mut self, every: Duration) -> Self {
+        self.dns_refresh = every;
+        self
+    }
+
     /// Sets [`ClientOptions::tls`]: needed for `https://` servers.
     #[must_use]
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {

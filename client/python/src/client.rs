@@ -45,7 +45,10 @@ impl Env {
 ///
 /// `servers` is one lease server URL (`http://host:port`, `https://...`
 /// with `ca`), several comma-separated (names are routed by rendezvous
-/// hashing), or a list of them. `lease_store="s3://bucket/prefix"` keeps
+/// hashing), or a list of them, or `dns+srv://NAME`: the members NAME's
+/// SRV records name, routed by the lists they announce (their `--members`;
+/// the resolver is `BAGEL_DNS_SERVER=IP:PORT` when set, else the
+/// system's). `lease_store="s3://bucket/prefix"` keeps
 /// leases on S3 conditional writes instead (endpoint and credentials from
 /// the `AWS_*` environment); it needs `roughtime` and `lease_key`.
 ///
@@ -121,6 +124,13 @@ async fn open(
         )
         .await?;
         let time = if roughtime.is_empty() {
+            // A list found in DNS: signed time from the first member it names.
+            let first = if bagel_client::cluster::dns::is_dns_list(&servers) {
+                let found = bagel_client::cluster::dns::resolve(servers.trim(), &options).await?;
+                found.first().map(|s| s.url.clone()).unwrap_or_default()
+            } else {
+                first
+            };
             let client = bagel_client::Client::connect_with(first, &options).await?;
             TimeSource::lease_server(client, time_options)
         } else {

@@ -68,9 +68,14 @@
 //!   tentative-then-upgrade acquire, its unwinding, renew, upgrade and
 //!   release over a lease's parts), as [`LeaseBackend`];
 //! * [`parts`]: how the per-server leases combine into one handle;
-//! * [`rendezvous`]: the hash that picks a name's owner.
+//! * [`rendezvous`]: the hash that picks a name's owner;
+//! * [`dns`]: a `dns+srv://NAME` list looked up in DNS, and
+//!   `discovered`: [`DnsCluster`], the cluster it opens, routed by the
+//!   lists its members announce and looked up again as they change.
 
 mod backend;
+mod discovered;
+pub mod dns;
 mod members;
 pub mod parts;
 pub mod rendezvous;
@@ -90,6 +95,7 @@ use crate::options::ClientOptions;
 use crate::types::{History, NameState};
 #[cfg(doc)]
 use crate::{backend::LeaseBackend, types::ReleaseOptions};
+pub use discovered::DnsCluster;
 use members::Member;
 pub use spec::ServerSpec;
 
@@ -180,6 +186,15 @@ impl Cluster {
         S: Into<String>,
     {
         AcquireBuilder::new(Arc::new(self.clone()), names)
+    }
+
+    /// The lists names are routed by: the members' identities, the
+    /// current list first, then the next one while migrating.
+    pub fn lists(&self) -> Vec<Vec<String>> {
+        std::iter::once(&self.inner.current)
+            .chain(self.inner.next.as_ref())
+            .map(|l| l.identities.clone())
+            .collect()
     }
 
     /// Who owns each name.

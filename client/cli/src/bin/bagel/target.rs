@@ -33,7 +33,10 @@ pub struct TargetArgs {
     )]
     pub server: String,
     /// Several lease servers, comma-separated, each `[ID=]URL[#KEY]` (URL
-    /// as for --server: HOST:PORT is accepted).
+    /// as for --server: HOST:PORT is accepted); or `dns+srv://NAME`, the
+    /// members found in DNS by NAME's SRV records, routed by the lists
+    /// they announce (their --members; resolver: BAGEL_DNS_SERVER=IP:PORT,
+    /// else the system's).
     /// Names are routed over them by rendezvous hashing on the identity
     /// each server announces (its --server-id), never on the URL as
     /// written, so every spelling of a list routes alike. ID, when given,
@@ -123,6 +126,17 @@ impl TargetArgs {
                 bagel_client::options::check_server_url(&url).map_err(|e| anyhow::anyhow!("--server {e}"))?;
                 Ok(url)
             }
+            // Signed time is asked of one server by URL; a list found in
+            // DNS names none until it is looked up.
+            Some(list) if bagel_client::cluster::dns::is_dns_list(list) => {
+                if self.server_given {
+                    return Ok(self.server_url());
+                }
+                bail!(
+                    "--servers {list}: signed time comes from --roughtime, or from one lease server named \
+                     by --server URL (a dns+srv:// list names none until it is looked up)"
+                )
+            }
             Some(list) => Ok(self
                 .parse(list, "--servers")?
                 .first()
@@ -197,6 +211,21 @@ impl TargetArgs {
                 flag: "--server",
             });
         };
+        if bagel_client::cluster::dns::is_dns_list(list) {
+            // The members' announced lists decide the routing, a
+            // migration included: a second list here would be a second
+            // source of truth.
+            if self.next_servers.is_some() {
+                bail!(
+                    "--next-servers is not taken with --servers dns+srv://...: the members found in DNS \
+                     announce their lists (--members, --next-members) and the client routes by those"
+                );
+            }
+            return Ok(Target {
+                backend: open_lease_backend(list.trim(), &options).await?,
+                flag: "--servers",
+            });
+        }
         let current = self.parse(list, "--servers")?;
         let next = self
             .next_servers
