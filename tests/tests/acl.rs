@@ -739,18 +739,35 @@ async fn the_cli_checks_a_policy_offline_and_shows_the_callers_permissions() {
         bagel_tests::describe_output(&out)
     );
 
-    let mut hash = std::process::Command::new(bagel_tests::bin("bagel"))
-        .args(["acl", "hash-token"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut hash.stdin.take().unwrap(), format!("{SECRET}\n").as_bytes()).unwrap();
-    let out = hash.wait_with_output().unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        bagel_proto::hex::encode(&bagel_proto::acl::hash_token(SECRET))
-    );
+    let hash_token = |stdin: &str| {
+        let mut hash = std::process::Command::new(bagel_tests::bin("bagel"))
+            .args(["acl", "hash-token"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut hash.stdin.take().unwrap(), stdin.as_bytes()).unwrap();
+        hash.wait_with_output().unwrap()
+    };
+    let sent = bagel_proto::hex::encode(&bagel_proto::acl::hash_token(SECRET));
+    // Spaces around it are trimmed, as the client trims the token it
+    // sends: the hash is of what a client sends.
+    for stdin in [format!("{SECRET}\n"), format!("  {SECRET} \n")] {
+        let out = hash_token(&stdin);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sent, "{stdin:?}");
+    }
+    // A token no client can send (a space inside, not ASCII) gets no hash.
+    for stdin in ["two words\n", "tok\u{e9}n\n"] {
+        let out = hash_token(stdin);
+        assert_eq!(out.status.code(), Some(1), "{}", bagel_tests::describe_output(&out));
+        assert!(out.stdout.is_empty(), "{}", bagel_tests::describe_output(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no client can send this token"),
+            "{}",
+            bagel_tests::describe_output(&out)
+        );
+    }
 
     let (cert, key) = s.ca.leaf("team-a-2", "bagel tests", false);
     let write = |name: &str, text: &str| {
