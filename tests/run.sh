@@ -19,6 +19,7 @@ source tests/support/python.sh
 source tests/support/js.sh
 source tests/support/promtool.sh
 source tests/support/deploy.sh
+source tests/support/dnsmasq.sh
 
 # Each stop runs whatever the one before it did.
 cleanup() { deploy_stop || true; metrics_lint_stop || true; py_server_stop || true; bindfs_stop || true; nfs_stop || true; roughtime_stop || true; s3_stop || true; }
@@ -30,6 +31,8 @@ browser_install
 # Real per-process clock skew (libfaketime) for the clock-fault tests and
 # the fault run.
 apt_install faketime
+# A real DNS server for the members-found-by-DNS tests.
+dnsmasq_install
 # Prometheus's linter for both side ports' /metrics.
 promtool_install
 

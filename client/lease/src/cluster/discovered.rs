@@ -176,7 +176,25 @@ async fn refresh_every(shared: Weak<Shared>, every: Duration) {
 /// The routing DNS and the members agree on now (see the module docs).
 async fn settle(lookup: &Lookup, options: &ClientOptions) -> Result<State> {
     let found = lookup.members().await?;
-    let announced = announced_lists(&found, options).await?;
+    let each = announcements(&found, options).await?;
+    let announced = lists_in_force(&each)?;
+    // Every member reached must serve in every list that names it: one
+    // that does not know the next list yet would grant under the current
+    // list alone what the next list's owner grants too.
+    for (id, its) in &each {
+        for list in announced.iter().filter(|l| l.contains(id)) {
+            if !bagel_proto::routing::list_agrees(list, its) {
+                return Err(Error::Unavailable {
+                    retry_after: None,
+                    message: format!(
+                        "{SCHEME}{}: the members disagree: {id} serves in {its:?}, others announce \
+                         {list:?} too (a change half rolled out); names are routed again when they agree",
+                        lookup.name()
+                    ),
+                });
+            }
+        }
+    }
     let listed: BTreeSet<&str> = announced.iter().flatten().map(String::as_str).collect();
     let named: BTreeSet<&str> = found.iter().filter_map(|s| s.id.as_deref()).collect();
     let disagree = |message: String| Error::Unavailable {
@@ -212,12 +230,13 @@ async fn settle(lookup: &Lookup, options: &ClientOptions) -> Result<State> {
     })
 }
 
-/// The lists the members found announce (each sorted, current first),
-/// asking each for at most [`ClientOptions::member_wait`]. Fails when none
-/// answers, one announces another ID than its record gives, one announces
-/// no lists, or together they announce more than two (a change half
-/// rolled out).
-async fn announced_lists(found: &[ServerSpec], options: &ClientOptions) -> Result<Vec<Vec<String>>> {
+/// What each member found announces (its ID, its lists), asking each for
+/// at most [`ClientOptions::member_wait`]. Fails when none answers, one
+/// announces another ID than its record gives, or one announces no lists.
+async fn announcements(
+    found: &[ServerSpec],
+    options: &ClientOptions,
+) -> Result<Vec<(String, Vec<Vec<String>>)>> {
     let asks = found.iter().map(|spec| async move {
         let connect = async {
             match spec.key {
@@ -233,11 +252,10 @@ async fn announced_lists(found: &[ServerSpec], options: &ClientOptions) -> Resul
         let answer = tokio::time::timeout(options.member_wait, connect).await;
         (spec, answer)
     });
-    let mut lists: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut each = Vec::new();
     let mut first_error = None;
-    let mut answered = 0;
     for (spec, answer) in join_all(asks).await {
-        let id = spec.id.as_deref().unwrap_or_default();
+        let id = spec.id.clone().unwrap_or_default();
         let client = match answer {
             Ok(Ok(client)) => client,
             Ok(Err(e)) if !e.is_retryable() => return Err(e.at_server(&spec.url)),
@@ -247,7 +265,7 @@ async fn announced_lists(found: &[ServerSpec], options: &ClientOptions) -> Resul
             }
             Err(_) => continue,
         };
-        check_identity(id, &spec.url, client.server_id()).map_err(|e| e.at_server(&spec.url))?;
+        check_identity(&id, &spec.url, client.server_id()).map_err(|e| e.at_server(&spec.url))?;
         if client.members().is_empty() {
             return Err(Error::Config {
                 message: format!(
@@ -257,17 +275,9 @@ async fn announced_lists(found: &[ServerSpec], options: &ClientOptions) -> Resul
                 ),
             });
         }
-        answered += 1;
-        for (at, list) in client.members().iter().enumerate() {
-            let mut list = list.clone();
-            list.sort();
-            match lists.iter_mut().find(|(_, l)| *l == list) {
-                Some((pos, _)) => *pos = (*pos).min(at),
-                None => lists.push((at, list)),
-            }
-        }
+        each.push((id, client.members().to_vec()));
     }
-    if answered == 0 {
+    if each.is_empty() {
         return Err(first_error.unwrap_or_else(|| Error::Unavailable {
             retry_after: None,
             message: format!(
@@ -276,13 +286,28 @@ async fn announced_lists(found: &[ServerSpec], options: &ClientOptions) -> Resul
             ),
         }));
     }
+    Ok(each)
+}
+
+/// The lists routed by: every list a member announces, each sorted, once,
+/// current first. More than two is a change half rolled out.
+fn lists_in_force(each: &[(String, Vec<Vec<String>>)]) -> Result<Vec<Vec<String>>> {
+    let mut lists: Vec<(usize, Vec<String>)> = Vec::new();
+    for (at, list) in each.iter().flat_map(|(_, its)| its.iter().enumerate()) {
+        let mut list = list.clone();
+        list.sort();
+        match lists.iter_mut().find(|(_, l)| *l == list) {
+            Some((pos, _)) => *pos = (*pos).min(at),
+            None => lists.push((at, list)),
+        }
+    }
     lists.sort_by_key(|(at, _)| *at);
     if lists.len() > 2 {
         return Err(Error::Unavailable {
             retry_after: None,
             message: format!(
-                "the members announce {} different lists ({:?}): a change is half rolled out; \
-                 names are routed again when they agree",
+                "the members disagree: they announce {} different lists ({:?}), a change half \
+                 rolled out; names are routed again when they agree",
                 lists.len(),
                 lists.iter().map(|(_, l)| l).collect::<Vec<_>>()
             ),
