@@ -146,6 +146,9 @@ pub struct Limits {
     /// Acquires waiting server-side for one name (FIFO), and in all.
     pub max_waiters_per_name: usize,
     pub max_waiters: usize,
+    /// Waiting acquires one identity may hold (see `crate::shares`);
+    /// `None`: a quarter of `max_waiters`.
+    pub max_waiters_per_identity: Option<usize>,
     /// Names held at once: in all, per owner, per peer (client address).
     pub max_held_names: usize,
     pub max_held_names_per_owner: usize,
@@ -182,6 +185,9 @@ pub struct Limits {
     pub keepalive_timeout: Duration,
     /// Session streams open at once.
     pub max_sessions: usize,
+    /// ... and of one identity (see `crate::shares`); `None`: a quarter of
+    /// `max_sessions`.
+    pub max_sessions_per_identity: Option<usize>,
     /// Bytes of answers buffered towards one session's reader, and how
     /// long a reader may leave them unread before the session is dropped.
     pub session_buffer_bytes: usize,
@@ -201,6 +207,7 @@ impl Default for Limits {
             max_batch_ops: 1024,
             max_waiters_per_name: 1024,
             max_waiters: 16_384,
+            max_waiters_per_identity: None,
             max_held_names: 2_000_000,
             max_held_names_per_owner: 1_000_000,
             max_held_names_per_peer: 1_000_000,
@@ -218,6 +225,7 @@ impl Default for Limits {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_sessions: 1024,
+            max_sessions_per_identity: None,
             session_buffer_bytes: 1 << 20,
             session_stall_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
@@ -465,6 +473,9 @@ impl Config {
             session_buffer_bytes: self.limits.session_buffer_bytes as u64,
             session_stall_timeout_us: self.limits.session_stall_timeout.as_micros() as u64,
             shutdown_grace_us: self.limits.shutdown_grace.as_micros() as u64,
+            max_sessions_per_identity: self.limits.sessions_share() as u32,
+            max_watchers_per_identity: self.watch.watchers_share() as u32,
+            max_waiters_per_identity: self.limits.waiters_share() as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
         }
@@ -505,6 +516,16 @@ impl Config {
 }
 
 impl Limits {
+    /// The sessions one identity may hold (`crate::shares::share_of`).
+    pub fn sessions_share(&self) -> usize {
+        crate::shares::share_of(self.max_sessions_per_identity, self.max_sessions)
+    }
+
+    /// The waiting acquires one identity may hold.
+    pub fn waiters_share(&self) -> usize {
+        crate::shares::share_of(self.max_waiters_per_identity, self.max_waiters)
+    }
+
     /// These limits' request sizes, with a TTL range and a max wait (a
     /// [`Config`]'s), as the rules of a lease request take them.
     pub fn lease_limits(

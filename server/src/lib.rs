@@ -38,6 +38,7 @@ mod meter;
 mod refusal;
 mod service;
 mod session;
+mod shares;
 pub mod table;
 pub mod timekeeper;
 pub mod transport;
@@ -153,6 +154,7 @@ impl Server {
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
         let acl = acl::start(cfg.acl.as_deref())?;
+        let shares = shares::Shares::new(&cfg);
         let membership = cfg
             .membership()
             .map_err(|reason| Error::invalid("config", reason))?;
@@ -171,6 +173,7 @@ impl Server {
                     stopping: CancellationToken::new(),
                     sessions: Default::default(),
                     sessions_dropped: Default::default(),
+                    shares,
                     frames,
                     conn_slots,
                     list_slots: Arc::new(tokio::sync::Semaphore::new(list_pages)),

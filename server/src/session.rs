@@ -25,8 +25,10 @@ use crate::error::Error;
 use crate::service::Service;
 use crate::transport::Caller;
 
-/// Opens a session on `requests`: takes one of the server's
-/// `--max-sessions` and runs the session in a task of its own, whose
+/// Opens a session on `requests`: identifies the caller (under an access
+/// policy, one without an identity is refused here, holding nothing),
+/// takes one of its identity's share of sessions and one of the server's
+/// `--max-sessions`, and runs the session in a task of its own, whose
 /// answers come out of the returned stream.
 pub(crate) fn open(
     service: &Service,
@@ -34,7 +36,9 @@ pub(crate) fn open(
     caller: Caller,
 ) -> Result<Answers, Error> {
     let limits = &service.inner.cfg.limits;
-    let slot = SessionSlot::take(&service.inner.sessions, limits.max_sessions)?;
+    let tenant = service.tenant(&caller)?;
+    let share = service.inner.shares.sessions.take(tenant.as_ref())?;
+    let slot = SessionSlot::take(&service.inner.sessions, limits.max_sessions, share)?;
     let outbox = Outbox::new(
         limits.session_buffer_bytes,
         limits.session_stall_timeout,
@@ -301,15 +305,21 @@ impl Drop for Answers {
     }
 }
 
-/// One of the server's `--max-sessions`, given back on drop.
+/// One of the server's `--max-sessions`, and of its identity's share,
+/// given back on drop.
 #[derive(Debug)]
 pub struct SessionSlot {
     count: Arc<std::sync::atomic::AtomicUsize>,
+    _share: crate::shares::Share,
 }
 
 impl SessionSlot {
     /// Takes a slot, or says the server has `max` sessions already.
-    fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Result<Self, Error> {
+    fn take(
+        count: &Arc<std::sync::atomic::AtomicUsize>,
+        max: usize,
+        share: crate::shares::Share,
+    ) -> Result<Self, Error> {
         use std::sync::atomic::Ordering;
         if count.fetch_add(1, Ordering::AcqRel) >= max {
             count.fetch_sub(1, Ordering::AcqRel);
@@ -322,6 +332,7 @@ impl SessionSlot {
         }
         Ok(SessionSlot {
             count: Arc::clone(count),
+            _share: share,
         })
     }
 }

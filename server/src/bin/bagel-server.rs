@@ -182,6 +182,16 @@ struct Args {
         default_value_t = 1024
     )]
     max_watchers: usize,
+    /// Watchers one identity (certificate subject or token identity) may
+    /// hold, so one tenant cannot take them all (default: a quarter of
+    /// --max-watchers; 0: all of them). Callers are one identity without
+    /// --acl or --client-ca, which has no share.
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_MAX_WATCHERS_PER_IDENTITY"
+    )]
+    max_watchers_per_identity: Option<usize>,
     /// The most names one List page returns.
     #[arg(
         help_heading = "Watch and List",
@@ -275,6 +285,16 @@ struct Args {
     /// Session streams open at once.
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_SESSIONS", default_value_t = Limits::default().max_sessions)]
     max_sessions: usize,
+    /// Sessions one identity (certificate subject or token identity) may
+    /// hold, so one tenant cannot take them all (default: a quarter of
+    /// --max-sessions; 0: all of them). Callers are one identity without
+    /// --acl or --client-ca, which has no share.
+    #[arg(
+        help_heading = "Connections and sessions",
+        long,
+        env = "BAGEL_MAX_SESSIONS_PER_IDENTITY"
+    )]
+    max_sessions_per_identity: Option<usize>,
     /// Bytes of answers buffered towards one session's reader; beyond, the
     /// session stops reading requests.
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_SESSION_BUFFER_BYTES", default_value_t = Limits::default().session_buffer_bytes)]
@@ -295,6 +315,16 @@ struct Args {
     /// Acquires that may wait server-side in all.
     #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_WAITERS", default_value_t = Limits::default().max_waiters)]
     max_waiters: usize,
+    /// Acquires of one identity (certificate subject or token identity)
+    /// that may wait server-side, so one tenant cannot take them all
+    /// (default: a quarter of --max-waiters; 0: all of them). Callers are
+    /// one identity without --acl or --client-ca, which has no share.
+    #[arg(
+        help_heading = "Table and memory",
+        long,
+        env = "BAGEL_MAX_WAITERS_PER_IDENTITY"
+    )]
+    max_waiters_per_identity: Option<usize>,
     /// A Roughtime server (HOST:PORT) to take signed time from. Repeatable
     /// (tried in order); each needs a --roughtime-key, given in the same
     /// order. Without it this server signs its own clock (local time agent).
@@ -469,6 +499,7 @@ async fn main() -> anyhow::Result<()> {
     limits.max_batch_ops = args.max_batch_ops;
     limits.max_waiters_per_name = args.max_waiters_per_name;
     limits.max_waiters = args.max_waiters;
+    limits.max_waiters_per_identity = args.max_waiters_per_identity;
     limits.max_held_names = args.max_held_names;
     limits.max_held_names_per_owner = args.max_held_names_per_owner;
     limits.max_held_names_per_peer = args.max_held_names_per_peer;
@@ -486,6 +517,7 @@ async fn main() -> anyhow::Result<()> {
     limits.keepalive_interval = args.keepalive_interval;
     limits.keepalive_timeout = args.keepalive_timeout;
     limits.max_sessions = args.max_sessions;
+    limits.max_sessions_per_identity = args.max_sessions_per_identity;
     limits.session_buffer_bytes = args.session_buffer_bytes;
     limits.session_stall_timeout = args.session_stall_timeout;
     limits.shutdown_grace = args.shutdown_grace;
@@ -505,6 +537,7 @@ async fn main() -> anyhow::Result<()> {
             retain_bytes: args.watch_retain_bytes,
             stall: args.watch_stall_timeout,
             max_watchers: args.max_watchers,
+            max_watchers_per_identity: args.max_watchers_per_identity,
             ..Default::default()
         })
         .with_list_max_page(args.list_max_page)

@@ -521,6 +521,7 @@ impl Collector for Exposition {
             Some(&Unit::Seconds),
             inner.table.config().started.as_micros() as f64 / 1e6,
         )?;
+        crate::shares::encode_metrics(&inner.shares, e)?;
         if let Some(acl) = &inner.acl {
             crate::acl::encode_metrics(acl, e)?;
         }

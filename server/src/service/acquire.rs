@@ -69,9 +69,11 @@ impl Service {
         }
         // In the name's FIFO queue from the first refusal on; leaves it on
         // every way out (grant, error, timeout, the caller going away).
+        // While queued it holds one of its identity's share of the waiting
+        // acquires (`--max-waiters-per-identity`).
         let mut queued = Queued {
             table: &inner.table,
-            ticket: Ticket::default(),
+            ticket: Ticket::for_tenant(&inner.shares.waiters, self.tenant(caller)?),
         };
         let mut result = inner.table.acquire_queued(&spec, now, Some(&mut queued.ticket));
         loop {

@@ -66,6 +66,9 @@ pub(crate) struct Inner {
     /// Sessions open (see `--max-sessions`), and closed for not reading.
     pub sessions: Arc<std::sync::atomic::AtomicUsize>,
     pub sessions_dropped: Arc<std::sync::atomic::AtomicU64>,
+    /// Each identity's share of the sessions, watchers and waiting
+    /// acquires (see `crate::shares`).
+    pub shares: crate::shares::Shares,
     /// Message framing limits and the bytes buffered (see `transport`).
     pub frames: Arc<crate::transport::layer::FrameLimits>,
     /// One permit per connection the server may accept.

@@ -71,6 +71,9 @@ impl Service {
                 Scope::All,
             )
         };
+        // One of the caller's share of the watchers, before the hub's own
+        // limit: held as long as the stream.
+        let share = self.inner.shares.watchers.take(self.tenant(caller)?.as_ref())?;
         let from = (req.from_revision != 0).then_some(req.from_revision);
         // The first watcher wakes the hub, which reads every live lease
         // (~2 s at 10^6): on a blocking thread, so no async worker's other
@@ -91,6 +94,7 @@ impl Service {
             stopping: self.inner.stopping.clone(),
             progress,
             burst: 0,
+            _share: share,
         };
         let stream = futures::stream::unfold(Some(state), |state| async move {
             let mut state = state?;
@@ -169,6 +173,8 @@ struct WatchState {
     announce: Option<u64>,
     /// Events handed out since the stream last let go (see [`WATCH_BURST`]).
     burst: usize,
+    /// The watcher's slot of its identity's share (`--max-watchers-per-identity`).
+    _share: crate::shares::Share,
 }
 
 /// Events a watch stream hands tonic before it lets go once: tonic encodes

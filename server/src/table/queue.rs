@@ -35,9 +35,23 @@ pub struct Ticket {
     /// Whether it is first in that queue (and so watches the holder's
     /// deadline) when last looked at.
     pub(super) first: bool,
+    /// The pool of waiting acquires and the identity this one counts
+    /// against (`None`: the anonymous client, no share).
+    pub(super) tenant: Option<(Arc<crate::shares::Pool>, Arc<str>)>,
+    /// Its slot of that identity's share, held while it is queued.
+    pub(super) share: Option<crate::shares::Share>,
 }
 
 impl Ticket {
+    /// A ticket whose time in a queue counts against `identity`'s share of
+    /// `pool` (`--max-waiters-per-identity`); `None`: the anonymous client.
+    pub(crate) fn for_tenant(pool: &Arc<crate::shares::Pool>, identity: Option<Arc<str>>) -> Ticket {
+        Ticket {
+            tenant: identity.map(|id| (Arc::clone(pool), id)),
+            ..Ticket::default()
+        }
+    }
+
     /// Resolves when this waiter should try again: a release of the name it
     /// waits for (if first), or it became first.
     pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {

@@ -1,6 +1,7 @@
 //! Acquires that wait: joining, moving between and leaving a busy name's
 //! FIFO queue (see `queue`), under the shard locks of the acquire's
-//! check, with the per-name and per-server bounds on waiters.
+//! check, with the per-name, per-identity (`crate::shares`) and
+//! per-server bounds on waiters.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -42,6 +43,12 @@ impl LeaseTable {
             // Moving from another of its names: still one waiter.
             Some((s, n)) => locked.state(s).dequeue(&n, &ticket.waiter),
             None => {
+                // Its identity's share first: a refusal there names the
+                // share, which is what the identity must know.
+                let share = match &ticket.tenant {
+                    Some((pool, identity)) => Some(pool.take(Some(identity))?),
+                    None => None,
+                };
                 if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_waiters {
                     self.waiting.fetch_sub(1, Ordering::AcqRel);
                     return Err(Error::limit(
@@ -51,6 +58,7 @@ impl LeaseTable {
                         "max-waiters",
                     ));
                 }
+                ticket.share = share;
             }
         }
         let q = locked.state(shard).queues.entry(Arc::clone(name)).or_default();
@@ -66,6 +74,7 @@ impl LeaseTable {
             locked.state(s).dequeue(&n, &ticket.waiter);
             self.waiting.fetch_sub(1, Ordering::AcqRel);
         }
+        ticket.share = None;
         ticket.first = false;
     }
 
@@ -76,6 +85,7 @@ impl LeaseTable {
             self.shards[s].lock().dequeue(&n, &ticket.waiter);
             self.waiting.fetch_sub(1, Ordering::AcqRel);
         }
+        ticket.share = None;
         ticket.first = false;
     }
 

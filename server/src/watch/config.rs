@@ -18,6 +18,9 @@ pub struct WatchConfig {
     pub stall: Duration,
     /// Watchers at once.
     pub max_watchers: usize,
+    /// ... and of one identity (see `crate::shares`; the service counts
+    /// them, not the hub); `None`: a quarter of `max_watchers`.
+    pub max_watchers_per_identity: Option<usize>,
     /// How long events are still recorded after the last watcher left (or
     /// the last List, when nobody watched).
     pub linger: Duration,
@@ -33,6 +36,13 @@ pub const MIN_PROGRESS: Duration = Duration::from_millis(10);
 /// The longest progress interval a watch may ask for.
 pub const MAX_PROGRESS: Duration = Duration::from_secs(3600);
 
+impl WatchConfig {
+    /// The watchers one identity may hold (`crate::shares::share_of`).
+    pub fn watchers_share(&self) -> usize {
+        crate::shares::share_of(self.max_watchers_per_identity, self.max_watchers)
+    }
+}
+
 impl Default for WatchConfig {
     fn default() -> Self {
         WatchConfig {
@@ -41,6 +51,7 @@ impl Default for WatchConfig {
             retain_bytes: 32 << 20,
             stall: Duration::from_secs(30),
             max_watchers: 1024,
+            max_watchers_per_identity: None,
             linger: Duration::from_secs(60),
             progress: Duration::from_secs(5),
         }
