@@ -372,4 +372,13 @@ async fn names_that_display_as_something_else_are_refused_before_sending() {
     let out = cli_no_server(&["--server", "http://127.0.0.1:9", "acquire", "a\u{202E}b"]);
     assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
     assert!(stderr(&out).contains("U+202E"), "{}", describe_output(&out));
+    // A name not in NFC too (issue 52), naming the form to send instead.
+    let out = cli_no_server(&["--server", "http://127.0.0.1:9", "acquire", "x/\u{212B}"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        stderr(&out).contains("is not in Unicode normalization form C: U+212B at character 2 is U+00C5"),
+        "{}",
+        describe_output(&out)
+    );
+    assert!(!stderr(&out).contains("127.0.0.1:9"), "nothing was sent: {}", describe_output(&out));
 }

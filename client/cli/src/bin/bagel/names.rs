@@ -19,6 +19,12 @@ pub fn check<'a>(what: &str, names: impl IntoIterator<Item = &'a String>) -> any
                  two names look alike"
             );
         }
+        // The server takes only the NFC form of a name (canonically
+        // equivalent names would be two leases that read the same): said
+        // here, before anything is sent, with the form to send instead.
+        if let Some(not) = bagel_proto::names::not_nfc(name) {
+            bail!("{what} {name:?} {not}");
+        }
     }
     Ok(())
 }
