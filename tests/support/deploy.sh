@@ -35,13 +35,16 @@
 #       member's PVC, readiness = health on the side port, one member at a
 #       time (rollout and PDB), the headless Service's SRV ports, flags
 #       that `bagel-server --help` lists, the Containerfile's path and
-#       user. Copies broken on purpose (PDB maxUnavailable 2, a renamed
-#       flag, a misspelt field) must fail it. Last, the rendered command
+#       user, the member lists (BAGEL_MEMBERS, BAGEL_NEXT_MEMBERS) naming
+#       exactly the pods bagel-0..bagel-<replicas-1>. Copies broken on purpose (PDB maxUnavailable 2, a renamed
+#       flag, a misspelt field, replicas changed without the member list)
+#       must fail it. Last, the rendered command
 #       and args run the built bagel-server as pod bagel-1 would (only
 #       addresses and the volume's place changed), as the pod's user with
-#       a read-only root (unshare, setpriv): during the restart wait
+#       a read-only root (unshare, setpriv), with the container's member
+#       list in its environment: during the restart wait
 #       /healthz is 200 while /readyz is 503 and a grant is refused; then
-#       ready, a grant writes the mark beside the key on the volume, and a
+#       ready, a grant of a name it owns writes the mark beside the key on the volume, and a
 #       restart keeps the key and waits again.
 #   deploy_stop: stops the servers deploy_cluster_check and
 #     deploy_kubernetes_check started (for the trap).
@@ -327,6 +330,9 @@ deploy_kubernetes_check() {
   deploy_k8s_broken "$out" "a misspelt field" base/service.yaml \
     's/publishNotReadyAddresses:/publishNotReadyAddress:/' "'publishNotReadyAddress' was unexpected"
 
+  deploy_k8s_broken "$out" "a member list that is not the pods" overlays/example/replicas.yaml \
+    's/^  replicas: 3$/  replicas: 4/' "the member lists name ['bagel-0', 'bagel-1', 'bagel-2'], the pods are"
+
   deploy_k8s_member_check "$out/overlays-example.yaml"
   rm -rf "$out"; DEPLOY_K8S_OUT=
 }
@@ -357,7 +363,7 @@ deploy_k8s_in_restart_wait() {
   code=$(curl -s -o "$DEPLOY_DIR/readyz" -w '%{http_code}' "http://$http/readyz")
   [ "$code" = 503 ] && grep -q "restart wait" "$DEPLOY_DIR/readyz" ||
     die "pod bagel-1 at its start: /readyz said $code $(cat "$DEPLOY_DIR/readyz"), not 503 (restart wait)"
-  if "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe \
+  if "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check "$DEPLOY_K8S_PROBE" \
     >/dev/null 2>"$DEPLOY_DIR/refused"; then
     die "pod bagel-1 granted a lease while /readyz said not ready"
   fi
@@ -392,6 +398,15 @@ deploy_k8s_member_check() {
     DEPLOY_K8S_CMD+=("$arg")
   done < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py args "$rendered" bagel-1)
   ((mapped == 4)) || die "$rendered: expected the binary, --listen, --http and --key=/var/lib/bagel/... in: ${DEPLOY_K8S_CMD[*]}"
+  # The container's bagel-server variables (the member lists), as the
+  # kubelet sets them.
+  local envs=()
+  while IFS= read -r arg; do envs+=("$arg"); done < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py env "$rendered")
+  ((${#envs[@]} > 0)) || die "$rendered: no member list (BAGEL_MEMBERS) in the container's env"
+  DEPLOY_K8S_CMD=(env "${envs[@]}" "${DEPLOY_K8S_CMD[@]}")
+  # A name pod bagel-1 owns under its member lists: it refuses the others.
+  DEPLOY_K8S_PROBE=$("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py owned "$rendered" bagel-1 k8s-probe) ||
+    die "$rendered: no name owned by bagel-1"
 
   deploy_k8s_member_start
   deploy_k8s_in_restart_wait "$http" "$grpc"
@@ -401,7 +416,7 @@ deploy_k8s_member_check() {
   id=$(jq -r '.server_id' <<<"$info")
   [ "$id" = bagel-1 ] || die "pod bagel-1 signs as server id '$id'"
   key=$(jq -r '.keys[0].ed25519_hex' <<<"$info")
-  "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check k8s-probe --json \
+  "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check "$DEPLOY_K8S_PROBE" --json \
     >/dev/null || die "pod bagel-1 refused a lease once ready"
   [ -s "$DEPLOY_DIR/volume/key" ] || die "no key on pod bagel-1's volume"
   [ "$(stat -c '%u %a' "$DEPLOY_DIR/volume/key")" = "$DEPLOY_K8S_UID 600" ] ||

@@ -14,6 +14,9 @@ says the objects fit together and fit bagel-server, which no schema knows:
   most one unavailable, a PodDisruptionBudget of maxUnavailable 1.
 * DNS: a headless Service that keeps members in their restart wait
   (publishNotReadyAddresses), with named ports, so SRV records exist.
+* the member lists (BAGEL_MEMBERS, BAGEL_NEXT_MEMBERS while migrating)
+  name exactly the pods, bagel-0 .. bagel-<replicas - 1>: what members
+  found by DNS must be for a dns+srv:// client to route by them.
 * the flags are bagel-server's real ones (its --help, given as a file),
   the command is where the Containerfile installs the binary, and the pod
   runs as the Containerfile's user.
@@ -24,6 +27,10 @@ Usage:
   k8s_invariants.py args RENDERED POD_NAME
       prints the container's command and args, one per line, with
       $(VAR) expanded as the kubelet expands it for a pod of that name.
+  k8s_invariants.py env RENDERED
+      prints the member lists given as variables, NAME=VALUE, one a line.
+  k8s_invariants.py owned RENDERED POD_NAME PREFIX
+      prints a name PREFIX-N that POD_NAME owns under every member list.
   k8s_invariants.py user RENDERED
       prints the pod's runAsUser, runAsGroup and the container's
       readOnlyRootFilesystem (true or false), space-separated.
@@ -94,6 +101,36 @@ def expand(arg, env, pod_name):
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg)
 
 
+MEMBER_ENV = {"BAGEL_MEMBERS", "BAGEL_NEXT_MEMBERS"}
+
+
+def member_lists(env):
+    """{variable: [ids]} of the member lists given (literal values)."""
+    out = {}
+    for name in sorted(MEMBER_ENV):
+        e = env.get(name)
+        if e is None:
+            continue
+        if "value" not in e:
+            raise SystemExit(f"env {name}: expected a literal value")
+        out[name] = [i.strip() for i in e["value"].split(",") if i.strip()]
+    return out
+
+
+def owner(ids, name):
+    """The member of `ids` that owns `name`: bagel's rendezvous hash
+    (proto/src/routing.rs: the first 8 bytes of SHA-256 of
+    "bagel.v1 route\\0" + id + "\\0" + name, highest wins, ties to the
+    smaller id)."""
+    import hashlib
+
+    def weight(i):
+        d = hashlib.sha256(b"bagel.v1 route\0" + i.encode() + b"\0" + name.encode()).digest()
+        return int.from_bytes(d[:8], "big")
+
+    return max(ids, key=lambda i: (weight(i), [-ord(c) for c in i]))
+
+
 def check(rendered, help_path, containerfile, servicemonitor=None):
     objects = load(rendered)
     with open(help_path, encoding="utf-8") as f:
@@ -121,11 +158,34 @@ def check(rendered, help_path, containerfile, servicemonitor=None):
     help_flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", help_text, re.M))
     for name in args:
         need(name in help_flags, f"{name} is not a flag of bagel-server (--help)")
+    # Flags are args, where a typo fails the check above; the member lists
+    # are variables (an overlay patches a variable by name, not one arg of
+    # a list), checked against the variables --help names.
+    help_env = set(re.findall(r"\[env: ([A-Z0-9_]+)=", help_text))
     for name in env:
-        need(
-            not name.startswith("BAGEL_"),
-            f"env {name}: the manifests give bagel-server flags as args, where a typo fails --help's check",
-        )
+        if name.startswith("BAGEL_"):
+            need(
+                name in MEMBER_ENV and name in help_env,
+                f"env {name}: only the member lists ({', '.join(sorted(MEMBER_ENV))}) are given as "
+                "variables, and only as bagel-server --help names them",
+            )
+
+    # The member lists are the pods: the lists bagel-server serves in
+    # (BAGEL_MEMBERS, and BAGEL_NEXT_MEMBERS while migrating) name, together,
+    # exactly the pods bagel-0 .. bagel-<replicas - 1>, whose DNS records
+    # a dns+srv:// client finds. A pod no list names, or a listed member
+    # with no pod, and those clients refuse the cluster.
+    pods = {f"{sts['metadata']['name']}-{i}" for i in range(spec.get("replicas", 1))}
+    lists = member_lists(env)
+    need("BAGEL_MEMBERS" in lists, "no BAGEL_MEMBERS: members grant every name, so a wrong list takes names twice")
+    for name, ids in lists.items():
+        need(len(ids) == len(set(ids)), f"{name} names a member twice: {ids}")
+    listed = set().union(*lists.values()) if lists else set()
+    need(
+        listed == pods,
+        f"the member lists name {sorted(listed)}, the pods are {sorted(pods)} (replicas "
+        f"{spec.get('replicas', 1)}): they must be the same members",
+    )
 
     # ordinal = ID.
     pod_name = env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {})
@@ -289,6 +349,28 @@ def print_args(rendered, pod_name):
     return 0
 
 
+def print_env(rendered):
+    """NAME=VALUE of each bagel-server variable (the member lists)."""
+    sts = one(load(rendered), "StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    for name, ids in member_lists(env_of(container)).items():
+        print(f"{name}={','.join(ids)}")
+    return 0
+
+
+def print_owned(rendered, pod_name, prefix):
+    """A name (PREFIX-N) that pod POD_NAME owns under every member list."""
+    sts = one(load(rendered), "StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    lists = list(member_lists(env_of(container)).values())
+    for n in range(10_000):
+        name = f"{prefix}-{n}"
+        if all(owner(ids, name) == pod_name for ids in lists):
+            print(name)
+            return 0
+    raise SystemExit(f"no name {prefix}-N is owned by {pod_name}")
+
+
 def print_user(rendered):
     sts = one(load(rendered), "StatefulSet")
     pod = sts["spec"]["template"]["spec"]
@@ -305,6 +387,10 @@ if __name__ == "__main__":
         sys.exit(check(*rest))
     if mode == "args" and len(rest) == 2:
         sys.exit(print_args(*rest))
+    if mode == "env" and len(rest) == 1:
+        sys.exit(print_env(*rest))
+    if mode == "owned" and len(rest) == 3:
+        sys.exit(print_owned(*rest))
     if mode == "user" and len(rest) == 1:
         sys.exit(print_user(*rest))
     sys.exit(__doc__)
