@@ -75,6 +75,10 @@ pub struct Config {
     /// but clients paging in a loop could otherwise take every core from
     /// the requests that hold leases.
     pub list_pages: usize,
+    /// `List` calls one identity may have waiting for a page turn; turns
+    /// go to the identities waiting in turn (see
+    /// `service::list_turns`).
+    pub list_queue_per_identity: usize,
     /// The access policy file (`--acl`): who may lease or read which
     /// names. `None`: anonymous access, every client may do anything.
     pub acl: Option<std::path::PathBuf>,
@@ -265,6 +269,7 @@ impl Default for Config {
             watch: crate::watch::WatchConfig::default(),
             list_max_page: 1000,
             list_pages: 1,
+            list_queue_per_identity: 64,
             acl: None,
             members: Vec::new(),
         }
@@ -404,6 +409,11 @@ impl Config {
     #[must_use]
     pub fn with_list_pages(mut self, n: usize) -> Self {
         self.list_pages = n.max(1);
+        self
+    }
+
+    pub fn with_list_queue_per_identity(mut self, n: usize) -> Self {
+        self.list_queue_per_identity = n.max(1);
         self
     }
 

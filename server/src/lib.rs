@@ -142,6 +142,10 @@ impl Server {
                 limits.max_names_per_request,
                 limits.max_batch_ops,
             )
+            .with_batch_answer(transport::answers::BatchBound::new(
+                limits.max_name_bytes,
+                limits.max_owner_bytes,
+            ))
             .with_answers(transport::answers::AnswerBudget::new(
                 limits.max_unread_answer_bytes_per_connection,
                 limits.max_unread_answer_bytes,
@@ -150,6 +154,7 @@ impl Server {
         );
         let conn_slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let list_pages = cfg.list_pages.max(1);
+        let list_queue = cfg.list_queue_per_identity;
         let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
         let time = TimeKeeper::new(clock, signer.clone(), &cfg);
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
@@ -176,7 +181,7 @@ impl Server {
                     shares,
                     frames,
                     conn_slots,
-                    list_slots: Arc::new(tokio::sync::Semaphore::new(list_pages)),
+                    list_turns: service::list_turns::ListTurns::new(list_pages, list_queue),
                     acl,
                     membership,
                 }),

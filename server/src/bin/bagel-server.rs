@@ -208,6 +208,16 @@ struct Args {
         default_value_t = 1
     )]
     list_pages: usize,
+    /// List calls one identity (token, certificate, or else address) may
+    /// have waiting for a page turn; turns go to the identities waiting in
+    /// turn. One more is refused (RESOURCE_EXHAUSTED).
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_MAX_QUEUED_LISTS_PER_IDENTITY",
+        default_value_t = 64
+    )]
+    max_queued_lists_per_identity: usize,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
@@ -542,6 +552,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .with_list_max_page(args.list_max_page)
         .with_list_pages(args.list_pages)
+        .with_list_queue_per_identity(args.max_queued_lists_per_identity)
         .with_limits(limits)
         .with_http_limits(
             SidePortLimits::default()

@@ -328,7 +328,8 @@ impl Collector for Exposition {
             gauge(
                 e,
                 "bagel_unread_answers",
-                "Unary answers made and not yet taken by their clients, over all connections.",
+                "Unary answers made and not yet taken by their clients, and bytes reserved for \
+                 answers not yet made, over all connections.",
                 Some(&Unit::Bytes),
                 i64::try_from(answers.held()).unwrap_or(i64::MAX),
             )?;
@@ -346,6 +347,13 @@ impl Collector for Exposition {
                 "Connections closed for leaving their answers unread (--answer-stall-timeout).",
                 None,
                 answers.closed(),
+            )?;
+            gauge(
+                e,
+                "bagel_list_turns_waiting",
+                "List calls waiting for a page turn (--list-pages), over all identities.",
+                None,
+                i64::try_from(inner.list_turns.waiting()).unwrap_or(i64::MAX),
             )?;
         }
         {

@@ -86,7 +86,8 @@ pub(super) async fn holders(State(state): State<Arc<Http>>, uri: axum::http::Uri
         return json_response(StatusCode::BAD_REQUEST, body.to_string());
     }
     // A turn among the `List` pages (see `Inner::off_workers`).
-    let read = Arc::clone(&state.inner).off_workers(move |inner| inner.list_page(&prefix, &after, limit));
+    let read = Arc::clone(&state.inner)
+        .off_workers(side_port(), move |inner| inner.list_page(&prefix, &after, limit));
     let Ok(page) = read.await else {
         return super::shutting_down();
     };
@@ -113,6 +114,11 @@ pub(super) async fn holders(State(state): State<Arc<Http>>, uri: axum::http::Uri
     json_response(StatusCode::OK, body.to_string())
 }
 
+/// The side port's searches take `List` turns as one identity of their own.
+fn side_port() -> Arc<str> {
+    Arc::from("(side port)")
+}
+
 fn json_response(code: StatusCode, body: String) -> Response {
     (
         code,
@@ -135,7 +141,7 @@ pub(super) async fn page(State(state): State<Arc<Http>>, uri: axum::http::Uri) -
     let me = Arc::clone(&state);
     // A search is a `List` page: it waits for a turn among them too.
     let turn = match holder {
-        Some(_) => match Arc::clone(&state.inner.list_slots).acquire_owned().await {
+        Some(_) => match state.inner.list_turns.turn(&side_port()).await {
             Ok(turn) => Some(turn),
             Err(_) => return super::shutting_down(),
         },

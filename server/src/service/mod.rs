@@ -26,6 +26,8 @@ mod acquire;
 mod batch;
 mod held;
 mod info;
+mod list_size;
+pub(crate) mod list_turns;
 mod watch;
 
 use std::sync::Arc;
@@ -73,8 +75,9 @@ pub(crate) struct Inner {
     pub frames: Arc<crate::transport::layer::FrameLimits>,
     /// One permit per connection the server may accept.
     pub conn_slots: Arc<tokio::sync::Semaphore>,
-    /// One permit per `List` page read at once (`Config::list_pages`).
-    pub list_slots: Arc<tokio::sync::Semaphore>,
+    /// The turns among `List` pages read at once (`Config::list_pages`),
+    /// given by identity in turn.
+    pub list_turns: Arc<list_turns::ListTurns>,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
     /// Holder keys checked recently (see `crate::holder_keys`).
@@ -122,15 +125,15 @@ impl Inner {
     }
 
     /// Runs `read` (a `List` page, a side-port search) on a blocking
-    /// thread once one of the `list_pages` turns is free, waiting for it
-    /// otherwise. `ShuttingDown` if the runtime is going away.
+    /// thread once one of the `list_pages` turns is `identity`'s, waiting
+    /// for it otherwise (see [`list_turns`]). Refused when `identity` has
+    /// too many calls waiting; `ShuttingDown` if the runtime is going away.
     pub async fn off_workers<T: Send + 'static>(
         self: Arc<Self>,
+        identity: Arc<str>,
         read: impl FnOnce(&Inner) -> T + Send + 'static,
     ) -> Result<T, Error> {
-        let Ok(turn) = Arc::clone(&self.list_slots).acquire_owned().await else {
-            return Err(Error::ShuttingDown);
-        };
+        let turn = self.list_turns.turn(&identity).await?;
         let done = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             read(&self)

@@ -19,8 +19,10 @@ impl Service {
     /// A page of held names and the watch revision it reflects, read
     /// before the page (see `LeaseTable::list_revision`). At most
     /// `list_pages` pages are read at once, each on a blocking thread
-    /// (more wait for a turn): pages of 1,000 names in a loop would
-    /// otherwise hold the async workers that renewals need.
+    /// (more wait for a turn, given by identity in turn): pages of 1,000
+    /// names in a loop would otherwise hold the async workers that
+    /// renewals need. The answer's bytes are reserved before the call
+    /// waits, and the page cut to them (see `list_size`).
     pub(crate) async fn list(
         &self,
         req: &pb::ListRequest,
@@ -31,14 +33,41 @@ impl Service {
         let scope = self.read_scope(caller, &prefix)?;
         let after = validate::prefix("page_token", &req.page_token, limits)?;
         let page_size = req.page_size as usize;
+        let limit = if page_size == 0 { 100 } else { page_size }.min(self.inner.cfg.list_max_page);
+        let cap = match &caller.answer {
+            Some(slot) => {
+                let (all, one) = super::list_size::reservation(limits, limit);
+                Some(slot.reserve(all, one)?)
+            }
+            None => None,
+        };
+        let identity = self.list_identity(caller);
         let inner = Arc::clone(&self.inner);
         inner
-            .off_workers(move |inner| {
+            .off_workers(identity, move |inner| {
                 let revision = inner.table.list_revision(inner.time.now());
                 let page = crate::acl::list_scoped(inner, &scope, &prefix, &after, page_size);
-                pb::ListResponse { revision, ..page }
+                let mut page = pb::ListResponse { revision, ..page };
+                if let Some(cap) = cap {
+                    super::list_size::cut(&mut page, cap);
+                }
+                page
             })
             .await
+    }
+
+    /// Whose turn among `List` pages a call waits for: the caller's
+    /// identity (its token's under the access policy, or its client
+    /// certificate's subject), or, with neither, its address (everything
+    /// behind one address is then one identity).
+    fn list_identity(&self, caller: &Caller) -> Arc<str> {
+        if let Ok(Some(identity)) = self.identity(caller) {
+            return identity;
+        }
+        match caller.peer {
+            Some(ip) => Arc::from(format!("address {ip}")),
+            None => Arc::from("address unknown"),
+        }
     }
 
     /// The watch's events, ending with the error that ends it (a watcher

@@ -18,22 +18,38 @@
 //!   has its new calls refused, and once the whole server holds more than
 //!   `--max-unread-answer-bytes`, so has every connection that holds any:
 //!   clients that read are not refused.
+//! * **Reserved at admission.** A call that makes its answer later (a
+//!   `List` waiting for its page turn, a `Batch` running its operations)
+//!   reserves a bound on the answer's bytes from both budgets when it is
+//!   admitted ([`AnswerSlot::reserve`]): calls queued on a connection count
+//!   against its share before anything is made, so a client that never
+//!   reads cannot queue a gigabyte of answers behind an empty budget (50
+//!   connections x 100 queued Lists held 1.59 GB of a 256 MiB bound). A
+//!   List page is then cut to what was reserved; the answer, once encoded,
+//!   is charged at its real size in place of the reservation.
 //! * **Time.** A connection with an answer unfinished that writes less than
 //!   [`MIN_PROGRESS`] bytes to its socket in `--answer-stall-timeout` is
 //!   closed (see `super::Conn`), and what it held is freed.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tonic::Status;
 
 use super::ConnState;
+use crate::error::Error;
 
 /// Bytes a connection with unfinished answers must write to its socket
 /// per stall timeout to count as read: more than keepalive pings (17 bytes
 /// each), which a client that reads nothing still answers.
 pub const MIN_PROGRESS: u64 = 1024;
+
+/// What a connection holding no answer may always reserve for one, even
+/// with the server over its budget: a client that reads is served (one
+/// short `List` page, a small `Batch`), and the server holds at most this
+/// much more per connection.
+pub const FLOOR: usize = 64 << 10;
 
 /// The server-wide bounds on unread answers, and what is held now.
 #[derive(Debug)]
@@ -124,23 +140,229 @@ impl AnswerBudget {
             budget: Arc::clone(self),
             conn: Arc::clone(conn),
             bytes,
+            made: true,
         }
+    }
+
+    /// Reserves between `least` and `want` bytes (as many as both budgets
+    /// have room for) for an answer not made yet, charged to `conn` and
+    /// the server like one; refused, naming the bound, when not even
+    /// `least` fits. A connection holding nothing may reserve one answer
+    /// past its share (as one answer of any size was always made for it),
+    /// and up to [`FLOOR`] whatever the server holds.
+    pub(crate) fn reserve(
+        self: &Arc<Self>,
+        conn: &Arc<ConnState>,
+        want: usize,
+        least: usize,
+    ) -> Result<Charge, Error> {
+        let least = least.min(want);
+        // Each counter is raised by compare-and-swap from what was read,
+        // so that calls reserving at once never pass a bound together.
+        let mut own = conn.answer_bytes.load(Ordering::Acquire);
+        let mut room_here = loop {
+            let room = if own == 0 {
+                // One answer whole, as big as it may be: its share bounds
+                // what a connection holds besides.
+                usize::MAX
+            } else {
+                self.per_connection.saturating_sub(own)
+            };
+            let take = want.min(room);
+            if take < least {
+                return Err(self.refuse(Error::limit(
+                    format!(
+                        "bytes of answers this connection has not read ({own}), with the \
+                         {least} this call's answer needs reserved"
+                    ),
+                    self.per_connection,
+                    "bytes",
+                    "max-unread-answer-bytes-per-connection",
+                )));
+            }
+            match conn
+                .answer_bytes
+                .compare_exchange(own, own + take, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break take,
+                Err(now) => own = now,
+            }
+        };
+        let mut held = self.held();
+        let take = loop {
+            let mut room = self.total.saturating_sub(held);
+            if own == 0 {
+                room = room.max(FLOOR);
+            }
+            let take = room_here.min(room);
+            if take < least {
+                conn.answer_bytes.fetch_sub(room_here, Ordering::AcqRel);
+                return Err(self.refuse(Error::limit(
+                    format!(
+                        "bytes of answers the server's clients have not read ({held}, {own} of \
+                         them on this connection), with the {least} this call's answer needs \
+                         reserved"
+                    ),
+                    self.total,
+                    "bytes",
+                    "max-unread-answer-bytes",
+                )));
+            }
+            match self
+                .held
+                .compare_exchange(held, held + take, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break take,
+                Err(now) => held = now,
+            }
+        };
+        if take < room_here {
+            conn.answer_bytes.fetch_sub(room_here - take, Ordering::AcqRel);
+            room_here = take;
+        }
+        Ok(Charge {
+            budget: Arc::clone(self),
+            conn: Arc::clone(conn),
+            bytes: room_here,
+            made: false,
+        })
+    }
+
+    fn refuse(&self, e: Error) -> Error {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        e
     }
 }
 
-/// One unfinished answer, counted until dropped.
+/// One unfinished answer, or the bytes reserved for one, counted until
+/// dropped.
 #[derive(Debug)]
 pub(crate) struct Charge {
     budget: Arc<AnswerBudget>,
     conn: Arc<ConnState>,
     bytes: usize,
+    /// Whether the answer is made (a reservation is not: its connection
+    /// waits for its answer, and is not stalled for writing nothing).
+    made: bool,
+}
+
+impl Charge {
+    /// Bytes charged.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The reservation, now charged as the answer made, of `bytes` (what
+    /// it encoded to: less than reserved, but a Batch's bound is cut to
+    /// the connection's share and its answer may be more).
+    pub(crate) fn into_answer(mut self, bytes: usize) -> Charge {
+        if bytes >= self.bytes {
+            let more = bytes - self.bytes;
+            self.budget.held.fetch_add(more, Ordering::AcqRel);
+            self.conn.answer_bytes.fetch_add(more, Ordering::AcqRel);
+        } else {
+            let less = self.bytes - bytes;
+            self.budget.held.fetch_sub(less, Ordering::AcqRel);
+            self.conn.answer_bytes.fetch_sub(less, Ordering::AcqRel);
+        }
+        self.bytes = bytes;
+        if !self.made {
+            self.made = true;
+            self.conn.answers.fetch_add(1, Ordering::AcqRel);
+        }
+        self
+    }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
         self.conn.answer_bytes.fetch_sub(self.bytes, Ordering::AcqRel);
-        self.conn.answers.fetch_sub(1, Ordering::AcqRel);
+        if self.made {
+            self.conn.answers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// One unary call's answer, from its admission to its last byte: what is
+/// reserved for it (by its handler, a `List`, or its request body, a
+/// `Batch`) and then charged as made (by the response body). Shared by the
+/// three through the request's extensions; dropping the call frees it.
+#[derive(Debug)]
+pub struct AnswerSlot {
+    budget: Arc<AnswerBudget>,
+    conn: Arc<ConnState>,
+    reserved: Mutex<Option<Charge>>,
+}
+
+impl AnswerSlot {
+    pub(crate) fn new(budget: Arc<AnswerBudget>, conn: Arc<ConnState>) -> Arc<Self> {
+        Arc::new(AnswerSlot {
+            budget,
+            conn,
+            reserved: Mutex::new(None),
+        })
+    }
+
+    /// Reserves between `least` and `want` bytes for the answer (see
+    /// [`AnswerBudget::reserve`]) in place of what was reserved before;
+    /// returns the bytes reserved, which the answer must not pass.
+    pub fn reserve(&self, want: usize, least: usize) -> Result<usize, Error> {
+        // Freed first: a call's own earlier reservation never refuses it.
+        drop(self.take());
+        let charge = self.budget.reserve(&self.conn, want, least)?;
+        let bytes = charge.bytes();
+        *self.lock() = Some(charge);
+        Ok(bytes)
+    }
+
+    /// The reservation, taken (and freed, once dropped).
+    pub(crate) fn take(&self) -> Option<Charge> {
+        self.lock().take()
+    }
+
+    /// The answer is made, `bytes` encoded: charged at that size in place
+    /// of its reservation, until the returned charge is dropped.
+    pub(crate) fn made(&self, bytes: usize) -> Option<Charge> {
+        let reserved = self.take();
+        if bytes == 0 {
+            return None;
+        }
+        Some(match reserved {
+            Some(reserved) => reserved.into_answer(bytes),
+            None => self.budget.charge(&self.conn, bytes),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Charge>> {
+        self.reserved.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A bound on the bytes of a `Batch` answer, by what its request holds:
+/// each result is at most an error (its message of at most
+/// [`crate::error::MAX_MESSAGE_BYTES`], a conflict) or a grant's fixed part
+/// (ids, token, witness and signature), plus, for each name acquired, its
+/// entries in the grant and in the witness (the name twice and the previous
+/// lease). An answer that encodes larger is charged at its size once made.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchBound {
+    pub per_op: usize,
+    pub per_name: usize,
+}
+
+impl BatchBound {
+    pub fn new(max_name_bytes: usize, max_owner_bytes: usize) -> Self {
+        BatchBound {
+            per_op: crate::error::MAX_MESSAGE_BYTES + max_name_bytes + max_owner_bytes,
+            per_name: 2 * max_name_bytes + 512,
+        }
+    }
+
+    /// The bound for `ops` operations acquiring `names` names in all.
+    pub fn answer(&self, ops: usize, names: usize) -> usize {
+        ops.saturating_mul(self.per_op)
+            .saturating_add(names.saturating_mul(self.per_name))
     }
 }
 
@@ -204,6 +426,78 @@ mod tests {
         assert!(
             budget.admit(&reader).is_ok(),
             "a client that reads is not refused"
+        );
+    }
+
+    #[test]
+    fn queued_calls_reserve_their_answers_and_the_ones_past_the_share_are_refused() {
+        let budget = AnswerBudget::new(1000, 10_000, Duration::ZERO);
+        let conn = Arc::new(ConnState::new());
+        // Holding nothing: one answer whole, past the share.
+        let first = budget.reserve(&conn, 1500, 100).unwrap();
+        assert_eq!(first.bytes(), 1500);
+        // Made: charged at its size in place of the reservation.
+        let first = first.into_answer(400);
+        assert_eq!((budget.held(), conn.answers.load(Ordering::Acquire)), (400, 1));
+        // Queued ones get what is left of the share, then nothing.
+        let second = budget.reserve(&conn, 1500, 100).unwrap();
+        assert_eq!(second.bytes(), 600);
+        assert_eq!(
+            conn.answers.load(Ordering::Acquire),
+            1,
+            "a reservation is no answer made"
+        );
+        let refused = budget.reserve(&conn, 1500, 100).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused
+                .to_string()
+                .contains("--max-unread-answer-bytes-per-connection"),
+            "{refused}"
+        );
+        assert_eq!(budget.refused(), 1);
+        drop((first, second));
+        assert_eq!((budget.held(), conn.answer_bytes.load(Ordering::Acquire)), (0, 0));
+    }
+
+    #[test]
+    fn over_the_server_budget_a_connection_holding_nothing_gets_the_floor() {
+        let budget = AnswerBudget::new(usize::MAX, 100_000, Duration::ZERO);
+        let (a, reader) = (Arc::new(ConnState::new()), Arc::new(ConnState::new()));
+        let _a = budget.reserve(&a, 200_000, 10).unwrap();
+        assert_eq!(budget.held(), 100_000, "the server's whole budget");
+        let refused = budget.reserve(&a, 200_000, 10).unwrap_err();
+        assert!(
+            refused.to_string().contains("--max-unread-answer-bytes)"),
+            "{refused}"
+        );
+        let floor = budget.reserve(&reader, 5 * FLOOR, 10).unwrap();
+        assert_eq!(floor.bytes(), FLOOR);
+        // A call that cannot be cut short (a Batch) gets all or nothing.
+        let other = Arc::new(ConnState::new());
+        assert!(budget.reserve(&other, 2 * FLOOR, 2 * FLOOR).is_err());
+    }
+
+    #[test]
+    fn a_slot_replaces_its_reservation_and_frees_it_with_the_call() {
+        let budget = AnswerBudget::new(1000, 10_000, Duration::ZERO);
+        let conn = Arc::new(ConnState::new());
+        let slot = AnswerSlot::new(Arc::clone(&budget), Arc::clone(&conn));
+        assert_eq!(slot.reserve(800, 10).unwrap(), 800);
+        assert_eq!(
+            slot.reserve(900, 10).unwrap(),
+            900,
+            "its own reservation does not count"
+        );
+        let made = slot.made(300).unwrap();
+        assert_eq!(budget.held(), 300);
+        drop(made);
+        assert_eq!(slot.reserve(500, 10).unwrap(), 500);
+        drop(slot);
+        assert_eq!(
+            budget.held(),
+            0,
+            "a call dropped while queued frees its reservation"
         );
     }
 

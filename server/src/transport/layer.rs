@@ -15,7 +15,7 @@ use http_body::{Body as HttpBody, Frame};
 use tonic::Status;
 use tonic::body::Body;
 
-use super::answers::{self, AnswerBudget, Charge};
+use super::answers::{self, AnswerBudget, AnswerSlot, Charge};
 use super::{CallGuard, ConnState, conn_info, wire};
 use crate::error::Error;
 
@@ -33,6 +33,8 @@ pub struct FrameLimits {
     pub max_batch_ops: usize,
     /// The bounds on answers made and not yet read.
     pub answers: Arc<AnswerBudget>,
+    /// What a `Batch` reserves for its answer, by its operations.
+    pub batch_answer: answers::BatchBound,
     buffered: AtomicUsize,
 }
 
@@ -51,8 +53,16 @@ impl FrameLimits {
             max_names,
             max_batch_ops,
             answers: AnswerBudget::new(usize::MAX, usize::MAX, std::time::Duration::ZERO),
+            batch_answer: answers::BatchBound::new(256, 256),
             buffered: AtomicUsize::new(0),
         }
+    }
+
+    /// The same, with the bound on a `Batch` answer for these limits on a
+    /// name's and an owner's bytes.
+    pub fn with_batch_answer(mut self, bound: answers::BatchBound) -> Self {
+        self.batch_answer = bound;
+        self
     }
 
     /// The same, with bounds on unread answers.
@@ -131,16 +141,26 @@ where
         let guard = conn.as_ref().map(ConnState::begin);
         let path = req.uri().path();
         let scan = Scan::for_path(path);
-        let charged = answers::is_unary(path).then(|| Arc::clone(&self.answers));
+        // A unary answer is reserved for (by its handler, or its request
+        // body) and charged as made: see `answers`.
+        let slot = conn
+            .as_ref()
+            .filter(|_| answers::is_unary(path))
+            .map(|c| AnswerSlot::new(Arc::clone(&self.answers), Arc::clone(c)));
+        let batch = slot.clone().filter(|_| scan == Scan::Batch);
         let limits = Arc::clone(&self.limits);
-        let req = req.map(|body| Body::new(Framed::new(body, limits, conn.clone(), scan)));
+        let mut req =
+            req.map(|body| Body::new(Framed::new(body, limits, conn.clone(), scan).reserving(batch)));
+        if let Some(slot) = &slot {
+            req.extensions_mut().insert(Arc::clone(slot));
+        }
         let response = self.inner.call(req);
         Box::pin(async move {
             let (parts, inner) = response.await?.into_parts();
             let mut body = Tracked::new(inner);
             body.call = guard;
-            if let (Some(budget), Some(conn)) = (charged, conn) {
-                body.charge_answer(&budget, &conn).await;
+            if let Some(slot) = slot {
+                body.charge_answer(&slot).await;
             }
             Ok(Response::from_parts(parts, body))
         })
@@ -185,17 +205,16 @@ impl<B: HttpBody + Unpin> Tracked<B> {
     }
 
     /// Encodes the answer now (a unary answer's body is ready at once: its
-    /// one message) and charges its bytes to `conn` and the server until
-    /// the body is finished or dropped.
-    async fn charge_answer(&mut self, budget: &Arc<AnswerBudget>, conn: &Arc<ConnState>) {
+    /// one message) and charges its bytes, in place of what was reserved
+    /// for it, to its connection and the server until the body is finished
+    /// or dropped.
+    async fn charge_answer(&mut self, slot: &AnswerSlot) {
         let first = std::future::poll_fn(|cx| Pin::new(&mut self.inner).poll_frame(cx)).await;
         let bytes = match &first {
             Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.remaining()),
             _ => 0,
         };
-        if bytes > 0 {
-            self.charge = Some(budget.charge(conn, bytes));
-        }
+        self.charge = slot.made(bytes);
         self.peeked = Some(first);
     }
 }
@@ -339,6 +358,9 @@ pub struct Framed {
     trailers: Option<HeaderMap>,
     /// Bytes charged to the budgets for `state`'s buffer.
     charged: usize,
+    /// A unary `Batch`'s answer, reserved for by its operations once its
+    /// message is whole (see [`answers::BatchBound`]).
+    answer: Option<Arc<AnswerSlot>>,
     ended: bool,
     failed: bool,
 }
@@ -362,9 +384,39 @@ impl Framed {
             ready: VecDeque::new(),
             trailers: None,
             charged: 0,
+            answer: None,
             ended: false,
             failed: false,
         }
+    }
+
+    /// The same, reserving the answer of each whole message in `answer`.
+    pub(crate) fn reserving(mut self, answer: Option<Arc<AnswerSlot>>) -> Self {
+        self.answer = answer;
+        self
+    }
+
+    /// Checks a whole uncompressed message, and reserves its answer.
+    fn admit(&self, message: &[u8]) -> Result<(), Status> {
+        self.scan.check(message, &self.limits)?;
+        let Some(slot) = &self.answer else {
+            return Ok(());
+        };
+        let ops = wire::count(message, 1);
+        let names: usize = wire::messages(message, 1)
+            .flat_map(|op| wire::messages(op, 1))
+            .map(|acquire| wire::count(acquire, 1))
+            .sum();
+        // All of it, or refused: a Batch's answer cannot be cut short.
+        // Never more than a connection's share, which would refuse it on
+        // any connection.
+        let want = self
+            .limits
+            .batch_answer
+            .answer(ops, names)
+            .min(self.limits.answers.per_connection);
+        slot.reserve(want, want)?;
+        Ok(())
     }
 
     /// Charges `n` more buffered bytes to the connection and the server.
@@ -428,7 +480,7 @@ impl Framed {
         }
         for (flag, _, body, _) in whole_messages(data) {
             if flag == 0
-                && let Err(status) = self.scan.check(body, &self.limits)
+                && let Err(status) = self.admit(body)
             {
                 return Some(Err(status));
             }
@@ -510,7 +562,7 @@ impl Framed {
         // A compressed message cannot be looked into; its decompressed
         // size is bounded by tonic, and we accept no compression anyway.
         if header[0] == 0 {
-            self.scan.check(&body, &self.limits)?;
+            self.admit(&body)?;
         }
         self.ready.push_back(Bytes::copy_from_slice(&header));
         if !body.is_empty() {

@@ -594,6 +594,9 @@ pub struct Caller {
     /// The request's bearer token, hashed (the access policy's; see
     /// `crate::acl::bearer`).
     pub bearer: Option<crate::acl::Bearer>,
+    /// Where a unary call reserves the bytes of its answer before making
+    /// it (see [`answers`]); `None` off the gRPC port.
+    pub answer: Option<Arc<answers::AnswerSlot>>,
 }
 
 impl Caller {
@@ -634,6 +637,7 @@ impl Caller {
             subject,
             chain,
             bearer: None,
+            answer: ext.get::<Arc<answers::AnswerSlot>>().cloned(),
         }
     }
 }

@@ -1,0 +1,388 @@
+//! Issue 52, part 2: what queued `List` calls hold, and whose turn a page
+//! is. Over a real `bagel-server`:
+//! * a client that never reads (HTTP/2 window 0) and sends many Lists at
+//!   once: each call reserves its answer's bytes when admitted, before it
+//!   waits for its page turn, so what the server holds stays within the
+//!   unread-answer budget, and the calls past it are refused
+//!   `RESOURCE_EXHAUSTED` naming the limit, while a client that reads is
+//!   served (in shorter pages);
+//! * one tenant's flood of Lists does not starve another's: page turns go
+//!   to the identities waiting in turn, so tenant A's List is answered
+//!   while most of tenant B's are still queued (observed by order, not
+//!   by time), and B's calls past its queue are refused naming the flag.
+
+use std::collections::HashMap;
+
+use bagel_proto::pb;
+use bagel_proto::pb::lease_service_client::LeaseServiceClient;
+use bagel_tests::ServerProcess;
+use bagel_tests::raw::grpc_frame;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use tonic::transport::Channel;
+
+const SEC: u64 = 1_000_000;
+/// Per-connection share and server budget of unread answers in the first
+/// test: ~10 and ~20 pages of [`NAMES`] names.
+const SHARE: u64 = 1_000_000;
+const TOTAL: u64 = 2_000_000;
+/// What a connection holding nothing may reserve past the server's budget
+/// (`transport::answers::FLOOR`).
+const FLOOR: u64 = 64 << 10;
+/// Names held: one List page of all of them is ~100 KB.
+const NAMES: usize = 2_048;
+
+const TOKEN_A: &str = "tok-tenant-a-1f0c";
+const TOKEN_B: &str = "tok-tenant-b-9d37";
+
+/// Holds `n` names `t/NNNNN` for 2 minutes, through `c`.
+async fn fill<C>(c: &mut LeaseServiceClient<C>, n: usize)
+where
+    C: tonic::client::GrpcService<tonic::body::Body>,
+    C::Error: Into<tonic::codegen::StdError>,
+    C::ResponseBody: tonic::codegen::Body<Data = Bytes> + Send + 'static,
+    <C::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    for first in (0..n).step_by(64) {
+        let names = (first..n.min(first + 64)).map(|i| format!("t/{i:05}")).collect();
+        c.acquire(pb::AcquireRequest {
+            names,
+            owner: "filler".into(),
+            mode: pb::Mode::Full.into(),
+            ttl_us: 120 * SEC,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// A raw HTTP/2 connection whose streams never get a window: the server
+/// can send an answer's head (and a refusal) but not a byte of its body.
+async fn never_reading(server: &ServerProcess) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client.ready().await.unwrap()
+}
+
+/// What a List's response head said: answered (its body unread), or
+/// refused with this code and message.
+/// An answered call keeps its stream (dropped, the client would reset it
+/// and the server free its answer).
+#[derive(Debug)]
+enum Head {
+    Answered(http::Response<h2::RecvStream>),
+    Refused(i32, String),
+}
+
+/// Sends a List of every name under `t/` (one page) with `token`, and
+/// returns a future of its response head, which needs no window.
+async fn send_list(
+    server: &ServerProcess,
+    client: &mut h2::client::SendRequest<Bytes>,
+    token: Option<&str>,
+    page_size: u32,
+) -> impl std::future::Future<Output = Head> + use<> {
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/bagel.v1.LeaseService/List", server.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let mut ready = client.clone().ready().await.unwrap();
+    let (response, mut send) = ready.send_request(request.body(()).unwrap(), false).unwrap();
+    let list = pb::ListRequest {
+        prefix: "t/".into(),
+        page_size,
+        page_token: String::new(),
+    };
+    send.send_data(grpc_frame(&list), true).unwrap();
+    async move {
+        let response = response.await.unwrap();
+        match response.headers().get("grpc-status") {
+            None => Head::Answered(response),
+            Some(code) => {
+                let message = response
+                    .headers()
+                    .get("grpc-message")
+                    .map(|m| m.to_str().unwrap().to_owned())
+                    .unwrap_or_default();
+                Head::Refused(code.to_str().unwrap().parse().unwrap(), message)
+            }
+        }
+    }
+}
+
+/// The value of an unlabelled sample on the server's /metrics.
+async fn metric(server: &ServerProcess, name: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", server.http_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}")) as u64
+}
+
+/// Every name under `t/`, paging `page_size` at a time; and the pages.
+async fn page_through(c: &mut LeaseServiceClient<Channel>, page_size: u32) -> (Vec<String>, usize) {
+    let (mut names, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let req = pb::ListRequest {
+            prefix: "t/".into(),
+            page_size,
+            page_token: token,
+        };
+        let page = c.list(req).await.unwrap().into_inner();
+        pages += 1;
+        names.extend(page.names.into_iter().map(|n| n.name));
+        if page.next_page_token.is_empty() {
+            return (names, pages);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Three connections that never read each send 20 Lists of ~100 KB at
+/// once, all queued behind one page turn. Before, each call was admitted
+/// while its connection held nothing yet (its answer was made later), so
+/// all 60 answers were held: ~6 MB of a 2 MB budget. Now each reserves
+/// its answer as it is admitted: what the server holds stays within the
+/// budget, and the calls past it are refused naming the limit.
+#[tokio::test]
+async fn queued_lists_of_a_client_that_never_reads_stay_within_the_answer_budget() {
+    let (share, total) = (SHARE.to_string(), TOTAL.to_string());
+    let server = ServerProcess::start_ready(&[
+        "--max-ttl",
+        "2m",
+        "--list-max-page",
+        "5000",
+        "--list-pages",
+        "1",
+        "--max-unread-answer-bytes-per-connection",
+        &share,
+        "--max-unread-answer-bytes",
+        &total,
+        "--answer-stall-timeout",
+        "0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let mut c = LeaseServiceClient::connect(server.url.clone()).await.unwrap();
+    fill(&mut c, NAMES).await;
+
+    let mut heads = Vec::new();
+    for _ in 0..3 {
+        let mut client = never_reading(&server).await;
+        for _ in 0..20 {
+            heads.push(send_list(&server, &mut client, None, 5000).await);
+        }
+    }
+    let (mut answered, mut refused) = (Vec::new(), 0);
+    for head in heads {
+        match head.await {
+            Head::Answered(response) => answered.push(response),
+            Head::Refused(code, message) => {
+                assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+                assert!(message.contains("--max-unread-answer-bytes"), "{message}");
+                refused += 1;
+            }
+        }
+    }
+    let held = metric(&server, "bagel_unread_answers_bytes").await;
+    eprintln!(
+        "60 Lists queued unread: {} answered, {refused} refused, {held} bytes held",
+        answered.len()
+    );
+    assert!(answered.len() >= 3, "each connection is answered at least once");
+    assert!(
+        held >= answered.len() as u64 * 50_000,
+        "the answers made are held: {held} bytes"
+    );
+    assert!(refused > 0, "the calls past the budget are refused");
+    assert!(
+        held <= TOTAL + 3 * FLOOR,
+        "{held} bytes of unread answers held, over the budget of {TOTAL} (+{FLOOR} per connection)"
+    );
+    assert!(
+        metric(&server, "bagel_unread_answers_refused_total").await >= refused,
+        "the refusals are counted"
+    );
+
+    // A client that reads is served meanwhile: in pages cut to what the
+    // server has room for, every name, in order.
+    let (names, pages) = page_through(&mut c, 5000).await;
+    let expected: Vec<String> = (0..NAMES).map(|i| format!("t/{i:05}")).collect();
+    assert_eq!(names, expected);
+    eprintln!("a reading client paged through {NAMES} names in {pages} pages");
+
+    // The unread answers reset by their client: everything reserved and
+    // charged is given back (the server sees the resets in its own time).
+    drop(answered);
+    let mut polls = 0;
+    while metric(&server, "bagel_unread_answers_bytes").await > 0 {
+        polls += 1;
+        assert!(
+            polls < 10_000,
+            "unread answers still held after their streams were reset"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Two tenants by bearer token, both reading `t/`; A also leases it.
+fn two_tenants() -> String {
+    let hash = |t: &str| bagel_proto::hex::encode(&bagel_proto::acl::hash_token(t));
+    format!(
+        r#"
+[[token]]
+identity = "tenant-a"
+sha256 = "{}"
+
+[[token]]
+identity = "tenant-b"
+sha256 = "{}"
+
+[[grant]]
+identity = "tenant-a"
+prefixes = ["t/"]
+permissions = ["lease", "read"]
+
+[[grant]]
+identity = "tenant-b"
+prefixes = ["t/"]
+permissions = ["read"]
+"#,
+        hash(TOKEN_A),
+        hash(TOKEN_B)
+    )
+}
+
+/// Tenant B floods the one page turn with 200 Lists (its queue holds 100);
+/// tenant A then asks for one page. Before, turns went first come, first
+/// served: A's page came after every one of B's. Now turns go to the
+/// identities waiting in turn: A's page is answered while most of B's are
+/// still queued, and B's calls past its queue are refused naming the flag.
+#[tokio::test]
+async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list() {
+    const FLOOD: usize = 200;
+    const QUEUE: u64 = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(&acl, two_tenants()).unwrap();
+    let queue = QUEUE.to_string();
+    let server = ServerProcess::start_ready(&[
+        "--max-ttl",
+        "2m",
+        "--acl",
+        acl.to_str().unwrap(),
+        "--list-max-page",
+        "5000",
+        "--list-pages",
+        "1",
+        "--max-queued-lists-per-identity",
+        &queue,
+        // B's answers, left unread, are not what this test is about.
+        "--max-unread-answer-bytes-per-connection",
+        "100000000000",
+        "--max-unread-answer-bytes",
+        "100000000000",
+        "--answer-stall-timeout",
+        "0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let channel = Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN_A}").parse().unwrap();
+    let mut a = LeaseServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", bearer.clone());
+        Ok(req)
+    });
+    fill(&mut a, NAMES).await;
+
+    // B's flood, on two connections (100 streams each), none awaited yet.
+    let mut flood = Vec::new();
+    for _ in 0..2 {
+        let mut client = never_reading(&server).await;
+        for _ in 0..FLOOD / 2 {
+            flood.push(send_list(&server, &mut client, Some(TOKEN_B), 5000).await);
+        }
+    }
+    // Once half of B's queue waits, A asks for a page.
+    let mut waiting = metric(&server, "bagel_list_turns_waiting").await;
+    while waiting < QUEUE / 2 {
+        tokio::task::yield_now().await;
+        waiting = metric(&server, "bagel_list_turns_waiting").await;
+    }
+    let mut mine = never_reading(&server).await;
+    let mine = send_list(&server, &mut mine, Some(TOKEN_A), 10).await;
+
+    // Every answer's head in the order they come; B's before A's counted.
+    let mut heads: FuturesUnordered<_> = flood
+        .into_iter()
+        .map(|f| {
+            Box::pin(async move { (false, f.await) })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = _>>>
+        })
+        .collect();
+    heads.push(Box::pin(async move { (true, mine.await) }));
+    let (mut before_a, mut after_a, mut a_done) = (0, 0, false);
+    let mut unread = Vec::new();
+    let mut refusals: HashMap<String, usize> = HashMap::new();
+    let mut b_waiting_at_a = 0;
+    while let Some((is_a, head)) = heads.next().await {
+        match (is_a, head) {
+            (true, head) => {
+                assert!(matches!(head, Head::Answered(_)), "{head:?}");
+                a_done = true;
+                b_waiting_at_a = metric(&server, "bagel_list_turns_waiting").await;
+            }
+            (false, Head::Answered(response)) => {
+                unread.push(response);
+                if a_done {
+                    after_a += 1;
+                } else {
+                    before_a += 1;
+                }
+            }
+            (false, Head::Refused(code, message)) => {
+                assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+                *refusals.entry(message).or_default() += 1;
+            }
+        }
+    }
+    eprintln!(
+        "B: {FLOOD} Lists, {before_a} answered before A's, {after_a} after, refused: {refusals:?}; \
+         B's calls waiting when A was answered: {b_waiting_at_a}"
+    );
+    assert!(
+        after_a >= 20,
+        "A's List waited behind B's queue: {before_a} of B's pages answered before it, {after_a} after"
+    );
+    assert!(b_waiting_at_a > 0, "B's queue had drained when A was answered");
+    assert!(!refusals.is_empty(), "B's calls past its queue are refused");
+    assert!(
+        refusals
+            .keys()
+            .all(|m| m.contains("--max-queued-lists-per-identity") && m.contains("tenant-b")),
+        "{refusals:?}"
+    );
+}
