@@ -282,6 +282,26 @@ async fn two_members_found_in_dns_grant_leases_to_the_library_and_the_cli_alike(
     assert!(out.status.success(), "{}", describe_output(&out));
     let e = take(a.acquire(["cli-held"])).await.unwrap_err();
     assert!(matches!(e, Error::Busy { .. }), "{e:?}");
+    // A second list beside it is refused: the members announce theirs.
+    let out = Command::new(bagel_tests::bin("bagel"))
+        .args([
+            "--servers",
+            &list(),
+            "--next-servers",
+            "bagel-0=http://127.0.0.1:1",
+        ])
+        .args(["acquire", "cli-other", "--json"])
+        .env("BAGEL_DNS_SERVER", dns.addr().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", describe_output(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--next-servers is not taken"),
+        "{}",
+        describe_output(&out)
+    );
 }
 
 #[tokio::test]
