@@ -7,6 +7,7 @@
 //! message saying so; it never skips.
 
 mod bag_support;
+pub mod bag_sim;
 pub mod conformance;
 mod lease_support;
 mod liar_store;
