@@ -91,9 +91,26 @@ async fn send_list(
     token: Option<&str>,
     page_size: u32,
 ) -> impl std::future::Future<Output = Head> + use<> {
+    let list = pb::ListRequest {
+        prefix: "t/".into(),
+        page_size,
+        page_token: String::new(),
+    };
+    send_call(server, client, token, "List", grpc_frame(&list)).await
+}
+
+/// Sends `message` to the lease service's `method` with `token`, and
+/// returns a future of its response head.
+async fn send_call(
+    server: &ServerProcess,
+    client: &mut h2::client::SendRequest<Bytes>,
+    token: Option<&str>,
+    method: &str,
+    message: Bytes,
+) -> impl std::future::Future<Output = Head> + use<> {
     let mut request = http::Request::builder()
         .method("POST")
-        .uri(format!("http://{}/bagel.v1.LeaseService/List", server.addr))
+        .uri(format!("http://{}/bagel.v1.LeaseService/{method}", server.addr))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
     if let Some(token) = token {
@@ -101,12 +118,7 @@ async fn send_list(
     }
     let mut ready = client.clone().ready().await.unwrap();
     let (response, mut send) = ready.send_request(request.body(()).unwrap(), false).unwrap();
-    let list = pb::ListRequest {
-        prefix: "t/".into(),
-        page_size,
-        page_token: String::new(),
-    };
-    send.send_data(grpc_frame(&list), true).unwrap();
+    send.send_data(message, true).unwrap();
     async move {
         let response = response.await.unwrap();
         match response.headers().get("grpc-status") {
@@ -241,6 +253,67 @@ async fn queued_lists_of_a_client_that_never_reads_stay_within_the_answer_budget
         );
         tokio::task::yield_now().await;
     }
+}
+
+/// Four connections that never read each send 50 Batches of 1,024
+/// renewals of leases that do not exist (each answered with ~100 KB of
+/// errors) at once. Before, a Batch was admitted while its connection held
+/// nothing yet, and its answer charged once made: every Batch that arrived
+/// before the first answers were made was answered. Now each reserves its
+/// operations' bound as its request is read, and the ones past the budget
+/// are refused naming the limit.
+#[tokio::test]
+async fn batches_of_a_client_that_never_reads_reserve_their_answers_by_their_operations() {
+    let total = TOTAL.to_string();
+    let server = ServerProcess::start_ready(&[
+        "--max-unread-answer-bytes",
+        &total,
+        "--answer-stall-timeout",
+        "0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let renew = pb::BatchOp {
+        op: Some(pb::batch_op::Op::Renew(pb::RenewRequest {
+            lease_id: "0123456789abcdef0123456789abcdef".into(),
+            token: "not-a-token".into(),
+            ttl_us: SEC,
+            ..Default::default()
+        })),
+    };
+    let batch = grpc_frame(&pb::BatchRequest {
+        ops: vec![renew; 1024],
+    });
+    let mut heads = Vec::new();
+    for _ in 0..4 {
+        let mut client = never_reading(&server).await;
+        for _ in 0..50 {
+            heads.push(send_call(&server, &mut client, None, "Batch", batch.clone()).await);
+        }
+    }
+    let (mut answered, mut refused) = (Vec::new(), 0);
+    for head in heads {
+        match head.await {
+            Head::Answered(response) => answered.push(response),
+            Head::Refused(code, message) => {
+                assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+                assert!(message.contains("--max-unread-answer-bytes"), "{message}");
+                refused += 1;
+            }
+        }
+    }
+    let held = metric(&server, "bagel_unread_answers_bytes").await;
+    eprintln!(
+        "200 Batches of 1024 operations unread: {} answered, {refused} refused, {held} bytes held",
+        answered.len()
+    );
+    assert!(!answered.is_empty());
+    assert!(refused > 0, "the Batches past the budget are refused");
+    assert!(
+        held <= TOTAL,
+        "{held} bytes of unread answers held, over the budget of {TOTAL}"
+    );
 }
 
 /// Two tenants by bearer token, both reading `t/`; A also leases it.
