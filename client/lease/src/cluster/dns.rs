@@ -26,7 +26,7 @@
 //! or the one at [`ClientOptions::dns_server`], else `BAGEL_DNS_SERVER`
 //! (`IP:PORT`), for a resolver of one's own (tests run dnsmasq on a high
 //! port). DNS is not trusted for safety: what a lookup says is checked
-//! against the members themselves (see [`super::discovered`]).
+//! against the members themselves (see [`super::DnsCluster`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
