@@ -98,6 +98,20 @@ pub struct Args {
     /// measurements (unless --no-bags), into results.md and summary.json.
     #[arg(long)]
     pub bag_path: bool,
+    /// Run only the noisy-neighbour measurement: tenant A's cycles and
+    /// Lists alone, then while tenant B floods every pooled surface of one
+    /// server with an access policy; writes noisy-neighbour.md and .json
+    /// into --out.
+    #[arg(long)]
+    pub noisy_neighbour: bool,
+    /// Noisy neighbour: seconds of each phase.
+    #[arg(long, default_value_t = 10)]
+    pub noisy_seconds: u64,
+    /// Noisy neighbour: a flag passed to bagel-server (repeat it; e.g.
+    /// `--noisy-server-arg=--max-sessions-per-identity=1024` to switch a
+    /// share off and see what it buys).
+    #[arg(long, allow_hyphen_values = true)]
+    pub noisy_server_arg: Vec<String>,
     /// Bag path: concurrent writers per point (each its own Writer and
     /// writer id, all on one log).
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]

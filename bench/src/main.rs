@@ -10,6 +10,8 @@
 //! * [`procs`]: processes on 127.0.0.1, tmpfs data dirs, readiness probes,
 //!   CPU and RSS from /proc.
 //! * [`rss`]: memory with many concurrently held leases.
+//! * [`noisy`]: one tenant's cycles and Lists alone and under another's
+//!   flood of every pooled surface (`--noisy-neighbour`).
 //! * [`cluster`]: the cluster client against 1, 2 and 4 servers.
 //! * [`cpu_floor`]: the server CPU of bare unary calls in the shape of the
 //!   unary sweep, the floor a unary cycle is compared with.
@@ -45,6 +47,7 @@ mod etcd;
 mod extras;
 mod floor;
 mod lease_sweep;
+mod noisy;
 mod procs;
 mod redis;
 mod report;
@@ -109,6 +112,12 @@ async fn run(args: Args, machine: Cpus, client_threads: usize) -> Result<()> {
     }
     if args.bag_path {
         return bag_path_only(args, &machine).await;
+    }
+    if args.noisy_neighbour {
+        let binary = args.bagel_server();
+        let (seconds, cpus) = (args.noisy_seconds, args.server_cpus.clone());
+        noisy::run(&binary, &args.out, seconds, &args.noisy_server_arg, cpus).await?;
+        return Ok(());
     }
     let settings = args.settings();
     anyhow::ensure!(
