@@ -88,8 +88,14 @@ pub(super) async fn holders(State(state): State<Arc<Http>>, uri: axum::http::Uri
     // A turn among the `List` pages (see `Inner::off_workers`).
     let read = Arc::clone(&state.inner)
         .off_workers(side_port(), move |inner| inner.list_page(&prefix, &after, limit));
-    let Ok(page) = read.await else {
-        return super::shutting_down();
+    let page = match read.await {
+        Ok(page) => page,
+        Err(crate::error::Error::ShuttingDown) => return super::shutting_down(),
+        // Too many searches waiting for a turn.
+        Err(e) => {
+            let body = serde_json::json!({ "error": crate::error::bounded(e.to_string()) });
+            return json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string());
+        }
     };
     let names: Vec<_> = page
         .names
@@ -143,6 +149,10 @@ pub(super) async fn page(State(state): State<Arc<Http>>, uri: axum::http::Uri) -
     let turn = match holder {
         Some(_) => match state.inner.list_turns.turn(&side_port()).await {
             Ok(turn) => Some(turn),
+            Err(e @ crate::error::Error::Limit { .. }) => {
+                let message = crate::error::bounded(e.to_string()) + "\n";
+                return super::text(StatusCode::SERVICE_UNAVAILABLE, message);
+            }
             Err(_) => return super::shutting_down(),
         },
         None => None,
