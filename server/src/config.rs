@@ -90,6 +90,9 @@ pub struct Config {
     /// taking a name its owner grants to another client
     /// ([`bagel_proto::routing`]).
     pub members: Vec<Vec<String>>,
+    /// The member lists from a file (`--members-file`), read again on
+    /// SIGHUP and when it changes; instead of [`Config::members`].
+    pub members_file: Option<std::path::PathBuf>,
 }
 
 /// TLS for the server, as PEM: its certificate chain and key, and the CA
@@ -272,6 +275,7 @@ impl Default for Config {
             list_queue_per_identity: 64,
             acl: None,
             members: Vec::new(),
+            members_file: None,
         }
     }
 }
@@ -294,6 +298,12 @@ impl Config {
     #[must_use]
     pub fn with_members(mut self, lists: Vec<Vec<String>>) -> Self {
         self.members = lists;
+        self
+    }
+
+    /// Sets [`Config::members_file`].
+    pub fn with_members_file(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.members_file = path;
         self
     }
 
@@ -512,6 +522,9 @@ impl Config {
             return Err("server id must be 1 to 128 bytes".into());
         }
         self.membership()?;
+        if self.members_file.is_some() && !self.members.is_empty() {
+            return Err("give the member lists by --members or by --members-file, not both".into());
+        }
         Ok(())
     }
 }

@@ -34,8 +34,10 @@ mod grpc_status;
 pub mod highwater;
 mod holder_keys;
 mod http;
+mod members;
 mod meter;
 mod refusal;
+mod reload;
 mod service;
 mod session;
 mod shares;
@@ -160,9 +162,11 @@ impl Server {
         let witness = WitnessSigner::new(signer, cfg.server_id.clone(), started);
         let acl = acl::start(cfg.acl.as_deref())?;
         let shares = shares::Shares::new(&cfg);
-        let membership = cfg
-            .membership()
-            .map_err(|reason| Error::invalid("config", reason))?;
+        let membership = match &cfg.members_file {
+            Some(path) => members::Members::from_file(&cfg.server_id, path),
+            None => cfg.membership().map(members::Members::fixed),
+        }
+        .map_err(|reason| Error::invalid("config", reason))?;
         Ok(Server {
             service: Service {
                 inner: Arc::new(Inner {
@@ -183,7 +187,7 @@ impl Server {
                     conn_slots,
                     list_turns: service::list_turns::ListTurns::new(list_pages, list_queue),
                     acl,
-                    membership,
+                    membership: Arc::new(membership),
                 }),
             },
             http: None,
@@ -291,7 +295,20 @@ impl Server {
         }
         tasks.spawn(background::sweep(Arc::clone(&self.service.inner), cancel.clone()));
         if let Some(acl) = &self.service.inner.acl {
-            tasks.spawn(acl::watch(Arc::clone(acl), acl::POLL, cancel.clone()));
+            tasks.spawn(reload::watch(
+                Arc::clone(acl),
+                "access policy",
+                reload::POLL,
+                cancel.clone(),
+            ));
+        }
+        if self.service.inner.membership.reloads() {
+            tasks.spawn(reload::watch(
+                Arc::clone(&self.service.inner.membership),
+                "member lists",
+                reload::POLL,
+                cancel.clone(),
+            ));
         }
         tasks.spawn(background::watch_tick(
             Arc::clone(&self.service.inner),

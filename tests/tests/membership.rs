@@ -182,3 +182,102 @@ async fn while_migrating_each_member_grants_its_names_under_either_list() {
     assert!(matches!(e, Error::Busy { .. }), "{e:?}");
     lease.release(None).await.unwrap();
 }
+
+/// Members from `--members-file` (issue 54): the lists are read again
+/// when the file changes, so a change of lists needs no restart (and no
+/// restart wait); a file that would leave this server in no list is not
+/// taken, and the lists in effect stay.
+#[tokio::test]
+async fn a_members_file_is_read_again_when_it_changes() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("members");
+    let write = |text: &str| {
+        let new = dir.path().join("members.new");
+        std::fs::write(&new, text).unwrap();
+        std::fs::rename(&new, &file).unwrap();
+    };
+    write("# a and b\nmembers = a,b\n");
+    let options = bagel_tests::ServerOptions {
+        rust_log: "info".into(),
+        capture_stderr: true,
+        ..Default::default()
+    };
+    let path = file.to_str().unwrap();
+    let args = [
+        "--unsafe-skip-restart-wait",
+        "--server-id",
+        "a",
+        "--members-file",
+        path,
+    ];
+    let mut a = ServerProcess::spawn_with(&args, options).await;
+    a.wait_ready().await;
+    let stderr = a.take_stderr().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let logged = async |lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str| {
+        // A guard against a server that never says it, not a timing.
+        tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let line = lines.recv().await.expect("server log");
+                if line.contains(what) {
+                    return line;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server did not log {what:?}"))
+    };
+    let client = a.client().await;
+    let name = misrouted_name();
+    let e = take(client.acquire([name.clone()])).await.expect_err("b's name");
+    assert!(e.to_string().contains("belongs to server b "), "{e}");
+
+    // b leaves: a alone owns every name, from the reload on.
+    write("members = a\n");
+    let said = logged(&mut lines, "member lists reloaded").await;
+    assert!(said.contains("the file changed"), "{said}");
+    assert_eq!(
+        client.server_info().await.unwrap().members,
+        vec![vec!["a".to_owned()]]
+    );
+    take(client.acquire([name])).await.unwrap();
+
+    // A list without a: refused, the lists in effect stay.
+    write("members = b,c\n");
+    let said = logged(&mut lines, "member lists not reloaded").await;
+    assert!(said.contains("none of the member lists"), "{said}");
+    assert_eq!(
+        client.server_info().await.unwrap().members,
+        vec![vec!["a".to_owned()]]
+    );
+
+    // --members and --members-file together: refused at start.
+    let out = std::process::Command::new(bagel_tests::bin("bagel-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--server-id",
+            "a",
+            "--members",
+            "a",
+            "--members-file",
+            path,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
 
 use bagel_proto::acl::{FileFacts, Grants, Permission, Policy, PolicyWarning, Scope};
 use bagel_proto::pb;
@@ -30,6 +29,7 @@ use dashmap::DashMap;
 mod failures;
 
 use crate::error::Error;
+use crate::reload::{SIGHUP, Stamp};
 use crate::service::Service;
 use crate::transport::Caller;
 
@@ -138,7 +138,7 @@ pub enum LoadError {
 
 fn read_policy(path: &Path) -> Result<(Policy, Option<Stamp>), LoadError> {
     let shown = path.display().to_string();
-    let stamp = file_stamp(path);
+    let stamp = Stamp::of(path);
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: shown.clone(),
         source,
@@ -153,34 +153,6 @@ fn log_warnings(path: &Path, warnings: &[PolicyWarning]) {
     for warning in warnings {
         tracing::warn!(path = %path.display(), "{warning}");
     }
-}
-
-/// What identifies one version of the policy file without reading it:
-/// the file (device and inode: a file renamed over it is another), its
-/// length, and its modified and changed times to the nanosecond. The
-/// modified time alone misses a file put in place with the old one's
-/// time (`touch -r`, `cp -p`, `rsync -t`) and the same length; the
-/// changed time cannot be set back by anyone but the kernel, so an edit
-/// in place is seen too.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    modified: (i64, i64),
-    changed: (i64, i64),
-}
-
-fn file_stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        len: meta.len(),
-        modified: (meta.mtime(), meta.mtime_nsec()),
-        changed: (meta.ctime(), meta.ctime_nsec()),
-    })
 }
 
 impl Acl {
@@ -223,7 +195,7 @@ impl Acl {
     /// the log says why. `why` is what prompted it (for the log line).
     /// The warnings of a policy put in effect are logged before it (and
     /// those of the same policy when they changed).
-    pub fn reload(&self, why: &str) {
+    fn reload_policy(&self, why: &str) {
         let old = self.loaded();
         match read_policy(&self.path) {
             Ok((policy, stamp)) => {
@@ -265,7 +237,7 @@ impl Acl {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = new;
             }
             Err(e) => {
-                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = file_stamp(&self.path);
+                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Stamp::of(&self.path);
                 self.reload_failures.fetch_add(1, Relaxed);
                 tracing::warn!(
                     error = %e,
@@ -279,8 +251,8 @@ impl Acl {
 
     /// Whether the file is another, or changed, since it was last read
     /// (see [`Stamp`]).
-    fn changed(&self) -> bool {
-        let now = file_stamp(&self.path);
+    fn file_changed(&self) -> bool {
+        let now = Stamp::of(&self.path);
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
     }
 
@@ -348,6 +320,16 @@ impl Acl {
     }
 }
 
+impl crate::reload::Reloadable for Acl {
+    fn changed(&self) -> bool {
+        self.file_changed()
+    }
+
+    fn reload(&self, why: &str) {
+        self.reload_policy(why);
+    }
+}
+
 /// The policy's numbers for `/metrics`: refusals by identity (at most
 /// [`METRIC_IDENTITIES`] of them, then `(other)`) and permission, the
 /// version in effect, and reloads that kept the old policy.
@@ -396,12 +378,6 @@ pub(crate) fn encode_metrics(
     )?)
 }
 
-/// What prompted a reload when it was SIGHUP (the log line's `why`).
-const SIGHUP: &str = "SIGHUP";
-
-/// How often the policy file's [`Stamp`] is looked at.
-pub const POLL: Duration = Duration::from_secs(1);
-
 /// The server's policy from `path`, or `None` (anonymous access) without
 /// one; either way the log says which, once, at start.
 pub fn start(path: Option<&Path>) -> Result<Option<Arc<Acl>>, Error> {
@@ -415,37 +391,6 @@ pub fn start(path: Option<&Path>) -> Result<Option<Arc<Acl>>, Error> {
     Acl::load(path)
         .map(|acl| Some(Arc::new(acl)))
         .map_err(|e| Error::invalid("acl", e.to_string()))
-}
-
-/// Reloads `acl` on SIGHUP, and when the file's [`Stamp`] changes
-/// (checked every `every`), until `cancel`.
-pub async fn watch(acl: Arc<Acl>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP: the access policy reloads only when its file changes");
-            None
-        }
-    };
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let hup = async {
-            match hangup.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = hup => acl.reload(SIGHUP),
-            _ = tick.tick() => {
-                if acl.changed() {
-                    acl.reload("the file changed");
-                }
-            }
-        }
-    }
 }
 
 /// Why a caller has no identity under the policy (a label of

@@ -100,8 +100,22 @@ struct Args {
     /// it, and a client with a wrong list fails safe instead of taking a
     /// name its owner grants to another. Give it to every member of a
     /// cluster; without it every name is granted (one server alone).
-    #[arg(help_heading = "Leases", long, env = "BAGEL_MEMBERS", value_name = "LIST")]
+    #[arg(
+        help_heading = "Leases",
+        long,
+        env = "BAGEL_MEMBERS",
+        value_name = "LIST",
+        conflicts_with = "members_file"
+    )]
     members: Option<String>,
+    /// The member lists from a file, read again on SIGHUP and whenever it
+    /// changes, so a change of lists needs no restart: a line
+    /// `members = LIST` and, while migrating, `next-members = LIST` (LIST
+    /// as for --members). A file that does not read or parse, or names
+    /// this server in neither list, keeps the lists in effect (the log
+    /// says why); at start, it is refused.
+    #[arg(help_heading = "Leases", long, env = "BAGEL_MEMBERS_FILE", value_name = "FILE")]
+    members_file: Option<std::path::PathBuf>,
     /// While migrating (the two-list recipe): the next member list. Names
     /// this server owns under either list are granted.
     #[arg(
@@ -601,7 +615,9 @@ async fn main() -> anyhow::Result<()> {
             member_lists.push(ids);
         }
     }
-    cfg = cfg.with_members(member_lists);
+    cfg = cfg
+        .with_members(member_lists)
+        .with_members_file(args.members_file);
     let roughtime = RoughtimeServer::pair(&args.roughtime, &args.roughtime_key)
         .map_err(|reason| anyhow::anyhow!("invalid Roughtime configuration: {reason}"))?;
     cfg = cfg

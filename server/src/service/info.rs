@@ -114,6 +114,7 @@ impl Service {
             access: self.access_info(caller),
             members: inner
                 .membership
+                .get()
                 .iter()
                 .flat_map(|m| m.lists())
                 .map(|ids| pb::MemberList { ids: ids.clone() })

@@ -84,9 +84,10 @@ pub(crate) struct Inner {
     pub holder_keys: crate::holder_keys::HolderKeys,
     /// The access policy (`--acl`), if any: who may lease or read what.
     pub acl: Option<Arc<crate::acl::Acl>>,
-    /// The member lists this server serves in (`--members`), if given:
-    /// only names it owns under one of them are granted.
-    pub membership: Option<bagel_proto::routing::Membership>,
+    /// The member lists this server serves in (`--members` or
+    /// `--members-file`), if given: only names it owns under one of them
+    /// are granted.
+    pub membership: Arc<crate::members::Members>,
 }
 
 impl Inner {
@@ -100,7 +101,7 @@ impl Inner {
     /// of new names, after the access policy (a caller learns who owns a
     /// name only for names it may lease).
     pub fn check_owned(&self, names: &[Arc<str>]) -> Result<(), Error> {
-        let Some(membership) = &self.membership else {
+        let Some(membership) = self.membership.get() else {
             return Ok(());
         };
         for name in names {

@@ -9,7 +9,8 @@ use anyhow::bail;
 /// Refuses the first name holding a character the shared rule refuses
 /// (control, invisible or bidirectional, a space other than U+0020, a
 /// script-neutral combining mark), naming the code point (the name itself
-/// is quoted escaped).
+/// is quoted escaped), and the first not in Unicode NFC (naming the form
+/// to send instead).
 pub fn check<'a>(what: &str, names: impl IntoIterator<Item = &'a String>) -> anyhow::Result<()> {
     for name in names {
         if let Some(bad) = bagel_proto::names::forbidden_char(name) {
