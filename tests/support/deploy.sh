@@ -11,15 +11,27 @@
 #       and a copy of the unit with a misspelt directive must fail it, or
 #       the check itself is broken.
 #     deploy_cluster_check: members bagel-1..3 started as the unit starts
-#       them (deploy/etc/bagel/server.env and bagel-N.env, --key in a state
-#       directory, --server-id the member; on 127.0.0.1 with a 1 s max TTL);
+#       them, each with a folder for its host's /etc/bagel (server.env,
+#       members, bagel-N.env installed as the README installs them) and
+#       /var/lib: the unit's EnvironmentFile= lines read, its ExecStart=
+#       run with %i, %S and /etc/bagel/ mapped there (--key in the state
+#       directory, --server-id the member, --members-file the host's
+#       members file; on 127.0.0.1 with a 1 s max TTL); each serves in the
+#       members file's list (`bagel server-info --json`, .members);
 #       deploy/etc/bagel/cluster.env filled in with the README's commands
 #       (each member's key from `bagel server-info --json`, which must be
 #       the key the server printed at start, as the journal shows it); with
 #       that list names route to all three and one lease over them is
 #       granted; a restarted member keeps its key, so the pinned list still
-#       connects; adding bagel-4 with the README's list edits moves names
-#       only to bagel-4, and a lease is granted while migrating and after.
+#       connects. Adding bagel-4 as the README says: (a) every member's
+#       members file gets the next list and the unit's ExecReload= (kill
+#       -HUP), and each member shows both lists (polled, bounded) with no
+#       restart; (b) bagel-4 started with that file; (c) the clients' list
+#       edits move names only to bagel-4, and a lease is granted while
+#       migrating (a moved name by its old owner too); (d) every file's
+#       next list becomes the list, a reload, each member shows it, the
+#       old owner refuses the moved name (NAME_NOT_OWNED) and a lease over
+#       four members is granted.
 #     deploy_kubernetes_check: deploy/kubernetes rendered offline with
 #       `kubectl kustomize` (Debian's kubernetes-client installed if no
 #       kubectl is there): the base, overlays/example and the optional
@@ -99,22 +111,79 @@ deploy_verify_unit() {
 
 DEPLOY_PIDS=()
 
-# deploy_member_start ID LISTEN: bagel-server as bagel-server@ID.service
-# runs it, with the example env files, on LISTEN.
+# deploy_host ID: the folder that stands for member ID's host: its
+# /etc/bagel is DIR/etc/bagel, its /var/lib (the unit's %S) DIR/var/lib.
+deploy_host() { echo "$DEPLOY_DIR/host-$1"; }
+
+# deploy_install ID: deploy/README.md's step 1 on member ID's host: the
+# shared server.env and members, and the member's own env file.
+deploy_install() {
+  local etc; etc="$(deploy_host "$1")/etc/bagel"
+  install -d "$etc"
+  install -m 0644 deploy/etc/bagel/server.env deploy/etc/bagel/members "deploy/etc/bagel/$1.env" "$etc/"
+}
+
+# deploy_unit_value KEY: the values of the unit's KEY= lines, one a line.
+deploy_unit_value() { sed -n "s/^$1=//p" "$DEPLOY_UNIT"; }
+
+# deploy_member_start ID LISTEN: bagel-server as systemd starts
+# bagel-server@ID.service on ID's host: the unit's EnvironmentFile= lines
+# and ExecStart= (its %i, %S and /etc/bagel/ paths mapped into the host's
+# folder, the binary the built one), on LISTEN.
 deploy_member_start() {
-  local id=$1 listen=$2
-  mkdir -p "$DEPLOY_DIR/$id"
+  local id=$1 listen=$2 host cmd file argv=()
+  host=$(deploy_host "$id")
+  [ -d "$host/etc/bagel" ] || die "$id: its host has no /etc/bagel (deploy_install first)"
+  cmd=$(deploy_unit_value ExecStart)
+  cmd=${cmd//%S/$host/var/lib}
+  cmd=${cmd//%i/$id}
+  cmd=${cmd//\/etc\/bagel\//$host/etc/bagel/}
+  cmd=${cmd/#\/usr\/local\/bin\/bagel-server /$BAGEL_BIN_DIR/bagel-server }
+  case $cmd in
+    "$BAGEL_BIN_DIR/bagel-server "*) ;;
+    *) die "$DEPLOY_UNIT: ExecStart does not run /usr/local/bin/bagel-server: $cmd" ;;
+  esac
+  if grep -qE '%|(^| )/(etc|usr|var)/' <<<"$cmd"; then die "$DEPLOY_UNIT: ExecStart has a path or specifier the check does not map: $cmd"; fi
+  read -ra argv <<<"$cmd"
+  # StateDirectory=bagel/%i
+  install -d -m 0700 "$host/var/lib/bagel/$id"
   (
     set -a
-    . deploy/etc/bagel/server.env
-    if [ -f "deploy/etc/bagel/$id.env" ]; then . "deploy/etc/bagel/$id.env"; fi
+    while IFS= read -r file; do
+      file=${file//%i/$id}
+      case $file in
+        -/etc/bagel/*) file="$host/etc/bagel/${file#-/etc/bagel/}"; if [ -f "$file" ]; then . "$file"; fi ;;
+        /etc/bagel/*) file="$host/etc/bagel/${file#/etc/bagel/}"; . "$file" ;;
+        *) die "$DEPLOY_UNIT: EnvironmentFile=$file is not in /etc/bagel" ;;
+      esac
+    done < <(deploy_unit_value EnvironmentFile)
     set +a
     # Local addresses, and a start that waits 1.5 s rather than 10.5 s.
     export BAGEL_LISTEN=$listen BAGEL_HTTP=127.0.0.1:0 BAGEL_MAX_TTL=1s
-    exec "$BAGEL_BIN_DIR/bagel-server" --key "$DEPLOY_DIR/$id/key" --server-id "$id"
+    exec "${argv[@]}"
   ) >>"$DEPLOY_DIR/$id.out" 2>>"$DEPLOY_DIR/$id.err" &
   DEPLOY_PIDS+=("$!")
   eval "DEPLOY_PID_${id//-/_}=$!"
+}
+
+# deploy_member_reload ID: `systemctl reload bagel-server@ID`, that is the
+# unit's ExecReload= with $MAINPID the member's process.
+deploy_member_reload() {
+  local id=$1 pid cmd argv=()
+  pid=$(eval "echo \$DEPLOY_PID_${id//-/_}")
+  cmd=$(deploy_unit_value ExecReload)
+  [ -n "$cmd" ] || die "$DEPLOY_UNIT: no ExecReload= (systemctl reload would fail)"
+  cmd=${cmd//\$MAINPID/$pid}
+  read -ra argv <<<"$cmd"
+  "${argv[@]}" || die "$id: ExecReload ($cmd) failed"
+}
+
+# deploy_lists_are URL LISTS: the member at URL serves in LISTS (the JSON
+# of `bagel server-info --json`'s .members, compact).
+deploy_lists_are() {
+  local got
+  got=$("$BAGEL_BIN_DIR/bagel" --server "$1" server-info --json | jq -c '.members') || return 1
+  [ "$got" = "$2" ]
 }
 
 deploy_ready() {
@@ -147,10 +216,16 @@ deploy_cluster_check() {
     urls[$i]="127.0.0.1:$(free_port)"
     # The example's addresses become local ones.
     sed -i "s|http://192.0.2.1$i:7420|http://${urls[$i]}|" "$DEPLOY_DIR/cluster.env"
+  done
+  # deploy/README.md, steps 1 and 2 on bagel-1..3's hosts.
+  for i in 1 2 3; do
+    deploy_install "bagel-$i"
     deploy_member_start "bagel-$i" "${urls[$i]}"
   done
-  for i in 1 2 3 4; do
+  local three='[["bagel-1","bagel-2","bagel-3"]]'
+  for i in 1 2 3; do
     wait_until 30 "bagel-$i ready" deploy_ready "http://${urls[$i]}"
+    deploy_lists_are "http://${urls[$i]}" "$three" || die "bagel-$i does not serve in the members file's list $three"
   done
 
   # deploy/README.md, "Write the server list".
@@ -184,13 +259,37 @@ deploy_cluster_check() {
   deploy_bagel server-info >/dev/null || die "the pinned list refused bagel-2 after its restart"
   log "deploy: bagel-2 restarted with its key ($after)"
 
-  # deploy/README.md, "Add a member": the next list, then the final one.
+  # deploy/README.md, "Add, remove or replace a member", adding bagel-4.
+  # (a) Every member's members file gets the next list, and a reload: no
+  # restart, so no restart wait.
+  local both='[["bagel-1","bagel-2","bagel-3"],["bagel-1","bagel-2","bagel-3","bagel-4"]]'
+  for i in 1 2 3; do
+    sed -i 's/^members = \(.*\)$/&\nnext-members = \1,bagel-4/' "$(deploy_host "bagel-$i")/etc/bagel/members"
+    deploy_member_reload "bagel-$i"
+  done
+  for i in 1 2 3; do
+    wait_until 30 "bagel-$i serving in the next list too" deploy_lists_are "http://${urls[$i]}" "$both"
+    kill -0 "$(eval "echo \$DEPLOY_PID_bagel_$i")" || die "bagel-$i exited at its reload"
+  done
+  for i in 1 2 3; do
+    deploy_ready "http://${urls[$i]}" || die "bagel-$i is not ready after its reload"
+  done
+  # (b) bagel-4's host: step 1 with bagel-4.env and the members file of
+  # (a), which names it in the next list; then step 2.
+  install -d "$(deploy_host bagel-4)/etc/bagel"
+  sed 's/192\.0\.2\.13/192.0.2.14/g; s/bagel-3/bagel-4/g' deploy/etc/bagel/bagel-3.env >"$(deploy_host bagel-4)/etc/bagel/bagel-4.env"
+  install -m 0644 deploy/etc/bagel/server.env "$(deploy_host bagel-1)/etc/bagel/members" "$(deploy_host bagel-4)/etc/bagel/"
+  deploy_member_start bagel-4 "${urls[4]}"
+  wait_until 30 "bagel-4 ready" deploy_ready "http://${urls[4]}"
+  deploy_lists_are "http://${urls[4]}" "$both" || die "bagel-4 does not serve in both lists"
+
+  # (c) The clients: the next list, then the final one.
   local key4; key4=$(deploy_key "http://${urls[4]}")
   (
     . "$DEPLOY_DIR/cluster.env"
     echo "BAGEL_NEXT_SERVERS=\"$BAGEL_SERVERS,bagel-4=http://${urls[4]}#$key4\""
   ) >>"$DEPLOY_DIR/cluster.env"
-  local migrating moved
+  local migrating moved moved_name old_owner
   migrating=$(deploy_bagel route "${names[@]}" --json) || die "bagel route while migrating failed"
   moved=$(jq '[.[] | select(.next_member != .member)] | length' <<<"$migrating")
   ((moved > 0)) || die "adding bagel-4 moved none of 24 names"
@@ -199,14 +298,40 @@ deploy_cluster_check() {
   deploy_bagel acquire --ttl 1s --owner deploy-check "${names[@]}" --json >"$DEPLOY_DIR/lease.json" ||
     die "a lease while migrating was refused"
   deploy_bagel release --lease "$DEPLOY_DIR/lease.json" >/dev/null || die "bagel release while migrating failed"
+  # A name moving to bagel-4 is still granted by its old owner, which
+  # serves in both lists.
+  moved_name=$(jq -r '[.[] | select(.next_member == "bagel-4")][0].name' <<<"$migrating")
+  old_owner=$(jq -r --arg n "$moved_name" '.[] | select(.name == $n) | .member' <<<"$migrating")
+  "$BAGEL_BIN_DIR/bagel" --server "http://${urls[${old_owner#bagel-}]}" acquire --ttl 1s --owner deploy-check \
+    "$moved_name" --json >"$DEPLOY_DIR/moved.json" || die "$old_owner refused $moved_name while migrating"
+  "$BAGEL_BIN_DIR/bagel" --server "http://${urls[${old_owner#bagel-}]}" release --lease "$DEPLOY_DIR/moved.json" \
+    >/dev/null || die "bagel release of $moved_name failed"
   sed -i -e '/^BAGEL_SERVERS=/d' -e 's/^BAGEL_NEXT_SERVERS=/BAGEL_SERVERS=/' "$DEPLOY_DIR/cluster.env"
   route=$(deploy_bagel route "${names[@]}" --json) || die "bagel route after the migration failed"
   members=$(deploy_members "$route")
   [ "$members" = "bagel-1 bagel-2 bagel-3 bagel-4" ] || die "after adding bagel-4, names route to '$members'"
   jq -e 'all(.[]; has("next_member") | not)' <<<"$route" >/dev/null || die "still migrating after the last step"
+
+  # (d) Every member's file: the next list becomes the list; reload.
+  local four='[["bagel-1","bagel-2","bagel-3","bagel-4"]]'
+  for i in 1 2 3 4; do
+    sed -i -e '/^members = /d' -e 's/^next-members = /members = /' "$(deploy_host "bagel-$i")/etc/bagel/members"
+    deploy_member_reload "bagel-$i"
+  done
+  for i in 1 2 3 4; do
+    wait_until 30 "bagel-$i serving in the new list alone" deploy_lists_are "http://${urls[$i]}" "$four"
+  done
+  # The old owner now refuses the name that moved.
+  if "$BAGEL_BIN_DIR/bagel" --server "http://${urls[${old_owner#bagel-}]}" acquire --ttl 1s --owner deploy-check \
+    "$moved_name" >/dev/null 2>"$DEPLOY_DIR/refused"; then
+    die "$old_owner granted $moved_name, which moved to bagel-4"
+  fi
+  # (NAME_NOT_OWNED, which the CLI words as this.)
+  grep -qF "belongs to server bagel-4 under this server's member lists" "$DEPLOY_DIR/refused" ||
+    die "$old_owner refused $moved_name for another reason: $(cat "$DEPLOY_DIR/refused")"
   deploy_bagel acquire --ttl 1s --owner deploy-check "${names[@]}" --json >"$DEPLOY_DIR/lease.json" ||
     die "a lease over four members was refused"
-  log "deploy: bagel-4 added ($moved of 24 names moved to it)"
+  log "deploy: bagel-4 added with reloads, no restart ($moved of 24 names moved to it; $old_owner refuses $moved_name now)"
   deploy_stop
 }
 
