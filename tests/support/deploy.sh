@@ -46,18 +46,25 @@
 #       Then tests/support/k8s_invariants.py: ordinal = ID, the key on the
 #       member's PVC, readiness = health on the side port, one member at a
 #       time (rollout and PDB), the headless Service's SRV ports, flags
-#       that `bagel-server --help` lists, the Containerfile's path and
-#       user, the member lists (BAGEL_MEMBERS, BAGEL_NEXT_MEMBERS) naming
-#       exactly the pods bagel-0..bagel-<replicas-1>. Copies broken on purpose (PDB maxUnavailable 2, a renamed
-#       flag, a misspelt field, replicas changed without the member list)
-#       must fail it. Last, the rendered command
-#       and args run the built bagel-server as pod bagel-1 would (only
-#       addresses and the volume's place changed), as the pod's user with
-#       a read-only root (unshare, setpriv), with the container's member
-#       list in its environment: during the restart wait
-#       /healthz is 200 while /readyz is 503 and a grant is refused; then
-#       ready, a grant of a name it owns writes the mark beside the key on the volume, and a
-#       restart keeps the key and waits again.
+#       that `bagel-server --help` lists (no BAGEL_* variables), the
+#       Containerfile's path and user, --members-file in the ConfigMap
+#       bagel-members mounted whole (no subPath) and read-only, whose
+#       lists (members, next-members) name exactly the pods
+#       bagel-0..bagel-<replicas-1>. Copies broken on purpose (PDB
+#       maxUnavailable 2, a renamed flag, a misspelt field, replicas
+#       changed without the member list, the members file mounted by
+#       subPath) must fail it. Last, the rendered command and args run the
+#       built bagel-server as pod bagel-1 would (only addresses, the
+#       volume's and the ConfigMap's places changed), as the pod's user
+#       with a read-only root (unshare, setpriv), with the ConfigMap laid
+#       out as the kubelet lays it out (keys linked through ..data): during
+#       the restart wait /healthz is 200 while /readyz is 503 and a grant
+#       is refused; then ready, serving in the ConfigMap's lists, a grant
+#       of a name it owns writes the mark beside the key on the volume;
+#       the ConfigMap updated as the kubelet updates it (a new folder,
+#       ..data swapped) with a next list, and the member serves in both
+#       lists with no restart (polled, bounded); a restart keeps the key
+#       and waits again.
 #   deploy_stop: stops the servers deploy_cluster_check and
 #     deploy_kubernetes_check started (for the trap).
 
@@ -457,6 +464,8 @@ deploy_kubernetes_check() {
 
   deploy_k8s_broken "$out" "a member list that is not the pods" overlays/example/replicas.yaml \
     's/^  replicas: 3$/  replicas: 4/' "the member lists name ['bagel-0', 'bagel-1', 'bagel-2'], the pods are"
+  deploy_k8s_broken "$out" "the members file mounted by subPath" base/statefulset.yaml \
+    's|^              mountPath: /etc/bagel$|&\n              subPath: members|' "mounted by subPath, which the kubelet never updates"
 
   deploy_k8s_member_check "$out/overlays-example.yaml"
   rm -rf "$out"; DEPLOY_K8S_OUT=
@@ -501,7 +510,7 @@ deploy_k8s_in_restart_wait() {
 # the image's; only the listen addresses become local ones and the volume
 # a temporary folder.
 deploy_k8s_member_check() {
-  local rendered=$1 arg mapped=0 grpc http read_only
+  local rendered=$1 arg mapped=0 grpc http read_only config
   command -v unshare >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1 || apt_install util-linux
   read -r DEPLOY_K8S_UID DEPLOY_K8S_GID read_only < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py user "$rendered")
   [ "$read_only" = true ] || die "$rendered: the container's root file system is not read-only"
@@ -512,6 +521,16 @@ deploy_k8s_member_check() {
   install -D -m 0755 "$BAGEL_BIN_DIR/bagel-server" "$DEPLOY_DIR/image/usr/local/bin/bagel-server"
   install -d -m 0770 -o "$DEPLOY_K8S_UID" -g "$DEPLOY_K8S_GID" "$DEPLOY_DIR/volume"
   grpc="127.0.0.1:$(free_port)"; http="127.0.0.1:$(free_port)"
+  # The ConfigMap volume as the kubelet lays it out: the keys are links
+  # through ..data, a link to a folder of the current contents; an update
+  # writes a new folder and swaps ..data to it (deploy_k8s_config_update).
+  config="$DEPLOY_DIR/configmap"
+  install -d -m 0755 "$config/..1"
+  "$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py members-file "$rendered" >"$config/..1/members" ||
+    die "$rendered: no members file"
+  chmod 0644 "$config/..1/members"
+  ln -s ..1 "$config/..data"
+  ln -s ..data/members "$config/members"
   DEPLOY_K8S_CMD=()
   while IFS= read -r arg; do
     case $arg in
@@ -519,16 +538,16 @@ deploy_k8s_member_check() {
       --listen=*) arg="--listen=$grpc"; mapped=$((mapped + 1)) ;;
       --http=*) arg="--http=$http"; mapped=$((mapped + 1)) ;;
       --key=/var/lib/bagel/*) arg="--key=$DEPLOY_DIR/volume/${arg#--key=/var/lib/bagel/}"; mapped=$((mapped + 1)) ;;
+      --members-file=/etc/bagel/members) arg="--members-file=$config/members"; mapped=$((mapped + 1)) ;;
     esac
     DEPLOY_K8S_CMD+=("$arg")
   done < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py args "$rendered" bagel-1)
-  ((mapped == 4)) || die "$rendered: expected the binary, --listen, --http and --key=/var/lib/bagel/... in: ${DEPLOY_K8S_CMD[*]}"
-  # The container's bagel-server variables (the member lists), as the
-  # kubelet sets them.
-  local envs=()
-  while IFS= read -r arg; do envs+=("$arg"); done < <("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py env "$rendered")
-  ((${#envs[@]} > 0)) || die "$rendered: no member list (BAGEL_MEMBERS) in the container's env"
-  DEPLOY_K8S_CMD=(env "${envs[@]}" "${DEPLOY_K8S_CMD[@]}")
+  ((mapped == 5)) ||
+    die "$rendered: expected the binary, --listen, --http, --key=/var/lib/bagel/... and --members-file=/etc/bagel/members in: ${DEPLOY_K8S_CMD[*]}"
+  # No bagel-server variable from the host: only what the manifest gives.
+  DEPLOY_K8S_CMD=(env $(compgen -e | grep '^BAGEL_' | sed 's/^/-u /' || true) "${DEPLOY_K8S_CMD[@]}")
+  local lists
+  lists=$("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py lists "$rendered") || die "$rendered: no member lists"
   # A name pod bagel-1 owns under its member lists: it refuses the others.
   DEPLOY_K8S_PROBE=$("$DEPLOY_K8S_VENV/bin/python" tests/support/k8s_invariants.py owned "$rendered" bagel-1 k8s-probe) ||
     die "$rendered: no name owned by bagel-1"
@@ -540,6 +559,8 @@ deploy_k8s_member_check() {
   info=$("$BAGEL_BIN_DIR/bagel" --server "http://$grpc" server-info --json) || die "bagel server-info failed"
   id=$(jq -r '.server_id' <<<"$info")
   [ "$id" = bagel-1 ] || die "pod bagel-1 signs as server id '$id'"
+  [ "$(jq -c '.members' <<<"$info")" = "$lists" ] ||
+    die "pod bagel-1 serves in $(jq -c '.members' <<<"$info"), not the ConfigMap's lists $lists"
   key=$(jq -r '.keys[0].ed25519_hex' <<<"$info")
   "$BAGEL_BIN_DIR/bagel" --server "http://$grpc" acquire --ttl 1s --owner k8s-check "$DEPLOY_K8S_PROBE" --json \
     >/dev/null || die "pod bagel-1 refused a lease once ready"
@@ -550,6 +571,22 @@ deploy_k8s_member_check() {
   curl -sf "http://$http/metrics" >"$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics failed"
   grep -q '^bagel_' "$DEPLOY_DIR/metrics" || die "pod bagel-1's /metrics has no bagel_ series"
 
+  # The ConfigMap edited as a scale-out's first step (a next list with one
+  # more member): the kubelet swaps ..data, and the member serves in both
+  # lists with no restart.
+  local next
+  next=$(jq -r '.[0] + ["bagel-" + (.[0] | length | tostring)] | join(",")' <<<"$lists")
+  install -d -m 0755 "$config/..2"
+  { cat "$config/..1/members"; echo "next-members = $next"; } >"$config/..2/members"
+  chmod 0644 "$config/..2/members"
+  ln -s ..2 "$config/..data_tmp"
+  mv -T "$config/..data_tmp" "$config/..data"
+  local both; both=$(jq -c --arg n "$next" '[.[0], ($n | split(","))]' <<<"$lists")
+  wait_until 30 "pod bagel-1 serving in the updated ConfigMap's lists" \
+    deploy_lists_are "http://$grpc" "$both"
+  kill -0 "$DEPLOY_K8S_PID" || die "pod bagel-1 exited at the ConfigMap's update"
+  curl -sf "http://$http/readyz" >/dev/null || die "pod bagel-1 is not ready after the ConfigMap's update"
+
   # The pod is replaced: SIGTERM, then the same args and volume.
   kill "$DEPLOY_K8S_PID"; wait "$DEPLOY_K8S_PID" 2>/dev/null || true
   deploy_k8s_member_start
@@ -557,6 +594,7 @@ deploy_k8s_member_check() {
   wait_until 30 "pod bagel-1 ready after its restart (/readyz)" curl -sf "http://$http/readyz"
   info=$("$BAGEL_BIN_DIR/bagel" --server "http://$grpc" server-info --json) || die "bagel server-info failed"
   [ "$(jq -r '.keys[0].ed25519_hex' <<<"$info")" = "$key" ] || die "pod bagel-1 came back with another key"
-  log "deploy/kubernetes: pod bagel-1's command runs as $DEPLOY_K8S_UID:$DEPLOY_K8S_GID on a read-only root: restart wait not ready, then ready; key kept on its volume ($key)"
+  [ "$(jq -c '.members' <<<"$info")" = "$both" ] || die "pod bagel-1 restarted with lists $(jq -c '.members' <<<"$info"), not $both"
+  log "deploy/kubernetes: pod bagel-1's command runs as $DEPLOY_K8S_UID:$DEPLOY_K8S_GID on a read-only root: restart wait not ready, then ready; the ConfigMap's lists $lists, then $both after its update with no restart; key kept on its volume ($key)"
   deploy_stop
 }

@@ -14,9 +14,12 @@ says the objects fit together and fit bagel-server, which no schema knows:
   most one unavailable, a PodDisruptionBudget of maxUnavailable 1.
 * DNS: a headless Service that keeps members in their restart wait
   (publishNotReadyAddresses), with named ports, so SRV records exist.
-* the member lists (BAGEL_MEMBERS, BAGEL_NEXT_MEMBERS while migrating)
-  name exactly the pods, bagel-0 .. bagel-<replicas - 1>: what members
-  found by DNS must be for a dns+srv:// client to route by them.
+* the member lists come from the ConfigMap bagel-members, mounted whole
+  (no subPath, which the kubelet never updates) at the folder of
+  --members-file, so an edit reaches every member with no restart; and
+  its lists (`members`, `next-members` while migrating) name exactly the
+  pods, bagel-0 .. bagel-<replicas - 1>: what members found by DNS must
+  be for a dns+srv:// client to route by them.
 * the flags are bagel-server's real ones (its --help, given as a file),
   the command is where the Containerfile installs the binary, and the pod
   runs as the Containerfile's user.
@@ -27,8 +30,11 @@ Usage:
   k8s_invariants.py args RENDERED POD_NAME
       prints the container's command and args, one per line, with
       $(VAR) expanded as the kubelet expands it for a pod of that name.
-  k8s_invariants.py env RENDERED
-      prints the member lists given as variables, NAME=VALUE, one a line.
+  k8s_invariants.py members-file RENDERED
+      prints the members file as the pod reads it (the ConfigMap's key).
+  k8s_invariants.py lists RENDERED
+      prints the member lists of that file as JSON, `bagel server-info
+      --json`'s .members (compact).
   k8s_invariants.py owned RENDERED POD_NAME PREFIX
       prints a name PREFIX-N that POD_NAME owns under every member list.
   k8s_invariants.py user RENDERED
@@ -36,6 +42,7 @@ Usage:
       readOnlyRootFilesystem (true or false), space-separated.
 """
 
+import json
 import re
 import sys
 from pathlib import PurePosixPath
@@ -101,20 +108,71 @@ def expand(arg, env, pod_name):
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", value, arg)
 
 
-MEMBER_ENV = {"BAGEL_MEMBERS", "BAGEL_NEXT_MEMBERS"}
+MEMBERS_CONFIGMAP = "bagel-members"
 
 
-def member_lists(env):
-    """{variable: [ids]} of the member lists given (literal values)."""
-    out = {}
-    for name in sorted(MEMBER_ENV):
-        e = env.get(name)
-        if e is None:
+def parse_members_file(text):
+    """The lists of a --members-file, as bagel-server reads it
+    (server/src/members.rs): `members = LIST` and optionally
+    `next-members = LIST`, LIST as IDs or the clients' ID=URL#KEY list.
+    Returns [current] or [current, next], each a list of IDs."""
+    found = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
             continue
-        if "value" not in e:
-            raise SystemExit(f"env {name}: expected a literal value")
-        out[name] = [i.strip() for i in e["value"].split(",") if i.strip()]
-    return out
+        key, eq, value = line.partition("=")
+        key = key.strip()
+        if not eq or key not in ("members", "next-members"):
+            raise SystemExit(f"members file line {n}: expected `members = LIST` or `next-members = LIST`")
+        if key in found:
+            raise SystemExit(f"members file line {n}: {key} given twice")
+        ids = [item.split("=", 1)[0].strip() for item in value.split(",") if item.strip()]
+        if not ids:
+            raise SystemExit(f"members file line {n}: an empty list")
+        found[key] = ids
+    if "members" not in found:
+        raise SystemExit("members file: no `members = LIST` line")
+    return [found["members"]] + ([found["next-members"]] if "next-members" in found else [])
+
+
+def members_file(objects, container):
+    """(text, problems): the file --members-file names, as the pod sees it:
+    a key of the ConfigMap bagel-members mounted whole at its folder."""
+    problems = []
+    path = flags(container.get("args", [])).get("--members-file")
+    if not path:
+        return None, ["no --members-file: members grant every name, so a wrong list takes names twice"]
+    path = PurePosixPath(path)
+    pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    mount = {m["mountPath"]: m for m in container.get("volumeMounts", [])}.get(str(path.parent))
+    if mount is None:
+        return None, [f"--members-file {path}: its folder is not a volume mount"]
+    if "subPath" in mount or "subPathExpr" in mount:
+        problems.append(
+            f"--members-file {path}: mounted by subPath, which the kubelet never updates (an edit would need a restart)"
+        )
+    if mount.get("readOnly") is not True:
+        problems.append(f"--members-file {path}: its volume is not mounted read-only")
+    volume = {v["name"]: v for v in pod.get("volumes", [])}.get(mount["name"], {})
+    ref = volume.get("configMap", {}).get("name")
+    if ref != MEMBERS_CONFIGMAP:
+        return None, problems + [f"--members-file {path}: volume {mount['name']} is not the ConfigMap {MEMBERS_CONFIGMAP}"]
+    found = [o for o in objects if o.get("kind") == "ConfigMap" and o["metadata"]["name"] == ref]
+    if len(found) != 1:
+        return None, problems + [f"expected one ConfigMap {ref}, found {len(found)}"]
+    text = found[0].get("data", {}).get(path.name)
+    if text is None:
+        return None, problems + [f"the ConfigMap {ref} has no key {path.name} (--members-file {path})"]
+    return text, problems
+
+
+def member_lists(objects, container):
+    """The member lists the pods serve in: [current] or [current, next]."""
+    text, problems = members_file(objects, container)
+    if text is None:
+        raise SystemExit("; ".join(problems))
+    return parse_members_file(text)
 
 
 def owner(ids, name):
@@ -158,29 +216,26 @@ def check(rendered, help_path, containerfile, servicemonitor=None):
     help_flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", help_text, re.M))
     for name in args:
         need(name in help_flags, f"{name} is not a flag of bagel-server (--help)")
-    # Flags are args, where a typo fails the check above; the member lists
-    # are variables (an overlay patches a variable by name, not one arg of
-    # a list), checked against the variables --help names.
-    help_env = set(re.findall(r"\[env: ([A-Z0-9_]+)=", help_text))
+    # Flags are args, where a typo fails the check above: no bagel-server
+    # variable (BAGEL_*) beside them, which --help would not check and
+    # which could contradict an arg (BAGEL_MEMBERS beside --members-file).
     for name in env:
-        if name.startswith("BAGEL_"):
-            need(
-                name in MEMBER_ENV and name in help_env,
-                f"env {name}: only the member lists ({', '.join(sorted(MEMBER_ENV))}) are given as "
-                "variables, and only as bagel-server --help names them",
-            )
+        need(not name.startswith("BAGEL_"), f"env {name}: give bagel-server's flags as args")
+    for name in ("--members", "--next-members"):
+        need(name not in args, f"{name}: the member lists are the members file's (--members-file)")
 
-    # The member lists are the pods: the lists bagel-server serves in
-    # (BAGEL_MEMBERS, and BAGEL_NEXT_MEMBERS while migrating) name, together,
+    # The member lists are the pods: the lists of the members file
+    # (`members`, and `next-members` while migrating) name, together,
     # exactly the pods bagel-0 .. bagel-<replicas - 1>, whose DNS records
     # a dns+srv:// client finds. A pod no list names, or a listed member
     # with no pod, and those clients refuse the cluster.
     pods = {f"{sts['metadata']['name']}-{i}" for i in range(spec.get("replicas", 1))}
-    lists = member_lists(env)
-    need("BAGEL_MEMBERS" in lists, "no BAGEL_MEMBERS: members grant every name, so a wrong list takes names twice")
-    for name, ids in lists.items():
-        need(len(ids) == len(set(ids)), f"{name} names a member twice: {ids}")
-    listed = set().union(*lists.values()) if lists else set()
+    text, problems = members_file(objects, container)
+    broken.extend(problems)
+    lists = parse_members_file(text) if text is not None else []
+    for ids in lists:
+        need(len(ids) == len(set(ids)), f"a member list names a member twice: {ids}")
+    listed = set().union(*lists) if lists else set()
     need(
         listed == pods,
         f"the member lists name {sorted(listed)}, the pods are {sorted(pods)} (replicas "
@@ -349,20 +404,32 @@ def print_args(rendered, pod_name):
     return 0
 
 
-def print_env(rendered):
-    """NAME=VALUE of each bagel-server variable (the member lists)."""
-    sts = one(load(rendered), "StatefulSet")
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
-    for name, ids in member_lists(env_of(container)).items():
-        print(f"{name}={','.join(ids)}")
+def container_of(objects):
+    (container,) = one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def print_members_file(rendered):
+    """The members file, as the pods read it."""
+    objects = load(rendered)
+    text, problems = members_file(objects, container_of(objects))
+    if text is None:
+        raise SystemExit("; ".join(problems))
+    sys.stdout.write(text)
+    return 0
+
+
+def print_lists(rendered):
+    """The member lists, as `bagel server-info --json` shows them."""
+    objects = load(rendered)
+    print(json.dumps(member_lists(objects, container_of(objects)), separators=(",", ":")))
     return 0
 
 
 def print_owned(rendered, pod_name, prefix):
     """A name (PREFIX-N) that pod POD_NAME owns under every member list."""
-    sts = one(load(rendered), "StatefulSet")
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
-    lists = list(member_lists(env_of(container)).values())
+    objects = load(rendered)
+    lists = member_lists(objects, container_of(objects))
     for n in range(10_000):
         name = f"{prefix}-{n}"
         if all(owner(ids, name) == pod_name for ids in lists):
@@ -387,8 +454,10 @@ if __name__ == "__main__":
         sys.exit(check(*rest))
     if mode == "args" and len(rest) == 2:
         sys.exit(print_args(*rest))
-    if mode == "env" and len(rest) == 1:
-        sys.exit(print_env(*rest))
+    if mode == "members-file" and len(rest) == 1:
+        sys.exit(print_members_file(*rest))
+    if mode == "lists" and len(rest) == 1:
+        sys.exit(print_lists(*rest))
     if mode == "owned" and len(rest) == 3:
         sys.exit(print_owned(*rest))
     if mode == "user" and len(rest) == 1:
