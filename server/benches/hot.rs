@@ -1,7 +1,8 @@
 //! Micro-benchmarks of the pieces every grant pays for on the server, so a
 //! change to one can be judged in seconds instead of a `bagel-bench` run:
 //!
-//! * the lease table: a one-name acquire then its release;
+//! * the lease table: a one-name acquire then its release, also with 256
+//!   idle watchers (what any watcher costs every event);
 //! * the witness body: built from a grant and encoded (what is hashed and
 //!   signed), and written straight from the grant (what the server runs);
 //! * a Merkle batch: the leaves, tree and paths of `n` bodies plus the one
@@ -63,6 +64,33 @@ fn table(c: &mut Criterion) {
     });
 }
 
+/// The same cycle while 256 watchers watch names that never change: what
+/// any watcher costs every grant and release (the hub records every
+/// event once it is awake, and tracks every live lease's deadline for
+/// the expiry events), the "watcher tax" of issue 52.
+fn table_watched(c: &mut Criterion) {
+    use bagel_server::watch::Filter;
+    let table = LeaseTable::new(TableConfig::for_tests(Duration::from_secs(10)));
+    let now = Micros::from_micros(T0);
+    let _watchers: Vec<_> = (0..256)
+        .map(|i| {
+            let names = std::iter::once(Arc::from(format!("quiet-{i}").as_str())).collect();
+            table.watch(Filter::Names(names), None, now).expect("a watcher")
+        })
+        .collect();
+    let names: Vec<AcquireSpec> = (0..1024).map(|i| spec(&format!("bench-name-{i}"))).collect();
+    let mut i = 0;
+    c.bench_function("table: acquire + release, one name, 256 idle watchers", |b| {
+        b.iter(|| {
+            i = (i + 1) % names.len();
+            let grant = table.acquire(&names[i], now).expect("free name");
+            table
+                .release(grant.lease, &grant.token, ReleaseSpec::default(), now)
+                .expect("held");
+        });
+    });
+}
+
 fn witness(c: &mut Criterion) {
     let keeper = TimeKeeper::new(Arc::new(SystemClock), signer(), &Config::default());
     let time = keeper.signed().expect("local time");
@@ -101,5 +129,5 @@ fn witness(c: &mut Criterion) {
     });
 }
 
-criterion_group!(hot, table, witness);
+criterion_group!(hot, table, table_watched, witness);
 criterion_main!(hot);
