@@ -253,9 +253,11 @@ impl Read {
 pub struct Options {
     /// A reader that reads the past now and then *while* retention runs.
     /// Off in the bounded run until the reader's race with retention is
-    /// closed: a reader stalled after listing the seals, while the minute
-    /// is sealed, summarized and removed, then closes the removed bags
-    /// empty and reports success without the minute's records (seed 48).
+    /// closed: a read racing retention loses a removed minute's records
+    /// and names only another minute (seed 17); a read stalled after
+    /// listing the seals and summaries, while the minute is sealed,
+    /// summarized and removed, closes the removed bags empty and reports
+    /// success without their records.
     pub racing_reader: bool,
 }
 
@@ -283,6 +285,8 @@ struct Run {
     leases: Arc<TestLeases>,
     base: Micros,
     stop: Arc<AtomicBool>,
+    /// A writer pauses after this many writes in ten (0 to 2).
+    pauses_per_ten: u32,
 }
 
 impl Run {
@@ -346,6 +350,7 @@ async fn simulate(seed: u64, options: Options) -> Outcome {
         leases: Arc::new(TestLeases::default()),
         base,
         stop: Arc::default(),
+        pauses_per_ten: rng.gen_range(0..=2),
     });
     world.log(
         "sim",
@@ -461,7 +466,13 @@ async fn writer(
                 .world
                 .log(&name, format_args!("not acknowledged {payload:?}: {e}")),
         }
-        run.nap(0, 400).await;
+        // A few records a second; in some runs now and then a pause (up to
+        // a minute and a half), so some minutes hold only a bag or two, or
+        // none.
+        match run.world.draw(|r| r.gen_ratio(run.pauses_per_ten, 10)) {
+            true => run.nap(1_000, 90_000).await,
+            false => run.nap(0, 400).await,
+        }
     }
 }
 
