@@ -317,7 +317,7 @@ async fn tenant_a(addr: SocketAddr, token: &str, phase: Duration, label: &str, p
 
 /// Starts tenant B's flood and returns its tasks once every surface is
 /// flooded: 10,000 held names, 2,000 idle sessions and 2,000 idle
-/// watches (over 20 connections), 3,000 acquires waiting on 8 held
+/// watches (over 64 connections), 3,000 acquires waiting on 8 held
 /// names (each queueing again when its wait ends or is refused), 500
 /// sessions from callers without a token, and 32 tasks listing its
 /// names as fast as they are answered.
@@ -349,7 +349,10 @@ async fn flood_b(
 
     let mut tasks = Vec::new();
     let mut conns = Vec::new();
-    for _ in 0..20 {
+    // 64 connections: an HTTP/2 connection carries at most
+    // `--max-streams-per-connection` streams at once, and a call past it
+    // waits in the client for one to end, which an idle one never does.
+    for _ in 0..64 {
         conns.push(client(addr, Some(token)).await?);
     }
     let mut opened = Vec::new();
