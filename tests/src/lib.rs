@@ -6,8 +6,8 @@
 //! `tests/run.sh` builds them first. A missing binary fails the test with a
 //! message saying so; it never skips.
 
-mod bag_support;
 pub mod bag_sim;
+mod bag_support;
 pub mod conformance;
 mod lease_support;
 mod liar_store;

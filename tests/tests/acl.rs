@@ -760,7 +760,12 @@ async fn the_cli_checks_a_policy_offline_and_shows_the_callers_permissions() {
     // A token no client can send (a space inside, not ASCII) gets no hash.
     for stdin in ["two words\n", "tok\u{e9}n\n"] {
         let out = hash_token(stdin);
-        assert_eq!(out.status.code(), Some(1), "{}", bagel_tests::describe_output(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            bagel_tests::describe_output(&out)
+        );
         assert!(out.stdout.is_empty(), "{}", bagel_tests::describe_output(&out));
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("no client can send this token"),

@@ -380,5 +380,9 @@ async fn names_that_display_as_something_else_are_refused_before_sending() {
         "{}",
         describe_output(&out)
     );
-    assert!(!stderr(&out).contains("127.0.0.1:9"), "nothing was sent: {}", describe_output(&out));
+    assert!(
+        !stderr(&out).contains("127.0.0.1:9"),
+        "nothing was sent: {}",
+        describe_output(&out)
+    );
 }

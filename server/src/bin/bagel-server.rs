@@ -114,7 +114,12 @@ struct Args {
     /// as for --members). A file that does not read or parse, or names
     /// this server in neither list, keeps the lists in effect (the log
     /// says why); at start, it is refused.
-    #[arg(help_heading = "Leases", long, env = "BAGEL_MEMBERS_FILE", value_name = "FILE")]
+    #[arg(
+        help_heading = "Leases",
+        long,
+        env = "BAGEL_MEMBERS_FILE",
+        value_name = "FILE"
+    )]
     members_file: Option<std::path::PathBuf>,
     /// While migrating (the two-list recipe): the next member list. Names
     /// this server owns under either list are granted.

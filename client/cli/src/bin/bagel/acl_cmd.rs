@@ -172,7 +172,8 @@ fn hash_token() -> anyhow::Result<ExitCode> {
     // Hash what a client sends: the library trims a token and refuses
     // one that is not visible ASCII, so a hash of anything else would be
     // a grant no client could ever use.
-    bagel_client::BearerToken::new(token).map_err(|e| anyhow::anyhow!("no client can send this token: {e}"))?;
+    bagel_client::BearerToken::new(token)
+        .map_err(|e| anyhow::anyhow!("no client can send this token: {e}"))?;
     let hash = bagel_proto::hex::encode(&bagel_proto::acl::hash_token(token.trim()));
     if crate::output::json() {
         println!("{}", serde_json::json!({ "sha256": hash }));
