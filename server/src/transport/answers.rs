@@ -304,8 +304,8 @@ impl AnswerSlot {
         })
     }
 
-    /// Reserves between `least` and `want` bytes for the answer (see
-    /// [`AnswerBudget::reserve`]) in place of what was reserved before;
+    /// Reserves between `least` and `want` bytes for the answer (as the
+    /// budget's own `reserve` does) in place of what was reserved before;
     /// returns the bytes reserved, which the answer must not pass.
     pub fn reserve(&self, want: usize, least: usize) -> Result<usize, Error> {
         // Freed first: a call's own earlier reservation never refuses it.
