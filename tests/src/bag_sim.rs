@@ -249,16 +249,26 @@ impl Read {
 
 /// What a run includes beyond the writers, metronome, summarizer,
 /// retention and the two final reads.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// A reader that reads the past now and then *while* retention runs.
-    /// Off in the bounded run until the reader's race with retention is
-    /// closed: a read racing retention loses a removed minute's records
-    /// and names only another minute (seed 17); a read stalled after
-    /// listing the seals and summaries, while the minute is sealed,
-    /// summarized and removed, closes the removed bags empty and reports
-    /// success without their records.
+    /// A reader that reads the past now and then *while* the metronome,
+    /// the summarizer and retention run (on by default). It found three
+    /// holes of the reader, now closed (`reader::settle::meanwhile`): a
+    /// read stalled while a minute it found open was sealed, summarized
+    /// and removed closed the removed bags empty and reported success
+    /// without their records; one that listed the bags after such a
+    /// removal read nothing of the minute and said nothing; one that
+    /// listed the seals before a minute was sealed closed and read a late
+    /// writer's bag the seal had made empty. Off (`BAGEL_SIM_RACING_READER=0`),
+    /// a run is the writers' and closers' alone, as the seeds of the
+    /// revert recipes in `docs/development.md` were found.
     pub racing_reader: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { racing_reader: true }
+    }
 }
 
 /// Runs `seed` and checks the properties.

@@ -65,12 +65,11 @@ use std::sync::Arc;
 use bagel_proto::Micros;
 use bagel_proto::clock::CheckedClock;
 
-use crate::seal::Span;
 use crate::{BagConfig, BagState, BagStore, Bucket, Result, list_buckets, validate_log};
 
 use items::{Place, read_item};
 use seen::{CHECK_ROUND, Seen};
-use settle::{Range, missing_problems, removed_meanwhile, settle};
+use settle::{Range, meanwhile, missing_problems, settle};
 use summaries::{Picked, pick_summaries, read_summarized, uncovered};
 use vouched::{Vouching, read_vouched_bag};
 
@@ -157,11 +156,8 @@ pub async fn read(
         .problems
         .extend(missing_problems(&settled.missing, &published, &owners));
     let buckets = settled.buckets;
-    let sealed_read: BTreeSet<Span> = buckets
-        .iter()
-        .map(|b| Span::of(*b))
-        .filter(|s| settled.sealed_read.contains(s))
-        .collect();
+    let read_from_bags: BTreeSet<Bucket> = buckets.iter().copied().collect();
+    let mut read_closed = BTreeSet::new();
     // Bags and summarized bags, in one ascending order: a batch found twice
     // is reported at the same second copy either way.
     let mut sources: Vec<(Bucket, Option<(usize, usize)>)> = buckets.into_iter().map(|b| (b, None)).collect();
@@ -247,6 +243,7 @@ pub async fn read(
         };
         if !open {
             report.closed_bags_read += 1;
+            read_closed.insert(bucket);
         }
         for item in items {
             let at = Place {
@@ -293,9 +290,16 @@ pub async fn read(
         }
     }
     seen.finish(&mut report, opts, cfg).await;
-    report
-        .problems
-        .extend(removed_meanwhile(store, log, first, sealed_read).await?);
+    let changed = meanwhile(store, &range, &read_from_bags).await?;
+    report.problems.extend(changed.removed);
+    if !changed.not_in_seal.is_empty() {
+        let dropped = |b: &Bucket| changed.not_in_seal.contains(b);
+        report.messages.retain(|m| !dropped(&m.bucket));
+        report.rejected.retain(|r| !dropped(&r.message.bucket));
+        report.problems.retain(|p| !dropped(&p.bucket));
+        report.skipped_open.retain(|b| !dropped(b));
+        report.closed_bags_read -= changed.not_in_seal.intersection(&read_closed).count() as u64;
+    }
     if let Some(p) = &opts.progress {
         p.report(total, total);
     }

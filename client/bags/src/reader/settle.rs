@@ -35,9 +35,6 @@ pub(super) struct Settled {
     /// Bags a seal lists that are not there (retention removed them),
     /// ascending: never read, never closed again.
     pub(super) missing: Vec<Bucket>,
-    /// The sealed minutes whose bags are read: retention may remove one
-    /// while they are read, so each one's tombstone is looked for after.
-    pub(super) sealed_read: BTreeSet<Span>,
 }
 
 /// Which bags of `[first, last]` hold the range's messages, how many
@@ -102,7 +99,6 @@ pub(super) async fn settle(
     let mut out = BTreeSet::new();
     let mut sealed = 0u64;
     let mut missing = Vec::new();
-    let mut sealed_read = BTreeSet::new();
     for span in spans {
         let here = existing.range(span.first()..=span.last()).copied();
         if range.removed.contains(&span) {
@@ -120,7 +116,6 @@ pub(super) async fn settle(
             continue;
         }
         if range.sealed.contains(&span) {
-            sealed_read.insert(span);
             let seal = crate::seal::seal_of(store, log, span)
                 .await?
                 .ok_or_else(|| Error::CorruptSeal {
@@ -147,7 +142,6 @@ pub(super) async fn settle(
             let missing = missing(&|_| true);
             refuse_old_seal(log, &missing, now, opts)?;
             let seal = crate::seal::seal(store, log, span).await?;
-            sealed_read.insert(span);
             sealed += missing.iter().filter(|b| !seal.has_bag(**b)).count() as u64;
             // Bags made since the listing above, that the seal lists, are
             // read too.
@@ -167,41 +161,102 @@ pub(super) async fn settle(
         buckets: out.into_iter().collect(),
         sealed,
         missing,
-        sealed_read,
     })
 }
 
-/// One [`ProblemKind::Missing`] per minute in `read` (sealed minutes
-/// whose bags this read read) that retention removed while it read them:
-/// it may have found a bag gone, or made again empty by a closer, so what
-/// it read of the minute may be short. Looked for after the reading:
-/// retention writes a minute's tombstone before it removes anything, so a
-/// minute without one now was read whole. Only sealed minutes: nothing
-/// else can be summarized, so nothing else removed.
-pub(super) async fn removed_meanwhile(
+/// What changed under a read while it read, found by [`meanwhile`].
+pub(super) struct Meanwhile {
+    /// One [`ProblemKind::Missing`] per minute retention removed while the
+    /// read read it.
+    pub(super) removed: Vec<Problem>,
+    /// Bags the read read in a minute sealed since it listed the seals,
+    /// that the seal does not list: the seal made their seconds empty
+    /// before the bag was made (a late writer's, closed by a closer that
+    /// never looked at the seal), so what the read found there is in no
+    /// other reader's view and must not be in this one's.
+    pub(super) not_in_seal: BTreeSet<Bucket>,
+}
+
+/// What seals and removals happened under the read, looked for after the
+/// reading in one listing of the seals (`read`: the bags it read).
+///
+/// * **Removed.** A minute of the range retention removed while the read
+///   read it: it may have found a bag gone, or made again empty by a
+///   closer, or none at all where the listing came after the removal, so
+///   what it read of the minute may be short. Retention writes a minute's
+///   tombstone before it removes anything, so a minute without one now
+///   was read whole, and one that had one when the read began
+///   (`range.removed`) was read from its seal and summary already.
+/// * **Sealed.** A minute sealed since the read listed the seals decides
+///   its seconds by that seal, as it does for every later reader: a bag
+///   read there that the seal does not list is dropped.
+///
+/// Every minute of the range, not only those whose bags were read or that
+/// were sealed when the read listed the seals: the bag simulation's racing
+/// reader found a read stalled long enough to see a minute it found open
+/// sealed, summarized and removed before it read the bags (it closed the
+/// removed bags empty and reported success without them); one that saw a
+/// minute sealed, then listed the bags after their removal (no bag, so
+/// nothing read and nothing said); and one that listed the seals before a
+/// minute was sealed, then closed and read a late writer's bag the seal
+/// had made empty, returning a record its writer was told was rejected.
+/// Minutes read from a summary are whole whatever happened to their bags.
+pub(super) async fn meanwhile(
     store: &dyn BagStore,
-    log: &str,
-    first: Bucket,
-    read: BTreeSet<Span>,
-) -> Result<Vec<Problem>> {
-    let mut out = Vec::new();
-    for span in read {
-        if let Some(t) = crate::tombstone::of(store, log, span).await? {
-            out.push(Problem {
-                kind: ProblemKind::Missing,
-                bucket: span.first().max(first),
-                item: t.summary.name(),
-                offset: None,
-                what: format!(
-                    "the bags of the minute {span} were removed by retention while this read read \
-                     them, so it may have missed some of their messages: they are in summary {} \
-                     ({}); read them with summaries",
-                    t.summary.name(),
-                    t.summary
-                ),
-                in_open_bag: false,
-            });
+    range: &Range<'_>,
+    read: &BTreeSet<Bucket>,
+) -> Result<Meanwhile> {
+    let (log, first, last) = (range.log, range.first, range.last);
+    let (sealed_now, removed_now) = crate::seal::sealed_and_removed(store, log).await?;
+    let mut out = Meanwhile {
+        removed: Vec::new(),
+        not_in_seal: BTreeSet::new(),
+    };
+    for span in removed_now.range(Span::of(first)..=Span::of(last)) {
+        if range.removed.contains(span) || (range.summarized)(&span.first()) {
+            continue;
         }
+        let summary = crate::tombstone::of(store, log, *span).await?.map(|t| t.summary);
+        let (item, held) = match summary {
+            Some(st) => (
+                st.name(),
+                format!(
+                    "they are in summary {} ({st}); read them with summaries",
+                    st.name()
+                ),
+            ),
+            // Listed a moment ago: a tombstone is never removed while its
+            // seal stays, so this is a store that lost it.
+            None => (span.seal_name(), "and its tombstone is gone now".to_owned()),
+        };
+        out.removed.push(Problem {
+            kind: ProblemKind::Missing,
+            bucket: span.first().max(first),
+            item,
+            offset: None,
+            what: format!(
+                "the bags of the minute {span} were removed by retention while this read read them, so \
+                 it may have missed some of their messages: {held}"
+            ),
+            in_open_bag: false,
+        });
+    }
+    let newly_sealed = sealed_now
+        .range(Span::of(first)..=Span::of(last))
+        .filter(|s| !range.sealed.contains(s) && !removed_now.contains(s));
+    for &span in newly_sealed {
+        let mut here = read.range(span.first()..=span.last()).peekable();
+        if here.peek().is_none() {
+            continue;
+        }
+        let seal = crate::seal::seal_of(store, log, span)
+            .await?
+            .ok_or_else(|| Error::CorruptSeal {
+                log: log.to_owned(),
+                span: span.first(),
+                reason: "listed a moment ago, and now gone".into(),
+            })?;
+        out.not_in_seal.extend(here.filter(|b| !seal.has_bag(**b)));
     }
     Ok(out)
 }
