@@ -14,10 +14,19 @@ const PROTOS: &[&str] = &[
     "proto/bagel/v1/summary.proto",
 ];
 
-/// The bytes fields of summary format 2 held as `Bytes`: its payloads,
-/// holder signatures, raw items and signed-time parts are handed on by
-/// reference when a summary is read, not copied.
+/// The bytes fields held as `Bytes`, handed on by reference, not copied.
+/// Summary format 2: its payloads, holder signatures, raw items and
+/// signed-time parts, when a summary is read. Witnesses: a group's one
+/// signature is shared by every grant of the group, and the siblings of
+/// every grant's Merkle path are slices of the group's one tree, where
+/// each was an allocation of its own (a server signing groups of 64 made
+/// eight allocations a grant for them); a client decodes them without a
+/// copy each and keeps a witness in one allocation
+/// (`bagel_proto::witness::compact`).
 const SHARED_BYTES: &[&str] = &[
+    ".bagel.v1.Witness.body",
+    ".bagel.v1.Witness.signature",
+    ".bagel.v1.Witness.merkle_path",
     ".bagel.v1.SummaryV2.Time.body",
     ".bagel.v1.SummaryV2.Time.signature",
     ".bagel.v1.SummaryV2.Item.raw",

@@ -27,12 +27,12 @@ fn witness() -> impl Strategy<Value = pb::Witness> {
     )
         .prop_map(
             |(body, signature, key_id, batched, leaf_index, merkle_path)| pb::Witness {
-                body,
-                signature,
+                body: body.into(),
+                signature: signature.into(),
                 key_id,
                 batched,
                 leaf_index,
-                merkle_path,
+                merkle_path: merkle_path.into_iter().map(Into::into).collect(),
             },
         )
 }
@@ -101,7 +101,7 @@ proptest! {
         prop_assert!(verify_witness(&w, &keys).is_err());
         let w = pb::Witness { key_id: signer.key_id().to_owned(), ..w };
         prop_assert!(verify_witness(&w, &keys).is_err());
-        let _ = pb::WitnessBody::decode(w.body.as_slice());
+        let _ = pb::WitnessBody::decode(&w.body[..]);
     }
 
     /// A real batched witness with bytes changed anywhere (body,
@@ -134,7 +134,7 @@ proptest! {
             };
             if !target.is_empty() {
                 let i = at.index(target.len());
-                target[i] = value;
+                *target = crate::tampered(target, i, |b| *b = value);
             }
         }
         // An unbatched witness (one body) signs its body alone: its index

@@ -27,7 +27,9 @@
 //! let strangers: KeyRing = [Signer::generate().verifying_key()].into_iter().collect();
 //! assert!(matches!(verify_witness(&witness, &strangers), Err(Error::UnknownKey { .. })));
 //! let mut altered = witness.clone();
-//! altered.body[0] ^= 1;
+//! let mut bytes = altered.body.to_vec();
+//! bytes[0] ^= 1;
+//! altered.body = bytes.into();
 //! assert!(matches!(verify_witness(&altered, &keys), Err(Error::BadSignature { .. })));
 //!
 //! // One signature for a batch of grants; each witness verifies alone.
@@ -117,6 +119,19 @@ pub mod pb {
 
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bagel_descriptor.bin"));
+}
+
+/// `bytes` with byte `i` changed by `edit` (a test tampering with a
+/// witness: its `Bytes` fields are shared, so edited through a copy).
+#[cfg(test)]
+pub(crate) fn tampered(
+    bytes: &prost::bytes::Bytes,
+    i: usize,
+    edit: impl FnOnce(&mut u8),
+) -> prost::bytes::Bytes {
+    let mut copy = bytes.to_vec();
+    edit(&mut copy[i]);
+    copy.into()
 }
 
 /// Cases per property in the fuzz tests: a few hundred in the suite,

@@ -11,6 +11,9 @@ use sha2::{Digest as _, Sha256};
 /// A SHA-256 digest: a leaf, an inner node or the root.
 pub type Hash = [u8; 32];
 
+/// The bytes of one [`Hash`].
+const HASH_LEN: usize = 32;
+
 /// What the server signs for a batch: a domain-separated root.
 pub fn root_message(root: &Hash) -> Vec<u8> {
     let mut m = b"bagel.v1 witness batch root\0".to_vec();
@@ -85,6 +88,25 @@ impl Tree {
         self.levels.last().expect("a tree has a root")[0]
     }
 
+    /// Every node below the root in one buffer, from which each leaf's
+    /// path is sliced ([`SharedPaths::path`]): a witness's siblings then
+    /// share the group's one allocation instead of taking one each.
+    pub fn shared_paths(&self) -> SharedPaths {
+        let below = &self.levels[..self.levels.len() - 1];
+        let mut nodes = Vec::with_capacity(below.iter().map(|l| l.len() * HASH_LEN).sum());
+        let mut starts = Vec::with_capacity(below.len());
+        for level in below {
+            starts.push(nodes.len());
+            for hash in level {
+                nodes.extend_from_slice(hash);
+            }
+        }
+        SharedPaths {
+            nodes: prost::bytes::Bytes::from(nodes),
+            starts,
+        }
+    }
+
     /// The siblings from leaf `index` up to the root, leaf level first.
     pub fn path(&self, mut index: usize) -> impl ExactSizeIterator<Item = &Hash> {
         self.levels[..self.levels.len() - 1].iter().map(move |level| {
@@ -92,6 +114,31 @@ impl Tree {
             index /= 2;
             sibling
         })
+    }
+}
+
+/// A [`Tree`]'s nodes below its root in one shared buffer
+/// ([`Tree::shared_paths`]).
+#[derive(Debug)]
+pub struct SharedPaths {
+    nodes: prost::bytes::Bytes,
+    /// Where each level starts in `nodes` (bytes), leaf level first.
+    starts: Vec<usize>,
+}
+
+impl SharedPaths {
+    /// The siblings from leaf `index` up to the root, leaf level first,
+    /// each a slice of the shared buffer (the same hashes as
+    /// [`Tree::path`]).
+    pub fn path(&self, mut index: usize) -> Vec<prost::bytes::Bytes> {
+        self.starts
+            .iter()
+            .map(|&start| {
+                let at = start + (index ^ 1) * HASH_LEN;
+                index /= 2;
+                self.nodes.slice(at..at + HASH_LEN)
+            })
+            .collect()
     }
 }
 
@@ -107,10 +154,10 @@ pub(crate) fn build(leaves: &[Hash]) -> (Hash, Vec<Vec<Hash>>) {
 }
 
 /// Folds a leaf up its path to the root.
-pub fn root_from_path(leaf: Hash, mut index: u32, path: &[Vec<u8>]) -> Option<Hash> {
+pub fn root_from_path(leaf: Hash, mut index: u32, path: &[impl AsRef<[u8]>]) -> Option<Hash> {
     let mut cur = leaf;
     for sibling in path {
-        let sibling: &Hash = sibling.as_slice().try_into().ok()?;
+        let sibling: &Hash = sibling.as_ref().try_into().ok()?;
         cur = parent(&cur, sibling, index);
         index >>= 1;
     }

@@ -41,7 +41,7 @@ pub struct VerifiedBatch {
 
 #[derive(Debug)]
 struct Batch {
-    signature: Vec<u8>,
+    signature: prost::bytes::Bytes,
     key_id: String,
     /// The signed message: the domain-prefixed root, or the
     /// domain-prefixed body of an unbatched witness.
@@ -115,13 +115,13 @@ impl VerifiedBatch {
                         batch
                             .proven
                             .get(&at)
-                            .is_some_and(|p| p.as_slice() == sibling.as_slice())
+                            .is_some_and(|p| p.as_slice() == &sibling[..])
                     });
             }
             let Some(sibling) = witness.merkle_path.get(level) else {
                 return false;
             };
-            let Ok(sibling) = <&Hash>::try_from(sibling.as_slice()) else {
+            let Ok(sibling) = <&Hash>::try_from(&sibling[..]) else {
                 return false;
             };
             node = merkle::parent(&node, sibling, index);
@@ -140,7 +140,7 @@ fn fold(witness: &pb::Witness) -> Option<(Hash, Vec<(Position, Hash)>)> {
     let mut node = merkle::leaf_hash(&witness.body);
     let mut index = witness.leaf_index;
     for (level, sibling) in witness.merkle_path.iter().enumerate() {
-        let sibling: &Hash = sibling.as_slice().try_into().ok()?;
+        let sibling: &Hash = &sibling[..].try_into().ok()?;
         if depth <= MAX_DEPTH {
             found.push(((level, index), node));
             found.push(((level, index ^ 1), *sibling));
@@ -198,21 +198,21 @@ mod tests {
             Tamper::None => {}
             Tamper::Body(i) if !w.body.is_empty() => {
                 let i = i % w.body.len();
-                w.body[i] ^= 1;
+                w.body = crate::tampered(&w.body, i, |b| *b ^= 1);
             }
             Tamper::Index(d) => w.leaf_index ^= d,
             Tamper::Sibling(i, j) if !w.merkle_path.is_empty() => {
                 let i = i % w.merkle_path.len();
                 let j = j % 32;
-                w.merkle_path[i][j] ^= 0x80;
+                w.merkle_path[i] = crate::tampered(&w.merkle_path[i], j, |b| *b ^= 0x80);
             }
             Tamper::DropSibling => {
                 w.merkle_path.pop();
             }
-            Tamper::ExtraSibling => w.merkle_path.push(vec![7; 32]),
+            Tamper::ExtraSibling => w.merkle_path.push(vec![7; 32].into()),
             Tamper::Signature(i) => {
                 let i = i % w.signature.len();
-                w.signature[i] ^= 1;
+                w.signature = crate::tampered(&w.signature, i, |b| *b ^= 1);
             }
             Tamper::KeyId => w.key_id.push('x'),
             Tamper::Unbatched => w.batched = !w.batched,
@@ -239,7 +239,8 @@ mod tests {
             checked.check(w, &keys).unwrap();
         }
         let mut forged = witnesses[5].clone();
-        forged.merkle_path.last_mut().unwrap()[0] ^= 1;
+        let last = forged.merkle_path.last_mut().unwrap();
+        *last = crate::tampered(last, 0, |b| *b ^= 1);
         assert!(!checked.proves(&forged));
         assert!(checked.check(&forged, &keys).is_err());
     }

@@ -21,22 +21,23 @@ pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
     let body = body.encode_to_vec();
     let signature = signer.sign(&in_domain(WITNESS_DOMAIN, &body));
     pb::Witness {
-        body,
-        signature,
+        body: body.into(),
+        signature: signature.into(),
         key_id: signer.key_id().to_owned(),
         ..Default::default()
     }
 }
 
 /// Signs several bodies with one signature over their Merkle root. A
-/// single body is signed directly (no tree).
+/// single body is signed directly (no tree). The witnesses share the
+/// signature and the tree's nodes (see [`merkle::Tree::shared_paths`]).
 pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witness> {
     if bodies.len() == 1 {
         let body = bodies.into_iter().next().expect("one body");
         let signature = signer.sign(&in_domain(WITNESS_DOMAIN, &body));
         return vec![pb::Witness {
-            body,
-            signature,
+            body: body.into(),
+            signature: signature.into(),
             key_id: signer.key_id().to_owned(),
             ..Default::default()
         }];
@@ -46,19 +47,54 @@ pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witn
     }
     let leaves: Vec<merkle::Hash> = bodies.iter().map(|b| merkle::leaf_hash(b)).collect();
     let tree = merkle::Tree::new(&leaves);
-    let signature = signer.sign(&merkle::root_message(&tree.root()));
+    let signature = prost::bytes::Bytes::from(signer.sign(&merkle::root_message(&tree.root())));
+    let paths = tree.shared_paths();
     bodies
         .into_iter()
         .enumerate()
         .map(|(i, body)| pb::Witness {
-            body,
+            body: body.into(),
             signature: signature.clone(),
             key_id: signer.key_id().to_owned(),
             batched: true,
             leaf_index: i as u32,
-            merkle_path: tree.path(i).map(|h| h.to_vec()).collect(),
+            merkle_path: paths.path(i),
         })
         .collect()
+}
+
+/// `witness` in one allocation of its own: its body, signature and
+/// Merkle path copied into one buffer and sliced from it. A witness
+/// decoded from an answer shares the answer's buffer (the `Bytes` fields
+/// of `pb::Witness`); one kept for as long as its lease (a client's lease
+/// state, a writer's rights) is compacted first, so that it holds neither
+/// the whole answer nor one allocation per sibling.
+pub fn compact(witness: pb::Witness) -> pb::Witness {
+    let len = witness.body.len()
+        + witness.signature.len()
+        + witness.merkle_path.iter().map(|s| s.len()).sum::<usize>();
+    let mut buf = Vec::with_capacity(len);
+    buf.extend_from_slice(&witness.body);
+    buf.extend_from_slice(&witness.signature);
+    for sibling in &witness.merkle_path {
+        buf.extend_from_slice(sibling);
+    }
+    let buf = prost::bytes::Bytes::from(buf);
+    let mut at = 0;
+    let mut next = |n: usize| {
+        let part = buf.slice(at..at + n);
+        at += n;
+        part
+    };
+    let body = next(witness.body.len());
+    let signature = next(witness.signature.len());
+    let merkle_path = witness.merkle_path.iter().map(|s| next(s.len())).collect();
+    pb::Witness {
+        body,
+        signature,
+        merkle_path,
+        ..witness
+    }
 }
 
 /// What a witness's signature is over: its domain-prefixed body, or its
@@ -83,7 +119,7 @@ pub fn witness_signed_message(witness: &pb::Witness) -> Result<Vec<u8>, Error> {
 pub fn verify_witness(witness: &pb::Witness, keys: &KeyRing) -> Result<pb::WitnessBody, Error> {
     let message = witness_signed_message(witness)?;
     keys.verify(&witness.key_id, &message, &witness.signature)?;
-    pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| Error::Malformed {
+    pb::WitnessBody::decode(&witness.body[..]).map_err(|e| Error::Malformed {
         what: "witness body",
         reason: e.to_string(),
     })
@@ -93,12 +129,45 @@ pub fn verify_witness(witness: &pb::Witness, keys: &KeyRing) -> Result<pb::Witne
 /// for readers that were given no keys (and say so), and for writers
 /// checking what the witness they cite allows.
 pub fn decode_unverified(w: &pb::Witness) -> Result<pb::WitnessBody, String> {
-    pb::WitnessBody::decode(w.body.as_slice()).map_err(|e| format!("witness body does not decode: {e}"))
+    pb::WitnessBody::decode(&w.body[..]).map_err(|e| format!("witness body does not decode: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch's witnesses carry the tree's own siblings (sliced from one
+    /// shared buffer), and one compacted keeps every byte in a buffer of
+    /// its own: it verifies, and it holds nothing of the batch's.
+    #[test]
+    fn batch_paths_are_the_trees_and_a_compacted_witness_stands_alone() {
+        let signer = Signer::generate();
+        let keys: KeyRing = [signer.verifying_key()].into_iter().collect();
+        let bodies: Vec<Vec<u8>> = (0..5)
+            .map(|i| {
+                pb::WitnessBody {
+                    lease_id: format!("l{i}"),
+                    ..body()
+                }
+                .encode_to_vec()
+            })
+            .collect();
+        let leaves: Vec<merkle::Hash> = bodies.iter().map(|b| merkle::leaf_hash(b)).collect();
+        let tree = merkle::Tree::new(&leaves);
+        let witnesses = sign_witness_batch(&signer, bodies);
+        for (i, w) in witnesses.iter().enumerate() {
+            let want: Vec<&[u8]> = tree.path(i).map(|h| &h[..]).collect();
+            let got: Vec<&[u8]> = w.merkle_path.iter().map(|s| &s[..]).collect();
+            assert_eq!(got, want, "leaf {i}");
+            let alone = compact(w.clone());
+            assert_eq!(&alone, w);
+            verify_witness(&alone, &keys).unwrap();
+            // Its siblings no longer point into the batch's shared nodes.
+            let shared = w.merkle_path[0].as_ptr();
+            assert!(alone.merkle_path.iter().all(|s| s.as_ptr() != shared));
+            assert_ne!(alone.signature.as_ptr(), w.signature.as_ptr());
+        }
+    }
 
     fn body() -> pb::WitnessBody {
         pb::WitnessBody {
@@ -121,7 +190,7 @@ mod tests {
         assert_eq!(verify_witness(&witness, &keys).unwrap(), body());
         for i in 0..witness.body.len() {
             let mut bad = witness.clone();
-            bad.body[i] ^= 0x01;
+            bad.body = crate::tampered(&bad.body, i, |b| *b ^= 0x01);
             assert!(
                 verify_witness(&bad, &keys).is_err(),
                 "flip at body byte {i} went unnoticed"
@@ -129,7 +198,7 @@ mod tests {
         }
         for i in 0..witness.signature.len() {
             let mut bad = witness.clone();
-            bad.signature[i] ^= 0x80;
+            bad.signature = crate::tampered(&bad.signature, i, |b| *b ^= 0x80);
             assert!(matches!(
                 verify_witness(&bad, &keys),
                 Err(Error::BadSignature { .. })
@@ -153,13 +222,13 @@ mod tests {
             assert!(w.batched);
             assert_eq!(&verify_witness(w, &keys).unwrap(), b);
             let mut bad = w.clone();
-            bad.body[0] ^= 1;
+            bad.body = crate::tampered(&bad.body, 0, |b| *b ^= 1);
             assert!(verify_witness(&bad, &keys).is_err());
             let mut bad = w.clone();
             bad.leaf_index ^= 1;
             assert!(verify_witness(&bad, &keys).is_err());
             let mut bad = w.clone();
-            bad.merkle_path[0][3] ^= 1;
+            bad.merkle_path[0] = crate::tampered(&bad.merkle_path[0], 3, |b| *b ^= 1);
             assert!(verify_witness(&bad, &keys).is_err());
             let mut bad = w.clone();
             bad.batched = false;

@@ -190,10 +190,7 @@ pub use bagel_bags::testing::{TestLease, TestLeases};
 /// A test lease as the CLI's lease file (`bagel write --lease FILE`).
 pub fn lease_json(l: &TestLease) -> bagel_cli::contract::LeaseJson {
     use bagel_cli::contract::{LeaseJson, ModeJson, WitnessJson};
-    let w = &l.witness;
-    let merkle = w.batched.then(|| (w.leaf_index, w.merkle_path.clone()));
-    let witness =
-        bagel_client::Witness::from_parts(w.body.clone(), w.signature.clone(), w.key_id.clone(), merkle);
+    let witness = bagel_client::Witness::from(l.witness.clone());
     LeaseJson {
         lease_id: l.lease_id.clone(),
         token: "token".into(),

@@ -252,7 +252,9 @@ async fn tampered_witnesses_out_of_lease_timestamps_and_bad_signed_times_are_nam
     // One flipped byte in the stored witness.
     let mut flipped = real.clone();
     let mut w = flipped.witnesses[0].clone();
-    w.body[7] ^= 0x01;
+    let mut body = w.body.to_vec();
+    body[7] ^= 0x01;
+    w.body = body.into();
     flipped.witnesses = Arc::from(vec![w]);
     assert_eq!(kinds(flipped), [ViolationKind::BadWitnessSignature]);
     // Back-dated below the lease's min_timestamp (here 0, the first

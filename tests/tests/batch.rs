@@ -90,7 +90,9 @@ async fn a_batch_answers_every_operation_in_order() {
     assert_eq!(verify_witness(&wa, &client.keys()).unwrap().lease_id, a.lease_id);
     assert_eq!(verify_witness(&wb, &client.keys()).unwrap().lease_id, b.lease_id);
     let mut bad = wb.clone();
-    bad.body[5] ^= 0x01;
+    let mut body = bad.body.to_vec();
+    body[5] ^= 0x01;
+    bad.body = body.into();
     assert!(verify_witness(&bad, &client.keys()).is_err());
 
     // The CLI verifies a batched witness from its JSON form.

@@ -197,8 +197,8 @@ fn hostile_with_lock(
         from_secs: st.from().secs(),
         to_secs: st.last().secs() + 1,
         witnesses: vec![pb::Witness {
-            body: vec![7; witness_bytes],
-            signature: vec![1; 64],
+            body: vec![7; witness_bytes].into(),
+            signature: vec![1; 64].into(),
             key_id: "k".into(),
             ..Default::default()
         }],

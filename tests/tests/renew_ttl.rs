@@ -14,7 +14,7 @@ use prost::Message as _;
 fn left_at_issue(out: &Output) -> Duration {
     let lease: LeaseJson = serde_json::from_slice(&out.stdout).expect("lease JSON");
     let w = lease.witness.to_pb().expect("a witness");
-    let body = pb::WitnessBody::decode(w.body.as_slice()).expect("a witness body");
+    let body = pb::WitnessBody::decode(w.body.clone()).expect("a witness body");
     Duration::from_micros(body.deadline_us - body.issued_at_us)
 }
 

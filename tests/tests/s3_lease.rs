@@ -523,7 +523,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
     )
     .await
     .unwrap();
-    let mut body = pb::WitnessBody::decode(a_witness.body.as_slice()).unwrap();
+    let mut body = pb::WitnessBody::decode(a_witness.body.clone()).unwrap();
     // The forger states no holder key (it could state its own as well).
     body.holder_key.clear();
     body.lease_id = format!("{:032x}", 0xf0f0_u64);
@@ -536,7 +536,7 @@ async fn the_audit_accepts_an_s3_lease_chain_and_catches_forgeries() {
         deadline: a_deadline,
     };
     // Forgery 2: a key nobody published signs a lease of its own.
-    let mut body = pb::WitnessBody::decode(a_witness.body.as_slice()).unwrap();
+    let mut body = pb::WitnessBody::decode(a_witness.body.clone()).unwrap();
     // The forger states no holder key (it could state its own as well).
     body.holder_key.clear();
     body.lease_id = format!("{:032x}", 0xabcd_u64);

@@ -65,7 +65,7 @@ async fn write(
 }
 
 fn issued_at(w: &bagel_client::Witness) -> u64 {
-    pb::WitnessBody::decode(bagel_tests::wire(w).body.as_slice())
+    pb::WitnessBody::decode(bagel_tests::wire(w).body.clone())
         .unwrap()
         .issued_at_us
 }

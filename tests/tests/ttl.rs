@@ -33,7 +33,7 @@ fn body(w: &bagel_client::Witness) -> pb::WitnessBody {
 fn cli_witness(out: &Output) -> pb::WitnessBody {
     let lease: bagel_cli::contract::LeaseJson = serde_json::from_slice(&out.stdout).expect("lease JSON");
     let w = lease.witness.to_pb().expect("a witness");
-    pb::WitnessBody::decode(w.body.as_slice()).expect("a witness body")
+    pb::WitnessBody::decode(w.body.clone()).expect("a witness body")
 }
 
 #[tokio::test]
@@ -235,7 +235,7 @@ async fn a_renewal_may_ask_for_a_ttl_counted_from_the_servers_clock() {
     };
     let asked_at = Micros::now().as_micros();
     let renewed = raw.renew(renew(0, 15 * SEC)).await.unwrap().into_inner();
-    let w = pb::WitnessBody::decode(renewed.witness.expect("a witness").body.as_slice()).unwrap();
+    let w = pb::WitnessBody::decode(renewed.witness.expect("a witness").body.clone()).unwrap();
     assert_eq!(renewed.deadline_us, w.deadline_us);
     // Counted from the server's clock during the call (this host's: the
     // same machine), at or before the witness was signed.

@@ -330,7 +330,7 @@ mod tests {
             ..Default::default()
         };
         pb::Witness {
-            body: body.encode_to_vec(),
+            body: body.encode_to_vec().into(),
             ..Default::default()
         }
     }

@@ -106,10 +106,14 @@ impl Witness {
     }
     /// For a witness signed in a batch: its leaf index and Merkle path
     /// (see `witness.proto`).
-    pub fn merkle(&self) -> Option<(u32, &[Vec<u8>])> {
+    pub fn merkle(&self) -> Option<(u32, &[prost::bytes::Bytes])> {
         self.0
             .batched
             .then_some((self.0.leaf_index, self.0.merkle_path.as_slice()))
+    }
+    /// The wire form (its bytes shared, not copied).
+    pub fn to_pb(&self) -> pb::Witness {
+        self.0.clone()
     }
     /// The witness from its parts (for example read back from a file).
     pub fn from_parts(
@@ -122,22 +126,24 @@ impl Witness {
             Some((i, path)) => (true, i, path),
             None => (false, 0, Vec::new()),
         };
-        Witness(pb::Witness {
-            body,
-            signature,
+        Witness(bagel_proto::witness::compact(pb::Witness {
+            body: body.into(),
+            signature: signature.into(),
             key_id,
             batched,
             leaf_index,
-            merkle_path,
-        })
+            merkle_path: merkle_path.into_iter().map(Into::into).collect(),
+        }))
     }
 }
 
 /// A witness as it travels (what a backend answering over the wire hands
-/// its grants).
+/// its grants), in one allocation of its own: it is kept as long as its
+/// lease, and decoded it shares the whole answer's buffer
+/// ([`bagel_proto::witness::compact`]).
 impl From<pb::Witness> for Witness {
     fn from(w: pb::Witness) -> Self {
-        Witness(w)
+        Witness(bagel_proto::witness::compact(w))
     }
 }
 

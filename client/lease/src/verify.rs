@@ -35,7 +35,7 @@ pub(crate) fn body(
     if let Some(keys) = keys {
         verified.check(witness, keys).map_err(|e| bad(e.to_string()))?;
     }
-    pb::WitnessBody::decode(witness.body.as_slice()).map_err(|e| bad(e.to_string()))
+    pb::WitnessBody::decode(&witness.body[..]).map_err(|e| bad(e.to_string()))
 }
 
 /// A grant whose witness verifies and states it exactly.

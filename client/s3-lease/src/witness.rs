@@ -65,5 +65,5 @@ pub fn sign(signer: &Signer, store: &str, stamp: &Stamp, s: Statement<'_>) -> Wi
         holder_key: s.holder_key,
     };
     let w = sign_witness(signer, &body);
-    Witness::from_parts(w.body, w.signature, w.key_id, None)
+    Witness::from(w)
 }

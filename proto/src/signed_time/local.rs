@@ -83,8 +83,8 @@ mod tests {
             panic!("a local proof")
         };
         let forged = pb::Witness {
-            body: local.body.clone(),
-            signature: local.signature.clone(),
+            body: local.body.clone().into(),
+            signature: local.signature.clone().into(),
             key_id: local.key_id.clone(),
             ..Default::default()
         };
@@ -96,8 +96,8 @@ mod tests {
         let w = sign_witness(&signer, &body());
         let forged = pb::SignedTime {
             proof: Some(pb::signed_time::Proof::Local(pb::LocalTimeProof {
-                body: w.body,
-                signature: w.signature,
+                body: w.body.to_vec(),
+                signature: w.signature.to_vec(),
                 key_id: w.key_id,
             })),
         };

@@ -429,14 +429,18 @@ pub async fn witnesses_state_the_grant_and_a_flipped_byte_fails(env: &LeaseEnv, 
         assert!(!body.server_id.is_empty());
         for i in [0, witness.body.len() / 2, witness.body.len() - 1] {
             let mut bad = witness.clone();
-            bad.body[i] ^= 0x01;
+            let mut body = bad.body.to_vec();
+            body[i] ^= 0x01;
+            bad.body = body.into();
             assert!(
                 verify_witness(&bad, &keys).is_err(),
                 "flipped body byte {i} verified"
             );
         }
         let mut bad = witness.clone();
-        bad.signature[0] ^= 0x01;
+        let mut signature = bad.signature.to_vec();
+        signature[0] ^= 0x01;
+        bad.signature = signature.into();
         assert!(verify_witness(&bad, &keys).is_err());
     }
     if caps.one_witness_per_grant {

@@ -159,7 +159,9 @@ fn each_injected_fault_is_named() {
     );
     // Flipped witness byte.
     let mut bad = a.clone();
-    bad.body[3] ^= 1;
+    let mut body = bad.body.to_vec();
+    body[3] ^= 1;
+    bad.body = body.into();
     let r = audit(&[w.msg(T0 + 1, &bad)], &w.cfg);
     assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
     // Signed time from an unknown key, and a timestamp far ahead.
@@ -225,7 +227,7 @@ fn released_then_silent_then_next_is_not_an_overlap() {
     assert!(r.is_clean(), "{:?}", r.violations);
     assert_eq!(r.chain_gaps, 1);
     // The same gap with C granted *before* A: C cannot have followed A.
-    let mut body = pb::WitnessBody::decode(b.body.as_slice()).unwrap();
+    let mut body = pb::WitnessBody::decode(&b.body[..]).unwrap();
     body.names[0].previous.as_mut().unwrap().granted_at_us = T0 - 1;
     let b = w.sign(&body);
     let r = audit(&[w.msg(T0 + S, &a), w.msg(T0 + S + 1, &b)], &w.cfg);
@@ -263,7 +265,7 @@ fn back_dated_misfiled_tentative_and_rejected_messages_are_named() {
     m.bucket = m.bucket.next();
     assert_eq!(kinds(&audit(&[m], &w.cfg)), [ViolationKind::WrongBag]);
     // Under a tentative lease.
-    let mut body = pb::WitnessBody::decode(a.body.as_slice()).unwrap();
+    let mut body = pb::WitnessBody::decode(&a.body[..]).unwrap();
     body.mode = pb::Mode::Tentative.into();
     let t = w.sign(&body);
     assert_eq!(
@@ -271,7 +273,7 @@ fn back_dated_misfiled_tentative_and_rejected_messages_are_named() {
         [ViolationKind::TentativeWitness]
     );
     // A witness whose issued_at is a minute off its own signed time.
-    let mut body = pb::WitnessBody::decode(a.body.as_slice()).unwrap();
+    let mut body = pb::WitnessBody::decode(&a.body[..]).unwrap();
     body.issued_at_us = T0 + 60 * S;
     let off = w.sign(&body);
     assert_eq!(
@@ -292,8 +294,10 @@ fn a_forged_witness_cannot_borrow_a_verified_ones_cache_entry() {
     let a = w.grant("A", "n", 1, T0, T0 + 5 * S, 0, None);
     // Signature and body split elsewhere: the same bytes end to end.
     let mut forged = a.clone();
-    let last = forged.signature.pop().unwrap();
-    forged.body.insert(0, last);
+    let (mut signature, mut body) = (forged.signature.to_vec(), forged.body.to_vec());
+    let last = signature.pop().unwrap();
+    body.insert(0, last);
+    (forged.signature, forged.body) = (signature.into(), body.into());
     let r = audit(&[w.msg(T0 + 1, &a), w.msg(T0 + 2, &forged)], &w.cfg);
     assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
 }
@@ -412,8 +416,7 @@ fn successor(
             watermark,
             Some((prev, watermark, ended)),
         )
-        .body
-        .as_slice(),
+        .body,
     )
     .unwrap();
     body.names[0].previous.as_mut().unwrap().ended_at_us = ended_at;
@@ -480,7 +483,9 @@ fn witnesses_by_a_key_not_trusted_are_one_violation_per_key_not_forgeries() {
     assert!(!r.is_clean());
     // A trusted key whose signature does not hold is still a forgery.
     let mut bad = a.clone();
-    bad.body[3] ^= 1;
+    let mut body = bad.body.to_vec();
+    body[3] ^= 1;
+    bad.body = body.into();
     let r = audit(&[w.msg(T0 + 1, &bad)], &w.cfg);
     assert_eq!(kinds(&r), [ViolationKind::BadWitnessSignature]);
 }

@@ -522,7 +522,7 @@ async fn a_corrupt_summary_under_a_stretch_name_is_named_and_passed() {
         from_secs: T0_SECS + 60,
         to_secs: T0_SECS + 120,
         witnesses: vec![bagel_proto::pb::Witness {
-            body: vec![7; 50_000],
+            body: vec![7; 50_000].into(),
             ..Default::default()
         }],
         writer_ids: vec!["w".into()],

@@ -311,8 +311,8 @@ mod tests {
             from_secs: SECS,
             to_secs: SECS + 60,
             witnesses: vec![pb::Witness {
-                body: vec![7; witness_bytes],
-                signature: vec![1; 64],
+                body: vec![7; witness_bytes].into(),
+                signature: vec![1; 64].into(),
                 key_id: "k".into(),
                 ..Default::default()
             }],
@@ -429,7 +429,7 @@ mod tests {
             from_secs: SECS,
             to_secs: SECS + 60,
             witnesses: vec![pb::Witness {
-                body: vec![7; 50_000],
+                body: vec![7; 50_000].into(),
                 ..Default::default()
             }],
             writer_ids: vec!["w1".into()],
@@ -464,7 +464,7 @@ mod tests {
             writer_id: "w1".into(),
             first_sequence: seq,
             witnesses: vec![pb::Witness {
-                body: vec![3; 300],
+                body: vec![3; 300].into(),
                 ..Default::default()
             }],
             entries: vec![pb::Entry {

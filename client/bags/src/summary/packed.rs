@@ -753,8 +753,8 @@ mod tests {
 
     fn witness(i: u8) -> pb::Witness {
         pb::Witness {
-            body: vec![i; 40],
-            signature: vec![i; 64],
+            body: vec![i; 40].into(),
+            signature: vec![i; 64].into(),
             key_id: format!("k{i}"),
             ..Default::default()
         }

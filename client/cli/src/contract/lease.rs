@@ -71,19 +71,7 @@ impl WitnessJson {
 
     /// The wire form, for verifying and for storing with messages.
     pub fn to_pb(&self) -> Result<pb::Witness, String> {
-        let w = self.to_witness()?;
-        let (batched, leaf_index, merkle_path) = match w.merkle() {
-            Some((i, path)) => (true, i, path.to_vec()),
-            None => (false, 0, Vec::new()),
-        };
-        Ok(pb::Witness {
-            body: w.body().to_vec(),
-            signature: w.signature().to_vec(),
-            key_id: w.key_id().to_owned(),
-            batched,
-            leaf_index,
-            merkle_path,
-        })
+        Ok(self.to_witness()?.to_pb())
     }
 }
 
