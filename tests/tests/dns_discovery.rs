@@ -380,6 +380,85 @@ async fn scaling_out_is_a_migration_that_the_members_announce() {
     assert_never_twice(&after, &last).await;
 }
 
+/// Scaling in from three members to two, as deploy/README.md's steps do
+/// it: every member announces the shorter list as the next one (a
+/// migration, rolled one member at a time: while they disagree a client
+/// looking up is refused); then, after the max TTL, bagel-0 and bagel-1
+/// take the new list alone, bagel-2 stops and its record goes. At every
+/// step a client that looked up before and one that looked up after
+/// never both hold a name, the stale one included: it cannot get
+/// bagel-2's old names at all (their old owner is gone), and shares every
+/// other name's owner with the new list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_in_is_a_migration_that_the_members_announce() {
+    let dir = tempfile::tempdir().unwrap();
+    let three = ["--members", "bagel-0,bagel-1,bagel-2"];
+    let (mut b0, mut b1, mut b2) = tokio::join!(
+        Member::start(dir.path(), "bagel-0", &three),
+        Member::start(dir.path(), "bagel-1", &three),
+        Member::start(dir.path(), "bagel-2", &three)
+    );
+    let mut dns = Dns::start(&[b0.record(true), b1.record(true), b2.record(true)]).await;
+    let before = DnsCluster::open(&list(), &dns.options()).await.unwrap();
+    assert_eq!(lists(&before), [ids(&["bagel-0", "bagel-1", "bagel-2"])]);
+
+    // Step 1: the next list, one member at a time.
+    let migrating = [
+        "--members",
+        "bagel-0,bagel-1,bagel-2",
+        "--next-members",
+        "bagel-0,bagel-1",
+    ];
+    b0.restart(&migrating).await;
+    let e = DnsCluster::open(&list(), &dns.options()).await.unwrap_err();
+    assert!(e.to_string().contains("disagree"), "{e}");
+    b1.restart(&migrating).await;
+    b2.restart(&migrating).await;
+    let after = DnsCluster::open(&list(), &dns.options()).await.unwrap();
+    let both = [
+        ids(&["bagel-0", "bagel-1", "bagel-2"]),
+        ids(&["bagel-0", "bagel-1"]),
+    ];
+    assert_eq!(lists(&after), both);
+    assert_never_twice(&before, &after).await;
+    assert!(before.refresh().await.unwrap());
+    assert_eq!(lists(&before), both);
+
+    // Step 2: bagel-0 and bagel-1 on the new list alone; bagel-2 leaves,
+    // then its record.
+    let two = ["--members", "bagel-0,bagel-1"];
+    b0.restart(&two).await;
+    b1.restart(&two).await;
+    b2.server.kill();
+    dns.set(&[b0.record(true), b1.record(true)]).await;
+    let last = DnsCluster::open(&list(), &dns.options()).await.unwrap();
+    assert_eq!(lists(&last), [ids(&["bagel-0", "bagel-1"])]);
+    // The client still on both lists (not refreshed) while `last` holds
+    // every name: it gets none of them.
+    let mut held = Vec::new();
+    for name in names() {
+        held.push((name.clone(), take(last.acquire([name])).await.unwrap()));
+    }
+    for (name, _) in &held {
+        match take(after.acquire([name.clone()])).await {
+            Ok(_) => panic!("{name}: held twice"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    Error::Busy { .. } | Error::Config { .. } | Error::Unavailable { .. } | Error::Connect { .. }
+                ),
+                "{name}: {e:?}"
+            ),
+        }
+    }
+    for (_, lease) in held {
+        lease.release(None).await.unwrap();
+    }
+    assert!(after.refresh().await.unwrap());
+    assert_eq!(lists(&after), [ids(&["bagel-0", "bagel-1"])]);
+    assert_never_twice(&after, &last).await;
+}
+
 /// A record that points at another member (bagel-1's name, bagel-0's
 /// address): the member there announces its own ID, so the list is
 /// refused, never routed by; a client that looked up before the bad
