@@ -445,7 +445,10 @@ async fn scaling_in_is_a_migration_that_the_members_announce() {
             Err(e) => assert!(
                 matches!(
                     e,
-                    Error::Busy { .. } | Error::Config { .. } | Error::Unavailable { .. } | Error::Connect { .. }
+                    Error::Busy { .. }
+                        | Error::Config { .. }
+                        | Error::Unavailable { .. }
+                        | Error::Connect { .. }
                 ),
                 "{name}: {e:?}"
             ),
