@@ -159,6 +159,7 @@ pub mod config;
 pub mod error;
 pub mod frame;
 pub mod holder_sig;
+pub mod layout;
 pub mod listing;
 pub mod metronome;
 pub mod names;

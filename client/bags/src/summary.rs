@@ -37,7 +37,8 @@ use prost::Message as _;
 use sha2::{Digest as _, Sha256};
 
 use crate::frame::{self, Frame};
-use crate::seal::{self, SPAN_SECS, Span};
+pub use crate::layout::{SUMMARY_DIR, Stretch};
+use crate::seal::{self, Span};
 use crate::{BagState, BagStore, Bucket, Error, Result};
 
 pub mod attest;
@@ -46,8 +47,6 @@ pub mod packed;
 
 pub use packed::{Summary, SummaryBag, SummaryBatch, SummaryItem, SummaryTime};
 
-/// Where a log keeps its summaries: a name no log segment can take.
-pub const SUMMARY_DIR: &str = "_summary";
 /// The largest summary made or read. A minute over this is left to its
 /// bags ([`Error::NotSummarizable`]).
 pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
@@ -69,103 +68,6 @@ pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
 /// each of ten batches made a read hold ~970 MB, and 4 MB of empty
 /// batches took 313 MB to decode.
 pub const MAX_SUMMARY_EXPANSION: u64 = MAX_SUMMARY_BYTES;
-
-/// The stretch a summary covers: `minutes` whole minutes from `first`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Stretch {
-    /// Its first minute.
-    pub first: Span,
-    /// How many whole minutes it covers, at least 1.
-    pub minutes: u32,
-}
-
-impl Stretch {
-    /// The stretch of `minutes` minutes holding `bucket`, aligned to
-    /// `minutes` whole minutes since the epoch: every summarizer given the
-    /// same length cuts the log the same way.
-    pub fn aligned(bucket: Bucket, minutes: u32) -> Self {
-        let len = u64::from(minutes.max(1)) * SPAN_SECS;
-        let from = bucket.secs() - bucket.secs() % len;
-        Stretch::new(Span::of(Bucket::from_secs(from)), minutes)
-    }
-
-    /// The next stretch of the same length.
-    pub fn next(self) -> Self {
-        Stretch::new(Span::of(self.last().next()), self.minutes)
-    }
-
-    /// When it may be summarized: its last second's close time.
-    pub fn close_time(self, grace: std::time::Duration) -> bagel_proto::Micros {
-        self.last().close_time(grace)
-    }
-
-    /// `minutes` minutes from `first`; 0 minutes is taken as 1.
-    pub fn new(first: Span, minutes: u32) -> Self {
-        Stretch {
-            first,
-            minutes: minutes.max(1),
-        }
-    }
-
-    /// Its minutes, in order.
-    pub fn spans(self) -> impl Iterator<Item = Span> {
-        let mut s = self.first;
-        (0..self.minutes).map(move |_| {
-            let here = s;
-            s = s.next();
-            here
-        })
-    }
-
-    /// Its first second.
-    pub fn from(self) -> Bucket {
-        self.first.first()
-    }
-
-    /// Its last second.
-    pub fn last(self) -> Bucket {
-        Bucket::from_secs(self.from().secs() + u64::from(self.minutes) * SPAN_SECS - 1)
-    }
-
-    /// Whether the second `b` lies in it.
-    pub fn contains(self, b: Bucket) -> bool {
-        (self.from()..=self.last()).contains(&b)
-    }
-
-    /// Its summary's object name in the log
-    /// (`_summary/<first second>.<seconds>`).
-    pub fn name(self) -> String {
-        format!(
-            "{SUMMARY_DIR}/{}.{}",
-            self.from().secs(),
-            u64::from(self.minutes) * SPAN_SECS
-        )
-    }
-
-    /// The stretch a summary's object name ([`Stretch::name`]) names.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::parse(name.strip_prefix(SUMMARY_DIR)?.strip_prefix('/')?)
-    }
-
-    fn parse(name: &str) -> Option<Self> {
-        let (from, len) = name.split_once('.')?;
-        let (from, len): (u64, u64) = (from.parse().ok()?, len.parse().ok()?);
-        if from % SPAN_SECS != 0 || len == 0 || len % SPAN_SECS != 0 || len / SPAN_SECS > u64::from(u32::MAX)
-        {
-            return None;
-        }
-        Some(Stretch::new(
-            Span::of(Bucket::from_secs(from)),
-            (len / SPAN_SECS) as u32,
-        ))
-    }
-}
-
-impl std::fmt::Display for Stretch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}..={}", self.from(), self.last())
-    }
-}
 
 fn not_summarizable(log: &str, stretch: Stretch, reason: String) -> Error {
     Error::NotSummarizable {

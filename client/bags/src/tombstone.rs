@@ -61,73 +61,11 @@
 
 use std::collections::BTreeSet;
 
-use bytes::Bytes;
-
-use crate::seal::{SEAL_DIR, SPAN_SECS, Span};
-use crate::summary::Stretch;
+#[cfg(test)]
+use crate::layout::TOMBSTONE_MAGIC as MAGIC;
+use crate::layout::{MAX_TOMBSTONE_BYTES, SPAN_SECS, Span, Stretch};
+pub use crate::layout::{SUFFIX, Tombstone, tombstone_name as name};
 use crate::{BagStore, Error, Result};
-
-/// A tombstone's name in `_seal/` ends so: no seal (a number) or intent
-/// (`.intent`) does.
-pub const SUFFIX: &str = ".removed";
-const MAGIC: &str = "bagel-removed v1";
-/// A tombstone is three short lines: anything bigger was not written by
-/// retention.
-const MAX_TOMBSTONE_BYTES: u64 = 256;
-
-/// A minute retention removed, and the summary that holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tombstone {
-    /// The minute removed.
-    pub span: Span,
-    /// The summary retention checked the minute's bags against before
-    /// removing them.
-    pub summary: Stretch,
-}
-
-impl Tombstone {
-    fn encode(&self) -> Bytes {
-        Bytes::from(format!(
-            "{MAGIC}\n{}\n{}\n",
-            self.span.first().secs(),
-            self.summary.name()
-        ))
-    }
-
-    fn decode(span: Span, bytes: &[u8]) -> std::result::Result<Self, String> {
-        let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
-        let mut lines = text.lines();
-        if lines.next() != Some(MAGIC) {
-            return Err(format!("does not start with {MAGIC:?}"));
-        }
-        let start: u64 = lines
-            .next()
-            .and_then(|l| l.parse().ok())
-            .ok_or("no minute start")?;
-        if start != span.first().secs() {
-            return Err(format!("names minute {start}, not {}", span.first().secs()));
-        }
-        let summary = lines
-            .next()
-            .and_then(Stretch::from_name)
-            .ok_or("no summary name")?;
-        if !summary.contains(span.first()) {
-            return Err(format!(
-                "names summary {}, which does not hold the minute",
-                summary.name()
-            ));
-        }
-        if lines.next().is_some() {
-            return Err("more than three lines".into());
-        }
-        Ok(Tombstone { span, summary })
-    }
-}
-
-/// The tombstone's object name in the log (`_seal/<minute start>.removed`).
-pub fn name(span: Span) -> String {
-    format!("{SEAL_DIR}/{}{SUFFIX}", span.first().secs())
-}
 
 fn corrupt(log: &str, span: Span, reason: String) -> Error {
     Error::CorruptSeal {
