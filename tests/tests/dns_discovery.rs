@@ -51,13 +51,32 @@ fn dnsmasq() -> PathBuf {
         .expect("dnsmasq not found: tests/run.sh installs it (apt-get install dnsmasq)")
 }
 
+/// A port for dnsmasq, which binds it for UDP and TCP and is restarted on
+/// it whenever the records change: one below the kernel's ephemeral range
+/// (from 32768 by default, read from `ip_local_port_range`), so that no
+/// server another test binds to port 0 can take it between a restart's
+/// kill and its bind (that race failed a run: "Address already in use"),
+/// and free for both protocols when chosen.
+fn quiet_port() -> u16 {
+    let ephemeral_from: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let from = ephemeral_from.saturating_sub(12_000).max(1024);
+    for _ in 0..1000 {
+        let port = rand::Rng::gen_range(&mut rand::thread_rng(), from..ephemeral_from);
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        if udp.is_ok() && tcp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {ephemeral_from} for dnsmasq");
+}
+
 impl Dns {
     async fn start(records: &[Record]) -> Dns {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = quiet_port();
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("dnsmasq.conf");
         let mut dns = Dns {
