@@ -22,9 +22,14 @@ const PROTOS: &[&str] = &[
 /// each was an allocation of its own (a server signing groups of 64 made
 /// eight allocations a grant for them); a client decodes them without a
 /// copy each and keeps a witness in one allocation
-/// (`bagel_proto::witness::compact`).
+/// (`bagel_proto::witness::compact`). The lean answer's bodies and range
+/// likewise: a client folds them where they arrived.
 const SHARED_BYTES: &[&str] = &[
     ".bagel.v1.Witness.body",
+    ".bagel.v1.LeanGrant.body",
+    ".bagel.v1.LeanRenewal.body",
+    ".bagel.v1.SignedRange.signature",
+    ".bagel.v1.SignedRange.nodes",
     ".bagel.v1.Witness.signature",
     ".bagel.v1.Witness.merkle_path",
     ".bagel.v1.SummaryV2.Time.body",

@@ -194,6 +194,11 @@ pub struct Args {
     /// streams over [default: the library's].
     #[arg(long)]
     pub coalesce_connections: Option<usize>,
+    /// bagel-batched / bagel-session: ask for answers in the full form, each
+    /// grant with its own witness, as clients before the lean form did
+    /// (to measure the one against the other).
+    #[arg(long)]
+    pub coalesce_full_answers: bool,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     pub bagel_server: Option<PathBuf>,
@@ -307,7 +312,7 @@ impl Args {
         if let Some(n) = self.coalesce_connections {
             o = o.with_connections(n);
         }
-        o
+        o.with_lean_answers(!self.coalesce_full_answers)
     }
 
     pub fn settings(&self) -> Settings {

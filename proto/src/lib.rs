@@ -89,6 +89,7 @@ pub mod rights;
 pub mod routing;
 #[cfg(feature = "side-port")]
 pub mod side_port;
+pub mod signed_range;
 pub mod signed_time;
 mod time;
 mod verified_batch;
@@ -101,7 +102,9 @@ pub use signed_time::{
 };
 pub use time::{Micros, duration_micros, human_duration};
 pub use verified_batch::VerifiedBatch;
-pub use witness::{sign_witness, sign_witness_batch, verify_witness, witness_signed_message};
+pub use witness::{
+    SignedGroup, sign_witness, sign_witness_batch, sign_witness_group, verify_witness, witness_signed_message,
+};
 
 /// Generated protobuf and gRPC code for package `bagel.v1`.
 ///

@@ -83,6 +83,16 @@ impl Tree {
         Tree { levels }
     }
 
+    /// Levels above the leaves: the length of every leaf's path.
+    pub fn depth(&self) -> usize {
+        self.levels.len() - 1
+    }
+
+    /// The node at `index` on `level` (leaves at 0, padding included).
+    pub fn node(&self, level: usize, index: usize) -> &Hash {
+        &self.levels[level][index]
+    }
+
     /// The root, which the server signs (as [`root_message`]).
     pub fn root(&self) -> Hash {
         self.levels.last().expect("a tree has a root")[0]

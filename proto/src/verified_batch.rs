@@ -88,6 +88,38 @@ impl VerifiedBatch {
         Ok(())
     }
 
+    /// Checks a lean answer's signature over its folded range
+    /// ([`crate::signed_range::FoldedRange`]): at once when it is the
+    /// signature checked last, over the same message (the answers a
+    /// session's server ran together share one), else by verifying it,
+    /// which then becomes the batch remembered.
+    pub fn check_range(
+        &mut self,
+        range: &crate::signed_range::FoldedRange<'_>,
+        keys: &KeyRing,
+    ) -> Result<(), Error> {
+        let (key_id, signature) = range.signer();
+        let message = range.signed_message();
+        let same = self
+            .last
+            .as_ref()
+            .is_some_and(|b| b.signature == *signature && b.key_id == key_id && b.message == message);
+        if same {
+            return Ok(());
+        }
+        keys.verify(key_id, message, signature)?;
+        self.last = Some(Batch {
+            signature: signature.clone(),
+            key_id: key_id.to_owned(),
+            message: message.to_vec(),
+            // No node is proven: a full-form witness of this batch, were one
+            // to come, is checked in full.
+            depth: usize::MAX,
+            proven: HashMap::new(),
+        });
+        Ok(())
+    }
+
     /// Whether `witness` folds, through nodes already proven, to the
     /// remembered batch's root.
     fn proves(&self, witness: &pb::Witness) -> bool {

@@ -14,7 +14,7 @@ use crate::pb;
 
 /// What a lone witness's signature covers is this prefix, then the body
 /// (see [`crate::keys::in_domain`]; `merkle::root_message` has its own).
-const WITNESS_DOMAIN: &[u8] = b"bagel.v1 witness\0";
+pub(crate) const WITNESS_DOMAIN: &[u8] = b"bagel.v1 witness\0";
 
 /// Encodes `body` and signs the bytes.
 pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
@@ -32,35 +32,102 @@ pub fn sign_witness(signer: &Signer, body: &pb::WitnessBody) -> pb::Witness {
 /// single body is signed directly (no tree). The witnesses share the
 /// signature and the tree's nodes (see [`merkle::Tree::shared_paths`]).
 pub fn sign_witness_batch(signer: &Signer, bodies: Vec<Vec<u8>>) -> Vec<pb::Witness> {
-    if bodies.len() == 1 {
-        let body = bodies.into_iter().next().expect("one body");
-        let signature = signer.sign(&in_domain(WITNESS_DOMAIN, &body));
-        return vec![pb::Witness {
-            body: body.into(),
-            signature: signature.into(),
-            key_id: signer.key_id().to_owned(),
-            ..Default::default()
-        }];
-    }
-    if bodies.is_empty() {
-        return Vec::new();
+    sign_witness_group(signer, bodies).witnesses()
+}
+
+/// Signs `bodies` with one signature: over their Merkle root, or over the
+/// body itself when there is one.
+pub fn sign_witness_group(signer: &Signer, bodies: Vec<Vec<u8>>) -> SignedGroup {
+    let bodies: Vec<prost::bytes::Bytes> = bodies.into_iter().map(Into::into).collect();
+    let key_id = signer.key_id().to_owned();
+    if bodies.len() <= 1 {
+        let signature = bodies
+            .first()
+            .map(|body| signer.sign(&in_domain(WITNESS_DOMAIN, body)).into())
+            .unwrap_or_default();
+        return SignedGroup {
+            bodies,
+            signature,
+            key_id,
+            tree: None,
+        };
     }
     let leaves: Vec<merkle::Hash> = bodies.iter().map(|b| merkle::leaf_hash(b)).collect();
     let tree = merkle::Tree::new(&leaves);
-    let signature = prost::bytes::Bytes::from(signer.sign(&merkle::root_message(&tree.root())));
+    let signature = signer.sign(&merkle::root_message(&tree.root())).into();
     let paths = tree.shared_paths();
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| pb::Witness {
-            body: body.into(),
-            signature: signature.clone(),
-            key_id: signer.key_id().to_owned(),
-            batched: true,
-            leaf_index: i as u32,
-            merkle_path: paths.path(i),
-        })
-        .collect()
+    SignedGroup {
+        bodies,
+        signature,
+        key_id,
+        tree: Some((tree, paths)),
+    }
+}
+
+/// Witness bodies signed together ([`sign_witness_group`]): each one's
+/// full witness, or the [`pb::SignedRange`] of a run of them (the lean
+/// answer, see [`crate::signed_range`]).
+#[derive(Debug)]
+pub struct SignedGroup {
+    bodies: Vec<prost::bytes::Bytes>,
+    signature: prost::bytes::Bytes,
+    key_id: String,
+    /// None for a group of one (signed over its body).
+    tree: Option<(merkle::Tree, merkle::SharedPaths)>,
+}
+
+impl SignedGroup {
+    /// The bodies, in leaf order.
+    pub fn bodies(&self) -> &[prost::bytes::Bytes] {
+        &self.bodies
+    }
+
+    /// How many bodies were signed.
+    pub fn len(&self) -> usize {
+        self.bodies.len()
+    }
+
+    /// Whether the group signed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.bodies.is_empty()
+    }
+
+    /// The full witness of body `i`: its path's siblings and the signature
+    /// shared with the group's other witnesses, not copied.
+    pub fn witness(&self, i: usize) -> pb::Witness {
+        let (batched, leaf_index, merkle_path) = match &self.tree {
+            Some((_, paths)) => (true, i as u32, paths.path(i)),
+            None => (false, 0, Vec::new()),
+        };
+        pb::Witness {
+            body: self.bodies[i].clone(),
+            signature: self.signature.clone(),
+            key_id: self.key_id.clone(),
+            batched,
+            leaf_index,
+            merkle_path,
+        }
+    }
+
+    /// Every body's full witness, in order.
+    pub fn witnesses(&self) -> Vec<pb::Witness> {
+        (0..self.len()).map(|i| self.witness(i)).collect()
+    }
+
+    /// The signature over bodies `first..end` as the lean answer carries
+    /// it: from it and those bodies, each one's [`witness`](Self::witness)
+    /// is derived byte for byte
+    /// ([`FoldedRange`](crate::signed_range::FoldedRange)).
+    ///
+    /// # Panics
+    /// If the run is empty or reaches past the group.
+    pub fn range(&self, first: usize, end: usize) -> pb::SignedRange {
+        assert!(first < end && end <= self.len(), "a run of the group's bodies");
+        match &self.tree {
+            Some((tree, _)) => crate::signed_range::range_of(tree, first, end, &self.signature, &self.key_id),
+            None => crate::signed_range::lone(&self.signature, &self.key_id),
+        }
+    }
 }
 
 /// `witness` in one allocation of its own: its body, signature and

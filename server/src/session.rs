@@ -92,25 +92,22 @@ async fn serve(
             },
         };
         let (group, ended) = take_ready(requests, first, max_ops, &mut carried);
-        let sizes: Vec<usize> = group.iter().map(|r| r.ops.len()).collect();
+        let forms: Vec<(usize, bool)> = group.iter().map(|r| (r.ops.len(), r.lean)).collect();
         let ops: Vec<pb::BatchOp> = group.into_iter().flat_map(|r| r.ops).collect();
         let at = service.inner.time.now();
         let covered = service
             .inner
             .cover(crate::service::batch_deadline(&ops, at))
             .await;
-        let mut results = match covered.and_then(|()| service.batch_ops(&ops, caller, at)) {
-            Ok(results) => results.into_iter(),
+        let mut ran = match covered.and_then(|()| service.batch_ops(&ops, caller, at)) {
+            Ok(ran) => ran,
             Err(e) => {
                 answers.push_final(e.into());
                 return;
             }
         };
-        for n in sizes {
-            let response = pb::BatchResponse {
-                results: results.by_ref().take(n).collect(),
-            };
-            if answers.send(response).await.is_err() {
+        for (n, lean) in forms {
+            if answers.send(ran.answer(n, lean)).await.is_err() {
                 return; // the client went away, or stopped reading
             }
         }

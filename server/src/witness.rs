@@ -170,7 +170,7 @@ impl WitnessSigner {
         grants: &[(&Grant, pb::WitnessKind)],
         now: Micros,
         time: &SignedReading,
-    ) -> Vec<pb::Witness> {
+    ) -> bagel_proto::SignedGroup {
         let bodies = grants
             .iter()
             .map(|(g, kind)| self.encode_body(g, *kind, now, time))
@@ -178,7 +178,7 @@ impl WitnessSigner {
         if !bodies.is_empty() {
             self.group_sizes.observe(bodies.len() as u64);
         }
-        sign_witness_batch(&self.signer, bodies)
+        bagel_proto::sign_witness_group(&self.signer, bodies)
     }
 
     /// The encoded witness body of `grant`: the bytes of

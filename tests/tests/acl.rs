@@ -349,6 +349,7 @@ async fn an_identity_is_refused_outside_its_prefixes_on_every_rpc() {
 
     // Batch: each operation on its own.
     let batch = pb::BatchRequest {
+        lean: false,
         ops: vec![
             pb::BatchOp {
                 op: Some(pb::batch_op::Op::Acquire(acquire(&["team-a/3"]))),

@@ -40,7 +40,7 @@ async fn batch(
     rpc: &mut LeaseServiceClient<tonic::transport::Channel>,
     ops: Vec<pb::BatchOp>,
 ) -> Vec<pb::BatchResult> {
-    rpc.batch(pb::BatchRequest { ops })
+    rpc.batch(pb::BatchRequest { ops, lean: false })
         .await
         .unwrap()
         .into_inner()
@@ -138,12 +138,20 @@ async fn a_batch_answers_every_operation_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_cycles_from_many_tasks_all_verify() {
-    coalesced_cycles_all_verify(Transport::Batch).await;
+    coalesced_cycles_all_verify(Transport::Batch, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_cycles_over_session_streams_all_verify() {
-    coalesced_cycles_all_verify(Transport::Session).await;
+    coalesced_cycles_all_verify(Transport::Session, true).await;
+}
+
+/// The same cycles with answers in the full form (as clients that predate
+/// the lean form ask for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_cycles_with_full_answers_all_verify() {
+    coalesced_cycles_all_verify(Transport::Batch, false).await;
+    coalesced_cycles_all_verify(Transport::Session, false).await;
 }
 
 /// Session streams spread over connections of their own (issue 25: one
@@ -202,7 +210,7 @@ async fn session_streams_spread_over_connections() {
 /// 48 tasks × 20 acquire/release cycles of lease handles through one
 /// coalescer: every grant verifies alone and every release answers; then a
 /// held name is refused like the unary call refuses it.
-async fn coalesced_cycles_all_verify(transport: Transport) {
+async fn coalesced_cycles_all_verify(transport: Transport, lean: bool) {
     let server = ServerProcess::start_ready(&[]).await;
     let client = server.client().await;
     let coalescer = Coalescer::new(
@@ -210,7 +218,8 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
         CoalesceOptions::default()
             .with_max_batch(64)
             .with_in_flight(2)
-            .with_transport(transport),
+            .with_transport(transport)
+            .with_lean_answers(lean),
     );
     let no_renew = LeaseOptions::default().with_auto_renew(false);
     let mut tasks = Vec::new();
@@ -230,6 +239,17 @@ async fn coalesced_cycles_all_verify(transport: Transport) {
                 assert!(lease.is_valid());
                 let body = verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
                 assert_eq!(body.names[0].name, name);
+                assert_eq!(body.lease_id, lease.id());
+                if r % 5 == 0 {
+                    // A renewal through the coalescer: its witness too.
+                    let deadline = lease.renew().await.unwrap();
+                    let body = verify_witness(&wire(&lease.witness()), &client.keys()).unwrap();
+                    assert_eq!(
+                        (body.lease_id.as_str(), body.deadline_us),
+                        (lease.id(), deadline.as_micros())
+                    );
+                    assert_eq!(body.kind(), pb::WitnessKind::Renew);
+                }
                 let inherited = lease.min_timestamp();
                 assert_eq!(lease.release(None).await.unwrap(), inherited);
             }
@@ -308,7 +328,7 @@ async fn a_session_answers_pipelined_batches_in_order() {
         .unwrap()
         .into_inner();
     // Three requests sent before any answer is read.
-    let batch = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops };
+    let batch = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: false };
     requests.send(batch(vec![acquire("s-a", 0)])).await.unwrap();
     requests
         .send(batch(vec![acquire("s-b", 0), acquire("s-a", 0)]))
@@ -349,6 +369,116 @@ async fn a_session_answers_pipelined_batches_in_order() {
         "{}",
         status.message()
     );
+}
+
+/// The lean form as any-language clients see it: a Session whose
+/// requests ask for it, pipelined with one that does not, answers each in
+/// its own form. A lean answer's grants and renewals carry their bodies
+/// and the answer one signed range; the witness derived from it verifies
+/// on its own and, where the server signed a full-form answer in the same
+/// group, shares its signature. Its token renews and releases the lease.
+/// An answer with nothing signed carries no range.
+#[tokio::test]
+async fn a_lean_session_answer_derives_witnesses_that_verify_alone() {
+    use bagel_proto::signed_range::FoldedRange;
+    let server = ServerProcess::start_ready(&[]).await;
+    let keys = server.client().await.keys().clone();
+    let mut rpc = raw(&server).await;
+    let (requests, outgoing) = tokio::sync::mpsc::channel(8);
+    let mut answers = rpc
+        .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .unwrap()
+        .into_inner();
+    let lean = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: true };
+    let full = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: false };
+    requests
+        .send(lean((0..5).map(|i| acquire(&format!("lean-{i}"), 0)).collect()))
+        .await
+        .unwrap();
+    requests.send(full(vec![acquire("full-0", 0)])).await.unwrap();
+    requests
+        .send(lean(vec![acquire("lean-0", 0), acquire("lean-5", 0)]))
+        .await
+        .unwrap();
+
+    let derive = |answer: &pb::BatchResponse| -> Vec<pb::Witness> {
+        let bodies = answer
+            .results
+            .iter()
+            .filter_map(|r| match &r.result {
+                Some(R::LeanGrant(g)) => Some(g.body.clone()),
+                Some(R::LeanRenewed(r)) => Some(r.body.clone()),
+                _ => None,
+            })
+            .collect();
+        let folded = FoldedRange::fold(answer.signed.as_ref().expect("a signed range"), bodies).unwrap();
+        folded.verify(&keys).unwrap();
+        (0..folded.len()).map(|k| folded.witness(k)).collect()
+    };
+    let first = answers.message().await.unwrap().unwrap();
+    let witnesses = derive(&first);
+    assert_eq!(witnesses.len(), 5);
+    let mut tokens = Vec::new();
+    for (i, (w, r)) in witnesses.iter().zip(&first.results).enumerate() {
+        let body = verify_witness(w, &keys).unwrap();
+        assert_eq!(body.names[0].name, format!("lean-{i}"));
+        let Some(R::LeanGrant(g)) = &r.result else {
+            panic!("{r:?}")
+        };
+        assert!(!g.token.is_empty());
+        tokens.push((body.lease_id, g.token.clone()));
+    }
+    let second = answers.message().await.unwrap().unwrap();
+    assert!(second.signed.is_none(), "the full form carries no range");
+    let Some(R::Grant(g)) = &second.results[0].result else {
+        panic!("{second:?}")
+    };
+    let w = g.witness.as_ref().unwrap();
+    verify_witness(w, &keys).unwrap();
+    if w.signature == witnesses[0].signature {
+        // Run in one group: the full form's leaf follows the lean run's.
+        assert_eq!(w.leaf_index, 5);
+    }
+    let third = answers.message().await.unwrap().unwrap();
+    assert!(matches!(&third.results[0].result, Some(R::Error(e)) if e.code == tonic::Code::Aborted as i32));
+    let lean_5 = derive(&third);
+    assert_eq!(lean_5.len(), 1);
+    assert_eq!(verify_witness(&lean_5[0], &keys).unwrap().names[0].name, "lean-5");
+
+    // A renewal and a release by the lean grant's token; the release alone
+    // is signed by nothing.
+    let (lease_id, token) = tokens[0].clone();
+    let renew = pb::BatchOp {
+        op: Some(Op::Renew(pb::RenewRequest {
+            lease_id: lease_id.clone(),
+            token: token.clone(),
+            ttl_us: 4_000_000,
+            ..Default::default()
+        })),
+    };
+    requests.send(lean(vec![renew])).await.unwrap();
+    let renewed = answers.message().await.unwrap().unwrap();
+    let w = derive(&renewed);
+    let body = verify_witness(&w[0], &keys).unwrap();
+    assert_eq!(
+        (body.lease_id.as_str(), body.kind()),
+        (lease_id.as_str(), pb::WitnessKind::Renew)
+    );
+    let release = pb::BatchOp {
+        op: Some(Op::Release(pb::ReleaseRequest {
+            lease_id,
+            token,
+            ..Default::default()
+        })),
+    };
+    requests.send(lean(vec![release])).await.unwrap();
+    let released = answers.message().await.unwrap().unwrap();
+    assert!(
+        matches!(&released.results[0].result, Some(R::Released(_))),
+        "{released:?}"
+    );
+    assert!(released.signed.is_none());
 }
 
 /// When the server goes away under a session, the coalescer answers every

@@ -86,7 +86,7 @@ async fn echoed_values_are_capped() {
             })),
         })
         .collect();
-    let request = pb::BatchRequest { ops };
+    let request = pb::BatchRequest { ops, lean: false };
     let sent = request.encoded_len();
     let answer = c.batch(request).await.unwrap().into_inner();
     assert_eq!(answer.results.len(), 1000);

@@ -153,6 +153,7 @@ async fn json_logs_show_every_refusal_once_and_never_a_token() {
     // 3. A conflict inside a batch, next to a grant.
     let batch = client
         .batch(pb::BatchRequest {
+            lean: false,
             ops: vec![
                 pb::BatchOp {
                     op: Some(pb::batch_op::Op::Acquire(acquire(

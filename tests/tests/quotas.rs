@@ -79,6 +79,7 @@ async fn names_held_are_capped_per_owner_per_peer_and_in_all() {
     }
     // Another owner from the same address: bound by the address's quota.
     let batch = pb::BatchRequest {
+        lean: false,
         ops: (0..3).map(|i| one(&format!("b{i}"), "bob")).collect(),
     };
     let got = c.batch(batch).await.unwrap().into_inner();
@@ -120,6 +121,7 @@ async fn churn_does_not_forget_other_clients_idle_records() {
     // Churn until the server has forgotten some of it (its floor rises).
     loop {
         let batch = pb::BatchRequest {
+            lean: false,
             ops: (0..200)
                 .map(|i| one(&format!("churn-{round}-{i}"), "churner"))
                 .collect(),
@@ -141,7 +143,12 @@ async fn churn_does_not_forget_other_clients_idle_records() {
                 other => panic!("churn acquire failed: {other:?}"),
             })
             .collect();
-        c.batch(pb::BatchRequest { ops: releases }).await.unwrap();
+        c.batch(pb::BatchRequest {
+            ops: releases,
+            lean: false,
+        })
+        .await
+        .unwrap();
         round += 1;
         let info = c
             .server_info(pb::ServerInfoRequest {})

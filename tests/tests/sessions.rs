@@ -36,6 +36,7 @@ fn frame(message: &impl prost::Message) -> Bytes {
 fn acquires(round: usize) -> pb::BatchRequest {
     let deadline_us = Micros::now().as_micros() + 9_000_000;
     pb::BatchRequest {
+        lean: false,
         ops: (0..64)
             .map(|i| pb::BatchOp {
                 op: Some(pb::batch_op::Op::Acquire(pb::AcquireRequest {

@@ -70,6 +70,7 @@ async fn sigterm_stops_granting_closes_sessions_and_exits_within_the_grace() {
         .into_inner();
     requests
         .send(pb::BatchRequest {
+            lean: false,
             ops: vec![pb::BatchOp {
                 op: Some(pb::batch_op::Op::Acquire(acquire("in-session", 0))),
             }],

@@ -283,6 +283,7 @@ async fn batches_of_a_client_that_never_reads_reserve_their_answers_by_their_ope
         })),
     };
     let batch = grpc_frame(&pb::BatchRequest {
+        lean: false,
         ops: vec![renew; 1024],
     });
     let mut heads = Vec::new();

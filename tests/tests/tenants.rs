@@ -190,6 +190,7 @@ async fn one_identity_holds_at_most_its_share_of_sessions_and_another_still_gets
     }
 
     let batch = pb::BatchRequest {
+        lean: false,
         ops: vec![pb::BatchOp {
             op: Some(pb::batch_op::Op::Acquire(acquire("team-a/1", 0))),
         }],

@@ -562,6 +562,7 @@ async fn under_mutual_tls_only_the_granted_certificate_renews_upgrades_or_releas
     // In a batch too.
     let batch = other
         .batch(pb::BatchRequest {
+            lean: false,
             ops: vec![pb::BatchOp {
                 op: Some(pb::batch_op::Op::Release(release.clone())),
             }],

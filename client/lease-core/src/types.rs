@@ -147,6 +147,15 @@ impl From<pb::Witness> for Witness {
     }
 }
 
+impl Witness {
+    /// A witness derived from a lean answer
+    /// (`bagel_proto::signed_range::FoldedRange::witness`), which is in one
+    /// allocation of its own already: kept as it is, not copied again.
+    pub fn derived(w: pb::Witness) -> Self {
+        Witness(w)
+    }
+}
+
 impl fmt::Debug for Witness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Witness")

@@ -268,8 +268,14 @@ impl Client {
     /// restarted without its key file). A failure here leaves the keys as
     /// they were: the witness then fails verification, as it would have.
     pub(crate) async fn learn_key_of(&self, witness: Option<&pb::Witness>) {
-        if let Some(w) = witness
-            && self.keys.should_learn(&w.key_id)
+        self.learn_key(witness.map(|w| w.key_id.as_str())).await;
+    }
+
+    /// As [`learn_key_of`](Self::learn_key_of), for the id of a key that
+    /// signed something (a lean answer's range).
+    pub(crate) async fn learn_key(&self, key_id: Option<&str>) {
+        if let Some(key_id) = key_id
+            && self.keys.should_learn(key_id)
         {
             self.learn_keys().await;
         }

@@ -70,6 +70,13 @@ pub struct CoalesceOptions {
     /// Verify every grant's witness (one ed25519 check per batch, since the
     /// grants of a batch share their signature). Default true.
     pub verify_witnesses: bool,
+    /// Ask for answers in the lean form (`BatchRequest.lean`): each grant's
+    /// witness body alone and one signature per answer, from which every
+    /// witness is derived byte for byte as the full form carries it, for
+    /// less to encode, send and decode on both ends. Default true; a server
+    /// that predates the lean form answers in the full one, which is read
+    /// as before.
+    pub lean_answers: bool,
 }
 
 impl Default for CoalesceOptions {
@@ -81,6 +88,7 @@ impl Default for CoalesceOptions {
             streams: default_streams(),
             connections: 8,
             verify_witnesses: true,
+            lean_answers: true,
         }
     }
 }
@@ -143,6 +151,14 @@ impl CoalesceOptions {
     #[must_use]
     pub fn with_verify_witnesses(mut self, on: bool) -> Self {
         self.verify_witnesses = on;
+        self
+    }
+
+    /// Sets [`CoalesceOptions::lean_answers`] (off: the full form, as
+    /// clients before it asked; for comparing the two).
+    #[must_use]
+    pub fn with_lean_answers(mut self, on: bool) -> Self {
+        self.lean_answers = on;
         self
     }
 }
@@ -438,17 +454,19 @@ type Waiter = (Option<String>, Reply);
 /// it (when the client's keys are learned, not pinned) before the answers
 /// are checked. One batch is signed by one key, so the first witness says
 /// which; the check is a map lookup when the key is known.
-async fn learn_new_keys(client: &Client, results: &[pb::BatchResult], options: &CoalesceOptions) {
+async fn learn_new_keys(client: &Client, response: &pb::BatchResponse, options: &CoalesceOptions) {
     use pb::batch_result::Result as R;
     if !options.verify_witnesses {
         return;
     }
-    let witness = results.iter().find_map(|r| match &r.result {
-        Some(R::Grant(g)) => g.witness.as_ref(),
-        Some(R::Renewed(r)) => r.witness.as_ref(),
-        _ => None,
+    let key_id = response.signed.as_ref().map(|s| s.key_id.as_str()).or_else(|| {
+        response.results.iter().find_map(|r| match &r.result {
+            Some(R::Grant(g)) => g.witness.as_ref().map(|w| w.key_id.as_str()),
+            Some(R::Renewed(r)) => r.witness.as_ref().map(|w| w.key_id.as_str()),
+            _ => None,
+        })
     });
-    client.learn_key_of(witness).await;
+    client.learn_key(key_id).await;
 }
 
 /// Hands each caller its result, checked (see [`crate::verify`]; the
@@ -456,31 +474,45 @@ async fn learn_new_keys(client: &Client, results: &[pb::BatchResult], options: &
 /// share their signature, so `verified` carries the last one checked).
 fn answer(
     replies: Vec<Waiter>,
-    results: Vec<pb::BatchResult>,
+    response: pb::BatchResponse,
     options: &CoalesceOptions,
     client: &Client,
     verified: &mut Verified,
 ) {
     use pb::batch_result::Result as R;
-    if results.len() != replies.len() {
+    let results = response.results.len();
+    if results != replies.len() {
         let n = replies.len();
         let e = Error::Witness {
-            reason: format!("batch of {n} answered with {} results", results.len()),
+            reason: format!("batch of {n} answered with {results} results"),
         };
         return fail(replies, &e);
     }
     let ring = options.verify_witnesses.then(|| client.keys());
     let keys = ring.as_deref();
-    for ((renewing, reply), result) in replies.into_iter().zip(results) {
+    // A lean answer's witnesses, one per lean result, in order.
+    let mut lean = match verify::lean_witnesses(&response, keys, verified) {
+        Ok(witnesses) => witnesses.into_iter(),
+        Err(e) => return fail(replies, &e),
+    };
+    for ((renewing, reply), result) in replies.into_iter().zip(response.results) {
         let r = match (result.result, renewing) {
             (None, _) => Err(Error::Witness {
                 reason: "empty batch result".into(),
             }),
             (Some(R::Grant(g)), _) => verify::grant(g, keys, verified).map(Outcome::Granted),
+            (Some(R::LeanGrant(g)), _) => {
+                let witness = lean.next().expect("one witness per lean result");
+                verify::lean_grant(g.token, witness).map(Outcome::Granted)
+            }
             (Some(R::Renewed(r)), Some(lease)) => {
                 verify::renewal(r, &lease, keys, verified).map(Outcome::Renewed)
             }
-            (Some(R::Renewed(_)), None) => Err(Error::Witness {
+            (Some(R::LeanRenewed(_)), Some(lease)) => {
+                let witness = lean.next().expect("one witness per lean result");
+                verify::lean_renewal(witness, &lease).map(Outcome::Renewed)
+            }
+            (Some(R::Renewed(_) | R::LeanRenewed(_)), None) => Err(Error::Witness {
                 reason: "a renewal answered an operation that was not one".into(),
             }),
             (Some(R::Released(r)), _) => Ok(Outcome::Released(Micros::from_micros(r.watermark_us))),
@@ -520,13 +552,14 @@ async fn flusher(client: Client, rx: Jobs, options: CoalesceOptions, cancel: Can
             gather(&mut rx, options.max_batch, &cancel).await
         };
         let Some((ops, replies)) = batch else { return };
-        match client.rpc().batch(pb::BatchRequest { ops }).await {
+        let lean = options.lean_answers;
+        match client.rpc().batch(pb::BatchRequest { ops, lean }).await {
             Ok(r) => {
-                let results = r.into_inner().results;
-                learn_new_keys(&client, &results, &options).await;
+                let response = r.into_inner();
+                learn_new_keys(&client, &response, &options).await;
                 answer(
                     replies,
-                    results,
+                    response,
                     &options,
                     &client,
                     &mut verify::Verified::default(),
@@ -608,7 +641,11 @@ async fn session(client: Client, jobs: Jobs, options: CoalesceOptions, cancel: C
                 }
                 w.batches.push_back((replies, permit));
             }
-            if requests.send(pb::BatchRequest { ops }).await.is_err() {
+            let request = pb::BatchRequest {
+                ops,
+                lean: options.lean_answers,
+            };
+            if requests.send(request).await.is_err() {
                 // The stream is gone; its reader fails what it left unanswered.
                 break;
             }
@@ -660,8 +697,8 @@ async fn read_answers(
                 match answers.message().await {
                     Ok(Some(response)) => match next_waiting() {
                         Some((replies, _in_flight)) => {
-                            learn_new_keys(&client, &response.results, &options).await;
-                            answer(replies, response.results, &options, &client, &mut verified);
+                            learn_new_keys(&client, &response, &options).await;
+                            answer(replies, response, &options, &client, &mut verified);
                         }
                         None => {
                             break Error::Witness {

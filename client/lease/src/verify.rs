@@ -6,7 +6,10 @@
 //! over its batch's Merkle root), then that its body states exactly what
 //! the answer says. The grants of a batch share one signature, so
 //! [`Verified`] remembers the last (signature, signed message) checked and
-//! the others cost only their Merkle path.
+//! the others cost only their Merkle path. A lean answer's grants carry
+//! their bodies alone and the answer one signature over them
+//! ([`lean_witnesses`]): folded and checked once, each full witness read
+//! off the fold, and the grant read from its body, which states it all.
 
 use bagel_proto::{KeyRing, VerifiedBatch, pb};
 use prost::Message as _;
@@ -89,5 +92,82 @@ pub(crate) fn renewal(
         deadline: bagel_proto::Micros::from_micros(r.deadline_us),
         mode: b.mode().into(),
         witnesses: vec![Witness::from(witness)],
+    })
+}
+
+/// The full witnesses of a lean answer's `lean_grant` and `lean_renewed`
+/// results, in order: the answer's signed range folded over their bodies,
+/// its signature checked against `keys` (or found checked already: the
+/// answers a session's server ran together share it; with `keys` `None`
+/// not checked), and each witness read off the fold, byte for byte the
+/// one the full form carries (see `bagel_proto::signed_range`). Empty for
+/// an answer in the full form.
+pub(crate) fn lean_witnesses(
+    response: &pb::BatchResponse,
+    keys: Option<&KeyRing>,
+    verified: &mut Verified,
+) -> Result<Vec<pb::Witness>> {
+    use pb::batch_result::Result as R;
+    let bodies: Vec<prost::bytes::Bytes> = response
+        .results
+        .iter()
+        .filter_map(|r| match &r.result {
+            Some(R::LeanGrant(g)) => Some(g.body.clone()),
+            Some(R::LeanRenewed(r)) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect();
+    let Some(range) = &response.signed else {
+        return if bodies.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(bad("a lean answer carries no signature for its grants"))
+        };
+    };
+    if bodies.is_empty() {
+        return Err(bad("an answer signs grants it does not carry"));
+    }
+    let folded =
+        bagel_proto::signed_range::FoldedRange::fold(range, bodies).map_err(|e| bad(e.to_string()))?;
+    if let Some(keys) = keys {
+        verified
+            .check_range(&folded, keys)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok((0..folded.len()).map(|k| folded.witness(k)).collect())
+}
+
+/// A grant in the lean form: its `witness` (derived and checked by
+/// [`lean_witnesses`]) states the whole grant, and the answer adds only
+/// the holder's `token`.
+pub(crate) fn lean_grant(token: String, witness: pb::Witness) -> Result<Grant> {
+    let b = pb::WitnessBody::decode(&witness.body[..]).map_err(|e| bad(e.to_string()))?;
+    Ok(Grant {
+        names: b.names.iter().map(NameGrant::from).collect(),
+        mode: b.mode().into(),
+        token,
+        deadline: bagel_proto::Micros::from_micros(b.deadline_us),
+        min_timestamp: bagel_proto::Micros::from_micros(b.min_timestamp_us),
+        lease_id: b.lease_id,
+        witnesses: vec![Witness::derived(witness)],
+        servers: Vec::new(),
+    })
+}
+
+/// A renewal of `lease_id` in the lean form: its `witness` (derived and
+/// checked by [`lean_witnesses`]) must be of that lease; the deadline is
+/// the one it states.
+pub(crate) fn lean_renewal(witness: pb::Witness, lease_id: &str) -> Result<Renewal> {
+    let b = pb::WitnessBody::decode(&witness.body[..]).map_err(|e| bad(e.to_string()))?;
+    if b.lease_id != lease_id {
+        return Err(bad(format!(
+            "renewal witness is of lease {}, not {lease_id}",
+            b.lease_id
+        )));
+    }
+    Ok(Renewal {
+        deadline: bagel_proto::Micros::from_micros(b.deadline_us),
+        mode: b.mode().into(),
+        witnesses: vec![Witness::derived(witness)],
     })
 }

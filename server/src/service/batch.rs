@@ -19,14 +19,16 @@ impl Service {
     ) -> Result<pb::BatchResponse, Error> {
         let at = self.now();
         self.inner.cover(batch_deadline(&req.ops, at)).await?;
-        let results = self.batch_ops(&req.ops, caller, at)?;
-        Ok(pb::BatchResponse { results })
+        Ok(self
+            .batch_ops(&req.ops, caller, at)?
+            .answer(req.ops.len(), req.lean))
     }
 
     /// Runs a batch: every operation on its own, in order; then one
     /// signature over all the grants' witnesses. Each operation is metered
     /// (and a refused one logged) here, from its domain error, before that
-    /// error becomes its `OpError`: `Batch` and `Session` share this.
+    /// error becomes its `OpError`: `Batch` and `Session` share this, and
+    /// take the answers from the [`Ran`] it returns.
     ///
     /// `at` is the instant the batch's cover was computed from
     /// ([`batch_deadline`]): every relative TTL in the batch counts from
@@ -35,14 +37,8 @@ impl Service {
     /// unary one is at the instant its cover was computed from (a holder
     /// whose deadline passed since is still in the way: the conservative
     /// side); a renewal as `renew_op` says.
-    pub(crate) fn batch_ops(
-        &self,
-        ops: &[pb::BatchOp],
-        caller: &Caller,
-        at: Micros,
-    ) -> Result<Vec<pb::BatchResult>, Error> {
+    pub(crate) fn batch_ops(&self, ops: &[pb::BatchOp], caller: &Caller, at: Micros) -> Result<Ran, Error> {
         use pb::batch_op::Op;
-        use pb::batch_result::Result as R;
         let max = self.inner.cfg.limits.max_batch_ops;
         if ops.len() > max {
             return Err(Error::invalid(
@@ -52,11 +48,6 @@ impl Service {
         }
         // Grants need a healthy clock; releases do not.
         let clock = self.inner.may_grant();
-        enum Outcome {
-            Released(pb::ReleaseResponse),
-            Granted(crate::table::Grant, pb::WitnessKind),
-            Refused(Error),
-        }
         let outcomes: Vec<Outcome> = ops
             .iter()
             .map(|op| {
@@ -82,6 +73,7 @@ impl Service {
                         .map(|g| Outcome::Granted(g, pb::WitnessKind::Upgrade)),
                     Some(Op::Release(r)) => self.release_op(r, caller).map(Outcome::Released),
                 };
+                self.meter_op(op, result.as_ref().err());
                 result.unwrap_or_else(Outcome::Refused)
             })
             .collect();
@@ -93,37 +85,13 @@ impl Service {
             })
             .collect();
         let time = self.inner.time.signed()?;
-        let mut witnesses = self
-            .inner
-            .witness
-            .sign_batch(&grants, self.now(), &time)
-            .into_iter();
+        let signed = self.inner.witness.sign_batch(&grants, self.now(), &time);
         self.inner.meters.batch_sizes.observe(ops.len() as u64);
-        let results: Vec<pb::BatchResult> = ops
-            .iter()
-            .zip(outcomes)
-            .map(|(op, o)| {
-                let result = match o {
-                    Outcome::Released(r) => Ok(R::Released(r)),
-                    Outcome::Refused(e) => Err(e),
-                    Outcome::Granted(g, kind) => {
-                        let w = witnesses.next().expect("one witness per grant");
-                        Ok(if kind == pb::WitnessKind::Renew {
-                            R::Renewed(pb::RenewResponse {
-                                deadline_us: g.deadline.as_micros(),
-                                witness: Some(w),
-                            })
-                        } else {
-                            R::Grant(crate::witness::grant_pb(&g, w))
-                        })
-                    }
-                };
-                self.meter_op(op, result.as_ref().err());
-                let result = result.unwrap_or_else(|e| R::Error(op_error(e)));
-                pb::BatchResult { result: Some(result) }
-            })
-            .collect();
-        Ok(results)
+        Ok(Ran {
+            outcomes: outcomes.into_iter(),
+            signed,
+            leaf: 0,
+        })
     }
 
     /// Counts one operation of a batch by its outcome (a refused acquire's
@@ -137,6 +105,66 @@ impl Service {
             meters.conflict(a.mode);
         }
         refusal::log(kind.name(), &Subject::of_op(op), e);
+    }
+}
+
+/// What one operation of a batch came to.
+enum Outcome {
+    Released(pb::ReleaseResponse),
+    Granted(crate::table::Grant, pb::WitnessKind),
+    Refused(Error),
+}
+
+/// A batch that ran ([`Service::batch_ops`]): its operations' outcomes, in
+/// order, and the one signature over its grants' witnesses, answered a
+/// request at a time (a session's group runs several requests as one).
+pub(crate) struct Ran {
+    outcomes: std::vec::IntoIter<Outcome>,
+    signed: bagel_proto::SignedGroup,
+    /// The leaf of the next grant in `signed`.
+    leaf: usize,
+}
+
+impl Ran {
+    /// The answer to the next `n` operations: in the full form, each grant
+    /// with its own witness; in the lean form (`lean`, see
+    /// `BatchRequest.lean`), each with its body alone and the answer with
+    /// the signature over its run of the group's leaves.
+    pub(crate) fn answer(&mut self, n: usize, lean: bool) -> pb::BatchResponse {
+        use pb::batch_result::Result as R;
+        let first = self.leaf;
+        let results = self
+            .outcomes
+            .by_ref()
+            .take(n)
+            .map(|o| {
+                let result = match o {
+                    Outcome::Released(r) => R::Released(r),
+                    Outcome::Refused(e) => R::Error(op_error(e)),
+                    Outcome::Granted(g, kind) => {
+                        let leaf = self.leaf;
+                        self.leaf += 1;
+                        match (lean, kind) {
+                            (true, pb::WitnessKind::Renew) => R::LeanRenewed(pb::LeanRenewal {
+                                body: self.signed.bodies()[leaf].clone(),
+                            }),
+                            (true, _) => R::LeanGrant(pb::LeanGrant {
+                                token: g.token.to_string(),
+                                body: self.signed.bodies()[leaf].clone(),
+                            }),
+                            (false, pb::WitnessKind::Renew) => R::Renewed(pb::RenewResponse {
+                                deadline_us: g.deadline.as_micros(),
+                                witness: Some(self.signed.witness(leaf)),
+                            }),
+                            (false, _) => R::Grant(crate::witness::grant_pb(&g, self.signed.witness(leaf))),
+                        }
+                    }
+                };
+                pb::BatchResult { result: Some(result) }
+            })
+            .collect();
+        let signed = (lean && self.leaf > first).then(|| self.signed.range(first, self.leaf));
+        pb::BatchResponse { results, signed }
     }
 }
 

@@ -457,7 +457,7 @@ mod tests {
             },
         ];
         let batch = service
-            .batch(&pb::BatchRequest { ops }, &Caller::default())
+            .batch(&pb::BatchRequest { ops, lean: false }, &Caller::default())
             .await
             .unwrap();
         let deadlines: Vec<Result<u64, String>> = batch
@@ -467,7 +467,9 @@ mod tests {
                 R::Renewed(r) => Ok(r.deadline_us),
                 R::Grant(g) => Ok(g.deadline_us),
                 R::Error(e) => Err(format!("{e:?}")),
-                R::Released(_) => unreachable!("nothing released"),
+                R::Released(_) | R::LeanGrant(_) | R::LeanRenewed(_) => {
+                    unreachable!("nothing released, the full form asked for")
+                }
             })
             .collect();
         assert_eq!(deadlines, vec![Ok(mark.as_micros()); 2]);

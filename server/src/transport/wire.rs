@@ -133,6 +133,7 @@ mod tests {
     #[test]
     fn counts_what_prost_decodes() {
         let req = pb::BatchRequest {
+            lean: false,
             ops: vec![
                 pb::BatchOp {
                     op: Some(pb::batch_op::Op::Acquire(pb::AcquireRequest {

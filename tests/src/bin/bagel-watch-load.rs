@@ -91,7 +91,11 @@ fn acquire_op(name: String, ttl_us: u64, deadline_us: u64) -> pb::BatchOp {
 /// One batch of `names` acquired, then one releasing them.
 async fn cycle(c: &mut LeaseServiceClient<Channel>, names: impl Iterator<Item = String>) {
     let ops = names.map(|n| acquire_op(n, 60_000_000, 0)).collect();
-    let got = c.batch(pb::BatchRequest { ops }).await.unwrap().into_inner();
+    let got = c
+        .batch(pb::BatchRequest { ops, lean: false })
+        .await
+        .unwrap()
+        .into_inner();
     let ops = got
         .results
         .into_iter()
@@ -106,7 +110,7 @@ async fn cycle(c: &mut LeaseServiceClient<Channel>, names: impl Iterator<Item = 
             _ => None,
         })
         .collect();
-    c.batch(pb::BatchRequest { ops }).await.unwrap();
+    c.batch(pb::BatchRequest { ops, lean: false }).await.unwrap();
 }
 
 async fn cpu(w: usize) {
@@ -142,7 +146,7 @@ async fn expiry(n: usize, w: usize) {
         let ops = (b * 64..((b + 1) * 64).min(n))
             .map(|i| acquire_op(format!("mass/{i}"), 0, deadline))
             .collect();
-        c.batch(pb::BatchRequest { ops }).await.unwrap();
+        c.batch(pb::BatchRequest { ops, lean: false }).await.unwrap();
     }
     let expire_at = t0 + Duration::from_micros(deadline - now_us);
     println!(

@@ -98,6 +98,22 @@ impl From<&pb::NameGrant> for NameGrant {
     }
 }
 
+/// A name as a witness body states it (the lean answer's grants carry
+/// nothing else).
+impl From<&pb::WitnessName> for NameGrant {
+    fn from(n: &pb::WitnessName) -> Self {
+        NameGrant {
+            name: n.name.clone(),
+            fencing_token: n.fencing_token,
+            previous: n
+                .previous
+                .as_ref()
+                .map(Previous::from)
+                .unwrap_or_else(|| Previous::from(&pb::PreviousLease::default())),
+        }
+    }
+}
+
 impl From<pb::LeaseConflict> for Conflict {
     fn from(c: pb::LeaseConflict) -> Self {
         Conflict {

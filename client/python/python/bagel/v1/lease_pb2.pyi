@@ -457,10 +457,12 @@ class BatchOp(_message.Message):
     def __init__(self, acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., upgrade: _Optional[_Union[UpgradeRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("ops",)
+    __slots__ = ("ops", "lean")
     OPS_FIELD_NUMBER: _ClassVar[int]
+    LEAN_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[BatchOp]
-    def __init__(self, ops: _Optional[_Iterable[_Union[BatchOp, _Mapping]]] = ...) -> None: ...
+    lean: bool
+    def __init__(self, ops: _Optional[_Iterable[_Union[BatchOp, _Mapping]]] = ..., lean: _Optional[bool] = ...) -> None: ...
 
 class OpError(_message.Message):
     __slots__ = ("code", "message", "conflict", "details")
@@ -475,22 +477,42 @@ class OpError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., conflict: _Optional[_Union[LeaseConflict, _Mapping]] = ..., details: _Optional[bytes] = ...) -> None: ...
 
 class BatchResult(_message.Message):
-    __slots__ = ("grant", "renewed", "released", "error")
+    __slots__ = ("grant", "renewed", "released", "error", "lean_grant", "lean_renewed")
     GRANT_FIELD_NUMBER: _ClassVar[int]
     RENEWED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEAN_GRANT_FIELD_NUMBER: _ClassVar[int]
+    LEAN_RENEWED_FIELD_NUMBER: _ClassVar[int]
     grant: LeaseGrant
     renewed: RenewResponse
     released: ReleaseResponse
     error: OpError
-    def __init__(self, grant: _Optional[_Union[LeaseGrant, _Mapping]] = ..., renewed: _Optional[_Union[RenewResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., error: _Optional[_Union[OpError, _Mapping]] = ...) -> None: ...
+    lean_grant: LeanGrant
+    lean_renewed: LeanRenewal
+    def __init__(self, grant: _Optional[_Union[LeaseGrant, _Mapping]] = ..., renewed: _Optional[_Union[RenewResponse, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., error: _Optional[_Union[OpError, _Mapping]] = ..., lean_grant: _Optional[_Union[LeanGrant, _Mapping]] = ..., lean_renewed: _Optional[_Union[LeanRenewal, _Mapping]] = ...) -> None: ...
+
+class LeanGrant(_message.Message):
+    __slots__ = ("token", "body")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    body: bytes
+    def __init__(self, token: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class LeanRenewal(_message.Message):
+    __slots__ = ("body",)
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    def __init__(self, body: _Optional[bytes] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "signed")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[BatchResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
+    signed: _witness_pb2.SignedRange
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., signed: _Optional[_Union[_witness_pb2.SignedRange, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")

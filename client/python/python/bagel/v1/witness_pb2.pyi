@@ -114,3 +114,19 @@ class Witness(_message.Message):
     leaf_index: int
     merkle_path: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., batched: _Optional[bool] = ..., leaf_index: _Optional[int] = ..., merkle_path: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SignedRange(_message.Message):
+    __slots__ = ("signature", "key_id", "batched", "depth", "first_leaf", "nodes")
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LEAF_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    signature: bytes
+    key_id: str
+    batched: bool
+    depth: int
+    first_leaf: int
+    nodes: bytes
+    def __init__(self, signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., batched: _Optional[bool] = ..., depth: _Optional[int] = ..., first_leaf: _Optional[int] = ..., nodes: _Optional[bytes] = ...) -> None: ...
