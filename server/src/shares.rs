@@ -41,7 +41,7 @@ use crate::transport::Caller;
 pub const METRIC_IDENTITIES: usize = 64;
 
 /// The label of the identities past [`METRIC_IDENTITIES`].
-const OTHER: &str = "(other)";
+pub const OTHER: &str = "(other)";
 
 /// One pool's per-identity share, and what each identity holds of it.
 #[derive(Debug)]
@@ -241,18 +241,21 @@ impl Shares {
 /// anonymous client has no share and no series.
 pub(crate) fn encode_metrics(
     shares: &Shares,
+    list_turns: &crate::service::list_turns::ListTurns,
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> std::fmt::Result {
     use prometheus_client::encoding::EncodeMetric as _;
     use prometheus_client::metrics::MetricType;
     use prometheus_client::metrics::counter::ConstCounter;
     use prometheus_client::metrics::gauge::ConstGauge;
-    let usage: Vec<(&'static str, Vec<Usage>)> = shares.all().iter().map(|p| (p.name(), p.usage())).collect();
+    let mut usage: Vec<(&'static str, Vec<Usage>)> =
+        shares.all().iter().map(|p| (p.name(), p.usage())).collect();
+    usage.push(("queued_lists", list_turns.usage()));
     let mut m = e.encode_descriptor(
         "bagel_share_held",
-        "Sessions, watchers and waiting acquires held now, by pool and identity ((other): past \
-         the first 64 identities of the pool); each identity may hold its share \
-         (--max-*-per-identity).",
+        "Sessions, watchers, waiting acquires and List calls queued for a page turn held now, \
+         by pool and identity ((other): past the first 64 identities of the pool); each \
+         identity may hold its share (--max-*-per-identity, --max-queued-lists-per-identity).",
         None,
         MetricType::Gauge,
     )?;
@@ -264,8 +267,9 @@ pub(crate) fn encode_metrics(
     }
     let mut m = e.encode_descriptor(
         "bagel_share_refusals",
-        "Sessions, watches and waiting acquires refused because their identity held its share \
-         of the pool, by pool and identity ((other): past the first 64 identities of the pool).",
+        "Sessions, watches, waiting acquires and queued List calls refused because their \
+         identity held its share of the pool, by pool and identity ((other): past the first 64 \
+         identities of the pool).",
         None,
         MetricType::Counter,
     )?;

@@ -137,12 +137,20 @@ async fn send_call(
 
 /// The value of an unlabelled sample on the server's /metrics.
 async fn metric(server: &ServerProcess, name: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", server.http_url()))
+    metric_in(&metrics(server).await, name)
+}
+
+async fn metrics(server: &ServerProcess) -> String {
+    reqwest::get(format!("{}/metrics", server.http_url()))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The value of series `name` (with its labels) in a `/metrics` text.
+fn metric_in(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no {name} in:\n{text}")) as u64
@@ -427,7 +435,23 @@ async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list()
             (true, head) => {
                 assert!(matches!(head, Head::Answered(_)), "{head:?}");
                 a_done = true;
-                b_waiting_at_a = metric(&server, "bagel_list_turns_waiting").await;
+                // Whose calls wait is on /metrics by identity: all B's.
+                let text = metrics(&server).await;
+                b_waiting_at_a = metric_in(&text, "bagel_list_turns_waiting");
+                assert_eq!(
+                    metric_in(
+                        &text,
+                        r#"bagel_share_held{pool="queued_lists",identity="tenant-b"}"#
+                    ),
+                    b_waiting_at_a
+                );
+                assert_eq!(
+                    metric_in(
+                        &text,
+                        r#"bagel_share_held{pool="queued_lists",identity="tenant-a"}"#
+                    ),
+                    0
+                );
             }
             (false, Head::Answered(response)) => {
                 unread.push(response);
@@ -458,5 +482,28 @@ async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list()
             .keys()
             .all(|m| m.contains("--max-queued-lists-per-identity") && m.contains("tenant-b")),
         "{refusals:?}"
+    );
+    // Each refusal is counted against B, none against A, and nothing waits.
+    let text = metrics(&server).await;
+    assert_eq!(
+        metric_in(
+            &text,
+            r#"bagel_share_refusals_total{pool="queued_lists",identity="tenant-b"}"#
+        ),
+        refusals.values().sum::<usize>() as u64
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            r#"bagel_share_refusals_total{pool="queued_lists",identity="tenant-a"}"#
+        ),
+        0
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            r#"bagel_share_held{pool="queued_lists",identity="tenant-b"}"#
+        ),
+        0
     );
 }

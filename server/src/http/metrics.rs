@@ -529,7 +529,7 @@ impl Collector for Exposition {
             Some(&Unit::Seconds),
             inner.table.config().started.as_micros() as f64 / 1e6,
         )?;
-        crate::shares::encode_metrics(&inner.shares, e)?;
+        crate::shares::encode_metrics(&inner.shares, &inner.list_turns, e)?;
         if let Some(acl) = &inner.acl {
             crate::acl::encode_metrics(acl, e)?;
         }

@@ -16,6 +16,11 @@
 //! or else the client's address: on a server with no policy and no client
 //! certificates, everything behind one address is one identity (see
 //! `Service::list_identity`).
+//!
+//! What each identity has queued and its refusals are on `/metrics` as
+//! the `queued_lists` pool of the shares' series, under the shares' rule:
+//! the first [`METRIC_IDENTITIES`] identities by name, the rest as
+//! `(other)`, so a flood of identities cannot grow the label set.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use crate::error::Error;
+use crate::shares::{METRIC_IDENTITIES, OTHER, Usage};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -42,6 +48,20 @@ struct State {
     /// Calls waiting over all identities (for `/metrics`).
     waiting: usize,
     next_id: u64,
+    /// The identities the metrics name, in the order they first queued
+    /// (at most [`METRIC_IDENTITIES`]).
+    named: Vec<Arc<str>>,
+    /// Refusals at `per_identity`, by metric label.
+    refused: HashMap<Arc<str>, u64>,
+}
+
+impl State {
+    fn label(&self, identity: &Arc<str>) -> Arc<str> {
+        match self.named.iter().find(|n| *n == identity) {
+            Some(n) => Arc::clone(n),
+            None => Arc::from(OTHER),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -75,6 +95,8 @@ impl ListTurns {
                 ring: VecDeque::new(),
                 waiting: 0,
                 next_id: 0,
+                named: Vec::new(),
+                refused: HashMap::new(),
             }),
         })
     }
@@ -82,6 +104,30 @@ impl ListTurns {
     /// Calls waiting for a turn now, over all identities.
     pub fn waiting(&self) -> usize {
         self.lock().waiting
+    }
+
+    /// What each identity has waiting and was refused, by metric label
+    /// (the named identities, each even at zero, then `(other)` if any).
+    pub fn usage(&self) -> Vec<Usage> {
+        let state = self.lock();
+        let mut by_label: HashMap<Arc<str>, (u64, u64)> =
+            state.named.iter().map(|n| (Arc::clone(n), (0, 0))).collect();
+        for (identity, queue) in &state.queues {
+            by_label.entry(state.label(identity)).or_default().0 += queue.len() as u64;
+        }
+        for (label, n) in &state.refused {
+            by_label.entry(Arc::clone(label)).or_default().1 += n;
+        }
+        let mut out: Vec<Usage> = by_label
+            .into_iter()
+            .map(|(identity, (held, refused))| Usage {
+                identity,
+                held,
+                refused,
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// A turn for a call of `identity`: at once if one is free and no one
@@ -96,8 +142,13 @@ impl ListTurns {
                     turns: Arc::clone(self),
                 });
             }
+            if !state.named.iter().any(|n| n == identity) && state.named.len() < METRIC_IDENTITIES {
+                state.named.push(Arc::clone(identity));
+            }
             let queued = state.queues.get(identity).map_or(0, VecDeque::len);
             if queued >= self.per_identity {
+                let label = state.label(identity);
+                *state.refused.entry(label).or_default() += 1;
                 return Err(Error::limit(
                     format!(
                         "List calls of identity {} waiting for a page turn",
@@ -272,6 +323,35 @@ mod tests {
         let a = id("a");
         let mut other = Box::pin(turns.turn(&a));
         assert!(ready(&mut other).is_none());
+    }
+
+    /// What waits, and the refusals, by identity: the first 64 identities
+    /// named, the rest together as `(other)`.
+    #[tokio::test]
+    async fn usage_names_the_first_identities_and_counts_the_rest_together() {
+        let turns = ListTurns::new(1, 1);
+        let _running = turns.turn(&id("x")).await.unwrap();
+        let ids: Vec<Arc<str>> = (0..METRIC_IDENTITIES + 6).map(|i| id(&format!("t{i}"))).collect();
+        let mut queued: Vec<_> = ids.iter().map(|i| Box::pin(turns.turn(i))).collect();
+        for f in &mut queued {
+            assert!(ready(f).is_none());
+        }
+        assert!(turns.turn(&ids[0]).await.is_err());
+        assert!(turns.turn(&ids[69]).await.is_err());
+        let usage = turns.usage();
+        assert_eq!(usage.len(), METRIC_IDENTITIES + 1);
+        let of = |name: &str| {
+            usage
+                .iter()
+                .find(|u| &*u.identity == name)
+                .map(|u| (u.held, u.refused))
+        };
+        assert_eq!(of("t0"), Some((1, 1)));
+        assert_eq!(of("t63"), Some((1, 0)));
+        assert_eq!(of("t64"), None);
+        assert_eq!(of(OTHER), Some((6, 1)));
+        drop(queued);
+        assert!(turns.usage().iter().all(|u| u.held == 0));
     }
 
     #[tokio::test]
