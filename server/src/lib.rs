@@ -186,6 +186,7 @@ impl Server {
                     frames,
                     conn_slots,
                     list_turns: service::list_turns::ListTurns::new(list_pages, list_queue),
+                    readers: service::readers::Readers::start(list_pages),
                     acl,
                     membership: Arc::new(membership),
                 }),

@@ -28,6 +28,7 @@ mod held;
 mod info;
 mod list_size;
 pub(crate) mod list_turns;
+pub(crate) mod readers;
 mod watch;
 
 use std::sync::Arc;
@@ -78,6 +79,8 @@ pub(crate) struct Inner {
     /// The turns among `List` pages read at once (`Config::list_pages`),
     /// given by identity in turn.
     pub list_turns: Arc<list_turns::ListTurns>,
+    /// The threads that read the pages, one per turn (see [`readers`]).
+    pub readers: readers::Readers,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
     /// Holder keys checked recently (see `crate::holder_keys`).
@@ -125,24 +128,31 @@ impl Inner {
         self.time.check()
     }
 
-    /// Runs `read` (a `List` page, a side-port search) on a blocking
-    /// thread once one of the `list_pages` turns is `identity`'s, waiting
-    /// for it otherwise (see [`list_turns`]). Refused when `identity` has
-    /// too many calls waiting; `ShuttingDown` if the runtime is going away.
+    /// Runs `read` (a `List` page, a side-port search) on a reader thread
+    /// (see [`readers`], at a lower CPU priority than grants) once one of
+    /// the `list_pages` turns is `identity`'s, waiting for it otherwise
+    /// (see [`list_turns`]). Refused when `identity` has too many calls
+    /// waiting; `ShuttingDown` if no reader is left.
     pub async fn off_workers<T: Send + 'static>(
         self: Arc<Self>,
         identity: Arc<str>,
         read: impl FnOnce(&Inner) -> T + Send + 'static,
     ) -> Result<T, Error> {
         let turn = self.list_turns.turn(&identity).await?;
-        let done = tokio::task::spawn_blocking(move || {
+        let (answer, done) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(&self);
+        let queued = self.readers.run(move || {
             let _turn = turn;
-            read(&self)
+            let read = std::panic::AssertUnwindSafe(|| read(&inner));
+            let _ = answer.send(std::panic::catch_unwind(read));
         });
+        if !queued {
+            return Err(Error::ShuttingDown);
+        }
         match done.await {
-            Ok(answer) => Ok(answer),
+            Ok(Ok(answer)) => Ok(answer),
             // A panic is the caller's, as if the read ran inline.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
             Err(_) => Err(Error::ShuttingDown),
         }
     }

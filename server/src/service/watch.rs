@@ -18,10 +18,10 @@ use crate::validate;
 impl Service {
     /// A page of held names and the watch revision it reflects, read
     /// before the page (see `LeaseTable::list_revision`). At most
-    /// `list_pages` pages are read at once, each on a blocking thread
-    /// (more wait for a turn, given by identity in turn): pages of 1,000
-    /// names in a loop would otherwise hold the async workers that
-    /// renewals need. The answer's bytes are reserved before the call
+    /// `list_pages` pages are read at once, each on a reader thread at a
+    /// lower CPU priority (more wait for a turn, given by identity in
+    /// turn): pages of 1,000 names in a loop would otherwise hold the
+    /// async workers, and the CPU, that renewals need. The answer's bytes are reserved before the call
     /// waits, and the page cut to them (see `list_size`).
     pub(crate) async fn list(
         &self,
