@@ -77,7 +77,11 @@ fn stubs(
         let config = if client {
             config
         } else {
-            config.codec_path("crate::codec::RequestCodec")
+            // List pages are sent as encoded where they were read (see
+            // `codec::EncodedListResponse`).
+            config
+                .codec_path("crate::codec::RequestCodec")
+                .extern_path(".bagel.v1.ListResponse", "crate::codec::EncodedListResponse")
         };
         config.compile_fds(fds.clone())?;
     }

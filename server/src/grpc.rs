@@ -145,7 +145,10 @@ impl LeaseService for GrpcService {
         self.finish(Method::ServerInfo, start, Subject::NONE, Ok(info))
     }
 
-    async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Reply<bagel_proto::codec::EncodedListResponse> {
         let start = Instant::now();
         let result = self.0.list(request.get_ref(), &caller(&request)).await;
         self.finish(Method::List, start, Subject::NONE, result)

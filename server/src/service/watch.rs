@@ -14,6 +14,7 @@ use super::Service;
 use crate::error::Error;
 use crate::transport::Caller;
 use crate::validate;
+use bagel_proto::codec::EncodedListResponse;
 
 impl Service {
     /// A page of held names and the watch revision it reflects, read
@@ -22,12 +23,14 @@ impl Service {
     /// lower CPU priority (more wait for a turn, given by identity in
     /// turn): pages of 1,000 names in a loop would otherwise hold the
     /// async workers, and the CPU, that renewals need. The answer's bytes are reserved before the call
-    /// waits, and the page cut to them (see `list_size`).
+    /// waits, and the page cut to them (see `list_size`). The page is
+    /// encoded on the reader thread too, at its priority
+    /// ([`EncodedListResponse`]).
     pub(crate) async fn list(
         &self,
         req: &pb::ListRequest,
         caller: &Caller,
-    ) -> Result<pb::ListResponse, Error> {
+    ) -> Result<EncodedListResponse, Error> {
         let limits = &self.inner.cfg.limits;
         let prefix = validate::prefix("prefix", &req.prefix, limits)?;
         let scope = self.read_scope(caller, &prefix)?;
@@ -51,7 +54,7 @@ impl Service {
                 if let Some(cap) = cap {
                     super::list_size::cut(&mut page, cap);
                 }
-                page
+                EncodedListResponse::new(&page)
             })
             .await
     }
