@@ -41,7 +41,7 @@ use crate::transport::Caller;
 pub const METRIC_IDENTITIES: usize = 64;
 
 /// The label of the identities past [`METRIC_IDENTITIES`].
-pub const OTHER: &str = "(other)";
+pub(crate) const OTHER: &str = "(other)";
 
 /// One pool's per-identity share, and what each identity holds of it.
 #[derive(Debug)]
@@ -63,11 +63,66 @@ pub struct Pool {
 struct State {
     /// Slots held, by identity (an identity holding none is removed).
     held: HashMap<Arc<str>, usize>,
-    /// The identities the metrics name, in the order they first took a
-    /// slot (at most [`METRIC_IDENTITIES`]).
+    labels: Labels,
+}
+
+/// Which identities a pool's metrics name, and the refusals at its share
+/// by metric label: the bounded-cardinality rule every per-identity pool
+/// shares (the shares here, the `List` page turns).
+#[derive(Debug, Default)]
+pub struct Labels {
+    /// The identities named, in the order they were first seen (at most
+    /// [`METRIC_IDENTITIES`]).
     named: Vec<Arc<str>>,
-    /// Refusals at the share, by metric label.
+    /// Refusals, by metric label.
     refused: HashMap<Arc<str>, u64>,
+}
+
+impl Labels {
+    /// Names `identity` in the metrics if it is not named and there is
+    /// room.
+    pub fn seen(&mut self, identity: &Arc<str>) {
+        if !self.named.iter().any(|n| n == identity) && self.named.len() < METRIC_IDENTITIES {
+            self.named.push(Arc::clone(identity));
+        }
+    }
+
+    /// Counts a refusal of `identity` at its share.
+    pub fn refused(&mut self, identity: &Arc<str>) {
+        let label = self.label(identity);
+        *self.refused.entry(label).or_default() += 1;
+    }
+
+    fn label(&self, identity: &Arc<str>) -> Arc<str> {
+        match self.named.iter().find(|n| *n == identity) {
+            Some(n) => Arc::clone(n),
+            None => Arc::from(OTHER),
+        }
+    }
+
+    /// What each identity holds (`held`, by identity) and was refused, by
+    /// metric label: the named identities, each even at zero, then
+    /// `(other)` if any.
+    pub fn usage<'a>(&self, held: impl Iterator<Item = (&'a Arc<str>, u64)>) -> Vec<Usage> {
+        let mut by_label: HashMap<Arc<str>, (u64, u64)> =
+            self.named.iter().map(|n| (Arc::clone(n), (0, 0))).collect();
+        for (identity, n) in held {
+            by_label.entry(self.label(identity)).or_default().0 += n;
+        }
+        for (label, n) in &self.refused {
+            by_label.entry(Arc::clone(label)).or_default().1 += n;
+        }
+        let mut out: Vec<Usage> = by_label
+            .into_iter()
+            .map(|(identity, (held, refused))| Usage {
+                identity,
+                held,
+                refused,
+            })
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 /// One identity's use of one pool, for the metrics.
@@ -115,13 +170,10 @@ impl Pool {
             return Ok(Share(None));
         };
         let mut state = self.lock();
-        if !state.named.iter().any(|n| n == identity) && state.named.len() < METRIC_IDENTITIES {
-            state.named.push(Arc::clone(identity));
-        }
+        state.labels.seen(identity);
         let held = state.held.get(identity).copied().unwrap_or(0);
         if held >= self.share {
-            let label = state.label(identity);
-            *state.refused.entry(label).or_default() += 1;
+            state.labels.refused(identity);
             return Err(Error::limit(
                 format!(
                     "identity {} holds {held} of the {} {} of this server, its share",
@@ -152,33 +204,9 @@ impl Pool {
     /// named identities, each even at zero, then `(other)` if any).
     pub fn usage(&self) -> Vec<Usage> {
         let state = self.lock();
-        let mut by_label: HashMap<Arc<str>, (u64, u64)> =
-            state.named.iter().map(|n| (Arc::clone(n), (0, 0))).collect();
-        for (identity, n) in &state.held {
-            by_label.entry(state.label(identity)).or_default().0 += *n as u64;
-        }
-        for (label, n) in &state.refused {
-            by_label.entry(Arc::clone(label)).or_default().1 += n;
-        }
-        let mut out: Vec<Usage> = by_label
-            .into_iter()
-            .map(|(identity, (held, refused))| Usage {
-                identity,
-                held,
-                refused,
-            })
-            .collect();
-        out.sort();
-        out
-    }
-}
-
-impl State {
-    fn label(&self, identity: &Arc<str>) -> Arc<str> {
-        match self.named.iter().find(|n| *n == identity) {
-            Some(n) => Arc::clone(n),
-            None => Arc::from(OTHER),
-        }
+        state
+            .labels
+            .usage(state.held.iter().map(|(identity, n)| (identity, *n as u64)))
     }
 }
 

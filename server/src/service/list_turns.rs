@@ -19,7 +19,7 @@
 //!
 //! What each identity has queued and its refusals are on `/metrics` as
 //! the `queued_lists` pool of the shares' series, under the shares' rule:
-//! the first [`METRIC_IDENTITIES`] identities by name, the rest as
+//! the first [`crate::shares::METRIC_IDENTITIES`] identities by name, the rest as
 //! `(other)`, so a flood of identities cannot grow the label set.
 
 use std::collections::{HashMap, VecDeque};
@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use crate::error::Error;
-use crate::shares::{METRIC_IDENTITIES, OTHER, Usage};
+use crate::shares::{Labels, Usage};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -48,20 +48,9 @@ struct State {
     /// Calls waiting over all identities (for `/metrics`).
     waiting: usize,
     next_id: u64,
-    /// The identities the metrics name, in the order they first queued
-    /// (at most [`METRIC_IDENTITIES`]).
-    named: Vec<Arc<str>>,
-    /// Refusals at `per_identity`, by metric label.
-    refused: HashMap<Arc<str>, u64>,
-}
-
-impl State {
-    fn label(&self, identity: &Arc<str>) -> Arc<str> {
-        match self.named.iter().find(|n| *n == identity) {
-            Some(n) => Arc::clone(n),
-            None => Arc::from(OTHER),
-        }
-    }
+    /// The identities the metrics name (those that queued first), and
+    /// the refusals at `per_identity`.
+    labels: Labels,
 }
 
 #[derive(Debug)]
@@ -95,8 +84,7 @@ impl ListTurns {
                 ring: VecDeque::new(),
                 waiting: 0,
                 next_id: 0,
-                named: Vec::new(),
-                refused: HashMap::new(),
+                labels: Labels::default(),
             }),
         })
     }
@@ -110,24 +98,12 @@ impl ListTurns {
     /// (the named identities, each even at zero, then `(other)` if any).
     pub fn usage(&self) -> Vec<Usage> {
         let state = self.lock();
-        let mut by_label: HashMap<Arc<str>, (u64, u64)> =
-            state.named.iter().map(|n| (Arc::clone(n), (0, 0))).collect();
-        for (identity, queue) in &state.queues {
-            by_label.entry(state.label(identity)).or_default().0 += queue.len() as u64;
-        }
-        for (label, n) in &state.refused {
-            by_label.entry(Arc::clone(label)).or_default().1 += n;
-        }
-        let mut out: Vec<Usage> = by_label
-            .into_iter()
-            .map(|(identity, (held, refused))| Usage {
-                identity,
-                held,
-                refused,
-            })
-            .collect();
-        out.sort();
-        out
+        state.labels.usage(
+            state
+                .queues
+                .iter()
+                .map(|(identity, queue)| (identity, queue.len() as u64)),
+        )
     }
 
     /// A turn for a call of `identity`: at once if one is free and no one
@@ -142,13 +118,10 @@ impl ListTurns {
                     turns: Arc::clone(self),
                 });
             }
-            if !state.named.iter().any(|n| n == identity) && state.named.len() < METRIC_IDENTITIES {
-                state.named.push(Arc::clone(identity));
-            }
+            state.labels.seen(identity);
             let queued = state.queues.get(identity).map_or(0, VecDeque::len);
             if queued >= self.per_identity {
-                let label = state.label(identity);
-                *state.refused.entry(label).or_default() += 1;
+                state.labels.refused(identity);
                 return Err(Error::limit(
                     format!(
                         "List calls of identity {} waiting for a page turn",
@@ -264,6 +237,7 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shares::{METRIC_IDENTITIES, OTHER};
 
     fn id(s: &str) -> Arc<str> {
         Arc::from(s)
