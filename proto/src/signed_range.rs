@@ -69,6 +69,21 @@ pub fn lone(signature: &prost::bytes::Bytes, key_id: &str) -> pb::SignedRange {
     }
 }
 
+/// The bodies an answer's [`pb::SignedRange`] signs: those of its
+/// `lean_grant` and `lean_renewed` results, in order (shared, not copied).
+pub fn lean_bodies(answer: &pb::BatchResponse) -> Vec<prost::bytes::Bytes> {
+    use pb::batch_result::Result as R;
+    answer
+        .results
+        .iter()
+        .filter_map(|r| match &r.result {
+            Some(R::LeanGrant(g)) => Some(g.body.clone()),
+            Some(R::LeanRenewed(r)) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A run of bodies folded up to its signed root: what the signature is
 /// over, and every node of the run's part of the tree, from which each
 /// body's witness is read.

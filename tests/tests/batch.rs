@@ -36,6 +36,23 @@ async fn raw(server: &ServerProcess) -> LeaseServiceClient<tonic::transport::Cha
     )
 }
 
+/// A raw `Session` stream: where to send requests, and its answers.
+async fn session(
+    server: &ServerProcess,
+) -> (
+    tokio::sync::mpsc::Sender<pb::BatchRequest>,
+    tonic::Streaming<pb::BatchResponse>,
+) {
+    let (requests, outgoing) = tokio::sync::mpsc::channel(8);
+    let answers = raw(server)
+        .await
+        .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .unwrap()
+        .into_inner();
+    (requests, answers)
+}
+
 async fn batch(
     rpc: &mut LeaseServiceClient<tonic::transport::Channel>,
     ops: Vec<pb::BatchOp>,
@@ -320,13 +337,7 @@ async fn concurrent_unary_grants_each_verify_alone() {
 #[tokio::test]
 async fn a_session_answers_pipelined_batches_in_order() {
     let server = ServerProcess::start_ready(&[]).await;
-    let mut rpc = raw(&server).await;
-    let (requests, outgoing) = tokio::sync::mpsc::channel(8);
-    let mut answers = rpc
-        .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .unwrap()
-        .into_inner();
+    let (requests, mut answers) = session(&server).await;
     // Three requests sent before any answer is read.
     let batch = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: false };
     requests.send(batch(vec![acquire("s-a", 0)])).await.unwrap();
@@ -383,13 +394,7 @@ async fn a_lean_session_answer_derives_witnesses_that_verify_alone() {
     use bagel_proto::signed_range::FoldedRange;
     let server = ServerProcess::start_ready(&[]).await;
     let keys = server.client().await.keys().clone();
-    let mut rpc = raw(&server).await;
-    let (requests, outgoing) = tokio::sync::mpsc::channel(8);
-    let mut answers = rpc
-        .session(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .unwrap()
-        .into_inner();
+    let (requests, mut answers) = session(&server).await;
     let lean = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: true };
     let full = |ops: Vec<pb::BatchOp>| pb::BatchRequest { ops, lean: false };
     requests
@@ -403,15 +408,7 @@ async fn a_lean_session_answer_derives_witnesses_that_verify_alone() {
         .unwrap();
 
     let derive = |answer: &pb::BatchResponse| -> Vec<pb::Witness> {
-        let bodies = answer
-            .results
-            .iter()
-            .filter_map(|r| match &r.result {
-                Some(R::LeanGrant(g)) => Some(g.body.clone()),
-                Some(R::LeanRenewed(r)) => Some(r.body.clone()),
-                _ => None,
-            })
-            .collect();
+        let bodies = bagel_proto::signed_range::lean_bodies(answer);
         let folded = FoldedRange::fold(answer.signed.as_ref().expect("a signed range"), bodies).unwrap();
         folded.verify(&keys).unwrap();
         (0..folded.len()).map(|k| folded.witness(k)).collect()

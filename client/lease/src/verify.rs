@@ -107,16 +107,7 @@ pub(crate) fn lean_witnesses(
     keys: Option<&KeyRing>,
     verified: &mut Verified,
 ) -> Result<Vec<pb::Witness>> {
-    use pb::batch_result::Result as R;
-    let bodies: Vec<prost::bytes::Bytes> = response
-        .results
-        .iter()
-        .filter_map(|r| match &r.result {
-            Some(R::LeanGrant(g)) => Some(g.body.clone()),
-            Some(R::LeanRenewed(r)) => Some(r.body.clone()),
-            _ => None,
-        })
-        .collect();
+    let bodies = bagel_proto::signed_range::lean_bodies(response);
     let Some(range) = &response.signed else {
         return if bodies.is_empty() {
             Ok(Vec::new())

@@ -35,7 +35,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// dropped and their jobs are done.
 #[derive(Debug)]
 pub struct Readers {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
 }
 
 impl Readers {
@@ -62,19 +62,13 @@ impl Readers {
                 tracing::error!(error = %e, "could not start a List reader thread");
             }
         }
-        Readers {
-            jobs: Mutex::new(jobs),
-        }
+        Readers { jobs }
     }
 
     /// Runs `job` on a reader thread as soon as one is free. False when no
     /// reader is left to run it (the job is dropped).
     pub fn run(&self, job: impl FnOnce() + Send + 'static) -> bool {
-        self.jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .send(Box::new(job))
-            .is_ok()
+        self.jobs.send(Box::new(job)).is_ok()
     }
 }
 
