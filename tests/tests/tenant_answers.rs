@@ -507,3 +507,55 @@ async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list()
         0
     );
 }
+
+/// The server's `List` pages are read on threads of their own at a lower
+/// CPU priority than the threads that serve grants (so that one tenant's
+/// reads cannot take the CPU its neighbours' renewals need): after a
+/// `List`, the server has `--list-pages` reader threads, each at nice 10,
+/// and its runtime's threads at the priority it started with.
+#[tokio::test]
+async fn list_pages_are_read_on_threads_of_a_lower_priority() {
+    let server = ServerProcess::start_ready(&["--list-pages", "2", "--max-ttl", "2m"]).await;
+    let channel = Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = LeaseServiceClient::new(channel);
+    fill(&mut c, 10).await;
+    let (names, _) = page_through(&mut c, 4).await;
+    assert_eq!(names.len(), 10);
+    // A thread's nice from its /proc stat: field 19, the 17th after the
+    // parenthesised name.
+    let nice = |stat: &str| -> i64 {
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    };
+    // (thread name, nice) of every thread of the server.
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", server.pid())).unwrap();
+    let threads: Vec<(String, i64)> = tasks
+        .map(|t| {
+            let dir = t.unwrap().path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+            (comm.trim().to_owned(), nice(&stat))
+        })
+        .collect();
+    // The server's runtime keeps the priority it inherited from us.
+    let ours = nice(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+    let readers: Vec<i64> = threads
+        .iter()
+        .filter(|(name, _)| name.starts_with("bagel-reader-"))
+        .map(|(_, nice)| *nice)
+        .collect();
+    assert_eq!(readers, vec![10, 10], "{threads:?}");
+    let workers: Vec<i64> = threads
+        .iter()
+        .filter(|(name, _)| name.starts_with("tokio-rt-worker"))
+        .map(|(_, nice)| *nice)
+        .collect();
+    assert!(
+        !workers.is_empty() && workers.iter().all(|n| *n == ours),
+        "{threads:?}"
+    );
+}
