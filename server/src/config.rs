@@ -185,6 +185,9 @@ pub struct Limits {
     /// `transport::answers`).
     pub max_unread_answer_bytes_per_connection: usize,
     pub max_unread_answer_bytes: usize,
+    /// ... and one identity over all its connections (see
+    /// `crate::shares`); `None`: a quarter of `max_unread_answer_bytes`.
+    pub max_unread_answer_bytes_per_identity: Option<usize>,
     pub answer_stall_timeout: Duration,
     /// HTTP/2 pings to each connection, and how long to wait for the
     /// answer before dropping it.
@@ -228,6 +231,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             max_unread_answer_bytes_per_connection: 16 << 20,
             max_unread_answer_bytes: 256 << 20,
+            max_unread_answer_bytes_per_identity: None,
             answer_stall_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
@@ -542,6 +546,14 @@ impl Limits {
     /// The sessions one identity may hold (`crate::shares::share_of`).
     pub fn sessions_share(&self) -> usize {
         crate::shares::share_of(self.max_sessions_per_identity, self.max_sessions)
+    }
+
+    /// The bytes of unread answers one identity may hold.
+    pub fn unread_answer_bytes_share(&self) -> usize {
+        crate::shares::share_of(
+            self.max_unread_answer_bytes_per_identity,
+            self.max_unread_answer_bytes,
+        )
     }
 
     /// The waiting acquires one identity may hold.

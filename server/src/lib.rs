@@ -150,6 +150,7 @@ impl Server {
             ))
             .with_answers(transport::answers::AnswerBudget::new(
                 limits.max_unread_answer_bytes_per_connection,
+                limits.unread_answer_bytes_share(),
                 limits.max_unread_answer_bytes,
                 limits.answer_stall_timeout,
             )),

@@ -266,10 +266,12 @@ impl Shares {
 /// Each identity's use of each pool, for `/metrics`: what it holds now
 /// and its refusals at the share, labelled by pool and identity (the
 /// first [`METRIC_IDENTITIES`] of each pool, then `(other)`). The
-/// anonymous client has no share and no series.
+/// anonymous client has no share and no series. `others` are the pools
+/// kept elsewhere (`List` calls queued for a page turn, bytes of unread
+/// answers), by pool label.
 pub(crate) fn encode_metrics(
     shares: &Shares,
-    list_turns: &crate::service::list_turns::ListTurns,
+    others: Vec<(&'static str, Vec<Usage>)>,
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> std::fmt::Result {
     use prometheus_client::encoding::EncodeMetric as _;
@@ -278,12 +280,13 @@ pub(crate) fn encode_metrics(
     use prometheus_client::metrics::gauge::ConstGauge;
     let mut usage: Vec<(&'static str, Vec<Usage>)> =
         shares.all().iter().map(|p| (p.name(), p.usage())).collect();
-    usage.push(("queued_lists", list_turns.usage()));
+    usage.extend(others);
     let mut m = e.encode_descriptor(
         "bagel_share_held",
-        "Sessions, watchers, waiting acquires and List calls queued for a page turn held now, \
-         by pool and identity ((other): past the first 64 identities of the pool); each \
-         identity may hold its share (--max-*-per-identity, --max-queued-lists-per-identity).",
+        "Sessions, watchers, waiting acquires, List calls queued for a page turn, and bytes of \
+         unread answers held now, by pool and identity ((other): past the first 64 identities \
+         of the pool); each identity may hold its share (--max-*-per-identity, \
+         --max-queued-lists-per-identity, --max-unread-answer-bytes-per-identity).",
         None,
         MetricType::Gauge,
     )?;
@@ -295,9 +298,9 @@ pub(crate) fn encode_metrics(
     }
     let mut m = e.encode_descriptor(
         "bagel_share_refusals",
-        "Sessions, watches, waiting acquires and queued List calls refused because their \
-         identity held its share of the pool, by pool and identity ((other): past the first 64 \
-         identities of the pool).",
+        "Sessions, watches, waiting acquires, queued List calls and answers refused because \
+         their identity held its share of the pool, by pool and identity ((other): past the \
+         first 64 identities of the pool).",
         None,
         MetricType::Counter,
     )?;

@@ -508,6 +508,170 @@ async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list()
     );
 }
 
+/// Tenant B opens eight connections that never read and sends five Lists
+/// of ~180 KB on each: 40 answers, ~7 MB, over a server
+/// budget of 2 MB. Before, only the connection's and the server's bounds
+/// held: B filled the server's whole budget, and then tenant A's second
+/// call on a connection holding an answer was refused (the server was
+/// over its budget). Now B holds at most its share over all its
+/// connections (`--max-unread-answer-bytes-per-identity`), its calls past
+/// it are refused naming that flag (a Batch too, whose answer was
+/// reserved before the server knew whose it was), and A is answered.
+#[tokio::test]
+async fn one_tenants_unread_answers_stay_within_its_share_and_another_tenant_is_answered() {
+    const ID_SHARE: u64 = 500_000;
+    /// One answer past the share: what an identity holding nothing may take.
+    const PAGE: u64 = 200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(&acl, two_tenants()).unwrap();
+    let (share, total, id_share) = (SHARE.to_string(), TOTAL.to_string(), ID_SHARE.to_string());
+    let server = ServerProcess::start_ready(&[
+        "--max-ttl",
+        "2m",
+        "--acl",
+        acl.to_str().unwrap(),
+        "--list-max-page",
+        "5000",
+        "--max-unread-answer-bytes-per-connection",
+        &share,
+        "--max-unread-answer-bytes",
+        &total,
+        "--max-unread-answer-bytes-per-identity",
+        &id_share,
+        "--answer-stall-timeout",
+        "0",
+        "--http",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let channel = Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN_A}").parse().unwrap();
+    let mut a = LeaseServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", bearer.clone());
+        Ok(req)
+    });
+    fill(&mut a, NAMES).await;
+
+    // One call after the other (each head awaited), so that what B holds
+    // grows one answer at a time; refused at B's share, or at a
+    // connection's.
+    let mut heads = Vec::new();
+    for _ in 0..8 {
+        let mut client = never_reading(&server).await;
+        for _ in 0..5 {
+            heads.push(send_list(&server, &mut client, Some(TOKEN_B), 5000).await.await);
+        }
+    }
+    let (mut unread, mut refused, mut by_connection) = (Vec::new(), 0u64, 0);
+    for head in heads {
+        match head {
+            Head::Answered(response) => unread.push(response),
+            Head::Refused(code, message) => {
+                assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+                let message = message.replace("%20", " ");
+                if message.contains("--max-unread-answer-bytes-per-connection") {
+                    by_connection += 1;
+                    continue;
+                }
+                for needle in ["--max-unread-answer-bytes-per-identity", "tenant-b", "its share"] {
+                    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+                }
+                refused += 1;
+            }
+        }
+    }
+    let text = metrics(&server).await;
+    let b_held = metric_in(
+        &text,
+        r#"bagel_share_held{pool="unread_answer_bytes",identity="tenant-b"}"#,
+    );
+    let held = metric_in(&text, "bagel_unread_answers_bytes");
+    eprintln!(
+        "B: 40 Lists unread, {} answered, {refused} refused at its share, {by_connection} at a \
+         connection's; B holds {b_held} bytes, the server {held}",
+        unread.len()
+    );
+    assert!(!unread.is_empty() && refused > 0);
+    assert!(
+        b_held >= 50_000 * unread.len() as u64,
+        "B's answers are held: {b_held}"
+    );
+    assert!(
+        b_held <= ID_SHARE + PAGE,
+        "B holds {b_held} bytes of unread answers, over its share of {ID_SHARE} (+ one answer)"
+    );
+    assert_eq!(held, b_held, "everything held is B's");
+
+    // B's Batch, its answer reserved by its operations before anyone knew
+    // whose it was, is refused at B's share all the same.
+    let renew = pb::BatchOp {
+        op: Some(pb::batch_op::Op::Renew(pb::RenewRequest {
+            lease_id: "0123456789abcdef0123456789abcdef".into(),
+            token: "not-a-token".into(),
+            ttl_us: SEC,
+            ..Default::default()
+        })),
+    };
+    let batch = grpc_frame(&pb::BatchRequest {
+        lean: false,
+        ops: vec![renew; 64],
+    });
+    let mut client = never_reading(&server).await;
+    match send_call(&server, &mut client, Some(TOKEN_B), "Batch", batch)
+        .await
+        .await
+    {
+        Head::Refused(code, message) => {
+            assert_eq!(code, tonic::Code::ResourceExhausted as i32, "{message}");
+            let message = message.replace("%20", " ");
+            assert!(
+                message.contains("--max-unread-answer-bytes-per-identity"),
+                "{message}"
+            );
+            refused += 1;
+        }
+        head => panic!("B's Batch past its share was answered: {head:?}"),
+    }
+
+    // A, on a connection that never reads either, is answered three times:
+    // the server is within its budget, whatever B left unread.
+    let mut mine = never_reading(&server).await;
+    for _ in 0..3 {
+        let head = send_list(&server, &mut mine, Some(TOKEN_A), 5000).await.await;
+        assert!(matches!(head, Head::Answered(_)), "{head:?}");
+        unread.push(match head {
+            Head::Answered(r) => r,
+            Head::Refused(..) => unreachable!(),
+        });
+    }
+    let text = metrics(&server).await;
+    assert_eq!(
+        metric_in(
+            &text,
+            r#"bagel_share_refusals_total{pool="unread_answer_bytes",identity="tenant-b"}"#
+        ),
+        refused
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            r#"bagel_share_refusals_total{pool="unread_answer_bytes",identity="tenant-a"}"#
+        ),
+        0
+    );
+    assert!(
+        metric_in(
+            &text,
+            r#"bagel_share_held{pool="unread_answer_bytes",identity="tenant-a"}"#
+        ) >= 3 * 50_000
+    );
+}
+
 /// The server's `List` pages are read on threads of their own at a lower
 /// CPU priority than the threads that serve grants (so that one tenant's
 /// reads cannot take the CPU its neighbours' renewals need): after a

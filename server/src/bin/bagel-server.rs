@@ -301,6 +301,17 @@ struct Args {
     /// unread answers has its new calls refused (clients that read are not).
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_UNREAD_ANSWER_BYTES", default_value_t = Limits::default().max_unread_answer_bytes)]
     max_unread_answer_bytes: usize,
+    /// ... and one identity (certificate subject or token identity) over
+    /// all its connections, so one tenant's unread answers cannot take the
+    /// whole budget (default: a quarter of --max-unread-answer-bytes; 0:
+    /// all of it). Callers are one identity without --acl or --client-ca,
+    /// which has no share.
+    #[arg(
+        help_heading = "Connections and sessions",
+        long,
+        env = "BAGEL_MAX_UNREAD_ANSWER_BYTES_PER_IDENTITY"
+    )]
+    max_unread_answer_bytes_per_identity: Option<usize>,
     /// Close a connection that holds unread answers and takes next to
     /// nothing of them (under 1 KiB) for this long, freeing them (0: never).
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_ANSWER_STALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -542,6 +553,7 @@ async fn main() -> anyhow::Result<()> {
     limits.idle_timeout = args.idle_timeout;
     limits.max_unread_answer_bytes_per_connection = args.max_unread_answer_bytes_per_connection;
     limits.max_unread_answer_bytes = args.max_unread_answer_bytes;
+    limits.max_unread_answer_bytes_per_identity = args.max_unread_answer_bytes_per_identity;
     limits.answer_stall_timeout = args.answer_stall_timeout;
     limits.keepalive_interval = args.keepalive_interval;
     limits.keepalive_timeout = args.keepalive_timeout;

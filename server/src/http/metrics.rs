@@ -529,7 +529,11 @@ impl Collector for Exposition {
             Some(&Unit::Seconds),
             inner.table.config().started.as_micros() as f64 / 1e6,
         )?;
-        crate::shares::encode_metrics(&inner.shares, &inner.list_turns, e)?;
+        let others = vec![
+            ("queued_lists", inner.list_turns.usage()),
+            ("unread_answer_bytes", inner.frames.answers.identity_usage()),
+        ];
+        crate::shares::encode_metrics(&inner.shares, others, e)?;
         if let Some(acl) = &inner.acl {
             crate::acl::encode_metrics(acl, e)?;
         }

@@ -17,6 +17,12 @@ impl Service {
         req: &pb::BatchRequest,
         caller: &Caller,
     ) -> Result<pb::BatchResponse, Error> {
+        // Its answer, reserved as its request was read, counts against
+        // the caller's share from here (a caller the policy does not know
+        // is refused by each operation).
+        if let (Some(slot), Ok(Some(identity))) = (&caller.answer, self.identity(caller)) {
+            slot.identify(&identity)?;
+        }
         let at = self.now();
         self.inner.cover(batch_deadline(&req.ops, at)).await?;
         Ok(self

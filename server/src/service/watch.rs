@@ -37,14 +37,18 @@ impl Service {
         let after = validate::prefix("page_token", &req.page_token, limits)?;
         let page_size = req.page_size as usize;
         let limit = if page_size == 0 { 100 } else { page_size }.min(self.inner.cfg.list_max_page);
+        let identity = self.identity(caller).ok().flatten();
         let cap = match &caller.answer {
             Some(slot) => {
+                if let Some(identity) = &identity {
+                    slot.identify(identity)?;
+                }
                 let (all, one) = super::list_size::reservation(limits, limit);
                 Some(slot.reserve(all, one)?)
             }
             None => None,
         };
-        let identity = self.list_identity(caller);
+        let identity = list_turn(identity, caller);
         let inner = Arc::clone(&self.inner);
         inner
             .off_workers(identity, move |inner| {
@@ -57,20 +61,6 @@ impl Service {
                 EncodedListResponse::new(&page)
             })
             .await
-    }
-
-    /// Whose turn among `List` pages a call waits for: the caller's
-    /// identity (its token's under the access policy, or its client
-    /// certificate's subject), or, with neither, its address (everything
-    /// behind one address is then one identity).
-    fn list_identity(&self, caller: &Caller) -> Arc<str> {
-        if let Ok(Some(identity)) = self.identity(caller) {
-            return identity;
-        }
-        match caller.peer {
-            Some(ip) => Arc::from(format!("address {ip}")),
-            None => Arc::from("address unknown"),
-        }
     }
 
     /// The watch's events, ending with the error that ends it (a watcher
@@ -244,4 +234,15 @@ impl WatchState {
         };
         next.map(|r| r.map_err(Error::Watch))
     }
+}
+
+/// Whose turn among `List` pages a call waits for: the caller's
+/// `identity` (its token's under the access policy, or its client
+/// certificate's subject), or, with neither, its address (everything
+/// behind one address is then one identity).
+fn list_turn(identity: Option<Arc<str>>, caller: &Caller) -> Arc<str> {
+    identity.unwrap_or_else(|| match caller.peer {
+        Some(ip) => Arc::from(format!("address {ip}")),
+        None => Arc::from("address unknown"),
+    })
 }

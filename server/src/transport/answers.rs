@@ -27,12 +27,25 @@
 //!   connections x 100 queued Lists held 1.59 GB of a 256 MiB bound). A
 //!   List page is then cut to what was reserved; the answer, once encoded,
 //!   is charged at its real size in place of the reservation.
+//! * **By identity.** Where callers have identities (an access policy,
+//!   or mutual TLS), one identity may hold at most its share of the
+//!   server's bytes over all its connections
+//!   (`--max-unread-answer-bytes-per-identity`, by default a quarter of
+//!   `--max-unread-answer-bytes`), so that a tenant with many connections
+//!   that never read cannot take the whole budget and have every other
+//!   tenant's connections holding an answer refused. The `List` and
+//!   `Batch` handlers say whose the call is ([`AnswerSlot::identify`])
+//!   before its answer is made: those are the answers that can be large
+//!   (the other unary answers are a few hundred bytes, bounded per
+//!   connection). An identity that holds nothing may take one answer
+//!   whole, as a connection may.
 //! * **Time.** A connection with an answer unfinished that writes less than
 //!   [`MIN_PROGRESS`] bytes to its socket in `--answer-stall-timeout` is
 //!   closed (see `super::Conn`), and what it held is freed.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tonic::Status;
@@ -59,6 +72,8 @@ pub struct AnswerBudget {
     pub per_connection: usize,
     /// ... and all connections together.
     pub total: usize,
+    /// ... and one identity over all its connections.
+    identities: Identities,
     /// How long a connection may hold unfinished answers without writing
     /// [`MIN_PROGRESS`] bytes; zero: no bound.
     pub stall_timeout: Duration,
@@ -68,10 +83,21 @@ pub struct AnswerBudget {
 }
 
 impl AnswerBudget {
-    pub fn new(per_connection: usize, total: usize, stall_timeout: Duration) -> Arc<Self> {
+    /// Budgets of `per_connection` bytes per connection, `per_identity`
+    /// per identity and `total` for the server.
+    pub fn new(
+        per_connection: usize,
+        per_identity: usize,
+        total: usize,
+        stall_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(AnswerBudget {
             per_connection,
             total,
+            identities: Identities {
+                share: per_identity.max(1),
+                state: Mutex::default(),
+            },
             stall_timeout,
             held: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
@@ -93,6 +119,12 @@ impl AnswerBudget {
     /// Connections closed for leaving their answers unread.
     pub fn closed(&self) -> u64 {
         self.closed.load(Ordering::Relaxed)
+    }
+
+    /// What each identity holds and was refused at its share, by metric
+    /// label (see `crate::shares::Labels`).
+    pub fn identity_usage(&self) -> Vec<crate::shares::Usage> {
+        self.identities.usage()
     }
 
     pub(crate) fn count_closed(&self) {
@@ -139,6 +171,7 @@ impl AnswerBudget {
         Charge {
             budget: Arc::clone(self),
             conn: Arc::clone(conn),
+            identity: None,
             bytes,
             made: true,
         }
@@ -223,6 +256,7 @@ impl AnswerBudget {
         Ok(Charge {
             budget: Arc::clone(self),
             conn: Arc::clone(conn),
+            identity: None,
             bytes: room_here,
             made: false,
         })
@@ -234,12 +268,99 @@ impl AnswerBudget {
     }
 }
 
+/// What each identity holds of unread answers over all its connections,
+/// and the most it may (see the module docs).
+#[derive(Debug)]
+struct Identities {
+    share: usize,
+    state: Mutex<IdentityState>,
+}
+
+#[derive(Debug, Default)]
+struct IdentityState {
+    /// Bytes held, by identity (an identity holding none is removed).
+    held: HashMap<Arc<str>, usize>,
+    labels: crate::shares::Labels,
+}
+
+impl Identities {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdentityState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves between `least` and `want` bytes for `identity` (as many
+    /// as its share has room for; one answer whole when it holds nothing),
+    /// or refuses naming the identity, what it holds and its share.
+    fn reserve(&self, identity: &Arc<str>, want: usize, least: usize) -> Result<usize, Error> {
+        let mut state = self.lock();
+        state.labels.seen(identity);
+        let held = state.held.get(identity).copied().unwrap_or(0);
+        let room = if held == 0 {
+            usize::MAX
+        } else {
+            self.share.saturating_sub(held)
+        };
+        let take = want.min(room);
+        // Past its share (by one whole answer), nothing more until it reads.
+        if take < least || held > self.share {
+            state.labels.refused(identity);
+            let needs = if least > 0 {
+                format!(", with the {least} this call's answer needs reserved")
+            } else {
+                String::new()
+            };
+            return Err(Error::limit(
+                format!(
+                    "bytes of answers identity {} has not read over all its connections \
+                     ({held}){needs}: its share of the server's budget",
+                    crate::validate::echo(identity),
+                ),
+                self.share,
+                "bytes per identity",
+                "max-unread-answer-bytes-per-identity",
+            ));
+        }
+        if take > 0 {
+            *state.held.entry(Arc::clone(identity)).or_default() += take;
+        }
+        Ok(take)
+    }
+
+    /// Charges `bytes` more to `identity` (an answer made larger than its
+    /// reservation, or one made without one: never refused, it is made).
+    fn add(&self, identity: &Arc<str>, bytes: usize) {
+        if bytes > 0 {
+            *self.lock().held.entry(Arc::clone(identity)).or_default() += bytes;
+        }
+    }
+
+    /// Gives back `bytes` of `identity`'s.
+    fn sub(&self, identity: &Arc<str>, bytes: usize) {
+        let mut state = self.lock();
+        if let Some(n) = state.held.get_mut(identity) {
+            *n = n.saturating_sub(bytes);
+            if *n == 0 {
+                state.held.remove(identity);
+            }
+        }
+    }
+
+    fn usage(&self) -> Vec<crate::shares::Usage> {
+        let state = self.lock();
+        state
+            .labels
+            .usage(state.held.iter().map(|(identity, n)| (identity, *n as u64)))
+    }
+}
+
 /// One unfinished answer, or the bytes reserved for one, counted until
 /// dropped.
 #[derive(Debug)]
 pub(crate) struct Charge {
     budget: Arc<AnswerBudget>,
     conn: Arc<ConnState>,
+    /// Whose share the bytes also count against, if the call said.
+    identity: Option<Arc<str>>,
     bytes: usize,
     /// Whether the answer is made (a reservation is not: its connection
     /// waits for its answer, and is not stalled for writing nothing).
@@ -260,10 +381,11 @@ impl Charge {
             let more = bytes - self.bytes;
             self.budget.held.fetch_add(more, Ordering::AcqRel);
             self.conn.answer_bytes.fetch_add(more, Ordering::AcqRel);
+            if let Some(identity) = &self.identity {
+                self.budget.identities.add(identity, more);
+            }
         } else {
-            let less = self.bytes - bytes;
-            self.budget.held.fetch_sub(less, Ordering::AcqRel);
-            self.conn.answer_bytes.fetch_sub(less, Ordering::AcqRel);
+            self.shrink(bytes);
         }
         self.bytes = bytes;
         if !self.made {
@@ -274,10 +396,29 @@ impl Charge {
     }
 }
 
+impl Charge {
+    /// Gives back what is charged past `bytes`.
+    fn shrink(&mut self, bytes: usize) {
+        let less = self.bytes.saturating_sub(bytes);
+        if less == 0 {
+            return;
+        }
+        self.budget.held.fetch_sub(less, Ordering::AcqRel);
+        self.conn.answer_bytes.fetch_sub(less, Ordering::AcqRel);
+        if let Some(identity) = &self.identity {
+            self.budget.identities.sub(identity, less);
+        }
+        self.bytes -= less;
+    }
+}
+
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
         self.conn.answer_bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(identity) = &self.identity {
+            self.budget.identities.sub(identity, self.bytes);
+        }
         if self.made {
             self.conn.answers.fetch_sub(1, Ordering::AcqRel);
         }
@@ -293,6 +434,8 @@ pub struct AnswerSlot {
     budget: Arc<AnswerBudget>,
     conn: Arc<ConnState>,
     reserved: Mutex<Option<Charge>>,
+    /// Whose call it is, once its handler said ([`AnswerSlot::identify`]).
+    identity: OnceLock<Arc<str>>,
 }
 
 impl AnswerSlot {
@@ -301,16 +444,55 @@ impl AnswerSlot {
             budget,
             conn,
             reserved: Mutex::new(None),
+            identity: OnceLock::new(),
         })
     }
 
+    /// Says whose call this is: its answer counts against `identity`'s
+    /// share from now on, what is reserved already included (a `Batch`'s,
+    /// reserved as its request was read, before anyone knew whose it
+    /// was). Refused, and the reservation freed, when the identity has no
+    /// room for it. Said once; later calls change nothing.
+    pub fn identify(&self, identity: &Arc<str>) -> Result<(), Error> {
+        if self.identity.set(Arc::clone(identity)).is_err() {
+            return Ok(());
+        }
+        let mut reserved = self.lock();
+        let bytes = reserved.as_ref().map_or(0, Charge::bytes);
+        match self.budget.identities.reserve(identity, bytes, bytes) {
+            Ok(_) => {
+                if let Some(charge) = reserved.as_mut() {
+                    charge.identity = Some(Arc::clone(identity));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let freed = reserved.take();
+                drop(reserved);
+                drop(freed);
+                Err(self.budget.refuse(e))
+            }
+        }
+    }
+
     /// Reserves between `least` and `want` bytes for the answer (as the
-    /// budget's own `reserve` does) in place of what was reserved before;
+    /// budget's own `reserve` does, and within the identity's share once
+    /// the call is identified) in place of what was reserved before;
     /// returns the bytes reserved, which the answer must not pass.
     pub fn reserve(&self, want: usize, least: usize) -> Result<usize, Error> {
         // Freed first: a call's own earlier reservation never refuses it.
         drop(self.take());
-        let charge = self.budget.reserve(&self.conn, want, least)?;
+        let mut charge = self.budget.reserve(&self.conn, want, least)?;
+        if let Some(identity) = self.identity.get() {
+            let least = least.min(charge.bytes());
+            let take = self
+                .budget
+                .identities
+                .reserve(identity, charge.bytes(), least)
+                .map_err(|e| self.budget.refuse(e))?;
+            charge.shrink(take);
+            charge.identity = Some(Arc::clone(identity));
+        }
         let bytes = charge.bytes();
         *self.lock() = Some(charge);
         Ok(bytes)
@@ -330,7 +512,14 @@ impl AnswerSlot {
         }
         Some(match reserved {
             Some(reserved) => reserved.into_answer(bytes),
-            None => self.budget.charge(&self.conn, bytes),
+            None => {
+                let mut charge = self.budget.charge(&self.conn, bytes);
+                if let Some(identity) = self.identity.get() {
+                    self.budget.identities.add(identity, bytes);
+                    charge.identity = Some(Arc::clone(identity));
+                }
+                charge
+            }
         })
     }
 
@@ -385,7 +574,7 @@ mod tests {
 
     #[test]
     fn a_connection_over_its_share_is_refused_naming_the_flag() {
-        let budget = AnswerBudget::new(100, 1000, Duration::ZERO);
+        let budget = AnswerBudget::new(100, usize::MAX, 1000, Duration::ZERO);
         let conn = Arc::new(ConnState::new());
         assert!(budget.admit(&conn).is_ok());
         let first = budget.charge(&conn, 100);
@@ -408,7 +597,7 @@ mod tests {
 
     #[test]
     fn over_the_server_budget_only_connections_holding_answers_are_refused() {
-        let budget = AnswerBudget::new(1000, 150, Duration::ZERO);
+        let budget = AnswerBudget::new(1000, usize::MAX, 150, Duration::ZERO);
         let (a, b, reader) = (
             Arc::new(ConnState::new()),
             Arc::new(ConnState::new()),
@@ -431,7 +620,7 @@ mod tests {
 
     #[test]
     fn queued_calls_reserve_their_answers_and_the_ones_past_the_share_are_refused() {
-        let budget = AnswerBudget::new(1000, 10_000, Duration::ZERO);
+        let budget = AnswerBudget::new(1000, usize::MAX, 10_000, Duration::ZERO);
         let conn = Arc::new(ConnState::new());
         // Holding nothing: one answer whole, past the share.
         let first = budget.reserve(&conn, 1500, 100).unwrap();
@@ -462,7 +651,7 @@ mod tests {
 
     #[test]
     fn over_the_server_budget_a_connection_holding_nothing_gets_the_floor() {
-        let budget = AnswerBudget::new(usize::MAX, 100_000, Duration::ZERO);
+        let budget = AnswerBudget::new(usize::MAX, usize::MAX, 100_000, Duration::ZERO);
         let (a, reader) = (Arc::new(ConnState::new()), Arc::new(ConnState::new()));
         let _a = budget.reserve(&a, 200_000, 10).unwrap();
         assert_eq!(budget.held(), 100_000, "the server's whole budget");
@@ -480,7 +669,7 @@ mod tests {
 
     #[test]
     fn a_slot_replaces_its_reservation_and_frees_it_with_the_call() {
-        let budget = AnswerBudget::new(1000, 10_000, Duration::ZERO);
+        let budget = AnswerBudget::new(1000, usize::MAX, 10_000, Duration::ZERO);
         let conn = Arc::new(ConnState::new());
         let slot = AnswerSlot::new(Arc::clone(&budget), Arc::clone(&conn));
         assert_eq!(slot.reserve(800, 10).unwrap(), 800);
@@ -499,6 +688,76 @@ mod tests {
             0,
             "a call dropped while queued frees its reservation"
         );
+    }
+
+    #[test]
+    fn an_identity_holds_at_most_its_share_over_all_its_connections() {
+        let budget = AnswerBudget::new(1000, 1500, 100_000, Duration::ZERO);
+        let (a, b) = (Arc::<str>::from("team-a"), Arc::<str>::from("team-b"));
+        let slot = || AnswerSlot::new(Arc::clone(&budget), Arc::new(ConnState::new()));
+        // B's calls, each on a connection of its own holding nothing.
+        let b_slots: Vec<_> = (0..4).map(|_| slot()).collect();
+        b_slots[0].identify(&b).unwrap();
+        assert_eq!(b_slots[0].reserve(1000, 10).unwrap(), 1000);
+        b_slots[1].identify(&b).unwrap();
+        assert_eq!(
+            b_slots[1].reserve(1000, 10).unwrap(),
+            500,
+            "the rest of its share"
+        );
+        b_slots[2].identify(&b).unwrap();
+        let refused = b_slots[2].reserve(1000, 10).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        for needle in [
+            "identity \"team-b\"",
+            "(1500)",
+            "1500 bytes per identity",
+            "--max-unread-answer-bytes-per-identity",
+        ] {
+            assert!(refused.to_string().contains(needle), "{refused} lacks {needle:?}");
+        }
+        // A Batch's answer, reserved before anyone knew whose it was, is
+        // refused once it is, and its reservation freed.
+        let held = budget.held();
+        assert_eq!(b_slots[3].reserve(800, 800).unwrap(), 800);
+        assert!(b_slots[3].identify(&b).is_err());
+        assert_eq!(budget.held(), held);
+        assert_eq!(budget.refused(), 2);
+        // Another identity has its own share.
+        let a_slot = slot();
+        a_slot.identify(&a).unwrap();
+        assert_eq!(a_slot.reserve(1000, 10).unwrap(), 1000);
+        // Made: charged to the identity at its size.
+        let made = b_slots[0].made(300).unwrap();
+        let of = |who: &str| {
+            budget
+                .identity_usage()
+                .into_iter()
+                .find(|u| &*u.identity == who)
+                .map(|u| (u.held, u.refused))
+        };
+        assert_eq!(of("team-b"), Some((800, 2)));
+        assert_eq!(of("team-a"), Some((1000, 0)));
+        drop((made, b_slots, a_slot));
+        assert_eq!(of("team-b"), Some((0, 2)), "given back with the calls");
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn an_identity_past_its_share_by_one_whole_answer_is_refused_until_it_reads() {
+        let budget = AnswerBudget::new(usize::MAX, 100, usize::MAX, Duration::ZERO);
+        let b = Arc::<str>::from("team-b");
+        let first = AnswerSlot::new(Arc::clone(&budget), Arc::new(ConnState::new()));
+        first.identify(&b).unwrap();
+        assert_eq!(first.reserve(5000, 10).unwrap(), 5000, "one answer whole");
+        let second = AnswerSlot::new(Arc::clone(&budget), Arc::new(ConnState::new()));
+        assert!(
+            second.identify(&b).is_err(),
+            "over its share, even with nothing to reserve"
+        );
+        drop(first);
+        let third = AnswerSlot::new(Arc::clone(&budget), Arc::new(ConnState::new()));
+        assert!(third.identify(&b).is_ok());
     }
 
     #[test]

@@ -52,7 +52,7 @@ impl FrameLimits {
             total,
             max_names,
             max_batch_ops,
-            answers: AnswerBudget::new(usize::MAX, usize::MAX, std::time::Duration::ZERO),
+            answers: AnswerBudget::new(usize::MAX, usize::MAX, usize::MAX, std::time::Duration::ZERO),
             batch_answer: answers::BatchBound::new(256, 256),
             buffered: AtomicUsize::new(0),
         }
