@@ -173,6 +173,10 @@ pub struct Limits {
     /// Connections at once from one address; beyond, new ones from it are
     /// closed at accept (so one address cannot fill `max_connections`).
     pub max_connections_per_address: usize,
+    /// ... and of one identity, the first its calls on the connection were
+    /// identified as (see `crate::shares`); `None`: a quarter of
+    /// `max_connections`.
+    pub max_connections_per_identity: Option<usize>,
     /// A connection that has not begun a call this long after it was
     /// accepted is closed (silent connections free their slot early).
     pub first_request_timeout: Duration,
@@ -227,6 +231,7 @@ impl Default for Limits {
             max_inflight_bytes: 256 << 20,
             max_connections: 1000,
             max_connections_per_address: 100,
+            max_connections_per_identity: None,
             first_request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             max_unread_answer_bytes_per_connection: 16 << 20,
@@ -500,6 +505,8 @@ impl Config {
             max_sessions_per_identity: self.limits.sessions_share() as u32,
             max_watchers_per_identity: self.watch.watchers_share() as u32,
             max_waiters_per_identity: self.limits.waiters_share() as u64,
+            max_connections_per_identity: self.limits.connections_share() as u32,
+            max_unread_answer_bytes_per_identity: self.limits.unread_answer_bytes_share() as u64,
             history_per_name: self.history_per_name as u32,
             history_budget_bytes: self.history_budget_bytes as u64,
         }
@@ -554,6 +561,11 @@ impl Limits {
             self.max_unread_answer_bytes_per_identity,
             self.max_unread_answer_bytes,
         )
+    }
+
+    /// The connections one identity may hold.
+    pub fn connections_share(&self) -> usize {
+        crate::shares::share_of(self.max_connections_per_identity, self.max_connections)
     }
 
     /// The waiting acquires one identity may hold.

@@ -330,6 +330,7 @@ impl Server {
                 idle_timeout: limits.idle_timeout,
                 first_request_timeout: limits.first_request_timeout,
                 answers: Arc::clone(&self.service.inner.frames.answers),
+                must_identify: self.service.inner.acl.is_some(),
             },
             cancel.clone(),
         );

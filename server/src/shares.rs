@@ -1,8 +1,10 @@
-//! Per-identity shares of the server's pooled slots: sessions, watchers
-//! and waiting acquires. Each pool has its global limit (`--max-sessions`,
-//! `--max-watchers`, `--max-waiters`) and, besides it, a share: the most
-//! of it one identity may hold (`--max-*-per-identity`, by default a
-//! quarter of the pool).
+//! Per-identity shares of the server's pooled slots: sessions, watchers,
+//! waiting acquires and connections. Each pool has its global limit
+//! (`--max-sessions`, `--max-watchers`, `--max-waiters`,
+//! `--max-connections`) and, besides it, a share: the most of it one
+//! identity may hold (`--max-*-per-identity`, by default a quarter of the
+//! pool). A connection is the identity's whose call on it was identified
+//! first (see `crate::transport::ConnState::identify`).
 //!
 //! Why a fixed share rather than one computed from who is active: slots
 //! are held for as long as their client likes (an idle session, a watch,
@@ -230,6 +232,7 @@ pub struct Shares {
     pub sessions: Arc<Pool>,
     pub watchers: Arc<Pool>,
     pub waiters: Arc<Pool>,
+    pub connections: Arc<Pool>,
 }
 
 impl Shares {
@@ -255,11 +258,17 @@ impl Shares {
                 l.waiters_share(),
                 "max-waiters-per-identity",
             ),
+            connections: Pool::new(
+                ["connections", "connections", "connections per identity"],
+                l.max_connections,
+                l.connections_share(),
+                "max-connections-per-identity",
+            ),
         }
     }
 
-    pub fn all(&self) -> [&Arc<Pool>; 3] {
-        [&self.sessions, &self.watchers, &self.waiters]
+    pub fn all(&self) -> [&Arc<Pool>; 4] {
+        [&self.sessions, &self.watchers, &self.waiters, &self.connections]
     }
 }
 
@@ -283,8 +292,8 @@ pub(crate) fn encode_metrics(
     usage.extend(others);
     let mut m = e.encode_descriptor(
         "bagel_share_held",
-        "Sessions, watchers, waiting acquires, List calls queued for a page turn, and bytes of \
-         unread answers held now, by pool and identity ((other): past the first 64 identities \
+        "Sessions, watchers, waiting acquires, connections, List calls queued for a page turn, \
+         and bytes of unread answers held now, by pool and identity ((other): past the first 64 identities \
          of the pool); each identity may hold its share (--max-*-per-identity, \
          --max-queued-lists-per-identity, --max-unread-answer-bytes-per-identity).",
         None,
@@ -298,8 +307,8 @@ pub(crate) fn encode_metrics(
     }
     let mut m = e.encode_descriptor(
         "bagel_share_refusals",
-        "Sessions, watches, waiting acquires, queued List calls and answers refused because \
-         their identity held its share of the pool, by pool and identity ((other): past the \
+        "Sessions, watches, waiting acquires, connections, queued List calls and answers refused \
+         because their identity held its share of the pool, by pool and identity ((other): past the \
          first 64 identities of the pool).",
         None,
         MetricType::Counter,

@@ -349,3 +349,153 @@ async fn callers_without_an_identity_hold_no_session_slot() {
         "{metrics}"
     );
 }
+
+/// Eight connections, a share of two: team B's calls on a third
+/// connection of its own are refused naming the share, team A still
+/// connects, and once one of B's connections closes B's third is served.
+#[tokio::test]
+async fn one_identity_holds_at_most_its_share_of_connections_and_another_still_connects() {
+    let s = Setup::start(&["--max-connections", "8", "--max-connections-per-identity", "2"]).await;
+    let mut b1 = s.client(Some(TOKEN_B)).await;
+    let mut b2 = s.client(Some(TOKEN_B)).await;
+    let mut b3 = s.client(Some(TOKEN_B)).await;
+    b1.acquire(acquire("team-b/1", 0))
+        .await
+        .expect("B's first connection");
+    b2.acquire(acquire("team-b/2", 0))
+        .await
+        .expect("B's second connection");
+    let refused = b3.acquire(acquire("team-b/3", 0)).await.unwrap_err();
+    assert_share_refusal(
+        &refused,
+        "team-b",
+        2,
+        8,
+        "connections",
+        "max-connections-per-identity",
+    );
+    let mut a = s.client(Some(TOKEN_A)).await;
+    a.acquire(acquire("team-a/1", 0))
+        .await
+        .expect("team A's connection");
+
+    let held = |metrics: &str, who: &str| {
+        let prefix = format!(r#"bagel_share_held{{pool="connections",identity="{who}"}} "#);
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in\n{metrics}"))
+    };
+    let limits = info(&mut a).await.limits.unwrap();
+    assert_eq!(limits.max_connections_per_identity, 2);
+    assert_eq!(
+        limits.max_unread_answer_bytes_per_identity,
+        (256 << 20) / 4,
+        "a quarter of the budget by default"
+    );
+    let metrics = s.metrics().await;
+    assert_eq!((held(&metrics, "team-b"), held(&metrics, "team-a")), (2, 1));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"bagel_share_refusals_total{pool="connections",identity="team-b"} 1"#),
+        "{metrics}"
+    );
+
+    // B's first connection closes; once the server has seen it go, B's
+    // third connection is B's second.
+    drop(b1);
+    let mut polls = 0;
+    while held(&s.metrics().await, "team-b") > 1 {
+        polls += 1;
+        assert!(polls < 10_000, "B's closed connection still counted");
+        tokio::task::yield_now().await;
+    }
+    b3.acquire(acquire("team-b/3", 0))
+        .await
+        .expect("B's connection, now within its share");
+}
+
+/// A raw HTTP/2 connection to `server`, and the task driving it: the
+/// task ends when the server closes the connection.
+async fn raw_connection(
+    server: &ServerProcess,
+) -> (h2::client::SendRequest<bytes::Bytes>, tokio::task::JoinHandle<()>) {
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (client.ready().await.unwrap(), driver)
+}
+
+/// Acquires `name` for 50 s on `client` with `token` (none: no
+/// authorization header), and returns the call's gRPC status code.
+async fn raw_acquire(
+    server: &ServerProcess,
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    token: Option<&str>,
+    name: &str,
+) -> i32 {
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/bagel.v1.LeaseService/Acquire", server.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let mut ready = client.clone().ready().await.unwrap();
+    let (response, mut send) = ready.send_request(request.body(()).unwrap(), false).unwrap();
+    send.send_data(bagel_tests::raw::grpc_frame(&acquire(name, 0)), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    let status = |headers: &http::HeaderMap| {
+        headers
+            .get("grpc-status")
+            .map(|code| code.to_str().unwrap().parse::<i32>().unwrap())
+    };
+    if let Some(code) = status(response.headers()) {
+        return code;
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().expect("trailers");
+    status(&trailers).expect("grpc-status")
+}
+
+/// Under the policy, a connection whose calls are never identified (no
+/// token) is closed the first request timeout after it was accepted,
+/// however many refused calls it makes. Before, its first call began it,
+/// and it held its connection slot for the whole idle timeout (an hour
+/// here): a caller without an identity could hold every slot. A
+/// connection of an identified caller, older still, keeps serving.
+#[tokio::test]
+async fn connections_whose_calls_are_never_identified_are_closed_after_the_first_request_timeout() {
+    let s = Setup::start(&["--first-request-timeout", "1s", "--idle-timeout", "1h"]).await;
+    let (mut known, _known_driver) = raw_connection(&s.server).await;
+    assert_eq!(
+        raw_acquire(&s.server, &mut known, Some(TOKEN_A), "team-a/1").await,
+        0
+    );
+
+    let (mut nobody, driver) = raw_connection(&s.server).await;
+    for i in 0..3 {
+        let code = raw_acquire(&s.server, &mut nobody, None, &format!("team-a/n{i}")).await;
+        assert_eq!(code, Code::Unauthenticated as i32);
+    }
+    // The server closes it: its driver ends (a guard, not a pace: before,
+    // it stayed open for the hour).
+    tokio::time::timeout(std::time::Duration::from_secs(60), driver)
+        .await
+        .expect("the connection of a caller without an identity is still open")
+        .unwrap();
+    assert_eq!(
+        raw_acquire(&s.server, &mut known, Some(TOKEN_A), "team-a/2").await,
+        0,
+        "the identified caller's connection, accepted before, still serves"
+    );
+}

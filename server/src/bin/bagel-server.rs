@@ -285,6 +285,17 @@ struct Args {
     /// connections are closed at accept.
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = Limits::default().max_connections_per_address)]
     max_connections_per_address: usize,
+    /// Connections one identity (certificate subject or token identity)
+    /// may hold: a connection is the identity's its first identified call
+    /// was made as (default: a quarter of --max-connections; 0: all of
+    /// them). With --acl, a connection none of whose calls is identified
+    /// is closed --first-request-timeout after it was accepted.
+    #[arg(
+        help_heading = "Connections and sessions",
+        long,
+        env = "BAGEL_MAX_CONNECTIONS_PER_IDENTITY"
+    )]
+    max_connections_per_identity: Option<usize>,
     /// Close a connection that has not begun a call (nor finished its TLS
     /// handshake) this long after it was accepted (0: only --idle-timeout).
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_FIRST_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -549,6 +560,7 @@ async fn main() -> anyhow::Result<()> {
     limits.max_inflight_bytes = args.max_inflight_bytes;
     limits.max_connections = args.max_connections;
     limits.max_connections_per_address = args.max_connections_per_address;
+    limits.max_connections_per_identity = args.max_connections_per_identity;
     limits.first_request_timeout = args.first_request_timeout;
     limits.idle_timeout = args.idle_timeout;
     limits.max_unread_answer_bytes_per_connection = args.max_unread_answer_bytes_per_connection;

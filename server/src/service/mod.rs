@@ -245,7 +245,20 @@ impl Service {
     /// one holding a bidirectional override or an invisible character
     /// would show operators another owner than the one holding the lease.
     /// `None` without mutual TLS.
+    ///
+    /// The first identified call on a connection makes the connection
+    /// that identity's, one of its share of connections (refused when it
+    /// holds its share: see `ConnState::identify`).
     pub(crate) fn identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
+        let identity = self.caller_identity(caller)?;
+        if let (Some(identity), Some(conn)) = (&identity, &caller.conn) {
+            conn.identify(identity, &self.inner.shares.connections)?;
+        }
+        Ok(identity)
+    }
+
+    /// Who the caller is (see [`Service::identity`]), counting nothing.
+    fn caller_identity(&self, caller: &Caller) -> Result<Option<Arc<str>>, Error> {
         let Some(tls) = self.inner.cfg.tls.as_ref().filter(|t| t.client_ca_pem.is_some()) else {
             // Without mutual TLS, a bearer token the access policy knows.
             return self.token_identity(caller);

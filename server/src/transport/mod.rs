@@ -14,7 +14,15 @@
 //!   been in flight on it for `idle_timeout`, or, if it never began one,
 //!   `first_request_timeout` after it was accepted: a client that connects
 //!   and goes quiet (or never finishes its TLS handshake) cannot hold a
-//!   socket forever, and a silent one gives its slot back early.
+//!   socket forever, and a silent one gives its slot back early. Under an
+//!   access policy, a call begins a connection only once a call on it is
+//!   identified: a connection whose callers the policy does not know
+//!   (no token, a wrong one) is closed `first_request_timeout` after it
+//!   was accepted, however many refused calls it makes, so callers
+//!   without an identity hold no connection slot for long. The identity
+//!   a connection's calls are first identified as owns it, and holds at
+//!   most its share of the server's connections
+//!   (`--max-connections-per-identity`, see `crate::shares`).
 //! * [`corked`]: a connection's writes wait for one yield of its task, so
 //!   the answers that calls finish together go out in one system call and
 //!   one TCP segment, not a `writev` and a segment each.
@@ -73,6 +81,11 @@ pub struct ConnState {
     /// Bytes written to the socket: whether a client with unfinished
     /// answers reads them.
     written: AtomicU64,
+    /// When the connection was accepted, in ms since [`epoch`].
+    accepted_ms: u64,
+    /// The identity whose connection this is (the first its calls were
+    /// identified as), holding one of its share of connections.
+    owner: OnceLock<crate::shares::Share>,
 }
 
 impl ConnState {
@@ -86,7 +99,35 @@ impl ConnState {
             answers: AtomicUsize::new(0),
             answer_bytes: AtomicUsize::new(0),
             written: AtomicU64::new(0),
+            accepted_ms: now_ms(),
+            owner: OnceLock::new(),
         }
+    }
+
+    /// Whether a call on the connection was identified (see
+    /// [`ConnState::identify`]).
+    pub(crate) fn identified(&self) -> bool {
+        self.owner.get().is_some()
+    }
+
+    /// A call on the connection was identified as `identity`: the first
+    /// such call makes the connection `identity`'s, one of its share of
+    /// `connections` (refused, naming the share, when it holds its share
+    /// already: the connection stays unowned, and is closed as one whose
+    /// calls were never identified). Later calls, whoever they are, change
+    /// nothing.
+    pub(crate) fn identify(
+        &self,
+        identity: &Arc<str>,
+        connections: &Arc<crate::shares::Pool>,
+    ) -> Result<(), crate::error::Error> {
+        if self.owner.get().is_some() {
+            return Ok(());
+        }
+        let share = connections.take(Some(identity))?;
+        // Two calls at once: the loser's slot is given back as it drops.
+        let _ = self.owner.set(share);
+        Ok(())
     }
 
     /// A call began on the connection; the returned guard ends it.
@@ -143,6 +184,9 @@ pub struct Conn {
     idle_timeout: Duration,
     /// Idle limit until the first call begins (never above `idle_timeout`).
     first_request_timeout: Duration,
+    /// Whether only an identified call begins the connection (under an
+    /// access policy).
+    must_identify: bool,
     /// The bound on unread answers (see [`answers`]).
     answers: Arc<answers::AnswerBudget>,
     /// Since when the connection has held unfinished answers without
@@ -155,6 +199,10 @@ pub struct Conn {
     _slot: OwnedSemaphorePermit,
     _address_slot: AddressSlot,
 }
+
+/// How often a connection whose calls were never identified, past its
+/// first request timeout with a call still in flight, looks again.
+const UNIDENTIFIED_RECHECK_MS: u64 = 1000;
 
 /// Why a connection closes itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +248,21 @@ impl Conn {
     /// `Err(Close::Idle)` once no call has been in flight for the whole
     /// idle timeout, else the milliseconds until that could be.
     fn idle_check(&self, now: u64) -> Result<Option<u64>, Close> {
+        let state = &self.info.state;
+        if self.must_identify && !state.identified() && !self.first_request_timeout.is_zero() {
+            // Under an access policy, calls nobody is identified by do not
+            // begin the connection: it holds its slot at most the first
+            // request timeout from its accept (once no call is in flight).
+            let deadline = state.accepted_ms + self.first_request_timeout.as_millis() as u64;
+            if now < deadline {
+                return Ok(Some(deadline - now));
+            }
+            if state.active.load(Ordering::Acquire) == 0 {
+                return Err(Close::Idle);
+            }
+            // A call in flight: look again when it may have ended.
+            return Ok(Some(UNIDENTIFIED_RECHECK_MS));
+        }
         let timeout = if self.info.state.began.load(Ordering::Acquire) {
             self.idle_timeout
         } else {
@@ -349,6 +412,9 @@ pub struct AcceptConfig {
     pub first_request_timeout: Duration,
     /// Unread answers: the bound in time is the connection's to keep.
     pub answers: Arc<answers::AnswerBudget>,
+    /// Whether a connection begins only with an identified call (a
+    /// server with an access policy): see [`Conn`].
+    pub must_identify: bool,
 }
 
 /// How many connections each client address holds, against a cap.
@@ -512,6 +578,7 @@ async fn accept_loop(
             },
             idle_timeout: cfg.idle_timeout,
             first_request_timeout,
+            must_identify: cfg.must_identify,
             answers: Arc::clone(&cfg.answers),
             stalled_since: None,
             timer: Box::pin(tokio::time::sleep(
@@ -597,6 +664,8 @@ pub struct Caller {
     /// Where a unary call reserves the bytes of its answer before making
     /// it (see [`answers`]); `None` off the gRPC port.
     pub answer: Option<Arc<answers::AnswerSlot>>,
+    /// The connection the call came on; `None` off the gRPC port.
+    pub conn: Option<Arc<ConnState>>,
 }
 
 impl Caller {
@@ -638,6 +707,7 @@ impl Caller {
             chain,
             bearer: None,
             answer: ext.get::<Arc<answers::AnswerSlot>>().cloned(),
+            conn: Some(Arc::clone(&info.state)),
         }
     }
 }

@@ -379,7 +379,7 @@ class ServerLoad(_message.Message):
     def __init__(self, connections: _Optional[int] = ..., sessions: _Optional[int] = ..., held_names: _Optional[int] = ..., waiters: _Optional[int] = ..., inflight_bytes: _Optional[int] = ..., sessions_dropped: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_batch_ops", "max_message_bytes", "max_streams_per_connection", "max_inflight_bytes_per_connection", "max_inflight_bytes", "max_connections", "idle_timeout_us", "keepalive_interval_us", "keepalive_timeout_us", "max_sessions", "session_buffer_bytes", "session_stall_timeout_us", "max_held_names", "max_held_names_per_owner", "max_held_names_per_peer", "max_records", "max_waiters_per_name", "max_waiters", "history_per_name", "history_budget_bytes", "shutdown_grace_us", "max_sessions_per_identity", "max_watchers_per_identity", "max_waiters_per_identity")
+    __slots__ = ("max_batch_ops", "max_message_bytes", "max_streams_per_connection", "max_inflight_bytes_per_connection", "max_inflight_bytes", "max_connections", "idle_timeout_us", "keepalive_interval_us", "keepalive_timeout_us", "max_sessions", "session_buffer_bytes", "session_stall_timeout_us", "max_held_names", "max_held_names_per_owner", "max_held_names_per_peer", "max_records", "max_waiters_per_name", "max_waiters", "history_per_name", "history_budget_bytes", "shutdown_grace_us", "max_sessions_per_identity", "max_watchers_per_identity", "max_waiters_per_identity", "max_connections_per_identity", "max_unread_answer_bytes_per_identity")
     MAX_BATCH_OPS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_CONNECTION_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +404,8 @@ class ServerLimits(_message.Message):
     MAX_SESSIONS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     MAX_WATCHERS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITERS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTIONS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNREAD_ANSWER_BYTES_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     max_batch_ops: int
     max_message_bytes: int
     max_streams_per_connection: int
@@ -428,7 +430,9 @@ class ServerLimits(_message.Message):
     max_sessions_per_identity: int
     max_watchers_per_identity: int
     max_waiters_per_identity: int
-    def __init__(self, max_batch_ops: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_streams_per_connection: _Optional[int] = ..., max_inflight_bytes_per_connection: _Optional[int] = ..., max_inflight_bytes: _Optional[int] = ..., max_connections: _Optional[int] = ..., idle_timeout_us: _Optional[int] = ..., keepalive_interval_us: _Optional[int] = ..., keepalive_timeout_us: _Optional[int] = ..., max_sessions: _Optional[int] = ..., session_buffer_bytes: _Optional[int] = ..., session_stall_timeout_us: _Optional[int] = ..., max_held_names: _Optional[int] = ..., max_held_names_per_owner: _Optional[int] = ..., max_held_names_per_peer: _Optional[int] = ..., max_records: _Optional[int] = ..., max_waiters_per_name: _Optional[int] = ..., max_waiters: _Optional[int] = ..., history_per_name: _Optional[int] = ..., history_budget_bytes: _Optional[int] = ..., shutdown_grace_us: _Optional[int] = ..., max_sessions_per_identity: _Optional[int] = ..., max_watchers_per_identity: _Optional[int] = ..., max_waiters_per_identity: _Optional[int] = ...) -> None: ...
+    max_connections_per_identity: int
+    max_unread_answer_bytes_per_identity: int
+    def __init__(self, max_batch_ops: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_streams_per_connection: _Optional[int] = ..., max_inflight_bytes_per_connection: _Optional[int] = ..., max_inflight_bytes: _Optional[int] = ..., max_connections: _Optional[int] = ..., idle_timeout_us: _Optional[int] = ..., keepalive_interval_us: _Optional[int] = ..., keepalive_timeout_us: _Optional[int] = ..., max_sessions: _Optional[int] = ..., session_buffer_bytes: _Optional[int] = ..., session_stall_timeout_us: _Optional[int] = ..., max_held_names: _Optional[int] = ..., max_held_names_per_owner: _Optional[int] = ..., max_held_names_per_peer: _Optional[int] = ..., max_records: _Optional[int] = ..., max_waiters_per_name: _Optional[int] = ..., max_waiters: _Optional[int] = ..., history_per_name: _Optional[int] = ..., history_budget_bytes: _Optional[int] = ..., shutdown_grace_us: _Optional[int] = ..., max_sessions_per_identity: _Optional[int] = ..., max_watchers_per_identity: _Optional[int] = ..., max_waiters_per_identity: _Optional[int] = ..., max_connections_per_identity: _Optional[int] = ..., max_unread_answer_bytes_per_identity: _Optional[int] = ...) -> None: ...
 
 class SignedNowRequest(_message.Message):
     __slots__ = ()
