@@ -199,6 +199,13 @@ pub struct Args {
     /// (to measure the one against the other).
     #[arg(long)]
     pub coalesce_full_answers: bool,
+    /// Lease sweep: start the bagel, bagel-batched and bagel-session
+    /// servers with an access policy (`--acl`, a file in the work dir)
+    /// granting one bearer token `lease` and `read` on every name, and send
+    /// that token on every call, to measure what the policy costs. The
+    /// report notes it. The other measurements run without a policy.
+    #[arg(long)]
+    pub bagel_acl: bool,
     /// The bagel-server binary [default: next to this binary].
     #[arg(long)]
     pub bagel_server: Option<PathBuf>,

@@ -10,16 +10,17 @@
 //! `Session` stream, and checks every grant's witness.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bagel_client::{Client, CoalesceOptions, Coalescer, LeaseOptions, Transport};
+use bagel_client::{BearerToken, Client, ClientOptions, CoalesceOptions, Coalescer, LeaseOptions, Transport};
 use bagel_proto::Micros;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use tokio::process::Command;
 use tonic::Code;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -34,6 +35,50 @@ pub struct ServerOpts {
     pub max_ttl: Duration,
     /// Development flag: grant at once instead of waiting out the max TTL.
     pub skip_restart_wait: bool,
+    /// An access policy file to start it with (`--acl`): see [`BenchAcl`].
+    pub acl: Option<PathBuf>,
+}
+
+/// `--bagel-acl`: an access policy that grants one bearer token `lease`
+/// and `read` on every name, written into the work dir, and that token,
+/// which the drivers then send on every call. The sweep's results then
+/// include what the policy costs the server on each call (the token's
+/// hash looked up, the grant checked for each name) and what the header
+/// costs the client.
+#[derive(Debug)]
+pub struct BenchAcl {
+    /// The policy file, for `bagel-server --acl`.
+    pub path: PathBuf,
+    token: String,
+}
+
+impl BenchAcl {
+    /// Writes the policy for a fresh random token into `work`.
+    pub fn write(work: &WorkDir) -> Result<Self> {
+        let token = crate::driver::random_token();
+        let path = work.path.join("bench-acl.toml");
+        std::fs::write(&path, acl_policy(&token)).with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self { path, token })
+    }
+
+    /// The bearer token the policy knows (as identity `bench`).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+/// The policy of [`BenchAcl`]. Its prefix is `""`, every name: the sweep
+/// draws `bench-<system>-n<N>-c<C>-<id>` and `bench-<system>-paced-<id>`,
+/// and a grant on every name keeps a call from ever being refused for its
+/// name, whatever prefix a point uses (the server looks each name up in
+/// the grants all the same).
+fn acl_policy(token: &str) -> String {
+    let sha256 = bagel_proto::hex::encode(&bagel_proto::acl::hash_token(token));
+    format!(
+        "# bagel-bench --bagel-acl: one token, lease and read on every name.\n\
+         [[token]]\nidentity = \"bench\"\nsha256 = \"{sha256}\"\n\n\
+         [[grant]]\nidentity = \"bench\"\nprefixes = [\"\"]\npermissions = [\"lease\", \"read\"]\n"
+    )
 }
 
 /// Spawns `bagel-server` on a free port without waiting for it.
@@ -53,6 +98,11 @@ pub fn spawn(work: &WorkDir, binary: &Path, opts: &ServerOpts) -> Result<Server>
         .arg(humantime::format_duration(opts.max_ttl).to_string());
     if opts.skip_restart_wait {
         cmd.arg("--unsafe-skip-restart-wait");
+    }
+    if let Some(acl) = &opts.acl {
+        // Without TLS the server warns that tokens cross the network in
+        // the clear: here they cross only 127.0.0.1.
+        cmd.arg("--acl").arg(acl);
     }
     // bagel keeps its state in RAM only: no data directory.
     Server::spawn("bagel", work, cmd, addr, None)
@@ -88,6 +138,23 @@ pub async fn health(addr: SocketAddr) -> Result<bool> {
     Ok(r.status == ServingStatus::Serving as i32)
 }
 
+/// `authorization: Bearer <token>`, made once for all the calls.
+fn bearer(token: Option<&str>) -> Result<Option<MetadataValue<Ascii>>> {
+    token
+        .map(|t| format!("Bearer {t}").parse())
+        .transpose()
+        .context("the bearer token is no header value")
+}
+
+/// `message` as a call, with `authorization` if there is one.
+fn authorized<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    if let Some(value) = authorization {
+        req.metadata_mut().insert("authorization", value.clone());
+    }
+    req
+}
+
 /// The round-trip floor: the standard health check over one connection,
 /// back to back (it reads one flag; no lease work, no signature).
 pub async fn floor(addr: SocketAddr, warmup: Duration, duration: Duration) -> Result<FloorRow> {
@@ -115,10 +182,27 @@ pub struct BareCallDriver {
 }
 
 impl BareCallDriver {
-    pub async fn connect(addr: SocketAddr, pool: usize) -> Result<Self> {
+    /// With `token` (`--bagel-acl`), each connection first makes one
+    /// Describe with it, outside the measurement: under an access policy
+    /// the server closes a connection none of whose calls was identified
+    /// `--first-request-timeout` (10 s) after accept, however many calls
+    /// it makes, and health checks identify nobody. Once identified, it is
+    /// kept as the lease drivers' connections are. The health checks
+    /// themselves carry no token (health is not under the policy).
+    pub async fn connect(addr: SocketAddr, pool: usize, token: Option<&str>) -> Result<Self> {
+        let authorization = bearer(token)?;
         let mut conns = Vec::with_capacity(pool);
         for _ in 0..pool.max(1) {
             let ch = connect(addr).await.context("connecting to bagel")?;
+            if authorization.is_some() {
+                let describe = pb::DescribeRequest {
+                    names: vec!["bench-bare-identify".into()],
+                };
+                LeaseServiceClient::new(ch.clone())
+                    .describe(authorized(describe, authorization.as_ref()))
+                    .await
+                    .context("identifying a CPU-floor connection")?;
+            }
             conns.push(HealthClient::new(ch));
         }
         Ok(Self { conns })
@@ -157,6 +241,10 @@ impl LeaseDriver for BareCallDriver {
 pub struct BagelDriver {
     conns: Vec<LeaseServiceClient<Channel>>,
     owner: String,
+    /// `authorization: Bearer <token>` for every call (`--bagel-acl`),
+    /// made once. Put on each request by hand rather than through an
+    /// interceptor, so that without a token a call is exactly what it was.
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 #[derive(Debug)]
@@ -193,6 +281,12 @@ impl BagelHeld {
 
 impl BagelDriver {
     pub async fn connect(addr: SocketAddr, pool: usize) -> Result<Self> {
+        Self::connect_with_token(addr, pool, None).await
+    }
+
+    /// With a bearer token sent on every call (see [`BenchAcl`]).
+    pub async fn connect_with_token(addr: SocketAddr, pool: usize, token: Option<&str>) -> Result<Self> {
+        let authorization = bearer(token)?;
         let mut conns = Vec::with_capacity(pool);
         for _ in 0..pool.max(1) {
             let ch = connect(addr).await.context("connecting to bagel")?;
@@ -201,11 +295,17 @@ impl BagelDriver {
         Ok(Self {
             conns,
             owner: format!("bench-{}", std::process::id()),
+            authorization,
         })
     }
 
     fn conn(&self, worker: usize) -> LeaseServiceClient<Channel> {
         self.conns[worker % self.conns.len()].clone()
+    }
+
+    /// `message` as a call, with the token if there is one.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        authorized(message, self.authorization.as_ref())
     }
 
     /// One acquire as a probe of the restart quarantine: `Ok(true)` once
@@ -235,7 +335,7 @@ impl LeaseDriver for BagelDriver {
 
     async fn acquire(&self, worker: usize, names: &[String], ttl: Duration) -> Result<Option<BagelHeld>> {
         let mut c = self.conn(worker);
-        let req = acquire_request(&self.owner, names, ttl);
+        let req = self.request(acquire_request(&self.owner, names, ttl));
         match c.acquire(req).await {
             Ok(r) => {
                 let grant = r.into_inner().grant.context("AcquireResponse without grant")?;
@@ -251,7 +351,7 @@ impl LeaseDriver for BagelDriver {
 
     async fn release(&self, worker: usize, held: BagelHeld) -> Result<()> {
         let mut c = self.conn(worker);
-        c.release(held.release_request()).await?;
+        c.release(self.request(held.release_request())).await?;
         Ok(())
     }
 }
@@ -272,7 +372,22 @@ impl BagelBatchedDriver {
 
     /// With the coalescer's options spelled out (`--coalesce-*`).
     pub async fn connect_with(addr: SocketAddr, options: CoalesceOptions) -> Result<Self> {
-        let client = bagel_client::Client::connect(format!("http://{addr}"))
+        Self::connect_with_token(addr, options, None).await
+    }
+
+    /// ... and a bearer token the client sends on every call (see
+    /// [`BenchAcl`]).
+    pub async fn connect_with_token(
+        addr: SocketAddr,
+        options: CoalesceOptions,
+        token: Option<&str>,
+    ) -> Result<Self> {
+        let mut client_options = ClientOptions::default();
+        if let Some(t) = token {
+            client_options =
+                client_options.with_bearer_token(BearerToken::new(t).map_err(anyhow::Error::msg)?);
+        }
+        let client = Client::connect_with(format!("http://{addr}"), &client_options)
             .await
             .context("connecting bagel-client")?;
         Ok(Self {
@@ -321,5 +436,23 @@ pub fn held_or_busy(
         Ok(lease) => Ok(Some(lease)),
         Err(bagel_client::Error::Busy { .. }) => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bagel_proto::acl::{Permission, Policy, hash_token};
+
+    #[test]
+    fn the_acl_policy_grants_its_token_lease_and_read_on_every_name() {
+        let p = Policy::parse(&super::acl_policy("t0k3n")).unwrap();
+        let identity = p.token_identity(&hash_token("t0k3n")).unwrap();
+        assert_eq!(identity, "bench");
+        assert!(p.token_identity(&hash_token("other")).is_none());
+        let g = p.grants_for(identity);
+        for name in ["bench-bagel-n1-c16-42", "bench-bagel-session-paced-7", "x"] {
+            assert!(g.allows(Permission::Lease, name), "{name}");
+            assert!(g.allows(Permission::Read, name), "{name}");
+        }
     }
 }

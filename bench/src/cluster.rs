@@ -82,6 +82,7 @@ pub async fn measure(b: &ClusterBench<'_>, servers: usize, names: &[usize]) -> R
     let opts = crate::bagel::ServerOpts {
         max_ttl: Duration::from_secs(10).max(b.spec.ttl * 2),
         skip_restart_wait: true,
+        acl: None,
     };
     let mut started: Vec<Server> = Vec::with_capacity(servers);
     let result = async {

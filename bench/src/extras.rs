@@ -32,6 +32,7 @@ impl Bench {
             let opts = bagel::ServerOpts {
                 max_ttl: hold_ttl + Duration::from_secs(10),
                 skip_restart_wait: true,
+                acl: None,
             };
             let r = async {
                 let server = bagel::start(&self.work, &self.args.bagel_server(), &opts).await?;
@@ -118,6 +119,7 @@ impl Bench {
         let opts = bagel::ServerOpts {
             max_ttl,
             skip_restart_wait: false,
+            acl: None,
         };
         let spawned = Instant::now();
         let mut server = bagel::spawn(&self.work, &self.args.bagel_server(), &opts)?;

@@ -161,12 +161,19 @@ impl Bench {
     }
 
     /// bagel's unary sweep, then its CPU floor on the same server (unless
-    /// `--no-cpu-floor`), then its paced point.
-    async fn unary_sweep(&mut self, driver: Arc<bagel::BagelDriver>, server: &mut Server) -> Result<()> {
+    /// `--no-cpu-floor`), then its paced point. `token`: the sweep's bearer
+    /// token (`--bagel-acl`), with which the CPU floor's connections are
+    /// identified (see `BareCallDriver::connect`).
+    async fn unary_sweep(
+        &mut self,
+        driver: Arc<bagel::BagelDriver>,
+        token: Option<&str>,
+        server: &mut Server,
+    ) -> Result<()> {
         let system = System::Bagel;
         self.sweep(system, driver.clone(), server).await?;
         if !self.args.no_cpu_floor
-            && let Err(e) = self.cpu_floor(server).await
+            && let Err(e) = self.cpu_floor(server, token).await
         {
             self.missing("unary CPU floor", format!("{e:#}"));
         }
@@ -178,8 +185,9 @@ impl Bench {
 
     /// Bare unary calls at each client count of the sweep, in the sweep's
     /// shape (see `cpu_floor`): one row per count, for this round.
-    async fn cpu_floor(&mut self, server: &mut Server) -> Result<()> {
-        let driver = Arc::new(bagel::BareCallDriver::connect(server.addr, self.args.connections).await?);
+    async fn cpu_floor(&mut self, server: &mut Server, token: Option<&str>) -> Result<()> {
+        let driver =
+            Arc::new(bagel::BareCallDriver::connect(server.addr, self.args.connections, token).await?);
         for &c in &self.args.concurrency.clone() {
             server.check_alive()?;
             let mut spec = self.spec(System::Bagel, 1, c);
@@ -217,16 +225,34 @@ impl Bench {
         match system {
             System::Bagel | System::BagelBatched | System::BagelSession => {
                 let bin = self.args.bagel_server();
+                let acl = if self.args.bagel_acl {
+                    Some(bagel::BenchAcl::write(&self.work)?)
+                } else {
+                    None
+                };
+                let token = acl.as_ref().map(bagel::BenchAcl::token);
                 let opts = bagel::ServerOpts {
                     max_ttl: Duration::from_secs(10).max(self.args.ttl * 2),
                     skip_restart_wait: true,
+                    acl: acl.as_ref().map(|a| a.path.clone()),
                 };
                 let mut server = bagel::start(&self.work, &bin, &opts).await?;
-                self.note_server("bagel", format!("bagel-server (release), {}", data_note(&server)));
+                // So that the results are never taken for a run without
+                // a policy (the bagel variants share this note).
+                let policy = if acl.is_some() {
+                    ", with --acl (one bearer token, lease+read on every name)"
+                } else {
+                    ""
+                };
+                self.note_server(
+                    "bagel",
+                    format!("bagel-server (release), {}{policy}", data_note(&server)),
+                );
                 let r = match system {
                     System::Bagel => {
-                        let driver = Arc::new(bagel::BagelDriver::connect(server.addr, pool).await?);
-                        self.unary_sweep(driver, &mut server).await
+                        let driver =
+                            Arc::new(bagel::BagelDriver::connect_with_token(server.addr, pool, token).await?);
+                        self.unary_sweep(driver, token, &mut server).await
                     }
                     _ => {
                         let transport = if system == System::BagelSession {
@@ -235,8 +261,10 @@ impl Bench {
                             Transport::Batch
                         };
                         let options = self.args.coalesce(transport);
-                        let driver =
-                            Arc::new(bagel::BagelBatchedDriver::connect_with(server.addr, options).await?);
+                        let driver = Arc::new(
+                            bagel::BagelBatchedDriver::connect_with_token(server.addr, options, token)
+                                .await?,
+                        );
                         self.sweep_then_pace(system, driver, &mut server).await
                     }
                 };

@@ -254,6 +254,7 @@ async fn one_system(
             let opts = bagel::ServerOpts {
                 max_ttl: Duration::from_secs(10).max(args.ttl * 2),
                 skip_restart_wait: true,
+                acl: None,
             };
             let mut server = bagel::start(work, &args.bagel_server(), &opts).await?;
             let r = match system {
