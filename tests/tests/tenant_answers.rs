@@ -605,7 +605,10 @@ async fn one_tenants_unread_answers_stay_within_its_share_and_another_tenant_is_
         b_held <= ID_SHARE + PAGE,
         "B holds {b_held} bytes of unread answers, over its share of {ID_SHARE} (+ one answer)"
     );
-    assert_eq!(held, b_held, "everything held is B's");
+    assert!(
+        held < TOTAL / 2,
+        "the server holds {held} bytes: B's share left room for others"
+    );
 
     // B's Batch, its answer reserved by its operations before anyone knew
     // whose it was, is refused at B's share all the same.

@@ -298,6 +298,7 @@ struct Args {
     max_connections_per_identity: Option<usize>,
     /// Close a connection that has not begun a call (nor finished its TLS
     /// handshake) this long after it was accepted (0: only --idle-timeout).
+    /// With --acl only a call the policy identifies begins a connection.
     #[arg(help_heading = "Connections and sessions", long, env = "BAGEL_FIRST_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     first_request_timeout: Duration,
     /// Close a connection with no call in flight for this long (0: never).

@@ -37,7 +37,9 @@ impl Service {
         let after = validate::prefix("page_token", &req.page_token, limits)?;
         let page_size = req.page_size as usize;
         let limit = if page_size == 0 { 100 } else { page_size }.min(self.inner.cfg.list_max_page);
-        let identity = self.identity(caller).ok().flatten();
+        // Refused as any call of the caller's would be (a certificate no
+        // `--client-ca` issued, an identity at its share of connections).
+        let identity = self.identity(caller)?;
         let cap = match &caller.answer {
             Some(slot) => {
                 if let Some(identity) = &identity {
