@@ -58,6 +58,21 @@ pub async fn raw_call(server: &ServerProcess, method: &str, body: Vec<u8>) -> Re
         .map(tonic::Response::into_inner)
 }
 
+/// The head of a call to the lease service's `method` on `server`, for
+/// a raw HTTP/2 stream, with `authorization: Bearer <token>` when there is
+/// a token (its message then follows as [`grpc_frame`]).
+pub fn grpc_request(server: &ServerProcess, method: &str, token: Option<&str>) -> http::Request<()> {
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/bagel.v1.LeaseService/{method}", server.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(()).unwrap()
+}
+
 /// A gRPC request message as it goes on a raw HTTP/2 stream: the 5-byte
 /// prefix (not compressed, its length) and `msg` (for tests that drive
 /// HTTP/2 themselves, to control windows and reads).

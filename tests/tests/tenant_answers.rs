@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use bagel_proto::pb;
 use bagel_proto::pb::lease_service_client::LeaseServiceClient;
 use bagel_tests::ServerProcess;
-use bagel_tests::raw::grpc_frame;
+use bagel_tests::raw::{grpc_frame, grpc_request};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
@@ -108,16 +108,9 @@ async fn send_call(
     method: &str,
     message: Bytes,
 ) -> impl std::future::Future<Output = Head> + use<> {
-    let mut request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{}/bagel.v1.LeaseService/{method}", server.addr))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
+    let request = grpc_request(server, method, token);
     let mut ready = client.clone().ready().await.unwrap();
-    let (response, mut send) = ready.send_request(request.body(()).unwrap(), false).unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
     send.send_data(message, true).unwrap();
     async move {
         let response = response.await.unwrap();
@@ -133,6 +126,23 @@ async fn send_call(
             }
         }
     }
+}
+
+/// A `Batch` message of `n` renewals of a lease that does not exist: each
+/// answered with an error, ~100 bytes.
+fn unknown_renewals(n: usize) -> Bytes {
+    let renew = pb::BatchOp {
+        op: Some(pb::batch_op::Op::Renew(pb::RenewRequest {
+            lease_id: "0123456789abcdef0123456789abcdef".into(),
+            token: "not-a-token".into(),
+            ttl_us: SEC,
+            ..Default::default()
+        })),
+    };
+    grpc_frame(&pb::BatchRequest {
+        lean: false,
+        ops: vec![renew; n],
+    })
 }
 
 /// The value of an unlabelled sample on the server's /metrics.
@@ -282,18 +292,7 @@ async fn batches_of_a_client_that_never_reads_reserve_their_answers_by_their_ope
         "127.0.0.1:0",
     ])
     .await;
-    let renew = pb::BatchOp {
-        op: Some(pb::batch_op::Op::Renew(pb::RenewRequest {
-            lease_id: "0123456789abcdef0123456789abcdef".into(),
-            token: "not-a-token".into(),
-            ttl_us: SEC,
-            ..Default::default()
-        })),
-    };
-    let batch = grpc_frame(&pb::BatchRequest {
-        lean: false,
-        ops: vec![renew; 1024],
-    });
+    let batch = unknown_renewals(1024);
     let mut heads = Vec::new();
     for _ in 0..4 {
         let mut client = never_reading(&server).await;
@@ -353,41 +352,38 @@ permissions = ["read"]
     )
 }
 
-/// Tenant B floods the one page turn with 200 Lists (its queue holds 100);
-/// tenant A then asks for one page. Before, turns went first come, first
-/// served: A's page came after every one of B's. Now turns go to the
-/// identities waiting in turn: A's page is answered while most of B's are
-/// still queued, and B's calls past its queue are refused naming the flag.
-#[tokio::test]
-async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list() {
-    const FLOOD: usize = 200;
-    const QUEUE: u64 = 100;
+/// A server under [`two_tenants`] with `--max-ttl 2m`, `--list-max-page
+/// 5000`, no answer stall timeout, a side port and `extra`; and tenant
+/// A's client, holding [`NAMES`] names.
+async fn two_tenant_server(
+    extra: &[&str],
+) -> (
+    tempfile::TempDir,
+    ServerProcess,
+    LeaseServiceClient<
+        tonic::service::interceptor::InterceptedService<
+            Channel,
+            impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<>,
+        >,
+    >,
+) {
     let dir = tempfile::tempdir().unwrap();
     let acl = dir.path().join("acl.toml");
     std::fs::write(&acl, two_tenants()).unwrap();
-    let queue = QUEUE.to_string();
-    let server = ServerProcess::start_ready(&[
+    let mut args = vec![
         "--max-ttl",
         "2m",
         "--acl",
         acl.to_str().unwrap(),
         "--list-max-page",
         "5000",
-        "--list-pages",
-        "1",
-        "--max-queued-lists-per-identity",
-        &queue,
-        // B's answers, left unread, are not what this test is about.
-        "--max-unread-answer-bytes-per-connection",
-        "100000000000",
-        "--max-unread-answer-bytes",
-        "100000000000",
         "--answer-stall-timeout",
         "0",
         "--http",
         "127.0.0.1:0",
-    ])
-    .await;
+    ];
+    args.extend_from_slice(extra);
+    let server = ServerProcess::start_ready(&args).await;
     let channel = Channel::from_shared(server.url.clone())
         .unwrap()
         .connect()
@@ -399,6 +395,31 @@ async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list()
         Ok(req)
     });
     fill(&mut a, NAMES).await;
+    (dir, server, a)
+}
+
+/// Tenant B floods the one page turn with 200 Lists (its queue holds 100);
+/// tenant A then asks for one page. Before, turns went first come, first
+/// served: A's page came after every one of B's. Now turns go to the
+/// identities waiting in turn: A's page is answered while most of B's are
+/// still queued, and B's calls past its queue are refused naming the flag.
+#[tokio::test]
+async fn a_flood_of_lists_from_one_tenant_does_not_starve_another_tenants_list() {
+    const FLOOD: usize = 200;
+    const QUEUE: u64 = 100;
+    let queue = QUEUE.to_string();
+    let (_dir, server, _a) = two_tenant_server(&[
+        "--list-pages",
+        "1",
+        "--max-queued-lists-per-identity",
+        &queue,
+        // B's answers, left unread, are not what this test is about.
+        "--max-unread-answer-bytes-per-connection",
+        "100000000000",
+        "--max-unread-answer-bytes",
+        "100000000000",
+    ])
+    .await;
 
     // B's flood, on two connections (100 streams each), none awaited yet.
     let mut flood = Vec::new();
@@ -522,40 +543,16 @@ async fn one_tenants_unread_answers_stay_within_its_share_and_another_tenant_is_
     const ID_SHARE: u64 = 500_000;
     /// One answer past the share: what an identity holding nothing may take.
     const PAGE: u64 = 200_000;
-    let dir = tempfile::tempdir().unwrap();
-    let acl = dir.path().join("acl.toml");
-    std::fs::write(&acl, two_tenants()).unwrap();
     let (share, total, id_share) = (SHARE.to_string(), TOTAL.to_string(), ID_SHARE.to_string());
-    let server = ServerProcess::start_ready(&[
-        "--max-ttl",
-        "2m",
-        "--acl",
-        acl.to_str().unwrap(),
-        "--list-max-page",
-        "5000",
+    let (_dir, server, _a) = two_tenant_server(&[
         "--max-unread-answer-bytes-per-connection",
         &share,
         "--max-unread-answer-bytes",
         &total,
         "--max-unread-answer-bytes-per-identity",
         &id_share,
-        "--answer-stall-timeout",
-        "0",
-        "--http",
-        "127.0.0.1:0",
     ])
     .await;
-    let channel = Channel::from_shared(server.url.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN_A}").parse().unwrap();
-    let mut a = LeaseServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert("authorization", bearer.clone());
-        Ok(req)
-    });
-    fill(&mut a, NAMES).await;
 
     // One call after the other (each head awaited), so that what B holds
     // grows one answer at a time; refused at B's share, or at a
@@ -612,18 +609,7 @@ async fn one_tenants_unread_answers_stay_within_its_share_and_another_tenant_is_
 
     // B's Batch, its answer reserved by its operations before anyone knew
     // whose it was, is refused at B's share all the same.
-    let renew = pb::BatchOp {
-        op: Some(pb::batch_op::Op::Renew(pb::RenewRequest {
-            lease_id: "0123456789abcdef0123456789abcdef".into(),
-            token: "not-a-token".into(),
-            ttl_us: SEC,
-            ..Default::default()
-        })),
-    };
-    let batch = grpc_frame(&pb::BatchRequest {
-        lean: false,
-        ops: vec![renew; 64],
-    });
+    let batch = unknown_renewals(64);
     let mut client = never_reading(&server).await;
     match send_call(&server, &mut client, Some(TOKEN_B), "Batch", batch)
         .await

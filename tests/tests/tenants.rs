@@ -437,16 +437,9 @@ async fn raw_acquire(
     token: Option<&str>,
     name: &str,
 ) -> i32 {
-    let mut request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{}/bagel.v1.LeaseService/Acquire", server.addr))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
+    let request = bagel_tests::raw::grpc_request(server, "Acquire", token);
     let mut ready = client.clone().ready().await.unwrap();
-    let (response, mut send) = ready.send_request(request.body(()).unwrap(), false).unwrap();
+    let (response, mut send) = ready.send_request(request, false).unwrap();
     send.send_data(bagel_tests::raw::grpc_frame(&acquire(name, 0)), true)
         .unwrap();
     let response = response.await.unwrap();
