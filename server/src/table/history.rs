@@ -63,9 +63,12 @@ struct Position {
 }
 
 impl HistoryEntry {
+    /// What the entry costs the budget: itself and its slot in the
+    /// shard's order (sizes the compiler says, so a field added to either
+    /// is counted), plus its variable parts.
     fn weight(&self) -> usize {
-        // A fixed overhead for the entry itself plus its variable parts.
-        96 + self.owner.len() + self.metadata.as_ref().map_or(0, Metadata::weight)
+        const FIXED: usize = std::mem::size_of::<HistoryEntry>() + std::mem::size_of::<(u64, u32)>();
+        FIXED + self.owner.len() + self.metadata.as_ref().map_or(0, Metadata::weight)
     }
 }
 
