@@ -145,9 +145,10 @@ pub async fn close_through(
             report.sealed += sealed.empty_seconds();
             continue;
         }
-        for b in span.buckets().filter(|b| (first..=last).contains(b)) {
-            store.close(log, b).await?;
-            let now = closer_now(clock).await.unwrap_or(Micros::ZERO);
+        let due: Vec<Bucket> = span.buckets().filter(|b| (first..=last).contains(b)).collect();
+        store.close_all(log, &due).await?;
+        let now = closer_now(clock).await.unwrap_or(Micros::ZERO);
+        for b in due {
             report.add(b, now.duration_since(b.close_time(cfg.grace)));
         }
     }
@@ -530,7 +531,7 @@ impl Metronome {
                 let bags = seal::bags_of(store, log, span)
                     .await
                     .map_err(|e| (span.first(), e))?;
-                let (mut found, mut pending) = (false, None::<Micros>);
+                let (mut due, mut pending) = (Vec::new(), None::<Micros>);
                 for b in bags {
                     if cursor.closed.contains(&b) {
                         continue;
@@ -548,14 +549,20 @@ impl Metronome {
                         cursor.closed.insert(b);
                         continue;
                     }
-                    found = true;
-                    let listing = store.close(log, b).await.map_err(|e| (b, e))?;
-                    let lag = lag_of(close_at);
-                    if let Some(o) = observer {
-                        o.closed(log, b, lag, listing.items.len());
+                    due.push(b);
+                }
+                // Together: a store whose close settles (S3) settles once.
+                let found = !due.is_empty();
+                if let Some(&first) = due.first() {
+                    let listings = store.close_all(log, &due).await.map_err(|e| (first, e))?;
+                    for (b, listing) in due.into_iter().zip(listings) {
+                        let lag = lag_of(b.close_time(grace));
+                        if let Some(o) = observer {
+                            o.closed(log, b, lag, listing.items.len());
+                        }
+                        report.add(b, lag);
+                        cursor.closed.insert(b);
                     }
-                    report.add(b, lag);
-                    cursor.closed.insert(b);
                 }
                 if !sealable {
                     cursor.listed_open_minute(now, found, pending, cap);

@@ -28,6 +28,51 @@ pub async fn sleep(d: Duration) {
     tokio::time::sleep(d).await;
 }
 
+/// Measures elapsed time for a decision that must not under-count it: the
+/// longer of tokio's clock (the simulated one on a paused runtime) and,
+/// on Linux, `CLOCK_BOOTTIME`, which keeps counting while the host is
+/// suspended. Why both: `CLOCK_MONOTONIC`, behind tokio's clock, stops
+/// during a suspend, so a process suspended between two steps would
+/// believe no time passed while others acted for hours; and a simulation
+/// runs far faster than the time it simulates, so its clock is tokio's.
+/// Over-counting is always safe where this is used (a fact is trusted for
+/// less long), under-counting never is.
+#[derive(Clone, Copy, Debug)]
+pub struct Stopwatch {
+    started: Instant,
+    #[cfg(target_os = "linux")]
+    boot: Duration,
+}
+
+impl Stopwatch {
+    /// Starts now.
+    pub fn start() -> Self {
+        Stopwatch {
+            started: Instant::now(),
+            #[cfg(target_os = "linux")]
+            boot: boottime(),
+        }
+    }
+
+    /// Time elapsed since [`Stopwatch::start`], by the clock that counted
+    /// more.
+    pub fn elapsed(&self) -> Duration {
+        let tokio = self.started.elapsed();
+        #[cfg(target_os = "linux")]
+        let tokio = tokio.max(boottime().saturating_sub(self.boot));
+        tokio
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn boottime() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
 thread_local! {
     /// This thread's seeded entropy, when a simulation set one.
     static SEEDED: RefCell<Option<rand::rngs::StdRng>> = const { RefCell::new(None) };
@@ -92,5 +137,22 @@ mod tests {
         // Outside the guard: the OS's entropy, which two draws of 96 bits
         // do not repeat.
         assert_ne!(draw(), draw());
+    }
+
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn a_stopwatch_counts_simulated_time_and_never_less_than_the_host_did() {
+        let w = Stopwatch::start();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(w.elapsed() >= Duration::from_secs(3), "{:?}", w.elapsed());
+        // Real time passes too (the paused clock does not move by itself).
+        let real = std::time::Instant::now();
+        let w = Stopwatch::start();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            w.elapsed() >= real.elapsed().min(Duration::from_millis(20)),
+            "{:?}",
+            w.elapsed()
+        );
     }
 }

@@ -135,9 +135,7 @@ pub async fn seal(store: &dyn BagStore, log: &str, span: Span) -> Result<Seal> {
     let ours = Seal { span, bags };
     match store.put_first(log, &span.seal_name(), ours.encode()).await? {
         None => {
-            for b in ours.bags() {
-                store.close(log, b).await?;
-            }
+            store.close_all(log, &ours.bags().collect::<Vec<_>>()).await?;
             remove_intent(store, log, span).await;
             Ok(ours)
         }
@@ -168,9 +166,8 @@ async fn finish(store: &dyn BagStore, log: &str, seal: Seal) -> Result<Seal> {
         return Ok(seal);
     }
     let present: BTreeSet<Bucket> = bags_of(store, log, seal.span).await?.into_iter().collect();
-    for b in seal.bags().filter(|b| present.contains(b)) {
-        store.close(log, b).await?;
-    }
+    let left: Vec<Bucket> = seal.bags().filter(|b| present.contains(b)).collect();
+    store.close_all(log, &left).await?;
     remove_intent(store, log, seal.span).await;
     Ok(seal)
 }

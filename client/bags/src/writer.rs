@@ -410,7 +410,10 @@ impl Writer {
     /// bag when it opens its file, and a close can start and list the file
     /// before the bytes land; S3 refuses nothing. So after every append the
     /// writer asks the store whether a close has started (on S3 one HEAD of
-    /// the bag's `_prelock`): not yet, and every closer, which lists only
+    /// the bag's `_prelock`, or the answer of one that found none, sent
+    /// less than `LOOK_TRUSTED_FOR` ago: closers list only
+    /// `CLOSE_SETTLE` after their prelock, so that answer holds too; see
+    /// [`crate::store::object`]): not yet, and every closer, which lists only
     /// after that, lists the record; started, and the lock decides. The
     /// look comes after the append completed, which is what makes "not
     /// started" mean "will list it". A clock skewed past the tolerance can

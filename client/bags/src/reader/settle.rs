@@ -150,11 +150,9 @@ pub(super) async fn settle(
         }
         let missing = missing(&|b| now >= b.close_time(cfg.grace));
         refuse_old_seal(log, &missing, now, opts)?;
-        for b in missing {
-            store.close(log, b).await?;
-            sealed += 1;
-            out.insert(b);
-        }
+        store.close_all(log, &missing).await?;
+        sealed += missing.len() as u64;
+        out.extend(missing);
         out.extend(here.filter(in_range));
     }
     Ok(Settled {

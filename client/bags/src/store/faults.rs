@@ -363,6 +363,9 @@ impl BagStore for AppendsThrough {
     async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
         self.inner.close(log, bucket).await
     }
+    async fn close_all(&self, log: &str, buckets: &[Bucket]) -> Result<Vec<Listing>> {
+        self.inner.close_all(log, buckets).await
+    }
     async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
         self.inner.state(log, bucket).await
     }

@@ -63,6 +63,18 @@ pub trait BagStore: Send + Sync + fmt::Debug {
     /// lock listing, which is the same for every caller.
     async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing>;
 
+    /// Closes every bag of `buckets` (as [`BagStore::close`]) and returns
+    /// their listings in the same order, stopping at the first error. A
+    /// store whose close waits between its steps (S3: see
+    /// [`crate::store::object`]) waits once for them all.
+    async fn close_all(&self, log: &str, buckets: &[Bucket]) -> Result<Vec<Listing>> {
+        let mut listings = Vec::with_capacity(buckets.len());
+        for &b in buckets {
+            listings.push(self.close(log, b).await?);
+        }
+        Ok(listings)
+    }
+
     /// The bag's current state, without changing anything.
     async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState>;
 

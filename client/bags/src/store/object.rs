@@ -13,17 +13,39 @@
 //!
 //! Write: exactly one PUT per batch, create-only (`If-None-Match: *`), so
 //! an acknowledged batch can never be replaced, not even by a writer given
-//! the same id. Close: GET `_lock` (done if present); PUT `_prelock`; LIST
-//! the prefix; PUT `_lock` with `If-None-Match: *` listing every valid
-//! object. A precondition failure means another closer won: read theirs.
-//! Readers take exactly the listed objects, each pinned to its listed ETag
-//! (`If-Match`).
+//! the same id. Close: GET `_lock` (done if present); PUT `_prelock`; wait
+//! [`CLOSE_SETTLE`]; LIST the prefix; PUT `_lock` with `If-None-Match: *`
+//! listing every valid object. A precondition failure means another closer
+//! won: read theirs. Readers take exactly the listed objects, each pinned
+//! to its listed ETag (`If-Match`).
+//!
+//! Why the wait: it lets one look serve many batches. After its PUT a
+//! writer asks whether a close has started ([`BagStore::closing_started`]);
+//! "no" must mean every closer's listing will hold the batch. A HEAD of
+//! `_prelock` that found nothing, *started* at `h`, answers that for every
+//! batch whose PUT completed before `h + LOOK_TRUSTED_FOR`: the prelock
+//! was created after `h` (the HEAD did not see it), and its closer lists
+//! only [`CLOSE_SETTLE`] after its PUT of the prelock returned, so later
+//! than `h + CLOSE_SETTLE`, after the batch landed. The store therefore
+//! keeps its latest such look per bag and answers from it for
+//! [`LOOK_TRUSTED_FOR`] (less than the settle, for clock-rate error),
+//! measured from before the HEAD was sent with a [`Stopwatch`] that also
+//! counts a suspended host's time. A writer then HEADs about five times a
+//! second per bag, not once per batch; a close costs the settle once, and
+//! [`BagStore::close_all`] pays it once for many bags. A look that found
+//! the prelock is not kept: the lock decides those batches.
+//!
+//! Every closer and writer of a bucket must run this rule: a closer that
+//! lists without the wait (bagel before this rule) can miss a batch that a
+//! writer with the rule acknowledged. Upgrade closers (metronome, readers,
+//! new holders) before writers.
 //!
 //! Because closing depends on the create-only PUT being honoured, a store is
 //! probed before use ([`ObjectBagStore::probe_conditional_put`]): some
 //! "S3-compatible" servers silently ignore `If-None-Match`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -31,6 +53,7 @@ use futures::TryStreamExt as _;
 use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 
+use crate::pace::{self, Stopwatch};
 use crate::store::{START_DIR, earliest_start};
 use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Result};
 
@@ -38,6 +61,47 @@ use crate::{BagState, BagStore, Bucket, Error, ListedItem, Listing, Receipt, Res
 pub const PRELOCK: &str = "_prelock";
 /// The object listing what the closed bag holds ([`Listing`]).
 pub const LOCK: &str = "_lock";
+
+/// How long a closer waits between writing `_prelock` and listing the
+/// bag; see the module docs. A protocol constant: writers rely on it.
+pub const CLOSE_SETTLE: Duration = Duration::from_millis(250);
+
+/// How long a look that found no `_prelock` answers "no close has
+/// started" for batches that completed since it was sent. Less than
+/// [`CLOSE_SETTLE`] by a fifth: clocks of two hosts may run at slightly
+/// different rates (by parts per million; a fifth is far more).
+pub const LOOK_TRUSTED_FOR: Duration = Duration::from_millis(200);
+
+/// Looks kept at most, one per bag (a writer writes one or two bags at a
+/// time; a process with many logs keeps their latest).
+const LOOKS_KEPT: usize = 256;
+
+/// The latest look per bag that found no `_prelock`, each with the
+/// stopwatch started before its HEAD was sent.
+#[derive(Debug, Default)]
+struct Looks {
+    absent: Vec<(String, Bucket, Stopwatch)>,
+}
+
+impl Looks {
+    /// Whether a look at the bag, still trusted, found no prelock.
+    fn trusted(&self, log: &str, bucket: Bucket) -> bool {
+        self.absent
+            .iter()
+            .any(|(l, b, w)| *b == bucket && l == log && w.elapsed() < LOOK_TRUSTED_FOR)
+    }
+
+    /// Keeps a look that found no prelock, and drops the ones no longer
+    /// trusted (and, past [`LOOKS_KEPT`], the oldest).
+    fn found_absent(&mut self, log: &str, bucket: Bucket, sent: Stopwatch) {
+        self.absent
+            .retain(|(l, b, w)| w.elapsed() < LOOK_TRUSTED_FOR && !(*b == bucket && l == log));
+        if self.absent.len() >= LOOKS_KEPT {
+            self.absent.remove(0);
+        }
+        self.absent.push((log.to_owned(), bucket, sent));
+    }
+}
 
 /// The bag store over any `object_store` implementation that honours
 /// `PutMode::Create` (S3, or a GCS or Azure store from the same crate).
@@ -47,6 +111,8 @@ pub struct ObjectBagStore {
     /// Key prefix without leading/trailing `/`; may be empty.
     prefix: String,
     describe: String,
+    /// Looks for a close, kept for [`LOOK_TRUSTED_FOR`] (module docs).
+    looks: Arc<Mutex<Looks>>,
 }
 
 impl ObjectBagStore {
@@ -57,6 +123,7 @@ impl ObjectBagStore {
             store,
             prefix: prefix.trim_matches('/').to_owned(),
             describe,
+            looks: Arc::default(),
         }
     }
 
@@ -143,20 +210,35 @@ impl ObjectBagStore {
         Ok(items)
     }
 
-    async fn close_inner(&self, log: &str, bucket: Bucket) -> Result<Listing> {
+    fn looks(&self) -> std::sync::MutexGuard<'_, Looks> {
+        self.looks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The first half of a close: the bag's lock if it is closed already,
+    /// else `None` once `_prelock` is written. The listing may be taken
+    /// only [`CLOSE_SETTLE`] after this returns ([`Self::finish_close`]).
+    async fn begin_close(&self, log: &str, bucket: Bucket) -> Result<Option<Listing>> {
         if let Some(l) = self.get_lock(log, bucket).await? {
-            return Ok(l);
+            return Ok(Some(l));
         }
-        let bag = Self::bag(log, bucket);
-        let prelock = self.key(&format!("{bag}/{PRELOCK}"));
+        let prelock = self.key(&format!("{}/{PRELOCK}", Self::bag(log, bucket)));
         self.store
             .put_opts(&prelock, PutPayload::from_static(b""), PutOptions::default())
             .await
             .map_err(|e| Self::store_err("put", &prelock, e))?;
+        Ok(None)
+    }
+
+    /// The second half of a close, [`CLOSE_SETTLE`] after its
+    /// [`Self::begin_close`]: the listing, made the lock (or the lock
+    /// another closer made first).
+    async fn finish_close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
         let listing = Listing {
             items: self.list_objects(log, bucket).await?,
         };
-        let lock = self.key(&format!("{bag}/{LOCK}"));
+        let lock = self.key(&format!("{}/{LOCK}", Self::bag(log, bucket)));
         match self
             .store
             .put_opts(
@@ -266,21 +348,57 @@ impl BagStore for ObjectBagStore {
         })
     }
 
+    /// A HEAD of `_prelock`, or a look that found none sent less than
+    /// [`LOOK_TRUSTED_FOR`] ago (see the module docs for why that answers
+    /// for every batch that completed since).
     async fn closing_started(&self, log: &str, bucket: Bucket) -> Result<bool> {
+        if self.looks().trusted(log, bucket) {
+            return Ok(false);
+        }
         let key = self.key(&format!("{}/{PRELOCK}", Self::bag(log, bucket)));
         let head = GetOptions {
             head: true,
             ..Default::default()
         };
+        let sent = Stopwatch::start();
         match self.store.get_opts(&key, head).await {
             Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(object_store::Error::NotFound { .. }) => {
+                self.looks().found_absent(log, bucket, sent);
+                Ok(false)
+            }
             Err(e) => Err(Self::store_err("head", &key, e)),
         }
     }
 
     async fn close(&self, log: &str, bucket: Bucket) -> Result<Listing> {
-        self.close_inner(log, bucket).await
+        match self.begin_close(log, bucket).await? {
+            Some(closed) => Ok(closed),
+            None => {
+                pace::sleep(CLOSE_SETTLE).await;
+                self.finish_close(log, bucket).await
+            }
+        }
+    }
+
+    /// Every prelock first, one settle, then the listings: closing a
+    /// minute's sixty bags waits [`CLOSE_SETTLE`] once, not sixty times.
+    async fn close_all(&self, log: &str, buckets: &[Bucket]) -> Result<Vec<Listing>> {
+        let mut closed = Vec::with_capacity(buckets.len());
+        for &b in buckets {
+            closed.push(self.begin_close(log, b).await?);
+        }
+        if closed.iter().any(Option::is_none) {
+            pace::sleep(CLOSE_SETTLE).await;
+        }
+        let mut listings = Vec::with_capacity(buckets.len());
+        for (&b, found) in buckets.iter().zip(closed) {
+            listings.push(match found {
+                Some(l) => l,
+                None => self.finish_close(log, b).await?,
+            });
+        }
+        Ok(listings)
     }
 
     async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
@@ -493,5 +611,76 @@ mod tests {
             let err = store.read_item("log", bucket, &item, Some(1)).await.unwrap_err();
             assert!(matches!(err, Error::ItemRefused { .. }), "{name}: {err}");
         }
+    }
+
+    #[cfg(feature = "testing")]
+    fn two_processes() -> (ObjectBagStore, ObjectBagStore, Bucket) {
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let of = |who: &str| ObjectBagStore::new(Arc::clone(&mem) as Arc<dyn ObjectStore>, "p", who.into());
+        let bucket = Bucket::of(bagel_proto::Micros::from_micros(1_700_000_000_000_000));
+        (of("writer"), of("closer"), bucket)
+    }
+
+    /// The rule that lets a writer skip the HEAD after most batches, on
+    /// the simulated clock: a look that found no close answers "none
+    /// started" for [`LOOK_TRUSTED_FOR`], even once a closer has written
+    /// its prelock (so the writer sent no request), and the promise that
+    /// answer makes holds: the closer, which lists only [`CLOSE_SETTLE`]
+    /// after its prelock, lists the batch that landed just before the
+    /// trust ran out. Past the trust, the writer looks again and finds
+    /// the close.
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn a_look_that_found_no_close_answers_until_any_closer_would_list_the_batch() {
+        let (writer, closer, bucket) = two_processes();
+        assert!(!writer.closing_started("log", bucket).await.unwrap());
+        let close = tokio::spawn(async move { closer.close("log", bucket).await });
+        let prelock = Path::from(format!("p/{}/{PRELOCK}", ObjectBagStore::bag("log", bucket)));
+        while writer.store.head(&prelock).await.is_err() {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::advance(LOOK_TRUSTED_FOR - Duration::from_millis(1)).await;
+        let record = Bytes::from_static(b"late batch");
+        let receipt = writer.append("log", bucket, "w.0.0", 1, record).await.unwrap();
+        assert!(
+            !writer.closing_started("log", bucket).await.unwrap(),
+            "still trusted: no request, though the prelock exists"
+        );
+        let listing = close.await.unwrap().unwrap();
+        assert!(listing.covers(&receipt), "the closer lists it: {listing:?}");
+        tokio::time::advance(LOOK_TRUSTED_FOR).await;
+        assert!(writer.closing_started("log", bucket).await.unwrap());
+    }
+
+    /// A close waits [`CLOSE_SETTLE`] between its prelock and its listing;
+    /// closing a minute's bags together waits it once, and closing bags
+    /// already closed not at all.
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn closing_many_bags_settles_once() {
+        let (writer, closer, first) = two_processes();
+        let bags: Vec<Bucket> = std::iter::successors(Some(first), |b| Some(b.next()))
+            .take(60)
+            .collect();
+        for (i, b) in bags.iter().enumerate() {
+            writer
+                .append("log", *b, "w.0.0", i as u64, Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        let started = tokio::time::Instant::now();
+        closer.close("log", bags[0]).await.unwrap();
+        assert_eq!(started.elapsed(), CLOSE_SETTLE);
+        let started = tokio::time::Instant::now();
+        closer.close_all("log", &bags).await.unwrap();
+        assert_eq!(started.elapsed(), CLOSE_SETTLE);
+        for b in &bags {
+            assert!(
+                matches!(closer.state("log", *b).await.unwrap(), BagState::Closed(l) if l.items.len() == 1)
+            );
+        }
+        let started = tokio::time::Instant::now();
+        closer.close_all("log", &bags).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

@@ -79,6 +79,20 @@ impl BagStore for TimeoutStore {
         .await
     }
 
+    /// Bounded by the timeout once per bag: the bags are closed in one
+    /// call, but each is a close's worth of work.
+    async fn close_all(&self, log: &str, buckets: &[Bucket]) -> Result<Vec<Listing>> {
+        let n = u32::try_from(buckets.len()).unwrap_or(u32::MAX).max(1);
+        let after = self.after.saturating_mul(n);
+        match tokio::time::timeout(after, self.inner.close_all(log, buckets)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                op: format!("close {} bags of {log}", buckets.len()),
+                after,
+            }),
+        }
+    }
+
     async fn state(&self, log: &str, bucket: Bucket) -> Result<BagState> {
         self.timed(
             || format!("state of {log}/{}", bucket.path()),
