@@ -37,8 +37,12 @@ pub enum BagLook {
 /// What the writer knows so far. `None`: not looked up yet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Facts {
-    /// Its clock, read once the append completed, is before the minute's
-    /// safe point (its close time less the writer's clock margin).
+    /// Its clock, read once the append completed and again once the
+    /// bag's verdict was in, is before the minute's safe point (its close
+    /// time less the writer's clock margin). Read again because a look
+    /// held for long can answer from a minute retention removed since: a
+    /// removed bag has no `_prelock`, and "no close started" would then
+    /// be the removal's answer, not the bag's.
     pub early: bool,
     /// An earlier record of this writer in this bag was acknowledged with
     /// no seal of the minute started: every seal lists the bag.

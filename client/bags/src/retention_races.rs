@@ -392,3 +392,94 @@ async fn whatever_happened_during_the_stall_an_acknowledged_record_is_read() {
         }
     }
 }
+
+/// The look after the append, held: an S3 writer behind true time (by
+/// more than the tolerance, vouched for by a time source off with it)
+/// appends into a bag that a closer on true time has closed, and its look
+/// for a started close is held while the minute is sealed, summarized and
+/// removed, which takes the bag's `_prelock` with it. The look then finds
+/// no prelock: "no close started" was the removal's answer, not the
+/// bag's. Found by the bag simulation (seed 1348, a writer 3.4 s behind,
+/// its look held 75 s): the record was acknowledged and is in no read.
+/// The writer reads its clock again once the verdict is in, so it looks
+/// for the tombstone, and refuses the record.
+#[cfg(feature = "testing")]
+#[tokio::test(start_paused = true)]
+async fn a_look_held_past_the_removal_of_its_minute_acknowledges_nothing() {
+    use crate::store::memory::{Call, Plan, Script, Scripted, memory_s3};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Holds the writer's second look for a close for an hour, and says
+    /// when it is asked (its append has landed by then).
+    #[derive(Debug, Default)]
+    struct HoldSecondLook {
+        looks: AtomicUsize,
+        asked: tokio::sync::Notify,
+    }
+    impl Script for HoldSecondLook {
+        fn plan(&self, call: &Call) -> Plan {
+            if call.op == "closing_started" && self.looks.fetch_add(1, Ordering::SeqCst) == 1 {
+                self.asked.notify_one();
+                return Plan {
+                    before: Duration::from_secs(3600),
+                    ..Plan::default()
+                };
+            }
+            Plan::default()
+        }
+    }
+
+    let inner: Arc<dyn BagStore> = Arc::new(memory_s3());
+    let script = Arc::new(HoldSecondLook::default());
+    let (span, bag) = (Span::of(Bucket::from_secs(M)), Bucket::from_secs(M + 5));
+    let start = Micros::from_micros(bag.secs() * 1_000_000 + 250_000);
+    let clock = ManualClock::new(start);
+    let leases = TestLeases::default();
+    let lease = leases.lease(
+        "lease",
+        start.saturating_sub(Duration::from_secs(1)),
+        start.saturating_add(Duration::from_secs(3600)),
+    );
+    let writer = Writer::new(
+        Arc::new(Scripted::new(Arc::clone(&inner), script.clone())),
+        LOG,
+        "w",
+        Arc::new(lease),
+        Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
+        BagConfig::default(),
+    )
+    .unwrap();
+    writer.write(Bytes::from(FIRST)).await.unwrap();
+    // A closer on true time closes the bag: this writer's clock is behind.
+    inner.close(LOG, bag).await.unwrap();
+    let late = tokio::spawn(async move { writer.write(Bytes::from(LATE)).await });
+    script.asked.notified().await;
+
+    // The late append landed in the closed bag; its look is held while
+    // the minute is sealed, summarized and removed, and an hour passes.
+    let store = inner.as_ref();
+    assert!(seal::seal(store, LOG, span).await.unwrap().has_bag(bag));
+    summary::summarize(store, LOG, Stretch::new(span, 1))
+        .await
+        .unwrap();
+    let now = span.last().end().saturating_add(Duration::from_secs(10));
+    let second = Duration::from_secs(1);
+    let retained = crate::retain::retain_within(store, LOG, now, second, None, second)
+        .await
+        .unwrap();
+    assert_eq!((retained.minutes_tombstoned, retained.bags_removed), (1, 1));
+    clock.set(start.saturating_add(Duration::from_secs(1800)));
+
+    match late.await.unwrap() {
+        Err(Error::LateRejected { bucket, .. }) => assert_eq!(bucket, bag),
+        other => panic!("the late record is in no read, so it must be refused, not {other:?}"),
+    }
+    let mut opts = ReadOptions::default().with_keys(Some(leases.keys()));
+    opts.from = Micros::from_micros(M * 1_000_000);
+    opts.to = Micros::from_micros((M + 60) * 1_000_000);
+    let read = crate::read(store, LOG, &opts, &BagConfig::default(), &AssumedExact(clock))
+        .await
+        .unwrap();
+    assert_eq!(payloads(&read), [FIRST], "{:?}", read.problems);
+}

@@ -31,7 +31,10 @@
 //! past, it looks for the minute's tombstone ([`crate::tombstone`]), before
 //! and after the bag's verdict: a minute retention removed takes no record
 //! its summary does not hold byte for byte, however long the writer was
-//! held before its append, and the writer closes no bag there. So a writer
+//! held before its append, and the writer closes no bag there. Whether a
+//! record is past that safe point is read on the clock after the append
+//! and again after the bag's verdict: a look held past the minute's
+//! removal finds no `_prelock`, as if no close had started. So a writer
 //! on a skewed clock may have writes refused (`LateRejected`), never
 //! acknowledged and left out of the bag. The decisions are a pure step
 //! ([`crate::commit`]); the writer does the looks.
@@ -499,10 +502,17 @@ impl Writer {
                 Next::SealVerdict => {
                     let verdict = self.seal_verdict(bucket, receipt, span).await;
                     facts.bag = Some(look(verdict, &mut failed));
+                    facts.early &= self.clock.now() < span_safe;
                 }
                 Next::LockVerdict => {
                     let verdict = self.lock_verdict(bucket, receipt, now).await;
                     facts.bag = Some(look(verdict, &mut failed));
+                    // Early only if still early once the verdict is in: a
+                    // writer held before its look (past the seal, the
+                    // summary and the removal of its minute, which takes
+                    // the bag's `_prelock` with it) must not take "no
+                    // close started" for the bag's answer.
+                    facts.early &= self.clock.now() < span_safe;
                 }
                 Next::TombstoneAfter => match crate::tombstone::of(store, log, span).await {
                     Ok(found) => facts.removed_after = Some(found.map(|t| t.summary)),
