@@ -188,6 +188,7 @@ impl Server {
                     conn_slots,
                     list_turns: service::list_turns::ListTurns::new(list_pages, list_queue),
                     readers: service::readers::Readers::start(list_pages),
+                    light: service::light_lane::LightLane::start(),
                     acl,
                     membership: Arc::new(membership),
                 }),

@@ -355,6 +355,23 @@ impl Collector for Exposition {
                 None,
                 i64::try_from(inner.list_turns.waiting()).unwrap_or(i64::MAX),
             )?;
+            let (light, turned) = inner.light.reads();
+            counter(
+                e,
+                "bagel_list_reads_light",
+                "List pages (and side-port searches) read at once on the light lane: their \
+                 identity had no other read in flight and has read little lately.",
+                None,
+                light,
+            )?;
+            counter(
+                e,
+                "bagel_list_reads_turned",
+                "List pages (and side-port searches) that waited for a page turn and were read \
+                 at the readers' lower CPU priority.",
+                None,
+                turned,
+            )?;
         }
         {
             use std::sync::atomic::Ordering::Relaxed;

@@ -26,6 +26,7 @@ mod acquire;
 mod batch;
 mod held;
 mod info;
+pub(crate) mod light_lane;
 mod list_size;
 pub(crate) mod list_turns;
 pub(crate) mod readers;
@@ -81,6 +82,9 @@ pub(crate) struct Inner {
     pub list_turns: Arc<list_turns::ListTurns>,
     /// The threads that read the pages, one per turn (see [`readers`]).
     pub readers: readers::Readers,
+    /// The one thread that reads, at once, for identities that read
+    /// little (see [`light_lane`]).
+    pub light: Arc<light_lane::LightLane>,
     /// When a grant last asked the mark to cover it (Unix µs).
     pub last_cover: std::sync::atomic::AtomicU64,
     /// Holder keys checked recently (see `crate::holder_keys`).
@@ -128,24 +132,34 @@ impl Inner {
         self.time.check()
     }
 
-    /// Runs `read` (a `List` page, a side-port search) on a reader thread
-    /// (see [`readers`], at a lower CPU priority than grants) once one of
-    /// the `list_pages` turns is `identity`'s, waiting for it otherwise
-    /// (see [`list_turns`]). Refused when `identity` has too many calls
-    /// waiting; `ShuttingDown` if no reader is left.
+    /// Runs `read` (a `List` page, a side-port search) on a reader thread:
+    /// at once on the light lane when `identity` reads little (see
+    /// [`light_lane`]), else once one of the `list_pages` turns is
+    /// `identity`'s (see [`list_turns`]) on a thread at a lower CPU
+    /// priority than grants (see [`readers`]). Either way the read's CPU
+    /// time is counted against `identity`. Refused when `identity` has
+    /// too many calls waiting; `ShuttingDown` if no reader is left.
     pub async fn off_workers<T: Send + 'static>(
         self: Arc<Self>,
         identity: Arc<str>,
         read: impl FnOnce(&Inner) -> T + Send + 'static,
     ) -> Result<T, Error> {
-        let turn = self.list_turns.turn(&identity).await?;
         let (answer, done) = tokio::sync::oneshot::channel();
         let inner = Arc::clone(&self);
-        let queued = self.readers.run(move || {
-            let _turn = turn;
+        let job = move || {
             let read = std::panic::AssertUnwindSafe(|| read(&inner));
             let _ = answer.send(std::panic::catch_unwind(read));
-        });
+        };
+        let reading = self.light.begin(&identity);
+        let queued = if reading.is_light() {
+            reading.run_on_lane(job)
+        } else {
+            let turn = self.list_turns.turn(&identity).await?;
+            self.readers.run(move || {
+                let _turn = turn;
+                reading.run_here(job);
+            })
+        };
         if !queued {
             return Err(Error::ShuttingDown);
         }

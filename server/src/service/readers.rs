@@ -13,7 +13,8 @@
 //! and all of an idle one: the other tenant ran at 0.42x (`bagel-bench
 //! --noisy-neighbour`, see the operating docs). Page turns still go round
 //! by identity ([`super::list_turns`]); this only keeps reads, of whoever,
-//! from slowing grants and renewals.
+//! from slowing grants and renewals. A read of an identity that reads
+//! little skips both, on the light lane ([`super::light_lane`]).
 //!
 //! Why threads of their own, not tokio's blocking pool with the priority
 //! lowered for each read and raised after: an unprivileged thread may
