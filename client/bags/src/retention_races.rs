@@ -66,6 +66,26 @@ async fn stalled_past_retention() -> Stalled {
     stalled(Stage::Retained, LATE).await
 }
 
+/// Writer `w` of [`LOG`] on `store`, on `clock`, under a lease of an hour
+/// from `start` (and signed time of that clock).
+fn writer_from(store: Arc<dyn BagStore>, leases: &TestLeases, clock: &ManualClock, start: Micros) -> Writer {
+    let lease = leases.lease(
+        "lease",
+        start.saturating_sub(Duration::from_secs(1)),
+        start.saturating_add(Duration::from_secs(3600)),
+    );
+    Writer::new(
+        store,
+        LOG,
+        "w",
+        Arc::new(lease),
+        Arc::new(clock.clone()),
+        leases.time(Arc::new(clock.clone())),
+        BagConfig::default(),
+    )
+    .unwrap()
+}
+
 /// How far the minute got while the writer was stalled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {
@@ -102,21 +122,7 @@ async fn stalled(stage: Stage, late: &'static str) -> Stalled {
         })
     };
     let leases = TestLeases::default();
-    let lease = leases.lease(
-        "lease",
-        start.saturating_sub(Duration::from_secs(1)),
-        start.saturating_add(Duration::from_secs(3600)),
-    );
-    let writer = Writer::new(
-        Arc::new(through),
-        LOG,
-        "w",
-        Arc::new(lease),
-        Arc::new(clock.clone()),
-        leases.time(Arc::new(clock.clone())),
-        BagConfig::default(),
-    )
-    .unwrap();
+    let writer = writer_from(Arc::new(through), &leases, &clock, start);
     writer.write(Bytes::from(FIRST)).await.unwrap();
 
     let (inner, resumed) = (Arc::clone(&store), clock.clone());
@@ -435,21 +441,8 @@ async fn a_look_held_past_the_removal_of_its_minute_acknowledges_nothing() {
     let start = Micros::from_micros(bag.secs() * 1_000_000 + 250_000);
     let clock = ManualClock::new(start);
     let leases = TestLeases::default();
-    let lease = leases.lease(
-        "lease",
-        start.saturating_sub(Duration::from_secs(1)),
-        start.saturating_add(Duration::from_secs(3600)),
-    );
-    let writer = Writer::new(
-        Arc::new(Scripted::new(Arc::clone(&inner), script.clone())),
-        LOG,
-        "w",
-        Arc::new(lease),
-        Arc::new(clock.clone()),
-        leases.time(Arc::new(clock.clone())),
-        BagConfig::default(),
-    )
-    .unwrap();
+    let scripted = Arc::new(Scripted::new(Arc::clone(&inner), script.clone()));
+    let writer = writer_from(scripted, &leases, &clock, start);
     writer.write(Bytes::from(FIRST)).await.unwrap();
     // A closer on true time closes the bag: this writer's clock is behind.
     inner.close(LOG, bag).await.unwrap();

@@ -652,6 +652,25 @@ mod tests {
         assert!(writer.closing_started("log", bucket).await.unwrap());
     }
 
+    /// The looks kept are bounded: a process looking at more bags than
+    /// [`LOOKS_KEPT`] within the trust keeps the latest, and a dropped
+    /// look only costs a HEAD.
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn the_looks_kept_are_bounded() {
+        let (writer, _, first) = two_processes();
+        let bags: Vec<Bucket> = std::iter::successors(Some(first), |b| Some(b.next()))
+            .take(LOOKS_KEPT + 44)
+            .collect();
+        for b in &bags {
+            assert!(!writer.closing_started("log", *b).await.unwrap());
+        }
+        let looks = writer.looks();
+        assert_eq!(looks.absent.len(), LOOKS_KEPT);
+        assert!(looks.trusted("log", *bags.last().unwrap()));
+        assert!(!looks.trusted("log", bags[0]), "the oldest look was dropped");
+    }
+
     /// A close waits [`CLOSE_SETTLE`] between its prelock and its listing;
     /// closing a minute's bags together waits it once, and closing bags
     /// already closed not at all.
