@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bagel_proto::Micros;
 
-use super::history::NewEntry;
+use super::history::HistoryEntry;
 use super::record::NameRecord;
 use super::shard::{HeldLease, Locked, ShardState};
 use super::{
@@ -226,7 +226,7 @@ impl LeaseTable {
                 });
             }
             if let Some(metadata) = &metadata {
-                let entry = NewEntry {
+                let entry = HistoryEntry {
                     lease,
                     owner: rec.owner(),
                     event: HistoryEvent::Renewed,
@@ -340,7 +340,7 @@ impl LeaseTable {
                 };
             }
             stored = stored.max(rec.prev.watermark);
-            let entry = NewEntry {
+            let entry = HistoryEntry {
                 lease,
                 owner,
                 event: HistoryEvent::Released,
@@ -360,26 +360,14 @@ impl LeaseTable {
     }
 
     /// Appends to name `i`'s history and keeps its shard within budget.
-    fn record_history(&self, held: &mut HeldLease<'_>, i: usize, entry: NewEntry) {
+    fn record_history(&self, held: &mut HeldLease<'_>, i: usize, entry: HistoryEntry) {
         if self.cfg.history_per_name == 0 {
             return;
         }
         let slot = held.slots[i];
-        let state = held.locked.state(held.shard_of_name[i]);
-        let ShardState { slab, history, .. } = state;
+        let ShardState { slab, history, .. } = held.locked.state(held.shard_of_name[i]);
         let rec = &mut slab[slot].as_mut().expect("occupied").rec;
-        history.push(slot, &mut rec.history, entry, self.cfg.history_per_name);
-        // Each step drops one entry that exists, so this loop runs about
-        // once per push (a new entry pushes out roughly its own weight).
-        let budget = self.cfg.history_budget_bytes / self.shards.len();
-        while history.over_budget(budget) {
-            let Some((seq, old_slot)) = history.pop_oldest() else {
-                break;
-            };
-            let old = slab.get_mut(old_slot).and_then(Option::as_mut);
-            if let Some(hist) = old.and_then(|e| e.rec.history.as_deref_mut()) {
-                history.evict(hist, seq);
-            }
-        }
+        history.push(&mut rec.history, entry, self.cfg.history_per_name);
+        history.fit(self.cfg.history_budget_bytes / self.shards.len());
     }
 }

@@ -1,9 +1,17 @@
 //! Bounded per-name history of renewals and releases with their metadata.
 //!
 //! Each shard has its own byte budget (the global budget divided by the
-//! number of shards) and a FIFO of what it recorded, so the oldest entries of
-//! the shard go first when the budget is full, without a global lock on the
-//! release path.
+//! number of shards) and a log of what it recorded, oldest first, so the
+//! oldest entries of the shard go first when the budget is full, without a
+//! global lock on the release path.
+//!
+//! The entries live in the shard's log; a name keeps only where its own
+//! entries are. So the budget drops the log's oldest entry without
+//! touching its name: a name whose entry is gone finds out when it is
+//! read. (Each name kept its entries itself, and dropping the shard's
+//! oldest one meant loading that name's record, its history and the
+//! entry, three cache misses of a cold name at every release once the
+//! budget was full: 12 % of a session server's CPU.)
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -35,6 +43,7 @@ pub enum HistoryEvent {
     Released,
 }
 
+/// One renewal or release of a name.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HistoryEntry {
     pub lease: LeaseId,
@@ -43,221 +52,214 @@ pub struct HistoryEntry {
     pub at: Micros,
     pub watermark: Micros,
     pub metadata: Option<Metadata>,
-    seq: u64,
-    /// Where the entry went in its shard's order: see [`Position`].
-    position: Position,
-}
-
-/// Where an entry went in its shard's [`HistoryLog`] order: its absolute
-/// position (entries pushed to the order before it, ever) and the order's
-/// compaction epoch then. Until the order is compacted, the entry's index
-/// is its position less the entries that have left the front, found
-/// without a search; a compaction moves entries, so one from an earlier
-/// epoch is found by binary search. (The search was 4 % of a session
-/// server's CPU: the per-name cap drops a busy name's oldest entry at
-/// every release, from a deque of thousands.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Position {
-    epoch: u64,
-    abs: u64,
 }
 
 impl HistoryEntry {
-    /// What the entry costs the budget: itself and its slot in the
-    /// shard's order (sizes the compiler says, so a field added to either
-    /// is counted), plus its variable parts.
+    /// What the entry costs the budget: its slot in the shard's log and
+    /// its place in its name's list (sizes the compiler says, so a field
+    /// added to either is counted), plus its variable parts.
     fn weight(&self) -> usize {
-        const FIXED: usize = std::mem::size_of::<HistoryEntry>() + std::mem::size_of::<(u64, u32)>();
+        const FIXED: usize = std::mem::size_of::<Slot>() + std::mem::size_of::<Place>();
         FIXED + self.owner.len() + self.metadata.as_ref().map_or(0, Metadata::weight)
     }
 }
 
-/// One name's recent history, oldest first.
+/// Where an entry went in its shard's [`HistoryLog`]: its sequence number
+/// (which only grows along the log), its absolute position (entries
+/// pushed to the log before it, ever) and the log's compaction epoch then.
+/// Until the log is compacted, the entry's index is its position less the
+/// entries that have left the front, found without a search; a compaction
+/// moves entries, so one from an earlier epoch is found by binary search
+/// on the sequence numbers. (The search was 4 % of a session server's
+/// CPU: the per-name cap drops a busy name's oldest entry at every
+/// release, from a log of thousands.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    seq: u64,
+    epoch: u64,
+    abs: u64,
+}
+
+/// One name's recent history: where its entries are in the shard's log,
+/// oldest first. Some may have left the log since (the byte budget drops
+/// the shard's oldest entries without telling their names); reads skip
+/// them and say the history was truncated.
 #[derive(Debug, Default)]
 pub struct NameHistory {
-    pub entries: VecDeque<HistoryEntry>,
-    /// Some entries were dropped (per-name cap or budget).
-    pub truncated: bool,
+    places: VecDeque<Place>,
+    /// Some entries were dropped by the per-name cap.
+    capped: bool,
+}
+
+/// An entry of a shard's log, or the tombstone of one dropped from the
+/// middle (by the per-name cap or with its forgotten name).
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    entry: Option<HistoryEntry>,
 }
 
 /// A shard's history entries in the order they were recorded, oldest
-/// first: (entry sequence number, slot of the name holding it).
+/// first.
 ///
-/// It lists every entry that still exists, and at most as many removed
+/// It holds every entry that still exists, and at most as many removed
 /// ones plus [`HistoryLog::SLACK`]: an entry dropped by the per-name cap or
-/// with its forgotten name becomes a tombstone in place, found by binary
-/// search (the sequence numbers only grow), and tombstones leave when they
-/// reach the front or, all at once, when they outnumber the live entries.
-/// (It was a FIFO drained only when the shard went over its byte budget,
-/// which the per-name cap prevents: every renewal with metadata of one
-/// lease grew it forever, 3.9 M renewals took 100 MiB, and the eventual
-/// drain ran under the shard lock. Then a B-tree, whose node insert per
-/// release was 2-3 % of a session server's CPU; appending to a ring is a
-/// store.) A compaction moves at most twice the live entries plus the
-/// slack, and each follows as many removals as it moves, so the cost per
-/// removal stays constant.
+/// with its forgotten name becomes a tombstone in place, and tombstones
+/// leave when they reach the front or, all at once, when they outnumber
+/// the live entries. (Without that, every renewal with metadata of one
+/// lease grew the log forever: the per-name cap keeps the shard under its
+/// byte budget, so nothing drains the front. A B-tree instead cost a node
+/// insert per release, 2-3 % of a session server's CPU; appending to a
+/// ring is a store.) A compaction moves at most twice the live entries
+/// plus the slack, and each follows as many removals as it moves, so the
+/// cost per removal stays constant.
 #[derive(Debug, Default)]
 pub struct HistoryLog {
-    order: VecDeque<(u64, u32)>,
+    order: VecDeque<Slot>,
     /// Tombstones in `order`.
     dead: usize,
     bytes: usize,
     next_seq: u64,
     /// The absolute position of `order`'s front, and the compactions so
-    /// far (see [`Position`]).
+    /// far (see [`Place`]).
     front: u64,
     epoch: u64,
 }
 
-/// The slot a tombstone in [`HistoryLog`]'s order carries. No name has it:
-/// a shard's slots are `u32` and far fewer than this (`max_records`).
-const DEAD: u32 = u32::MAX;
-
-/// What a new history entry says.
-#[derive(Debug)]
-pub struct NewEntry {
-    pub lease: LeaseId,
-    pub owner: Arc<str>,
-    pub event: HistoryEvent,
-    pub at: Micros,
-    pub watermark: Micros,
-    pub metadata: Option<Metadata>,
-}
-
 impl HistoryLog {
-    /// Appends `entry` to the history of the name in `slot` (`hist`),
-    /// keeping at most `per_name` entries for the name. The caller enforces
-    /// the shard's byte budget with [`HistoryLog::pop_oldest`] and
-    /// [`HistoryLog::evict`].
-    pub fn push(
-        &mut self,
-        slot: usize,
-        hist: &mut Option<Box<NameHistory>>,
-        entry: NewEntry,
-        per_name: usize,
-    ) {
+    /// Appends `entry` to the log and to the history of its name (`hist`),
+    /// keeping at most `per_name` entries for the name. The caller keeps
+    /// the shard within its byte budget with [`HistoryLog::fit`].
+    pub fn push(&mut self, hist: &mut Option<Box<NameHistory>>, entry: HistoryEntry, per_name: usize) {
         if per_name == 0 {
             return;
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let position = Position {
+        let place = Place {
+            seq: self.next_seq,
             epoch: self.epoch,
             abs: self.front + self.order.len() as u64,
         };
-        let entry = HistoryEntry {
-            lease: entry.lease,
-            owner: entry.owner,
-            event: entry.event,
-            at: entry.at,
-            watermark: entry.watermark,
-            metadata: entry.metadata,
-            seq,
-            position,
-        };
+        self.next_seq += 1;
         self.bytes += entry.weight();
+        self.order.push_back(Slot {
+            seq: place.seq,
+            entry: Some(entry),
+        });
         let hist = hist.get_or_insert_with(Default::default);
-        hist.entries.push_back(entry);
-        debug_assert_ne!(slot as u32, DEAD, "a slot is below u32::MAX");
-        self.order.push_back((seq, slot as u32));
-        while hist.entries.len() > per_name {
-            if let Some(old) = hist.entries.pop_front() {
-                self.bytes -= old.weight();
-                self.remove(old.seq, old.position);
-                hist.truncated = true;
+        hist.places.push_back(place);
+        while hist.places.len() > per_name {
+            if let Some(old) = hist.places.pop_front() {
+                self.remove(old);
+                hist.capped = true;
             }
         }
     }
 
-    /// How many tombstones the order keeps before compacting, whatever the
+    /// How many tombstones the log keeps before compacting, whatever the
     /// live count: a few entries are not worth a pass.
     pub const SLACK: usize = 64;
 
-    /// Marks entry `seq`, pushed at `position`, removed from the order.
-    fn remove(&mut self, seq: u64, position: Position) {
-        let Some(i) = self.index_of(seq, position) else {
+    /// Drops the entry at `place`, if it is still in the log.
+    fn remove(&mut self, place: Place) {
+        let Some(i) = self.index_of(place) else {
             return;
         };
-        if self.order[i].1 == DEAD {
+        let Some(old) = self.order[i].entry.take() else {
             return;
-        }
-        self.order[i].1 = DEAD;
+        };
+        self.bytes -= old.weight();
         self.dead += 1;
         self.drop_dead_front();
         if self.dead > Self::SLACK && self.dead > self.order.len() - self.dead {
-            self.order.retain(|&(_, slot)| slot != DEAD);
+            self.order.retain(|s| s.entry.is_some());
             self.dead = 0;
             // Entries moved: positions taken before are no longer indexes.
             self.epoch += 1;
         }
     }
 
-    /// Where entry `seq`, pushed at `position`, is in the order, if it is.
-    fn index_of(&self, seq: u64, position: Position) -> Option<usize> {
-        if position.epoch == self.epoch {
-            // Gone from the front already: not in the order.
-            let i = usize::try_from(position.abs.checked_sub(self.front)?).ok()?;
-            if self.order.get(i).is_some_and(|&(s, _)| s == seq) {
+    /// Where the entry at `place` is in the log, if it still is.
+    fn index_of(&self, place: Place) -> Option<usize> {
+        if place.epoch == self.epoch {
+            // Gone from the front already: not in the log.
+            let i = usize::try_from(place.abs.checked_sub(self.front)?).ok()?;
+            if self.order.get(i).is_some_and(|s| s.seq == place.seq) {
                 return Some(i);
             }
-            debug_assert!(i >= self.order.len(), "entry {seq} not at its position {i}");
+            debug_assert!(
+                i >= self.order.len(),
+                "entry {} not at its position {i}",
+                place.seq
+            );
         }
-        self.order.binary_search_by_key(&seq, |&(s, _)| s).ok()
+        self.order.binary_search_by_key(&place.seq, |s| s.seq).ok()
     }
 
-    /// Takes the order's front out.
-    fn pop_front(&mut self) -> Option<(u64, u32)> {
+    /// The live entry at `place`.
+    fn get(&self, place: Place) -> Option<&HistoryEntry> {
+        self.order[self.index_of(place)?].entry.as_ref()
+    }
+
+    /// Takes the log's front out, returning its entry (`None` for a
+    /// tombstone) or `None` when the log is empty.
+    fn pop_front(&mut self) -> Option<Option<HistoryEntry>> {
         let front = self.order.pop_front()?;
         self.front += 1;
-        Some(front)
+        if front.entry.is_none() {
+            self.dead -= 1;
+        }
+        Some(front.entry)
     }
 
     fn drop_dead_front(&mut self) {
-        while self.order.front().is_some_and(|&(_, slot)| slot == DEAD) {
+        while self.order.front().is_some_and(|s| s.entry.is_none()) {
             self.pop_front();
-            self.dead -= 1;
         }
     }
 
-    pub fn over_budget(&self, budget: usize) -> bool {
-        self.bytes > budget
-    }
-
-    /// The slot of the name holding the shard's oldest entry, taken out of
-    /// the order; the caller then drops it with [`HistoryLog::evict`].
-    pub fn pop_oldest(&mut self) -> Option<(u64, usize)> {
-        self.drop_dead_front();
-        self.pop_front().map(|(seq, slot)| (seq, slot as usize))
-    }
-
-    /// Drops entry `seq`, the oldest of the shard, which is the oldest of
-    /// its name's history.
-    pub fn evict(&mut self, hist: &mut NameHistory, seq: u64) {
-        if hist.entries.front().is_some_and(|e| e.seq == seq) {
-            let old = hist.entries.pop_front().expect("front exists");
-            self.bytes -= old.weight();
-            hist.truncated = true;
+    /// Drops the shard's oldest entries until what is kept weighs at most
+    /// `budget` bytes. Their names are not touched: see [`NameHistory`].
+    pub fn fit(&mut self, budget: usize) {
+        while self.bytes > budget {
+            match self.pop_front() {
+                Some(Some(old)) => self.bytes -= old.weight(),
+                Some(None) => {}
+                None => break,
+            }
         }
     }
 
-    /// Accounts for a forgotten name's entries.
+    /// Drops a forgotten name's entries.
     pub fn forget(&mut self, hist: &NameHistory) {
-        for e in &hist.entries {
-            self.bytes -= e.weight();
-            self.remove(e.seq, e.position);
+        for &place in &hist.places {
+            self.remove(place);
         }
     }
 
-    /// Entries listed in the order (each also in its name's history).
+    /// The entries of `hist` still kept, oldest first, and whether some
+    /// were dropped (by the per-name cap or the byte budget).
+    pub fn entries(&self, hist: &NameHistory) -> (Vec<HistoryEntry>, bool) {
+        let kept: Vec<HistoryEntry> = hist.places.iter().filter_map(|&p| self.get(p).cloned()).collect();
+        let truncated = hist.capped || kept.len() < hist.places.len();
+        (kept, truncated)
+    }
+
+    /// Live entries in the log.
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.order.len() - self.dead
     }
 
-    /// What the order holds: the live entries and the tombstones.
+    /// What the log holds: the live entries and the tombstones.
     #[cfg(test)]
     pub fn held(&self) -> usize {
         self.order.len()
+    }
+
+    /// The shard's oldest live entry: the next the byte budget drops.
+    #[cfg(test)]
+    pub fn oldest(&self) -> Option<&HistoryEntry> {
+        self.order.iter().find_map(|s| s.entry.as_ref())
     }
 
     /// The budgeted weight of the entries kept.
@@ -270,8 +272,8 @@ impl HistoryLog {
 mod tests {
     use super::*;
 
-    fn entry(n: u64) -> NewEntry {
-        NewEntry {
+    fn entry(n: u64) -> HistoryEntry {
+        HistoryEntry {
             lease: LeaseId::new(Micros::from_micros(n + 1), 0, 0),
             owner: Arc::from("o"),
             event: HistoryEvent::Released,
@@ -282,13 +284,16 @@ mod tests {
     }
 
     /// Across pushes, per-name drops, forgotten names, budget evictions
-    /// and the compactions they cause, every live entry is found where a
-    /// search of the order finds it: by its position while its epoch
-    /// holds, by the search after.
+    /// and the compactions they cause, every name's kept entry is found
+    /// where a search of the log finds it: by its position while its
+    /// epoch holds, by the search after. A name reads exactly its entries
+    /// still in the log, and knows when it lost one.
     #[test]
-    fn every_live_entry_is_found_at_its_place_in_the_order() {
+    fn every_kept_entry_is_found_at_its_place_in_the_log() {
         let mut log = HistoryLog::default();
         let mut names: Vec<Option<Box<NameHistory>>> = (0..40).map(|_| None).collect();
+        // What each name was given, by the entry's `at`, to check reads.
+        let mut given: Vec<Vec<u64>> = vec![Vec::new(); 40];
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -296,7 +301,7 @@ mod tests {
             rng ^= rng << 17;
             rng
         };
-        let (mut compacted, start_epoch) = (false, log.epoch);
+        let (mut compacted, start_epoch, mut evicted) = (false, log.epoch, false);
         for n in 0..20_000u64 {
             let slot = (next() % 40) as usize;
             match next() % 20 {
@@ -304,27 +309,36 @@ mod tests {
                     if let Some(hist) = names[slot].take() {
                         log.forget(&hist);
                     }
+                    given[slot].clear();
                 }
                 1 => {
-                    if let Some((seq, slot)) = log.pop_oldest()
-                        && let Some(hist) = names[slot].as_deref_mut()
-                    {
-                        log.evict(hist, seq);
-                    }
+                    let before = log.len();
+                    log.fit(log.bytes().saturating_sub(1));
+                    evicted |= log.len() < before;
                 }
-                _ => log.push(slot, &mut names[slot], entry(n), 3),
+                _ => {
+                    log.push(&mut names[slot], entry(n), 3);
+                    given[slot].push(n);
+                }
             }
             compacted |= log.epoch != start_epoch;
             for (slot, hist) in names.iter().enumerate() {
-                for e in hist.iter().flat_map(|h| h.entries.iter()) {
-                    let searched = log.order.binary_search_by_key(&e.seq, |&(s, _)| s).ok();
-                    let found = log.index_of(e.seq, e.position);
-                    assert_eq!(found, searched, "entry {} of slot {slot}", e.seq);
-                    let i = found.expect("a live entry is in the order");
-                    assert_eq!(log.order[i], (e.seq, slot as u32));
+                let Some(hist) = hist.as_deref() else { continue };
+                for &p in &hist.places {
+                    let searched = log.order.binary_search_by_key(&p.seq, |s| s.seq).ok();
+                    let found = log.index_of(p);
+                    assert_eq!(found, searched, "entry {} of slot {slot}", p.seq);
                 }
+                let (read, truncated) = log.entries(hist);
+                let read: Vec<u64> = read.iter().map(|e| e.at.as_micros()).collect();
+                let last3 = &given[slot][given[slot].len().saturating_sub(3)..];
+                assert!(last3.ends_with(&read), "slot {slot} read {read:?} of {last3:?}");
+                assert_eq!(truncated, read.len() < given[slot].len(), "slot {slot}");
             }
         }
-        assert!(compacted, "the run compacted the order at least once");
+        let live: usize = names.iter().flatten().map(|h| log.entries(h).0.len()).sum();
+        assert_eq!(log.len(), live, "the log holds the names' entries and no others");
+        assert!(compacted, "the run compacted the log at least once");
+        assert!(evicted, "the run dropped entries for the budget");
     }
 }

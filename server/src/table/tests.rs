@@ -550,6 +550,11 @@ fn history_respects_the_byte_budget() {
     // The newest entry of the last name written is still there.
     let (entries, _) = tbl.history("n9");
     assert_eq!(entries.last().map(|e| e.at), Some(t(T0 + 99 * 1000 + 20)));
+    // The first name's early entries went for the budget, without its
+    // record being touched: its read says so.
+    let (entries, truncated) = tbl.history("n0");
+    assert!(entries.iter().all(|e| e.at > t(T0 + 20)), "{entries:?}");
+    assert!(truncated);
 }
 
 /// Renewals of one lease with metadata under the per-name cap must not
@@ -648,10 +653,10 @@ fn history_order_keeps_tombstones_bounded() {
         most <= 2 * live + HistoryLog::SLACK,
         "the order held {most} entries for {live} live ones"
     );
-    let mut shard = tbl.shards[0].lock();
+    let shard = tbl.shards[0].lock();
     // The oldest live entry is the first quiet name's release.
-    let (_, slot) = shard.history.pop_oldest().expect("entries are kept");
-    assert_eq!(shard.at(slot).map(|e| &*e.name), Some("n0"));
+    let oldest = shard.history.oldest().expect("entries are kept");
+    assert_eq!(oldest.at, t(T0 + 1));
 }
 
 // ---------------------------------------------------------------------------

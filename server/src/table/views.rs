@@ -307,7 +307,7 @@ impl LeaseTable {
         let shard = self.shards[self.shard_of(name)].lock();
         match shard.get(name).and_then(|r| r.history.as_deref()) {
             None => (Vec::new(), false),
-            Some(h) => (h.entries.iter().cloned().collect(), h.truncated),
+            Some(h) => shard.history.entries(h),
         }
     }
 
