@@ -79,6 +79,11 @@ pub struct Config {
     /// go to the identities waiting in turn (see
     /// `service::list_turns`).
     pub list_queue_per_identity: usize,
+    /// The percent of the page turns' time that pages read in turn may
+    /// take while grants or renewals are being made (1-100): after such a
+    /// page, its turn stays idle for the page's CPU time × (100 / this −
+    /// 1). 100: no pause (see `Inner::turned_read_pause`).
+    pub list_share_while_granting: u8,
     /// The access policy file (`--acl`): who may lease or read which
     /// names. `None`: anonymous access, every client may do anything.
     pub acl: Option<std::path::PathBuf>,
@@ -282,6 +287,7 @@ impl Default for Config {
             list_max_page: 1000,
             list_pages: 1,
             list_queue_per_identity: 64,
+            list_share_while_granting: 2,
             acl: None,
             members: Vec::new(),
             members_file: None,
@@ -428,6 +434,13 @@ impl Config {
     #[must_use]
     pub fn with_list_pages(mut self, n: usize) -> Self {
         self.list_pages = n.max(1);
+        self
+    }
+
+    /// `percent` is kept within 1-100.
+    #[must_use]
+    pub fn with_list_share_while_granting(mut self, percent: u8) -> Self {
+        self.list_share_while_granting = percent.clamp(1, 100);
         self
     }
 

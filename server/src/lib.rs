@@ -179,6 +179,7 @@ impl Server {
                     meters: Default::default(),
                     highwater,
                     last_cover: std::sync::atomic::AtomicU64::new(0),
+                    list_paused_micros: std::sync::atomic::AtomicU64::new(0),
                     holder_keys: crate::holder_keys::HolderKeys::default(),
                     stopping: CancellationToken::new(),
                     sessions: Default::default(),

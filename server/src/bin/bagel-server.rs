@@ -237,6 +237,19 @@ struct Args {
         default_value_t = 64
     )]
     max_queued_lists_per_identity: usize,
+    /// Percent of the page turns' time that List pages read in turn (all
+    /// but the light lane's) may take while grants or renewals are being
+    /// made (any in the last 2 s): after such a page its turn stays idle
+    /// for the page's CPU time × (100 / P − 1). A bulk read of many pages
+    /// then yields the CPU to leases; 100 switches the pause off.
+    #[arg(
+        help_heading = "Watch and List",
+        long,
+        env = "BAGEL_LIST_SHARE_WHILE_GRANTING",
+        default_value_t = 2,
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    list_share_while_granting: u8,
     /// Names held at once over all clients (~300 bytes each).
     #[arg(help_heading = "Table and memory", long, env = "BAGEL_MAX_HELD_NAMES", default_value_t = Limits::default().max_held_names)]
     max_held_names: usize,
@@ -597,6 +610,7 @@ async fn main() -> anyhow::Result<()> {
         .with_list_max_page(args.list_max_page)
         .with_list_pages(args.list_pages)
         .with_list_queue_per_identity(args.max_queued_lists_per_identity)
+        .with_list_share_while_granting(args.list_share_while_granting)
         .with_limits(limits)
         .with_http_limits(
             SidePortLimits::default()

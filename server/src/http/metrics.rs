@@ -372,6 +372,16 @@ impl Collector for Exposition {
                 None,
                 turned,
             )?;
+            let paused = inner
+                .list_paused_micros
+                .load(std::sync::atomic::Ordering::Relaxed);
+            ConstCounter::new(paused as f64 / 1e6).encode(e.encode_descriptor(
+                "bagel_list_paused",
+                "Time page turns stayed idle after reads in turn while grants or renewals were \
+                 being made (--list-share-while-granting).",
+                Some(&Unit::Seconds),
+                MetricType::Counter,
+            )?)?;
         }
         {
             use std::sync::atomic::Ordering::Relaxed;

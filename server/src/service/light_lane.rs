@@ -227,17 +227,22 @@ impl Reading {
         let Some(jobs) = self.lane.jobs.clone() else {
             return false;
         };
-        jobs.send(Box::new(move || self.run_here(job))).is_ok()
+        jobs.send(Box::new(move || {
+            self.run_here(job);
+        }))
+        .is_ok()
     }
 
-    /// Runs `job` on this thread (a reader's, or the lane's) and counts
-    /// its CPU time against the identity (and the lane, if on it).
-    pub fn run_here(self, job: impl FnOnce()) {
+    /// Runs `job` on this thread (a reader's, or the lane's), counts its
+    /// CPU time against the identity (and the lane, if on it) and returns
+    /// it.
+    pub fn run_here(self, job: impl FnOnce()) -> Duration {
         let spent = thread_cpu_time(job);
         self.lane.charge(&self.identity, spent);
         if self.on_lane {
             self.lane.lock().lane.add(Instant::now(), spent);
         }
+        spent
     }
 }
 
