@@ -370,18 +370,7 @@ permissions = ["read"]
 /// A server under [`two_tenants`] with `--max-ttl 2m`, `--list-max-page
 /// 5000`, no answer stall timeout, a side port and `extra`; and tenant
 /// A's client, holding [`NAMES`] names.
-async fn two_tenant_server(
-    extra: &[&str],
-) -> (
-    tempfile::TempDir,
-    ServerProcess,
-    LeaseServiceClient<
-        tonic::service::interceptor::InterceptedService<
-            Channel,
-            impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone + use<>,
-        >,
-    >,
-) {
+async fn two_tenant_server(extra: &[&str]) -> (tempfile::TempDir, ServerProcess, TenantClient) {
     let dir = tempfile::tempdir().unwrap();
     let acl = dir.path().join("acl.toml");
     std::fs::write(&acl, two_tenants()).unwrap();
@@ -399,18 +388,33 @@ async fn two_tenant_server(
     ];
     args.extend_from_slice(extra);
     let server = ServerProcess::start_ready(&args).await;
+    let mut a = tenant_client(&server, TOKEN_A).await;
+    fill(&mut a, NAMES).await;
+    (dir, server, a)
+}
+
+/// A client sending `authorization: Bearer <token>` on every call.
+type TenantClient = LeaseServiceClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+#[derive(Clone)]
+struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A tenant's client of `server`, with its token.
+async fn tenant_client(server: &ServerProcess, token: &str) -> TenantClient {
     let channel = Channel::from_shared(server.url.clone())
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN_A}").parse().unwrap();
-    let mut a = LeaseServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        req.metadata_mut().insert("authorization", bearer.clone());
-        Ok(req)
-    });
-    fill(&mut a, NAMES).await;
-    (dir, server, a)
+    let bearer = Bearer(format!("Bearer {token}").parse().unwrap());
+    LeaseServiceClient::with_interceptor(channel, bearer)
 }
 
 /// Tenant B floods the one page turn with 200 Lists (its queue holds 100);
@@ -788,16 +792,7 @@ async fn pages_read_in_turn_leave_the_turn_idle_while_leases_are_granted() {
                 }
             })
         };
-        let channel = Channel::from_shared(server.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN_B}").parse().unwrap();
-        let mut b = LeaseServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-            req.metadata_mut().insert("authorization", bearer.clone());
-            Ok(req)
-        });
+        let mut b = tenant_client(&server, TOKEN_B).await;
         // B reads all of A's names, page after page, until its reading is
         // no longer light: then a page is read in turn.
         let turned_before = metric(&server, "bagel_list_reads_turned_total").await;
