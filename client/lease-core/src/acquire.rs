@@ -137,12 +137,15 @@ impl AcquireBuilder {
         };
         // Each round's request: a TTL counts from the server's grant (and,
         // for the lease's own renewals, from when the granting round was
-        // sent), so a long wait must not eat the lease.
-        let mut sent = tokio::time::Instant::now();
+        // sent), so a long wait must not eat the lease. Every round sets
+        // when it was sent, the TTL it counts, and its deadline with the
+        // clock then (there is a round before any answer, so these are
+        // read once per round, never ahead of it).
+        let mut sent = None;
         let mut ttl = Duration::ZERO;
-        let mut asked = (clock.now(), clock.now());
+        let mut asked = None;
         let spec_at = |wait: Duration| {
-            sent = tokio::time::Instant::now();
+            sent = Some(tokio::time::Instant::now());
             let now = clock.now();
             let deadline = match self.deadline {
                 DeadlineSpec::Ttl(t) => {
@@ -154,7 +157,7 @@ impl AcquireBuilder {
                     at
                 }
             };
-            asked = (deadline, now);
+            asked = Some((deadline, now));
             AcquireSpec {
                 names: self.names.clone(),
                 deadline,
@@ -167,16 +170,18 @@ impl AcquireBuilder {
         };
         let grant = match crate::long_wait::acquire(&*self.backend, self.wait, spec_at).await {
             Ok(grant) => grant,
-            Err(e) if relative.is_none() => {
-                let (deadline, now) = asked;
-                return Err(ttl_check::past_deadline(e, deadline, now, clock.now()));
+            Err(e) => {
+                return Err(match (relative, asked) {
+                    (None, Some((deadline, now))) => ttl_check::past_deadline(e, deadline, now, clock.now()),
+                    _ => e,
+                });
             }
-            Err(e) => return Err(e),
         };
         let left = ttl_check::left_at_grant(&grant.witnesses);
         if let Some(warning) = ttl_check::short_grant(&grant, left, ttl) {
             tracing::warn!("{warning}");
         }
+        let sent = sent.unwrap_or_else(tokio::time::Instant::now);
         let answered_in = sent.elapsed();
         let margin = self.options.safety_margin;
         let mut lease = Lease::start(self.backend, grant, sent, left, ttl, self.options, holder);

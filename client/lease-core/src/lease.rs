@@ -1,8 +1,8 @@
 //! [`Lease`]: a held lease, renewed in the background until released.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bagel_proto::Micros;
@@ -176,7 +176,10 @@ struct Shared {
     options: LeaseOptions,
     state: watch::Sender<LeaseState>,
     /// What the writers under this lease wrote; the release publishes it.
-    ledger: Arc<WriteLedger>,
+    /// Made by the first [`Lease::rights`]: most leases never write, and
+    /// the ledger's allocation and the release's wait on it were part of
+    /// every lease cycle.
+    ledger: OnceLock<Arc<WriteLedger>>,
     /// This holder closed every bag below this (µs), having found its
     /// predecessors unsettled; the release says so.
     settled_through: AtomicU64,
@@ -193,13 +196,16 @@ struct Shared {
 #[derive(Debug)]
 pub struct Lease {
     shared: Arc<Shared>,
-    cancel: CancellationToken,
+    /// Stops the renewal: made with it (see [`Lease::start_renewing`]).
+    cancel: Option<CancellationToken>,
     renewer: Option<JoinHandle<()>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        if let Some(cancel) = &self.cancel {
+            cancel.cancel();
+        }
     }
 }
 
@@ -237,13 +243,13 @@ impl Lease {
             ttl,
             options,
             state,
-            ledger: Arc::new(WriteLedger::default()),
+            ledger: OnceLock::new(),
             settled_through: AtomicU64::new(0),
             holder,
         });
         Lease {
             shared,
-            cancel: CancellationToken::new(),
+            cancel: None,
             renewer: None,
         }
     }
@@ -254,10 +260,8 @@ impl Lease {
     /// the grant's shorter count.
     pub(crate) fn start_renewing(&mut self) {
         if self.shared.options.auto_renew && self.renewer.is_none() {
-            self.renewer = Some(tokio::spawn(renew_loop(
-                Arc::clone(&self.shared),
-                self.cancel.clone(),
-            )));
+            let cancel = self.cancel.get_or_insert_with(CancellationToken::new);
+            self.renewer = Some(tokio::spawn(renew_loop(Arc::clone(&self.shared), cancel.clone())));
         }
     }
 
@@ -409,14 +413,14 @@ impl Lease {
         Arc::new(LeaseRights {
             min_timestamp: self.min_timestamp(),
             state: self.subscribe(),
-            ledger: Arc::clone(&self.shared.ledger),
+            ledger: Arc::clone(self.shared.ledger.get_or_init(Default::default)),
             holder: Arc::clone(&self.shared.holder),
         })
     }
 
     /// What the writers under this lease have written so far.
     pub fn written(&self) -> WriteSummary {
-        self.shared.ledger.summary()
+        self.shared.ledger.get().map(|l| l.summary()).unwrap_or_default()
     }
 
     /// Renews now to `now + ttl`.
@@ -482,13 +486,24 @@ impl Lease {
             return Err(Error::WatermarkBelowWritten { given, written });
         }
         // Stop renewing first, so no renewal races the release.
-        self.cancel.cancel();
+        if let Some(cancel) = &self.cancel {
+            cancel.cancel();
+        }
         if let Some(task) = self.renewer.take() {
             let _ = task.await;
         }
-        // No new writes; then wait for those in flight to return.
-        self.shared.state.send_modify(|s| s.released = true);
-        let written = self.shared.ledger.close().await;
+        // No new writes; then wait for those in flight to return. Only a
+        // subscriber (a writer's rights, a watcher of the state) needs to
+        // be woken, and nobody can subscribe now: the handle is ours.
+        let watched = self.shared.state.receiver_count() > 0;
+        self.shared.state.send_if_modified(|s| {
+            s.released = true;
+            watched
+        });
+        let written = match self.shared.ledger.get() {
+            Some(ledger) => ledger.close().await,
+            None => WriteSummary::default(),
+        };
         let full = self.shared.state.borrow().mode == Mode::Full;
         // A tentative lease had no right to write: it says 0.
         options.watermark = options.watermark.max(written.max_written).filter(|_| full);
@@ -850,5 +865,94 @@ mod tests {
         // A full renewal with a later deadline moves on, in one piece.
         s.adopt(Micros::from_micros(250), Mode::Full, witness(3), Instant::now());
         assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (250, 3));
+    }
+
+    /// A backend that records what each release said.
+    #[derive(Debug, Default)]
+    struct Releases(std::sync::Mutex<Vec<ReleaseOptions>>);
+
+    #[async_trait::async_trait]
+    impl LeaseBackend for Releases {
+        fn location(&self) -> String {
+            "test".into()
+        }
+        fn clock(&self) -> Arc<dyn bagel_proto::clock::Clock> {
+            Arc::new(bagel_proto::clock::SystemClock)
+        }
+        fn max_ttl(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+        async fn acquire_lease(&self, _: crate::backend::AcquireSpec) -> Result<Grant> {
+            unreachable!()
+        }
+        async fn renew_lease(
+            &self,
+            _: &LeaseRef,
+            _: Micros,
+            _: Option<Metadata>,
+        ) -> Result<crate::types::Renewal> {
+            unreachable!()
+        }
+        async fn upgrade_lease(&self, _: &LeaseRef) -> Result<Grant> {
+            unreachable!()
+        }
+        async fn release_lease(&self, _: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
+            self.0.lock().unwrap().push(options);
+            Ok(Micros::ZERO)
+        }
+    }
+
+    /// A full lease over `backend`, not renewing.
+    fn held_over(backend: &Arc<Releases>) -> Lease {
+        let grant = Grant {
+            lease_id: "l".into(),
+            token: "t".into(),
+            deadline: Micros::now().saturating_add(Duration::from_secs(5)),
+            min_timestamp: Micros::ZERO,
+            names: Vec::new(),
+            mode: Mode::Full,
+            witnesses: witness(1),
+            servers: Vec::new(),
+        };
+        Lease::start(
+            Arc::clone(backend) as Arc<dyn LeaseBackend>,
+            grant,
+            Instant::now(),
+            None,
+            Duration::from_secs(5),
+            LeaseOptions::default().with_auto_renew(false),
+            Arc::new(bagel_proto::Signer::generate()),
+        )
+    }
+
+    /// The write ledger is made by the first rights handed out: a lease
+    /// that never had writers releases without one, saying nothing was
+    /// written; one whose writer registered a record releases with that
+    /// record's timestamp as its watermark, as before the ledger was lazy.
+    #[tokio::test]
+    async fn only_a_lease_with_writers_keeps_a_ledger_and_its_release_says_what_they_wrote() {
+        let backend = Arc::new(Releases::default());
+        let lease = held_over(&backend);
+        assert!(lease.shared.ledger.get().is_none());
+        assert_eq!(lease.written(), WriteSummary::default());
+        lease.release(None).await.unwrap();
+
+        let lease = held_over(&backend);
+        let rights = lease.rights();
+        let ledger = rights.ledger().expect("a lease's rights keep its ledger");
+        ledger.begin(Micros::from_micros(42)).expect("open").settled();
+        assert_eq!(lease.written().max_written, Some(Micros::from_micros(42)));
+        lease.release(None).await.unwrap();
+        // The writer's rights see the release.
+        assert!(rights.snapshot().is_err());
+
+        let said: Vec<_> = backend
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|o| (o.watermark, o.unsettled))
+            .collect();
+        assert_eq!(said, [(None, false), (Some(Micros::from_micros(42)), false)]);
     }
 }

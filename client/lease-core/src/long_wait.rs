@@ -42,6 +42,11 @@ pub async fn acquire(
     wait: Duration,
     mut spec_at: impl FnMut(Duration) -> AcquireSpec,
 ) -> Result<Grant> {
+    if wait.is_zero() {
+        // One round that does not wait, answered as it comes: nothing to
+        // time (the loop below would read the clock four times for it).
+        return backend.acquire_lease(spec_at(Duration::ZERO)).await;
+    }
     let give_up = Instant::now().checked_add(wait);
     let mut round_cap = backend.max_wait().unwrap_or(DEFAULT_ROUND);
     let mut pause = FIRST_PAUSE;
@@ -171,5 +176,15 @@ mod tests {
             matches!(asked.as_slice(), [first, second] if *first > MAX && *second == MAX),
             "{asked:?}"
         );
+    }
+
+    /// An acquire that does not wait is one round asking for no wait,
+    /// answered as it comes (here a refusal), not retried.
+    #[tokio::test]
+    async fn no_wait_is_one_round() {
+        let backend = Unsaid::default();
+        let e = acquire(&backend, Duration::ZERO, spec).await.unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        assert_eq!(*backend.asked.lock().unwrap(), [Duration::ZERO]);
     }
 }
