@@ -129,10 +129,16 @@ fn read(me: &str, path: &Path) -> Result<Membership, String> {
 }
 
 impl crate::reload::Reloadable for Members {
-    fn changed(&self) -> bool {
-        self.file
-            .as_ref()
-            .is_some_and(|f| *f.seen.lock().unwrap_or_else(PoisonError::into_inner) != Stamp::of(&f.path))
+    fn look(&self) -> crate::reload::Look {
+        let Some(f) = &self.file else {
+            return crate::reload::Look::Unchanged;
+        };
+        let now = Stamp::of(&f.path);
+        if *f.seen.lock().unwrap_or_else(PoisonError::into_inner) == now {
+            crate::reload::Look::Unchanged
+        } else {
+            crate::reload::Look::Changed(now)
+        }
     }
 
     fn reload(&self, why: &str) {

@@ -4,7 +4,11 @@
 //!
 //! What "changes" means is [`Stamp`]: the file's identity and times, not
 //! its modified time alone, which a file put in place with the old one's
-//! time and length would not move.
+//! time and length would not move. A changed file is read once its stamp
+//! has stayed the same for a whole poll: a file rewritten in place is
+//! empty (truncated) or half written for a moment, and read then it put a
+//! policy granting nothing in effect until the next poll (`bagel-chaos`
+//! saw a known token refused as unknown).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -49,18 +53,29 @@ impl Stamp {
     }
 }
 
+/// What a look at a reloadable file found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// The file is as it was last read.
+    Unchanged,
+    /// It is another, or changed, since it was last read: its stamp now
+    /// (`None`: it cannot be looked at).
+    Changed(Option<Stamp>),
+}
+
 /// A file the server reads again while it runs.
 pub trait Reloadable: Send + Sync + 'static {
     /// Whether the file is another, or changed, since it was last read.
-    fn changed(&self) -> bool;
+    fn look(&self) -> Look;
     /// Reads the file again and puts it in effect if it is usable (else
     /// the log says why, and what is in effect stays); `why` is what
     /// prompted it ([`SIGHUP`] or [`CHANGED`]).
     fn reload(&self, why: &str);
 }
 
-/// Reloads `file` on SIGHUP, and when it changes (looked at every
-/// `every`), until `cancel`.
+/// Reloads `file` on SIGHUP (at once: whoever sends it has written the
+/// file), and when it changed and then stayed the same for one look
+/// (looked at every `every`), until `cancel`.
 pub async fn watch<R: Reloadable>(
     file: Arc<R>,
     what: &'static str,
@@ -76,6 +91,8 @@ pub async fn watch<R: Reloadable>(
     };
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The stamp of a change seen at the last look, not yet read.
+    let mut settling = None;
     loop {
         let hup = async {
             match hangup.as_mut() {
@@ -85,12 +102,97 @@ pub async fn watch<R: Reloadable>(
         };
         tokio::select! {
             () = cancel.cancelled() => return,
-            _ = hup => file.reload(SIGHUP),
-            _ = tick.tick() => {
-                if file.changed() {
+            _ = hup => {
+                file.reload(SIGHUP);
+                settling = None;
+            }
+            _ = tick.tick() => match file.look() {
+                Look::Unchanged => settling = None,
+                Look::Changed(now) if settling == Some(now) => {
                     file.reload(CHANGED);
+                    settling = None;
                 }
+                Look::Changed(now) => settling = Some(now),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    /// A file whose looks follow a script; the watch is cancelled when
+    /// the script is over. Records after which look each reload came.
+    struct Scripted {
+        looks: Mutex<VecDeque<Look>>,
+        seen: Mutex<usize>,
+        reloads: Mutex<Vec<usize>>,
+        done: CancellationToken,
+    }
+
+    impl Reloadable for Scripted {
+        fn look(&self) -> Look {
+            *self.seen.lock().unwrap() += 1;
+            self.looks.lock().unwrap().pop_front().unwrap_or_else(|| {
+                self.done.cancel();
+                Look::Unchanged
+            })
+        }
+        fn reload(&self, why: &str) {
+            assert_eq!(why, CHANGED);
+            self.reloads.lock().unwrap().push(*self.seen.lock().unwrap());
+        }
+    }
+
+    fn stamp(len: u64) -> Option<Stamp> {
+        Some(Stamp {
+            dev: 1,
+            ino: 2,
+            len,
+            modified: (3, len as i64),
+            changed: (3, len as i64),
+        })
+    }
+
+    /// The looks after which `looks` makes the watch reload.
+    async fn reloads_after(looks: &[Look]) -> Vec<usize> {
+        let file = Arc::new(Scripted {
+            looks: Mutex::new(looks.iter().copied().collect()),
+            seen: Mutex::new(0),
+            reloads: Mutex::new(Vec::new()),
+            done: CancellationToken::new(),
+        });
+        // The script, not the clock, decides: a short poll only keeps it quick.
+        watch(
+            Arc::clone(&file),
+            "test file",
+            Duration::from_millis(1),
+            file.done.clone(),
+        )
+        .await;
+        file.reloads.lock().unwrap().clone()
+    }
+
+    /// A file rewritten in place is seen truncated (empty) at one look and
+    /// written at the next: it is read only when a look finds it as the
+    /// one before did, never while it was changing. Before, the empty
+    /// file was read at once and its policy (granting nothing) was in
+    /// effect until the next poll.
+    #[tokio::test]
+    async fn a_changed_file_is_read_once_it_stayed_the_same_for_a_look() {
+        use Look::{Changed, Unchanged};
+        let (empty, written) = (Changed(stamp(0)), Changed(stamp(900)));
+        assert_eq!(reloads_after(&[empty, written, written, Unchanged]).await, [3]);
+        // Changed and back (or read by SIGHUP meanwhile): nothing to read.
+        assert!(reloads_after(&[empty, Unchanged, Unchanged]).await.is_empty());
+        // A file that cannot be looked at is tried once it stays so (the
+        // reload fails and keeps what is in effect).
+        assert_eq!(reloads_after(&[Changed(None), Changed(None)]).await, [2]);
     }
 }

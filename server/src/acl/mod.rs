@@ -250,10 +250,14 @@ impl Acl {
     }
 
     /// Whether the file is another, or changed, since it was last read
-    /// (see [`Stamp`]).
-    fn file_changed(&self) -> bool {
+    /// (see [`Stamp`]), and its stamp now.
+    fn file_look(&self) -> crate::reload::Look {
         let now = Stamp::of(&self.path);
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) != now
+        if *self.seen.lock().unwrap_or_else(PoisonError::into_inner) == now {
+            crate::reload::Look::Unchanged
+        } else {
+            crate::reload::Look::Changed(now)
+        }
     }
 
     /// Refuses a token check from `peer` while it is past its budget of
@@ -321,8 +325,8 @@ impl Acl {
 }
 
 impl crate::reload::Reloadable for Acl {
-    fn changed(&self) -> bool {
-        self.file_changed()
+    fn look(&self) -> crate::reload::Look {
+        self.file_look()
     }
 
     fn reload(&self, why: &str) {
