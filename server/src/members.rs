@@ -143,9 +143,17 @@ impl crate::reload::Reloadable for Members {
 
     fn reload(&self, why: &str) {
         let Some(file) = &self.file else { return };
-        *file.seen.lock().unwrap_or_else(PoisonError::into_inner) = Stamp::of(&file.path);
+        let before = Stamp::of(&file.path);
         let old = self.get();
-        match read(&self.me, &file.path) {
+        let read = read(&self.me, &file.path);
+        if Stamp::of(&file.path) != before {
+            // Written while it was read: what was read may be half of it.
+            // Not marked seen, so the looks read it again once it settles.
+            tracing::info!(path = %file.path.display(), why, "member lists changed while read: read again once the file settles");
+            return;
+        }
+        *file.seen.lock().unwrap_or_else(PoisonError::into_inner) = before;
+        match read {
             Ok(new) => {
                 if old.as_deref() == Some(&new) {
                     if why == SIGHUP {

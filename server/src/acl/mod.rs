@@ -197,7 +197,21 @@ impl Acl {
     /// those of the same policy when they changed).
     fn reload_policy(&self, why: &str) {
         let old = self.loaded();
-        match read_policy(&self.path) {
+        let read = read_policy(&self.path);
+        if let Ok((_, stamp)) = &read
+            && Stamp::of(&self.path) != *stamp
+        {
+            // Written while it was read: what was read may be half of it
+            // (a truncated file parses as a policy granting nothing). Not
+            // marked seen, so the looks read it again once it settles.
+            tracing::info!(
+                path = %self.path.display(),
+                why,
+                "access policy changed while read: read again once the file settles"
+            );
+            return;
+        }
+        match read {
             Ok((policy, stamp)) => {
                 *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
                 let warnings = policy.warnings(&FileFacts::of(&self.path));
