@@ -334,21 +334,7 @@ async fn the_audit_finds_nothing_in_two_honest_summaries_of_a_minute() {
     let start = Micros::from_micros((M + 5) * 1_000_000 + 250_000);
     let clock = ManualClock::new(start);
     let leases = TestLeases::default();
-    let lease = leases.lease(
-        "lease",
-        start.saturating_sub(Duration::from_secs(1)),
-        start.saturating_add(Duration::from_secs(3600)),
-    );
-    let writer = Writer::new(
-        Arc::clone(&store),
-        LOG,
-        "w",
-        Arc::new(lease),
-        Arc::new(clock.clone()),
-        leases.time(Arc::new(clock.clone())),
-        BagConfig::default(),
-    )
-    .unwrap();
+    let writer = writer_from(Arc::clone(&store), &leases, &clock, start);
     writer.write(Bytes::from(FIRST)).await.unwrap();
     for s in [span, span.next()] {
         seal::seal(store.as_ref(), LOG, s).await.unwrap();

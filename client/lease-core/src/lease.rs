@@ -670,18 +670,30 @@ mod tests {
         vec![Witness::from_parts(vec![tag], Vec::new(), String::new(), None)]
     }
 
-    /// A backend that only answers with a clock (the handle under test
-    /// never calls it: no renewal).
+    /// A backend that answers with a clock and records what each release
+    /// said (the handles under test never renew).
     #[derive(Debug)]
-    struct ClockOnly(Arc<dyn bagel_proto::clock::Clock>);
+    struct ReleaseRecorder {
+        clock: Arc<dyn bagel_proto::clock::Clock>,
+        released: std::sync::Mutex<Vec<ReleaseOptions>>,
+    }
+
+    impl ReleaseRecorder {
+        fn new(clock: Arc<dyn bagel_proto::clock::Clock>) -> Self {
+            ReleaseRecorder {
+                clock,
+                released: Default::default(),
+            }
+        }
+    }
 
     #[async_trait::async_trait]
-    impl LeaseBackend for ClockOnly {
+    impl LeaseBackend for ReleaseRecorder {
         fn location(&self) -> String {
             "test".into()
         }
         fn clock(&self) -> Arc<dyn bagel_proto::clock::Clock> {
-            Arc::clone(&self.0)
+            Arc::clone(&self.clock)
         }
         fn max_ttl(&self) -> Duration {
             Duration::from_secs(10)
@@ -700,8 +712,9 @@ mod tests {
         async fn upgrade_lease(&self, _: &LeaseRef) -> Result<Grant> {
             unreachable!()
         }
-        async fn release_lease(&self, _: &LeaseRef, _: ReleaseOptions) -> Result<Micros> {
-            unreachable!()
+        async fn release_lease(&self, _: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
+            self.released.lock().unwrap().push(options);
+            Ok(Micros::ZERO)
         }
     }
 
@@ -744,7 +757,7 @@ mod tests {
             .expect("the monotonic clock runs that long");
         let left = crate::ttl_check::left_at_grant(&grant.witnesses);
         Lease::start(
-            Arc::new(ClockOnly(clock)),
+            Arc::new(ReleaseRecorder::new(clock)),
             grant,
             sent,
             left,
@@ -867,43 +880,8 @@ mod tests {
         assert_eq!((s.deadline.as_micros(), s.witnesses[0].body()[0]), (250, 3));
     }
 
-    /// A backend that records what each release said.
-    #[derive(Debug, Default)]
-    struct Releases(std::sync::Mutex<Vec<ReleaseOptions>>);
-
-    #[async_trait::async_trait]
-    impl LeaseBackend for Releases {
-        fn location(&self) -> String {
-            "test".into()
-        }
-        fn clock(&self) -> Arc<dyn bagel_proto::clock::Clock> {
-            Arc::new(bagel_proto::clock::SystemClock)
-        }
-        fn max_ttl(&self) -> Duration {
-            Duration::from_secs(10)
-        }
-        async fn acquire_lease(&self, _: crate::backend::AcquireSpec) -> Result<Grant> {
-            unreachable!()
-        }
-        async fn renew_lease(
-            &self,
-            _: &LeaseRef,
-            _: Micros,
-            _: Option<Metadata>,
-        ) -> Result<crate::types::Renewal> {
-            unreachable!()
-        }
-        async fn upgrade_lease(&self, _: &LeaseRef) -> Result<Grant> {
-            unreachable!()
-        }
-        async fn release_lease(&self, _: &LeaseRef, options: ReleaseOptions) -> Result<Micros> {
-            self.0.lock().unwrap().push(options);
-            Ok(Micros::ZERO)
-        }
-    }
-
     /// A full lease over `backend`, not renewing.
-    fn held_over(backend: &Arc<Releases>) -> Lease {
+    fn held_over(backend: &Arc<ReleaseRecorder>) -> Lease {
         let grant = Grant {
             lease_id: "l".into(),
             token: "t".into(),
@@ -931,7 +909,7 @@ mod tests {
     /// record's timestamp as its watermark, as before the ledger was lazy.
     #[tokio::test]
     async fn only_a_lease_with_writers_keeps_a_ledger_and_its_release_says_what_they_wrote() {
-        let backend = Arc::new(Releases::default());
+        let backend = Arc::new(ReleaseRecorder::new(Arc::new(bagel_proto::clock::SystemClock)));
         let lease = held_over(&backend);
         assert!(lease.shared.ledger.get().is_none());
         assert_eq!(lease.written(), WriteSummary::default());
@@ -947,7 +925,7 @@ mod tests {
         assert!(rights.snapshot().is_err());
 
         let said: Vec<_> = backend
-            .0
+            .released
             .lock()
             .unwrap()
             .iter()
