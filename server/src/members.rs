@@ -130,29 +130,23 @@ fn read(me: &str, path: &Path) -> Result<Membership, String> {
 
 impl crate::reload::Reloadable for Members {
     fn look(&self) -> crate::reload::Look {
-        let Some(f) = &self.file else {
-            return crate::reload::Look::Unchanged;
-        };
-        let now = Stamp::of(&f.path);
-        if *f.seen.lock().unwrap_or_else(PoisonError::into_inner) == now {
-            crate::reload::Look::Unchanged
-        } else {
-            crate::reload::Look::Changed(now)
+        match &self.file {
+            Some(f) => {
+                crate::reload::Look::at(&f.path, *f.seen.lock().unwrap_or_else(PoisonError::into_inner))
+            }
+            None => crate::reload::Look::Unchanged,
         }
     }
 
     fn reload(&self, why: &str) {
         let Some(file) = &self.file else { return };
-        let before = Stamp::of(&file.path);
-        let old = self.get();
-        let read = read(&self.me, &file.path);
-        if Stamp::of(&file.path) != before {
-            // Written while it was read: what was read may be half of it.
-            // Not marked seen, so the looks read it again once it settles.
-            tracing::info!(path = %file.path.display(), why, "member lists changed while read: read again once the file settles");
+        let Some((read, stamp)) =
+            crate::reload::read_whole(&file.path, "member lists", why, |p| read(&self.me, p))
+        else {
             return;
-        }
-        *file.seen.lock().unwrap_or_else(PoisonError::into_inner) = before;
+        };
+        *file.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
+        let old = self.get();
         match read {
             Ok(new) => {
                 if old.as_deref() == Some(&new) {

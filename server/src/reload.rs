@@ -63,6 +63,39 @@ pub enum Look {
     Changed(Option<Stamp>),
 }
 
+impl Look {
+    /// `path` now, against `seen`, the stamp it was last read at.
+    pub fn at(path: &Path, seen: Option<Stamp>) -> Look {
+        let now = Stamp::of(path);
+        if now == seen {
+            Look::Unchanged
+        } else {
+            Look::Changed(now)
+        }
+    }
+}
+
+/// `read` of `path`, if the file stayed the same while it ran: what it
+/// read and the stamp it was read at. `None` when the file was written
+/// meanwhile: what was read may be half of it (a truncated file reads as
+/// empty), so it is not put in effect, and the file is not marked read,
+/// so the looks read it again once it settles. `what` and `why` are for
+/// the log line.
+pub fn read_whole<T>(
+    path: &Path,
+    what: &str,
+    why: &str,
+    read: impl FnOnce(&Path) -> T,
+) -> Option<(T, Option<Stamp>)> {
+    let before = Stamp::of(path);
+    let read = read(path);
+    if Stamp::of(path) != before {
+        tracing::info!(path = %path.display(), why, "{what} changed while read: read again once the file settles");
+        return None;
+    }
+    Some((read, before))
+}
+
 /// A file the server reads again while it runs.
 pub trait Reloadable: Send + Sync + 'static {
     /// Whether the file is another, or changed, since it was last read.
@@ -194,5 +227,25 @@ mod tests {
         // A file that cannot be looked at is tried once it stays so (the
         // reload fails and keeps what is in effect).
         assert_eq!(reloads_after(&[Changed(None), Changed(None)]).await, [2]);
+    }
+
+    /// A read during which the file was written (here by the read itself,
+    /// as a writer between its system calls would) gives nothing to put in
+    /// effect; a read of a file that stayed the same gives what it read
+    /// and the stamp it was read at.
+    #[test]
+    fn a_file_written_while_it_was_read_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy");
+        std::fs::write(&path, "whole").unwrap();
+        let read = read_whole(&path, "test file", CHANGED, |p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            std::fs::write(p, "").unwrap();
+            text
+        });
+        assert_eq!(read, None);
+        std::fs::write(&path, "whole again").unwrap();
+        let read = read_whole(&path, "test file", CHANGED, |p| std::fs::read_to_string(p).unwrap());
+        assert_eq!(read, Some(("whole again".to_owned(), Stamp::of(&path))));
     }
 }

@@ -136,15 +136,13 @@ pub enum LoadError {
     },
 }
 
-fn read_policy(path: &Path) -> Result<(Policy, Option<Stamp>), LoadError> {
+fn read_policy(path: &Path) -> Result<Policy, LoadError> {
     let shown = path.display().to_string();
-    let stamp = Stamp::of(path);
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: shown.clone(),
         source,
     })?;
-    let policy = Policy::parse(&text).map_err(|source| LoadError::Parse { path: shown, source })?;
-    Ok((policy, stamp))
+    Policy::parse(&text).map_err(|source| LoadError::Parse { path: shown, source })
 }
 
 /// Logs each of `warnings` (a world-writable, linked or deny-all policy)
@@ -159,7 +157,8 @@ impl Acl {
     /// Reads and parses the policy at `path`: the server does not start
     /// with a policy it cannot read.
     pub fn load(path: &Path) -> Result<Acl, LoadError> {
-        let (policy, stamp) = read_policy(path)?;
+        let stamp = Stamp::of(path);
+        let policy = read_policy(path)?;
         let warnings = policy.warnings(&FileFacts::of(path));
         log_warnings(path, &warnings);
         tracing::info!(
@@ -197,23 +196,15 @@ impl Acl {
     /// those of the same policy when they changed).
     fn reload_policy(&self, why: &str) {
         let old = self.loaded();
-        let read = read_policy(&self.path);
-        if let Ok((_, stamp)) = &read
-            && Stamp::of(&self.path) != *stamp
-        {
-            // Written while it was read: what was read may be half of it
-            // (a truncated file parses as a policy granting nothing). Not
-            // marked seen, so the looks read it again once it settles.
-            tracing::info!(
-                path = %self.path.display(),
-                why,
-                "access policy changed while read: read again once the file settles"
-            );
+        // A truncated file parses as a policy granting nothing: one read
+        // while it was written is not put in effect.
+        let Some((read, stamp)) = crate::reload::read_whole(&self.path, "access policy", why, read_policy)
+        else {
             return;
-        }
+        };
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
         match read {
-            Ok((policy, stamp)) => {
-                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
+            Ok(policy) => {
                 let warnings = policy.warnings(&FileFacts::of(&self.path));
                 {
                     let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
@@ -251,7 +242,6 @@ impl Acl {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = new;
             }
             Err(e) => {
-                *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Stamp::of(&self.path);
                 self.reload_failures.fetch_add(1, Relaxed);
                 tracing::warn!(
                     error = %e,
@@ -266,12 +256,10 @@ impl Acl {
     /// Whether the file is another, or changed, since it was last read
     /// (see [`Stamp`]), and its stamp now.
     fn file_look(&self) -> crate::reload::Look {
-        let now = Stamp::of(&self.path);
-        if *self.seen.lock().unwrap_or_else(PoisonError::into_inner) == now {
-            crate::reload::Look::Unchanged
-        } else {
-            crate::reload::Look::Changed(now)
-        }
+        crate::reload::Look::at(
+            &self.path,
+            *self.seen.lock().unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     /// Refuses a token check from `peer` while it is past its budget of
