@@ -245,7 +245,9 @@ mod tests {
         });
         assert_eq!(read, None);
         std::fs::write(&path, "whole again").unwrap();
-        let read = read_whole(&path, "test file", CHANGED, |p| std::fs::read_to_string(p).unwrap());
+        let read = read_whole(&path, "test file", CHANGED, |p| {
+            std::fs::read_to_string(p).unwrap()
+        });
         assert_eq!(read, Some(("whole again".to_owned(), Stamp::of(&path))));
     }
 }
